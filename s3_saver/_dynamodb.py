@@ -1,0 +1,247 @@
+"""The DynamoDB index: table shape, item formats and the calls that read and write it.
+
+One item per checkpoint and one per pending-write batch, all items of a thread
+in one partition. Checkpoint items carry the checkpoint object itself when it
+fits (so reads rarely touch S3) and always carry ``loc``: for every channel, the
+version and the checkpoint whose object holds its value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import ormsgpack
+
+from s3_saver import _keys
+from s3_saver._codec import attr_size, from_attrs, to_attrs
+from s3_saver._protocol import Call
+from s3_saver.errors import CorruptObjectError
+
+PARTITION_KEY = "pk"
+SORT_KEY = "sk"
+TTL_ATTRIBUTE = "expires_at"
+TABLE_KEY_SCHEMA = (
+    {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+    {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
+)
+TABLE_ATTRIBUTE_DEFINITIONS = (
+    {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
+    {"AttributeName": SORT_KEY, "AttributeType": "S"},
+)
+TABLE_GLOBAL_SECONDARY_INDEXES: tuple[dict[str, Any], ...] = ()
+"""The saver needs no secondary index: every read is a key lookup or a range of one partition."""
+
+# DynamoDB refuses items over 400 KB; keep room for keys and attribute names.
+ITEM_LIMIT = 400 * 1024
+ITEM_BUDGET = ITEM_LIMIT - 8 * 1024
+
+KIND_CHECKPOINT = "c"
+KIND_WRITES = "w"
+
+# loc entry kinds: where the value of (channel, version) is stored.
+IN_CHECKPOINT_OBJECT = 0
+IN_BLOB_OBJECT = 1
+
+
+@dataclass
+class CheckpointEntry:
+    """A checkpoint as the index describes it (values not yet loaded)."""
+
+    thread_id: str
+    ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    # channel -> (version, source checkpoint id, IN_CHECKPOINT_OBJECT | IN_BLOB_OBJECT, put time)
+    loc: dict[str, tuple[Any, str, int, int]]
+    body: bytes | None = None
+    metadata: tuple[str, bytes] | None = None
+    expires_at: int | None = None
+    writes: list[WritesEntry] = field(default_factory=list)
+
+
+@dataclass
+class WritesEntry:
+    thread_id: str
+    ns: str
+    checkpoint_id: str
+    seq: int
+    task_id: str
+    body: bytes | None = None
+
+
+# -- item <-> entry -------------------------------------------------------------
+def checkpoint_item(entry: CheckpointEntry) -> dict[str, Any]:
+    loc = ormsgpack.packb({ch: list(v) for ch, v in entry.loc.items()})
+    values: dict[str, Any] = {
+        PARTITION_KEY: _keys.partition_key(entry.thread_id),
+        SORT_KEY: _keys.checkpoint_sort_key(entry.ns, entry.checkpoint_id),
+        "kind": KIND_CHECKPOINT,
+        "parent": entry.parent_id,
+        "loc": loc,
+        TTL_ATTRIBUTE: entry.expires_at,
+    }
+    # The checkpoint object rides along when it fits, so reads skip S3; else
+    # the metadata alone, so list(filter=) still never fetches S3 objects.
+    if entry.body is not None and attr_size(values) + len(entry.body) + 8 <= ITEM_BUDGET:
+        values["body"] = entry.body
+    elif entry.metadata is not None and attr_size(values) + len(entry.metadata[1]) + 64 <= ITEM_BUDGET:
+        values["meta"] = ormsgpack.packb(list(entry.metadata))
+    return to_attrs(values)
+
+
+def writes_item(entry: WritesEntry, expires_at: int | None) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        PARTITION_KEY: _keys.partition_key(entry.thread_id),
+        SORT_KEY: _keys.writes_sort_key(entry.ns, entry.checkpoint_id, entry.seq, entry.task_id),
+        "kind": KIND_WRITES,
+        TTL_ATTRIBUTE: expires_at,
+    }
+    if entry.body is not None and attr_size(values) + len(entry.body) + 8 <= ITEM_BUDGET:
+        values["body"] = entry.body
+    return to_attrs(values)
+
+
+def parse_item(raw: dict[str, Any]) -> CheckpointEntry | WritesEntry:
+    item = from_attrs(raw)
+    try:
+        thread_id = _keys.decode(item[PARTITION_KEY])
+        sk = item[SORT_KEY]
+        ns, checkpoint_id, is_checkpoint = _keys.parse_sort_key(sk)
+        if is_checkpoint:
+            loc = {ch: tuple(v) for ch, v in ormsgpack.unpackb(item["loc"]).items()}
+            meta = ormsgpack.unpackb(item["meta"]) if "meta" in item else None
+            return CheckpointEntry(
+                thread_id=thread_id,
+                ns=ns,
+                checkpoint_id=checkpoint_id,
+                parent_id=item.get("parent"),
+                loc=loc,  # type: ignore[arg-type]
+                body=item.get("body"),
+                metadata=(meta[0], bytes(meta[1])) if meta else None,
+                expires_at=item.get(TTL_ATTRIBUTE),
+            )
+        parts = sk.split("|")
+        return WritesEntry(
+            thread_id=thread_id,
+            ns=ns,
+            checkpoint_id=checkpoint_id,
+            seq=int(parts[3]),
+            task_id=_keys.decode(parts[4]),
+            body=item.get("body"),
+        )
+    except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
+        raise CorruptObjectError(f"index item {item.get(PARTITION_KEY)!r}/{item.get(SORT_KEY)!r}: {exc}") from exc
+
+
+def key_of(thread_id: str, ns: str, checkpoint_id: str) -> dict[str, Any]:
+    return to_attrs(
+        {
+            PARTITION_KEY: _keys.partition_key(thread_id),
+            SORT_KEY: _keys.checkpoint_sort_key(ns, checkpoint_id),
+        }
+    )
+
+
+# -- calls -------------------------------------------------------------------------
+class DynamoIndexCalls:
+    """Builds the DynamoDB calls for one table."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+
+    def put(self, item: dict[str, Any]) -> Call:
+        return Call("dynamodb", "put_item", {"TableName": self.table, "Item": item})
+
+    def get_checkpoint(self, thread_id: str, ns: str, checkpoint_id: str) -> Call:
+        return Call(
+            "dynamodb",
+            "get_item",
+            {"TableName": self.table, "Key": key_of(thread_id, ns, checkpoint_id), "ConsistentRead": True},
+        )
+
+    def batch_get(self, keys: list[dict[str, Any]]) -> Call:
+        return Call(
+            "dynamodb",
+            "batch_get_item",
+            {"RequestItems": {self.table: {"Keys": keys, "ConsistentRead": True}}},
+        )
+
+    def query(
+        self,
+        thread_id: str,
+        *,
+        begins_with: str | None = None,
+        between: tuple[str, str] | None = None,
+        below: str | None = None,
+        newest_first: bool = True,
+        limit: int | None = None,
+        start_key: dict[str, Any] | None = None,
+        projection: str | None = None,
+    ) -> Call:
+        condition = "pk = :pk"
+        values: dict[str, Any] = {":pk": {"S": _keys.partition_key(thread_id)}}
+        if begins_with is not None:
+            condition += " AND begins_with(sk, :p)"
+            values[":p"] = {"S": begins_with}
+        elif between is not None:
+            condition += " AND sk BETWEEN :lo AND :hi"
+            values[":lo"], values[":hi"] = {"S": between[0]}, {"S": between[1]}
+        elif below is not None:
+            condition += " AND sk < :hi"
+            values[":hi"] = {"S": below}
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeValues": values,
+            "ScanIndexForward": not newest_first,
+            "ConsistentRead": True,
+        }
+        if limit is not None:
+            params["Limit"] = limit
+        if start_key is not None:
+            params["ExclusiveStartKey"] = start_key
+        if projection is not None:
+            params["ProjectionExpression"] = projection
+        return Call("dynamodb", "query", params)
+
+    def scan(self, start_key: dict[str, Any] | None = None) -> Call:
+        params: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
+        if start_key is not None:
+            params["ExclusiveStartKey"] = start_key
+        return Call("dynamodb", "scan", params)
+
+    def batch_delete(self, keys: list[dict[str, Any]]) -> Call:
+        return Call(
+            "dynamodb",
+            "batch_write_item",
+            {"RequestItems": {self.table: [{"DeleteRequest": {"Key": k}} for k in keys]}},
+        )
+
+    def describe(self) -> Call:
+        return Call("dynamodb", "describe_table", {"TableName": self.table})
+
+    def create(self) -> Call:
+        return Call(
+            "dynamodb",
+            "create_table",
+            {
+                "TableName": self.table,
+                "KeySchema": list(TABLE_KEY_SCHEMA),
+                "AttributeDefinitions": list(TABLE_ATTRIBUTE_DEFINITIONS),
+                "BillingMode": "PAY_PER_REQUEST",
+            },
+        )
+
+    def describe_ttl(self) -> Call:
+        return Call("dynamodb", "describe_time_to_live", {"TableName": self.table})
+
+    def enable_ttl(self) -> Call:
+        return Call(
+            "dynamodb",
+            "update_time_to_live",
+            {
+                "TableName": self.table,
+                "TimeToLiveSpecification": {"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
+            },
+        )

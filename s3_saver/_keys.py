@@ -1,0 +1,156 @@
+"""Where every object and index item lives: the key layout and its encoding.
+
+Layout (all under the user's ``prefix``)::
+
+    live/<thread>/<ns>/checkpoints/<checkpoint_id>
+    live/<thread>/<ns>/blobs/<channel>/<version>
+    live/<thread>/<ns>/writes/<checkpoint_id>/<seq>.<task_id>
+
+DynamoDB index items of one thread share a partition (``pk`` = encoded thread)
+and sort as::
+
+    <ns>|<checkpoint_id>|~            checkpoint item
+    <ns>|<checkpoint_id>|w|<seq>|<task_id>   pending-write batch items
+
+so that, read newest first, each checkpoint item is followed by its own writes.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote, unquote
+
+from s3_saver.errors import KeyTooLongError
+
+LIVE_PREFIX = "live/"
+"""Sub-prefix of the bucket prefix that holds every object the saver writes."""
+
+S3_KEY_MAX_BYTES = 1024
+DYNAMODB_PARTITION_KEY_MAX_BYTES = 2048
+DYNAMODB_SORT_KEY_MAX_BYTES = 1024
+
+# Characters kept as they are. "|" and "/" are separators and "=" marks the
+# empty string, so none of them may be safe; everything else is %XX-escaped
+# (UTF-8), which makes the encoding injective and prefix-free per segment.
+_SAFE = "-_.~"
+_EMPTY = "="
+CHECKPOINT_SUFFIX = "~"
+WRITES_MARK = "w"
+
+
+def encode(segment: str) -> str:
+    """Encode one id so it can never be confused with a separator or another id.
+
+    ``unquote(encode(x)) == x`` for every non-empty ``x``; the empty string maps
+    to ``=`` (never produced otherwise), and all-dot ids are escaped so no key
+    holds a ``.`` or ``..`` path segment that a proxy or SDK could normalise.
+    """
+    if segment == "":
+        return _EMPTY
+    if not isinstance(segment, str):
+        raise TypeError(f"ids must be strings, got {type(segment).__name__}: {segment!r}")
+    if segment.strip(".") == "":
+        return "%2E" * len(segment)
+    try:
+        return quote(segment, safe=_SAFE)
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"id {segment!r} is not valid Unicode text: {exc}") from exc
+
+
+def decode(segment: str) -> str:
+    return "" if segment == _EMPTY else unquote(segment, errors="strict")
+
+
+def version_segment(version: str | int | float) -> str:
+    # Versions are strings from get_next_version; numbers from other code paths
+    # keep a type mark so 1, 1.0 and "1" stay distinct keys.
+    if isinstance(version, str):
+        return encode(version)
+    return f"{type(version).__name__}:{version!r}"
+
+
+class KeyLayout:
+    """Builds object keys and index keys for one bucket prefix."""
+
+    def __init__(self, prefix: str = "") -> None:
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        self.prefix = prefix
+        self.root = prefix + LIVE_PREFIX
+
+    # -- S3 object keys ---------------------------------------------------
+    def thread_dir(self, thread_id: str) -> str:
+        return f"{self.root}{encode(thread_id)}/"
+
+    def ns_dir(self, thread_id: str, ns: str) -> str:
+        return f"{self.thread_dir(thread_id)}{encode(ns)}/"
+
+    def checkpoint_key(self, thread_id: str, ns: str, checkpoint_id: str) -> str:
+        return _checked(f"{self.ns_dir(thread_id, ns)}checkpoints/{encode(checkpoint_id)}")
+
+    def blob_key(self, thread_id: str, ns: str, channel: str, version: str | int | float) -> str:
+        return _checked(
+            f"{self.ns_dir(thread_id, ns)}blobs/{encode(channel)}/{version_segment(version)}"
+        )
+
+    def writes_key(self, thread_id: str, ns: str, checkpoint_id: str, seq: int, task_id: str) -> str:
+        return _checked(
+            f"{self.ns_dir(thread_id, ns)}writes/{encode(checkpoint_id)}/{seq:020d}.{encode(task_id)}"
+        )
+
+
+# -- DynamoDB keys ------------------------------------------------------------
+def partition_key(thread_id: str) -> str:
+    return _checked_index(encode(thread_id), DYNAMODB_PARTITION_KEY_MAX_BYTES, "partition key")
+
+
+def ns_sort_prefix(ns: str) -> str:
+    return f"{encode(ns)}|"
+
+
+def checkpoint_sort_prefix(ns: str, checkpoint_id: str) -> str:
+    return f"{encode(ns)}|{encode(checkpoint_id)}|"
+
+
+def checkpoint_sort_key(ns: str, checkpoint_id: str) -> str:
+    # "~" sorts after "w", so newest-first reads meet a checkpoint item before
+    # its own writes, and its writes before the next older checkpoint.
+    return _checked_sort(checkpoint_sort_prefix(ns, checkpoint_id) + CHECKPOINT_SUFFIX)
+
+
+def writes_sort_prefix(ns: str, checkpoint_id: str) -> str:
+    return checkpoint_sort_prefix(ns, checkpoint_id) + WRITES_MARK + "|"
+
+
+def writes_sort_key(ns: str, checkpoint_id: str, seq: int, task_id: str) -> str:
+    return _checked_sort(f"{writes_sort_prefix(ns, checkpoint_id)}{seq:020d}|{encode(task_id)}")
+
+
+def parse_sort_key(sk: str) -> tuple[str, str, bool]:
+    """Return (ns, checkpoint_id, is_checkpoint) of an index sort key."""
+    parts = sk.split("|")
+    return decode(parts[0]), decode(parts[1]), parts[2] == CHECKPOINT_SUFFIX
+
+
+def _checked(key: str) -> str:
+    size = len(key.encode())
+    if size > S3_KEY_MAX_BYTES:
+        raise KeyTooLongError(
+            f"object key would be {size} bytes, over S3's limit of {S3_KEY_MAX_BYTES} bytes "
+            f"(ids are percent-encoded; shorten the thread id, namespace, channel or "
+            f"task id): {key[:120]}..."
+        )
+    return key
+
+
+def _checked_sort(sk: str) -> str:
+    return _checked_index(sk, DYNAMODB_SORT_KEY_MAX_BYTES, "sort key")
+
+
+def _checked_index(key: str, limit: int, what: str) -> str:
+    size = len(key.encode())
+    if size > limit:
+        raise KeyTooLongError(
+            f"DynamoDB {what} would be {size} bytes, over the limit of {limit} bytes "
+            f"(ids are percent-encoded): {key[:120]}..."
+        )
+    return key

@@ -1,0 +1,97 @@
+"""The sans-I/O contract between operations and drivers.
+
+An operation is a generator. It yields one of:
+
+* a tuple of :class:`Call` -- one round trip: the driver sends the calls
+  together and sends back a list with, per call, the response dict or the
+  exception the call raised (not raised: the operation decides);
+* :class:`Emit` -- a result for the caller of an iterating method (``list``);
+* :class:`Sleep` -- wait before the next step (table creation polling).
+
+Its return value is the method's result. Operations never import boto.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from s3_saver.errors import translate
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One AWS API call: ``service`` is ``"s3"`` or ``"dynamodb"``, ``operation`` the
+    boto3 method name (``put_object``), ``params`` its keyword arguments."""
+
+    service: str
+    operation: str
+    params: dict[str, Any]
+
+    def describe(self) -> str:
+        target = self.params.get("Key") or self.params.get("TableName") or self.params.get("Bucket")
+        return f"{self.service}.{self.operation}({target})" if target else f"{self.service}.{self.operation}"
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+Instruction = tuple[Call, ...] | Emit | Sleep
+Op = Generator[Instruction, Any, T]
+
+
+@dataclass
+class RequestStats:
+    """Counts of what the saver sent, kept by its drivers.
+
+    Attributes:
+        round_trips: Waves of requests sent together (one wave waits for all its requests).
+        requests: Requests per ``(service, operation)``, e.g. ``("s3", "put_object")``.
+    """
+
+    round_trips: int = 0
+    requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    @property
+    def total_requests(self) -> int:
+        return sum(self.requests.values())
+
+    def record(self, calls: tuple[Call, ...]) -> None:
+        self.round_trips += 1
+        self.requests.update((c.service, c.operation) for c in calls)
+
+    def reset(self) -> None:
+        self.round_trips = 0
+        self.requests.clear()
+
+    def snapshot(self) -> RequestStats:
+        return RequestStats(self.round_trips, Counter(self.requests))
+
+
+def request(*calls: Call) -> Generator[Instruction, Any, list[Any]]:
+    """Send calls as one round trip; raise the first failure (translated)."""
+    results = yield tuple(calls)
+    for call, result in zip(calls, results):
+        if isinstance(result, BaseException):
+            raise translate(result, what=call.describe())
+    return results
+
+
+def request_one(call: Call) -> Generator[Instruction, Any, Any]:
+    results = yield from request(call)
+    return results[0]
+
+
+def raise_failure(call: Call, result: BaseException) -> None:
+    raise translate(result, what=call.describe())
