@@ -23,6 +23,9 @@ from s3_saver.errors import KeyTooLongError
 
 LIVE_PREFIX = "live/"
 """Sub-prefix of the bucket prefix that holds every object the saver writes."""
+ARCHIVE_PREFIX = "archive/"
+"""Sub-prefix reserved for archived threads, for lifecycle rules to move to colder
+storage classes. The saver does not write there yet."""
 
 S3_KEY_MAX_BYTES = 1024
 DYNAMODB_PARTITION_KEY_MAX_BYTES = 2048

@@ -1,0 +1,52 @@
+"""s3_saver: a LangGraph checkpoint saver on S3 immutable objects with a DynamoDB index."""
+
+from s3_saver._dynamodb import (
+    PARTITION_KEY,
+    SORT_KEY,
+    TABLE_ATTRIBUTE_DEFINITIONS,
+    TABLE_GLOBAL_SECONDARY_INDEXES,
+    TABLE_KEY_SCHEMA,
+    TTL_ATTRIBUTE,
+)
+from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
+from s3_saver._protocol import RequestStats
+from s3_saver._saver import S3Saver
+from s3_saver.errors import (
+    AccessDeniedError,
+    BucketNotFoundError,
+    CheckpointTooLargeError,
+    ConfigurationError,
+    CorruptObjectError,
+    ImmutableObjectConflictError,
+    KeyTooLongError,
+    MissingObjectError,
+    ResourceMissingError,
+    S3SaverError,
+    SetupMismatchError,
+    TableNotFoundError,
+)
+
+__all__ = [
+    "ARCHIVE_PREFIX",
+    "LIVE_PREFIX",
+    "PARTITION_KEY",
+    "SORT_KEY",
+    "TABLE_ATTRIBUTE_DEFINITIONS",
+    "TABLE_GLOBAL_SECONDARY_INDEXES",
+    "TABLE_KEY_SCHEMA",
+    "TTL_ATTRIBUTE",
+    "AccessDeniedError",
+    "BucketNotFoundError",
+    "CheckpointTooLargeError",
+    "ConfigurationError",
+    "CorruptObjectError",
+    "ImmutableObjectConflictError",
+    "KeyTooLongError",
+    "MissingObjectError",
+    "RequestStats",
+    "ResourceMissingError",
+    "S3Saver",
+    "S3SaverError",
+    "SetupMismatchError",
+    "TableNotFoundError",
+]

@@ -1,0 +1,92 @@
+"""Runs operations with aioboto3; the calls of one wave go out with asyncio.gather.
+
+Clients belong to an event loop. AWS Lambda's async handlers (``asyncio.run``
+per invocation) start a new loop each time, so clients are made lazily per loop
+and the ones of closed loops are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from s3_saver._protocol import Call, Emit, Op, RequestStats, Sleep, T
+
+ClientContextFactory = Callable[[str], Any]  # service -> async context manager of a client
+
+
+class AsyncDriver:
+    def __init__(self, make_client: ClientContextFactory, stats: RequestStats) -> None:
+        self._make_client = make_client
+        self._stats = stats
+        self._loops: dict[asyncio.AbstractEventLoop, tuple[AsyncExitStack, dict[str, Any], asyncio.Lock]] = {}
+
+    async def run(self, op: Op[T]) -> T:
+        reply: Any = None
+        while True:
+            try:
+                step = op.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            reply = await self._step(step)
+
+    async def iterate(self, op: Op[Any]) -> AsyncIterator[Any]:
+        reply: Any = None
+        while True:
+            try:
+                step = op.send(reply)
+            except StopIteration:
+                return
+            if isinstance(step, Emit):
+                reply = None
+                yield step.value
+            else:
+                reply = await self._step(step)
+
+    async def _step(self, step: Any) -> Any:
+        if isinstance(step, Sleep):
+            await asyncio.sleep(step.seconds)
+            return None
+        if isinstance(step, Emit):
+            return None
+        self._stats.record(step)
+        if len(step) == 1:
+            return [await self._send(step[0])]
+        return list(await asyncio.gather(*(self._send(c) for c in step)))
+
+    async def _send(self, call: Call) -> Any:
+        client = await self._client(call.service)
+        try:
+            response = await getattr(client, call.operation)(**call.params)
+            if call.operation == "get_object":
+                async with response["Body"] as body:
+                    response["Body"] = await body.read()
+        except ClientError as exc:
+            return exc
+        return response
+
+    async def _client(self, service: str) -> Any:
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is None:
+            for dead in [lp for lp in self._loops if lp.is_closed()]:
+                del self._loops[dead]  # their connections died with their loop
+            state = self._loops[loop] = (AsyncExitStack(), {}, asyncio.Lock())
+        stack, clients, lock = state
+        client = clients.get(service)
+        if client is None:
+            async with lock:
+                client = clients.get(service)
+                if client is None:
+                    client = clients[service] = await stack.enter_async_context(self._make_client(service))
+        return client
+
+    async def aclose(self) -> None:
+        """Close the clients of the running loop (others belong to loops we cannot await on)."""
+        state = self._loops.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            await state[0].aclose()

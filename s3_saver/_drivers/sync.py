@@ -1,0 +1,92 @@
+"""Runs operations with boto3; the calls of one wave go out together on a thread pool."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from s3_saver._protocol import Call, Emit, Op, RequestStats, Sleep, T
+
+ClientFactory = Callable[[str], Any]
+
+
+class SyncDriver:
+    def __init__(self, make_client: ClientFactory, stats: RequestStats, max_concurrency: int) -> None:
+        self._make_client = make_client
+        self._stats = stats
+        self._max_concurrency = max_concurrency
+        self._clients: dict[str, Any] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def run(self, op: Op[T]) -> T:
+        steps = self.iterate(op)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                return stop.value
+
+    def iterate(self, op: Op[T]) -> Iterator[Any]:
+        """Yield the operation's Emit values; return its return value."""
+        reply: Any = None
+        while True:
+            try:
+                step = op.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            reply = None
+            if isinstance(step, Emit):
+                yield step.value
+            elif isinstance(step, Sleep):
+                time.sleep(step.seconds)
+            else:
+                reply = self._wave(step)
+
+    def _wave(self, calls: tuple[Call, ...]) -> list[Any]:
+        self._stats.record(calls)
+        if len(calls) == 1:
+            return [self._send(calls[0])]
+        return list(self._executor().map(self._send, calls))
+
+    def _send(self, call: Call) -> Any:
+        client = self._client(call.service)
+        try:
+            response = getattr(client, call.operation)(**call.params)
+        except ClientError as exc:
+            return exc
+        if call.operation == "get_object":
+            with response["Body"] as body:
+                response["Body"] = body.read()
+        return response
+
+    def _client(self, service: str) -> Any:
+        client = self._clients.get(service)
+        if client is None:
+            with self._lock:
+                client = self._clients.get(service)
+                if client is None:
+                    client = self._clients[service] = self._make_client(service)
+        return client
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._max_concurrency, thread_name_prefix="s3_saver")
+        return self._pool
+
+    def close(self, close_clients: bool) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            if close_clients:
+                for client in self._clients.values():
+                    client.close()
+            self._clients.clear()

@@ -1,0 +1,100 @@
+"""What every operation needs: layout, call builders, serializer, settings, caches."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from s3_saver._dynamodb import DynamoIndexCalls
+from s3_saver._keys import KeyLayout
+from s3_saver._s3 import S3Calls
+from s3_saver.errors import ConfigurationError
+
+Loc = dict[str, tuple[Any, str, int, int]]
+
+
+class LocCache:
+    """Remembers ``loc`` maps of recently seen checkpoints.
+
+    A checkpoint item never changes, so an entry never goes stale while its
+    thread exists; ``put`` uses it to point unchanged channels at the object
+    that already holds them without reading the parent item first.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._data: OrderedDict[tuple[str, str, str], Loc] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str, str]) -> Loc | None:
+        with self._lock:
+            loc = self._data.get(key)
+            if loc is not None:
+                self._data.move_to_end(key)
+            return loc
+
+    def put(self, key: tuple[str, str, str], loc: Loc) -> None:
+        with self._lock:
+            self._data[key] = loc
+            self._data.move_to_end(key)
+            while len(self._data) > self._size:
+                self._data.popitem(last=False)
+
+    def forget_thread(self, thread_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._data if k[0] == thread_id]:
+                del self._data[key]
+
+
+class SeqClock:
+    """Strictly increasing nanosecond stamps: the order of pending-write batches."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            self._last = max(self._last + 1, time.time_ns())
+            return self._last
+
+
+@dataclass
+class Context:
+    layout: KeyLayout
+    s3: S3Calls
+    index: DynamoIndexCalls
+    serde: SerializerProtocol
+    inline_threshold: int
+    ttl_seconds: int | None
+    locs: LocCache = field(default_factory=LocCache)
+    seq: SeqClock = field(default_factory=SeqClock)
+
+    def now(self) -> int:
+        return int(time.time())
+
+
+def target(config: Any, *, need_checkpoint_id: bool = False) -> tuple[str, str, str | None]:
+    """(thread_id, checkpoint_ns, checkpoint_id) of a RunnableConfig, validated."""
+    configurable = (config or {}).get("configurable") or {}
+    thread_id = configurable.get("thread_id")
+    if thread_id is None:
+        raise ConfigurationError(
+            "config['configurable']['thread_id'] is required: pass "
+            "{'configurable': {'thread_id': ...}} to invoke/get_state"
+        )
+    if isinstance(thread_id, int) and not isinstance(thread_id, bool):
+        thread_id = str(thread_id)  # as the SQL savers do: 7 and "7" are one thread
+    ns = configurable.get("checkpoint_ns") or ""
+    checkpoint_id = configurable.get("checkpoint_id")
+    if need_checkpoint_id and not checkpoint_id:
+        raise ConfigurationError("config['configurable']['checkpoint_id'] is required here")
+    for name, value in (("thread_id", thread_id), ("checkpoint_ns", ns), ("checkpoint_id", checkpoint_id)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigurationError(f"{name} must be a string, got {type(value).__name__}: {value!r}")
+    return thread_id, ns, checkpoint_id

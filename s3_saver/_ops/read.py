@@ -1,0 +1,218 @@
+"""get_tuple and list: the index finds and orders, the resolver loads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
+
+from s3_saver import _keys
+from s3_saver._dynamodb import CheckpointEntry, WritesEntry, parse_item
+from s3_saver._ops.context import Context, target
+from s3_saver._ops.resolve import Resolver, fetch_and_build
+from s3_saver._protocol import Emit, Op, request, request_one
+
+# Resolve list results in chunks so a long history streams instead of loading at once.
+_LIST_CHUNK = 100
+
+
+def get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None]:
+    thread_id, ns, checkpoint_id = target(config)
+    resolver = Resolver(ctx)
+    if checkpoint_id:
+        # The id is known: item and pending writes in one wave.
+        get = ctx.index.get_checkpoint(thread_id, ns, checkpoint_id)
+        writes = ctx.index.query(
+            thread_id, begins_with=_keys.writes_sort_prefix(ns, checkpoint_id), newest_first=False
+        )
+        found, page = yield from request(get, writes)
+        if "Item" not in found:
+            return None
+        entry = parse_item(found["Item"])
+        assert isinstance(entry, CheckpointEntry)
+        if _expired(ctx, entry):
+            return None
+        resolver.add(entry)
+        resolver.take_writes_page(entry, page)
+    else:
+        latest = yield from _latest(ctx, thread_id, ns)
+        if latest is None:
+            return None
+        entry = latest
+        resolver.add(entry)
+        resolver.load_writes(entry)
+    (result,) = yield from fetch_and_build(resolver, [entry])
+    return result
+
+
+def _latest(ctx: Context, thread_id: str, ns: str) -> Op[CheckpointEntry | None]:
+    """Newest checkpoint item of (thread, ns): one Query with Limit=1.
+
+    Pending writes sort next to their checkpoint, so writes stored before their
+    checkpoint (a newer id with no checkpoint item yet) can come first: they are
+    skipped by narrowing the key range below that id.
+    """
+    prefix = _keys.ns_sort_prefix(ns)
+    upper: str | None = None
+    while True:
+        if upper is None:
+            call = ctx.index.query(thread_id, begins_with=prefix, limit=1)
+        else:
+            call = ctx.index.query(thread_id, between=(prefix, upper), limit=1)
+        page = yield from request_one(call)
+        items = page.get("Items", [])
+        if not items:
+            return None
+        entry = parse_item(items[0])
+        if isinstance(entry, CheckpointEntry):
+            # Items expire oldest-first, so an expired newest means an expired thread.
+            return None if _expired(ctx, entry) else entry
+        upper = _keys.checkpoint_sort_prefix(ns, entry.checkpoint_id)
+
+
+def list_checkpoints(
+    ctx: Context,
+    config: RunnableConfig | None,
+    filter: dict[str, Any] | None,
+    before: RunnableConfig | None,
+    limit: int | None,
+) -> Op[None]:
+    if limit is not None and limit <= 0:
+        return
+    before_id = get_checkpoint_id(before) if before else None
+    if config is None:
+        yield from _list_all(ctx, filter, before_id, limit)
+        return
+    thread_id, _, checkpoint_id = target(config)
+    ns: str | None = config["configurable"].get("checkpoint_ns")
+    if checkpoint_id:
+        found = yield from get_tuple(ctx, config)
+        if found and (before_id is None or checkpoint_id < before_id) and _matches(found.metadata, filter):
+            yield Emit(found)
+        return
+
+    resolver = Resolver(ctx)
+    remaining = limit
+    start: dict[str, Any] | None = None
+    held: CheckpointEntry | None = None
+    while True:
+        call = _history_query(ctx, thread_id, ns, before_id, limit, filter, start)
+        page = yield from request_one(call)
+        complete: list[CheckpointEntry] = []
+        for raw in page.get("Items", []):
+            item = parse_item(raw)
+            if isinstance(item, CheckpointEntry):
+                if held is not None:
+                    complete.append(held)
+                held = item
+            elif held is not None and (item.ns, item.checkpoint_id) == (held.ns, held.checkpoint_id):
+                # Newest first, a checkpoint's own writes follow its item.
+                held.writes.append(item)
+        start = page.get("LastEvaluatedKey")
+        if start is None and held is not None:
+            complete.append(held)
+        candidates = [
+            e for e in complete
+            if not _expired(ctx, e) and (before_id is None or e.checkpoint_id < before_id)
+        ]
+        for entry in candidates:
+            resolver.add(entry)
+        matched = yield from _filtered(resolver, candidates, filter)
+        if remaining is not None:
+            matched = matched[:remaining]
+            remaining -= len(matched)
+        for i in range(0, len(matched), _LIST_CHUNK):
+            for tup in (yield from fetch_and_build(resolver, matched[i : i + _LIST_CHUNK])):
+                yield Emit(tup)
+        if start is None or remaining == 0:
+            return
+
+
+def _history_query(
+    ctx: Context,
+    thread_id: str,
+    ns: str | None,
+    before_id: str | None,
+    limit: int | None,
+    filter: dict[str, Any] | None,
+    start: dict[str, Any] | None,
+) -> Any:
+    # A page holds a checkpoint item plus, usually, a few write batches; without
+    # a filter, `limit` bounds how much of the thread is read.
+    page_size = min(1000, 4 * limit + 4) if limit is not None and not filter else None
+    if ns is None:
+        return ctx.index.query(thread_id, limit=page_size, start_key=start)
+    prefix = _keys.ns_sort_prefix(ns)
+    if before_id is not None:
+        # `before` is a key condition: everything below the before id's items.
+        upper = _keys.checkpoint_sort_prefix(ns, before_id)
+        return ctx.index.query(thread_id, between=(prefix, upper), limit=page_size, start_key=start)
+    return ctx.index.query(thread_id, begins_with=prefix, limit=page_size, start_key=start)
+
+
+def _list_all(
+    ctx: Context, filter: dict[str, Any] | None, before_id: str | None, limit: int | None
+) -> Op[None]:
+    """list(None): every thread. The only operation that scans the table."""
+    entries: dict[tuple[str, str, str], CheckpointEntry] = {}
+    writes: list[WritesEntry] = []
+    start: dict[str, Any] | None = None
+    while True:
+        page = yield from request_one(ctx.index.scan(start))
+        for raw in page.get("Items", []):
+            item = parse_item(raw)
+            if isinstance(item, CheckpointEntry):
+                entries[(item.thread_id, item.ns, item.checkpoint_id)] = item
+            else:
+                writes.append(item)
+        start = page.get("LastEvaluatedKey")
+        if start is None:
+            break
+    for w in writes:
+        owner = entries.get((w.thread_id, w.ns, w.checkpoint_id))
+        if owner is not None:
+            owner.writes.append(w)
+    ordered = sorted(
+        (e for e in entries.values() if not _expired(ctx, e)),
+        key=lambda e: (e.thread_id, e.ns, e.checkpoint_id),
+        reverse=True,
+    )
+    if before_id is not None:
+        ordered = [e for e in ordered if e.checkpoint_id < before_id]
+    resolver = Resolver(ctx)
+    for entry in ordered:
+        resolver.add(entry)
+    matched = yield from _filtered(resolver, ordered, filter)
+    if limit is not None:
+        matched = matched[:limit]
+    for i in range(0, len(matched), _LIST_CHUNK):
+        for tup in (yield from fetch_and_build(resolver, matched[i : i + _LIST_CHUNK])):
+            yield Emit(tup)
+
+
+def _filtered(
+    resolver: Resolver, entries: list[CheckpointEntry], filter: dict[str, Any] | None
+) -> Op[list[CheckpointEntry]]:
+    """Entries whose metadata matches ``filter``, judged from the index items.
+
+    Only a checkpoint whose metadata is too large for its item needs its object
+    read here; the objects of other checkpoints are never fetched to filter.
+    """
+    if not filter:
+        return entries
+    unknown = [e for e in entries if resolver.metadata(e) is None]
+    if unknown:
+        calls = resolver.object_calls(unknown)
+        results = yield tuple(calls)
+        resolver.absorb(calls, results)
+    return [e for e in entries if _matches(resolver.metadata(e), filter)]
+
+
+def _matches(metadata: Any, filter: dict[str, Any] | None) -> bool:
+    return not filter or all(metadata.get(k) == v for k, v in filter.items())
+
+
+def _expired(ctx: Context, entry: CheckpointEntry) -> bool:
+    # DynamoDB deletes expired items lazily (up to days later): never serve them.
+    return entry.expires_at is not None and entry.expires_at <= ctx.now()

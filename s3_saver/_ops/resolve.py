@@ -1,0 +1,230 @@
+"""Turns index entries into CheckpointTuples, fetching what they point at in waves.
+
+Each wave sends every fetch that is known to be needed at once: S3 GETs of
+objects, a BatchGetItem for source checkpoints that hold unchanged channels, and
+Query pages of pending writes. In the common case one wave is enough.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple, PendingWrite, writes_sort_key
+
+from s3_saver import _keys
+from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, typed, unpack
+from s3_saver._dynamodb import (
+    IN_BLOB_OBJECT,
+    PARTITION_KEY,
+    SORT_KEY,
+    CheckpointEntry,
+    WritesEntry,
+    key_of,
+    parse_item,
+)
+from s3_saver._ops.context import Context
+from s3_saver._protocol import Call, Op, raise_failure
+from s3_saver.errors import MissingObjectError, error_code
+
+BATCH_GET_MAX = 100  # BatchGetItem accepts at most 100 keys per request
+Key3 = tuple[str, str, str]
+
+
+class Resolver:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.records: dict[Key3, dict[str, Any]] = {}
+        self.entries: dict[Key3, CheckpointEntry] = {}
+        self.blobs: dict[str, dict[str, Any]] = {}
+        self.writes: dict[str, dict[str, Any]] = {}
+        # entries whose pending writes still need (more) Query pages: key -> start key
+        self.writes_pending: dict[Key3, dict[str, Any] | None] = {}
+        self._item_missing: set[Key3] = set()
+        self._object_keys: dict[str, tuple[str, Any]] = {}
+        self._requested: set[Key3] = set()
+        self._queries: list[tuple[Call, Key3]] = []
+
+    # -- intake ------------------------------------------------------------------
+    def add(self, entry: CheckpointEntry) -> None:
+        key = (entry.thread_id, entry.ns, entry.checkpoint_id)
+        self.entries[key] = entry
+        if entry.body is not None and key not in self.records:
+            self.records[key] = unpack(entry.body, CHECKPOINT_FORMAT, f"index item for {key}")
+        self.ctx.locs.put(key, entry.loc)
+
+    def load_writes(self, entry: CheckpointEntry) -> None:
+        """Mark ``entry``'s pending writes as still to be read from the index."""
+        self.writes_pending[(entry.thread_id, entry.ns, entry.checkpoint_id)] = None
+
+    def take_writes_page(self, entry: CheckpointEntry, response: dict[str, Any]) -> None:
+        key = (entry.thread_id, entry.ns, entry.checkpoint_id)
+        entry.writes.extend(w for w in map(parse_item, response.get("Items", [])) if isinstance(w, WritesEntry))
+        if response.get("LastEvaluatedKey"):
+            self.writes_pending[key] = response["LastEvaluatedKey"]
+        else:
+            self.writes_pending.pop(key, None)
+
+    # -- what is missing ---------------------------------------------------------------
+    def calls(self, targets: list[CheckpointEntry]) -> list[Call]:
+        ctx = self.ctx
+        gets: dict[str, tuple[str, Any]] = {}
+        batch_keys: dict[Key3, dict[str, Any]] = {}
+        for entry in targets:
+            t, ns = entry.thread_id, entry.ns
+            own = (t, ns, entry.checkpoint_id)
+            if own not in self.records:
+                gets[ctx.layout.checkpoint_key(*own)] = ("checkpoint", own)
+            for ch, (version, src, kind, _) in entry.loc.items():
+                if kind == IN_BLOB_OBJECT:
+                    bkey = ctx.layout.blob_key(t, ns, ch, version)
+                    if bkey not in self.blobs:
+                        gets[bkey] = ("blob", bkey)
+                    continue
+                src_key = (t, ns, src)
+                if src_key in self.records:
+                    continue
+                if src_key in self.entries or src_key in self._item_missing:
+                    # Its item is known but too large to carry the object, or
+                    # gone: the bucket has the object.
+                    gets[ctx.layout.checkpoint_key(*src_key)] = ("checkpoint", src_key)
+                else:
+                    batch_keys[src_key] = key_of(*src_key)
+            for w in entry.writes:
+                if w.body is None:
+                    wkey = ctx.layout.writes_key(w.thread_id, w.ns, w.checkpoint_id, w.seq, w.task_id)
+                    if wkey not in self.writes:
+                        gets[wkey] = ("writes", wkey)
+        calls = [ctx.s3.get(k) for k in gets]
+        self._object_keys.update(gets)
+        keys = list(batch_keys.values())
+        calls += [ctx.index.batch_get(keys[i : i + BATCH_GET_MAX]) for i in range(0, len(keys), BATCH_GET_MAX)]
+        self._requested = set(batch_keys)
+        self._queries = []
+        for key, start in self.writes_pending.items():
+            t, ns, cid = key
+            query = ctx.index.query(
+                t, begins_with=_keys.writes_sort_prefix(ns, cid), newest_first=False, start_key=start
+            )
+            self._queries.append((query, key))
+            calls.append(query)
+        return calls
+
+    def absorb(self, calls: list[Call], results: list[Any]) -> None:
+        returned: set[Key3] = set()
+        unprocessed: set[Key3] = set()
+        for call, result in zip(calls, results):
+            if call.operation == "get_object":
+                self._take_object(call, result)
+                continue
+            if isinstance(result, BaseException):
+                raise_failure(call, result)
+            if call.operation == "batch_get_item":
+                for raw in result.get("Responses", {}).get(self.ctx.index.table, []):
+                    entry = parse_item(raw)
+                    if isinstance(entry, CheckpointEntry):
+                        self.add(entry)
+                        returned.add((entry.thread_id, entry.ns, entry.checkpoint_id))
+                for raw_key in result.get("UnprocessedKeys", {}).get(self.ctx.index.table, {}).get("Keys", []):
+                    ns, cid, _ = _keys.parse_sort_key(raw_key[SORT_KEY]["S"])
+                    unprocessed.add((_keys.decode(raw_key[PARTITION_KEY]["S"]), ns, cid))
+            elif call.operation == "query":
+                key = next(k for q, k in self._queries if q is call)
+                self.take_writes_page(self.entries[key], result)
+        self._item_missing |= self._requested - returned - unprocessed
+
+    def _take_object(self, call: Call, result: Any) -> None:
+        key = call.params["Key"]
+        kind, ident = self._object_keys[key]
+        if isinstance(result, BaseException):
+            if error_code(result) in {"NoSuchKey", "404"}:
+                raise MissingObjectError(
+                    f"s3://{self.ctx.s3.bucket}/{key} is referenced by the index but missing "
+                    "(thread being deleted, or removed by a lifecycle rule or by hand)"
+                ) from result
+            raise_failure(call, result)
+        where = f"s3://{self.ctx.s3.bucket}/{key}"
+        if kind == "checkpoint":
+            self.records[ident] = unpack(result["Body"], CHECKPOINT_FORMAT, where)
+        elif kind == "blob":
+            self.blobs[key] = unpack(result["Body"], BLOB_FORMAT, where)
+        else:
+            self.writes[key] = unpack(result["Body"], WRITES_FORMAT, where)
+
+    def object_calls(self, entries: list[CheckpointEntry]) -> list[Call]:
+        """GETs of the checkpoint objects of ``entries`` (for metadata the items lack)."""
+        calls = []
+        for entry in entries:
+            ident = (entry.thread_id, entry.ns, entry.checkpoint_id)
+            key = self.ctx.layout.checkpoint_key(*ident)
+            self._object_keys[key] = ("checkpoint", ident)
+            calls.append(self.ctx.s3.get(key))
+        return calls
+
+    # -- assembly ------------------------------------------------------------------------
+    def metadata(self, entry: CheckpointEntry) -> Any | None:
+        """The entry's metadata, or None when only the S3 object holds it."""
+        record = self.records.get((entry.thread_id, entry.ns, entry.checkpoint_id))
+        if record is not None:
+            return self.ctx.serde.loads_typed(typed(record["metadata"]))
+        if entry.metadata is not None:
+            return self.ctx.serde.loads_typed(entry.metadata)
+        return None
+
+    def build(self, entry: CheckpointEntry) -> CheckpointTuple:
+        serde = self.ctx.serde
+        t, ns, cid = entry.thread_id, entry.ns, entry.checkpoint_id
+        record = self.records[(t, ns, cid)]
+        checkpoint = serde.loads_typed(typed(record["checkpoint"]))
+        values: dict[str, Any] = {}
+        for ch, (version, src, kind, _) in entry.loc.items():
+            if kind == IN_BLOB_OBJECT:
+                blob = self.blobs[self.ctx.layout.blob_key(t, ns, ch, version)]
+                values[ch] = serde.loads_typed((blob["type"], blob["data"]))
+            else:
+                _, type_, data = self.records[(t, ns, src)]["values"][ch]
+                values[ch] = serde.loads_typed((type_, data))
+        checkpoint["channel_values"] = values
+        config: RunnableConfig = {"configurable": {"thread_id": t, "checkpoint_ns": ns, "checkpoint_id": cid}}
+        parent = (
+            {"configurable": {"thread_id": t, "checkpoint_ns": ns, "checkpoint_id": entry.parent_id}}
+            if entry.parent_id
+            else None
+        )
+        return CheckpointTuple(
+            config=config,
+            checkpoint=checkpoint,
+            metadata=serde.loads_typed(typed(record["metadata"])),
+            parent_config=parent,
+            pending_writes=self._pending_writes(entry),
+        )
+
+    def _pending_writes(self, entry: CheckpointEntry) -> list[PendingWrite]:
+        batches = []
+        for w in entry.writes:
+            if w.body is not None:
+                batches.append(unpack(w.body, WRITES_FORMAT, f"index item for writes of {w.task_id}"))
+            else:
+                batches.append(
+                    self.writes[self.ctx.layout.writes_key(w.thread_id, w.ns, w.checkpoint_id, w.seq, w.task_id)]
+                )
+        chosen: dict[tuple[str, int], tuple[str, str, tuple[str, bytes]]] = {}
+        for batch in sorted(batches, key=lambda b: b["seq"]):
+            for idx, channel, type_, data in batch["writes"]:
+                slot = (batch["task_id"], idx)
+                # Regular writes: the first stored wins (a retried task must not
+                # change what was recorded). Special channels (negative index,
+                # WRITES_IDX_MAP): the last stored wins.
+                if idx >= 0 and slot in chosen:
+                    continue
+                chosen[slot] = (batch["task_path"], channel, (type_, data))
+        ordered = sorted(chosen, key=lambda slot: writes_sort_key(chosen[slot][0], *slot))
+        return [(slot[0], chosen[slot][1], self.ctx.serde.loads_typed(chosen[slot][2])) for slot in ordered]
+
+
+def fetch_and_build(resolver: Resolver, targets: list[CheckpointEntry]) -> Op[list[CheckpointTuple]]:
+    """Fetch, in as few waves as the data allows, everything ``targets`` point at."""
+    while calls := resolver.calls(targets):
+        results: list[Any] = yield tuple(calls)
+        resolver.absorb(calls, results)
+    return [resolver.build(e) for e in targets]

@@ -1,0 +1,96 @@
+"""The S3 side: immutable object writes and the calls that read and delete them."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from s3_saver._protocol import Call, Instruction, raise_failure
+from s3_saver.errors import ImmutableObjectConflictError, error_code
+
+DELETE_BATCH = 1000  # DeleteObjects accepts at most 1,000 keys per request
+_PRECONDITION_FAILED = {"PreconditionFailed", "412"}
+# S3 answers 409 when two conditional writes of one key race; the loser retries.
+_CONDITIONAL_CONFLICT = {"ConditionalRequestConflict", "409"}
+_MAX_CONFLICT_RETRIES = 3
+
+
+class S3Calls:
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+
+    def put_new(self, key: str, body: bytes) -> Call:
+        # IfNoneMatch="*": a key is written once; see put_immutable for retries.
+        return Call(
+            "s3",
+            "put_object",
+            {"Bucket": self.bucket, "Key": key, "Body": body, "IfNoneMatch": "*"},
+        )
+
+    def get(self, key: str) -> Call:
+        return Call("s3", "get_object", {"Bucket": self.bucket, "Key": key})
+
+    def delete_many(self, keys: list[str]) -> Call:
+        return Call(
+            "s3",
+            "delete_objects",
+            {
+                "Bucket": self.bucket,
+                "Delete": {"Objects": [{"Key": k} for k in keys], "Quiet": True},
+            },
+        )
+
+    def head_bucket(self) -> Call:
+        return Call("s3", "head_bucket", {"Bucket": self.bucket})
+
+    def create_bucket(self, region: str | None) -> Call:
+        params: dict[str, Any] = {"Bucket": self.bucket}
+        if region and region != "us-east-1":
+            params["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        return Call("s3", "create_bucket", params)
+
+
+def put_immutable(
+    s3: S3Calls, objects: dict[str, bytes], extra: tuple[Call, ...] = ()
+) -> Generator[Instruction, Any, list[Any]]:
+    """Write immutable objects (with ``extra`` calls in the same round trip).
+
+    A key that already holds the same bytes counts as written: that is a retried
+    put. A key holding different bytes raises ImmutableObjectConflictError and
+    the stored object stays as it was. Returns the results of ``extra``.
+    """
+    pending = dict(objects)
+    extra_results: list[Any] = []
+    for attempt in range(_MAX_CONFLICT_RETRIES + 1):
+        calls = tuple(s3.put_new(k, b) for k, b in pending.items())
+        results = yield calls + (extra if attempt == 0 else ())
+        if attempt == 0:
+            extra_results = results[len(calls) :]
+        existing: list[str] = []
+        retry: dict[str, bytes] = {}
+        for call, result in zip(calls, results):
+            if not isinstance(result, BaseException):
+                continue
+            code = error_code(result)
+            if code in _PRECONDITION_FAILED:
+                existing.append(call.params["Key"])
+            elif code in _CONDITIONAL_CONFLICT:
+                retry[call.params["Key"]] = pending[call.params["Key"]]
+            else:
+                raise_failure(call, result)
+        if existing:
+            stored = yield tuple(s3.get(k) for k in existing)
+            for key, result in zip(existing, stored):
+                if isinstance(result, BaseException):
+                    raise_failure(s3.get(key), result)
+                if result["Body"] != pending[key]:
+                    raise ImmutableObjectConflictError(
+                        f"s3://{s3.bucket}/{key} already holds different content; "
+                        "immutable objects are never overwritten"
+                    )
+        if not retry:
+            return extra_results
+        pending = retry
+    raise ImmutableObjectConflictError(
+        f"concurrent writers kept racing on {sorted(pending)[:3]} in s3://{s3.bucket}"
+    )

@@ -1,0 +1,325 @@
+"""S3Saver: the public checkpointer. Each method is one line: an operation and a driver."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from datetime import timedelta
+from typing import Any
+
+from botocore.config import Config
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from s3_saver._drivers.aio import AsyncDriver
+from s3_saver._drivers.sync import SyncDriver
+from s3_saver._dynamodb import DynamoIndexCalls
+from s3_saver._keys import KeyLayout
+from s3_saver._ops import delete, put, read, setup
+from s3_saver._ops.context import Context
+from s3_saver._protocol import RequestStats
+from s3_saver._s3 import S3Calls
+from s3_saver.errors import ConfigurationError
+
+DEFAULT_INLINE_THRESHOLD = 64 * 1024
+
+
+class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncContextManager):
+    """A LangGraph checkpointer that keeps state in S3 and indexes it in DynamoDB.
+
+    Checkpoints, channel values and pending writes are immutable S3 objects
+    (written with ``IfNoneMatch="*"``); one DynamoDB item per checkpoint and per
+    pending-write batch orders them, so "latest", history and ``list`` never list
+    the bucket. The same object serves ``graph.invoke`` (boto3) and
+    ``graph.ainvoke`` (aioboto3, from the ``async`` extra).
+
+    Constructing a saver makes no network call; run :meth:`setup` once (or deploy
+    ``infra/``) to create the bucket and table.
+
+    Example:
+        ```python
+        from s3_saver import S3Saver
+
+        saver = S3Saver("my-bucket", table="langgraph-checkpoints", region_name="us-east-1")
+        saver.setup()
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}})
+        ```
+
+    Args:
+        bucket: S3 bucket name.
+        table: DynamoDB table name for the index.
+        prefix: Key prefix inside the bucket (several savers can share a bucket).
+        region_name: AWS region for the clients the saver creates.
+        endpoint_url: Endpoint for both services (moto, LocalStack...). Use
+            ``s3_endpoint_url`` / ``dynamodb_endpoint_url`` to set them apart.
+        s3_endpoint_url: Endpoint for S3 only (MinIO, R2, SeaweedFS...).
+        dynamodb_endpoint_url: Endpoint for DynamoDB only.
+        boto3_session: Session the sync clients are created from.
+        s3_client: A ready boto3 S3 client (not closed by :meth:`close`).
+        dynamodb_client: A ready boto3 DynamoDB client (not closed by :meth:`close`).
+        aioboto3_session: Session the async clients are created from (default: a new
+            ``aioboto3.Session()``).
+        client_config: ``botocore.config.Config`` merged over the saver's defaults
+            (standard retry mode with 5 attempts, 5 s connect and 60 s read timeouts).
+        serde: Serializer for checkpoints, metadata and values; its type tag is
+            stored with every value.
+        ttl: Keep data this long after it was written; index items carry
+            ``expires_at`` and are never served after it. Pair it with an S3
+            lifecycle expiration of at least the same length on the ``live/`` prefix.
+        inline_threshold: Values up to this many serialized bytes are stored inside
+            the checkpoint object (and so its index item); larger values get their
+            own object.
+        max_concurrency: Threads the sync driver uses to send one wave of requests.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        table: str,
+        prefix: str = "",
+        region_name: str | None = None,
+        endpoint_url: str | None = None,
+        s3_endpoint_url: str | None = None,
+        dynamodb_endpoint_url: str | None = None,
+        boto3_session: Any = None,
+        s3_client: Any = None,
+        dynamodb_client: Any = None,
+        aioboto3_session: Any = None,
+        client_config: Config | None = None,
+        serde: SerializerProtocol | None = None,
+        ttl: timedelta | None = None,
+        inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+        max_concurrency: int = 16,
+    ) -> None:
+        super().__init__(serde=serde)
+        if not isinstance(bucket, str) or not bucket:
+            raise ConfigurationError("bucket must be a non-empty string")
+        if not isinstance(table, str) or not table:
+            raise ConfigurationError("table must be a non-empty DynamoDB table name")
+        if ttl is not None and (not isinstance(ttl, timedelta) or ttl.total_seconds() < 1):
+            raise ConfigurationError(f"ttl must be a positive datetime.timedelta, got {ttl!r}")
+        if inline_threshold < 0:
+            raise ConfigurationError("inline_threshold must be >= 0")
+        if max_concurrency < 1:
+            raise ConfigurationError("max_concurrency must be >= 1")
+        self.bucket = bucket
+        self.table = table
+        self.region_name = region_name
+        self.stats = RequestStats()
+        """Round trips and requests sent so far, by both drivers (see :class:`RequestStats`)."""
+        self._ctx = Context(
+            layout=KeyLayout(prefix),
+            s3=S3Calls(bucket),
+            index=DynamoIndexCalls(table),
+            serde=self.serde,
+            inline_threshold=inline_threshold,
+            ttl_seconds=int(ttl.total_seconds()) if ttl else None,
+        )
+        endpoints = {
+            "s3": s3_endpoint_url or endpoint_url,
+            "dynamodb": dynamodb_endpoint_url or endpoint_url,
+        }
+        defaults = Config(
+            retries={"mode": "standard", "max_attempts": 5},
+            connect_timeout=5,
+            read_timeout=60,
+            max_pool_connections=max(10, max_concurrency),
+            # Path-style addressing is what S3-compatible servers on a custom endpoint expect.
+            s3={"addressing_style": "path"} if endpoints["s3"] else None,
+        )
+        config = defaults.merge(client_config) if client_config else defaults
+        given = {"s3": s3_client, "dynamodb": dynamodb_client}
+        self._owns_sync_clients = s3_client is None and dynamodb_client is None
+
+        def make_sync(service: str) -> Any:
+            if given[service] is not None:
+                return given[service]
+            import boto3
+
+            session = boto3_session or boto3.session.Session()
+            return session.client(
+                service, region_name=region_name, endpoint_url=endpoints[service], config=config
+            )
+
+        def make_async(service: str) -> Any:
+            nonlocal aioboto3_session
+            if aioboto3_session is None:
+                try:
+                    import aioboto3
+                except ImportError as exc:
+                    raise ImportError(
+                        "the async methods need aioboto3: pip install 's3-saver[async]'"
+                    ) from exc
+                aioboto3_session = aioboto3.Session()
+            return aioboto3_session.client(
+                service, region_name=region_name, endpoint_url=endpoints[service], config=config
+            )
+
+        self._sync = SyncDriver(make_sync, self.stats, max_concurrency)
+        self._async = AsyncDriver(make_async, self.stats)
+
+    # -- lifecycle -------------------------------------------------------------
+    def setup(self) -> None:
+        """Create the bucket and the table when missing; check the table's shape when present.
+
+        Idempotent. Needs broader rights than normal operation (``s3:CreateBucket``,
+        ``dynamodb:CreateTable``...): run it from a deploy step, not from every Lambda.
+
+        Raises:
+            SetupMismatchError: The table exists with another key schema.
+        """
+        self._sync.run(setup.setup(self._ctx, self.region_name))
+
+    async def asetup(self) -> None:
+        """Async version of :meth:`setup`."""
+        await self._async.run(setup.setup(self._ctx, self.region_name))
+
+    def close(self) -> None:
+        """Release the sync driver's thread pool and the boto3 clients the saver created."""
+        self._sync.close(close_clients=self._owns_sync_clients)
+
+    async def aclose(self) -> None:
+        """Close the async clients of the running event loop."""
+        await self._async.aclose()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    # -- BaseCheckpointSaver ---------------------------------------------------------
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Fetch a checkpoint (the latest of the thread/namespace without ``checkpoint_id``).
+
+        Args:
+            config: ``{"configurable": {"thread_id", "checkpoint_ns"?, "checkpoint_id"?}}``.
+
+        Returns:
+            The checkpoint tuple with channel values and pending writes, or None.
+        """
+        return self._sync.run(read.get_tuple(self._ctx, config))
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async version of :meth:`get_tuple`."""
+        return await self._async.run(read.get_tuple(self._ctx, config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """List checkpoints newest first.
+
+        Args:
+            config: Thread (and optionally namespace) to list; without
+                ``checkpoint_ns`` every namespace is listed; ``None`` lists every
+                thread (a table scan: for admin use).
+            filter: Metadata equality filter (any key, nested values compared whole).
+            before: Only checkpoints older than this config's ``checkpoint_id``.
+            limit: At most this many results (after filtering).
+
+        Yields:
+            Checkpoint tuples.
+        """
+        return self._sync.iterate(read.list_checkpoints(self._ctx, config, filter, before, limit))
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Async version of :meth:`list`."""
+        async for item in self._async.iterate(read.list_checkpoints(self._ctx, config, filter, before, limit)):
+            yield item
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint: its objects first, then its index item.
+
+        Only channels in ``new_versions`` are stored; the others point at the
+        object that already holds their version.
+
+        Returns:
+            The config of the stored checkpoint.
+        """
+        return self._sync.run(put.put(self._ctx, config, checkpoint, metadata, new_versions))
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Async version of :meth:`put`."""
+        return await self._async.run(put.put(self._ctx, config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's pending writes for the checkpoint in ``config``.
+
+        Regular writes are first-write-wins per ``(task_id, index)``; the special
+        channels of ``WRITES_IDX_MAP`` (errors, interrupts, resumes) last-write-wins.
+        Writes may arrive before their checkpoint is stored.
+        """
+        self._sync.run(put.put_writes(self._ctx, config, writes, task_id, task_path))
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Async version of :meth:`put_writes`."""
+        await self._async.run(put.put_writes(self._ctx, config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, value and pending write of a thread (all namespaces)."""
+        self._sync.run(delete.delete_thread(self._ctx, thread_id))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Async version of :meth:`delete_thread`."""
+        await self._async.run(delete.delete_thread(self._ctx, thread_id))
+
+    def get_next_version(self, current: str | None, channel: None = None) -> str:
+        """Next channel version: a zero-padded counter plus a random part.
+
+        Monotonic, and unique across forks of one thread (two branches bumping the
+        same version get different strings), so a (channel, version) key is never
+        written with two different values.
+        """
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(current.split(".")[0])
+        return f"{current_v + 1:032}.{random.random():016}"
