@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import urllib.request
 from collections.abc import Iterator
@@ -18,6 +19,9 @@ for _name, _value in {
     os.environ[_name] = _value
 for _name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_DYNAMODB"):
     os.environ.pop(_name, None)
+
+# moto's HTTP server logs every request.
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 BUCKET = "checkpoints"
 TABLE = "checkpoints-index"

@@ -82,7 +82,6 @@ def put(
         "metadata": list(ctx.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
         "values": {ch: [fresh[ch], *serialized[ch]] for ch in inline},
         "blobs": {ch: fresh[ch] for ch in blobs},
-        "created_at": now,
     }
     body = pack(record)
     objects = {checkpoint_key: body}

@@ -1,0 +1,44 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.checkpoint.base import Checkpoint
+from langgraph.checkpoint.base.id import uuid6
+
+
+def checkpoint(values: dict[str, Any], versions: dict[str, Any], checkpoint_id: str | None = None) -> Checkpoint:
+    return Checkpoint(
+        v=1,
+        id=checkpoint_id or str(uuid6(clock_seq=-1)),
+        ts="2026-11-22T00:00:00+00:00",
+        channel_values=values,
+        channel_versions=versions,
+        versions_seen={},
+        pending_sends=[],
+        updated_channels=None,
+    )
+
+
+def config(thread_id: str, ns: str = "", checkpoint_id: str | None = None) -> dict[str, Any]:
+    configurable: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ns}
+    if checkpoint_id is not None:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+def grow_thread(saver: Any, thread_id: str, length: int, ns: str = "") -> dict[str, Any]:
+    """Put ``length`` checkpoints: channel "counter" changes each step, "doc" never.
+
+    Returns the config of the last checkpoint.
+    """
+    stored = config(thread_id, ns)
+    version = None
+    for step in range(length):
+        version = saver.get_next_version(version, None)
+        versions = {"counter": version, "doc": "1"}
+        new = {"counter": version} if step else versions
+        cp = checkpoint({"counter": step, "doc": "a document"}, versions)
+        stored = saver.put(stored, cp, {"source": "loop", "step": step}, new)
+    return stored

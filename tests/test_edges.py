@@ -1,0 +1,169 @@
+"""Unusual ids, key limits, value and metadata sizes, and the errors users meet."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+
+from conftest import BUCKET, TABLE, make_saver
+from helpers import checkpoint, config
+from s3_saver import (
+    BucketNotFoundError,
+    ConfigurationError,
+    ImmutableObjectConflictError,
+    KeyTooLongError,
+    SetupMismatchError,
+    TableNotFoundError,
+)
+from s3_saver._keys import decode, encode
+
+ODD_IDS = ["", "a/b", "/", "..", ".", "...", "#", "%", "%2F", "%25", "=", "a|b", "~", "ü🙂", "a b", "..%2F..", "\\", "\t"]
+
+
+def _objects(endpoint: str) -> list[str]:
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    return [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])]
+
+
+def test_encoding_is_injective_and_reversible() -> None:
+    encoded = [encode(i) for i in ODD_IDS]
+    assert len(set(encoded)) == len(ODD_IDS)
+    for original, enc in zip(ODD_IDS, encoded):
+        assert decode(enc) == original
+        assert "/" not in enc and "|" not in enc and enc not in {"", ".", ".."}
+
+
+def test_odd_ids_round_trip_without_collisions(saver) -> None:
+    stored = []
+    for i, thread_id in enumerate(ODD_IDS):
+        ns = ODD_IDS[-1 - i]
+        channel = ODD_IDS[(i + 3) % len(ODD_IDS)] or "empty-channel"
+        cp = checkpoint({channel: f"value {i}"}, {channel: "1"})
+        cfg = saver.put(config(thread_id, ns), cp, {"source": "input", "step": i}, {channel: "1"})
+        saver.put_writes(cfg, [(channel, i)], task_id=ODD_IDS[(i + 5) % len(ODD_IDS)])
+        stored.append((thread_id, ns, channel, cfg))
+    for i, (thread_id, ns, channel, cfg) in enumerate(stored):
+        got = saver.get_tuple(config(thread_id, ns))
+        assert got.config == cfg
+        assert got.checkpoint["channel_values"] == {channel: f"value {i}"}
+        assert [w[1:] for w in got.pending_writes] == [(channel, i)]
+        assert [t.config for t in saver.list({"configurable": {"thread_id": thread_id}})] == [cfg]
+    assert len(list(saver.list(None))) == len(ODD_IDS)
+    # Deleting one odd thread leaves every other one intact.
+    saver.delete_thread("..")
+    assert saver.get_tuple(config("..", stored[ODD_IDS.index("..")][1])) is None
+    assert sum(1 for _ in saver.list(None)) == len(ODD_IDS) - 1
+
+
+def test_long_ids_round_trip_up_to_the_limit(saver) -> None:
+    thread_id = "t" * 300
+    cp = checkpoint({"c": 1}, {"c": "1"})
+    cfg = saver.put(config(thread_id, "n" * 200), cp, {}, {"c": "1"})
+    assert saver.get_tuple(cfg).checkpoint["channel_values"] == {"c": 1}
+
+
+@pytest.mark.parametrize(
+    "thread_id, ns",
+    [("t" * 1100, ""), ("🙂" * 200, ""), ("t", "n" * 1100)],
+)
+def test_too_long_ids_are_refused_before_writing(endpoint, saver, thread_id, ns) -> None:
+    cp = checkpoint({"c": 1}, {"c": "1"})
+    with pytest.raises(KeyTooLongError, match="1024 bytes"):
+        saver.put(config(thread_id, ns), cp, {}, {"c": "1"})
+    assert _objects(endpoint) == []
+    assert list(saver.list(None)) == []
+
+
+@pytest.mark.parametrize("size", [0, 1024 * 1024, 100 * 1024 * 1024])
+def test_values_from_empty_to_100_mb_round_trip(saver, size) -> None:
+    payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    cp = checkpoint({"big": payload, "small": "s"}, {"big": "1", "small": "1"})
+    cfg = saver.put(config("sizes"), cp, {"source": "input"}, {"big": "1", "small": "1"})
+    saver.put_writes(cfg, [("big", payload)], "task")
+    got = saver.get_tuple(config("sizes"))
+    assert got.checkpoint["channel_values"]["big"] == payload
+    assert got.pending_writes[0][2] == payload
+    del got, payload
+
+
+def test_huge_metadata_round_trips_and_filters(saver) -> None:
+    big = "m" * 600_000
+    for step in range(3):
+        cp = checkpoint({"c": step}, {"c": str(step)})
+        saver.put(config("meta"), cp, {"source": "loop", "step": step, "note": big if step == 1 else "x"}, {"c": str(step)})
+    matched = list(saver.list(config("meta"), filter={"note": big}))
+    assert [t.metadata["step"] for t in matched] == [1]
+    assert [t.metadata["step"] for t in saver.list(config("meta"), filter={"step": 2})] == [2]
+    assert saver.get_tuple(matched[0].config).metadata["note"] == big
+
+
+def test_many_medium_values_overflow_the_item_into_objects(saver) -> None:
+    values = {f"ch{i}": "v" * 60_000 + str(i) for i in range(12)}  # ~720 KB in all
+    versions = {ch: "1" for ch in values}
+    saver.put(config("wide"), checkpoint(values, versions), {}, versions)
+    assert saver.get_tuple(config("wide")).checkpoint["channel_values"] == values
+
+
+def test_nested_metadata_filter(saver) -> None:
+    for i in range(3):
+        cp = checkpoint({"c": i}, {"c": str(i)})
+        saver.put(config("nested"), cp, {"source": "loop", "info": {"user": {"id": i}}}, {"c": str(i)})
+    got = list(saver.list(config("nested"), filter={"info": {"user": {"id": 1}}}))
+    assert [t.checkpoint["channel_values"]["c"] for t in got] == [1]
+    assert list(saver.list(config("nested"), limit=0)) == []
+
+
+def test_retried_put_is_a_success_and_a_conflicting_body_is_refused(endpoint, saver) -> None:
+    cp = checkpoint({"c": 1}, {"c": "1"})
+    cfg = saver.put(config("retry"), cp, {"step": 1}, {"c": "1"})
+    assert saver.put(config("retry"), cp, {"step": 1}, {"c": "1"}) == cfg
+    before = _objects(endpoint)
+    with pytest.raises(ImmutableObjectConflictError, match="already holds different content"):
+        saver.put(config("retry"), checkpoint({"c": 2}, {"c": "1"}, cp["id"]), {"step": 1}, {"c": "1"})
+    assert _objects(endpoint) == before
+    assert saver.get_tuple(config("retry")).checkpoint["channel_values"] == {"c": 1}
+
+
+def test_missing_thread_id_is_named(saver) -> None:
+    with pytest.raises(ConfigurationError, match="thread_id"):
+        saver.get_tuple({"configurable": {}})
+    with pytest.raises(ConfigurationError, match="checkpoint_id"):
+        saver.put_writes(config("t"), [("a", 1)], "task")
+
+
+def test_missing_bucket_and_table_say_run_setup(endpoint) -> None:
+    saver = make_saver(endpoint)
+    with pytest.raises(BucketNotFoundError, match="setup"):
+        saver.put(config("t"), checkpoint({"c": 1}, {"c": "1"}), {}, {"c": "1"})
+    with pytest.raises(TableNotFoundError, match="setup"):
+        saver.get_tuple(config("t"))
+    saver.close()
+
+
+def test_setup_is_idempotent_and_checks_the_table(endpoint) -> None:
+    saver = make_saver(endpoint)
+    saver.setup()
+    saver.setup()
+    ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+    ddb.create_table(
+        TableName="wrong",
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    from s3_saver import S3Saver
+
+    wrong = S3Saver(BUCKET, table="wrong", endpoint_url=endpoint, region_name="us-east-1")
+    with pytest.raises(SetupMismatchError, match="key schema"):
+        wrong.setup()
+    assert TABLE in ddb.list_tables()["TableNames"]
+    saver.close()
+    wrong.close()
+
+
+def test_constructor_makes_no_network_call() -> None:
+    from s3_saver import S3Saver
+
+    saver = S3Saver("bucket", table="t", endpoint_url="http://127.0.0.1:9", region_name="us-east-1")
+    assert saver.stats.round_trips == 0
+    saver.close()

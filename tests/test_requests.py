@@ -1,0 +1,125 @@
+"""Round trips and requests per call, counted by the saver's drivers (deterministic).
+
+The design's budget: put, put_writes and get_tuple in at most 2 round trips, and
+requests that do not grow with the thread's length; no ListObjects anywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import make_saver
+from helpers import checkpoint, config, grow_thread
+
+
+def _counts(saver):
+    snap = saver.stats.snapshot()
+    saver.stats.reset()
+    return snap.round_trips, dict(snap.requests)
+
+
+def _no_listing(requests: dict) -> None:
+    assert not [op for op in requests if "list" in op[1]], requests
+
+
+def _measure(saver, thread_id: str, length: int) -> dict[str, tuple[int, dict]]:
+    last = grow_thread(saver, thread_id, length)
+    saver.stats.reset()
+    out = {}
+    saver.get_tuple(config(thread_id))
+    out["get_tuple latest"] = _counts(saver)
+    saver.get_tuple(last)
+    out["get_tuple by id"] = _counts(saver)
+    saver.put_writes(last, [("counter", 1), ("__interrupt__", "why")], "task-1", "path")
+    out["put_writes"] = _counts(saver)
+    version = saver.get_next_version(last_version(saver, last), None)
+    saver.stats.reset()
+    saver.put(
+        last,
+        checkpoint({"counter": -1, "doc": "a document"}, {"counter": version, "doc": "1"}),
+        {"source": "loop", "step": length},
+        {"counter": version},
+    )
+    out["put"] = _counts(saver)
+    list(saver.list(config(thread_id), limit=5))
+    out["list limit=5"] = _counts(saver)
+    return out
+
+
+def last_version(saver, cfg):
+    return saver.get_tuple(cfg).checkpoint["channel_versions"]["counter"]
+
+
+def test_budget_holds_and_does_not_grow_with_thread_length(saver) -> None:
+    single = _measure(saver, "single", 1)
+    short = _measure(saver, "short", 2)
+    long = _measure(saver, "long", 300)
+    for call in ("get_tuple latest", "get_tuple by id", "put_writes", "put"):
+        round_trips, requests = long[call]
+        assert round_trips <= 2, (call, long[call])
+        _no_listing(requests)
+        assert long[call] == short[call], (call, short[call], long[call])
+        # A one-checkpoint thread holds every value in its newest item: the
+        # BatchGetItem for older holders of unchanged channels is skipped.
+        assert single[call][0] <= 2
+        assert sum(single[call][1].values()) <= sum(long[call][1].values())
+    # list(limit=k) reads a bounded page of the index, whatever the length.
+    assert long["list limit=5"][0] <= 2
+    _no_listing(long["list limit=5"][1])
+    assert sum(long["list limit=5"][1].values()) <= 2
+
+
+def test_exact_costs(saver) -> None:
+    counts = _measure(saver, "t", 10)
+    assert counts["put"] == (2, {("s3", "put_object"): 1, ("dynamodb", "put_item"): 1})
+    assert counts["put_writes"] == (2, {("s3", "put_object"): 1, ("dynamodb", "put_item"): 1})
+    # The newest item, then its writes and the item that holds the unchanged channel.
+    assert counts["get_tuple latest"] == (
+        2,
+        {("dynamodb", "query"): 2, ("dynamodb", "batch_get_item"): 1},
+    )
+    assert counts["get_tuple by id"] == (
+        2,
+        {("dynamodb", "get_item"): 1, ("dynamodb", "query"): 1, ("dynamodb", "batch_get_item"): 1},
+    )
+
+
+def test_full_history_reads_only_the_index(saver) -> None:
+    grow_thread(saver, "h", 50)
+    saver.stats.reset()
+    history = list(saver.list(config("h")))
+    round_trips, requests = _counts(saver)
+    assert len(history) == 50
+    assert [t.checkpoint["channel_values"]["counter"] for t in history] == list(range(49, -1, -1))
+    assert requests == {("dynamodb", "query"): round_trips}
+    assert round_trips <= 2
+
+
+@pytest.mark.parametrize("length", [1, 40])
+def test_cold_process_put_stays_within_two_round_trips(endpoint, saver, length) -> None:
+    last = grow_thread(saver, "cold", length)
+    fresh = make_saver(endpoint)  # a new process: empty caches
+    version = fresh.get_next_version(None, None)
+    fresh.put(
+        last,
+        checkpoint({"counter": 99, "doc": "a document"}, {"counter": version, "doc": "1"}),
+        {"source": "loop", "step": length},
+        {"counter": version},
+    )
+    round_trips, requests = _counts(fresh)
+    assert round_trips == 2
+    assert requests == {("s3", "put_object"): 1, ("dynamodb", "get_item"): 1, ("dynamodb", "put_item"): 1}
+    got = fresh.get_tuple(config("cold"))
+    assert got.checkpoint["channel_values"] == {"counter": 99, "doc": "a document"}
+    fresh.close()
+
+
+async def test_async_driver_counts_the_same(saver) -> None:
+    last = grow_thread(saver, "a", 5)
+    saver.stats.reset()
+    await saver.aget_tuple(config("a"))
+    sync_free = _counts(saver)
+    await saver.aget_tuple(last)
+    by_id = _counts(saver)
+    await saver.aclose()
+    assert sync_free[0] == 2 and by_id[0] == 2
