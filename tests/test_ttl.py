@@ -1,0 +1,65 @@
+"""ttl=: index items carry expires_at, expired items are never served, old values are refreshed."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import boto3
+
+from conftest import TABLE, make_saver
+from helpers import checkpoint, config
+
+DAY = 86_400
+
+
+def _item_expiry(endpoint: str, thread_id: str) -> list[int]:
+    ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+    items = ddb.query(
+        TableName=TABLE,
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": thread_id}},
+    )["Items"]
+    return [int(i["expires_at"]["N"]) for i in items]
+
+
+def test_ttl_expires_items_and_refreshes_values_that_would_expire(endpoint) -> None:
+    saver = make_saver(endpoint, ttl=timedelta(days=30))
+    saver.setup()
+    ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+    assert ddb.describe_time_to_live(TableName=TABLE)["TimeToLiveDescription"] == {
+        "TimeToLiveStatus": "ENABLED",
+        "AttributeName": "expires_at",
+    }
+    start = int(time.time())
+    clock = {"now": start}
+    saver._ctx.now = lambda: clock["now"]
+
+    first = saver.put(config("t"), checkpoint({"doc": "D", "n": 0}, {"doc": "1", "n": "1"}), {}, {"doc": "1", "n": "1"})
+    saver.put_writes(first, [("n", 5)], "task")
+    assert sorted(_item_expiry(endpoint, "t")) == [start + 30 * DAY] * 2
+
+    # Day 10: "doc" is unchanged and still young: the new item points at the first
+    # checkpoint and expires with it.
+    clock["now"] = start + 10 * DAY
+    second = saver.put(first, checkpoint({"doc": "D", "n": 1}, {"doc": "1", "n": "2"}), {}, {"n": "2"})
+    assert max(_item_expiry(endpoint, "t")) == start + 30 * DAY
+
+    # Day 20: "doc" is past half its life, so this checkpoint stores it again
+    # and lives a full ttl from now.
+    clock["now"] = start + 20 * DAY
+    third = saver.put(second, checkpoint({"doc": "D", "n": 2}, {"doc": "1", "n": "3"}), {}, {"n": "3"})
+    assert max(_item_expiry(endpoint, "t")) == start + 50 * DAY
+    assert saver.get_tuple(config("t")).checkpoint["channel_values"] == {"doc": "D", "n": 2}
+
+    # Day 40: the first two checkpoints are expired (DynamoDB deletes lazily; the
+    # saver never serves them), the third is alive and complete.
+    clock["now"] = start + 40 * DAY
+    assert saver.get_tuple(first) is None
+    assert [t.config for t in saver.list(config("t"))] == [third]
+    assert saver.get_tuple(config("t")).checkpoint["channel_values"] == {"doc": "D", "n": 2}
+
+    clock["now"] = start + 51 * DAY
+    assert saver.get_tuple(config("t")) is None
+    assert list(saver.list(config("t"))) == []
+    saver.close()
