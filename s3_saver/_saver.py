@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import timedelta
 from typing import Any
@@ -16,6 +16,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
@@ -23,7 +24,7 @@ from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._dynamodb import DynamoIndexCalls
 from s3_saver._keys import KeyLayout
-from s3_saver._ops import delete, put, read, setup
+from s3_saver._ops import delete, delta, put, read, setup
 from s3_saver._ops.context import Context
 from s3_saver._protocol import RequestStats
 from s3_saver._s3 import S3Calls
@@ -308,6 +309,22 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     async def adelete_thread(self, thread_id: str) -> None:
         """Async version of :meth:`delete_thread`."""
         await self._async.run(delete.delete_thread(self._ctx, thread_id))
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Writes and seed of each channel along the parent chain (for ``DeltaChannel``).
+
+        Reads the chain as one index range instead of one ``get_tuple`` per
+        ancestor, then fetches the seeds in one more wave.
+        """
+        return self._sync.run(delta.delta_channel_history(self._ctx, config, channels))
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Async version of :meth:`get_delta_channel_history`."""
+        return await self._async.run(delta.delta_channel_history(self._ctx, config, channels))
 
     def get_next_version(self, current: str | None, channel: None = None) -> str:
         """Next channel version: a zero-padded counter plus a random part.

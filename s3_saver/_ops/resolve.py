@@ -176,15 +176,7 @@ class Resolver:
         t, ns, cid = entry.thread_id, entry.ns, entry.checkpoint_id
         record = self.records[(t, ns, cid)]
         checkpoint = serde.loads_typed(typed(record["checkpoint"]))
-        values: dict[str, Any] = {}
-        for ch, (version, src, kind, _) in entry.loc.items():
-            if kind == IN_BLOB_OBJECT:
-                blob = self.blobs[self.ctx.layout.blob_key(t, ns, ch, version)]
-                values[ch] = serde.loads_typed((blob["type"], blob["data"]))
-            else:
-                _, type_, data = self.records[(t, ns, src)]["values"][ch]
-                values[ch] = serde.loads_typed((type_, data))
-        checkpoint["channel_values"] = values
+        checkpoint["channel_values"] = {ch: self.value(entry, ch) for ch in entry.loc}
         config: RunnableConfig = {"configurable": {"thread_id": t, "checkpoint_ns": ns, "checkpoint_id": cid}}
         parent = (
             {"configurable": {"thread_id": t, "checkpoint_ns": ns, "checkpoint_id": entry.parent_id}}
@@ -196,10 +188,20 @@ class Resolver:
             checkpoint=checkpoint,
             metadata=serde.loads_typed(typed(record["metadata"])),
             parent_config=parent,
-            pending_writes=self._pending_writes(entry),
+            pending_writes=self.pending_writes(entry),
         )
 
-    def _pending_writes(self, entry: CheckpointEntry) -> list[PendingWrite]:
+    def value(self, entry: CheckpointEntry, channel: str) -> Any:
+        """The value of ``channel`` at ``entry`` (fetched by an earlier wave)."""
+        version, src, kind, _ = entry.loc[channel]
+        if kind == IN_BLOB_OBJECT:
+            blob = self.blobs[self.ctx.layout.blob_key(entry.thread_id, entry.ns, channel, version)]
+            return self.ctx.serde.loads_typed((blob["type"], blob["data"]))
+        _, type_, data = self.records[(entry.thread_id, entry.ns, src)]["values"][channel]
+        return self.ctx.serde.loads_typed((type_, data))
+
+    def pending_writes(self, entry: CheckpointEntry) -> list[PendingWrite]:
+        """The entry's pending writes in ``writes_sort_key`` order, after first/last-wins."""
         batches = []
         for w in entry.writes:
             if w.body is not None:
