@@ -177,7 +177,7 @@ class DynamoIndexCalls:
         newest_first: bool = True,
         limit: int | None = None,
         start_key: dict[str, Any] | None = None,
-        projection: str | None = None,
+        projection: tuple[str, ...] | None = None,
     ) -> Call:
         condition = "pk = :pk"
         values: dict[str, Any] = {":pk": {"S": _keys.partition_key(thread_id)}}
@@ -202,7 +202,9 @@ class DynamoIndexCalls:
         if start_key is not None:
             params["ExclusiveStartKey"] = start_key
         if projection is not None:
-            params["ProjectionExpression"] = projection
+            # Attribute names go through placeholders: DynamoDB reserves hundreds of words.
+            params["ProjectionExpression"] = ", ".join(f"#{name}" for name in projection)
+            params["ExpressionAttributeNames"] = {f"#{name}": name for name in projection}
         return Call("dynamodb", "query", params)
 
     def scan(self, start_key: dict[str, Any] | None = None) -> Call:

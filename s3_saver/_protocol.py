@@ -93,5 +93,10 @@ def request_one(call: Call) -> Generator[Instruction, Any, Any]:
     return results[0]
 
 
+def backoff(attempt: int) -> float:
+    """Seconds to wait before re-sending what a batch call left unprocessed."""
+    return min(0.05 * 2 ** (attempt - 1), 2.0)
+
+
 def raise_failure(call: Call, result: BaseException) -> None:
     raise translate(result, what=call.describe())

@@ -123,3 +123,30 @@ async def test_async_driver_counts_the_same(saver) -> None:
     by_id = _counts(saver)
     await saver.aclose()
     assert sync_free[0] == 2 and by_id[0] == 2
+
+
+def test_writes_before_their_checkpoint(saver) -> None:
+    """Writes for a checkpoint not stored yet sort above the newest item: latest skips them."""
+    from langgraph.checkpoint.base.id import uuid6
+
+    last = grow_thread(saver, "early", 3)
+    future_id = str(uuid6(clock_seq=-1))
+    saver.put_writes(config("early", checkpoint_id=future_id), [("counter", 7)], "task-early")
+    saver.stats.reset()
+    latest = saver.get_tuple(config("early"))
+    round_trips, _ = _counts(saver)
+    assert latest.config == last
+    assert latest.pending_writes == []
+    assert round_trips == 3  # one extra Query steps over the early writes
+    assert [t.config for t in saver.list(config("early"))][0] == last
+
+    version = saver.get_next_version(last_version(saver, last), None)
+    saver.put(
+        last,
+        checkpoint({"counter": 3, "doc": "a document"}, {"counter": version, "doc": "1"}, future_id),
+        {"source": "loop", "step": 3},
+        {"counter": version},
+    )
+    now_latest = saver.get_tuple(config("early"))
+    assert now_latest.config["configurable"]["checkpoint_id"] == future_id
+    assert [w[1:] for w in now_latest.pending_writes] == [("counter", 7)]

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from s3_saver._dynamodb import IN_BLOB_OBJECT, CheckpointEntry, parse_item
+from s3_saver._dynamodb import IN_BLOB_OBJECT, PARTITION_KEY, SORT_KEY, CheckpointEntry, parse_item
 from s3_saver._ops.context import Context, target
-from s3_saver._protocol import Op, request, request_one
+from s3_saver._protocol import Op, Sleep, backoff, request, request_one
 from s3_saver._s3 import DELETE_BATCH
 from s3_saver.errors import S3SaverError
 
 BATCH_WRITE_MAX = 25  # BatchWriteItem accepts at most 25 requests
+_MAX_BATCH_ATTEMPTS = 10
 
 
 def delete_thread(ctx: Context, thread_id: str) -> Op[None]:
@@ -19,7 +20,7 @@ def delete_thread(ctx: Context, thread_id: str) -> Op[None]:
     start: dict[str, Any] | None = None
     while True:
         page = yield from request_one(
-            ctx.index.query(thread_id, newest_first=False, start_key=start, projection="pk, sk, loc")
+            ctx.index.query(thread_id, newest_first=False, start_key=start, projection=(PARTITION_KEY, SORT_KEY, "loc"))
         )
         items = page.get("Items", [])
         objects = sorted(set(_object_keys(ctx, items)))
@@ -34,8 +35,12 @@ def delete_thread(ctx: Context, thread_id: str) -> Op[None]:
                 f"could not delete {len(failed)} objects of thread {thread_id!r}, first: "
                 f"{failed[0].get('Key')} ({failed[0].get('Code')}: {failed[0].get('Message')})"
             )
-        keys = [{"pk": i["pk"], "sk": i["sk"]} for i in items]
-        while keys:
+        keys = [{PARTITION_KEY: i[PARTITION_KEY], SORT_KEY: i[SORT_KEY]} for i in items]
+        for attempt in range(_MAX_BATCH_ATTEMPTS):
+            if not keys:
+                break
+            if attempt:
+                yield Sleep(backoff(attempt))  # unprocessed items mean throttling
             results = yield from request(
                 *(ctx.index.batch_delete(keys[i : i + BATCH_WRITE_MAX]) for i in range(0, len(keys), BATCH_WRITE_MAX))
             )
@@ -44,6 +49,8 @@ def delete_thread(ctx: Context, thread_id: str) -> Op[None]:
                 for r in results
                 for req in r.get("UnprocessedItems", {}).get(ctx.index.table, [])
             ]
+        if keys:
+            raise S3SaverError(f"DynamoDB kept refusing {len(keys)} deletes of thread {thread_id!r} (throttled)")
         start = page.get("LastEvaluatedKey")
         if start is None:
             break

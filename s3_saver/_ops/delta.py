@@ -21,7 +21,7 @@ from s3_saver import _keys
 from s3_saver._dynamodb import CheckpointEntry, parse_item
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.read import _latest
-from s3_saver._ops.resolve import Resolver
+from s3_saver._ops.resolve import Resolver, load
 from s3_saver._protocol import Op, request_one
 
 
@@ -58,9 +58,7 @@ def delta_channel_history(
     for entry, _ in picked:
         resolver.add(entry)
         needed.append(replace(entry, loc={ch: v for ch, v in entry.loc.items() if seeds.get(ch) is entry}))
-    while calls := resolver.calls(needed):
-        results = yield tuple(calls)
-        resolver.absorb(calls, results)
+    yield from load(resolver, needed)
 
     collected: dict[str, list[PendingWrite]] = {ch: [] for ch in channels}
     for entry, wanted in picked:

@@ -62,7 +62,7 @@ def put(
     fresh: dict[str, Any] = {ch: new_versions[ch] for ch in new_versions if ch in values}
     carried = {ch: v for ch, v in checkpoint["channel_versions"].items() if ch not in new_versions}
     loc: Loc = {}
-    parent_loc = ctx.locs.get((thread_id, ns, parent_id)) if parent_id else {}
+    parent_loc = ctx.locs.get((thread_id, ns, parent_id)) if parent_id and carried else {}
     if parent_loc is None and carried and ctx.ttl_seconds:
         # With a ttl, the parent's value ages decide what this object must carry,
         # so they are needed before the object is written.

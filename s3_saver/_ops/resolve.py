@@ -24,7 +24,7 @@ from s3_saver._dynamodb import (
     parse_item,
 )
 from s3_saver._ops.context import Context
-from s3_saver._protocol import Call, Op, raise_failure
+from s3_saver._protocol import Call, Op, Sleep, backoff, raise_failure
 from s3_saver.errors import MissingObjectError, error_code
 
 BATCH_GET_MAX = 100  # BatchGetItem accepts at most 100 keys per request
@@ -44,6 +44,7 @@ class Resolver:
         self._object_keys: dict[str, tuple[str, Any]] = {}
         self._requested: set[Key3] = set()
         self._queries: list[tuple[Call, Key3]] = []
+        self.throttled = False
 
     # -- intake ------------------------------------------------------------------
     def add(self, entry: CheckpointEntry) -> None:
@@ -132,6 +133,8 @@ class Resolver:
                 key = next(k for q, k in self._queries if q is call)
                 self.take_writes_page(self.entries[key], result)
         self._item_missing |= self._requested - returned - unprocessed
+        # BatchGetItem hands back what it could not read under throttling.
+        self.throttled = bool(unprocessed)
 
     def _take_object(self, call: Call, result: Any) -> None:
         key = call.params["Key"]
@@ -226,7 +229,16 @@ class Resolver:
 
 def fetch_and_build(resolver: Resolver, targets: list[CheckpointEntry]) -> Op[list[CheckpointTuple]]:
     """Fetch, in as few waves as the data allows, everything ``targets`` point at."""
+    yield from load(resolver, targets)
+    return [resolver.build(e) for e in targets]
+
+
+def load(resolver: Resolver, targets: list[CheckpointEntry]) -> Op[None]:
+    """Send waves until everything ``targets`` point at is in ``resolver``."""
+    waves = 0
     while calls := resolver.calls(targets):
+        if resolver.throttled:
+            yield Sleep(backoff(waves))
         results: list[Any] = yield tuple(calls)
         resolver.absorb(calls, results)
-    return [resolver.build(e) for e in targets]
+        waves += 1

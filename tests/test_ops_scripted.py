@@ -1,0 +1,86 @@
+"""The operation generators driven with scripted AWS responses (no server): the paths
+a real server rarely takes — throttled batches, racing conditional writes."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+from botocore.exceptions import ClientError
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from s3_saver._dynamodb import DynamoIndexCalls
+from s3_saver._keys import KeyLayout
+from s3_saver._ops.context import Context
+from s3_saver._ops.delete import delete_thread
+from s3_saver._protocol import Call, Emit, Sleep
+from s3_saver._s3 import S3Calls, put_immutable
+from s3_saver.errors import ImmutableObjectConflictError
+
+
+def _ctx() -> Context:
+    return Context(KeyLayout("p"), S3Calls("b"), DynamoIndexCalls("t"), JsonPlusSerializer(), 1024, None)
+
+
+def _drive(op, respond: Callable[[Call], Any]) -> tuple[Any, list[Any]]:
+    """Run an operation; return its result and the steps it took."""
+    steps: list[Any] = []
+    reply = None
+    while True:
+        try:
+            step = op.send(reply)
+        except StopIteration as stop:
+            return stop.value, steps
+        steps.append(step)
+        reply = None if isinstance(step, (Sleep, Emit)) else [respond(c) for c in step]
+
+
+def _client_error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "Op")
+
+
+def test_throttled_deletes_are_retried_with_backoff() -> None:
+    item = {"pk": {"S": "t"}, "sk": {"S": "=|c1|w|00000000000000000001|task"}}
+    refusals = iter([2, 1, 0])
+
+    def respond(call: Call) -> Any:
+        if call.operation == "query":
+            return {"Items": [item]}
+        if call.operation == "delete_objects":
+            return {}
+        left = next(refusals)
+        requests = call.params["RequestItems"]["t"]
+        return {"UnprocessedItems": {"t": requests} if left else {}}
+
+    _, steps = _drive(delete_thread(_ctx(), "t"), respond)
+    sleeps = [s.seconds for s in steps if isinstance(s, Sleep)]
+    assert sleeps == [0.05, 0.1]
+    assert sum(1 for s in steps if isinstance(s, tuple) and s[0].operation == "batch_write_item") == 3
+
+
+def test_racing_conditional_write_is_retried_then_compared() -> None:
+    answers = {
+        1: _client_error("ConditionalRequestConflict", 409),
+        2: _client_error("PreconditionFailed", 412),
+    }
+    calls = {"n": 0}
+
+    def respond(call: Call) -> Any:
+        if call.operation == "get_object":
+            return {"Body": b"same"}
+        calls["n"] += 1
+        return answers.get(calls["n"], {})
+
+    _, steps = _drive(put_immutable(S3Calls("b"), {"k": b"same"}), respond)
+    assert [s[0].operation for s in steps] == ["put_object", "put_object", "get_object"]
+
+    calls["n"] = 1
+    with pytest.raises(ImmutableObjectConflictError):
+        _drive(put_immutable(S3Calls("b"), {"k": b"other"}), respond)
+
+
+def test_unknown_errors_pass_through_untouched() -> None:
+    boom = _client_error("InternalError", 500)
+    with pytest.raises(ClientError) as caught:
+        _drive(put_immutable(S3Calls("b"), {"k": b"x"}), lambda call: boom)
+    assert caught.value is boom
