@@ -213,12 +213,8 @@ class DynamoIndexCalls:
             params["ExclusiveStartKey"] = start_key
         return Call("dynamodb", "scan", params)
 
-    def batch_delete(self, keys: list[dict[str, Any]]) -> Call:
-        return Call(
-            "dynamodb",
-            "batch_write_item",
-            {"RequestItems": {self.table: [{"DeleteRequest": {"Key": k}} for k in keys]}},
-        )
+    def batch_write(self, requests: list[dict[str, Any]]) -> Call:
+        return Call("dynamodb", "batch_write_item", {"RequestItems": {self.table: requests}})
 
     def describe(self) -> Call:
         return Call("dynamodb", "describe_table", {"TableName": self.table})

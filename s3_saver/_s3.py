@@ -30,6 +30,13 @@ class S3Calls:
     def get(self, key: str) -> Call:
         return Call("s3", "get_object", {"Bucket": self.bucket, "Key": key})
 
+    def copy(self, source_key: str, key: str) -> Call:
+        return Call(
+            "s3",
+            "copy_object",
+            {"Bucket": self.bucket, "Key": key, "CopySource": {"Bucket": self.bucket, "Key": source_key}},
+        )
+
     def delete_many(self, keys: list[str]) -> Call:
         return Call(
             "s3",

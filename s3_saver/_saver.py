@@ -24,7 +24,7 @@ from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._dynamodb import DynamoIndexCalls
 from s3_saver._keys import KeyLayout
-from s3_saver._ops import delete, delta, put, read, setup
+from s3_saver._ops import copy, delete, delta, put, read, setup
 from s3_saver._ops.context import Context
 from s3_saver._protocol import RequestStats
 from s3_saver._s3 import S3Calls
@@ -309,6 +309,20 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     async def adelete_thread(self, thread_id: str) -> None:
         """Async version of :meth:`delete_thread`."""
         await self._async.run(delete.delete_thread(self._ctx, thread_id))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, value and pending write of a thread into an empty thread.
+
+        Objects are copied server-side (``CopyObject``), then the index items.
+
+        Raises:
+            ConfigurationError: The target thread already has checkpoints.
+        """
+        self._sync.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async version of :meth:`copy_thread`."""
+        await self._async.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]

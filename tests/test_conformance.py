@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from langgraph.checkpoint.conformance import checkpointer_test, validate
-from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES
+from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES, Capability
 
 from conftest import make_saver
 
@@ -23,7 +23,7 @@ async def test_base_capabilities_pass(endpoint: str) -> None:
         if result.passed is False
     }
     assert not failures, failures
-    for capability in BASE_CAPABILITIES:
+    for capability in (*BASE_CAPABILITIES, Capability.COPY_THREAD):
         result = report.results[capability.value]
         assert result.detected and result.passed, (capability.value, result)
         assert result.tests_passed > 0

@@ -167,3 +167,28 @@ def test_constructor_makes_no_network_call() -> None:
     saver = S3Saver("bucket", table="t", endpoint_url="http://127.0.0.1:9", region_name="us-east-1")
     assert saver.stats.round_trips == 0
     saver.close()
+
+
+def test_copy_thread_is_independent_of_its_source(endpoint, saver) -> None:
+    from helpers import grow_thread
+
+    grow_thread(saver, "src", 4)
+    big = b"b" * 200_000  # over inline_threshold: its own blob object
+    last = saver.get_tuple(config("src"))
+    saver.put(
+        last.config,
+        checkpoint({"counter": 9, "doc": "a document", "big": big}, {**last.checkpoint["channel_versions"], "big": "1"}),
+        {"source": "update"},
+        {"big": "1"},
+    )
+    saver.put_writes(config("src", checkpoint_id=last.config["configurable"]["checkpoint_id"]), [("x", 1)], "t")
+    before = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(config("src"))]
+    saver.stats.reset()
+    saver.copy_thread("src", "dst")
+    assert not [op for op in saver.stats.requests if "list" in op[1]]
+    with pytest.raises(ConfigurationError, match="already has checkpoints"):
+        saver.copy_thread("src", "dst")
+    saver.delete_thread("src")
+    after = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(config("dst"))]
+    assert after == before
+    assert all(key.startswith("live/dst/") for key in _objects(endpoint))

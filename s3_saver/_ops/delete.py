@@ -23,7 +23,7 @@ def delete_thread(ctx: Context, thread_id: str) -> Op[None]:
             ctx.index.query(thread_id, newest_first=False, start_key=start, projection=(PARTITION_KEY, SORT_KEY, "loc"))
         )
         items = page.get("Items", [])
-        objects = sorted(set(_object_keys(ctx, items)))
+        objects = sorted(set(object_keys(ctx, items)))
         # Objects first, index items last: a delete cut short leaves index items
         # that a retry finds again, never objects no index can reach.
         results = yield from request(
@@ -35,37 +35,43 @@ def delete_thread(ctx: Context, thread_id: str) -> Op[None]:
                 f"could not delete {len(failed)} objects of thread {thread_id!r}, first: "
                 f"{failed[0].get('Key')} ({failed[0].get('Code')}: {failed[0].get('Message')})"
             )
-        keys = [{PARTITION_KEY: i[PARTITION_KEY], SORT_KEY: i[SORT_KEY]} for i in items]
-        for attempt in range(_MAX_BATCH_ATTEMPTS):
-            if not keys:
-                break
-            if attempt:
-                yield Sleep(backoff(attempt))  # unprocessed items mean throttling
-            results = yield from request(
-                *(ctx.index.batch_delete(keys[i : i + BATCH_WRITE_MAX]) for i in range(0, len(keys), BATCH_WRITE_MAX))
-            )
-            keys = [
-                req["DeleteRequest"]["Key"]
-                for r in results
-                for req in r.get("UnprocessedItems", {}).get(ctx.index.table, [])
-            ]
-        if keys:
-            raise S3SaverError(f"DynamoDB kept refusing {len(keys)} deletes of thread {thread_id!r} (throttled)")
+        yield from write_batches(
+            ctx,
+            [{"DeleteRequest": {"Key": {k: i[k] for k in (PARTITION_KEY, SORT_KEY)}}} for i in items],
+            f"deletes of thread {thread_id!r}",
+        )
         start = page.get("LastEvaluatedKey")
         if start is None:
             break
     ctx.locs.forget_thread(thread_id)
 
 
-def _object_keys(ctx: Context, items: list[dict[str, Any]]) -> Iterator[str]:
+def write_batches(ctx: Context, requests: list[dict[str, Any]], what: str) -> Op[None]:
+    """BatchWriteItem in chunks of 25, re-sending what DynamoDB leaves unprocessed."""
+    for attempt in range(_MAX_BATCH_ATTEMPTS):
+        if not requests:
+            return
+        if attempt:
+            yield Sleep(backoff(attempt))  # unprocessed items mean throttling
+        results = yield from request(
+            *(ctx.index.batch_write(requests[i : i + BATCH_WRITE_MAX]) for i in range(0, len(requests), BATCH_WRITE_MAX))
+        )
+        requests = [req for r in results for req in r.get("UnprocessedItems", {}).get(ctx.index.table, [])]
+    if requests:
+        raise S3SaverError(f"DynamoDB kept refusing {len(requests)} {what} (throttled)")
+
+
+def object_keys(ctx: Context, items: list[dict[str, Any]], thread_id: str | None = None) -> Iterator[str]:
+    """Keys of the objects that index ``items`` own (under ``thread_id`` if given)."""
     for raw in items:
         entry = parse_item(raw)
+        t = entry.thread_id if thread_id is None else thread_id
         if isinstance(entry, CheckpointEntry):
-            t, ns, cid = entry.thread_id, entry.ns, entry.checkpoint_id
+            ns, cid = entry.ns, entry.checkpoint_id
             yield ctx.layout.checkpoint_key(t, ns, cid)
             for ch, (version, src, kind, _) in entry.loc.items():
                 if kind == IN_BLOB_OBJECT and src == cid:
                     yield ctx.layout.blob_key(t, ns, ch, version)
         else:
-            yield ctx.layout.writes_key(entry.thread_id, entry.ns, entry.checkpoint_id, entry.seq, entry.task_id)
+            yield ctx.layout.writes_key(t, entry.ns, entry.checkpoint_id, entry.seq, entry.task_id)
 

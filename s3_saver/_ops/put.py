@@ -73,9 +73,9 @@ def put(
     serialized = {ch: ctx.serde.dumps_typed(values[ch]) for ch in fresh}
     inline, blobs = _split(ctx, serialized, loc_estimate)
     record = {
+        # The thread and namespace are in the key, not the body, so copy_thread
+        # can copy objects server-side.
         "format": CHECKPOINT_FORMAT,
-        "thread_id": thread_id,
-        "checkpoint_ns": ns,
         "checkpoint_id": checkpoint_id,
         "parent_checkpoint_id": parent_id,
         "checkpoint": list(ctx.serde.dumps_typed({k: v for k, v in checkpoint.items() if k != "channel_values"})),
@@ -136,8 +136,6 @@ def put_writes(
     body = pack(
         {
             "format": WRITES_FORMAT,
-            "thread_id": thread_id,
-            "checkpoint_ns": ns,
             "checkpoint_id": checkpoint_id,
             "task_id": task_id,
             "task_path": task_path,
