@@ -1,0 +1,300 @@
+"""One benchmark run in a fresh process: one saver, one mode.
+
+    python -m benchmarks.child --saver s3 --mode sync --proxy URL --moto URL --out FILE
+
+Modes: ``sync`` and ``async`` run the workload; ``scaling`` makes direct saver
+calls on long threads and wide checkpoints. Data a run needs but does not
+measure (tables, buckets, the 1,000-checkpoint thread) goes straight to moto,
+not through the proxy. Writes JSON: the call intervals, phase wall times,
+fingerprints and stored bytes; the parent matches the proxy's requests to the
+calls.
+
+Runs in the main venv (S3Saver, InMemorySaver) and in the peer's venv
+(langgraph-checkpoint-aws), so it imports only what every venv has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from typing import Any
+
+from benchmarks import _guard
+
+_guard.install()
+
+from benchmarks import costs  # noqa: E402
+from benchmarks.metered import MeteredSaver, Recorder  # noqa: E402
+
+
+# -- savers --------------------------------------------------------------------------
+class Target:
+    """How to build a saver against an endpoint, and how to measure what it stores."""
+
+    def __init__(self, kind: str, name: str, moto: str, proxy: str) -> None:
+        self.kind, self.name, self.moto, self.proxy = kind, name, moto, proxy
+        self.bucket = f"bench-{name}".lower().replace("_", "-")[:63]
+        self.table = f"bench-{name}"
+
+    def build(self, endpoint: str) -> Any:
+        if self.kind == "memory":
+            from langgraph.checkpoint.memory import InMemorySaver
+
+            return InMemorySaver()
+        if self.kind in ("s3", "s3-manifest"):
+            from s3_saver import S3Saver
+
+            kwargs: dict[str, Any] = {"table": self.table, "endpoint_url": endpoint, "region_name": "us-east-1"}
+            if self.kind == "s3-manifest":
+                kwargs = {"index": "manifest", "endpoint_url": endpoint, "region_name": "us-east-1"}
+            return S3Saver(self.bucket, **kwargs)
+        if self.kind == "peer":
+            from langgraph_checkpoint_aws import DynamoDBSaver
+
+            return DynamoDBSaver(
+                table_name=self.table,
+                region_name="us-east-1",
+                endpoint_url=endpoint,
+                s3_offload_config={"bucket_name": self.bucket, "endpoint_url": endpoint},
+            )
+        raise ValueError(self.kind)
+
+    def setup(self) -> Any:
+        """Create the storage (straight at moto) and return a saver that also talks straight to moto."""
+        direct = self.build(self.moto)
+        if self.kind in ("s3", "s3-manifest"):
+            direct.setup()
+        elif self.kind == "peer":
+            import boto3
+
+            ddb = boto3.client("dynamodb", endpoint_url=self.moto, region_name="us-east-1")
+            try:
+                ddb.create_table(
+                    TableName=self.table,
+                    KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
+                    AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"},
+                                          {"AttributeName": "SK", "AttributeType": "S"}],
+                    BillingMode="PAY_PER_REQUEST",
+                )
+            except ddb.exceptions.ResourceInUseException:
+                pass
+            s3 = boto3.client("s3", endpoint_url=self.moto, region_name="us-east-1")
+            try:
+                s3.create_bucket(Bucket=self.bucket)
+            except s3.exceptions.BucketAlreadyOwnedByYou:
+                pass
+        return direct
+
+    def stored(self, inner: Any) -> dict[str, Any]:
+        """Bytes and objects/items held right now (read straight from moto)."""
+        if self.kind == "memory":
+            return {"s3_bytes": 0, "s3_objects": 0, "ddb_bytes": 0, "ddb_items": 0,
+                    "memory_bytes": _nested_bytes([inner.storage, inner.writes, inner.blobs])}
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=self.moto, region_name="us-east-1")
+        s3_bytes = s3_objects = 0
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+            for obj in page.get("Contents", []):
+                s3_bytes += obj["Size"]
+                s3_objects += 1
+        ddb_bytes = ddb_items = 0
+        if self.kind != "s3-manifest":
+            ddb = boto3.client("dynamodb", endpoint_url=self.moto, region_name="us-east-1")
+            for page in ddb.get_paginator("scan").paginate(TableName=self.table):
+                for item in page.get("Items", []):
+                    ddb_bytes += costs.item_size(item)
+                    ddb_items += 1
+        return {"s3_bytes": s3_bytes, "s3_objects": s3_objects, "ddb_bytes": ddb_bytes, "ddb_items": ddb_items}
+
+
+def _nested_bytes(obj: Any) -> int:
+    if isinstance(obj, (bytes, bytearray)):
+        return len(obj)
+    if isinstance(obj, str):
+        return 0
+    if isinstance(obj, dict):
+        return sum(_nested_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nested_bytes(v) for v in obj)
+    return 0
+
+
+async def _aclose(saver: Any) -> None:
+    close = getattr(saver, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def _close(saver: Any) -> None:
+    close = getattr(saver, "close", None)
+    if close is not None and callable(close):
+        try:
+            close()
+        except Exception:
+            pass
+
+
+# -- workload modes ------------------------------------------------------------------------
+def run_workload(target: Target, mode: str, turns: int) -> dict[str, Any]:
+    from benchmarks.workload import Workload, build_graph
+
+    recorder = Recorder()
+    direct = target.setup()
+    inner = target.build(target.proxy)
+    saver = MeteredSaver(inner, recorder)
+    wl = Workload(build_graph(saver), saver, recorder, f"bench-{mode}", turns)
+    stored: dict[str, Any] = {}
+    wl.before_delete = lambda: stored.update(before_delete=target.stored(inner))
+    if mode == "sync":
+        results = wl.run_sync()
+    else:
+        async def go() -> dict[str, Any]:
+            try:
+                return await wl.run_async()
+            finally:
+                await _aclose(inner)
+
+        results = asyncio.run(go())
+    stored["after_delete"] = target.stored(inner)
+    _close(inner)
+    _close(direct)
+    return {"calls": recorder.to_json(), "timings": wl.timings, "results": results, "stored": stored}
+
+
+# -- scaling --------------------------------------------------------------------------------
+def _value(channel: str, step: int, size: int = 1000) -> str:
+    from benchmarks.workload import make_text
+
+    head = f"{channel}@{step}: "
+    return head + make_text(f"{channel}@{step}", size - len(head))
+
+
+def populate(saver: Any, thread_id: str, steps: int, channels: int) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    """``steps`` checkpoints; step 0 writes every channel, each later step one channel (round robin).
+
+    Returns the latest config, the running (values, versions) state and all configs.
+    """
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+
+    values: dict[str, Any] = {}
+    versions: dict[str, Any] = {}
+    config: dict[str, Any] = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    configs = []
+    for step in range(steps):
+        names = [f"ch{i}" for i in range(channels)] if step == 0 else [f"ch{step % channels}"]
+        new_versions = {}
+        for name in names:
+            versions[name] = saver.get_next_version(versions.get(name), None)
+            values[name] = _value(name, step)
+            new_versions[name] = versions[name]
+        ckpt = empty_checkpoint()
+        ckpt.update(id=str(uuid6(clock_seq=step)), ts=datetime.now(timezone.utc).isoformat(),
+                    channel_values=dict(values), channel_versions=dict(versions), updated_channels=names)
+        config = saver.put(config, ckpt, {"source": "loop", "step": step, "parents": {}}, new_versions)
+        configs.append(config)
+    return config, {"values": values, "versions": versions, "step": steps}, configs
+
+
+def _next_put(saver: Any, config: dict[str, Any], state: dict[str, Any], channel: str) -> dict[str, Any]:
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+
+    step = state["step"]
+    state["versions"][channel] = saver.get_next_version(state["versions"].get(channel), None)
+    state["values"][channel] = _value(channel, step)
+    ckpt = empty_checkpoint()
+    ckpt.update(id=str(uuid6(clock_seq=step)), ts=datetime.now(timezone.utc).isoformat(),
+                channel_values=dict(state["values"]), channel_versions=dict(state["versions"]),
+                updated_channels=[channel])
+    state["step"] += 1
+    return saver.put(config, ckpt, {"source": "loop", "step": step, "parents": {}},
+                     {channel: state["versions"][channel]})
+
+
+def run_scaling(target: Target) -> dict[str, Any]:
+    recorder = Recorder()
+    direct = target.setup()
+    inner = target.build(target.proxy)
+    if target.kind == "memory":
+        direct = inner  # nothing to share otherwise
+    saver = MeteredSaver(inner, recorder)
+    checks: dict[str, Any] = {}
+
+    def measured(label: str, fn: Any) -> Any:
+        recorder.phase = label
+        try:
+            return fn()
+        finally:
+            recorder.phase = "idle"
+
+    for length in (10, 1000):
+        thread = f"scale-len-{length}"
+        latest, state, configs = populate(direct, thread, length, 5)
+        middle = configs[len(configs) // 2]
+        t = measured(f"len={length} get_tuple(latest)", lambda: saver.get_tuple(
+            {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}))
+        checks[f"len={length} latest step"] = t.metadata.get("step") if t else None
+        t = measured(f"len={length} get_tuple(by id)", lambda: saver.get_tuple(middle))
+        checks[f"len={length} by-id step"] = t.metadata.get("step") if t else None
+        got = measured(f"len={length} list(limit=5)", lambda: list(saver.list(
+            {"configurable": {"thread_id": thread}}, limit=5)))
+        checks[f"len={length} list steps"] = [x.metadata.get("step") for x in got]
+        new = measured(f"len={length} put", lambda: _next_put(saver, latest, state, "ch1"))
+        measured(f"len={length} put_writes", lambda: saver.put_writes(
+            new, [("ch2", _value("ch2", -1)), ("ch3", _value("ch3", -1))], "task-1"))
+        t = measured(f"len={length} get_tuple(latest, after put)", lambda: saver.get_tuple(
+            {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}))
+        checks[f"len={length} after put"] = [t.metadata.get("step"), len(t.pending_writes or [])] if t else None
+
+    for width in (5, 50):
+        thread = f"scale-width-{width}"
+        # Step 0 writes every channel; steps 1..width each rewrite one, so the
+        # latest checkpoint's values come from `width` different checkpoints.
+        latest, state, _ = populate(direct, thread, width + 1, width)
+        t = measured(f"channels={width} get_tuple(latest)", lambda: saver.get_tuple(
+            {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}))
+        checks[f"channels={width} latest"] = (
+            [t.metadata.get("step"), len(t.checkpoint["channel_values"]),
+             all(v == state["values"][k] for k, v in t.checkpoint["channel_values"].items())] if t else None)
+        measured(f"channels={width} put", lambda: _next_put(saver, latest, state, "ch1"))
+    _close(inner)
+    if direct is not inner:
+        _close(direct)
+    return {"calls": recorder.to_json(), "checks": checks}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--saver", required=True, choices=["memory", "s3", "s3-manifest", "peer"])
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling"])
+    ap.add_argument("--proxy", required=True)
+    ap.add_argument("--moto", required=True)
+    ap.add_argument("--turns", type=int, default=20)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    target = Target(args.saver, args.name, args.moto, args.proxy)
+    t0 = time.monotonic()
+    try:
+        if args.mode == "scaling":
+            data = run_scaling(target)
+        else:
+            data = run_workload(target, args.mode, args.turns)
+        data["ok"] = True
+    except BaseException as exc:  # reported in the table, not a crash of the whole benchmark
+        data = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    data["elapsed"] = time.monotonic() - t0
+    with open(args.out, "w") as f:
+        json.dump(data, f, default=str)
+    sys.exit(0 if data["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Request naming, DynamoDB item sizes and the us-east-1 list-price cost model.
+
+Pure standard library: imported by the proxy (main venv) and by the benchmark
+child processes, including the peer's own virtualenv.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Any
+from urllib.parse import parse_qsl
+
+# -- prices (us-east-1, S3 Standard, DynamoDB on-demand) ---------------------------
+S3_TIER1_PER_REQUEST = 0.005 / 1000  # PUT, COPY, POST, LIST
+S3_TIER2_PER_REQUEST = 0.0004 / 1000  # GET, HEAD (and every other read)
+DDB_PER_WRITE_UNIT = 0.625 / 1_000_000  # one write unit = 1 KB written
+DDB_PER_READ_UNIT = 0.125 / 1_000_000  # 4 KB strongly consistent, 8 KB eventually consistent
+S3_STORAGE_PER_GB_MONTH = 0.023
+DDB_STORAGE_PER_GB_MONTH = 0.25
+
+S3_LIST_OPERATIONS = frozenset(
+    {"ListObjects", "ListObjectsV2", "ListObjectVersions", "ListMultipartUploads", "ListParts", "ListBuckets"}
+)
+
+
+def s3_tier(method: str, operation: str) -> int:
+    """0 = free (DELETE), 1 = PUT/COPY/POST/LIST, 2 = GET/HEAD."""
+    if method == "DELETE":
+        return 0
+    if method in ("PUT", "POST") or operation in S3_LIST_OPERATIONS:
+        return 1
+    return 2
+
+
+def s3_request_cost(method: str, operation: str) -> float:
+    return {0: 0.0, 1: S3_TIER1_PER_REQUEST, 2: S3_TIER2_PER_REQUEST}[s3_tier(method, operation)]
+
+
+def ddb_cost(read_units: float, write_units: float) -> float:
+    return read_units * DDB_PER_READ_UNIT + write_units * DDB_PER_WRITE_UNIT
+
+
+# -- S3 operation names from the HTTP request ------------------------------------------
+def s3_operation(method: str, path: str, query: str, headers: dict[str, str]) -> str:
+    """Name the S3 API operation of a path-style request (``/bucket/key?query``)."""
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    has_key = len(path.lstrip("/").split("/", 1)) == 2 and path.lstrip("/").split("/", 1)[1] != ""
+    h = {k.lower(): v for k, v in headers.items()}
+    if not path.strip("/"):
+        return "ListBuckets" if method == "GET" else f"{method}Service"
+    if not has_key:
+        sub = next((p for p in params if p not in ("list-type", "prefix", "delimiter", "max-keys",
+                                                   "continuation-token", "start-after", "encoding-type",
+                                                   "fetch-owner", "marker", "x-id")), None)
+        if method == "GET":
+            if sub == "versions":
+                return "ListObjectVersions"
+            if sub == "uploads":
+                return "ListMultipartUploads"
+            if sub:
+                return f"GetBucket{sub.title()}"
+            return "ListObjectsV2" if params.get("list-type") == "2" else "ListObjects"
+        if method == "HEAD":
+            return "HeadBucket"
+        if method == "PUT":
+            return f"PutBucket{sub.title()}" if sub else "CreateBucket"
+        if method == "DELETE":
+            return f"DeleteBucket{sub.title()}" if sub else "DeleteBucket"
+        if method == "POST":
+            return "DeleteObjects" if "delete" in params else f"PostBucket{(sub or '').title()}"
+        return f"{method}Bucket"
+    if method == "GET":
+        if "uploadId" in params:
+            return "ListParts"
+        for sub, name in (("tagging", "GetObjectTagging"), ("acl", "GetObjectAcl"),
+                          ("attributes", "GetObjectAttributes"), ("retention", "GetObjectRetention"),
+                          ("legal-hold", "GetObjectLegalHold")):
+            if sub in params:
+                return name
+        return "GetObject"
+    if method == "HEAD":
+        return "HeadObject"
+    if method == "PUT":
+        if "uploadId" in params:
+            return "UploadPartCopy" if "x-amz-copy-source" in h else "UploadPart"
+        if "tagging" in params:
+            return "PutObjectTagging"
+        if "acl" in params:
+            return "PutObjectAcl"
+        return "CopyObject" if "x-amz-copy-source" in h else "PutObject"
+    if method == "POST":
+        if "uploads" in params:
+            return "CreateMultipartUpload"
+        if "uploadId" in params:
+            return "CompleteMultipartUpload"
+        if "restore" in params:
+            return "RestoreObject"
+        return "PostObject"
+    if method == "DELETE":
+        if "uploadId" in params:
+            return "AbortMultipartUpload"
+        if "tagging" in params:
+            return "DeleteObjectTagging"
+        return "DeleteObject"
+    return f"{method}Object"
+
+
+# -- DynamoDB item size (the rules capacity is billed by) --------------------------------
+def _number_size(text: str) -> int:
+    # Up to 38 significant digits, 2 digits per byte, plus one byte.
+    digits = text.lstrip("-").replace(".", "").lstrip("0") or "0"
+    return len(digits) // 2 + 1 + (1 if text.startswith("-") else 0)
+
+
+def attribute_value_size(value: dict[str, Any]) -> int:
+    """Size of one wire-format attribute value (``{"S": ...}``, ``{"B": base64}``, ...)."""
+    ((kind, v),) = value.items()
+    if kind == "S":
+        return len(v.encode("utf-8"))
+    if kind == "N":
+        return _number_size(str(v))
+    if kind == "B":
+        return len(v) if isinstance(v, (bytes, bytearray)) else len(base64.b64decode(v))
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind == "SS":
+        return sum(len(s.encode("utf-8")) for s in v)
+    if kind == "NS":
+        return sum(_number_size(str(n)) for n in v)
+    if kind == "BS":
+        return sum(len(b) if isinstance(b, (bytes, bytearray)) else len(base64.b64decode(b)) for b in v)
+    if kind == "L":
+        return 3 + sum(1 + attribute_value_size(x) for x in v)
+    if kind == "M":
+        return 3 + sum(len(k.encode("utf-8")) + 1 + attribute_value_size(x) for k, x in v.items())
+    raise ValueError(f"unknown attribute type {kind}")
+
+
+def item_size(item: dict[str, Any]) -> int:
+    """Billable size of a wire-format DynamoDB item in bytes."""
+    return sum(len(name.encode("utf-8")) + attribute_value_size(value) for name, value in item.items())
+
+
+def write_units(size: int) -> int:
+    return max(1, math.ceil(size / 1024))
+
+
+def read_units(total_size: int, consistent: bool) -> float:
+    units = max(1, math.ceil(total_size / 4096))
+    return units if consistent else units / 2
+

@@ -1,0 +1,252 @@
+"""Text tables and the issue's targets, from the runner's JSON document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks import costs
+from benchmarks.workload import PHASES
+
+S3 = "s3"
+PEER = "peer"
+MEMORY = "memory"
+
+
+def _table(headers: list[str], rows: list[list[Any]], align: str | None = None) -> str:
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    align = align or "l" + "r" * (len(headers) - 1)
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, widths, align)).rstrip()
+
+    lines = [fmt(cells[0]), "  ".join("-" * w for w in widths)]
+    lines += [fmt(r) for r in cells[1:]]
+    return "\n".join(lines)
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1024:.1f}"
+
+
+def _label(doc: dict[str, Any], key: str) -> str:
+    return next((s["label"] for s in doc["savers"] if s["key"] == key), key)
+
+
+def _short(doc: dict[str, Any], key: str) -> str:
+    return {S3: "S3Saver", PEER: "peer", MEMORY: "InMemory", "s3-manifest": "S3Saver(manifest)"}.get(key, key)
+
+
+def _modes(doc: dict[str, Any]) -> list[str]:
+    return [m for m in doc["settings"]["modes"].split(",") if m]
+
+
+def totals(run: dict[str, Any]) -> dict[str, float]:
+    keys = ("requests", "s3_requests", "ddb_requests", "round_trips", "bytes_up", "bytes_down", "read_units",
+            "write_units", "cost")
+    out = {k: sum(run["phases"][p][k] for p in PHASES) for k in keys}
+    out["wall"] = sum(run["phases"][p]["wall"] or 0 for p in PHASES)
+    return out
+
+
+def storage_cost(stored: dict[str, Any]) -> float:
+    gb = 1024**3
+    return (stored.get("s3_bytes", 0) * costs.S3_STORAGE_PER_GB_MONTH
+            + stored.get("ddb_bytes", 0) * costs.DDB_STORAGE_PER_GB_MONTH) / gb
+
+
+def per_1000_steps(run: dict[str, Any]) -> float | None:
+    steps = run.get("steps") or 0
+    return run["phases"]["write"]["cost"] / steps * 1000 if steps else None
+
+
+def _check(run: dict[str, Any], phase: str | None = None) -> str:
+    ver = run.get("verification")
+    if ver is None:
+        return "ref" if run.get("is_reference") else "?"
+    if phase is None:
+        bad = [p for p, d in ver.items() if d]
+        return "ok" if not bad else "MISMATCH: " + ", ".join(bad)
+    return "ok" if not ver[phase] else "MISMATCH"
+
+
+def _errors(run: dict[str, Any], phase: str) -> str:
+    ph = run["phases"][phase]
+    parts = []
+    if ph["errors"]:
+        parts.append(f"{len(ph['errors'])} call errors")
+    if ph["http_errors"]:
+        parts.append(f"{ph['http_errors']} HTTP 4xx/5xx")
+    return "; ".join(parts)
+
+
+def render(doc: dict[str, Any]) -> str:
+    out: list[str] = []
+    st = doc["settings"]
+    out.append(f"s3_saver benchmark: {st['turns']} turns on one thread, {st['latency_ms']:g} ms injected per "
+               f"request, moto on 127.0.0.1, Python {st['python']}")
+    for s in doc["savers"]:
+        if not s["available"]:
+            out.append(f"  not in the table: {s['label']}: {s['note']}")
+    runs = doc["runs"]
+    for key, run in runs.items():
+        if not run.get("ok"):
+            out.append(f"  FAILED {key}: {run.get('error')}")
+    savers = [s["key"] for s in doc["savers"] if s["available"]]
+
+    for mode in _modes(doc):
+        rows = []
+        for phase in PHASES:
+            for sk in savers:
+                run = runs.get(f"{sk}/{mode}")
+                if not run or not run.get("ok"):
+                    continue
+                ph = run["phases"][phase]
+                check = _check(run, phase) if sk != MEMORY else "ref"
+                err = _errors(run, phase)
+                rows.append([phase if sk == savers[0] else "", _short(doc, sk), ph["calls"], ph["requests"],
+                             ph["s3_requests"], ph["ddb_requests"], ph["round_trips"], _kb(ph["bytes_up"]),
+                             _kb(ph["bytes_down"]), f"{ph['read_units']:g}", f"{ph['write_units']:g}",
+                             f"{ph['cost'] * 1e6:.2f}", f"{(ph['wall'] or 0) * 1000:.0f}",
+                             check + (f" ({err})" if err else "")])
+        out.append("")
+        out.append(f"== Per phase, {mode} ({'invoke' if mode == 'sync' else 'ainvoke'}) ==")
+        out.append(_table(["phase", "saver", "calls", "requests", "S3", "DDB", "RT", "up KB", "down KB", "RCU",
+                           "WCU", "micro$", "wall ms", "check"], rows, "llrrrrrrrrrrrl"))
+
+    rows = []
+    for mode in _modes(doc):
+        for sk in savers:
+            run = runs.get(f"{sk}/{mode}")
+            if not run or not run.get("ok"):
+                continue
+            t = totals(run)
+            sb = run["stored"].get("before_delete", {})
+            sa = run["stored"].get("after_delete", {})
+            stored = sb.get("s3_bytes", 0) + sb.get("ddb_bytes", 0) + sb.get("memory_bytes", 0)
+            left = (sa.get("s3_objects", 0), sa.get("ddb_items", 0))
+            k = per_1000_steps(run)
+            rows.append([mode, _short(doc, sk), run.get("steps"), t["requests"], t["round_trips"],
+                         _kb(t["bytes_up"]), _kb(t["bytes_down"]),
+                         f"{_kb(sb.get('s3_bytes', 0))}/{_kb(sb.get('ddb_bytes', 0))}"
+                         if sk != MEMORY else f"({_kb(stored)})",
+                         f"{storage_cost(sb) * 1e6:.0f}" if sk != MEMORY else "",
+                         f"{left[0]}/{left[1]}", f"{(k or 0):.4f}", f"{run['phases']['write']['wall']:.2f}",
+                         f"{t['wall']:.2f}", _check(run) if sk != MEMORY else "ref"])
+    out.append("")
+    out.append("== Whole workload ==")
+    out.append(_table(["mode", "saver", "steps", "requests", "RT", "up KB", "down KB", "stored S3/DDB KB",
+                       "storage micro$/month", "left after delete obj/items", "$ per 1k steps", "write s",
+                       "total s", "check"], rows, "llrrrrrrrrrrrl"))
+    out.append("steps = checkpoints written in the write phase (LangGraph super-steps); $ per 1k steps = write-phase"
+               " request cost / steps x 1000; stored = right before the delete phase (storage at $0.023/GB-month"
+               " S3 Standard, $0.25/GB-month DynamoDB).")
+
+    # Per call, per method: where the requests go.
+    for mode in _modes(doc):
+        for sk in savers:
+            run = runs.get(f"{sk}/{mode}")
+            if not run or not run.get("ok") or sk == MEMORY:
+                continue
+            rows = []
+            for phase in PHASES:
+                for method, m in run["methods"][phase].items():
+                    rows.append([phase, method, m["calls"], f"{m['requests_per_call']:.2f}", m["max_requests"],
+                                 f"{m['round_trips_per_call']:.2f}", m["max_round_trips"],
+                                 f"{m['bytes_up'] / m['calls'] / 1024:.1f}",
+                                 f"{m['bytes_down'] / m['calls'] / 1024:.1f}",
+                                 f"{m['wall_per_call'] * 1000:.0f}",
+                                 ", ".join(f"{k.split(':')[1]} {v}" for k, v in m["operations"].items())])
+            out.append("")
+            out.append(f"== Per call: {_label(doc, sk)}, {mode} ==")
+            out.append(_table(["phase", "method", "calls", "req/call", "max req", "RT/call", "max RT",
+                               "up KB/call", "down KB/call", "ms/call", "requests by operation (whole phase)"],
+                              rows, "llrrrrrrrrl"))
+            un = run.get("unattributed_requests") or {}
+            if un:
+                out.append(f"requests outside any saver call: {dict(un)}")
+
+    # Scaling.
+    scal = {sk: runs.get(f"{sk}/scaling") for sk in savers}
+    labels: list[str] = []
+    for r in scal.values():
+        if r and r.get("ok"):
+            labels += [x for x in r["scaling"] if x not in labels]
+    if labels:
+        rows = []
+        for lab in labels:
+            row: list[Any] = [lab]
+            for sk in savers:
+                r = scal.get(sk)
+                c = r["scaling"].get(lab) if r and r.get("ok") else None
+                row.append(f"{c['requests']} / {c['round_trips']} / {_kb(c['bytes_up'])} / {_kb(c['bytes_down'])}"
+                           + (" ERR" if c.get("error") else "") if c else "-")
+            rows.append(row)
+        out.append("")
+        out.append("== Scaling: direct saver calls (requests / round trips / KB up / KB down) ==")
+        out.append(_table(["call"] + [_short(doc, sk) for sk in savers], rows, "l" + "r" * len(savers)))
+        out.append("len=N: a thread of N checkpoints, 5 channels of 1 KB, one changed per checkpoint; "
+                   "channels=N: the latest checkpoint's N channels were written by N different checkpoints.")
+        for sk in savers:
+            r = scal.get(sk)
+            if r and r.get("ok") and sk != MEMORY and r.get("checks_match_memory") is False:
+                out.append(f"  {_short(doc, sk)} scaling results differ from InMemorySaver's: {r['checks']}")
+            if r and not r.get("ok"):
+                out.append(f"  {_short(doc, sk)} scaling FAILED: {r.get('error')}")
+
+    cold = doc.get("cold_start") or {}
+    if cold:
+        rows = []
+        for key, c in cold.items():
+            if "error" in c:
+                rows.append([c["label"], "error", "", "", "", c["error"]])
+                continue
+            rows.append([c["label"], f"{c['import'] * 1000:.0f}",
+                         f"{c['construct'] * 1000:.1f}" if "construct" in c else "",
+                         f"{c['first_put'] * 1000:.0f}" if "first_put" in c else "",
+                         f"{c.get('put_requests', 0):g} / {c.get('put_round_trips', 0):g}" if "first_put" in c else "",
+                         f"{c['process_wall'] * 1000:.0f}"])
+        out.append("")
+        out.append("== Cold start: fresh process, import + construct + first checkpoint (median of runs) ==")
+        out.append(_table(["what", "import ms", "construct ms", "first put ms", "put req / RT", "process ms"],
+                          rows))
+
+    tg = doc.get("targets") or []
+    if tg:
+        rows = [[t["mode"], t["target"], t["s3"], t["peer"], t["ratio"], t["limit"],
+                 "met" if t["met"] else "MISSED"] for t in tg]
+        out.append("")
+        out.append("== Targets (S3Saver vs the peer, same run) ==")
+        out.append(_table(["mode", "target", "S3Saver", "peer", "ratio", "limit", ""], rows, "llrrrrl"))
+    return "\n".join(out)
+
+
+def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    runs = doc["runs"]
+    for mode in _modes(doc):
+        s3, peer = runs.get(f"{S3}/{mode}"), runs.get(f"{PEER}/{mode}")
+        if not (s3 and s3.get("ok")):
+            continue
+        rl = s3["phases"]["read_latest"]["round_trips"]
+        out.append({"mode": mode, "target": "read latest: round trips", "s3": rl, "peer": (
+            peer["phases"]["read_latest"]["round_trips"] if peer and peer.get("ok") else None),
+            "ratio": "", "limit": "<= 2", "met": rl <= 2})
+        if not (peer and peer.get("ok")):
+            continue
+        ts, tp = totals(s3), totals(peer)
+
+        def ratio(name: str, a: float, b: float, limit: float, fmt: str = "{:g}") -> None:
+            r = a / b if b else float("inf")
+            out.append({"mode": mode, "target": name, "s3": fmt.format(a), "peer": fmt.format(b),
+                        "ratio": f"{r:.1%}", "limit": f"<= {limit:.0%}", "met": r <= limit})
+
+        ratio("total requests", ts["requests"], tp["requests"], 0.40)
+        hs, hp = s3["phases"]["history"], peer["phases"]["history"]
+        ratio("full history: requests", hs["requests"], hp["requests"], 0.10)
+        ratio("full history: wall time (s)", hs["wall"], hp["wall"], 0.10, "{:.3f}")
+        ratio("bytes uploaded (KB)", ts["bytes_up"] / 1024, tp["bytes_up"] / 1024, 0.60, "{:.1f}")
+        ratio("$ per 1,000 steps", per_1000_steps(s3) or 0, per_1000_steps(peer) or 0, 0.50, "{:.5f}")
+        ratio("write phase wall time (s)", s3["phases"]["write"]["wall"], peer["phases"]["write"]["wall"], 0.60,
+              "{:.2f}")
+    return out

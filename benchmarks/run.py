@@ -1,0 +1,402 @@
+"""The benchmark runner: ``python -m benchmarks [--turns N] [--latency-ms MS] ...``.
+
+Starts moto (its own process, 127.0.0.1) and the counting proxy (this
+process), runs every saver in every mode in a fresh child process, matches the
+proxy's requests to the saver calls the child recorded, checks each saver's
+results against InMemorySaver's, then prints the tables and writes JSON under
+``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from bisect import bisect_right
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks import _guard, report
+from benchmarks.proxy import LatencyProxy, Request
+from benchmarks.workload import PHASES
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DEFAULT_PEER_PYTHON = ROOT / "benchmarks" / ".venv-peer" / "bin" / "python"
+
+
+@dataclass
+class Saver:
+    key: str  # child --saver
+    label: str
+    python: str
+    available: bool = True
+    note: str = ""
+
+
+@dataclass
+class CallStats:
+    phase: str
+    method: str
+    wall: float
+    requests: list[Request] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def round_trips(self) -> int:
+        return waves(self.requests)
+
+
+def waves(requests: list[Request]) -> int:
+    """Round trips: maximal groups of time-overlapping requests (sent together, awaited together)."""
+    count, end = 0, float("-inf")
+    for r in sorted(requests, key=lambda r: r.t_start):
+        if r.t_start > end:
+            count += 1
+            end = r.t_end
+        else:
+            end = max(end, r.t_end)
+    return count
+
+
+def attribute(calls: list[dict[str, Any]], records: list[Request]) -> tuple[list[CallStats], list[Request]]:
+    """Give each request to the (one, serialized) saver call whose interval contains it."""
+    calls = sorted(calls, key=lambda c: c["t_start"])
+    starts = [c["t_start"] for c in calls]
+    stats = [CallStats(c["phase"], c["method"], c["t_end"] - c["t_start"], error=c.get("error")) for c in calls]
+    orphans = []
+    for r in records:
+        i = bisect_right(starts, r.t_start) - 1
+        if i >= 0 and r.t_end <= calls[i]["t_end"] + 1e-4:
+            stats[i].requests.append(r)
+        else:
+            orphans.append(r)
+    return stats, orphans
+
+
+def summarize(calls: list[CallStats]) -> dict[str, Any]:
+    reqs = [r for c in calls for r in c.requests]
+    ops = Counter(f"{r.service}:{r.operation}" for r in reqs)
+    return {
+        "calls": len(calls),
+        "requests": len(reqs),
+        "s3_requests": sum(1 for r in reqs if r.service == "s3"),
+        "ddb_requests": sum(1 for r in reqs if r.service == "dynamodb"),
+        "round_trips": sum(c.round_trips for c in calls),
+        "bytes_up": sum(r.bytes_up for r in reqs),
+        "bytes_down": sum(r.bytes_down for r in reqs),
+        "read_units": sum(r.read_units for r in reqs),
+        "write_units": sum(r.write_units for r in reqs),
+        "cost": sum(r.cost for r in reqs),
+        "errors": [c.error for c in calls if c.error],
+        "http_errors": sum(1 for r in reqs if r.status >= 400),
+        "operations": dict(sorted(ops.items())),
+        "bytes_up_by_operation": _by_op(reqs, "bytes_up"),
+        "bytes_down_by_operation": _by_op(reqs, "bytes_down"),
+        "units_by_operation": {k: [round(v[0], 2), round(v[1], 2)] for k, v in _units(reqs).items()},
+    }
+
+
+def _by_op(reqs: list[Request], attr: str) -> dict[str, int]:
+    out: Counter[str] = Counter()
+    for r in reqs:
+        out[f"{r.service}:{r.operation}"] += getattr(r, attr)
+    return dict(sorted(out.items()))
+
+
+def _units(reqs: list[Request]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for r in reqs:
+        if r.service == "dynamodb":
+            out[r.operation][0] += r.read_units
+            out[r.operation][1] += r.write_units
+    return dict(sorted(out.items()))
+
+
+def call_detail(c: CallStats) -> dict[str, Any]:
+    """One saver call: its requests in order, grouped into waves."""
+    waves_out: list[list[str]] = []
+    end = float("-inf")
+    for r in sorted(c.requests, key=lambda r: r.t_start):
+        if r.t_start > end:
+            waves_out.append([])
+            end = r.t_end
+        else:
+            end = max(end, r.t_end)
+        waves_out[-1].append(f"{r.service}:{r.operation}")
+    return {"phase": c.phase, "method": c.method, "ms": round(c.wall * 1000, 1), "requests": len(c.requests),
+            "round_trips": len(waves_out), "waves": waves_out,
+            "bytes_up": sum(r.bytes_up for r in c.requests), "bytes_down": sum(r.bytes_down for r in c.requests),
+            "read_units": sum(r.read_units for r in c.requests),
+            "write_units": sum(r.write_units for r in c.requests), "error": c.error}
+
+
+def per_method(calls: list[CallStats]) -> dict[str, Any]:
+    groups: dict[str, list[CallStats]] = defaultdict(list)
+    for c in calls:
+        groups[c.method].append(c)
+    out = {}
+    for method, cs in sorted(groups.items()):
+        s = summarize(cs)
+        s["requests_per_call"] = s["requests"] / len(cs)
+        s["round_trips_per_call"] = s["round_trips"] / len(cs)
+        s["max_round_trips"] = max(c.round_trips for c in cs)
+        s["max_requests"] = max(len(c.requests) for c in cs)
+        s["wall_per_call"] = sum(c.wall for c in cs) / len(cs)
+        out[method] = s
+    return out
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    if type(a) is not type(b) and not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
+        return f"{path or '.'}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if k not in a or k not in b:
+                return f"{path}.{k}: missing on one side"
+            d = first_difference(a[k], b[k], f"{path}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return f"{path}: length {len(a)} vs {len(b)} (InMemorySaver)"
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = first_difference(x, y, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    return None if a == b else f"{path}: {a!r} vs {b!r} (InMemorySaver)"
+
+
+def verify(results: dict[str, Any], reference: dict[str, Any]) -> dict[str, str]:
+    """Per phase: "" when equal to InMemorySaver's results, else where they first differ."""
+    out = {}
+    for phase in PHASES:
+        d = first_difference(results.get(phase), reference.get(phase), phase)
+        out[phase] = d or ""
+    return out
+
+
+# -- processes ------------------------------------------------------------------------
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(_guard.FAKE_AWS_ENV)
+    env["PYTHONPATH"] = str(ROOT)
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def start_moto() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.moto_proc"], cwd=ROOT, env=child_env(),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def probe(python: str, code: str) -> tuple[bool, str]:
+    try:
+        p = subprocess.run([python, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                           timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    if p.returncode == 0:
+        return True, p.stdout.strip()
+    lines = (p.stderr.strip() or p.stdout.strip()).splitlines()
+    return False, lines[-1] if lines else f"exit {p.returncode}"
+
+
+def discover(args: argparse.Namespace) -> list[Saver]:
+    wanted = args.savers.split(",")
+    savers = []
+    if "s3" in wanted:
+        ok, msg = probe(sys.executable, "import s3_saver; s3_saver.S3Saver")
+        savers.append(Saver("s3", "S3Saver (DynamoDB index)", sys.executable, ok,
+                            "" if ok else f"s3_saver not importable: {msg}"))
+    if "s3-manifest" in wanted:
+        ok, msg = probe(sys.executable, "import inspect, s3_saver; "
+                        "assert 'index' in inspect.signature(s3_saver.S3Saver).parameters, 'no index= option'")
+        savers.append(Saver("s3-manifest", "S3Saver (manifest)", sys.executable, ok,
+                            "" if ok else "manifest index mode not implemented yet; row left out"))
+    if "memory" in wanted:
+        savers.append(Saver("memory", "InMemorySaver (no I/O)", sys.executable))
+    if "peer" in wanted:
+        py = str(args.peer_python)
+        ok, msg = probe(py, "import langgraph_checkpoint_aws, importlib.metadata as m; "
+                        "print(m.version('langgraph-checkpoint-aws'))") if Path(py).exists() else (
+            False, f"{py} missing (make bench creates it)")
+        savers.append(Saver("peer", f"DynamoDBSaver+S3 (langgraph-checkpoint-aws {msg})" if ok
+                            else "DynamoDBSaver+S3 (langgraph-checkpoint-aws)", py, ok, "" if ok else msg))
+    return savers
+
+
+def run_child(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str,
+              log: Any) -> tuple[dict[str, Any], list[Request]]:
+    proxy.take()
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+        out = tmp.name
+    cmd = [saver.python, "-m", "benchmarks.child", "--saver", saver.key, "--name", f"{saver.key}-{mode}",
+           "--mode", mode, "--proxy", proxy.url, "--moto", moto, "--turns", str(args.turns), "--out", out]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=args.child_timeout)
+        data = json.loads(Path(out).read_text()) if Path(out).stat().st_size else {
+            "ok": False, "error": f"exit {p.returncode}: {p.stderr.strip()[-500:]}"}
+    except subprocess.TimeoutExpired:
+        data = {"ok": False, "error": f"timed out after {args.child_timeout}s"}
+    finally:
+        Path(out).unlink(missing_ok=True)
+    data["process_wall"] = time.monotonic() - t0
+    status = "ok" if data.get("ok") else f"FAILED: {data.get('error')}"
+    print(f"  {saver.label:<50} {mode:<8} {data['process_wall']:6.1f}s  {status}", file=log, flush=True)
+    if not data.get("ok") and data.get("traceback"):
+        print(data["traceback"], file=log)
+    return data, proxy.take()
+
+
+def cold_start(savers: list[Saver], proxy: LatencyProxy, repeats: int) -> dict[str, Any]:
+    script = str(ROOT / "benchmarks" / "coldstart.py")
+    results: dict[str, Any] = {}
+    subjects = [("boto3", "import boto3 (alone)", sys.executable)] + [
+        (s.key, s.label, s.python) for s in savers if s.available and s.key in ("s3", "peer", "memory")]
+    # Deployed code has bytecode caches (a Lambda runtime's boto3 does): allow
+    # writing them, and do one warm-up run per subject so no run compiles sources.
+    env = child_env()
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    for key, label, python in subjects:
+        runs = []
+        for i in range(repeats + 1):
+            proxy.take()
+            t0 = time.monotonic()
+            p = subprocess.run([python, script, key, proxy.url, f"bench-{key}-sync", f"bench-{key}-sync"],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+            wall = time.monotonic() - t0
+            if p.returncode != 0:
+                results[key] = {"label": label, "error": p.stderr.strip().splitlines()[-1:]}
+                break
+            if i == 0:
+                continue
+            data = json.loads(p.stdout.strip().splitlines()[-1])
+            data["process_wall"] = wall
+            reqs = proxy.take()
+            if "put_interval" in data:
+                a, b = data["put_interval"]
+                put_reqs = [r for r in reqs if r.t_start >= a and r.t_end <= b + 1e-4]
+                data["put_requests"] = len(put_reqs)
+                data["put_round_trips"] = waves(put_reqs)
+            runs.append(data)
+        else:
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "put_interval"}
+            results[key] = {"label": label, **med}
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--turns", type=int, default=20, help="agent turns on one thread (default 20)")
+    ap.add_argument("--latency-ms", type=float, default=15.0, help="injected per-request latency (default 15)")
+    ap.add_argument("--savers", default="s3,s3-manifest,memory,peer")
+    ap.add_argument("--modes", default="sync,async")
+    ap.add_argument("--no-scaling", action="store_true", help="skip the long-thread / wide-checkpoint calls")
+    ap.add_argument("--no-cold-start", action="store_true")
+    ap.add_argument("--cold-start-repeats", type=int, default=3)
+    ap.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON),
+                    help="python of the venv with langgraph-checkpoint-aws")
+    ap.add_argument("--child-timeout", type=float, default=420.0)
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    _guard.install()
+    started = time.monotonic()
+    log = sys.stderr
+
+    savers = discover(args)
+    for s in savers:
+        if not s.available:
+            print(f"  {s.label}: skipped ({s.note})", file=log)
+    moto_proc, moto = start_moto()
+    proxy = LatencyProxy(int(moto.rsplit(":", 1)[1]), args.latency_ms / 1000).start()
+    print(f"moto on {moto}, proxy on {proxy.url} adding {args.latency_ms:g} ms per request", file=log)
+    runs: dict[str, dict[str, Any]] = {}
+    try:
+        modes = [m for m in args.modes.split(",") if m]
+        # InMemorySaver first: it is the reference the others are checked against.
+        order = sorted((s for s in savers if s.available), key=lambda s: s.key != "memory")
+        for saver in order:
+            for mode in modes + ([] if args.no_scaling else ["scaling"]):
+                data, records = run_child(saver, mode, args, proxy, moto, log)
+                run: dict[str, Any] = {"ok": data.get("ok", False), "error": data.get("error"),
+                                       "process_wall": data["process_wall"]}
+                if data.get("ok"):
+                    calls, orphans = attribute(data["calls"], records)
+                    run["unattributed_requests"] = Counter(
+                        f"{r.service}:{r.operation}" for r in orphans)
+                    run["call_log"] = [call_detail(c) for c in calls]
+                    if mode == "scaling":
+                        run["scaling"] = {c.phase: {**call_detail(c), "cost": sum(r.cost for r in c.requests)}
+                                          for c in calls}
+                        run["checks"] = data["checks"]
+                    else:
+                        run["phases"] = {p: summarize([c for c in calls if c.phase == p]) for p in PHASES}
+                        for p in PHASES:
+                            run["phases"][p]["wall"] = data["timings"].get(p)
+                        run["methods"] = {p: per_method([c for c in calls if c.phase == p]) for p in PHASES}
+                        run["results"] = data["results"]
+                        run["stored"] = data["stored"]
+                        run["steps"] = sum(1 for c in calls if c.phase == "write" and c.method == "put")
+                runs[f"{saver.key}/{mode}"] = run
+        cold = {} if args.no_cold_start else cold_start(savers, proxy, args.cold_start_repeats)
+    finally:
+        proxy.stop()
+        if moto_proc.stdin:
+            moto_proc.stdin.close()
+        try:
+            moto_proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            moto_proc.kill()
+
+    # Check against InMemorySaver, same mode.
+    for key, run in runs.items():
+        saver_key, mode = key.split("/")
+        ref = runs.get(f"memory/{mode}")
+        if "results" in run and ref and "results" in ref:
+            run["verification"] = verify(run["results"], ref["results"])
+    mem_scaling = runs.get("memory/scaling", {}).get("checks")
+    for key, run in runs.items():
+        if key.endswith("/scaling") and "checks" in run and mem_scaling is not None:
+            run["checks_match_memory"] = run["checks"] == mem_scaling
+
+    doc = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "settings": {"turns": args.turns, "latency_ms": args.latency_ms, "modes": args.modes,
+                     "python": sys.version.split()[0]},
+        "savers": [{"key": s.key, "label": s.label, "available": s.available, "note": s.note} for s in savers],
+        "runs": runs,
+        "cold_start": cold,
+        "elapsed": time.monotonic() - started,
+    }
+    doc["targets"] = report.targets(doc)
+    text = report.render(doc)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for name in (f"bench-{stamp}.json", "latest.json"):
+        (out / name).write_text(json.dumps(doc, indent=1, default=str))
+    (out / "latest.txt").write_text(text + "\n")
+    print(f"\nwrote {out / 'latest.json'} and {out / 'latest.txt'} in {doc['elapsed']:.0f}s", file=log)
+    return 0 if all(r.get("ok") for r in runs.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
