@@ -21,6 +21,23 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# `make bench` (benchmarks/): the peer, langgraph-checkpoint-aws, lives in its own
+# virtualenv (it needs a newer boto3 than aioboto3's pins allow), with the same
+# langgraph versions as $(VENV). BENCH_ARGS passes options, e.g. BENCH_ARGS="--turns 50".
+PEER_VENV := benchmarks/.venv-peer
+PEER_PKG := langgraph-checkpoint-aws==1.2.6
+PEER_STAMP := $(PEER_VENV)/.installed-$(subst ==,-,$(PEER_PKG))
+
+.PHONY: bench
+
+$(PEER_STAMP): $(STAMP)
+	$(BIN)/uv venv -q --allow-existing --python $(PYTHON) $(PEER_VENV)
+	$(BIN)/uv pip install -q --python $(PEER_VENV)/bin/python $(PEER_PKG) $$($(BIN)/python -m benchmarks.pins)
+	touch $(PEER_STAMP)
+
+bench: $(STAMP) $(PEER_STAMP)
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
 # infra/ lint tools live in their own virtualenv: checkov pins an older boto3 than
 # aioboto3 accepts. The stamp names the versions, so bumping a pin reinstalls.
 INFRA_VENV := .venv-infra
