@@ -524,6 +524,19 @@ def report_graph(checkpointer: Any) -> Any:
 EXPECTED_LOG = ["load", "finish:yes"]
 
 
+def fill_thread_sync(graph: Any, thread_id: str) -> None:
+    """Run to the interrupt and resume: a thread with every kind of stored data."""
+    config = {"configurable": {"thread_id": thread_id}}
+    graph.invoke({"log": []}, config)
+    assert graph.invoke(Command(resume="yes"), config)["log"] == EXPECTED_LOG
+
+
+async def fill_thread_async(graph: Any, thread_id: str) -> None:
+    config = {"configurable": {"thread_id": thread_id}}
+    await graph.ainvoke({"log": []}, config)
+    assert (await graph.ainvoke(Command(resume="yes"), config))["log"] == EXPECTED_LOG
+
+
 def run_report_sync(graph: Any, thread_id: str) -> dict[str, Any]:
     """A user's session on invoke: run to the interrupt, resume, read state and
     history, edit state, replay from an earlier checkpoint."""

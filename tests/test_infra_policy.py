@@ -31,6 +31,8 @@ from infra_support import (
     Stack,
     allowed_by,
     authorizations,
+    fill_thread_async,
+    fill_thread_sync,
     grants,
     load_template,
     narrowed,
@@ -134,12 +136,12 @@ class Exerciser:
 
     def prepare_sync(self) -> tuple[str, dict, str]:
         thread = self.new_thread()
-        run_report_sync(self.graph, thread)
+        fill_thread_sync(self.graph, thread)
         return thread, self._older(thread), self.new_thread()
 
     async def prepare_async(self) -> tuple[str, dict, str]:
         thread = self.new_thread()
-        await run_report_async(self.graph, thread)
+        await fill_thread_async(self.graph, thread)
         return thread, self._older(thread), self.new_thread()
 
     def _older(self, thread: str) -> dict:
