@@ -381,7 +381,8 @@ def authorizations(
         if kms_key_arn:
             # A table encrypted with a customer managed key: DynamoDB decrypts the
             # table key with the caller's rights.
-            for table in sorted({arn.split(":table/")[1].split("/")[0] for arn in resource_arns(call, region, account)}):
+            tables = {arn.split(":table/")[1].split("/")[0] for arn in resource_arns(call, region, account)}
+            for table in sorted(tables):
                 context = (
                     ("kms:ViaService", f"dynamodb.{region}.amazonaws.com"),
                     ("kms:EncryptionContext:aws:dynamodb:tableName", table),
@@ -397,7 +398,8 @@ def authorizations(
         ]
     if "CopySource" in call.params:
         bucket, key, version = _copy_source(call.params)
-        out.append(Request("s3:GetObjectVersion" if version else "s3:GetObject", f"arn:{PARTITION}:s3:::{bucket}/{key}"))
+        action = "s3:GetObjectVersion" if version else "s3:GetObject"
+        out.append(Request(action, f"arn:{PARTITION}:s3:::{bucket}/{key}"))
         if kms_key_arn:
             out.append(_kms_via_s3("kms:Decrypt", bucket, kms_key_arn, region))
     return out
@@ -415,19 +417,19 @@ def _iam_match(pattern: str, value: str, *, case_sensitive: bool = True) -> bool
 
 
 def _conditions_hold(condition: dict[str, Any], context: dict[str, str]) -> bool:
-    for operator, tests in condition.items():
+    for test, tests in condition.items():
         for key, expected in tests.items():
             actual = context.get(key)
             if actual is None:
                 return False
-            if operator == "StringEquals":
+            if test == "StringEquals":
                 ok = actual in _as_list(expected)
-            elif operator == "StringLike":
+            elif test == "StringLike":
                 ok = any(_iam_match(e, actual) for e in _as_list(expected))
-            elif operator == "Bool":
+            elif test == "Bool":
                 ok = actual.lower() in [str(e).lower() for e in _as_list(expected)]
             else:
-                raise NotImplementedError(f"condition operator {operator} is not evaluated by tests/infra_support.py")
+                raise NotImplementedError(f"condition operator {test} is not evaluated by tests/infra_support.py")
             if not ok:
                 return False
     return True

@@ -127,7 +127,8 @@ def test_saver_from_stack_outputs_runs_graphs(endpoint: str) -> None:
     asyncio.run(async_part())
     saver.close()
 
-    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket) for o in page.get("Contents", [])]
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
     assert keys and all(k.startswith(f"agents/prod/{s3_saver.LIVE_PREFIX}") for k in keys), keys[:5]
     head = s3.head_object(Bucket=bucket, Key=keys[0])
     assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", outputs["KmsKeyArn"])

@@ -297,7 +297,9 @@ def iam_documents(s: Stack) -> list[tuple[str, dict]]:
     return docs
 
 
-@pytest.mark.parametrize("params", [{}, {"KmsKeyArn": KEY_ARN, "KeyPrefix": "a/b/", **REPLICA}], ids=["defaults", "all"])
+@pytest.mark.parametrize(
+    "params", [{}, {"KmsKeyArn": KEY_ARN, "KeyPrefix": "a/b/", **REPLICA}], ids=["defaults", "all"]
+)
 def test_no_iam_policy_has_wildcard_actions_or_resources(template: dict, params: dict) -> None:
     s = stack(template, **params)
     docs = iam_documents(s)
