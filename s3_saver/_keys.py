@@ -3,7 +3,7 @@
 Layout (all under the user's ``prefix``)::
 
     live/<thread>/<ns>/checkpoints/<checkpoint_id>
-    live/<thread>/<ns>/blobs/<channel>/<version>
+    live/<thread>/<ns>/blobs/<channel>/<version>/<checkpoint_id>
     live/<thread>/<ns>/writes/<checkpoint_id>/<seq>.<task_id>
 
 DynamoDB index items of one thread share a partition (``pk`` = encoded thread)
@@ -90,9 +90,15 @@ class KeyLayout:
     def checkpoint_key(self, thread_id: str, ns: str, checkpoint_id: str) -> str:
         return _checked(f"{self.ns_dir(thread_id, ns)}checkpoints/{encode(checkpoint_id)}")
 
-    def blob_key(self, thread_id: str, ns: str, channel: str, version: str | int | float) -> str:
+    def blob_key(
+        self, thread_id: str, ns: str, channel: str, version: str | int | float, checkpoint_id: str
+    ) -> str:
+        # The writing checkpoint is part of the key: a value stored again (ttl
+        # refresh, unknown parent) gets a new object with a new age instead of
+        # colliding with the old copy.
         return _checked(
-            f"{self.ns_dir(thread_id, ns)}blobs/{encode(channel)}/{version_segment(version)}"
+            f"{self.ns_dir(thread_id, ns)}blobs/{encode(channel)}/{version_segment(version)}/"
+            f"{encode(checkpoint_id)}"
         )
 
     def writes_key(self, thread_id: str, ns: str, checkpoint_id: str, seq: int, task_id: str) -> str:

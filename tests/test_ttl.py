@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import boto3
 
-from conftest import TABLE, make_saver
+from conftest import BUCKET, TABLE, make_saver
 from helpers import checkpoint, config
 
 DAY = 86_400
@@ -35,29 +35,42 @@ def test_ttl_expires_items_and_refreshes_values_that_would_expire(endpoint) -> N
     clock = {"now": start}
     saver._ctx.now = lambda: clock["now"]
 
-    first = saver.put(config("t"), checkpoint({"doc": "D", "n": 0}, {"doc": "1", "n": "1"}), {}, {"doc": "1", "n": "1"})
+    big = "B" * 100_000  # over inline_threshold: stored in its own object
+    first = saver.put(
+        config("t"),
+        checkpoint({"doc": "D", "big": big, "n": 0}, {"doc": "1", "big": "1", "n": "1"}),
+        {},
+        {"doc": "1", "big": "1", "n": "1"},
+    )
     saver.put_writes(first, [("n", 5)], "task")
     assert sorted(_item_expiry(endpoint, "t")) == [start + 30 * DAY] * 2
 
     # Day 10: "doc" is unchanged and still young: the new item points at the first
     # checkpoint and expires with it.
     clock["now"] = start + 10 * DAY
-    second = saver.put(first, checkpoint({"doc": "D", "n": 1}, {"doc": "1", "n": "2"}), {}, {"n": "2"})
+    second = saver.put(first, checkpoint({"doc": "D", "big": big, "n": 1}, {"doc": "1", "big": "1", "n": "2"}), {}, {"n": "2"})
     assert max(_item_expiry(endpoint, "t")) == start + 30 * DAY
 
     # Day 20: "doc" is past half its life, so this checkpoint stores it again
     # and lives a full ttl from now.
     clock["now"] = start + 20 * DAY
-    third = saver.put(second, checkpoint({"doc": "D", "n": 2}, {"doc": "1", "n": "3"}), {}, {"n": "3"})
+    third = saver.put(second, checkpoint({"doc": "D", "big": big, "n": 2}, {"doc": "1", "big": "1", "n": "3"}), {}, {"n": "3"})
     assert max(_item_expiry(endpoint, "t")) == start + 50 * DAY
-    assert saver.get_tuple(config("t")).checkpoint["channel_values"] == {"doc": "D", "n": 2}
+    assert saver.get_tuple(config("t")).checkpoint["channel_values"] == {"doc": "D", "big": big, "n": 2}
+    # The large value got a new object (a new age for the lifecycle rule), not a
+    # no-op rewrite of the old key.
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    blobs = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="live/t/=/blobs/")["Contents"]]
+    assert sorted(k.rsplit("/", 1)[1] for k in blobs) == sorted(
+        c["configurable"]["checkpoint_id"] for c in (first, third)
+    )
 
     # Day 40: the first two checkpoints are expired (DynamoDB deletes lazily; the
     # saver never serves them), the third is alive and complete.
     clock["now"] = start + 40 * DAY
     assert saver.get_tuple(first) is None
     assert [t.config for t in saver.list(config("t"))] == [third]
-    assert saver.get_tuple(config("t")).checkpoint["channel_values"] == {"doc": "D", "n": 2}
+    assert saver.get_tuple(config("t")).checkpoint["channel_values"] == {"doc": "D", "big": big, "n": 2}
 
     clock["now"] = start + 51 * DAY
     assert saver.get_tuple(config("t")) is None

@@ -71,7 +71,7 @@ def object_keys(ctx: Context, items: list[dict[str, Any]], thread_id: str | None
             yield ctx.layout.checkpoint_key(t, ns, cid)
             for ch, (version, src, kind, _) in entry.loc.items():
                 if kind == IN_BLOB_OBJECT and src == cid:
-                    yield ctx.layout.blob_key(t, ns, ch, version)
+                    yield ctx.layout.blob_key(t, ns, ch, version, cid)
         else:
             yield ctx.layout.writes_key(t, entry.ns, entry.checkpoint_id, entry.seq, entry.task_id)
 

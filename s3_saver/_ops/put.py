@@ -85,7 +85,7 @@ def put(
     }
     body = pack(record)
     objects = {checkpoint_key: body}
-    objects.update(_blob_objects(ctx, thread_id, ns, {ch: (fresh[ch], serialized[ch]) for ch in blobs}))
+    objects.update(_blob_objects(ctx, thread_id, ns, checkpoint_id, {ch: (fresh[ch], serialized[ch]) for ch in blobs}))
     for ch in inline:
         loc[ch] = (fresh[ch], checkpoint_id, IN_CHECKPOINT_OBJECT, now)
     for ch in blobs:
@@ -102,7 +102,7 @@ def put(
             # Unchanged channels the parent does not account for (a put whose
             # parent is gone or unknown): store them now, still before the index.
             late_blobs = {ch: (late[ch], ctx.serde.dumps_typed(values[ch])) for ch in late}
-            yield from put_immutable(ctx.s3, _blob_objects(ctx, thread_id, ns, late_blobs))
+            yield from put_immutable(ctx.s3, _blob_objects(ctx, thread_id, ns, checkpoint_id, late_blobs))
             for ch in late:
                 loc[ch] = (late[ch], checkpoint_id, IN_BLOB_OBJECT, now)
 
@@ -195,10 +195,10 @@ def _split(
 
 
 def _blob_objects(
-    ctx: Context, thread_id: str, ns: str, blobs: dict[str, tuple[Any, tuple[str, bytes]]]
+    ctx: Context, thread_id: str, ns: str, checkpoint_id: str, blobs: dict[str, tuple[Any, tuple[str, bytes]]]
 ) -> dict[str, bytes]:
     return {
-        ctx.layout.blob_key(thread_id, ns, ch, version): pack(
+        ctx.layout.blob_key(thread_id, ns, ch, version, checkpoint_id): pack(
             {"format": BLOB_FORMAT, "channel": ch, "version": version, "type": t, "data": data}
         )
         for ch, (version, (t, data)) in blobs.items()

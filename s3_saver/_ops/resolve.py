@@ -78,7 +78,7 @@ class Resolver:
                 gets[ctx.layout.checkpoint_key(*own)] = ("checkpoint", own)
             for ch, (version, src, kind, _) in entry.loc.items():
                 if kind == IN_BLOB_OBJECT:
-                    bkey = ctx.layout.blob_key(t, ns, ch, version)
+                    bkey = ctx.layout.blob_key(t, ns, ch, version, src)
                     if bkey not in self.blobs:
                         gets[bkey] = ("blob", bkey)
                     continue
@@ -198,7 +198,7 @@ class Resolver:
         """The value of ``channel`` at ``entry`` (fetched by an earlier wave)."""
         version, src, kind, _ = entry.loc[channel]
         if kind == IN_BLOB_OBJECT:
-            blob = self.blobs[self.ctx.layout.blob_key(entry.thread_id, entry.ns, channel, version)]
+            blob = self.blobs[self.ctx.layout.blob_key(entry.thread_id, entry.ns, channel, version, src)]
             return self.ctx.serde.loads_typed((blob["type"], blob["data"]))
         _, type_, data = self.records[(entry.thread_id, entry.ns, src)]["values"][channel]
         return self.ctx.serde.loads_typed((type_, data))
