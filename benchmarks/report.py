@@ -12,10 +12,16 @@ PEER = "peer"
 MEMORY = "memory"
 
 
+MARKDOWN = False  # set by render(markdown=True): tables as GitHub markdown
+
+
 def _table(headers: list[str], rows: list[list[Any]], align: str | None = None) -> str:
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     align = align or "l" + "r" * (len(headers) - 1)
+    if MARKDOWN:
+        sep = ["---" if a == "l" else "---:" for a in align]
+        return "\n".join("| " + " | ".join(r) + " |" for r in [cells[0], sep] + cells[1:])
 
     def fmt(r: list[str]) -> str:
         return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, widths, align)).rstrip()
@@ -80,7 +86,16 @@ def _errors(run: dict[str, Any], phase: str) -> str:
     return "; ".join(parts)
 
 
-def render(doc: dict[str, Any]) -> str:
+def render(doc: dict[str, Any], markdown: bool = False) -> str:
+    global MARKDOWN
+    MARKDOWN = markdown
+    try:
+        return _render(doc)
+    finally:
+        MARKDOWN = False
+
+
+def _render(doc: dict[str, Any]) -> str:
     out: list[str] = []
     st = doc["settings"]
     out.append(f"s3_saver benchmark: {st['turns']} turns on one thread, {st['latency_ms']:g} ms injected per "
@@ -113,6 +128,8 @@ def render(doc: dict[str, Any]) -> str:
         out.append(f"== Per phase, {mode} ({'invoke' if mode == 'sync' else 'ainvoke'}) ==")
         out.append(_table(["phase", "saver", "calls", "requests", "S3", "DDB", "RT", "up KB", "down KB", "RCU",
                            "WCU", "micro$", "wall ms", "check"], rows, "llrrrrrrrrrrrl"))
+    out.append("RT = round trips (waves of concurrent requests); wall ms includes moto's ~5 ms of CPU per request,"
+               " served one at a time (benchmarks/README.md).")
 
     rows = []
     for mode in _modes(doc):
@@ -218,7 +235,11 @@ def render(doc: dict[str, Any]) -> str:
         out.append("")
         out.append("== Targets (S3Saver vs the peer, same run) ==")
         out.append(_table(["mode", "target", "S3Saver", "peer", "ratio", "limit", ""], rows, "llrrrrl"))
-    return "\n".join(out)
+    text = "\n".join(out)
+    if MARKDOWN:
+        text = "\n".join(f"#### {line[3:-3]}" if line.startswith("== ") and line.endswith(" ==") else line
+                         for line in text.splitlines())
+    return text
 
 
 def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:

@@ -315,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="python of the venv with langgraph-checkpoint-aws")
     ap.add_argument("--child-timeout", type=float, default=420.0)
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--render", metavar="JSON", help="only print the tables of an earlier run's JSON")
     args = ap.parse_args(argv)
+    if args.render:
+        doc = json.loads(Path(args.render).read_text())
+        print(report.render(doc))
+        return 0
     _guard.install()
     started = time.monotonic()
     log = sys.stderr
@@ -394,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in (f"bench-{stamp}.json", "latest.json"):
         (out / name).write_text(json.dumps(doc, indent=1, default=str))
     (out / "latest.txt").write_text(text + "\n")
-    print(f"\nwrote {out / 'latest.json'} and {out / 'latest.txt'} in {doc['elapsed']:.0f}s", file=log)
+    (out / "latest.md").write_text(report.render(doc, markdown=True) + "\n")
+    print(f"\nwrote {out / 'latest.json'}, latest.txt and latest.md in {doc['elapsed']:.0f}s", file=log)
     return 0 if all(r.get("ok") for r in runs.values()) else 1
 
 
