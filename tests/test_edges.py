@@ -192,3 +192,15 @@ def test_copy_thread_is_independent_of_its_source(endpoint, saver) -> None:
     after = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(config("dst"))]
     assert after == before
     assert all(key.startswith("live/dst/") for key in _objects(endpoint))
+
+
+def test_compressible_objects_are_stored_compressed(endpoint, saver) -> None:
+    import zlib
+
+    text = "the same sentence again. " * 4000  # 100 KB, compresses well
+    cfg = saver.put(config("z"), checkpoint({"text": text}, {"text": "1"}), {}, {"text": "1"})
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    (key,) = _objects(endpoint)
+    body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    assert len(body) < 10_000 and zlib.decompress(body)
+    assert saver.get_tuple(cfg).checkpoint["channel_values"]["text"] == text

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import ormsgpack
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -50,7 +51,7 @@ def put(
     checkpoint_key = ctx.layout.checkpoint_key(thread_id, ns, checkpoint_id)
     _keys.partition_key(thread_id)
     _keys.checkpoint_sort_key(ns, checkpoint_id)
-    loc_estimate = len(pack({ch: [v, checkpoint_id, 1, now] for ch, v in checkpoint["channel_versions"].items()}))
+    loc_estimate = len(ormsgpack.packb({ch: [v, checkpoint_id, 1, now] for ch, v in checkpoint["channel_versions"].items()}))
     if loc_estimate + _LOC_HEADROOM > ITEM_BUDGET:
         raise CheckpointTooLargeError(
             f"checkpoint {checkpoint_id} has {len(checkpoint['channel_versions'])} channels; "
