@@ -53,7 +53,7 @@ class Target:
             if self.kind == "s3-manifest":
                 kwargs = {"index": "manifest", "endpoint_url": endpoint, "region_name": "us-east-1"}
             return S3Saver(self.bucket, **kwargs)
-        if self.kind == "peer":
+        if self.kind in ("peer", "peer-gzip"):
             from langgraph_checkpoint_aws import DynamoDBSaver
 
             return DynamoDBSaver(
@@ -61,6 +61,7 @@ class Target:
                 region_name="us-east-1",
                 endpoint_url=endpoint,
                 s3_offload_config={"bucket_name": self.bucket, "endpoint_url": endpoint},
+                enable_checkpoint_compression=self.kind == "peer-gzip",
             )
         raise ValueError(self.kind)
 
@@ -69,7 +70,7 @@ class Target:
         direct = self.build(self.moto)
         if self.kind in ("s3", "s3-manifest"):
             direct.setup()
-        elif self.kind == "peer":
+        elif self.kind in ("peer", "peer-gzip"):
             import boto3
 
             ddb = boto3.client("dynamodb", endpoint_url=self.moto, region_name="us-east-1")
@@ -272,7 +273,7 @@ def run_scaling(target: Target) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--saver", required=True, choices=["memory", "s3", "s3-manifest", "peer"])
+    ap.add_argument("--saver", required=True, choices=["memory", "s3", "s3-manifest", "peer", "peer-gzip"])
     ap.add_argument("--name", required=True)
     ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling"])
     ap.add_argument("--proxy", required=True)

@@ -230,13 +230,19 @@ def discover(args: argparse.Namespace) -> list[Saver]:
                             "" if ok else "manifest index mode not implemented yet; row left out"))
     if "memory" in wanted:
         savers.append(Saver("memory", "InMemorySaver (no I/O)", sys.executable))
-    if "peer" in wanted:
+    if "peer" in wanted or "peer-gzip" in wanted:
         py = str(args.peer_python)
         ok, msg = probe(py, "import langgraph_checkpoint_aws, importlib.metadata as m; "
                         "print(m.version('langgraph-checkpoint-aws'))") if Path(py).exists() else (
             False, f"{py} missing (make bench creates it)")
-        savers.append(Saver("peer", f"DynamoDBSaver+S3 (langgraph-checkpoint-aws {msg})" if ok
-                            else "DynamoDBSaver+S3 (langgraph-checkpoint-aws)", py, ok, "" if ok else msg))
+        name = f"DynamoDBSaver+S3 (langgraph-checkpoint-aws {msg})" if ok else "DynamoDBSaver+S3 (langgraph-checkpoint-aws)"
+        if "peer" in wanted:
+            savers.append(Saver("peer", name, py, ok, "" if ok else msg))
+        if "peer-gzip" in wanted:
+            # The peer's own compression option (off by default), first mode only
+            # to keep `make bench` within its time budget.
+            savers.append(Saver("peer-gzip", f"{name}, enable_checkpoint_compression=True", py, ok,
+                                "" if ok else msg))
     return savers
 
 
@@ -306,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, default=20, help="agent turns on one thread (default 20)")
     ap.add_argument("--latency-ms", type=float, default=15.0, help="injected per-request latency (default 15)")
-    ap.add_argument("--savers", default="s3,s3-manifest,memory,peer")
+    ap.add_argument("--savers", default="s3,s3-manifest,memory,peer,peer-gzip")
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--no-scaling", action="store_true", help="skip the long-thread / wide-checkpoint calls")
     ap.add_argument("--no-cold-start", action="store_true")
@@ -338,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         # InMemorySaver first: it is the reference the others are checked against.
         order = sorted((s for s in savers if s.available), key=lambda s: s.key != "memory")
         for saver in order:
-            for mode in modes + ([] if args.no_scaling else ["scaling"]):
+            saver_modes = modes[:1] if saver.key == "peer-gzip" else modes + ([] if args.no_scaling else ["scaling"])
+            for mode in saver_modes:
                 data, records = run_child(saver, mode, args, proxy, moto, log)
                 run: dict[str, Any] = {"ok": data.get("ok", False), "error": data.get("error"),
                                        "process_wall": data["process_wall"]}
