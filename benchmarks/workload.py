@@ -29,6 +29,11 @@ from langgraph.types import Command, interrupt
 INTERRUPT_EVERY = 5
 DOC_EVERY = 5
 DOC_BYTES = 20_000
+# Message text of a plausible size, prose-like (see make_text), so the messages
+# channel compresses about as real conversations do, not like a template.
+QUESTION_CHARS = 120
+TOOL_RESULT_CHARS = 600
+ANSWER_CHARS = 400
 
 # Pseudo-words with a Zipf-like frequency: the doc compresses about as well as
 # English prose (zlib ~0.34 of its size), not like a repeated phrase would, so
@@ -76,12 +81,10 @@ def agent(state: State) -> dict[str, Any]:
     turn = state["turn"]
     last = state["messages"][-1]
     if isinstance(last, HumanMessage):
-        call = {"name": "lookup", "args": {"turn": turn, "query": last.content}, "id": f"call-{turn}"}
+        call = {"name": "lookup", "args": {"turn": turn, "query": last.content[:80]}, "id": f"call-{turn}"}
         return {"messages": [AIMessage(id=f"t{turn}-ai-call", content="", tool_calls=[call])], "counter": 1}
-    return {
-        "messages": [AIMessage(id=f"t{turn}-ai-answer", content=f"Turn {turn}: {last.content}. Done.")],
-        "counter": 1,
-    }
+    answer = f"Turn {turn}, from the lookup: " + make_text(f"answer-{turn}", ANSWER_CHARS)
+    return {"messages": [AIMessage(id=f"t{turn}-ai-answer", content=answer)], "counter": 1}
 
 
 def route(state: State) -> str:
@@ -95,7 +98,9 @@ def tools(state: State) -> dict[str, Any]:
     if turn % INTERRUPT_EVERY == 3:
         approval = interrupt({"turn": turn, "ask": "approve the lookup?"})
     update: dict[str, Any] = {
-        "messages": [ToolMessage(id=f"t{turn}-tool", content=f"lookup result for turn {turn} ({approval})",
+        "messages": [ToolMessage(id=f"t{turn}-tool",
+                                 content=f"lookup result for turn {turn} ({approval}): "
+                                 + make_text(f"tool-{turn}", TOOL_RESULT_CHARS),
                                  tool_call_id=f"call-{turn}")],
         "scratch": {"last_tool": "lookup", "turn": turn, "approval": approval},
         "counter": 1,
@@ -117,7 +122,8 @@ def build_graph(checkpointer: Any) -> Any:
 
 def turn_input(turn: int) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "messages": [HumanMessage(id=f"t{turn}-human", content=f"question {turn}")],
+        "messages": [HumanMessage(id=f"t{turn}-human",
+                                  content=f"question {turn}: " + make_text(f"question-{turn}", QUESTION_CHARS))],
         "turn": turn,
     }
     if turn == 1:
