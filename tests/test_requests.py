@@ -150,3 +150,15 @@ def test_writes_before_their_checkpoint(saver) -> None:
     now_latest = saver.get_tuple(config("early"))
     assert now_latest.config["configurable"]["checkpoint_id"] == future_id
     assert [w[1:] for w in now_latest.pending_writes] == [("counter", 7)]
+
+
+def test_list_before_across_namespaces_reads_few_pages(saver) -> None:
+    last = grow_thread(saver, "ns-before", 120)
+    grow_thread(saver, "ns-before", 30, ns="child:1")
+    middle = list(saver.list(config("ns-before")))[60].config
+    saver.stats.reset()
+    got = list(saver.list({"configurable": {"thread_id": "ns-before"}}, before=middle, limit=3))
+    round_trips, requests = _counts(saver)
+    assert [t.checkpoint["channel_values"]["counter"] for t in got] == [58, 57, 56]
+    assert requests.get(("dynamodb", "query"), 0) <= 4, requests
+    assert last["configurable"]["checkpoint_ns"] == ""

@@ -15,6 +15,7 @@ from s3_saver._protocol import Emit, Op, request, request_one
 
 # Resolve list results in chunks so a long history streams instead of loading at once.
 _LIST_CHUNK = 100
+_MAX_PAGE = 1000
 
 
 def get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None]:
@@ -96,8 +97,15 @@ def list_checkpoints(
     remaining = limit
     start: dict[str, Any] | None = None
     held: CheckpointEntry | None = None
+    # A checkpoint item is followed by a few write batches: without a filter,
+    # `limit` bounds how much of the thread the first page reads.
+    page_size = min(_MAX_PAGE, 4 * limit + 4) if limit is not None and not filter else None
     while True:
-        call = _history_query(ctx, thread_id, ns, before_id, limit, filter, start)
+        call = _history_query(ctx, thread_id, ns, before_id, page_size, start)
+        if page_size is not None:
+            # Pages that did not finish the job (writes, other namespaces, `before`
+            # across namespaces) double, so a call costs O(log n) queries at worst.
+            page_size = min(_MAX_PAGE, page_size * 2)
         page = yield from request_one(call)
         complete: list[CheckpointEntry] = []
         for raw in page.get("Items", []):
@@ -134,13 +142,9 @@ def _history_query(
     thread_id: str,
     ns: str | None,
     before_id: str | None,
-    limit: int | None,
-    filter: dict[str, Any] | None,
+    page_size: int | None,
     start: dict[str, Any] | None,
 ) -> Any:
-    # A page holds a checkpoint item plus, usually, a few write batches; without
-    # a filter, `limit` bounds how much of the thread is read.
-    page_size = min(1000, 4 * limit + 4) if limit is not None and not filter else None
     if ns is None:
         return ctx.index.query(thread_id, limit=page_size, start_key=start)
     prefix = _keys.ns_sort_prefix(ns)
