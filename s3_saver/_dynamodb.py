@@ -161,11 +161,10 @@ class DynamoIndexCalls:
         )
 
     def batch_get(self, keys: list[dict[str, Any]]) -> Call:
-        return Call(
-            "dynamodb",
-            "batch_get_item",
-            {"RequestItems": {self.table: {"Keys": keys, "ConsistentRead": True}}},
-        )
+        # Only older checkpoints are fetched this way, and their items never
+        # change: an eventually consistent read (half the read units) is enough.
+        # One not visible yet is read from its S3 object instead (see Resolver).
+        return Call("dynamodb", "batch_get_item", {"RequestItems": {self.table: {"Keys": keys}}})
 
     def query(
         self,

@@ -97,9 +97,9 @@ def list_checkpoints(
     remaining = limit
     start: dict[str, Any] | None = None
     held: CheckpointEntry | None = None
-    # A checkpoint item is followed by a few write batches: without a filter,
-    # `limit` bounds how much of the thread the first page reads.
-    page_size = min(_MAX_PAGE, 4 * limit + 4) if limit is not None and not filter else None
+    # A checkpoint item is followed by a few write batches: `limit` bounds how
+    # much of the thread the first page reads (a filter may need more pages).
+    page_size = min(_MAX_PAGE, 4 * limit + 4) if limit is not None else None
     while True:
         call = _history_query(ctx, thread_id, ns, before_id, page_size, start)
         if page_size is not None:
