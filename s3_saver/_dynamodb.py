@@ -106,9 +106,9 @@ def parse_item(raw: dict[str, Any]) -> CheckpointEntry | WritesEntry:
     item = from_attrs(raw)
     try:
         thread_id = _keys.decode(item[PARTITION_KEY])
-        sk = item[SORT_KEY]
-        ns, checkpoint_id, is_checkpoint = _keys.parse_sort_key(sk)
-        if is_checkpoint:
+        key = _keys.parse_sort_key(item[SORT_KEY])
+        ns, checkpoint_id = key.ns, key.checkpoint_id
+        if key.is_checkpoint:
             loc = {ch: tuple(v) for ch, v in ormsgpack.unpackb(item["loc"]).items()}
             meta = ormsgpack.unpackb(item["meta"]) if "meta" in item else None
             return CheckpointEntry(
@@ -121,13 +121,12 @@ def parse_item(raw: dict[str, Any]) -> CheckpointEntry | WritesEntry:
                 metadata=(meta[0], bytes(meta[1])) if meta else None,
                 expires_at=item.get(TTL_ATTRIBUTE),
             )
-        parts = sk.split("|")
         return WritesEntry(
             thread_id=thread_id,
             ns=ns,
             checkpoint_id=checkpoint_id,
-            seq=int(parts[3]),
-            task_id=_keys.decode(parts[4]),
+            seq=key.seq,
+            task_id=key.task_id,
             body=item.get("body"),
         )
     except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:

@@ -9,14 +9,17 @@ Layout (all under the user's ``prefix``)::
 DynamoDB index items of one thread share a partition (``pk`` = encoded thread)
 and sort as::
 
-    <ns>|<checkpoint_id>|~            checkpoint item
-    <ns>|<checkpoint_id>|w|<seq>|<task_id>   pending-write batch items
+    <ns>!<checkpoint_id>!~                    checkpoint item
+    <ns>!<checkpoint_id>!w!<seq>!<task_id>    pending-write batch items
 
-so that, read newest first, each checkpoint item is followed by its own writes.
+so that, read newest first, each checkpoint item is followed by its own writes,
+and ids order exactly as Python orders the strings (see ``sort_encode``).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from s3_saver.errors import KeyTooLongError
@@ -39,6 +42,17 @@ _EMPTY = "="
 CHECKPOINT_SUFFIX = "~"
 WRITES_MARK = "w"
 
+# Sort-key components keep their characters, except those at or below '"',
+# which become '"' plus two hex digits; "!" separates components. DynamoDB
+# compares sort keys as UTF-8 bytes, i.e. by code point, so with a separator
+# that sorts below every character a component can hold, comparing two keys
+# compares (ns, checkpoint_id, ...) exactly as Python compares those strings:
+# "1" < "10" < "9" and "a" < "ab", as in every other LangGraph saver.
+_SORT_SEP = "!"
+_SORT_ESC = '"'
+_SORT_ESCAPED = re.compile(r'[\x00-"]')
+_SORT_UNESCAPE = re.compile(r'"([0-9A-F]{2})')
+
 
 def encode(segment: str) -> str:
     """Encode one id so it can never be confused with a separator or another id.
@@ -49,14 +63,29 @@ def encode(segment: str) -> str:
     """
     if segment == "":
         return _EMPTY
-    if not isinstance(segment, str):
-        raise TypeError(f"ids must be strings, got {type(segment).__name__}: {segment!r}")
+    _check_text(segment)
     if segment.strip(".") == "":
         return "%2E" * len(segment)
+    return quote(segment, safe=_SAFE)
+
+
+def _check_text(segment: str) -> None:
+    if not isinstance(segment, str):
+        raise TypeError(f"ids must be strings, got {type(segment).__name__}: {segment!r}")
     try:
-        return quote(segment, safe=_SAFE)
+        segment.encode()
     except UnicodeEncodeError as exc:
         raise ValueError(f"id {segment!r} is not valid Unicode text: {exc}") from exc
+
+
+def sort_encode(segment: str) -> str:
+    """Encode one id for a DynamoDB sort key, preserving Python's string order."""
+    _check_text(segment)
+    return _SORT_ESCAPED.sub(lambda m: f"{_SORT_ESC}{ord(m.group()):02X}", segment)
+
+
+def sort_decode(segment: str) -> str:
+    return _SORT_UNESCAPE.sub(lambda m: chr(int(m.group(1), 16)), segment)
 
 
 def decode(segment: str) -> str:
@@ -113,11 +142,11 @@ def partition_key(thread_id: str) -> str:
 
 
 def ns_sort_prefix(ns: str) -> str:
-    return f"{encode(ns)}|"
+    return sort_encode(ns) + _SORT_SEP
 
 
 def checkpoint_sort_prefix(ns: str, checkpoint_id: str) -> str:
-    return f"{encode(ns)}|{encode(checkpoint_id)}|"
+    return ns_sort_prefix(ns) + sort_encode(checkpoint_id) + _SORT_SEP
 
 
 def checkpoint_sort_key(ns: str, checkpoint_id: str) -> str:
@@ -127,17 +156,30 @@ def checkpoint_sort_key(ns: str, checkpoint_id: str) -> str:
 
 
 def writes_sort_prefix(ns: str, checkpoint_id: str) -> str:
-    return checkpoint_sort_prefix(ns, checkpoint_id) + WRITES_MARK + "|"
+    return checkpoint_sort_prefix(ns, checkpoint_id) + WRITES_MARK + _SORT_SEP
 
 
 def writes_sort_key(ns: str, checkpoint_id: str, seq: int, task_id: str) -> str:
-    return _checked_sort(f"{writes_sort_prefix(ns, checkpoint_id)}{seq:020d}|{encode(task_id)}")
+    return _checked_sort(f"{writes_sort_prefix(ns, checkpoint_id)}{seq:020d}{_SORT_SEP}{sort_encode(task_id)}")
 
 
-def parse_sort_key(sk: str) -> tuple[str, str, bool]:
-    """Return (ns, checkpoint_id, is_checkpoint) of an index sort key."""
-    parts = sk.split("|")
-    return decode(parts[0]), decode(parts[1]), parts[2] == CHECKPOINT_SUFFIX
+@dataclass(frozen=True, slots=True)
+class SortKey:
+    """The parts of an index sort key; ``seq`` and ``task_id`` only for writes."""
+
+    ns: str
+    checkpoint_id: str
+    is_checkpoint: bool
+    seq: int = 0
+    task_id: str = ""
+
+
+def parse_sort_key(sk: str) -> SortKey:
+    parts = sk.split(_SORT_SEP)
+    ns, checkpoint_id = sort_decode(parts[0]), sort_decode(parts[1])
+    if parts[2] == CHECKPOINT_SUFFIX:
+        return SortKey(ns, checkpoint_id, True)
+    return SortKey(ns, checkpoint_id, False, int(parts[3]), sort_decode(parts[4]))
 
 
 def _checked(key: str) -> str:

@@ -15,7 +15,7 @@ from s3_saver import (
     SetupMismatchError,
     TableNotFoundError,
 )
-from s3_saver._keys import decode, encode
+from s3_saver._keys import checkpoint_sort_key, decode, encode, parse_sort_key, writes_sort_key
 
 ODD_IDS = ["", "a/b", "/", "..", ".", "...", "#", "%", "%2F", "%25", "=", "a|b", "~", "ü🙂", "a b", "..%2F..", "\\", "\t"]
 
@@ -31,6 +31,51 @@ def test_encoding_is_injective_and_reversible() -> None:
     for original, enc in zip(ODD_IDS, encoded):
         assert decode(enc) == original
         assert "/" not in enc and "|" not in enc and enc not in {"", ".", ".."}
+
+
+# Ids whose order a naive separator would get wrong: prefixes ("a" < "ab"),
+# numbers as text ("10" < "9"), and characters around the separator and escape.
+ORDERED_IDS = ["1", "10", "9", "a", "ab", "a b", "a!", 'a"', "a#", "a\x00", "a\x01z", "b", "Z", "é", "🙂", "", "!", '"']
+
+
+def test_sort_keys_order_as_python_orders_ids() -> None:
+    pairs = [(ns, cid) for ns in ["", "a", "ab", "a!"] for cid in ORDERED_IDS if cid]
+    # DynamoDB compares sort keys as UTF-8 bytes.
+    by_key = sorted(pairs, key=lambda p: checkpoint_sort_key(*p).encode())
+    assert by_key == sorted(pairs)
+    for ns, cid in pairs:
+        parsed = parse_sort_key(checkpoint_sort_key(ns, cid))
+        assert (parsed.ns, parsed.checkpoint_id, parsed.is_checkpoint) == (ns, cid, True)
+        parsed = parse_sort_key(writes_sort_key(ns, cid, 7, cid + "!task"))
+        assert (parsed.ns, parsed.checkpoint_id, parsed.seq, parsed.task_id) == (ns, cid, 7, cid + "!task")
+        # Newest first, a checkpoint item comes before its writes and they before older ids.
+        assert checkpoint_sort_key(ns, cid) > writes_sort_key(ns, cid, 10**19, "~~") > checkpoint_sort_key(ns, cid[:-1] or "")
+
+
+def test_custom_ids_list_in_the_same_order_as_in_memory_saver(saver) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    memory = InMemorySaver()
+    ids = [i for i in ORDERED_IDS if i]
+    for ns in ["a", "ab"]:
+        for n, cid in enumerate(reversed(ids)):
+            for target in (saver, memory):
+                target.put(config("order", ns), checkpoint({"n": n}, {"n": str(n)}, cid), {"n": n}, {"n": str(n)})
+
+    def ids_of(s, ns, **kw):
+        return [(t.config["configurable"]["checkpoint_ns"], t.config["configurable"]["checkpoint_id"])
+                for t in s.list(config("order", ns), **kw)]
+
+    for ns in ["a", "ab"]:
+        expected = ids_of(memory, ns)
+        assert expected == [(ns, i) for i in sorted(ids, reverse=True)]
+        assert ids_of(saver, ns) == expected
+        assert ids_of(saver, ns, before=config("order", ns, "a"), limit=4) == ids_of(
+            memory, ns, before=config("order", ns, "a"), limit=4
+        )
+        assert saver.get_tuple(config("order", ns)).checkpoint["id"] == max(ids)
+        for cid in ids:
+            assert saver.get_tuple(config("order", ns, cid)).checkpoint["id"] == cid
 
 
 def test_odd_ids_round_trip_without_collisions(saver) -> None:

@@ -127,8 +127,8 @@ class Resolver:
                         self.add(entry)
                         returned.add((entry.thread_id, entry.ns, entry.checkpoint_id))
                 for raw_key in result.get("UnprocessedKeys", {}).get(self.ctx.index.table, {}).get("Keys", []):
-                    ns, cid, _ = _keys.parse_sort_key(raw_key[SORT_KEY]["S"])
-                    unprocessed.add((_keys.decode(raw_key[PARTITION_KEY]["S"]), ns, cid))
+                    sk = _keys.parse_sort_key(raw_key[SORT_KEY]["S"])
+                    unprocessed.add((_keys.decode(raw_key[PARTITION_KEY]["S"]), sk.ns, sk.checkpoint_id))
             elif call.operation == "query":
                 key = next(k for q, k in self._queries if q is call)
                 self.take_writes_page(self.entries[key], result)
