@@ -226,9 +226,11 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """List checkpoints newest first.
 
         Args:
-            config: Thread (and optionally namespace) to list; without
-                ``checkpoint_ns`` every namespace is listed; ``None`` lists every
-                thread (a table scan: for admin use).
+            config: Thread (and optionally namespace) to list. Without
+                ``checkpoint_ns`` every namespace is listed, newest first within
+                each namespace, namespaces in descending key order (so subgraph
+                namespaces come before the root's); ``None`` lists every thread
+                (a table scan: for admin use).
             filter: Metadata equality filter (any key, nested values compared whole).
             before: Only checkpoints older than this config's ``checkpoint_id``.
             limit: At most this many results (after filtering).
