@@ -21,6 +21,9 @@ from s3_saver.errors import CorruptObjectError
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
 TTL_ATTRIBUTE = "expires_at"
+# On items copy_thread wrote: the source thread's partition key, so a copy cut
+# short can be told apart from the target's own items and completed.
+COPIED_FROM = "copied_from"
 TABLE_KEY_SCHEMA = (
     {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
     {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
@@ -171,11 +174,11 @@ class DynamoIndexCalls:
         *,
         begins_with: str | None = None,
         between: tuple[str, str] | None = None,
-        below: str | None = None,
         newest_first: bool = True,
         limit: int | None = None,
         start_key: dict[str, Any] | None = None,
         projection: tuple[str, ...] | None = None,
+        not_copied_from: str | None = None,
     ) -> Call:
         condition = "pk = :pk"
         values: dict[str, Any] = {":pk": {"S": _keys.partition_key(thread_id)}}
@@ -185,9 +188,6 @@ class DynamoIndexCalls:
         elif between is not None:
             condition += " AND sk BETWEEN :lo AND :hi"
             values[":lo"], values[":hi"] = {"S": between[0]}, {"S": between[1]}
-        elif below is not None:
-            condition += " AND sk < :hi"
-            values[":hi"] = {"S": below}
         params: dict[str, Any] = {
             "TableName": self.table,
             "KeyConditionExpression": condition,
@@ -199,10 +199,17 @@ class DynamoIndexCalls:
             params["Limit"] = limit
         if start_key is not None:
             params["ExclusiveStartKey"] = start_key
+        # Attribute names go through placeholders: DynamoDB reserves hundreds of words.
+        names: dict[str, str] = {}
         if projection is not None:
-            # Attribute names go through placeholders: DynamoDB reserves hundreds of words.
             params["ProjectionExpression"] = ", ".join(f"#{name}" for name in projection)
-            params["ExpressionAttributeNames"] = {f"#{name}": name for name in projection}
+            names.update({f"#{name}": name for name in projection})
+        if not_copied_from is not None:
+            params["FilterExpression"] = f"attribute_not_exists(#{COPIED_FROM}) OR #{COPIED_FROM} <> :src"
+            names[f"#{COPIED_FROM}"] = COPIED_FROM
+            values[":src"] = {"S": not_copied_from}
+        if names:
+            params["ExpressionAttributeNames"] = names
         return Call("dynamodb", "query", params)
 
     def scan(self, start_key: dict[str, Any] | None = None) -> Call:

@@ -34,6 +34,8 @@ class Call:
 
     def describe(self) -> str:
         target = self.params.get("Key") or self.params.get("TableName") or self.params.get("Bucket")
+        if "CopySource" in self.params:
+            target = f"{self.params['CopySource']['Key']} -> {target}"
         return f"{self.service}.{self.operation}({target})" if target else f"{self.service}.{self.operation}"
 
 

@@ -313,12 +313,15 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         await self._async.run(delete.delete_thread(self._ctx, thread_id))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Copy every checkpoint, value and pending write of a thread into an empty thread.
+        """Copy every checkpoint, value and pending write of a thread into another thread.
 
-        Objects are copied server-side (``CopyObject``), then the index items.
+        Objects are copied server-side (``CopyObject``), all of them before the
+        first index item; index items follow newest first. A copy cut short
+        leaves the target's latest state readable and completes when called
+        again: the target may hold copies from the same source, nothing else.
 
         Raises:
-            ConfigurationError: The target thread already has checkpoints.
+            ConfigurationError: The target thread has checkpoints of its own.
         """
         self._sync.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
 

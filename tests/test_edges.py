@@ -231,12 +231,48 @@ def test_copy_thread_is_independent_of_its_source(endpoint, saver) -> None:
     saver.stats.reset()
     saver.copy_thread("src", "dst")
     assert not [op for op in saver.stats.requests if "list" in op[1]]
-    with pytest.raises(ConfigurationError, match="already has checkpoints"):
-        saver.copy_thread("src", "dst")
+    saver.copy_thread("src", "dst")  # a target holding only copies of src: brought up to date
     saver.delete_thread("src")
     after = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(config("dst"))]
     assert after == before
     assert all(key.startswith("live/dst/") for key in _objects(endpoint))
+
+
+def test_an_interrupted_copy_leaves_the_latest_state_and_completes_when_called_again(
+    saver, monkeypatch
+) -> None:
+    from helpers import grow_thread
+
+    from s3_saver._ops import copy
+
+    grow_thread(saver, "src", 12)
+    for t in list(saver.list(config("src")))[:3]:
+        saver.put_writes(t.config, [("x", t.checkpoint["id"])], "task")
+    expected = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(config("src"))]
+    write_batches = copy.write_batches
+
+    def cut_short(ctx, requests, what):
+        yield from write_batches(ctx, requests[:5], what)
+        raise ConnectionError("the Lambda timed out")
+
+    monkeypatch.setattr(copy, "write_batches", cut_short)
+    with pytest.raises(ConnectionError):
+        saver.copy_thread("src", "dst")
+    partial = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(config("dst"))]
+    assert 0 < len(partial) < len(expected)
+    assert partial[0] == expected[0]  # the newest state is there; every object it needs too
+
+    monkeypatch.setattr(copy, "write_batches", write_batches)
+    saver.copy_thread("src", "dst")
+    assert [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(config("dst"))] == expected
+
+    # Once the target has a checkpoint of its own, a copy would mix two histories.
+    latest = saver.get_tuple(config("dst"))
+    versions = {**latest.checkpoint["channel_versions"], "counter": "99"}
+    saver.put(latest.config, checkpoint({"counter": 99, "doc": "a document"}, versions), {}, {"counter": "99"})
+    with pytest.raises(ConfigurationError, match="already has checkpoints of its own"):
+        saver.copy_thread("src", "dst")
+    assert saver.get_tuple(config("dst")).checkpoint["channel_values"]["counter"] == 99
 
 
 def test_compressible_objects_are_stored_compressed(endpoint, saver) -> None:

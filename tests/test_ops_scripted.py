@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from s3_saver._dynamodb import DynamoIndexCalls
-from s3_saver._keys import KeyLayout
+from s3_saver._keys import KeyLayout, writes_sort_key
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_thread
 from s3_saver._protocol import Call, Emit, Sleep
@@ -40,7 +40,7 @@ def _client_error(code: str, status: int) -> ClientError:
 
 
 def test_throttled_deletes_are_retried_with_backoff() -> None:
-    item = {"pk": {"S": "t"}, "sk": {"S": "=|c1|w|00000000000000000001|task"}}
+    item = {"pk": {"S": "t"}, "sk": {"S": writes_sort_key("", "c1", 1, "task")}}
     refusals = iter([2, 1, 0])
 
     def respond(call: Call) -> Any:
@@ -84,3 +84,7 @@ def test_unknown_errors_pass_through_untouched() -> None:
     with pytest.raises(ClientError) as caught:
         _drive(put_immutable(S3Calls("b"), {"k": b"x"}), lambda call: boom)
     assert caught.value is boom
+
+
+def test_a_copy_names_its_source_in_errors() -> None:
+    assert S3Calls("b").copy("live/a/x", "live/b/x").describe() == "s3.copy_object(live/a/x -> live/b/x)"
