@@ -76,3 +76,27 @@ def test_ttl_expires_items_and_refreshes_values_that_would_expire(endpoint) -> N
     assert saver.get_tuple(config("t")) is None
     assert list(saver.list(config("t"))) == []
     saver.close()
+
+
+def test_a_cold_process_puts_in_two_round_trips_with_ttl(endpoint) -> None:
+    """The parent's item is read beside the object write; a third trip only to refresh."""
+    warm = make_saver(endpoint, ttl=timedelta(days=30))
+    warm.setup()
+    start = int(time.time())
+    clock = {"now": start}
+    versions = {"doc": "1", "n": "1"}
+    cfg = warm.put(config("cold"), checkpoint({"doc": "D", "n": 0}, versions), {}, versions)
+    warm.close()
+
+    for day, n, round_trips in [(5, 2, 2), (20, 3, 3)]:
+        cold = make_saver(endpoint, ttl=timedelta(days=30))
+        clock["now"] = start + day * DAY
+        cold._ctx.now = lambda: clock["now"]
+        versions = {"doc": "1", "n": str(n)}
+        cfg = cold.put(cfg, checkpoint({"doc": "D", "n": n}, versions), {}, {"n": str(n)})
+        assert cold.stats.round_trips == round_trips, day
+        assert cold.get_tuple(config("cold")).checkpoint["channel_values"] == {"doc": "D", "n": n}
+        cold.close()
+    # Day 20: "doc" (stored day 0) was past half its life, so it was stored again
+    # and the newest item lives a full ttl from day 20.
+    assert max(_item_expiry(endpoint, "cold")) == start + 50 * DAY

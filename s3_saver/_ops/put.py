@@ -64,10 +64,6 @@ def put(
     carried = {ch: v for ch, v in checkpoint["channel_versions"].items() if ch not in new_versions}
     loc: Loc = {}
     parent_loc = ctx.locs.get((thread_id, ns, parent_id)) if parent_id and carried else {}
-    if parent_loc is None and carried and ctx.ttl_seconds:
-        # With a ttl, the parent's value ages decide what this object must carry,
-        # so they are needed before the object is written.
-        parent_loc = yield from _fetch_loc(ctx, thread_id, ns, parent_id)  # type: ignore[arg-type]
     if parent_loc is not None:
         _carry(ctx, carried, parent_loc, values, now, loc, fresh)
 
@@ -92,6 +88,9 @@ def put(
     for ch in blobs:
         loc[ch] = (fresh[ch], checkpoint_id, IN_BLOB_OBJECT, now)
 
+    # A process that has not seen the parent (cold start, another writer) reads
+    # its item in the same round trip as the object writes: the common case, a
+    # parent that accounts for every unchanged channel, costs no extra trip.
     fetch_parent = parent_loc is None
     extra = (ctx.index.get_checkpoint(thread_id, ns, parent_id),) if fetch_parent else ()  # type: ignore[arg-type]
     extra_results = yield from put_immutable(ctx.s3, objects, extra)
@@ -100,8 +99,9 @@ def put(
         late: dict[str, Any] = {}
         _carry(ctx, carried, parent_loc, values, now, loc, late)
         if late:
-            # Unchanged channels the parent does not account for (a put whose
-            # parent is gone or unknown): store them now, still before the index.
+            # Unchanged channels the parent does not account for (parent gone or
+            # unknown) or whose stored copy is past half the ttl: store them now,
+            # still before the index item.
             late_blobs = {ch: (late[ch], ctx.serde.dumps_typed(values[ch])) for ch in late}
             yield from put_immutable(ctx.s3, _blob_objects(ctx, thread_id, ns, checkpoint_id, late_blobs))
             for ch in late:
@@ -204,12 +204,6 @@ def _blob_objects(
         )
         for ch, (version, (t, data)) in blobs.items()
     }
-
-
-def _fetch_loc(ctx: Context, thread_id: str, ns: str, parent_id: str) -> Op[Loc]:
-    call = ctx.index.get_checkpoint(thread_id, ns, parent_id)
-    result = yield (call,)
-    return _loc_of(call, result[0])
 
 
 def _loc_of(call: Any, result: Any) -> Loc:
