@@ -13,6 +13,7 @@ Its return value is the method's result. Operations never import boto.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -64,21 +65,26 @@ class RequestStats:
 
     round_trips: int = 0
     requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Sync callers may share one saver across threads.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def total_requests(self) -> int:
         return sum(self.requests.values())
 
     def record(self, calls: tuple[Call, ...]) -> None:
-        self.round_trips += 1
-        self.requests.update((c.service, c.operation) for c in calls)
+        with self._lock:
+            self.round_trips += 1
+            self.requests.update((c.service, c.operation) for c in calls)
 
     def reset(self) -> None:
-        self.round_trips = 0
-        self.requests.clear()
+        with self._lock:
+            self.round_trips = 0
+            self.requests.clear()
 
     def snapshot(self) -> RequestStats:
-        return RequestStats(self.round_trips, Counter(self.requests))
+        with self._lock:
+            return RequestStats(self.round_trips, Counter(self.requests))
 
 
 def request(*calls: Call) -> Generator[Instruction, Any, list[Any]]:

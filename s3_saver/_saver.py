@@ -140,7 +140,7 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         )
         config = defaults.merge(client_config) if client_config else defaults
         given = {"s3": s3_client, "dynamodb": dynamodb_client}
-        self._owns_sync_clients = s3_client is None and dynamodb_client is None
+        self._given_clients = [c for c in given.values() if c is not None]
 
         def make_sync(service: str) -> Any:
             if given[service] is not None:
@@ -187,7 +187,7 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     def close(self) -> None:
         """Release the sync driver's thread pool and the boto3 clients the saver created."""
-        self._sync.close(close_clients=self._owns_sync_clients)
+        self._sync.close(keep=self._given_clients)
 
     async def aclose(self) -> None:
         """Close the async clients of the running event loop."""

@@ -73,3 +73,30 @@ async def test_delta_history_async_and_empty_cases(saver) -> None:
     missing = {"configurable": {"thread_id": "nobody"}}
     assert await saver.aget_delta_channel_history(config=missing, channels=["log"]) == {"log": {"writes": []}}
     await saver.aclose()
+
+
+def test_expired_ancestors_end_the_walk_as_in_the_base_walk(endpoint) -> None:
+    """With ttl, an ancestor past its expiry is not served, even before DynamoDB deletes it."""
+    import time
+    from datetime import timedelta
+
+    from conftest import make_saver
+
+    saver = make_saver(endpoint, ttl=timedelta(days=30))
+    saver.setup()
+    clock = {"now": int(time.time())}
+    saver._ctx.now = lambda: clock["now"]
+    graph, config = _graph(saver), {"configurable": {"thread_id": "delta-ttl"}}
+    for turn in range(8):
+        if turn == 7:
+            clock["now"] += 20 * 86_400  # later checkpoints store every value again
+        graph.invoke({"log": [f"in{turn}"]}, config)
+    latest = graph.get_state(config).config
+    whole = saver.get_delta_channel_history(config=latest, channels=["log", "turn"])
+    clock["now"] += 15 * 86_400  # the first turns' items are now past their expiry
+    fast = saver.get_delta_channel_history(config=latest, channels=["log", "turn"])
+    walked = BaseCheckpointSaver.get_delta_channel_history(saver, config=latest, channels=["log", "turn"])
+    assert fast == walked != whole
+    clock["now"] += 40 * 86_400  # now the target itself
+    assert saver.get_delta_channel_history(config=latest, channels=["log"]) == {"log": {"writes": []}}
+    saver.close()

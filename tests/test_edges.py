@@ -285,3 +285,17 @@ def test_compressible_objects_are_stored_compressed(endpoint, saver) -> None:
     body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
     assert len(body) < 5_000 and zlib.decompress(body)
     assert saver.get_tuple(cfg).checkpoint["channel_values"]["text"] == text
+
+
+def test_close_closes_the_clients_it_made_and_keeps_the_ones_given(endpoint, saver) -> None:
+    from s3_saver import S3Saver
+
+    given = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    mixed = S3Saver(BUCKET, table=TABLE, s3_client=given, endpoint_url=endpoint, region_name="us-east-1")
+    mixed.put(config("clients"), checkpoint({"n": 1}, {"n": "1"}), {}, {"n": "1"})
+    made = mixed._sync._clients["dynamodb"]
+    closed = []
+    for client in (given, made):
+        client.close = lambda c=client: closed.append(c)
+    mixed.close()
+    assert closed == [made]

@@ -81,12 +81,13 @@ class SyncDriver:
                     self._pool = ThreadPoolExecutor(self._max_concurrency, thread_name_prefix="s3_saver")
         return self._pool
 
-    def close(self, close_clients: bool) -> None:
+    def close(self, keep: list[Any]) -> None:
+        """Shut the pool down and close the clients made here (not those in ``keep``)."""
         with self._lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
-            if close_clients:
-                for client in self._clients.values():
+            for client in self._clients.values():
+                if not any(client is k for k in keep):
                     client.close()
             self._clients.clear()

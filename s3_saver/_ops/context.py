@@ -10,7 +10,7 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from s3_saver._dynamodb import DynamoIndexCalls
+from s3_saver._dynamodb import CheckpointEntry, DynamoIndexCalls
 from s3_saver._keys import KeyLayout
 from s3_saver._s3 import S3Calls
 from s3_saver.errors import ConfigurationError
@@ -77,6 +77,10 @@ class Context:
 
     def now(self) -> int:
         return int(time.time())
+
+    def expired(self, entry: CheckpointEntry) -> bool:
+        # DynamoDB deletes expired items lazily (up to days later): never serve them.
+        return entry.expires_at is not None and entry.expires_at <= self.now()
 
 
 def target(config: Any, *, need_checkpoint_id: bool = False) -> tuple[str, str, str | None]:

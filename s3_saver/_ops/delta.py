@@ -99,11 +99,13 @@ def _read_chain(
                 return chain  # the seeding ancestor's writes are all read
             if not seen_target:
                 # The range ends at the target's own item: it comes first, or it does not exist.
-                if item.checkpoint_id != checkpoint_id:
+                if item.checkpoint_id != checkpoint_id or ctx.expired(item):
                     return []
                 seen_target, cursor = True, item.parent_id
                 continue
             current = item if item.checkpoint_id == cursor else None  # else: another fork
+            if current is not None and ctx.expired(current):
+                return chain  # as if DynamoDB had deleted it already: the chain ends here
             if current is not None:
                 chain.append(current)
                 unseeded -= set(current.loc)

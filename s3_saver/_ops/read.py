@@ -32,7 +32,7 @@ def get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None
             return None
         entry = parse_item(found["Item"])
         assert isinstance(entry, CheckpointEntry)
-        if _expired(ctx, entry):
+        if ctx.expired(entry):
             return None
         resolver.add(entry)
         resolver.take_writes_page(entry, page)
@@ -68,7 +68,7 @@ def _latest(ctx: Context, thread_id: str, ns: str) -> Op[CheckpointEntry | None]
         entry = parse_item(items[0])
         if isinstance(entry, CheckpointEntry):
             # Items expire oldest-first, so an expired newest means an expired thread.
-            return None if _expired(ctx, entry) else entry
+            return None if ctx.expired(entry) else entry
         upper = _keys.checkpoint_sort_prefix(ns, entry.checkpoint_id)
 
 
@@ -122,7 +122,7 @@ def list_checkpoints(
             complete.append(held)
         candidates = [
             e for e in complete
-            if not _expired(ctx, e) and (before_id is None or e.checkpoint_id < before_id)
+            if not ctx.expired(e) and (before_id is None or e.checkpoint_id < before_id)
         ]
         for entry in candidates:
             resolver.add(entry)
@@ -178,7 +178,7 @@ def _list_all(
         if owner is not None:
             owner.writes.append(w)
     ordered = sorted(
-        (e for e in entries.values() if not _expired(ctx, e)),
+        (e for e in entries.values() if not ctx.expired(e)),
         key=lambda e: (e.thread_id, e.ns, e.checkpoint_id),
         reverse=True,
     )
@@ -215,8 +215,3 @@ def _filtered(
 
 def _matches(metadata: Any, filter: dict[str, Any] | None) -> bool:
     return not filter or all(metadata.get(k) == v for k, v in filter.items())
-
-
-def _expired(ctx: Context, entry: CheckpointEntry) -> bool:
-    # DynamoDB deletes expired items lazily (up to days later): never serve them.
-    return entry.expires_at is not None and entry.expires_at <= ctx.now()
