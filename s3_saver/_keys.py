@@ -202,6 +202,6 @@ def _checked_index(key: str, limit: int, what: str) -> str:
     if size > limit:
         raise KeyTooLongError(
             f"DynamoDB {what} would be {size} bytes, over the limit of {limit} bytes "
-            f"(ids are percent-encoded): {key[:120]}..."
+            f"(shorten the thread id, namespace, checkpoint id or task id): {key[:120]}..."
         )
     return key
