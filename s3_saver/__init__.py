@@ -24,6 +24,7 @@ from s3_saver.errors import (
     S3SaverError,
     SetupMismatchError,
     TableNotFoundError,
+    ThreadDeletedError,
 )
 
 __all__ = [
@@ -49,4 +50,5 @@ __all__ = [
     "S3SaverError",
     "SetupMismatchError",
     "TableNotFoundError",
+    "ThreadDeletedError",
 ]

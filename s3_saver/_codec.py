@@ -17,7 +17,7 @@ from s3_saver.errors import CorruptObjectError
 
 CHECKPOINT_FORMAT = "s3_saver.checkpoint/1"
 BLOB_FORMAT = "s3_saver.blob/1"
-WRITES_FORMAT = "s3_saver.writes/1"
+WRITES_FORMAT = "s3_saver.writes/2"  # /2: one task's part, no clock sequence
 
 Typed = tuple[str, bytes]
 

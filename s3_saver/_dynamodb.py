@@ -1,7 +1,7 @@
 """The DynamoDB index: table shape, item formats and the calls that read and write it.
 
-One item per checkpoint and one per pending-write batch, all items of a thread
-in one partition. Checkpoint items carry the checkpoint object itself when it
+One item per checkpoint, one per part of a task's pending writes, and the
+tombstones ``delete_thread`` leaves, all items of a thread in one partition. Checkpoint items carry the checkpoint object itself when it
 fits (so reads rarely touch S3) and always carry ``loc``: for every channel, the
 version and the checkpoint whose object holds its value.
 """
@@ -15,6 +15,7 @@ import ormsgpack
 
 from s3_saver import _keys
 from s3_saver._codec import attr_size, from_attrs, to_attrs
+from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Call
 from s3_saver.errors import CorruptObjectError
 
@@ -42,6 +43,13 @@ ITEM_BUDGET = ITEM_LIMIT - 8 * 1024
 KIND_CHECKPOINT = "c"
 KIND_WRITES = "w"
 
+# Pending-write parts: a task's regular writes, or one special channel's slot.
+REGULAR_PART = "r"
+SPECIAL_PART = "s"
+
+# The delete generation an item was written in; absent means 0.
+GEN = "gen"
+
 # loc entry kinds: where the value of (channel, version) is stored.
 IN_CHECKPOINT_OBJECT = 0
 IN_BLOB_OBJECT = 1
@@ -60,107 +68,151 @@ class CheckpointEntry:
     body: bytes | None = None
     metadata: tuple[str, bytes] | None = None
     expires_at: int | None = None
+    # The thread's delete generation when the item was written (see Tombstone).
+    gen: int = 0
     writes: list[WritesEntry] = field(default_factory=list)
 
 
 @dataclass
 class WritesEntry:
+    """The pending writes of one task for one checkpoint: its regular writes
+    (``part`` "r<n>") or one special channel's slot (``part`` "s<k>")."""
+
     thread_id: str
     ns: str
     checkpoint_id: str
-    seq: int
     task_id: str
+    part: str
+    token: str
     body: bytes | None = None
+    gen: int = 0
 
 
-# -- item <-> entry -------------------------------------------------------------
-def checkpoint_item(entry: CheckpointEntry) -> dict[str, Any]:
-    loc = ormsgpack.packb({ch: list(v) for ch, v in entry.loc.items()})
-    values: dict[str, Any] = {
-        PARTITION_KEY: _keys.partition_key(entry.thread_id),
-        SORT_KEY: _keys.checkpoint_sort_key(entry.ns, entry.checkpoint_id),
-        "kind": KIND_CHECKPOINT,
-        "parent": entry.parent_id,
-        "loc": loc,
-        TTL_ATTRIBUTE: entry.expires_at,
-    }
-    # The checkpoint object rides along when it fits, so reads skip S3; else
-    # the metadata alone, so list(filter=) still never fetches S3 objects.
-    if entry.body is not None and attr_size(values) + len(entry.body) + 8 <= ITEM_BUDGET:
-        values["body"] = entry.body
-    elif entry.metadata is not None and attr_size(values) + len(entry.metadata[1]) + 64 <= ITEM_BUDGET:
-        values["meta"] = ormsgpack.packb(list(entry.metadata))
-    return to_attrs(values)
+@dataclass
+class Tombstone:
+    """Left by ``delete_thread``: everything of the thread (``ns`` None) or of one
+    namespace written before generation ``gen`` is deleted.
+
+    Items carry the generation they were written in, so an item that a run in
+    flight committed after the delete started is recognised as deleted too.
+    """
+
+    thread_id: str
+    ns: str | None
+    gen: int
+    deleted_at: int = 0
 
 
-def writes_item(entry: WritesEntry, expires_at: int | None) -> dict[str, Any]:
-    values: dict[str, Any] = {
-        PARTITION_KEY: _keys.partition_key(entry.thread_id),
-        SORT_KEY: _keys.writes_sort_key(entry.ns, entry.checkpoint_id, entry.seq, entry.task_id),
-        "kind": KIND_WRITES,
-        TTL_ATTRIBUTE: expires_at,
-    }
-    if entry.body is not None and attr_size(values) + len(entry.body) + 8 <= ITEM_BUDGET:
-        values["body"] = entry.body
-    return to_attrs(values)
-
-
-def parse_item(raw: dict[str, Any]) -> CheckpointEntry | WritesEntry:
-    item = from_attrs(raw)
-    try:
-        thread_id = _keys.decode(item[PARTITION_KEY])
-        key = _keys.parse_sort_key(item[SORT_KEY])
-        ns, checkpoint_id = key.ns, key.checkpoint_id
-        if key.is_checkpoint:
-            loc = {ch: tuple(v) for ch, v in ormsgpack.unpackb(item["loc"]).items()}
-            meta = ormsgpack.unpackb(item["meta"]) if "meta" in item else None
-            return CheckpointEntry(
-                thread_id=thread_id,
-                ns=ns,
-                checkpoint_id=checkpoint_id,
-                parent_id=item.get("parent"),
-                loc=loc,  # type: ignore[arg-type]
-                body=item.get("body"),
-                metadata=(meta[0], bytes(meta[1])) if meta else None,
-                expires_at=item.get(TTL_ATTRIBUTE),
-            )
-        return WritesEntry(
-            thread_id=thread_id,
-            ns=ns,
-            checkpoint_id=checkpoint_id,
-            seq=key.seq,
-            task_id=key.task_id,
-            body=item.get("body"),
-        )
-    except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
-        raise CorruptObjectError(f"index item {item.get(PARTITION_KEY)!r}/{item.get(SORT_KEY)!r}: {exc}") from exc
-
-
-def key_of(thread_id: str, ns: str, checkpoint_id: str) -> dict[str, Any]:
-    return to_attrs(
-        {
-            PARTITION_KEY: _keys.partition_key(thread_id),
-            SORT_KEY: _keys.checkpoint_sort_key(ns, checkpoint_id),
-        }
-    )
+IndexEntry = CheckpointEntry | WritesEntry | Tombstone
 
 
 # -- calls -------------------------------------------------------------------------
 class DynamoIndexCalls:
-    """Builds the DynamoDB calls for one table."""
+    """Builds the DynamoDB calls for one table and key prefix, and reads its items."""
 
-    def __init__(self, table: str) -> None:
+    def __init__(self, table: str, layout: KeyLayout) -> None:
         self.table = table
+        self.layout = layout
 
-    def put(self, item: dict[str, Any]) -> Call:
-        return Call("dynamodb", "put_item", {"TableName": self.table, "Item": item})
+    # -- item <-> entry -----------------------------------------------------------
+    def pk(self, thread_id: str) -> str:
+        return self.layout.partition_key(thread_id)
+
+    def checkpoint_item(self, entry: CheckpointEntry) -> dict[str, Any]:
+        loc = ormsgpack.packb({ch: list(v) for ch, v in entry.loc.items()})
+        values: dict[str, Any] = {
+            PARTITION_KEY: self.pk(entry.thread_id),
+            SORT_KEY: _keys.checkpoint_sort_key(entry.ns, entry.checkpoint_id),
+            "kind": KIND_CHECKPOINT,
+            "parent": entry.parent_id,
+            "loc": loc,
+            TTL_ATTRIBUTE: entry.expires_at,
+            GEN: entry.gen or None,
+        }
+        # The checkpoint object rides along when it fits, so reads skip S3; else
+        # the metadata alone, so list(filter=) still never fetches S3 objects.
+        if entry.body is not None and attr_size(values) + len(entry.body) + 8 <= ITEM_BUDGET:
+            values["body"] = entry.body
+        elif entry.metadata is not None and attr_size(values) + len(entry.metadata[1]) + 64 <= ITEM_BUDGET:
+            values["meta"] = ormsgpack.packb(list(entry.metadata))
+        return to_attrs(values)
+
+    def writes_item(self, entry: WritesEntry, expires_at: int | None) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            PARTITION_KEY: self.pk(entry.thread_id),
+            SORT_KEY: _keys.writes_sort_key(entry.ns, entry.checkpoint_id, entry.task_id, entry.part),
+            "kind": KIND_WRITES,
+            "token": entry.token,
+            TTL_ATTRIBUTE: expires_at,
+            GEN: entry.gen or None,
+        }
+        if entry.body is not None and attr_size(values) + len(entry.body) + 8 <= ITEM_BUDGET:
+            values["body"] = entry.body
+        return to_attrs(values)
+
+    def tombstone_item(self, tomb: Tombstone) -> dict[str, Any]:
+        sk = _keys.THREAD_TOMBSTONE_SK if tomb.ns is None else _keys.ns_tombstone_sort_key(tomb.ns)
+        values = {
+            PARTITION_KEY: self.pk(tomb.thread_id),
+            SORT_KEY: sk,
+            GEN: tomb.gen,
+            "deleted_at": tomb.deleted_at,
+        }
+        return to_attrs(values)
+
+    def parse(self, raw: dict[str, Any]) -> IndexEntry | None:
+        """The entry an item describes; None for an item of another key prefix."""
+        item = from_attrs(raw)
+        try:
+            thread_id = self.layout.thread_of(item[PARTITION_KEY])
+            if thread_id is None:
+                return None
+            key = _keys.parse_sort_key(item[SORT_KEY])
+            gen = item.get(GEN, 0)
+            if key.kind == "checkpoint":
+                loc = {ch: tuple(v) for ch, v in ormsgpack.unpackb(item["loc"]).items()}
+                meta = ormsgpack.unpackb(item["meta"]) if "meta" in item else None
+                return CheckpointEntry(
+                    thread_id=thread_id,
+                    ns=key.ns,
+                    checkpoint_id=key.checkpoint_id,
+                    parent_id=item.get("parent"),
+                    loc=loc,  # type: ignore[arg-type]
+                    body=item.get("body"),
+                    metadata=(meta[0], bytes(meta[1])) if meta else None,
+                    expires_at=item.get(TTL_ATTRIBUTE),
+                    gen=gen,
+                )
+            if key.kind == "writes":
+                return WritesEntry(
+                    thread_id, key.ns, key.checkpoint_id, key.task_id, key.part, item["token"], item.get("body"), gen
+                )
+            ns = key.ns if key.kind == "ns_tombstone" else None
+            return Tombstone(thread_id, ns, gen, item.get("deleted_at", 0))
+        except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
+            raise CorruptObjectError(
+                f"index item {item.get(PARTITION_KEY)!r}/{item.get(SORT_KEY)!r} in table {self.table}: {exc}"
+            ) from exc
+
+    def key_of(self, thread_id: str, ns: str, checkpoint_id: str) -> dict[str, Any]:
+        return to_attrs({PARTITION_KEY: self.pk(thread_id), SORT_KEY: _keys.checkpoint_sort_key(ns, checkpoint_id)})
+
+    def tombstone_key(self, thread_id: str, ns: str | None = None) -> dict[str, Any]:
+        sk = _keys.THREAD_TOMBSTONE_SK if ns is None else _keys.ns_tombstone_sort_key(ns)
+        return to_attrs({PARTITION_KEY: self.pk(thread_id), SORT_KEY: sk})
+
+    # -- calls -----------------------------------------------------------------------
+    def put(self, item: dict[str, Any], **options: Any) -> Call:
+        return Call("dynamodb", "put_item", {"TableName": self.table, "Item": item, **options})
+
+    def get(self, key: dict[str, Any]) -> Call:
+        return Call("dynamodb", "get_item", {"TableName": self.table, "Key": key, "ConsistentRead": True})
 
     def get_checkpoint(self, thread_id: str, ns: str, checkpoint_id: str) -> Call:
-        return Call(
-            "dynamodb",
-            "get_item",
-            {"TableName": self.table, "Key": key_of(thread_id, ns, checkpoint_id), "ConsistentRead": True},
-        )
+        return self.get(self.key_of(thread_id, ns, checkpoint_id))
+
+    def get_tombstone(self, thread_id: str, ns: str | None = None) -> Call:
+        return self.get(self.tombstone_key(thread_id, ns))
 
     def batch_get(self, keys: list[dict[str, Any]]) -> Call:
         # Only older checkpoints are fetched this way, and their items never
@@ -179,9 +231,10 @@ class DynamoIndexCalls:
         start_key: dict[str, Any] | None = None,
         projection: tuple[str, ...] | None = None,
         not_copied_from: str | None = None,
+        min_gen: int = 0,
     ) -> Call:
         condition = "pk = :pk"
-        values: dict[str, Any] = {":pk": {"S": _keys.partition_key(thread_id)}}
+        values: dict[str, Any] = {":pk": {"S": self.pk(thread_id)}}
         if begins_with is not None:
             condition += " AND begins_with(sk, :p)"
             values[":p"] = {"S": begins_with}
@@ -204,10 +257,19 @@ class DynamoIndexCalls:
         if projection is not None:
             params["ProjectionExpression"] = ", ".join(f"#{name}" for name in projection)
             names.update({f"#{name}": name for name in projection})
+        filters = []
         if not_copied_from is not None:
-            params["FilterExpression"] = f"attribute_not_exists(#{COPIED_FROM}) OR #{COPIED_FROM} <> :src"
+            # Checkpoint and writes items (tombstones have no kind) that no copy wrote.
+            filters.append(f"attribute_exists(#kind) AND (attribute_not_exists(#{COPIED_FROM}) OR #{COPIED_FROM} <> :src)")
+            names["#kind"] = "kind"
             names[f"#{COPIED_FROM}"] = COPIED_FROM
             values[":src"] = {"S": not_copied_from}
+        if min_gen:
+            filters.append(f"#{GEN} >= :gen")
+            names[f"#{GEN}"] = GEN
+            values[":gen"] = {"N": str(min_gen)}
+        if filters:
+            params["FilterExpression"] = " AND ".join(filters)
         if names:
             params["ExpressionAttributeNames"] = names
         return Call("dynamodb", "query", params)

@@ -4,16 +4,19 @@ Layout (all under the user's ``prefix``)::
 
     live/<thread>/<ns>/checkpoints/<checkpoint_id>
     live/<thread>/<ns>/blobs/<channel>/<version>/<checkpoint_id>
-    live/<thread>/<ns>/writes/<checkpoint_id>/<seq>.<task_id>
+    live/<thread>/<ns>/writes/<checkpoint_id>/<task_id>/<part>.<token>
 
-DynamoDB index items of one thread share a partition (``pk`` = encoded thread)
-and sort as::
+DynamoDB index items of one thread share a partition (``pk`` = encoded prefix
+and thread, see ``KeyLayout.partition_key``) and sort as::
 
+    " tombstone"                              the thread's tombstone (delete_thread)
     <ns>!<checkpoint_id>!~                    checkpoint item
-    <ns>!<checkpoint_id>!w!<seq>!<task_id>    pending-write batch items
+    <ns>!<checkpoint_id>!w!<task_id>!<part>   pending writes of one task
+    <ns>!\U0010FFFF                            the namespace's tombstone
 
-so that, read newest first, each checkpoint item is followed by its own writes,
-and ids order exactly as Python orders the strings (see ``sort_encode``).
+so that, read newest first, a namespace's tombstone comes before all of its
+items, each checkpoint item is followed by its own writes, and ids order
+exactly as Python orders the strings (see ``sort_encode``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ _SAFE = "-_.~"
 _EMPTY = "="
 CHECKPOINT_SUFFIX = "~"
 WRITES_MARK = "w"
+# A space sorts below "!" and below every encoded character, and no item key
+# starts with one: the thread tombstone sorts before every item of the thread.
+THREAD_TOMBSTONE_SK = " tombstone"
+# U+10FFFF is refused in ids (see _check_text), so "<ns>!" + U+10FFFF sorts
+# after every item of the namespace: newest first, its tombstone comes first.
+_NS_TOMBSTONE_MARK = "\U0010FFFF"
 
 # Sort-key components keep their characters, except those at or below '"',
 # which become '"' plus two hex digits; "!" separates components. DynamoDB
@@ -76,6 +85,10 @@ def _check_text(segment: str) -> None:
         segment.encode()
     except UnicodeEncodeError as exc:
         raise ValueError(f"id {segment!r} is not valid Unicode text: {exc}") from exc
+    if _NS_TOMBSTONE_MARK in segment:
+        # Reserved: it marks namespace tombstones in the index (a noncharacter,
+        # never part of real text).
+        raise ValueError(f"id {segment!r} contains U+10FFFF, which ids may not contain")
 
 
 def sort_encode(segment: str) -> str:
@@ -130,15 +143,53 @@ class KeyLayout:
             f"{encode(checkpoint_id)}"
         )
 
-    def writes_key(self, thread_id: str, ns: str, checkpoint_id: str, seq: int, task_id: str) -> str:
+    def writes_key(self, thread_id: str, ns: str, checkpoint_id: str, task_id: str, part: str, token: str) -> str:
         return _checked(
-            f"{self.ns_dir(thread_id, ns)}writes/{encode(checkpoint_id)}/{seq:020d}.{encode(task_id)}"
+            f"{self.ns_dir(thread_id, ns)}writes/{encode(checkpoint_id)}/{encode(task_id)}/{part}.{token}"
         )
 
+    # -- DynamoDB partition keys --------------------------------------------
+    def partition_key(self, thread_id: str) -> str:
+        """The index partition of a thread under this prefix.
 
-# -- DynamoDB keys ------------------------------------------------------------
-def partition_key(thread_id: str) -> str:
-    return _checked_index(encode(thread_id), DYNAMODB_PARTITION_KEY_MAX_BYTES, "partition key")
+        Whatever the prefix separates in the bucket is separate in the index:
+        with a prefix the key is ``<encoded prefix>/<encoded thread>``. ``encode``
+        never produces "/", so the key is injective, and the bare encoded thread
+        of the empty prefix can never equal a prefixed one.
+        """
+        pk = f"{encode(self.prefix)}/{encode(thread_id)}" if self.prefix else encode(thread_id)
+        return _checked_index(pk, DYNAMODB_PARTITION_KEY_MAX_BYTES, "partition key")
+
+    def thread_of(self, pk: str) -> str | None:
+        """The thread id of a partition key, or None when it belongs to another prefix."""
+        head, _, tail = pk.rpartition("/")
+        if head != (encode(self.prefix) if self.prefix else ""):
+            return None
+        return decode(tail)
+
+    def check_room(self, thread_id: str, ns: str, checkpoint_id: str) -> None:
+        """Refuse ids that leave no room for the keys a thread goes on to need.
+
+        ``put`` calls this before anything of a new checkpoint is written: a
+        thread whose checkpoints fit but whose pending writes (a task id, and
+        a subgraph namespace one level down) would not must fail at its first
+        checkpoint, not half-way through a run.
+        """
+        for nested in (ns, ns + _ROOM_NS if ns else _ROOM_NS[1:]):
+            self.writes_key(thread_id, nested, checkpoint_id, _ROOM_TASK, "s9", _ROOM_TOKEN)
+            writes_sort_key(nested, checkpoint_id, _ROOM_TASK, "s9")
+        self.partition_key(thread_id)
+
+
+# Room kept for keys made after the first checkpoint: a task id (a uuid), a
+# pending-writes part and token, and one level of subgraph namespace
+# ("|<node>:<task uuid>", node names up to 24 characters).
+_ROOM_TASK = "0" * 36
+_ROOM_TOKEN = "0" * 32
+_ROOM_NS = "|" + "n" * 24 + ":" + "0" * 36
+
+
+# -- DynamoDB sort keys ------------------------------------------------------
 
 
 def ns_sort_prefix(ns: str) -> str:
@@ -159,27 +210,40 @@ def writes_sort_prefix(ns: str, checkpoint_id: str) -> str:
     return checkpoint_sort_prefix(ns, checkpoint_id) + WRITES_MARK + _SORT_SEP
 
 
-def writes_sort_key(ns: str, checkpoint_id: str, seq: int, task_id: str) -> str:
-    return _checked_sort(f"{writes_sort_prefix(ns, checkpoint_id)}{seq:020d}{_SORT_SEP}{sort_encode(task_id)}")
+def writes_sort_key(ns: str, checkpoint_id: str, task_id: str, part: str) -> str:
+    return _checked_sort(f"{writes_sort_prefix(ns, checkpoint_id)}{sort_encode(task_id)}{_SORT_SEP}{part}")
+
+
+def ns_tombstone_sort_key(ns: str) -> str:
+    return _checked_sort(ns_sort_prefix(ns) + _NS_TOMBSTONE_MARK)
 
 
 @dataclass(frozen=True, slots=True)
 class SortKey:
-    """The parts of an index sort key; ``seq`` and ``task_id`` only for writes."""
+    """The parts of an index sort key.
 
-    ns: str
-    checkpoint_id: str
-    is_checkpoint: bool
-    seq: int = 0
+    ``kind`` is "checkpoint", "writes" (with ``task_id`` and ``part``),
+    "ns_tombstone" (only ``ns``) or "thread_tombstone" (nothing else).
+    """
+
+    kind: str
+    ns: str = ""
+    checkpoint_id: str = ""
     task_id: str = ""
+    part: str = ""
 
 
 def parse_sort_key(sk: str) -> SortKey:
+    if sk == THREAD_TOMBSTONE_SK:
+        return SortKey("thread_tombstone")
     parts = sk.split(_SORT_SEP)
-    ns, checkpoint_id = sort_decode(parts[0]), sort_decode(parts[1])
+    ns = sort_decode(parts[0])
+    if parts[1] == _NS_TOMBSTONE_MARK:
+        return SortKey("ns_tombstone", ns)
+    checkpoint_id = sort_decode(parts[1])
     if parts[2] == CHECKPOINT_SUFFIX:
-        return SortKey(ns, checkpoint_id, True)
-    return SortKey(ns, checkpoint_id, False, int(parts[3]), sort_decode(parts[4]))
+        return SortKey("checkpoint", ns, checkpoint_id)
+    return SortKey("writes", ns, checkpoint_id, sort_decode(parts[3]), parts[4])
 
 
 def _checked(key: str) -> str:

@@ -31,10 +31,16 @@ class S3Calls:
         return Call("s3", "get_object", {"Bucket": self.bucket, "Key": key})
 
     def copy(self, source_key: str, key: str) -> Call:
+        # IfNoneMatch="*" as for every write: a copy never replaces an object.
         return Call(
             "s3",
             "copy_object",
-            {"Bucket": self.bucket, "Key": key, "CopySource": {"Bucket": self.bucket, "Key": source_key}},
+            {
+                "Bucket": self.bucket,
+                "Key": key,
+                "CopySource": {"Bucket": self.bucket, "Key": source_key},
+                "IfNoneMatch": "*",
+            },
         )
 
     def delete_many(self, keys: list[str]) -> Call:
@@ -73,31 +79,71 @@ def put_immutable(
         results = yield calls + (extra if attempt == 0 else ())
         if attempt == 0:
             extra_results = results[len(calls) :]
-        existing: list[str] = []
-        retry: dict[str, bytes] = {}
-        for call, result in zip(calls, results):
-            if not isinstance(result, BaseException):
-                continue
-            code = error_code(result)
-            if code in _PRECONDITION_FAILED:
-                existing.append(call.params["Key"])
-            elif code in _CONDITIONAL_CONFLICT:
-                retry[call.params["Key"]] = pending[call.params["Key"]]
-            else:
-                raise_failure(call, result)
+        existing, retry = _sort_out(calls, results)
         if existing:
             stored = yield tuple(s3.get(k) for k in existing)
             for key, result in zip(existing, stored):
-                if isinstance(result, BaseException):
-                    raise_failure(s3.get(key), result)
-                if result["Body"] != pending[key]:
-                    raise ImmutableObjectConflictError(
-                        f"s3://{s3.bucket}/{key} already holds different content; "
-                        "immutable objects are never overwritten"
-                    )
+                _check_same(s3, key, _body(s3.get(key), result), pending[key])
         if not retry:
             return extra_results
-        pending = retry
+        pending = {k: pending[k] for k in retry}
     raise ImmutableObjectConflictError(
         f"concurrent writers kept racing on {sorted(pending)[:3]} in s3://{s3.bucket}"
     )
+
+
+def copy_immutable(s3: S3Calls, pairs: dict[str, str]) -> Generator[Instruction, Any, None]:
+    """Copy objects server-side (source key -> new key), as immutable writes.
+
+    A new key that already exists is compared with its source: the same bytes
+    are a copy done before (a copy_thread run again), different bytes raise
+    ImmutableObjectConflictError and nothing is overwritten.
+    """
+    pending = {dst: src for src, dst in pairs.items()}
+    for _ in range(_MAX_CONFLICT_RETRIES + 1):
+        if not pending:
+            return
+        calls = tuple(s3.copy(src, dst) for dst, src in pending.items())
+        results = yield calls
+        existing, retry = _sort_out(calls, results)
+        if existing:
+            gets = tuple(s3.get(k) for dst in existing for k in (pending[dst], dst))
+            bodies = yield gets
+            for i, dst in enumerate(existing):
+                source = _body(gets[2 * i], bodies[2 * i])
+                _check_same(s3, dst, _body(gets[2 * i + 1], bodies[2 * i + 1]), source)
+        pending = {dst: pending[dst] for dst in retry}
+    if pending:
+        raise ImmutableObjectConflictError(
+            f"concurrent writers kept racing on {sorted(pending)[:3]} in s3://{s3.bucket}"
+        )
+
+
+def _sort_out(calls: tuple[Call, ...], results: list[Any]) -> tuple[list[str], list[str]]:
+    """Keys that exist already (412 on IfNoneMatch) and keys to send again (409)."""
+    existing: list[str] = []
+    retry: list[str] = []
+    for call, result in zip(calls, results):
+        if not isinstance(result, BaseException):
+            continue
+        code = error_code(result)
+        if code in _PRECONDITION_FAILED:
+            existing.append(call.params["Key"])
+        elif code in _CONDITIONAL_CONFLICT:
+            retry.append(call.params["Key"])
+        else:
+            raise_failure(call, result)
+    return existing, retry
+
+
+def _body(call: Call, result: Any) -> bytes:
+    if isinstance(result, BaseException):
+        raise_failure(call, result)
+    return result["Body"]
+
+
+def _check_same(s3: S3Calls, key: str, stored: bytes, wanted: bytes) -> None:
+    if stored != wanted:
+        raise ImmutableObjectConflictError(
+            f"s3://{s3.bucket}/{key} already holds different content; immutable objects are never overwritten"
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
@@ -73,9 +74,10 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             (standard retry mode with 5 attempts, 5 s connect and 60 s read timeouts).
         serde: Serializer for checkpoints, metadata and values; its type tag is
             stored with every value.
-        ttl: Keep data this long after it was written; index items carry
-            ``expires_at`` and are never served after it. Pair it with an S3
-            lifecycle expiration of at least the same length on the ``live/`` prefix.
+        ttl: A thread untouched this long expires: every index item carries
+            ``expires_at`` = its write time + ``ttl`` and is never served after
+            it. Pair it with an S3 lifecycle expiration of at least 1.5 x ``ttl``
+            on the ``live/`` prefix (values are stored again once half a ``ttl`` old).
         inline_threshold: Values up to this many serialized bytes are stored inside
             the checkpoint object (and so its index item); larger values get their
             own object.
@@ -118,10 +120,11 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self.region_name = region_name
         self.stats = RequestStats()
         """Round trips and requests sent so far, by both drivers (see :class:`RequestStats`)."""
-        self._ctx = Context(
-            layout=KeyLayout(prefix),
+        layout = KeyLayout(prefix)
+        self._base_ctx = Context(
+            layout=layout,
             s3=S3Calls(bucket),
-            index=DynamoIndexCalls(table),
+            index=DynamoIndexCalls(table, layout),
             serde=self.serde,
             inline_threshold=inline_threshold,
             ttl_seconds=int(ttl.total_seconds()) if ttl else None,
@@ -168,6 +171,19 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
         self._sync = SyncDriver(make_sync, self.stats, max_concurrency)
         self._async = AsyncDriver(make_async, self.stats)
+
+    @property
+    def _ctx(self) -> Context:
+        """The operations' context, with this object's serializer.
+
+        ``with_allowlist`` (and ``copy.copy``) make a shallow copy and give it
+        its own ``serde``: the copy must use it, while sharing the clients and
+        caches of the original.
+        """
+        ctx = self._base_ctx
+        if ctx.serde is not self.serde:
+            ctx = self._base_ctx = dataclasses.replace(ctx, serde=self.serde)
+        return ctx
 
     # -- lifecycle -------------------------------------------------------------
     def setup(self) -> None:
@@ -266,6 +282,11 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
         Returns:
             The config of the stored checkpoint.
+
+        Raises:
+            ThreadDeletedError: The thread was deleted after the parent checkpoint
+                was written (a run in flight cannot bring it back).
+            KeyTooLongError: The ids leave no room for the keys the thread needs.
         """
         return self._sync.run(put.put(self._ctx, config, checkpoint, metadata, new_versions))
 
@@ -289,8 +310,12 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """Store a task's pending writes for the checkpoint in ``config``.
 
         Regular writes are first-write-wins per ``(task_id, index)``; the special
-        channels of ``WRITES_IDX_MAP`` (errors, interrupts, resumes) last-write-wins.
-        Writes may arrive before their checkpoint is stored.
+        channels of ``WRITES_IDX_MAP`` (errors, interrupts, resumes) last-write-wins,
+        both in the order the index commits them (never by a clock). Writes may
+        arrive before their checkpoint is stored.
+
+        Raises:
+            ThreadDeletedError: The thread was deleted after the checkpoint was written.
         """
         self._sync.run(put.put_writes(self._ctx, config, writes, task_id, task_path))
 
@@ -305,7 +330,15 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         await self._async.run(put.put_writes(self._ctx, config, writes, task_id, task_path))
 
     def delete_thread(self, thread_id: str) -> None:
-        """Delete every checkpoint, value and pending write of a thread (all namespaces)."""
+        """Delete every checkpoint, value and pending write of a thread (all namespaces).
+
+        Tombstones go in first: from the first request on, a run of the thread
+        still in flight elsewhere cannot continue it (its writes raise
+        :class:`~s3_saver.ThreadDeletedError`), and each namespace reads as
+        empty before anything of it is deleted. A delete cut short (a Lambda
+        timeout) never leaves a half-readable thread; calling it again finishes
+        it. The thread id can then be used again by a run that starts afresh.
+        """
         self._sync.run(delete.delete_thread(self._ctx, thread_id))
 
     async def adelete_thread(self, thread_id: str) -> None:

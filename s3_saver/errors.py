@@ -72,6 +72,17 @@ class CorruptObjectError(S3SaverError):
     """An object or index item could not be decoded as the saver wrote it."""
 
 
+class ThreadDeletedError(S3SaverError):
+    """A write continued a thread that ``delete_thread`` removed meanwhile.
+
+    A run that was in flight when its thread was deleted cannot bring it back:
+    its ``put`` / ``put_writes`` raise this and leave nothing behind. The thread
+    id itself can be used again by a run that starts afresh.
+    """
+
+
+# DynamoDB's answer to a ConditionExpression that did not hold.
+CONDITION_FAILED = {"ConditionalCheckFailedException"}
 _BUCKET_CODES = {"NoSuchBucket"}
 _TABLE_CODES = {"ResourceNotFoundException"}
 _DENIED_CODES = {

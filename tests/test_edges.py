@@ -15,7 +15,17 @@ from s3_saver import (
     SetupMismatchError,
     TableNotFoundError,
 )
-from s3_saver._keys import checkpoint_sort_key, decode, encode, parse_sort_key, writes_sort_key
+from s3_saver._keys import (
+    THREAD_TOMBSTONE_SK,
+    SortKey,
+    checkpoint_sort_key,
+    decode,
+    encode,
+    ns_sort_prefix,
+    ns_tombstone_sort_key,
+    parse_sort_key,
+    writes_sort_key,
+)
 
 ODD_IDS = ["", "a/b", "/", "..", ".", "...", "#", "%", "%2F", "%25", "=", "a|b", "~", "ü🙂", "a b", "..%2F..", "\\", "\t"]
 
@@ -45,11 +55,19 @@ def test_sort_keys_order_as_python_orders_ids() -> None:
     assert by_key == sorted(pairs)
     for ns, cid in pairs:
         parsed = parse_sort_key(checkpoint_sort_key(ns, cid))
-        assert (parsed.ns, parsed.checkpoint_id, parsed.is_checkpoint) == (ns, cid, True)
-        parsed = parse_sort_key(writes_sort_key(ns, cid, 7, cid + "!task"))
-        assert (parsed.ns, parsed.checkpoint_id, parsed.seq, parsed.task_id) == (ns, cid, 7, cid + "!task")
-        # Newest first, a checkpoint item comes before its writes and they before older ids.
-        assert checkpoint_sort_key(ns, cid) > writes_sort_key(ns, cid, 10**19, "~~") > checkpoint_sort_key(ns, cid[:-1] or "")
+        assert (parsed.kind, parsed.ns, parsed.checkpoint_id) == ("checkpoint", ns, cid)
+        parsed = parse_sort_key(writes_sort_key(ns, cid, cid + "!task", "s4"))
+        assert (parsed.kind, parsed.ns, parsed.checkpoint_id, parsed.task_id, parsed.part) == (
+            "writes", ns, cid, cid + "!task", "s4"
+        )
+        # Newest first, a namespace's tombstone comes before all of its items, a
+        # checkpoint item before its writes and they before older ids; the
+        # thread's tombstone sorts below every item.
+        assert ns_tombstone_sort_key(ns) > checkpoint_sort_key(ns, cid + "\U0010FFFE")
+        assert not ns_tombstone_sort_key(ns).startswith(ns_sort_prefix(ns + "\U0010FFFE"))
+        assert checkpoint_sort_key(ns, cid) > writes_sort_key(ns, cid, "~~", "r9") > checkpoint_sort_key(ns, cid[:-1] or "")
+        assert THREAD_TOMBSTONE_SK < checkpoint_sort_key(ns, cid)
+        assert parse_sort_key(ns_tombstone_sort_key(ns)) == SortKey("ns_tombstone", ns)
 
 
 def test_custom_ids_list_in_the_same_order_as_in_memory_saver(saver) -> None:

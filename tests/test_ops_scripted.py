@@ -14,12 +14,13 @@ from s3_saver._keys import KeyLayout, writes_sort_key
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_thread
 from s3_saver._protocol import Call, Emit, Sleep
-from s3_saver._s3 import S3Calls, put_immutable
+from s3_saver._s3 import S3Calls, copy_immutable, put_immutable
 from s3_saver.errors import ImmutableObjectConflictError
 
 
 def _ctx() -> Context:
-    return Context(KeyLayout("p"), S3Calls("b"), DynamoIndexCalls("t"), JsonPlusSerializer(), 1024, None)
+    layout = KeyLayout("p")
+    return Context(layout, S3Calls("b"), DynamoIndexCalls("t", layout), JsonPlusSerializer(), 1024, None)
 
 
 def _drive(op, respond: Callable[[Call], Any]) -> tuple[Any, list[Any]]:
@@ -40,22 +41,34 @@ def _client_error(code: str, status: int) -> ClientError:
 
 
 def test_throttled_deletes_are_retried_with_backoff() -> None:
-    item = {"pk": {"S": "t"}, "sk": {"S": writes_sort_key("", "c1", 1, "task")}}
-    refusals = iter([2, 1, 0])
+    ctx = _ctx()
+    item = {"pk": {"S": ctx.index.pk("t")}, "sk": {"S": writes_sort_key("", "c1", "task", "r1")}, "token": {"S": "x"}}
+    stored = [item]
+    # The tombstone batch goes through at once; the delete batch is refused twice.
+    refusals = iter([0, 2, 1, 0])
 
     def respond(call: Call) -> Any:
         if call.operation == "query":
-            return {"Items": [item]}
-        if call.operation == "delete_objects":
+            return {"Items": list(stored)}
+        if call.operation in {"delete_objects", "put_item", "get_item"}:
             return {}
-        left = next(refusals)
         requests = call.params["RequestItems"]["t"]
-        return {"UnprocessedItems": {"t": requests} if left else {}}
+        if next(refusals):
+            return {"UnprocessedItems": {"t": requests}}
+        if "DeleteRequest" in requests[0]:
+            stored.clear()
+        return {"UnprocessedItems": {}}
 
-    _, steps = _drive(delete_thread(_ctx(), "t"), respond)
+    _, steps = _drive(delete_thread(ctx, "t"), respond)
     sleeps = [s.seconds for s in steps if isinstance(s, Sleep)]
     assert sleeps == [0.05, 0.1]
-    assert sum(1 for s in steps if isinstance(s, tuple) and s[0].operation == "batch_write_item") == 3
+    ops = [s[0].operation for s in steps if isinstance(s, tuple)]
+    # Tombstones first (the thread's, then the namespace's), then objects, then items;
+    # a second pass finds nothing left.
+    assert ops == [
+        "get_item", "put_item", "query", "batch_write_item", "delete_objects",
+        "batch_write_item", "batch_write_item", "batch_write_item", "query",
+    ]
 
 
 def test_racing_conditional_write_is_retried_then_compared() -> None:
@@ -88,3 +101,21 @@ def test_unknown_errors_pass_through_untouched() -> None:
 
 def test_a_copy_names_its_source_in_errors() -> None:
     assert S3Calls("b").copy("live/a/x", "live/b/x").describe() == "s3.copy_object(live/a/x -> live/b/x)"
+
+
+def test_a_copy_never_overwrites_and_compares_what_it_finds() -> None:
+    """CopyObject is conditional like every write; an existing target is compared with
+    its source (a copy run again is a success, another object is a conflict)."""
+    bodies = {"src": b"same", "dst": b"same"}
+
+    def respond(call: Call) -> Any:
+        if call.operation == "copy_object":
+            assert call.params["IfNoneMatch"] == "*"
+            return _client_error("PreconditionFailed", 412)
+        return {"Body": bodies[call.params["Key"]]}
+
+    _, steps = _drive(copy_immutable(S3Calls("b"), {"src": "dst"}), respond)
+    assert [[c.operation for c in s] for s in steps] == [["copy_object"], ["get_object", "get_object"]]
+    bodies["dst"] = b"other"
+    with pytest.raises(ImmutableObjectConflictError, match="s3://b/dst"):
+        _drive(copy_immutable(S3Calls("b"), {"src": "dst"}), respond)

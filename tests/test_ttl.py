@@ -46,10 +46,11 @@ def test_ttl_expires_items_and_refreshes_values_that_would_expire(endpoint) -> N
     assert sorted(_item_expiry(endpoint, "t")) == [start + 30 * DAY] * 2
 
     # Day 10: "doc" is unchanged and still young: the new item points at the first
-    # checkpoint and expires with it.
+    # checkpoint's objects (which the lifecycle rule, 1.5 x ttl, keeps until day
+    # 45) and lives a full ttl from its own write.
     clock["now"] = start + 10 * DAY
     second = saver.put(first, checkpoint({"doc": "D", "big": big, "n": 1}, {"doc": "1", "big": "1", "n": "2"}), {}, {"n": "2"})
-    assert max(_item_expiry(endpoint, "t")) == start + 30 * DAY
+    assert max(_item_expiry(endpoint, "t")) == start + 40 * DAY
 
     # Day 20: "doc" is past half its life, so this checkpoint stores it again
     # and lives a full ttl from now.
@@ -100,3 +101,32 @@ def test_a_cold_process_puts_in_two_round_trips_with_ttl(endpoint) -> None:
     # Day 20: "doc" (stored day 0) was past half its life, so it was stored again
     # and the newest item lives a full ttl from day 20.
     assert max(_item_expiry(endpoint, "cold")) == start + 50 * DAY
+
+
+def test_an_idle_thread_lives_a_full_ttl_and_a_fork_is_the_last_to_expire(endpoint) -> None:
+    """Each item expires a ttl after its own write, so an idle thread is readable for
+    the whole ttl, and after a fork from an old checkpoint "latest" stays the fork
+    (it used to expire with the oldest value it pointed at: day 30 here)."""
+    saver = make_saver(endpoint, ttl=timedelta(days=30))
+    saver.setup()
+    start = int(time.time())
+    clock = {"now": start}
+    saver._ctx.now = lambda: clock["now"]
+    v1 = {"doc": "1", "n": "1"}
+    first = saver.put(config("f"), checkpoint({"doc": "D", "n": 0}, v1), {}, v1)
+    clock["now"] = start + 10 * DAY
+    v2 = {"doc": "2", "n": "2"}
+    saver.put(first, checkpoint({"doc": "E", "n": 1}, v2), {}, v2)
+    # Day 12: a fork from the first checkpoint (update_state on an old config):
+    # its values are 12 days old, under half the ttl, so it points at them.
+    clock["now"] = start + 12 * DAY
+    fork = saver.put(first, checkpoint({"doc": "D", "n": 7}, {"doc": "1", "n": "3"}), {"source": "fork"}, {"n": "3"})
+
+    for day in (29, 31, 41):  # the first checkpoint expired on day 30, the second on day 40
+        clock["now"] = start + day * DAY
+        latest = saver.get_tuple(config("f"))
+        assert latest is not None and latest.config == fork, day
+        assert latest.checkpoint["channel_values"] == {"doc": "D", "n": 7}
+    clock["now"] = start + 42 * DAY
+    assert saver.get_tuple(config("f")) is None
+    saver.close()

@@ -16,31 +16,35 @@ from s3_saver._s3 import S3Calls
 from s3_saver.errors import ConfigurationError
 
 Loc = dict[str, tuple[Any, str, int, int]]
+# What put needs to know of a parent: its loc map and its delete generation.
+Known = tuple[Loc, int]
 
 
 class LocCache:
-    """Remembers ``loc`` maps of recently seen checkpoints.
+    """Remembers ``loc`` maps (and generations) of recently seen checkpoints.
 
     A checkpoint item never changes, so an entry never goes stale while its
     thread exists; ``put`` uses it to point unchanged channels at the object
-    that already holds them without reading the parent item first.
+    that already holds them without reading the parent item first. A delete
+    in another process is caught by the tombstone ``put`` reads beside its
+    object writes, not by this cache.
     """
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
-        self._data: OrderedDict[tuple[str, str, str], Loc] = OrderedDict()
+        self._data: OrderedDict[tuple[str, str, str], Known] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, str, str]) -> Loc | None:
+    def get(self, key: tuple[str, str, str]) -> Known | None:
         with self._lock:
             loc = self._data.get(key)
             if loc is not None:
                 self._data.move_to_end(key)
             return loc
 
-    def put(self, key: tuple[str, str, str], loc: Loc) -> None:
+    def put(self, key: tuple[str, str, str], known: Known) -> None:
         with self._lock:
-            self._data[key] = loc
+            self._data[key] = known
             self._data.move_to_end(key)
             while len(self._data) > self._size:
                 self._data.popitem(last=False)
@@ -49,19 +53,6 @@ class LocCache:
         with self._lock:
             for key in [k for k in self._data if k[0] == thread_id]:
                 del self._data[key]
-
-
-class SeqClock:
-    """Strictly increasing nanosecond stamps: the order of pending-write batches."""
-
-    def __init__(self) -> None:
-        self._last = 0
-        self._lock = threading.Lock()
-
-    def next(self) -> int:
-        with self._lock:
-            self._last = max(self._last + 1, time.time_ns())
-            return self._last
 
 
 @dataclass
@@ -73,7 +64,6 @@ class Context:
     inline_threshold: int
     ttl_seconds: int | None
     locs: LocCache = field(default_factory=LocCache)
-    seq: SeqClock = field(default_factory=SeqClock)
 
     def now(self) -> int:
         return int(time.time())

@@ -18,7 +18,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import DeltaChannelHistory, PendingWrite
 
 from s3_saver import _keys
-from s3_saver._dynamodb import CheckpointEntry, parse_item
+from s3_saver._dynamodb import CheckpointEntry, WritesEntry
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.read import _latest
 from s3_saver._ops.resolve import Resolver, load
@@ -90,11 +90,13 @@ def _read_chain(
     while True:
         page = yield from request_one(ctx.index.query(thread_id, between=(prefix, upper), start_key=start))
         for raw in page.get("Items", []):
-            item = parse_item(raw)
-            if not isinstance(item, CheckpointEntry):
+            item = ctx.index.parse(raw)
+            if isinstance(item, WritesEntry):
                 if current is not None and item.checkpoint_id == current.checkpoint_id:
                     current.writes.append(item)
                 continue
+            if not isinstance(item, CheckpointEntry):
+                continue  # the range ends below the namespace's tombstone: none here
             if chain and not unseeded:
                 return chain  # the seeding ancestor's writes are all read
             if not seen_target:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import uuid
+
 import ormsgpack
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -18,19 +20,20 @@ from langgraph.checkpoint.base import (
 from s3_saver import _keys
 from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, pack
 from s3_saver._dynamodb import (
+    GEN,
     IN_BLOB_OBJECT,
     IN_CHECKPOINT_OBJECT,
     ITEM_BUDGET,
+    PARTITION_KEY,
+    REGULAR_PART,
+    SPECIAL_PART,
     CheckpointEntry,
     WritesEntry,
-    checkpoint_item,
-    parse_item,
-    writes_item,
 )
 from s3_saver._ops.context import Context, Loc, target
 from s3_saver._protocol import Op, raise_failure, request
-from s3_saver._s3 import put_immutable
-from s3_saver.errors import CheckpointTooLargeError
+from s3_saver._s3 import DELETE_BATCH, put_immutable
+from s3_saver.errors import CONDITION_FAILED, CheckpointTooLargeError, ThreadDeletedError, error_code
 
 # Room for keys, parent id and attribute names next to ``loc`` in the item.
 _LOC_HEADROOM = 16 * 1024
@@ -47,9 +50,10 @@ def put(
     checkpoint_id = checkpoint["id"]
     values = checkpoint["channel_values"]
     now = ctx.now()
-    # Every key is built (and length-checked) before the first byte is written.
+    # Every key is built (and length-checked) before the first byte is written,
+    # with room for the keys the thread's pending writes and subgraphs need.
+    ctx.layout.check_room(thread_id, ns, checkpoint_id)
     checkpoint_key = ctx.layout.checkpoint_key(thread_id, ns, checkpoint_id)
-    _keys.partition_key(thread_id)
     _keys.checkpoint_sort_key(ns, checkpoint_id)
     loc_estimate = len(ormsgpack.packb({ch: [v, checkpoint_id, 1, now] for ch, v in checkpoint["channel_versions"].items()}))
     if loc_estimate + _LOC_HEADROOM > ITEM_BUDGET:
@@ -63,9 +67,10 @@ def put(
     fresh: dict[str, Any] = {ch: new_versions[ch] for ch in new_versions if ch in values}
     carried = {ch: v for ch, v in checkpoint["channel_versions"].items() if ch not in new_versions}
     loc: Loc = {}
-    parent_loc = ctx.locs.get((thread_id, ns, parent_id)) if parent_id and carried else {}
-    if parent_loc is not None:
-        _carry(ctx, carried, parent_loc, values, now, loc, fresh)
+    # A first checkpoint has no parent: every channel is stored here.
+    known = ctx.locs.get((thread_id, ns, parent_id)) if parent_id else ({}, 0)
+    if known is not None:
+        _carry(ctx, carried, known[0], values, now, loc, fresh)
 
     serialized = {ch: ctx.serde.dumps_typed(values[ch]) for ch in fresh}
     inline, blobs = _split(ctx, serialized, loc_estimate)
@@ -88,16 +93,30 @@ def put(
     for ch in blobs:
         loc[ch] = (fresh[ch], checkpoint_id, IN_BLOB_OBJECT, now)
 
-    # A process that has not seen the parent (cold start, another writer) reads
-    # its item in the same round trip as the object writes: the common case, a
-    # parent that accounts for every unchanged channel, costs no extra trip.
-    fetch_parent = parent_loc is None
-    extra = (ctx.index.get_checkpoint(thread_id, ns, parent_id),) if fetch_parent else ()  # type: ignore[arg-type]
-    extra_results = yield from put_immutable(ctx.s3, objects, extra)
+    # The thread's tombstone is read beside the object writes (a deleted thread
+    # stays deleted), and so is the parent's item when this process has not
+    # seen it (cold start, another writer): the common case costs no extra trip.
+    fetch_parent = known is None
+    extra = (ctx.index.get_tombstone(thread_id),)
     if fetch_parent:
-        parent_loc = _loc_of(extra[0], extra_results[0])
+        extra += (ctx.index.get_checkpoint(thread_id, ns, parent_id),)  # type: ignore[arg-type]
+    extra_results = yield from put_immutable(ctx.s3, objects, extra)
+    gen = _generation(extra[0], extra_results[0])
+    if fetch_parent:
+        parent = _checkpoint_of(ctx, extra[1], extra_results[1])
+        known = (parent.loc, parent.gen) if parent is not None else None
+    if gen and parent_id is not None and (known is None or known[1] < gen):
+        # The parent was deleted after this run read it: refuse to continue the
+        # deleted history, and take back what was just written.
+        yield from _take_back(ctx, list(objects))
+        raise ThreadDeletedError(
+            f"thread {thread_id!r} was deleted after its checkpoint {parent_id!r} was written "
+            f"(table {ctx.index.table}); a run in flight cannot continue it. Start the thread "
+            "afresh (invoke without a checkpoint_id) to use the id again."
+        )
+    if fetch_parent:
         late: dict[str, Any] = {}
-        _carry(ctx, carried, parent_loc, values, now, loc, late)
+        _carry(ctx, carried, known[0] if known else {}, values, now, loc, late)
         if late:
             # Unchanged channels the parent does not account for (parent gone or
             # unknown) or whose stored copy is past half the ttl: store them now,
@@ -115,10 +134,14 @@ def put(
         loc=loc,
         body=body,
         metadata=tuple(record["metadata"]),  # type: ignore[arg-type]
-        expires_at=_expiry(ctx, loc, now),
+        # A full ttl from this write: the newest checkpoint is always the last to
+        # expire (values it points at are at most ttl/2 old, see _carry).
+        expires_at=now + ctx.ttl_seconds if ctx.ttl_seconds else None,
+        gen=gen,
     )
-    yield from request(ctx.index.put(checkpoint_item(entry)))
-    ctx.locs.put((thread_id, ns, checkpoint_id), loc)
+    # The commit point: objects first, index item last.
+    yield from request(ctx.index.put(ctx.index.checkpoint_item(entry)))
+    ctx.locs.put((thread_id, ns, checkpoint_id), (loc, gen))
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
 
@@ -129,30 +152,86 @@ def put_writes(
     task_id: str,
     task_path: str,
 ) -> Op[None]:
+    """Store a task's writes: its regular writes as one part, each special channel as its own.
+
+    Which write wins follows the order in which the index commits them, never a
+    clock: the regular part is written only if no part of the same extent
+    exists (first wins, a retried task changes nothing), a special channel's
+    slot is overwritten (last wins). LangGraph only ever writes a task's
+    regular writes again as the same list or that list extended (the null
+    task's writes accumulate), so parts of different extents agree on the slots
+    they share, and readers take the shortest part first.
+    """
     thread_id, ns, checkpoint_id = target(config, need_checkpoint_id=True)
     assert checkpoint_id is not None
-    seq = ctx.seq.next()
-    key = ctx.layout.writes_key(thread_id, ns, checkpoint_id, seq, task_id)
-    _keys.writes_sort_key(ns, checkpoint_id, seq, task_id)
-    body = pack(
-        {
-            "format": WRITES_FORMAT,
-            "checkpoint_id": checkpoint_id,
-            "task_id": task_id,
-            "task_path": task_path,
-            "seq": seq,
-            # Special channels get their fixed negative index: they are
-            # last-write-wins, regular writes first-write-wins (see _read).
-            "writes": [
-                [WRITES_IDX_MAP.get(channel, idx), channel, *ctx.serde.dumps_typed(value)]
-                for idx, (channel, value) in enumerate(writes)
-            ],
-        }
-    )
-    yield from put_immutable(ctx.s3, {key: body})
-    entry = WritesEntry(thread_id, ns, checkpoint_id, seq, task_id, body)
+    parts = _write_parts(ctx, writes)
+    # One token per call: a retried request of this call meets its own object
+    # and its own index item, a task run again writes new ones.
+    token = uuid.uuid4().hex
+    objects: dict[str, bytes] = {}
+    entries: list[WritesEntry] = []
+    for part, rows in parts.items():
+        key = ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, part, token)
+        _keys.writes_sort_key(ns, checkpoint_id, task_id, part)
+        body = pack(
+            {
+                "format": WRITES_FORMAT,
+                "checkpoint_id": checkpoint_id,
+                "task_id": task_id,
+                "task_path": task_path,
+                "part": part,
+                "writes": rows,
+            }
+        )
+        objects[key] = body
+        entries.append(WritesEntry(thread_id, ns, checkpoint_id, task_id, part, token, body))
+    if not entries:
+        return
+    tomb_call = ctx.index.get_tombstone(thread_id)
+    (tomb,) = yield from put_immutable(ctx.s3, objects, (tomb_call,))
+    gen = _generation(tomb_call, tomb)
+    known = ctx.locs.get((thread_id, ns, checkpoint_id))
+    if gen and known is not None and known[1] < gen:
+        yield from _take_back(ctx, list(objects))
+        raise ThreadDeletedError(
+            f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
+            f"(table {ctx.index.table}); its pending writes are refused"
+        )
     expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
-    yield from request(ctx.index.put(writes_item(entry, expires_at)))
+    calls = []
+    for entry in entries:
+        entry.gen = gen
+        item = ctx.index.writes_item(entry, expires_at)
+        if entry.part.startswith(REGULAR_PART):
+            # First committed wins; the stored item is handed back when we lose.
+            options = {
+                "ConditionExpression": f"attribute_not_exists({PARTITION_KEY})",
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        else:
+            options = {"ReturnValues": "ALL_OLD"}  # last committed wins; the old item comes back
+        calls.append(ctx.index.put(item, **options))
+    # The commit point: objects first, index items last.
+    results = yield tuple(calls)
+    unused: list[str] = []
+    for call, result, entry in zip(calls, results, entries):
+        own = ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, token)
+        if isinstance(result, BaseException):
+            if error_code(result) not in CONDITION_FAILED:
+                raise_failure(call, result)
+            winner = (getattr(result, "response", {}) or {}).get("Item", {}).get("token", {}).get("S")
+            if winner != token:  # else: our own write, applied by an earlier attempt of this request
+                unused.append(own)
+            continue
+        replaced = result.get("Attributes", {}).get("token", {}).get("S")
+        if replaced is not None and replaced != token:
+            unused.append(ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, replaced))
+    if unused:
+        # Objects no index item points at any more (a lost first-wins race, an
+        # overwritten special slot). A reader that fetched the replaced item a
+        # moment ago reads its body from the item when it fits, as it nearly
+        # always does.
+        yield from _take_back(ctx, unused)
 
 
 # -- helpers ---------------------------------------------------------------------
@@ -206,20 +285,37 @@ def _blob_objects(
     }
 
 
-def _loc_of(call: Any, result: Any) -> Loc:
+def _write_parts(ctx: Context, writes: Sequence[tuple[str, Any]]) -> dict[str, list[list[Any]]]:
+    """Rows ``[idx, channel, type, data]`` by part: "r<extent>" for the regular
+    writes, "s<k>" for the special channel with index -k (WRITES_IDX_MAP)."""
+    parts: dict[str, list[list[Any]]] = {}
+    regular: list[list[Any]] = []
+    for idx, (channel, value) in enumerate(writes):
+        row = [WRITES_IDX_MAP.get(channel, idx), channel, *ctx.serde.dumps_typed(value)]
+        if channel in WRITES_IDX_MAP:
+            parts[f"{SPECIAL_PART}{-row[0]}"] = [row]  # within one call, the last one wins
+        else:
+            regular.append(row)
+    if regular:
+        parts[f"{REGULAR_PART}{regular[-1][0] + 1}"] = regular
+    return parts
+
+
+def _generation(call: Any, result: Any) -> int:
+    """The delete generation of the thread (0 when it was never deleted)."""
     if isinstance(result, BaseException):
         raise_failure(call, result)
-    if "Item" not in result:
-        return {}
-    entry = parse_item(result["Item"])
-    assert isinstance(entry, CheckpointEntry)
-    return entry.loc
+    return int(result["Item"][GEN]["N"]) if "Item" in result else 0
 
 
-def _expiry(ctx: Context, loc: Loc, now: int) -> int | None:
-    # An index item must expire no later than the oldest object it points at,
-    # which a lifecycle rule of the same length deletes.
-    if not ctx.ttl_seconds:
-        return None
-    return min((t for _, _, _, t in loc.values()), default=now) + ctx.ttl_seconds
+def _checkpoint_of(ctx: Context, call: Any, result: Any) -> CheckpointEntry | None:
+    if isinstance(result, BaseException):
+        raise_failure(call, result)
+    entry = ctx.index.parse(result["Item"]) if "Item" in result else None
+    return entry if isinstance(entry, CheckpointEntry) else None
+
+
+def _take_back(ctx: Context, keys: list[str]) -> Op[None]:
+    """Delete objects no index item refers to (writes that were refused or lost)."""
+    yield from request(*(ctx.s3.delete_many(keys[i : i + DELETE_BATCH]) for i in range(0, len(keys), DELETE_BATCH)))
 

@@ -8,7 +8,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
 
 from s3_saver import _keys
-from s3_saver._dynamodb import CheckpointEntry, WritesEntry, parse_item
+from s3_saver._dynamodb import CheckpointEntry, Tombstone, WritesEntry
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.resolve import Resolver, fetch_and_build
 from s3_saver._protocol import Emit, Op, request, request_one
@@ -22,17 +22,17 @@ def get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None
     thread_id, ns, checkpoint_id = target(config)
     resolver = Resolver(ctx)
     if checkpoint_id:
-        # The id is known: item and pending writes in one wave.
+        # The id is known: item, pending writes and the namespace's tombstone in one wave.
         get = ctx.index.get_checkpoint(thread_id, ns, checkpoint_id)
         writes = ctx.index.query(
             thread_id, begins_with=_keys.writes_sort_prefix(ns, checkpoint_id), newest_first=False
         )
-        found, page = yield from request(get, writes)
+        found, page, tomb = yield from request(get, writes, ctx.index.get_tombstone(thread_id, ns))
         if "Item" not in found:
             return None
-        entry = parse_item(found["Item"])
+        entry = ctx.index.parse(found["Item"])
         assert isinstance(entry, CheckpointEntry)
-        if ctx.expired(entry):
+        if ctx.expired(entry) or entry.gen < _tombstone_gen(ctx, tomb):
             return None
         resolver.add(entry)
         resolver.take_writes_page(entry, page)
@@ -52,24 +52,43 @@ def _latest(ctx: Context, thread_id: str, ns: str) -> Op[CheckpointEntry | None]
 
     Pending writes sort next to their checkpoint, so writes stored before their
     checkpoint (a newer id with no checkpoint item yet) can come first: they are
-    skipped by narrowing the key range below that id.
+    skipped by narrowing the key range below that id. A namespace that was
+    deleted has its tombstone on top: the search goes on below it, for items
+    written since (a thread id used again), one more Query.
     """
     prefix = _keys.ns_sort_prefix(ns)
     upper: str | None = None
+    start: dict[str, Any] | None = None
+    min_gen = 0
     while True:
         if upper is None:
-            call = ctx.index.query(thread_id, begins_with=prefix, limit=1)
+            call = ctx.index.query(thread_id, begins_with=prefix, limit=1, start_key=start, min_gen=min_gen)
         else:
-            call = ctx.index.query(thread_id, between=(prefix, upper), limit=1)
+            call = ctx.index.query(thread_id, between=(prefix, upper), limit=1, start_key=start, min_gen=min_gen)
         page = yield from request_one(call)
         items = page.get("Items", [])
         if not items:
-            return None
-        entry = parse_item(items[0])
+            # With a generation filter, an evaluated item that did not pass
+            # (left by a delete cut short) ends a page with nothing in it.
+            start = page.get("LastEvaluatedKey")
+            if start is None:
+                return None
+            continue
+        entry = ctx.index.parse(items[0])
         if isinstance(entry, CheckpointEntry):
-            # Items expire oldest-first, so an expired newest means an expired thread.
+            # Items expire in the order they were written, so an expired newest
+            # item means an expired thread.
             return None if ctx.expired(entry) else entry
-        upper = _keys.checkpoint_sort_prefix(ns, entry.checkpoint_id)
+        if isinstance(entry, Tombstone):
+            min_gen, start = entry.gen, ctx.index.tombstone_key(thread_id, ns)
+        else:
+            assert isinstance(entry, WritesEntry)
+            upper, start = _keys.checkpoint_sort_prefix(ns, entry.checkpoint_id), None
+
+
+def _tombstone_gen(ctx: Context, result: dict[str, Any]) -> int:
+    entry = ctx.index.parse(result["Item"]) if "Item" in result else None
+    return entry.gen if isinstance(entry, Tombstone) else 0
 
 
 def list_checkpoints(
@@ -97,6 +116,11 @@ def list_checkpoints(
     remaining = limit
     start: dict[str, Any] | None = None
     held: CheckpointEntry | None = None
+    # Per namespace, the generation below which items belong to a deleted thread.
+    # Newest first, a namespace's tombstone comes before its items, except
+    # where `before` cuts the range below it: then it is read beside the first page.
+    deleted: dict[str, int] = {}
+    tomb_call = ctx.index.get_tombstone(thread_id, ns) if ns is not None and before_id is not None else None
     # A checkpoint item is followed by a few write batches: `limit` bounds how
     # much of the thread the first page reads (a filter may need more pages).
     page_size = min(_MAX_PAGE, 4 * limit + 4) if limit is not None else None
@@ -106,10 +130,21 @@ def list_checkpoints(
             # Pages that did not finish the job (writes, other namespaces, `before`
             # across namespaces) double, so a call costs O(log n) queries at worst.
             page_size = min(_MAX_PAGE, page_size * 2)
-        page = yield from request_one(call)
+        if tomb_call is not None:
+            page, tomb = yield from request(call, tomb_call)
+            deleted[ns] = _tombstone_gen(ctx, tomb)  # type: ignore[index]
+            tomb_call = None
+        else:
+            page = yield from request_one(call)
         complete: list[CheckpointEntry] = []
         for raw in page.get("Items", []):
-            item = parse_item(raw)
+            item = ctx.index.parse(raw)
+            if isinstance(item, Tombstone):
+                if item.ns is not None:
+                    deleted[item.ns] = item.gen
+                continue
+            if item is None or item.gen < deleted.get(item.ns, 0):
+                continue
             if isinstance(item, CheckpointEntry):
                 if held is not None:
                     complete.append(held)
@@ -161,18 +196,22 @@ def _list_all(
     """list(None): every thread. The only operation that scans the table."""
     entries: dict[tuple[str, str, str], CheckpointEntry] = {}
     writes: list[WritesEntry] = []
+    deleted: dict[tuple[str, str], int] = {}
     start: dict[str, Any] | None = None
     while True:
         page = yield from request_one(ctx.index.scan(start))
         for raw in page.get("Items", []):
-            item = parse_item(raw)
+            item = ctx.index.parse(raw)  # None: an item of another key prefix
             if isinstance(item, CheckpointEntry):
                 entries[(item.thread_id, item.ns, item.checkpoint_id)] = item
-            else:
+            elif isinstance(item, WritesEntry):
                 writes.append(item)
+            elif isinstance(item, Tombstone) and item.ns is not None:
+                deleted[(item.thread_id, item.ns)] = item.gen
         start = page.get("LastEvaluatedKey")
         if start is None:
             break
+    entries = {k: e for k, e in entries.items() if e.gen >= deleted.get(k[:2], 0)}
     for w in writes:
         owner = entries.get((w.thread_id, w.ns, w.checkpoint_id))
         if owner is not None:

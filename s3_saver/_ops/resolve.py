@@ -17,11 +17,10 @@ from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, typed
 from s3_saver._dynamodb import (
     IN_BLOB_OBJECT,
     PARTITION_KEY,
+    REGULAR_PART,
     SORT_KEY,
     CheckpointEntry,
     WritesEntry,
-    key_of,
-    parse_item,
 )
 from s3_saver._ops.context import Context
 from s3_saver._protocol import Call, Op, Sleep, backoff, raise_failure
@@ -52,7 +51,7 @@ class Resolver:
         self.entries[key] = entry
         if entry.body is not None and key not in self.records:
             self.records[key] = unpack(entry.body, CHECKPOINT_FORMAT, f"index item for {key}")
-        self.ctx.locs.put(key, entry.loc)
+        self.ctx.locs.put(key, (entry.loc, entry.gen))
 
     def load_writes(self, entry: CheckpointEntry) -> None:
         """Mark ``entry``'s pending writes as still to be read from the index."""
@@ -60,7 +59,9 @@ class Resolver:
 
     def take_writes_page(self, entry: CheckpointEntry, response: dict[str, Any]) -> None:
         key = (entry.thread_id, entry.ns, entry.checkpoint_id)
-        entry.writes.extend(w for w in map(parse_item, response.get("Items", [])) if isinstance(w, WritesEntry))
+        entry.writes.extend(
+            w for w in map(self.ctx.index.parse, response.get("Items", [])) if isinstance(w, WritesEntry)
+        )
         if response.get("LastEvaluatedKey"):
             self.writes_pending[key] = response["LastEvaluatedKey"]
         else:
@@ -90,10 +91,10 @@ class Resolver:
                     # gone: the bucket has the object.
                     gets[ctx.layout.checkpoint_key(*src_key)] = ("checkpoint", src_key)
                 else:
-                    batch_keys[src_key] = key_of(*src_key)
+                    batch_keys[src_key] = ctx.index.key_of(*src_key)
             for w in entry.writes:
                 if w.body is None:
-                    wkey = ctx.layout.writes_key(w.thread_id, w.ns, w.checkpoint_id, w.seq, w.task_id)
+                    wkey = _writes_key(ctx, w)
                     if wkey not in self.writes:
                         gets[wkey] = ("writes", wkey)
         calls = [ctx.s3.get(k) for k in gets]
@@ -122,13 +123,14 @@ class Resolver:
                 raise_failure(call, result)
             if call.operation == "batch_get_item":
                 for raw in result.get("Responses", {}).get(self.ctx.index.table, []):
-                    entry = parse_item(raw)
+                    entry = self.ctx.index.parse(raw)
                     if isinstance(entry, CheckpointEntry):
                         self.add(entry)
                         returned.add((entry.thread_id, entry.ns, entry.checkpoint_id))
                 for raw_key in result.get("UnprocessedKeys", {}).get(self.ctx.index.table, {}).get("Keys", []):
                     sk = _keys.parse_sort_key(raw_key[SORT_KEY]["S"])
-                    unprocessed.add((_keys.decode(raw_key[PARTITION_KEY]["S"]), sk.ns, sk.checkpoint_id))
+                    thread_id = self.ctx.layout.thread_of(raw_key[PARTITION_KEY]["S"])
+                    unprocessed.add((thread_id or "", sk.ns, sk.checkpoint_id))
             elif call.operation == "query":
                 key = next(k for q, k in self._queries if q is call)
                 self.take_writes_page(self.entries[key], result)
@@ -204,27 +206,32 @@ class Resolver:
         return self.ctx.serde.loads_typed((type_, data))
 
     def pending_writes(self, entry: CheckpointEntry) -> list[PendingWrite]:
-        """The entry's pending writes in ``writes_sort_key`` order, after first/last-wins."""
-        batches = []
+        """The entry's pending writes in ``writes_sort_key`` order.
+
+        Each special slot has one item (the last committed); regular slots come
+        from the task's regular parts, shortest first (see ``put.put_writes``).
+        Writes older than their checkpoint's delete generation belong to a
+        deleted thread that had a checkpoint of the same id.
+        """
+        parts = []
         for w in entry.writes:
+            if w.gen < entry.gen:
+                continue
             if w.body is not None:
-                batches.append(unpack(w.body, WRITES_FORMAT, f"index item for writes of {w.task_id}"))
+                parts.append(unpack(w.body, WRITES_FORMAT, f"index item for writes of {w.task_id}"))
             else:
-                batches.append(
-                    self.writes[self.ctx.layout.writes_key(w.thread_id, w.ns, w.checkpoint_id, w.seq, w.task_id)]
-                )
+                parts.append(self.writes[_writes_key(self.ctx, w)])
+        regular_first = sorted(parts, key=lambda p: (not p["part"].startswith(REGULAR_PART), int(p["part"][1:])))
         chosen: dict[tuple[str, int], tuple[str, str, tuple[str, bytes]]] = {}
-        for batch in sorted(batches, key=lambda b: b["seq"]):
-            for idx, channel, type_, data in batch["writes"]:
-                slot = (batch["task_id"], idx)
-                # Regular writes: the first stored wins (a retried task must not
-                # change what was recorded). Special channels (negative index,
-                # WRITES_IDX_MAP): the last stored wins.
-                if idx >= 0 and slot in chosen:
-                    continue
-                chosen[slot] = (batch["task_path"], channel, (type_, data))
+        for part in regular_first:
+            for idx, channel, type_, data in part["writes"]:
+                chosen.setdefault((part["task_id"], idx), (part["task_path"], channel, (type_, data)))
         ordered = sorted(chosen, key=lambda slot: writes_sort_key(chosen[slot][0], *slot))
         return [(slot[0], chosen[slot][1], self.ctx.serde.loads_typed(chosen[slot][2])) for slot in ordered]
+
+
+def _writes_key(ctx: Context, w: WritesEntry) -> str:
+    return ctx.layout.writes_key(w.thread_id, w.ns, w.checkpoint_id, w.task_id, w.part, w.token)
 
 
 def fetch_and_build(resolver: Resolver, targets: list[CheckpointEntry]) -> Op[list[CheckpointTuple]]:
