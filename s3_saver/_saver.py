@@ -162,7 +162,7 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                     import aioboto3
                 except ImportError as exc:
                     raise ImportError(
-                        "the async methods need aioboto3: pip install 's3-saver[async]'"
+                        "the async methods need aioboto3: pip install 'langgraph-s3-saver[async]'"
                     ) from exc
                 aioboto3_session = aioboto3.Session()
             return aioboto3_session.client(
