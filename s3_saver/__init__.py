@@ -22,7 +22,10 @@ from s3_saver.errors import (
     MissingObjectError,
     ResourceMissingError,
     S3SaverError,
+    SerializationError,
     SetupMismatchError,
+    SetupTimeoutError,
+    StoreUnavailableError,
     TableNotFoundError,
 )
 
@@ -47,6 +50,9 @@ __all__ = [
     "ResourceMissingError",
     "S3Saver",
     "S3SaverError",
+    "SerializationError",
     "SetupMismatchError",
+    "SetupTimeoutError",
+    "StoreUnavailableError",
     "TableNotFoundError",
 ]

@@ -16,7 +16,7 @@ import ormsgpack
 from s3_saver import _keys
 from s3_saver._codec import attr_size, from_attrs, to_attrs
 from s3_saver._protocol import Call
-from s3_saver.errors import CorruptObjectError
+from s3_saver.errors import CorruptObjectError, Where
 
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
@@ -149,15 +149,18 @@ def key_of(thread_id: str, ns: str, checkpoint_id: str) -> dict[str, Any]:
 class DynamoIndexCalls:
     """Builds the DynamoDB calls for one table."""
 
-    def __init__(self, table: str) -> None:
+    def __init__(self, table: str, where: Where | None = None) -> None:
         self.table = table
+        self.where = where
+
+    def _call(self, operation: str, params: dict[str, Any]) -> Call:
+        return Call("dynamodb", operation, params, self.where)
 
     def put(self, item: dict[str, Any]) -> Call:
-        return Call("dynamodb", "put_item", {"TableName": self.table, "Item": item})
+        return self._call("put_item", {"TableName": self.table, "Item": item})
 
     def get_checkpoint(self, thread_id: str, ns: str, checkpoint_id: str) -> Call:
-        return Call(
-            "dynamodb",
+        return self._call(
             "get_item",
             {"TableName": self.table, "Key": key_of(thread_id, ns, checkpoint_id), "ConsistentRead": True},
         )
@@ -166,7 +169,7 @@ class DynamoIndexCalls:
         # Only older checkpoints are fetched this way, and their items never
         # change: an eventually consistent read (half the read units) is enough.
         # One not visible yet is read from its S3 object instead (see Resolver).
-        return Call("dynamodb", "batch_get_item", {"RequestItems": {self.table: {"Keys": keys}}})
+        return self._call("batch_get_item", {"RequestItems": {self.table: {"Keys": keys}}})
 
     def query(
         self,
@@ -210,23 +213,22 @@ class DynamoIndexCalls:
             values[":src"] = {"S": not_copied_from}
         if names:
             params["ExpressionAttributeNames"] = names
-        return Call("dynamodb", "query", params)
+        return self._call("query", params)
 
     def scan(self, start_key: dict[str, Any] | None = None) -> Call:
         params: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
         if start_key is not None:
             params["ExclusiveStartKey"] = start_key
-        return Call("dynamodb", "scan", params)
+        return self._call("scan", params)
 
     def batch_write(self, requests: list[dict[str, Any]]) -> Call:
-        return Call("dynamodb", "batch_write_item", {"RequestItems": {self.table: requests}})
+        return self._call("batch_write_item", {"RequestItems": {self.table: requests}})
 
     def describe(self) -> Call:
-        return Call("dynamodb", "describe_table", {"TableName": self.table})
+        return self._call("describe_table", {"TableName": self.table})
 
     def create(self) -> Call:
-        return Call(
-            "dynamodb",
+        return self._call(
             "create_table",
             {
                 "TableName": self.table,
@@ -237,11 +239,10 @@ class DynamoIndexCalls:
         )
 
     def describe_ttl(self) -> Call:
-        return Call("dynamodb", "describe_time_to_live", {"TableName": self.table})
+        return self._call("describe_time_to_live", {"TableName": self.table})
 
     def enable_ttl(self) -> Call:
-        return Call(
-            "dynamodb",
+        return self._call(
             "update_time_to_live",
             {
                 "TableName": self.table,

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from s3_saver.errors import KeyTooLongError
+from s3_saver.errors import ConfigurationError, KeyTooLongError
 
 LIVE_PREFIX = "live/"
 """Sub-prefix of the bucket prefix that holds every object the saver writes."""
@@ -71,11 +71,11 @@ def encode(segment: str) -> str:
 
 def _check_text(segment: str) -> None:
     if not isinstance(segment, str):
-        raise TypeError(f"ids must be strings, got {type(segment).__name__}: {segment!r}")
+        raise ConfigurationError(f"ids must be strings, got {type(segment).__name__}: {segment!r}")
     try:
         segment.encode()
     except UnicodeEncodeError as exc:
-        raise ValueError(f"id {segment!r} is not valid Unicode text: {exc}") from exc
+        raise ConfigurationError(f"id {segment!r} is not valid Unicode text: {exc}") from exc
 
 
 def sort_encode(segment: str) -> str:
