@@ -22,7 +22,10 @@ from s3_saver.errors import (
     MissingObjectError,
     ResourceMissingError,
     S3SaverError,
+    SerializationError,
     SetupMismatchError,
+    SetupTimeoutError,
+    StoreUnavailableError,
     TableNotFoundError,
     ThreadDeletedError,
 )
@@ -48,7 +51,10 @@ __all__ = [
     "ResourceMissingError",
     "S3Saver",
     "S3SaverError",
+    "SerializationError",
     "SetupMismatchError",
+    "SetupTimeoutError",
+    "StoreUnavailableError",
     "TableNotFoundError",
     "ThreadDeletedError",
 ]

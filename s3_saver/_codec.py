@@ -13,7 +13,7 @@ from typing import Any
 
 import ormsgpack
 
-from s3_saver.errors import CorruptObjectError
+from s3_saver.errors import CorruptObjectError, SerializationError
 
 CHECKPOINT_FORMAT = "s3_saver.checkpoint/1"
 BLOB_FORMAT = "s3_saver.blob/1"
@@ -53,6 +53,31 @@ def unpack(data: bytes, expected_format: str, where: str) -> dict[str, Any]:
 
 def typed(pair: Any) -> Typed:
     return (pair[0], bytes(pair[1]))
+
+
+def loads(serde: Any, pair: Typed, what: str) -> Any:
+    """Decode a stored ``(type_tag, bytes)`` pair with the user's serializer.
+
+    Every stored value, checkpoint and metadata is decoded here, so a thread the
+    serializer cannot read fails with one :class:`SerializationError` that names
+    the type tag (and, for an encrypted thread, the key that is missing).
+    """
+    try:
+        return serde.loads_typed(pair)
+    except Exception as exc:
+        tag = pair[0]
+        message = f"cannot decode the {what}: type tag {tag!r} ({type(exc).__name__}: {exc})"
+        if isinstance(tag, str) and "+" in tag:
+            cipher = tag.split("+", 1)[1]
+            # LangGraph's pycryptodome cipher tags "aes"; other AES ciphers say "aesgcm".
+            how = "EncryptedSerializer(...)"
+            if cipher.startswith("aes"):
+                how = "EncryptedSerializer.from_pycryptodome_aes(key=...)"
+            message += (
+                f". The thread was written with an EncryptedSerializer (cipher {cipher!r}): pass "
+                f"serde={how} with the key it was written with"
+            )
+        raise SerializationError(message) from exc
 
 
 # -- DynamoDB attribute values -------------------------------------------------

@@ -17,7 +17,7 @@ from s3_saver import _keys
 from s3_saver._codec import attr_size, from_attrs, to_attrs
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Call
-from s3_saver.errors import CorruptObjectError
+from s3_saver.errors import CorruptObjectError, Where
 
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
@@ -110,9 +110,13 @@ IndexEntry = CheckpointEntry | WritesEntry | Tombstone
 class DynamoIndexCalls:
     """Builds the DynamoDB calls for one table and key prefix, and reads its items."""
 
-    def __init__(self, table: str, layout: KeyLayout) -> None:
+    def __init__(self, table: str, layout: KeyLayout, where: Where | None = None) -> None:
         self.table = table
         self.layout = layout
+        self.where = where
+
+    def _call(self, operation: str, params: dict[str, Any]) -> Call:
+        return Call("dynamodb", operation, params, self.where)
 
     # -- item <-> entry -----------------------------------------------------------
     def pk(self, thread_id: str) -> str:
@@ -203,10 +207,10 @@ class DynamoIndexCalls:
 
     # -- calls -----------------------------------------------------------------------
     def put(self, item: dict[str, Any], **options: Any) -> Call:
-        return Call("dynamodb", "put_item", {"TableName": self.table, "Item": item, **options})
+        return self._call("put_item", {"TableName": self.table, "Item": item, **options})
 
     def get(self, key: dict[str, Any]) -> Call:
-        return Call("dynamodb", "get_item", {"TableName": self.table, "Key": key, "ConsistentRead": True})
+        return self._call("get_item", {"TableName": self.table, "Key": key, "ConsistentRead": True})
 
     def get_checkpoint(self, thread_id: str, ns: str, checkpoint_id: str) -> Call:
         return self.get(self.key_of(thread_id, ns, checkpoint_id))
@@ -218,7 +222,7 @@ class DynamoIndexCalls:
         # Only older checkpoints are fetched this way, and their items never
         # change: an eventually consistent read (half the read units) is enough.
         # One not visible yet is read from its S3 object instead (see Resolver).
-        return Call("dynamodb", "batch_get_item", {"RequestItems": {self.table: {"Keys": keys}}})
+        return self._call("batch_get_item", {"RequestItems": {self.table: {"Keys": keys}}})
 
     def query(
         self,
@@ -272,23 +276,22 @@ class DynamoIndexCalls:
             params["FilterExpression"] = " AND ".join(filters)
         if names:
             params["ExpressionAttributeNames"] = names
-        return Call("dynamodb", "query", params)
+        return self._call("query", params)
 
     def scan(self, start_key: dict[str, Any] | None = None) -> Call:
         params: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
         if start_key is not None:
             params["ExclusiveStartKey"] = start_key
-        return Call("dynamodb", "scan", params)
+        return self._call("scan", params)
 
     def batch_write(self, requests: list[dict[str, Any]]) -> Call:
-        return Call("dynamodb", "batch_write_item", {"RequestItems": {self.table: requests}})
+        return self._call("batch_write_item", {"RequestItems": {self.table: requests}})
 
     def describe(self) -> Call:
-        return Call("dynamodb", "describe_table", {"TableName": self.table})
+        return self._call("describe_table", {"TableName": self.table})
 
     def create(self) -> Call:
-        return Call(
-            "dynamodb",
+        return self._call(
             "create_table",
             {
                 "TableName": self.table,
@@ -299,11 +302,10 @@ class DynamoIndexCalls:
         )
 
     def describe_ttl(self) -> Call:
-        return Call("dynamodb", "describe_time_to_live", {"TableName": self.table})
+        return self._call("describe_time_to_live", {"TableName": self.table})
 
     def enable_ttl(self) -> Call:
-        return Call(
-            "dynamodb",
+        return self._call(
             "update_time_to_live",
             {
                 "TableName": self.table,

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from s3_saver.errors import KeyTooLongError
+from s3_saver.errors import ConfigurationError, KeyTooLongError
 
 LIVE_PREFIX = "live/"
 """Sub-prefix of the bucket prefix that holds every object the saver writes."""
@@ -80,15 +80,15 @@ def encode(segment: str) -> str:
 
 def _check_text(segment: str) -> None:
     if not isinstance(segment, str):
-        raise TypeError(f"ids must be strings, got {type(segment).__name__}: {segment!r}")
+        raise ConfigurationError(f"ids must be strings, got {type(segment).__name__}: {segment!r}")
     try:
         segment.encode()
     except UnicodeEncodeError as exc:
-        raise ValueError(f"id {segment!r} is not valid Unicode text: {exc}") from exc
+        raise ConfigurationError(f"id {segment!r} is not valid Unicode text: {exc}") from exc
     if _NS_TOMBSTONE_MARK in segment:
         # Reserved: it marks namespace tombstones in the index (a noncharacter,
         # never part of real text).
-        raise ValueError(f"id {segment!r} contains U+10FFFF, which ids may not contain")
+        raise ConfigurationError(f"id {segment!r} contains U+10FFFF, which ids may not contain")
 
 
 def sort_encode(segment: str) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from s3_saver.errors import translate
+from s3_saver.errors import Where, translate
 
 T = TypeVar("T")
 
@@ -27,16 +27,26 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class Call:
     """One AWS API call: ``service`` is ``"s3"`` or ``"dynamodb"``, ``operation`` the
-    boto3 method name (``put_object``), ``params`` its keyword arguments."""
+    boto3 method name (``put_object``), ``params`` its keyword arguments; ``where``
+    (bucket, table, region, endpoint) is named in the errors of the call."""
 
     service: str
     operation: str
     params: dict[str, Any]
+    where: Where | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
-        target = self.params.get("Key") or self.params.get("TableName") or self.params.get("Bucket")
-        if "CopySource" in self.params:
-            target = f"{self.params['CopySource']['Key']} -> {target}"
+        """The operation and the key it touches, e.g. ``s3.get_object(live/t/...)``."""
+        params = self.params
+        if self.service == "dynamodb":
+            # The partition key names the thread (index keys are "pk"/"sk").
+            item = params.get("Key") or params.get("Item") or {}
+            pk = item.get("pk") or params.get("ExpressionAttributeValues", {}).get(":pk") or {}
+            target = f"pk={pk['S']}" if "S" in pk else None
+        else:
+            target = params.get("Key")
+            if "CopySource" in params:
+                target = f"{params['CopySource']['Key']} -> {target}"
         return f"{self.service}.{self.operation}({target})" if target else f"{self.service}.{self.operation}"
 
 
@@ -92,7 +102,7 @@ def request(*calls: Call) -> Generator[Instruction, Any, list[Any]]:
     results = yield tuple(calls)
     for call, result in zip(calls, results):
         if isinstance(result, BaseException):
-            raise translate(result, what=call.describe())
+            raise_failure(call, result)
     return results
 
 
@@ -106,5 +116,12 @@ def backoff(attempt: int) -> float:
     return min(0.05 * 2 ** (attempt - 1), 2.0)
 
 
+def failure(call: Call, result: BaseException) -> BaseException:
+    """The exception to raise for a failed call (translated when it has a meaning)."""
+    return translate(
+        result, what=call.describe(), service=call.service, operation=call.operation, where=call.where
+    )
+
+
 def raise_failure(call: Call, result: BaseException) -> None:
-    raise translate(result, what=call.describe())
+    raise failure(call, result)

@@ -6,34 +6,39 @@ from collections.abc import Generator
 from typing import Any
 
 from s3_saver._protocol import Call, Instruction, raise_failure
-from s3_saver.errors import ImmutableObjectConflictError, error_code
+from s3_saver.errors import (
+    CONDITIONAL_CONFLICT_CODES,
+    PRECONDITION_FAILED_CODES,
+    ImmutableObjectConflictError,
+    Where,
+    error_code,
+)
 
 DELETE_BATCH = 1000  # DeleteObjects accepts at most 1,000 keys per request
-_PRECONDITION_FAILED = {"PreconditionFailed", "412"}
-# S3 answers 409 when two conditional writes of one key race; the loser retries.
-_CONDITIONAL_CONFLICT = {"ConditionalRequestConflict", "409"}
 _MAX_CONFLICT_RETRIES = 3
 
 
 class S3Calls:
-    def __init__(self, bucket: str) -> None:
+    def __init__(self, bucket: str, where: Where | None = None) -> None:
         self.bucket = bucket
+        self.where = where
+
+    def _call(self, operation: str, params: dict[str, Any]) -> Call:
+        return Call("s3", operation, params, self.where)
 
     def put_new(self, key: str, body: bytes) -> Call:
         # IfNoneMatch="*": a key is written once; see put_immutable for retries.
-        return Call(
-            "s3",
+        return self._call(
             "put_object",
             {"Bucket": self.bucket, "Key": key, "Body": body, "IfNoneMatch": "*"},
         )
 
     def get(self, key: str) -> Call:
-        return Call("s3", "get_object", {"Bucket": self.bucket, "Key": key})
+        return self._call("get_object", {"Bucket": self.bucket, "Key": key})
 
     def copy(self, source_key: str, key: str) -> Call:
         # IfNoneMatch="*" as for every write: a copy never replaces an object.
-        return Call(
-            "s3",
+        return self._call(
             "copy_object",
             {
                 "Bucket": self.bucket,
@@ -44,8 +49,7 @@ class S3Calls:
         )
 
     def delete_many(self, keys: list[str]) -> Call:
-        return Call(
-            "s3",
+        return self._call(
             "delete_objects",
             {
                 "Bucket": self.bucket,
@@ -54,13 +58,13 @@ class S3Calls:
         )
 
     def head_bucket(self) -> Call:
-        return Call("s3", "head_bucket", {"Bucket": self.bucket})
+        return self._call("head_bucket", {"Bucket": self.bucket})
 
     def create_bucket(self, region: str | None) -> Call:
         params: dict[str, Any] = {"Bucket": self.bucket}
         if region and region != "us-east-1":
             params["CreateBucketConfiguration"] = {"LocationConstraint": region}
-        return Call("s3", "create_bucket", params)
+        return self._call("create_bucket", params)
 
 
 def put_immutable(
@@ -127,9 +131,9 @@ def _sort_out(calls: tuple[Call, ...], results: list[Any]) -> tuple[list[str], l
         if not isinstance(result, BaseException):
             continue
         code = error_code(result)
-        if code in _PRECONDITION_FAILED:
+        if code in PRECONDITION_FAILED_CODES:
             existing.append(call.params["Key"])
-        elif code in _CONDITIONAL_CONFLICT:
+        elif code in CONDITIONAL_CONFLICT_CODES:
             retry.append(call.params["Key"])
         else:
             raise_failure(call, result)

@@ -21,6 +21,8 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from s3_saver._clients import Clients
+from s3_saver._clients import client_config as merged_config
 from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._dynamodb import DynamoIndexCalls
@@ -29,9 +31,40 @@ from s3_saver._ops import copy, delete, delta, put, read, setup
 from s3_saver._ops.context import Context
 from s3_saver._protocol import RequestStats
 from s3_saver._s3 import S3Calls
-from s3_saver.errors import ConfigurationError
+from s3_saver.errors import ConfigurationError, Where
 
 DEFAULT_INLINE_THRESHOLD = 64 * 1024
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """Refuse wrongly typed options by name, before they fail somewhere deeper."""
+
+    def refuse(name: str, wanted: str) -> None:
+        value = options[name]
+        raise ConfigurationError(f"{name} must be {wanted}, got {type(value).__name__}: {value!r}")
+
+    for name in ("bucket", "table"):
+        if not isinstance(options[name], str) or not options[name]:
+            refuse(name, "a non-empty string")
+    if not isinstance(options["prefix"], str):
+        refuse("prefix", "a string")
+    for name in ("region_name", "endpoint_url", "s3_endpoint_url", "dynamodb_endpoint_url"):
+        value = options[name]
+        if value is not None and (not isinstance(value, str) or not value):
+            refuse(name, "a non-empty string or None")
+    for name in ("endpoint_url", "s3_endpoint_url", "dynamodb_endpoint_url"):
+        value = options[name]
+        if value is not None and not value.startswith(("http://", "https://")):
+            refuse(name, "an http:// or https:// URL")
+    if options["client_config"] is not None and not isinstance(options["client_config"], Config):
+        refuse("client_config", "a botocore.config.Config or None")
+    ttl = options["ttl"]
+    if ttl is not None and (not isinstance(ttl, timedelta) or ttl.total_seconds() < 1):
+        refuse("ttl", "a datetime.timedelta of at least one second, or None")
+    for name, least in (("inline_threshold", 0), ("max_concurrency", 1)):
+        value = options[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            refuse(name, f"an int >= {least}")
 
 
 class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncContextManager):
@@ -68,10 +101,14 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         boto3_session: Session the sync clients are created from.
         s3_client: A ready boto3 S3 client (not closed by :meth:`close`).
         dynamodb_client: A ready boto3 DynamoDB client (not closed by :meth:`close`).
-        aioboto3_session: Session the async clients are created from (default: a new
-            ``aioboto3.Session()``).
+        aioboto3_session: Session the async clients are created from. By default
+            they get the endpoint, region, config and credentials of the sync
+            clients (given or made from ``boto3_session``); credentials that refresh
+            themselves outside a named profile cannot be copied, and the first
+            async call then asks for this argument.
         client_config: ``botocore.config.Config`` merged over the saver's defaults
-            (standard retry mode with 5 attempts, 5 s connect and 60 s read timeouts).
+            (standard retry mode with 3 attempts in total, 2 s connect and 15 s read
+            timeouts); its ``retries`` and ``s3`` dicts are merged key by key.
         serde: Serializer for checkpoints, metadata and values; its type tag is
             stored with every value.
         ttl: A thread untouched this long expires: every index item carries
@@ -105,72 +142,40 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         max_concurrency: int = 16,
     ) -> None:
         super().__init__(serde=serde)
-        if not isinstance(bucket, str) or not bucket:
-            raise ConfigurationError("bucket must be a non-empty string")
-        if not isinstance(table, str) or not table:
-            raise ConfigurationError("table must be a non-empty DynamoDB table name")
-        if ttl is not None and (not isinstance(ttl, timedelta) or ttl.total_seconds() < 1):
-            raise ConfigurationError(f"ttl must be a positive datetime.timedelta, got {ttl!r}")
-        if inline_threshold < 0:
-            raise ConfigurationError("inline_threshold must be >= 0")
-        if max_concurrency < 1:
-            raise ConfigurationError("max_concurrency must be >= 1")
+        _check_options(locals())
         self.bucket = bucket
         self.table = table
         self.region_name = region_name
         self.stats = RequestStats()
         """Round trips and requests sent so far, by both drivers (see :class:`RequestStats`)."""
-        layout = KeyLayout(prefix)
-        self._base_ctx = Context(
-            layout=layout,
-            s3=S3Calls(bucket),
-            index=DynamoIndexCalls(table, layout),
-            serde=self.serde,
-            inline_threshold=inline_threshold,
-            ttl_seconds=int(ttl.total_seconds()) if ttl else None,
-        )
         endpoints = {
             "s3": s3_endpoint_url or endpoint_url,
             "dynamodb": dynamodb_endpoint_url or endpoint_url,
         }
-        defaults = Config(
-            retries={"mode": "standard", "max_attempts": 5},
-            connect_timeout=5,
-            read_timeout=60,
-            max_pool_connections=max(10, max_concurrency),
-            # Path-style addressing is what S3-compatible servers on a custom endpoint expect.
-            s3={"addressing_style": "path"} if endpoints["s3"] else None,
+        where = Where(bucket, table)
+        layout = KeyLayout(prefix)
+        self._base_ctx = Context(
+            layout=layout,
+            s3=S3Calls(bucket, where),
+            index=DynamoIndexCalls(table, layout, where),
+            serde=self.serde,
+            inline_threshold=inline_threshold,
+            ttl_seconds=int(ttl.total_seconds()) if ttl else None,
         )
-        config = defaults.merge(client_config) if client_config else defaults
+        config = merged_config(client_config, max_concurrency=max_concurrency, path_style=bool(endpoints["s3"]))
         given = {"s3": s3_client, "dynamodb": dynamodb_client}
         self._given_clients = [c for c in given.values() if c is not None]
-
-        def make_sync(service: str) -> Any:
-            if given[service] is not None:
-                return given[service]
-            import boto3
-
-            session = boto3_session or boto3.session.Session()
-            return session.client(
-                service, region_name=region_name, endpoint_url=endpoints[service], config=config
-            )
-
-        def make_async(service: str) -> Any:
-            nonlocal aioboto3_session
-            if aioboto3_session is None:
-                try:
-                    import aioboto3
-                except ImportError as exc:
-                    raise ImportError(
-                        "the async methods need aioboto3: pip install 'langgraph-s3-saver[async]'"
-                    ) from exc
-                aioboto3_session = aioboto3.Session()
-            return aioboto3_session.client(
-                service, region_name=region_name, endpoint_url=endpoints[service], config=config
-            )
-
-        self._sync = SyncDriver(make_sync, self.stats, max_concurrency)
-        self._async = AsyncDriver(make_async, self.stats)
+        clients = Clients(
+            where=where,
+            region_name=region_name,
+            endpoints=endpoints,
+            config=config,
+            boto3_session=boto3_session,
+            given=given,
+            aioboto3_session=aioboto3_session,
+        )
+        self._sync = SyncDriver(clients.make_sync, self.stats, max_concurrency)
+        self._async = AsyncDriver(clients.make_async, self.stats)
 
     @property
     def _ctx(self) -> Context:
@@ -247,7 +252,11 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 each namespace, namespaces in descending key order (so subgraph
                 namespaces come before the root's); ``None`` lists every thread
                 (a table scan: for admin use).
-            filter: Metadata equality filter (any key, nested values compared whole).
+            filter: Metadata equality filter: every key must be present with an
+                equal JSON value. Bools are not numbers (``True`` does not match
+                ``1``), numbers compare as numbers (``1`` matches ``1.0``), lists and
+                dicts compare whole by the same rules, and ``None`` matches only a
+                present null.
             before: Only checkpoints older than this config's ``checkpoint_id``.
             limit: At most this many results (after filtering).
 

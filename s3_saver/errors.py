@@ -3,11 +3,23 @@
 Every exception derives from :class:`S3SaverError`. Failures that come from an
 AWS call keep the original ``botocore`` error as ``__cause__``; AWS error codes
 that have no meaning for the saver are not wrapped and pass through unchanged.
+The AWS error codes the saver gives a meaning to are all listed here, and
+:func:`classify` is the one place that sorts a failed call into a kind.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
+
+from botocore.exceptions import (
+    BotoCoreError,
+    InvalidRegionError,
+    NoCredentialsError,
+    NoRegionError,
+    ParamValidationError,
+    PartialCredentialsError,
+)
 
 
 class S3SaverError(Exception):
@@ -81,18 +93,67 @@ class ThreadDeletedError(S3SaverError):
     """
 
 
+
+class SerializationError(S3SaverError):
+    """A stored value, checkpoint or metadata could not be decoded by the saver's ``serde``.
+
+    Usually the thread was written with another serializer (for example an
+    ``EncryptedSerializer``, whose type tags end in ``+aesgcm``) or another key.
+    """
+
+
+class StoreUnavailableError(S3SaverError):
+    """S3 or DynamoDB could not be reached or did not answer in time: try again.
+
+    Raised once botocore's own retries are spent (connection refused or reset,
+    connect or read timeout). The botocore error is the ``__cause__``.
+    """
+
+
+class SetupTimeoutError(S3SaverError, TimeoutError):
+    """``setup()`` created the table but it did not become ACTIVE in time."""
+
+
+# -- AWS error codes, by the meaning the saver gives them --------------------------------
+BUCKET_MISSING_CODES = frozenset({"NoSuchBucket"})
+# HeadBucket has no body, so a missing bucket is a bare 404.
+HEAD_BUCKET_MISSING_CODES = frozenset({"404", "NoSuchBucket", "NotFound"})
+TABLE_MISSING_CODES = frozenset({"ResourceNotFoundException"})
+OBJECT_MISSING_CODES = frozenset({"NoSuchKey", "404"})
+DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AccessDeniedException",
+        "UnrecognizedClientException",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "KMS.AccessDeniedException",
+    }
+)
+PRECONDITION_FAILED_CODES = frozenset({"PreconditionFailed", "412"})
+# S3 answers 409 when two conditional writes of one key race; the loser retries.
+CONDITIONAL_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "409"})
 # DynamoDB's answer to a ConditionExpression that did not hold.
-CONDITION_FAILED = {"ConditionalCheckFailedException"}
-_BUCKET_CODES = {"NoSuchBucket"}
-_TABLE_CODES = {"ResourceNotFoundException"}
-_DENIED_CODES = {
-    "AccessDenied",
-    "AccessDeniedException",
-    "UnrecognizedClientException",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "KMS.AccessDeniedException",
-}
+CONDITION_FAILED_CODES = frozenset({"ConditionalCheckFailedException"})
+BUCKET_OURS_CODES = frozenset({"BucketAlreadyOwnedByYou"})
+TABLE_RACING_CODES = frozenset({"ResourceInUseException"})  # another process is creating it
+
+# botocore failures raised before anything reached AWS that only the user can fix.
+_CONFIGURATION_FAILURES = (
+    NoCredentialsError,
+    PartialCredentialsError,
+    NoRegionError,
+    InvalidRegionError,
+    ParamValidationError,
+)
+
+# Kinds returned by classify().
+BUCKET_MISSING = "bucket-missing"
+TABLE_MISSING = "table-missing"
+OBJECT_MISSING = "object-missing"
+DENIED = "denied"
+UNAVAILABLE = "unavailable"
+MISCONFIGURED = "misconfigured"
 
 
 def error_code(exc: BaseException) -> str | None:
@@ -103,26 +164,97 @@ def error_code(exc: BaseException) -> str | None:
     return None
 
 
-def translate(exc: BaseException, *, what: str) -> BaseException:
+def classify(exc: BaseException, operation: str = "") -> str | None:
+    """The kind of a failed call (one of the module's kind constants), None when the
+    failure has no meaning for the saver.
+
+    Args:
+        exc: What the call raised (returned by a driver).
+        operation: The boto3 method name (``head_bucket``): a bare 404 means a
+            missing bucket for HeadBucket and a missing object otherwise.
+    """
+    if isinstance(exc, BotoCoreError):
+        # Not an AWS answer: nothing came back (connection refused or reset,
+        # timeouts, after botocore's retries) or the call could not be made.
+        return MISCONFIGURED if isinstance(exc, _CONFIGURATION_FAILURES) else UNAVAILABLE
+    code = error_code(exc)
+    if operation == "head_bucket" and code in HEAD_BUCKET_MISSING_CODES:
+        return BUCKET_MISSING
+    if code in BUCKET_MISSING_CODES:
+        return BUCKET_MISSING
+    if code in TABLE_MISSING_CODES:
+        return TABLE_MISSING
+    if code in DENIED_CODES:
+        return DENIED
+    if code in OBJECT_MISSING_CODES:
+        return OBJECT_MISSING
+    return None
+
+
+@dataclass
+class Where:
+    """What the saver talks to, for error messages: names, regions, custom endpoints.
+
+    A region or endpoint is None when the AWS defaults decide it; the saver
+    fills in the region once a client has resolved it.
+    """
+
+    bucket: str
+    table: str
+    regions: dict[str, str | None] = field(default_factory=dict)
+    endpoints: dict[str, str | None] = field(default_factory=dict)
+
+    def region(self, service: str) -> str | None:
+        return self.regions.get(service)
+
+    def describe(self, service: str) -> str:
+        name = f"bucket {self.bucket!r}" if service == "s3" else f"DynamoDB table {self.table!r}"
+        text = f"{name} in region {self.region(service) or '(AWS default)'}"
+        endpoint = self.endpoints.get(service)
+        return f"{text} at endpoint {endpoint}" if endpoint else text
+
+
+def translate(
+    exc: BaseException,
+    *,
+    what: str,
+    service: str = "",
+    operation: str = "",
+    where: Where | None = None,
+) -> BaseException:
     """Map an AWS failure to the saver's exception, or return it unchanged.
 
     Args:
         exc: The exception raised by botocore for one call.
-        what: A short description of the call (operation and target) for the message.
+        what: A short description of the call (operation and key) for the message.
+        service: ``"s3"`` or ``"dynamodb"``.
+        operation: The boto3 method name.
+        where: Bucket, table, regions and endpoints, named in the message.
     """
+    kind = classify(exc, operation)
+    place = where.describe(service) if where is not None else (service or "AWS")
     code = error_code(exc)
-    if code in _BUCKET_CODES:
+    if kind == BUCKET_MISSING:
         new: S3SaverError = BucketNotFoundError(
-            f"{what}: the bucket does not exist; run saver.setup() or deploy infra/"
+            f"{what}: {place} does not exist. Check the bucket name and region_name; "
+            "to create it run saver.setup() or deploy infra/"
         )
-    elif code in _TABLE_CODES:
+    elif kind == TABLE_MISSING:
         new = TableNotFoundError(
-            f"{what}: the DynamoDB table does not exist; run saver.setup() or deploy infra/"
+            f"{what}: {place} was not found. It may live in another region: check region_name "
+            "(setup() there would create a second, empty index). If it does not exist yet, "
+            "run saver.setup() or deploy infra/"
         )
-    elif code in _DENIED_CODES:
-        new = AccessDeniedError(f"{what}: access denied ({code}); see infra/ for the IAM policy")
-    elif code in {"NoSuchKey", "404"}:
-        new = MissingObjectError(f"{what}: the object is missing from the bucket")
+    elif kind == DENIED:
+        new = AccessDeniedError(f"{what}: access denied ({code}) on {place}; see infra/ for the IAM policy")
+    elif kind == OBJECT_MISSING:
+        new = MissingObjectError(f"{what}: the object is missing from {place}")
+    elif kind == UNAVAILABLE:
+        new = StoreUnavailableError(
+            f"{what}: the store is unavailable, try again ({place}): {type(exc).__name__}: {exc}"
+        )
+    elif kind == MISCONFIGURED:
+        new = ConfigurationError(f"{what}: {type(exc).__name__}: {exc} ({place})")
     else:
         return exc
     new.__cause__ = exc

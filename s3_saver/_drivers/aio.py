@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from s3_saver._protocol import Call, Emit, Op, RequestStats, Sleep, T
 
@@ -59,13 +59,14 @@ class AsyncDriver:
         return list(await asyncio.gather(*(self._send(c) for c in step)))
 
     async def _send(self, call: Call) -> Any:
-        client = await self._client(call.service)
         try:
+            client = await self._client(call.service)
             response = await getattr(client, call.operation)(**call.params)
             if call.operation == "get_object":
                 async with response["Body"] as body:
                     response["Body"] = await body.read()
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:
+            # As in the sync driver: the operation decides (errors.classify).
             return exc
         return response
 

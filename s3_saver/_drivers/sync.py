@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from s3_saver._protocol import Call, Emit, Op, RequestStats, Sleep, T
 
@@ -55,14 +55,16 @@ class SyncDriver:
         return list(self._executor().map(self._send, calls))
 
     def _send(self, call: Call) -> Any:
-        client = self._client(call.service)
         try:
+            client = self._client(call.service)
             response = getattr(client, call.operation)(**call.params)
-        except ClientError as exc:
+            if call.operation == "get_object":
+                with response["Body"] as body:
+                    response["Body"] = body.read()
+        except (ClientError, BotoCoreError) as exc:
+            # AWS answers and botocore failures (connection, timeout, credentials)
+            # alike go back to the operation, which decides (errors.classify).
             return exc
-        if call.operation == "get_object":
-            with response["Body"] as body:
-                response["Body"] = body.read()
         return response
 
     def _client(self, service: str) -> Any:

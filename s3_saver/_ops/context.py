@@ -84,6 +84,10 @@ def target(config: Any, *, need_checkpoint_id: bool = False) -> tuple[str, str, 
         )
     if isinstance(thread_id, int) and not isinstance(thread_id, bool):
         thread_id = str(thread_id)  # as the SQL savers do: 7 and "7" are one thread
+    if thread_id == "":
+        # An empty id would be stored as a real thread that every caller with a
+        # missing id shares.
+        raise ConfigurationError("config['configurable']['thread_id'] must not be empty")
     ns = configurable.get("checkpoint_ns") or ""
     checkpoint_id = configurable.get("checkpoint_id")
     if need_checkpoint_id and not checkpoint_id:

@@ -33,7 +33,7 @@ from s3_saver._dynamodb import (
 from s3_saver._ops.context import Context, Loc, target
 from s3_saver._protocol import Op, raise_failure, request
 from s3_saver._s3 import DELETE_BATCH, put_immutable
-from s3_saver.errors import CONDITION_FAILED, CheckpointTooLargeError, ThreadDeletedError, error_code
+from s3_saver.errors import CONDITION_FAILED_CODES, CheckpointTooLargeError, ThreadDeletedError, error_code
 
 # Room for keys, parent id and attribute names next to ``loc`` in the item.
 _LOC_HEADROOM = 16 * 1024
@@ -217,7 +217,7 @@ def put_writes(
     for call, result, entry in zip(calls, results, entries):
         own = ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, token)
         if isinstance(result, BaseException):
-            if error_code(result) not in CONDITION_FAILED:
+            if error_code(result) not in CONDITION_FAILED_CODES:
                 raise_failure(call, result)
             winner = (getattr(result, "response", {}) or {}).get("Item", {}).get("token", {}).get("S")
             if winner != token:  # else: our own write, applied by an earlier attempt of this request

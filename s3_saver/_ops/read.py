@@ -253,4 +253,35 @@ def _filtered(
 
 
 def _matches(metadata: Any, filter: dict[str, Any] | None) -> bool:
-    return not filter or all(metadata.get(k) == v for k, v in filter.items())
+    """Each filter key is present in ``metadata`` with an equal JSON value.
+
+    Python's ``==`` says ``True == 1`` and ``None == <missing>`` (via ``.get``);
+    JSON does not: bools are not numbers, numbers compare as numbers
+    (``1 == 1.0``), lists and dicts compare whole by the same rules, and
+    ``{"k": None}`` matches only a present ``null``.
+    """
+    return not filter or all(k in metadata and _json_equal(metadata[k], v) for k, v in filter.items())
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) or isinstance(b, (int, float)):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == b
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (
+            isinstance(a, dict)
+            and isinstance(b, dict)
+            and a.keys() == b.keys()
+            and all(_json_equal(a[k], b[k]) for k in a)
+        )
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return (
+            isinstance(a, (list, tuple))
+            and isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(_json_equal(x, y) for x, y in zip(a, b))
+        )
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(a == b)

@@ -13,7 +13,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, PendingWrite, writes_sort_key
 
 from s3_saver import _keys
-from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, typed, unpack
+from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
 from s3_saver._dynamodb import (
     IN_BLOB_OBJECT,
     PARTITION_KEY,
@@ -24,7 +24,7 @@ from s3_saver._dynamodb import (
 )
 from s3_saver._ops.context import Context
 from s3_saver._protocol import Call, Op, Sleep, backoff, raise_failure
-from s3_saver.errors import MissingObjectError, error_code
+from s3_saver.errors import DENIED, OBJECT_MISSING, AccessDeniedError, MissingObjectError, classify, error_code
 
 BATCH_GET_MAX = 100  # BatchGetItem accepts at most 100 keys per request
 Key3 = tuple[str, str, str]
@@ -142,10 +142,19 @@ class Resolver:
         key = call.params["Key"]
         kind, ident = self._object_keys[key]
         if isinstance(result, BaseException):
-            if error_code(result) in {"NoSuchKey", "404"}:
+            kind = classify(result, call.operation)
+            if kind == OBJECT_MISSING:
                 raise MissingObjectError(
                     f"s3://{self.ctx.s3.bucket}/{key} is referenced by the index but missing "
                     "(thread being deleted, or removed by a lifecycle rule or by hand)"
+                ) from result
+            if kind == DENIED:
+                # Without s3:ListBucket, S3 answers a GET of a missing key with 403.
+                raise AccessDeniedError(
+                    f"s3://{self.ctx.s3.bucket}/{key} is referenced by the index and S3 refused to "
+                    f"read it ({error_code(result)}): the object is missing, or access is denied. "
+                    "Without s3:ListBucket on the bucket S3 answers 403 for a missing object; "
+                    "see infra/ for the IAM policy"
                 ) from result
             raise_failure(call, result)
         where = f"s3://{self.ctx.s3.bucket}/{key}"
@@ -170,17 +179,18 @@ class Resolver:
     def metadata(self, entry: CheckpointEntry) -> Any | None:
         """The entry's metadata, or None when only the S3 object holds it."""
         record = self.records.get((entry.thread_id, entry.ns, entry.checkpoint_id))
+        what = f"metadata of {_describe(entry)}"
         if record is not None:
-            return self.ctx.serde.loads_typed(typed(record["metadata"]))
+            return loads(self.ctx.serde, typed(record["metadata"]), what)
         if entry.metadata is not None:
-            return self.ctx.serde.loads_typed(entry.metadata)
+            return loads(self.ctx.serde, entry.metadata, what)
         return None
 
     def build(self, entry: CheckpointEntry) -> CheckpointTuple:
         serde = self.ctx.serde
         t, ns, cid = entry.thread_id, entry.ns, entry.checkpoint_id
         record = self.records[(t, ns, cid)]
-        checkpoint = serde.loads_typed(typed(record["checkpoint"]))
+        checkpoint = loads(serde, typed(record["checkpoint"]), _describe(entry))
         checkpoint["channel_values"] = {ch: self.value(entry, ch) for ch in entry.loc}
         config: RunnableConfig = {"configurable": {"thread_id": t, "checkpoint_ns": ns, "checkpoint_id": cid}}
         parent = (
@@ -191,7 +201,7 @@ class Resolver:
         return CheckpointTuple(
             config=config,
             checkpoint=checkpoint,
-            metadata=serde.loads_typed(typed(record["metadata"])),
+            metadata=loads(serde, typed(record["metadata"]), f"metadata of {_describe(entry)}"),
             parent_config=parent,
             pending_writes=self.pending_writes(entry),
         )
@@ -199,11 +209,12 @@ class Resolver:
     def value(self, entry: CheckpointEntry, channel: str) -> Any:
         """The value of ``channel`` at ``entry`` (fetched by an earlier wave)."""
         version, src, kind, _ = entry.loc[channel]
+        what = f"value of {channel!r} in {_describe(entry)}"
         if kind == IN_BLOB_OBJECT:
             blob = self.blobs[self.ctx.layout.blob_key(entry.thread_id, entry.ns, channel, version, src)]
-            return self.ctx.serde.loads_typed((blob["type"], blob["data"]))
+            return loads(self.ctx.serde, (blob["type"], blob["data"]), what)
         _, type_, data = self.records[(entry.thread_id, entry.ns, src)]["values"][channel]
-        return self.ctx.serde.loads_typed((type_, data))
+        return loads(self.ctx.serde, (type_, data), what)
 
     def pending_writes(self, entry: CheckpointEntry) -> list[PendingWrite]:
         """The entry's pending writes in ``writes_sort_key`` order.
@@ -227,7 +238,12 @@ class Resolver:
             for idx, channel, type_, data in part["writes"]:
                 chosen.setdefault((part["task_id"], idx), (part["task_path"], channel, (type_, data)))
         ordered = sorted(chosen, key=lambda slot: writes_sort_key(chosen[slot][0], *slot))
-        return [(slot[0], chosen[slot][1], self.ctx.serde.loads_typed(chosen[slot][2])) for slot in ordered]
+        what = f"pending write of {_describe(entry)}"
+        return [(slot[0], chosen[slot][1], loads(self.ctx.serde, chosen[slot][2], what)) for slot in ordered]
+
+
+def _describe(entry: CheckpointEntry) -> str:
+    return f"checkpoint {entry.checkpoint_id} of thread {entry.thread_id!r} (namespace {entry.ns!r})"
 
 
 def _writes_key(ctx: Context, w: WritesEntry) -> str:

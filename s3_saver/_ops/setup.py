@@ -7,12 +7,17 @@ from typing import Any
 from s3_saver._dynamodb import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA, TTL_ATTRIBUTE
 from s3_saver._ops.context import Context
 from s3_saver._protocol import Op, Sleep, raise_failure, request_one
-from s3_saver.errors import SetupMismatchError, error_code
-
-_BUCKET_MISSING = {"404", "NoSuchBucket", "NotFound"}
-_BUCKET_OURS = {"BucketAlreadyOwnedByYou"}
-_TABLE_MISSING = {"ResourceNotFoundException"}
-_TABLE_RACING = {"ResourceInUseException"}  # another process is creating it
+from s3_saver.errors import (
+    BUCKET_MISSING,
+    BUCKET_OURS_CODES,
+    TABLE_MISSING,
+    TABLE_RACING_CODES,
+    ConfigurationError,
+    SetupMismatchError,
+    SetupTimeoutError,
+    classify,
+    error_code,
+)
 _POLL_SECONDS = 0.5
 _POLL_LIMIT = 600
 
@@ -21,19 +26,22 @@ def setup(ctx: Context, region: str | None) -> Op[None]:
     head, described = yield (ctx.s3.head_bucket(), ctx.index.describe())
     creates = []
     if isinstance(head, BaseException):
-        if error_code(head) not in _BUCKET_MISSING:
+        if classify(head, "head_bucket") != BUCKET_MISSING:
             raise_failure(ctx.s3.head_bucket(), head)
         creates.append(ctx.s3.create_bucket(region))
     if isinstance(described, BaseException):
-        if error_code(described) not in _TABLE_MISSING:
+        if classify(described) != TABLE_MISSING:
             raise_failure(ctx.index.describe(), described)
+        if not isinstance(head, BaseException):
+            _check_bucket_region(ctx, head)
         creates.append(ctx.index.create())
     else:
         _check_shape(ctx.index.table, described["Table"])
     if creates:
         results = yield tuple(creates)
         for call, result in zip(creates, results):
-            if isinstance(result, BaseException) and error_code(result) not in _BUCKET_OURS | _TABLE_RACING:
+            ours = error_code(result) in BUCKET_OURS_CODES | TABLE_RACING_CODES
+            if isinstance(result, BaseException) and not ours:
                 raise_failure(call, result)
     status = described.get("Table", {}).get("TableStatus") if isinstance(described, dict) else None
     for _ in range(_POLL_LIMIT):
@@ -43,11 +51,34 @@ def setup(ctx: Context, region: str | None) -> Op[None]:
             yield Sleep(_POLL_SECONDS)
         status = (yield from request_one(ctx.index.describe()))["Table"]["TableStatus"]
     else:
-        raise TimeoutError(f"table {ctx.index.table} did not become ACTIVE")
+        raise SetupTimeoutError(
+            f"table {ctx.index.table} did not become ACTIVE within {_POLL_LIMIT * _POLL_SECONDS:.0f} s; "
+            "run setup() again"
+        )
     if ctx.ttl_seconds:
         ttl = yield from request_one(ctx.index.describe_ttl())
         if ttl.get("TimeToLiveDescription", {}).get("TimeToLiveStatus") not in {"ENABLED", "ENABLING"}:
             yield from request_one(ctx.index.enable_ttl())
+
+
+def _check_bucket_region(ctx: Context, head: dict[str, Any]) -> None:
+    """Refuse to create an index next to a bucket that lives in another region.
+
+    A wrong ``region_name`` finds no table; creating one there would give the
+    bucket a second, empty index. HeadBucket names the bucket's region.
+    """
+    bucket_region = head.get("BucketRegion") or (
+        head.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
+    )
+    where = ctx.index.where
+    table_region = where.region("dynamodb") if where is not None else None
+    if bucket_region and table_region and bucket_region != table_region:
+        raise ConfigurationError(
+            f"bucket {ctx.s3.bucket!r} lives in region {bucket_region}, but the saver's region is "
+            f"{table_region}, where table {ctx.index.table!r} does not exist. setup() created nothing: "
+            f"set region_name={bucket_region!r} if the table lives with the bucket, or pass clients "
+            "for each region"
+        )
 
 
 def _check_shape(table: str, description: dict[str, Any]) -> None:

@@ -1,0 +1,175 @@
+"""The saver's boto3 and aioboto3 clients: defaults, and async clients that reach the same store.
+
+The sync clients are the user's (``s3_client=``, ``dynamodb_client=``) or made
+from ``boto3_session=`` / the default session. The async clients are made from
+the same endpoint, region, config and credentials, so ``graph.ainvoke`` never
+talks to another store than ``graph.invoke``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.config import Config
+from botocore.credentials import RefreshableCredentials
+
+from s3_saver.errors import ConfigurationError, Where
+
+# Lambda-minded defaults: an unreachable store fails in seconds, not minutes.
+CONNECT_TIMEOUT = 2
+READ_TIMEOUT = 15
+TOTAL_MAX_ATTEMPTS = 3  # the first try included (botocore's `max_attempts` counts retries)
+_ATTEMPT_KEYS = {"max_attempts", "total_max_attempts"}
+_AWS_ENDPOINT_MARK = ".amazonaws.com"
+SERVICES = ("s3", "dynamodb")
+
+
+def client_config(user: Config | None, *, max_concurrency: int, path_style: bool) -> Config:
+    """The saver's defaults with ``user`` merged over them.
+
+    ``Config.merge`` replaces dict options whole, so ``retries`` and ``s3`` are
+    merged key by key: ``Config(retries={"max_attempts": 1})`` keeps standard mode.
+    """
+    defaults = Config(
+        retries={"mode": "standard", "total_max_attempts": TOTAL_MAX_ATTEMPTS},
+        connect_timeout=CONNECT_TIMEOUT,
+        read_timeout=READ_TIMEOUT,
+        max_pool_connections=max(10, max_concurrency),
+        # Path-style addressing is what S3-compatible servers on a custom endpoint expect.
+        s3={"addressing_style": "path"} if path_style else None,
+    )
+    if user is None:
+        return defaults
+    merged = defaults.merge(user)
+    nested: dict[str, Any] = {}
+    for option in ("retries", "s3"):
+        ours, theirs = getattr(defaults, option), getattr(user, option)
+        if ours and theirs:
+            combined = dict(ours)
+            if option == "retries" and _ATTEMPT_KEYS & theirs.keys():
+                # botocore prefers total_max_attempts over max_attempts: the user's
+                # count of either kind replaces ours.
+                for key in _ATTEMPT_KEYS:
+                    combined.pop(key, None)
+            combined.update(theirs)
+            nested[option] = combined
+    return merged.merge(Config(**nested)) if nested else merged
+
+
+def custom_endpoint(url: str | None) -> str | None:
+    """``url`` unless it is an AWS endpoint (named in messages only when custom)."""
+    return None if url is None or _AWS_ENDPOINT_MARK in url else url
+
+
+class Clients:
+    """Client factories for the two drivers (called lazily, at the first call)."""
+
+    def __init__(
+        self,
+        *,
+        where: Where,
+        region_name: str | None,
+        endpoints: dict[str, str | None],
+        config: Config,
+        boto3_session: Any,
+        given: dict[str, Any],
+        aioboto3_session: Any,
+    ) -> None:
+        self.where = where
+        self.region_name = region_name
+        self.endpoints = endpoints
+        self.config = config
+        self.boto3_session = boto3_session
+        self.given = given
+        self.aioboto3_session = aioboto3_session
+        for service in SERVICES:
+            client = given.get(service)
+            if client is not None:
+                where.regions[service] = client.meta.region_name
+                where.endpoints[service] = custom_endpoint(client.meta.endpoint_url)
+            else:
+                where.regions[service] = region_name or getattr(boto3_session, "region_name", None)
+                where.endpoints[service] = endpoints[service]
+
+    def make_sync(self, service: str) -> Any:
+        if self.given.get(service) is not None:
+            return self.given[service]
+        import boto3
+
+        session = self.boto3_session or boto3.session.Session()
+        client = session.client(
+            service, region_name=self.region_name, endpoint_url=self.endpoints[service], config=self.config
+        )
+        self._learn_region(service, client.meta.region_name)
+        return client
+
+    def make_async(self, service: str) -> Any:
+        """An aioboto3 client (an async context manager) for the same store as the sync one.
+
+        Raises:
+            ConfigurationError: The sync side's credentials refresh themselves and
+                come from no named profile, so they cannot be handed to aioboto3.
+        """
+        aioboto3 = _import_aioboto3()
+        given = self.given.get(service)
+        if given is not None:
+            region, config = given.meta.region_name, given.meta.config
+            # An AWS endpoint follows from the region (and keeps the SDK's endpoint rules).
+            endpoint = custom_endpoint(given.meta.endpoint_url)
+            session = self.aioboto3_session or _session_with(
+                aioboto3, _credentials_of(given), None, region, f"{service}_client"
+            )
+        else:
+            region = self.region_name
+            endpoint, config = self.endpoints[service], self.config
+            session = self.aioboto3_session
+            if session is None and self.boto3_session is not None:
+                boto = self.boto3_session
+                region = region or boto.region_name
+                profile = boto._session.get_config_variable("profile")
+                session = _session_with(aioboto3, boto.get_credentials(), profile, region, "boto3_session")
+            if session is None:
+                session = aioboto3.Session()
+            self._learn_region(service, region or session.region_name)
+        return session.client(service, region_name=region, endpoint_url=endpoint, config=config)
+
+    def _learn_region(self, service: str, region: str | None) -> None:
+        if self.where.regions.get(service) is None:
+            self.where.regions[service] = region
+
+
+def _import_aioboto3() -> Any:
+    try:
+        import aioboto3
+    except ImportError as exc:
+        raise ImportError("the async methods need aioboto3: pip install 's3-saver[async]'") from exc
+    return aioboto3
+
+
+def _credentials_of(client: Any) -> Any:
+    # botocore exposes a client's credentials only through its request signer.
+    signer = getattr(client, "_request_signer", None)
+    return getattr(signer, "_credentials", None)
+
+
+def _session_with(aioboto3: Any, credentials: Any, profile: str | None, region: str | None, source: str) -> Any:
+    """An aioboto3 session holding the same credentials as the sync side."""
+    if profile:
+        # The profile resolves (and refreshes) its credentials the same way in aioboto3.
+        return aioboto3.Session(profile_name=profile, region_name=region)
+    if credentials is None:
+        return aioboto3.Session(region_name=region)
+    if isinstance(credentials, RefreshableCredentials):
+        raise ConfigurationError(
+            f"the async methods cannot use the credentials of {source}=: they refresh themselves "
+            f"(method {getattr(credentials, 'method', None)!r}) and come from no named profile, so a "
+            "copy would expire. Pass aioboto3_session= (an aioboto3.Session with the same "
+            "credentials) to the saver"
+        )
+    frozen = credentials.get_frozen_credentials()
+    return aioboto3.Session(
+        aws_access_key_id=frozen.access_key,
+        aws_secret_access_key=frozen.secret_key,
+        aws_session_token=frozen.token,
+        region_name=region,
+    )
