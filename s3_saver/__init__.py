@@ -1,6 +1,6 @@
 """s3_saver: a LangGraph checkpoint saver on S3 immutable objects with a DynamoDB index."""
 
-from s3_saver._dynamodb import (
+from s3_saver._index.dynamo_items import (
     PARTITION_KEY,
     SORT_KEY,
     TABLE_ATTRIBUTE_DEFINITIONS,

@@ -125,3 +125,40 @@ def failure(call: Call, result: BaseException) -> BaseException:
 
 def raise_failure(call: Call, result: BaseException) -> None:
     raise failure(call, result)
+
+
+def gather(*ops: Op[Any]) -> Op[list[Any]]:
+    """Run operations side by side: their calls of each step go out as one round trip.
+
+    This is how an index lookup and the S3 GETs that do not depend on it share a
+    wave. A ``Sleep`` of one operation pauses all of them (only throttled retries
+    sleep). Operations that emit are not supported here.
+    """
+    results: list[Any] = [None] * len(ops)
+    replies: dict[int, Any] = dict.fromkeys(range(len(ops)))
+    active = list(range(len(ops)))
+    while active:
+        wave: list[Call] = []
+        spans: list[tuple[int, int, int]] = []
+        sleep = 0.0
+        for i in list(active):
+            try:
+                step = ops[i].send(replies[i])
+            except StopIteration as stop:
+                results[i] = stop.value
+                active.remove(i)
+                continue
+            if isinstance(step, Sleep):
+                sleep = max(sleep, step.seconds)
+                spans.append((i, -1, 0))
+            elif isinstance(step, Emit):
+                raise TypeError("gather() runs operations that do not emit")
+            else:
+                spans.append((i, len(wave), len(step)))
+                wave.extend(step)
+        if sleep:
+            yield Sleep(sleep)
+        answers: list[Any] = (yield tuple(wave)) if wave else []
+        for i, start, size in spans:
+            replies[i] = None if start < 0 else answers[start : start + size]
+    return results

@@ -25,7 +25,7 @@ from s3_saver._clients import Clients
 from s3_saver._clients import client_config as merged_config
 from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
-from s3_saver._dynamodb import DynamoIndexCalls
+from s3_saver._index.dynamodb import DynamoIndex
 from s3_saver._keys import KeyLayout
 from s3_saver._ops import copy, delete, delta, put, read, setup
 from s3_saver._ops.context import Context
@@ -157,7 +157,7 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self._base_ctx = Context(
             layout=layout,
             s3=S3Calls(bucket, where),
-            index=DynamoIndexCalls(table, layout, where),
+            index=DynamoIndex(table, layout, where),
             serde=self.serde,
             inline_threshold=inline_threshold,
             ttl_seconds=int(ttl.total_seconds()) if ttl else None,

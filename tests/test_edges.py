@@ -262,26 +262,26 @@ def test_an_interrupted_copy_leaves_the_latest_state_and_completes_when_called_a
 ) -> None:
     from helpers import grow_thread
 
-    from s3_saver._ops import copy
+    from s3_saver._index.dynamodb import DynamoIndex
 
     grow_thread(saver, "src", 12)
     for t in list(saver.list(config("src")))[:3]:
         saver.put_writes(t.config, [("x", t.checkpoint["id"])], "task")
     expected = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(config("src"))]
-    write_batches = copy.write_batches
+    write_batches = DynamoIndex.write_batches
 
-    def cut_short(ctx, requests, what):
-        yield from write_batches(ctx, requests[:5], what)
+    def cut_short(index, requests, what):
+        yield from write_batches(index, requests[:5], what)
         raise ConnectionError("the Lambda timed out")
 
-    monkeypatch.setattr(copy, "write_batches", cut_short)
+    monkeypatch.setattr(DynamoIndex, "write_batches", cut_short)
     with pytest.raises(ConnectionError):
         saver.copy_thread("src", "dst")
     partial = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(config("dst"))]
     assert 0 < len(partial) < len(expected)
     assert partial[0] == expected[0]  # the newest state is there; every object it needs too
 
-    monkeypatch.setattr(copy, "write_batches", write_batches)
+    monkeypatch.setattr(DynamoIndex, "write_batches", write_batches)
     saver.copy_thread("src", "dst")
     assert [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(config("dst"))] == expected
 

@@ -29,12 +29,9 @@ from s3_saver import (
     StoreUnavailableError,
     TableNotFoundError,
 )
-from s3_saver._dynamodb import (
-    TABLE_ATTRIBUTE_DEFINITIONS,
-    TABLE_KEY_SCHEMA,
-    CheckpointEntry,
-    DynamoIndexCalls,
-)
+from s3_saver._index.base import CheckpointEntry
+from s3_saver._index.dynamo_items import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA
+from s3_saver._index.dynamodb import DynamoIndex
 from s3_saver._keys import KeyLayout, encode
 from s3_saver._ops import read, setup
 from s3_saver._ops.context import Context
@@ -283,7 +280,7 @@ def test_client_config_retries_are_merged_key_by_key() -> None:
 
 # -- 11. every error is an S3SaverError ------------------------------------------------------
 def test_setup_timeout_is_an_s3_saver_error() -> None:
-    ctx = Context(KeyLayout(""), S3Calls("b"), DynamoIndexCalls("t", KeyLayout("")), JsonPlusSerializer(), 1024, None)
+    ctx = Context(KeyLayout(""), S3Calls("b"), DynamoIndex("t", KeyLayout("")), JsonPlusSerializer(), 1024, None)
 
     def respond(call: Call) -> Any:
         if call.operation == "describe_table":
@@ -377,9 +374,9 @@ def test_encrypted_thread_read_without_the_key(endpoint: str, driver: str, inlin
 
 
 def test_forbidden_object_says_missing_or_denied() -> None:
-    ctx = Context(KeyLayout(""), S3Calls("b"), DynamoIndexCalls("t", KeyLayout("")), JsonPlusSerializer(), 1024, None)
+    ctx = Context(KeyLayout(""), S3Calls("b"), DynamoIndex("t", KeyLayout("")), JsonPlusSerializer(), 1024, None)
     # An index item whose checkpoint lives only in its S3 object.
-    item = ctx.index.checkpoint_item(CheckpointEntry("t", "", "c1", None, {}))
+    item = ctx.index.calls.checkpoint_item(CheckpointEntry("t", "", "c1", None, {}))
 
     def respond(call: Call) -> Any:
         if call.operation == "query":

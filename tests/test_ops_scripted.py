@@ -9,7 +9,7 @@ import pytest
 from botocore.exceptions import ClientError
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from s3_saver._dynamodb import DynamoIndexCalls
+from s3_saver._index.dynamodb import DynamoIndex
 from s3_saver._keys import KeyLayout, writes_sort_key
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_thread
@@ -20,7 +20,7 @@ from s3_saver.errors import ImmutableObjectConflictError
 
 def _ctx() -> Context:
     layout = KeyLayout("p")
-    return Context(layout, S3Calls("b"), DynamoIndexCalls("t", layout), JsonPlusSerializer(), 1024, None)
+    return Context(layout, S3Calls("b"), DynamoIndex("t", layout), JsonPlusSerializer(), 1024, None)
 
 
 def _drive(op, respond: Callable[[Call], Any]) -> tuple[Any, list[Any]]:
@@ -42,7 +42,7 @@ def _client_error(code: str, status: int) -> ClientError:
 
 def test_throttled_deletes_are_retried_with_backoff() -> None:
     ctx = _ctx()
-    item = {"pk": {"S": ctx.index.pk("t")}, "sk": {"S": writes_sort_key("", "c1", "task", "r1")}, "token": {"S": "x"}}
+    item = {"pk": {"S": ctx.index.calls.pk("t")}, "sk": {"S": writes_sort_key("", "c1", "task", "r1")}, "token": {"S": "x"}}
     stored = [item]
     # The tombstone batch goes through at once; the delete batch is refused twice.
     refusals = iter([0, 2, 1, 0])

@@ -22,8 +22,7 @@ from conftest import BUCKET, TABLE, make_saver
 from helpers import checkpoint, config, grow_thread
 from s3_saver import KeyTooLongError, ThreadDeletedError
 from s3_saver._drivers.sync import SyncDriver
-from s3_saver._ops import copy as copy_op
-from s3_saver._ops import put as put_op
+from s3_saver._index.dynamodb import DynamoIndex
 
 RESUME = next(ch for ch, idx in WRITES_IDX_MAP.items() if idx == -4)
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
@@ -179,7 +178,11 @@ def test_a_late_write_that_missed_the_tombstone_stays_invisible(endpoint, monkey
     in_flight.setup()
     last = grow_thread(in_flight, "t", 3)
     in_flight.delete_thread("t")
-    monkeypatch.setattr(put_op, "_generation", lambda call, result: 0)  # the stale read
+    def stale_generation(index, thread_id):  # the read that came just before the delete
+        yield from ()
+        return 0
+
+    monkeypatch.setattr(DynamoIndex, "generation", stale_generation)
     late = in_flight.put(last, checkpoint({"counter": 7, "doc": "x"}, {"counter": "7", "doc": "1"}), {}, {"counter": "7"})
     in_flight.put_writes(late, [("counter", 8)], "task")
     reader = make_saver(endpoint)
@@ -199,18 +202,18 @@ def test_copy_takes_exactly_the_items_whose_objects_it_copied(endpoint, saver, m
     _rich_thread(saver, "src")
     expected = _state(saver, "src")
     latecomer = make_saver(endpoint)
-    each_page = copy_op._each_page
+    each_page = DynamoIndex._each_page
     passes = {"n": 0}
 
-    def commit_between_passes(ctx, thread_id, handle, projection=None):
+    def commit_between_passes(index, thread_id, handle, projection=None):
         passes["n"] += 1
         if passes["n"] == 2:  # the object pass is done: another process commits to the source
             top = latecomer.get_tuple(config("src"))
             versions = {**top.checkpoint["channel_versions"], "counter": "99", "big": "2"}
             latecomer.put(top.config, checkpoint({"counter": 99, "doc": "a document", "big": "C" * 90_000}, versions), {}, {"counter": "99", "big": "2"})
-        yield from each_page(ctx, thread_id, handle, projection)
+        yield from each_page(index, thread_id, handle, projection)
 
-    monkeypatch.setattr(copy_op, "_each_page", commit_between_passes)
+    monkeypatch.setattr(DynamoIndex, "_each_page", commit_between_passes)
     saver.copy_thread("src", "dst")
     copied = _state(saver, "dst")
     assert [(v, m, w) for _, v, m, w in copied] == [(v, m, w) for _, v, m, w in expected]

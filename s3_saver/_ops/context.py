@@ -10,12 +10,11 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from s3_saver._dynamodb import CheckpointEntry, DynamoIndexCalls
+from s3_saver._index.base import CheckpointEntry, Index, Loc
 from s3_saver._keys import KeyLayout
 from s3_saver._s3 import S3Calls
 from s3_saver.errors import ConfigurationError
 
-Loc = dict[str, tuple[Any, str, int, int]]
 # What put needs to know of a parent: its loc map and its delete generation.
 Known = tuple[Loc, int]
 
@@ -59,7 +58,7 @@ class LocCache:
 class Context:
     layout: KeyLayout
     s3: S3Calls
-    index: DynamoIndexCalls
+    index: Index
     serde: SerializerProtocol
     inline_threshold: int
     ttl_seconds: int | None

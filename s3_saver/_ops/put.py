@@ -1,11 +1,10 @@
-"""put and put_writes: objects first, index item last (the commit point)."""
+"""put and put_writes: objects first, index entry last (the commit point)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
 import uuid
+from typing import Any
 
 import ormsgpack
 from langchain_core.runnables import RunnableConfig
@@ -19,21 +18,21 @@ from langgraph.checkpoint.base import (
 
 from s3_saver import _keys
 from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, pack
-from s3_saver._dynamodb import (
-    GEN,
+from s3_saver._index.base import (
+    ENTRY_BUDGET,
     IN_BLOB_OBJECT,
     IN_CHECKPOINT_OBJECT,
-    ITEM_BUDGET,
-    PARTITION_KEY,
     REGULAR_PART,
     SPECIAL_PART,
     CheckpointEntry,
+    Loc,
     WritesEntry,
 )
-from s3_saver._ops.context import Context, Loc, target
-from s3_saver._protocol import Op, raise_failure, request
-from s3_saver._s3 import DELETE_BATCH, put_immutable
-from s3_saver.errors import CONDITION_FAILED_CODES, CheckpointTooLargeError, ThreadDeletedError, error_code
+from s3_saver._ops.context import Context, target
+from s3_saver._ops.delete import delete_keys
+from s3_saver._protocol import Op, gather
+from s3_saver._s3 import put_immutable
+from s3_saver.errors import CheckpointTooLargeError, ThreadDeletedError
 
 # Room for keys, parent id and attribute names next to ``loc`` in the item.
 _LOC_HEADROOM = 16 * 1024
@@ -56,10 +55,10 @@ def put(
     checkpoint_key = ctx.layout.checkpoint_key(thread_id, ns, checkpoint_id)
     _keys.checkpoint_sort_key(ns, checkpoint_id)
     loc_estimate = len(ormsgpack.packb({ch: [v, checkpoint_id, 1, now] for ch, v in checkpoint["channel_versions"].items()}))
-    if loc_estimate + _LOC_HEADROOM > ITEM_BUDGET:
+    if loc_estimate + _LOC_HEADROOM > ENTRY_BUDGET:
         raise CheckpointTooLargeError(
             f"checkpoint {checkpoint_id} has {len(checkpoint['channel_versions'])} channels; "
-            f"their index entry (~{loc_estimate} bytes) exceeds DynamoDB's 400 KB item limit"
+            f"their index entry (~{loc_estimate} bytes) exceeds the 400 KB an entry may take"
         )
 
     # Channels whose value this checkpoint stores: new versions, plus unchanged
@@ -97,13 +96,12 @@ def put(
     # stays deleted), and so is the parent's item when this process has not
     # seen it (cold start, another writer): the common case costs no extra trip.
     fetch_parent = known is None
-    extra = (ctx.index.get_tombstone(thread_id),)
+    lookups = [put_immutable(ctx.s3, objects), ctx.index.generation(thread_id)]
     if fetch_parent:
-        extra += (ctx.index.get_checkpoint(thread_id, ns, parent_id),)  # type: ignore[arg-type]
-    extra_results = yield from put_immutable(ctx.s3, objects, extra)
-    gen = _generation(extra[0], extra_results[0])
+        lookups.append(ctx.index.checkpoint(thread_id, ns, parent_id))  # type: ignore[arg-type]
+    _, gen, *found = yield from gather(*lookups)
     if fetch_parent:
-        parent = _checkpoint_of(ctx, extra[1], extra_results[1])
+        parent = found[0]
         known = (parent.loc, parent.gen) if parent is not None else None
     if gen and parent_id is not None and (known is None or known[1] < gen):
         # The parent was deleted after this run read it: refuse to continue the
@@ -111,7 +109,7 @@ def put(
         yield from _take_back(ctx, list(objects))
         raise ThreadDeletedError(
             f"thread {thread_id!r} was deleted after its checkpoint {parent_id!r} was written "
-            f"(table {ctx.index.table}); a run in flight cannot continue it. Start the thread "
+            f"({ctx.index.describe()}); a run in flight cannot continue it. Start the thread "
             "afresh (invoke without a checkpoint_id) to use the id again."
         )
     if fetch_parent:
@@ -139,8 +137,8 @@ def put(
         expires_at=now + ctx.ttl_seconds if ctx.ttl_seconds else None,
         gen=gen,
     )
-    # The commit point: objects first, index item last.
-    yield from request(ctx.index.put(ctx.index.checkpoint_item(entry)))
+    # The commit point: objects first, index entry last.
+    yield from ctx.index.commit_checkpoint(entry)
     ctx.locs.put((thread_id, ns, checkpoint_id), (loc, gen))
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
@@ -187,45 +185,23 @@ def put_writes(
         entries.append(WritesEntry(thread_id, ns, checkpoint_id, task_id, part, token, body))
     if not entries:
         return
-    tomb_call = ctx.index.get_tombstone(thread_id)
-    (tomb,) = yield from put_immutable(ctx.s3, objects, (tomb_call,))
-    gen = _generation(tomb_call, tomb)
+    _, gen = yield from gather(put_immutable(ctx.s3, objects), ctx.index.generation(thread_id))
     known = ctx.locs.get((thread_id, ns, checkpoint_id))
     if gen and known is not None and known[1] < gen:
         yield from _take_back(ctx, list(objects))
         raise ThreadDeletedError(
             f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
-            f"(table {ctx.index.table}); its pending writes are refused"
+            f"({ctx.index.describe()}); its pending writes are refused"
         )
     expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
-    calls = []
     for entry in entries:
-        entry.gen = gen
-        item = ctx.index.writes_item(entry, expires_at)
-        if entry.part.startswith(REGULAR_PART):
-            # First committed wins; the stored item is handed back when we lose.
-            options = {
-                "ConditionExpression": f"attribute_not_exists({PARTITION_KEY})",
-                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-            }
-        else:
-            options = {"ReturnValues": "ALL_OLD"}  # last committed wins; the old item comes back
-        calls.append(ctx.index.put(item, **options))
-    # The commit point: objects first, index items last.
-    results = yield tuple(calls)
-    unused: list[str] = []
-    for call, result, entry in zip(calls, results, entries):
-        own = ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, token)
-        if isinstance(result, BaseException):
-            if error_code(result) not in CONDITION_FAILED_CODES:
-                raise_failure(call, result)
-            winner = (getattr(result, "response", {}) or {}).get("Item", {}).get("token", {}).get("S")
-            if winner != token:  # else: our own write, applied by an earlier attempt of this request
-                unused.append(own)
-            continue
-        replaced = result.get("Attributes", {}).get("token", {}).get("S")
-        if replaced is not None and replaced != token:
-            unused.append(ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, replaced))
+        entry.gen, entry.expires_at = gen, expires_at
+    # The commit point: objects first, index entries last.
+    outcome = yield from ctx.index.commit_writes(entries)
+    unused = [
+        ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, token)
+        for entry, token in outcome.unused
+    ]
     if unused:
         # Objects no index item points at any more (a lost first-wins race, an
         # overwritten special slot). A reader that fetched the replaced item a
@@ -265,7 +241,7 @@ def _split(
     inline = sorted((ch for ch, (_, b) in serialized.items() if len(b) <= ctx.inline_threshold),
                     key=lambda ch: len(serialized[ch][1]))
     blobs = [ch for ch in serialized if ch not in inline]
-    room = ITEM_BUDGET - loc_estimate - _LOC_HEADROOM
+    room = ENTRY_BUDGET - loc_estimate - _LOC_HEADROOM
     total = sum(len(serialized[ch][1]) + len(ch) + 48 for ch in inline)
     while inline and total > room:
         ch = inline.pop()
@@ -301,21 +277,6 @@ def _write_parts(ctx: Context, writes: Sequence[tuple[str, Any]]) -> dict[str, l
     return parts
 
 
-def _generation(call: Any, result: Any) -> int:
-    """The delete generation of the thread (0 when it was never deleted)."""
-    if isinstance(result, BaseException):
-        raise_failure(call, result)
-    return int(result["Item"][GEN]["N"]) if "Item" in result else 0
-
-
-def _checkpoint_of(ctx: Context, call: Any, result: Any) -> CheckpointEntry | None:
-    if isinstance(result, BaseException):
-        raise_failure(call, result)
-    entry = ctx.index.parse(result["Item"]) if "Item" in result else None
-    return entry if isinstance(entry, CheckpointEntry) else None
-
-
 def _take_back(ctx: Context, keys: list[str]) -> Op[None]:
-    """Delete objects no index item refers to (writes that were refused or lost)."""
-    yield from request(*(ctx.s3.delete_many(keys[i : i + DELETE_BATCH]) for i in range(0, len(keys), DELETE_BATCH)))
-
+    """Delete objects no index entry refers to (writes that were refused or lost)."""
+    yield from delete_keys(ctx, keys, "refused or superseded writes")

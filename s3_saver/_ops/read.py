@@ -7,11 +7,10 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
 
-from s3_saver import _keys
-from s3_saver._dynamodb import CheckpointEntry, Tombstone, WritesEntry
+from s3_saver._index.base import CheckpointEntry
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.resolve import Resolver, fetch_and_build
-from s3_saver._protocol import Emit, Op, request, request_one
+from s3_saver._protocol import Emit, Op
 
 # Resolve list results in chunks so a long history streams instead of loading at once.
 _LIST_CHUNK = 100
@@ -20,75 +19,18 @@ _MAX_PAGE = 1000
 
 def get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None]:
     thread_id, ns, checkpoint_id = target(config)
-    resolver = Resolver(ctx)
     if checkpoint_id:
-        # The id is known: item, pending writes and the namespace's tombstone in one wave.
-        get = ctx.index.get_checkpoint(thread_id, ns, checkpoint_id)
-        writes = ctx.index.query(
-            thread_id, begins_with=_keys.writes_sort_prefix(ns, checkpoint_id), newest_first=False
-        )
-        found, page, tomb = yield from request(get, writes, ctx.index.get_tombstone(thread_id, ns))
-        if "Item" not in found:
-            return None
-        entry = ctx.index.parse(found["Item"])
-        assert isinstance(entry, CheckpointEntry)
-        if ctx.expired(entry) or entry.gen < _tombstone_gen(ctx, tomb):
-            return None
-        resolver.add(entry)
-        resolver.take_writes_page(entry, page)
+        entry = yield from ctx.index.get(thread_id, ns, checkpoint_id)
     else:
-        latest = yield from _latest(ctx, thread_id, ns)
-        if latest is None:
-            return None
-        entry = latest
-        resolver.add(entry)
-        resolver.load_writes(entry)
+        entry = yield from ctx.index.latest(thread_id, ns)
+    # Entries expire in the order they were written, so an expired newest entry
+    # means an expired thread.
+    if entry is None or ctx.expired(entry):
+        return None
+    resolver = Resolver(ctx)
+    resolver.add(entry)
     (result,) = yield from fetch_and_build(resolver, [entry])
     return result
-
-
-def _latest(ctx: Context, thread_id: str, ns: str) -> Op[CheckpointEntry | None]:
-    """Newest checkpoint item of (thread, ns): one Query with Limit=1.
-
-    Pending writes sort next to their checkpoint, so writes stored before their
-    checkpoint (a newer id with no checkpoint item yet) can come first: they are
-    skipped by narrowing the key range below that id. A namespace that was
-    deleted has its tombstone on top: the search goes on below it, for items
-    written since (a thread id used again), one more Query.
-    """
-    prefix = _keys.ns_sort_prefix(ns)
-    upper: str | None = None
-    start: dict[str, Any] | None = None
-    min_gen = 0
-    while True:
-        if upper is None:
-            call = ctx.index.query(thread_id, begins_with=prefix, limit=1, start_key=start, min_gen=min_gen)
-        else:
-            call = ctx.index.query(thread_id, between=(prefix, upper), limit=1, start_key=start, min_gen=min_gen)
-        page = yield from request_one(call)
-        items = page.get("Items", [])
-        if not items:
-            # With a generation filter, an evaluated item that did not pass
-            # (left by a delete cut short) ends a page with nothing in it.
-            start = page.get("LastEvaluatedKey")
-            if start is None:
-                return None
-            continue
-        entry = ctx.index.parse(items[0])
-        if isinstance(entry, CheckpointEntry):
-            # Items expire in the order they were written, so an expired newest
-            # item means an expired thread.
-            return None if ctx.expired(entry) else entry
-        if isinstance(entry, Tombstone):
-            min_gen, start = entry.gen, ctx.index.tombstone_key(thread_id, ns)
-        else:
-            assert isinstance(entry, WritesEntry)
-            upper, start = _keys.checkpoint_sort_prefix(ns, entry.checkpoint_id), None
-
-
-def _tombstone_gen(ctx: Context, result: dict[str, Any]) -> int:
-    entry = ctx.index.parse(result["Item"]) if "Item" in result else None
-    return entry.gen if isinstance(entry, Tombstone) else 0
 
 
 def list_checkpoints(
@@ -114,47 +56,16 @@ def list_checkpoints(
 
     resolver = Resolver(ctx)
     remaining = limit
-    start: dict[str, Any] | None = None
-    held: CheckpointEntry | None = None
-    # Per namespace, the generation below which items belong to a deleted thread.
-    # Newest first, a namespace's tombstone comes before its items, except
-    # where `before` cuts the range below it: then it is read beside the first page.
-    deleted: dict[str, int] = {}
-    tomb_call = ctx.index.get_tombstone(thread_id, ns) if ns is not None and before_id is not None else None
-    # A checkpoint item is followed by a few write batches: `limit` bounds how
-    # much of the thread the first page reads (a filter may need more pages).
+    cursor: Any = None
+    # A checkpoint is followed by a few write parts: `limit` bounds how much of
+    # the thread the first page reads (a filter may need more pages).
     page_size = min(_MAX_PAGE, 4 * limit + 4) if limit is not None else None
     while True:
-        call = _history_query(ctx, thread_id, ns, before_id, page_size, start)
+        complete, cursor = yield from ctx.index.history(thread_id, ns, before_id, page_size, cursor)
         if page_size is not None:
             # Pages that did not finish the job (writes, other namespaces, `before`
-            # across namespaces) double, so a call costs O(log n) queries at worst.
+            # across namespaces) double, so a call costs O(log n) pages at worst.
             page_size = min(_MAX_PAGE, page_size * 2)
-        if tomb_call is not None:
-            page, tomb = yield from request(call, tomb_call)
-            deleted[ns] = _tombstone_gen(ctx, tomb)  # type: ignore[index]
-            tomb_call = None
-        else:
-            page = yield from request_one(call)
-        complete: list[CheckpointEntry] = []
-        for raw in page.get("Items", []):
-            item = ctx.index.parse(raw)
-            if isinstance(item, Tombstone):
-                if item.ns is not None:
-                    deleted[item.ns] = item.gen
-                continue
-            if item is None or item.gen < deleted.get(item.ns, 0):
-                continue
-            if isinstance(item, CheckpointEntry):
-                if held is not None:
-                    complete.append(held)
-                held = item
-            elif held is not None and (item.ns, item.checkpoint_id) == (held.ns, held.checkpoint_id):
-                # Newest first, a checkpoint's own writes follow its item.
-                held.writes.append(item)
-        start = page.get("LastEvaluatedKey")
-        if start is None and held is not None:
-            complete.append(held)
         candidates = [
             e for e in complete
             if not ctx.expired(e) and (before_id is None or e.checkpoint_id < before_id)
@@ -168,56 +79,17 @@ def list_checkpoints(
         for i in range(0, len(matched), _LIST_CHUNK):
             for tup in (yield from fetch_and_build(resolver, matched[i : i + _LIST_CHUNK])):
                 yield Emit(tup)
-        if start is None or remaining == 0:
+        if cursor is None or remaining == 0:
             return
-
-
-def _history_query(
-    ctx: Context,
-    thread_id: str,
-    ns: str | None,
-    before_id: str | None,
-    page_size: int | None,
-    start: dict[str, Any] | None,
-) -> Any:
-    if ns is None:
-        return ctx.index.query(thread_id, limit=page_size, start_key=start)
-    prefix = _keys.ns_sort_prefix(ns)
-    if before_id is not None:
-        # `before` is a key condition: everything below the before id's items.
-        upper = _keys.checkpoint_sort_prefix(ns, before_id)
-        return ctx.index.query(thread_id, between=(prefix, upper), limit=page_size, start_key=start)
-    return ctx.index.query(thread_id, begins_with=prefix, limit=page_size, start_key=start)
 
 
 def _list_all(
     ctx: Context, filter: dict[str, Any] | None, before_id: str | None, limit: int | None
 ) -> Op[None]:
-    """list(None): every thread. The only operation that scans the table."""
-    entries: dict[tuple[str, str, str], CheckpointEntry] = {}
-    writes: list[WritesEntry] = []
-    deleted: dict[tuple[str, str], int] = {}
-    start: dict[str, Any] | None = None
-    while True:
-        page = yield from request_one(ctx.index.scan(start))
-        for raw in page.get("Items", []):
-            item = ctx.index.parse(raw)  # None: an item of another key prefix
-            if isinstance(item, CheckpointEntry):
-                entries[(item.thread_id, item.ns, item.checkpoint_id)] = item
-            elif isinstance(item, WritesEntry):
-                writes.append(item)
-            elif isinstance(item, Tombstone) and item.ns is not None:
-                deleted[(item.thread_id, item.ns)] = item.gen
-        start = page.get("LastEvaluatedKey")
-        if start is None:
-            break
-    entries = {k: e for k, e in entries.items() if e.gen >= deleted.get(k[:2], 0)}
-    for w in writes:
-        owner = entries.get((w.thread_id, w.ns, w.checkpoint_id))
-        if owner is not None:
-            owner.writes.append(w)
+    """list(None): every thread. The only read that is not bounded by a thread."""
+    entries = yield from ctx.index.all_threads()
     ordered = sorted(
-        (e for e in entries.values() if not ctx.expired(e)),
+        (e for e in entries if not ctx.expired(e)),
         key=lambda e: (e.thread_id, e.ns, e.checkpoint_id),
         reverse=True,
     )
@@ -246,9 +118,7 @@ def _filtered(
         return entries
     unknown = [e for e in entries if resolver.metadata(e) is None]
     if unknown:
-        calls = resolver.object_calls(unknown)
-        results = yield tuple(calls)
-        resolver.absorb(calls, results)
+        yield from resolver.fetch_records(unknown)
     return [e for e in entries if _matches(resolver.metadata(e), filter)]
 
 

@@ -1,8 +1,9 @@
 """Turns index entries into CheckpointTuples, fetching what they point at in waves.
 
 Each wave sends every fetch that is known to be needed at once: S3 GETs of
-objects, a BatchGetItem for source checkpoints that hold unchanged channels, and
-Query pages of pending writes. In the common case one wave is enough.
+objects, the index lookups of source checkpoints that hold unchanged channels,
+and the pending writes of checkpoints read without them. In the common case one
+wave is enough.
 """
 
 from __future__ import annotations
@@ -12,22 +13,11 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, PendingWrite, writes_sort_key
 
-from s3_saver import _keys
 from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
-from s3_saver._dynamodb import (
-    IN_BLOB_OBJECT,
-    PARTITION_KEY,
-    REGULAR_PART,
-    SORT_KEY,
-    CheckpointEntry,
-    WritesEntry,
-)
+from s3_saver._index.base import IN_BLOB_OBJECT, REGULAR_PART, CheckpointEntry, Key3, WritesEntry
 from s3_saver._ops.context import Context
-from s3_saver._protocol import Call, Op, Sleep, backoff, raise_failure
+from s3_saver._protocol import Call, Op, gather, raise_failure
 from s3_saver.errors import DENIED, OBJECT_MISSING, AccessDeniedError, MissingObjectError, classify, error_code
-
-BATCH_GET_MAX = 100  # BatchGetItem accepts at most 100 keys per request
-Key3 = tuple[str, str, str]
 
 
 class Resolver:
@@ -37,44 +27,26 @@ class Resolver:
         self.entries: dict[Key3, CheckpointEntry] = {}
         self.blobs: dict[str, dict[str, Any]] = {}
         self.writes: dict[str, dict[str, Any]] = {}
-        # entries whose pending writes still need (more) Query pages: key -> start key
-        self.writes_pending: dict[Key3, dict[str, Any] | None] = {}
         self._item_missing: set[Key3] = set()
         self._object_keys: dict[str, tuple[str, Any]] = {}
-        self._requested: set[Key3] = set()
-        self._queries: list[tuple[Call, Key3]] = []
-        self.throttled = False
 
     # -- intake ------------------------------------------------------------------
     def add(self, entry: CheckpointEntry) -> None:
-        key = (entry.thread_id, entry.ns, entry.checkpoint_id)
+        key = entry.key
         self.entries[key] = entry
         if entry.body is not None and key not in self.records:
-            self.records[key] = unpack(entry.body, CHECKPOINT_FORMAT, f"index item for {key}")
+            self.records[key] = unpack(entry.body, CHECKPOINT_FORMAT, f"index entry for {key}")
         self.ctx.locs.put(key, (entry.loc, entry.gen))
 
-    def load_writes(self, entry: CheckpointEntry) -> None:
-        """Mark ``entry``'s pending writes as still to be read from the index."""
-        self.writes_pending[(entry.thread_id, entry.ns, entry.checkpoint_id)] = None
-
-    def take_writes_page(self, entry: CheckpointEntry, response: dict[str, Any]) -> None:
-        key = (entry.thread_id, entry.ns, entry.checkpoint_id)
-        entry.writes.extend(
-            w for w in map(self.ctx.index.parse, response.get("Items", [])) if isinstance(w, WritesEntry)
-        )
-        if response.get("LastEvaluatedKey"):
-            self.writes_pending[key] = response["LastEvaluatedKey"]
-        else:
-            self.writes_pending.pop(key, None)
-
     # -- what is missing ---------------------------------------------------------------
-    def calls(self, targets: list[CheckpointEntry]) -> list[Call]:
+    def _needs(self, targets: list[CheckpointEntry]) -> tuple[dict[str, tuple[str, Any]], list[Key3], list[CheckpointEntry]]:
+        """S3 objects to GET, index entries to look up, entries whose writes to read."""
         ctx = self.ctx
         gets: dict[str, tuple[str, Any]] = {}
-        batch_keys: dict[Key3, dict[str, Any]] = {}
+        lookups: dict[Key3, None] = {}
         for entry in targets:
             t, ns = entry.thread_id, entry.ns
-            own = (t, ns, entry.checkpoint_id)
+            own = entry.key
             if own not in self.records:
                 gets[ctx.layout.checkpoint_key(*own)] = ("checkpoint", own)
             for ch, (version, src, kind, _) in entry.loc.items():
@@ -87,56 +59,35 @@ class Resolver:
                 if src_key in self.records:
                     continue
                 if src_key in self.entries or src_key in self._item_missing:
-                    # Its item is known but too large to carry the object, or
-                    # gone: the bucket has the object.
+                    # Its entry is known but too large to carry the object, or
+                    # not found: the bucket has the object.
                     gets[ctx.layout.checkpoint_key(*src_key)] = ("checkpoint", src_key)
                 else:
-                    batch_keys[src_key] = ctx.index.key_of(*src_key)
-            for w in entry.writes:
+                    lookups[src_key] = None
+            for w in entry.writes or ():
                 if w.body is None:
                     wkey = _writes_key(ctx, w)
                     if wkey not in self.writes:
                         gets[wkey] = ("writes", wkey)
-        calls = [ctx.s3.get(k) for k in gets]
-        self._object_keys.update(gets)
-        keys = list(batch_keys.values())
-        calls += [ctx.index.batch_get(keys[i : i + BATCH_GET_MAX]) for i in range(0, len(keys), BATCH_GET_MAX)]
-        self._requested = set(batch_keys)
-        self._queries = []
-        for key, start in self.writes_pending.items():
-            t, ns, cid = key
-            query = ctx.index.query(
-                t, begins_with=_keys.writes_sort_prefix(ns, cid), newest_first=False, start_key=start
-            )
-            self._queries.append((query, key))
-            calls.append(query)
-        return calls
+        return gets, list(lookups), [e for e in targets if e.writes is None]
 
-    def absorb(self, calls: list[Call], results: list[Any]) -> None:
-        returned: set[Key3] = set()
-        unprocessed: set[Key3] = set()
+    def _fetch_objects(self, gets: dict[str, tuple[str, Any]]) -> Op[None]:
+        self._object_keys.update(gets)
+        calls = tuple(self.ctx.s3.get(k) for k in gets)
+        results = yield calls
         for call, result in zip(calls, results):
-            if call.operation == "get_object":
-                self._take_object(call, result)
-                continue
-            if isinstance(result, BaseException):
-                raise_failure(call, result)
-            if call.operation == "batch_get_item":
-                for raw in result.get("Responses", {}).get(self.ctx.index.table, []):
-                    entry = self.ctx.index.parse(raw)
-                    if isinstance(entry, CheckpointEntry):
-                        self.add(entry)
-                        returned.add((entry.thread_id, entry.ns, entry.checkpoint_id))
-                for raw_key in result.get("UnprocessedKeys", {}).get(self.ctx.index.table, {}).get("Keys", []):
-                    sk = _keys.parse_sort_key(raw_key[SORT_KEY]["S"])
-                    thread_id = self.ctx.layout.thread_of(raw_key[PARTITION_KEY]["S"])
-                    unprocessed.add((thread_id or "", sk.ns, sk.checkpoint_id))
-            elif call.operation == "query":
-                key = next(k for q, k in self._queries if q is call)
-                self.take_writes_page(self.entries[key], result)
-        self._item_missing |= self._requested - returned - unprocessed
-        # BatchGetItem hands back what it could not read under throttling.
-        self.throttled = bool(unprocessed)
+            self._take_object(call, result)
+
+    def _look_up(self, keys: list[Key3]) -> Op[None]:
+        found = yield from self.ctx.index.entries(keys)
+        for key, entry in found.items():
+            if entry is None:
+                self._item_missing.add(key)
+            else:
+                self.add(entry)
+
+    def _read_writes(self, entry: CheckpointEntry) -> Op[None]:
+        entry.writes = yield from self.ctx.index.writes(entry)
 
     def _take_object(self, call: Call, result: Any) -> None:
         key = call.params["Key"]
@@ -165,15 +116,9 @@ class Resolver:
         else:
             self.writes[key] = unpack(result["Body"], WRITES_FORMAT, where)
 
-    def object_calls(self, entries: list[CheckpointEntry]) -> list[Call]:
-        """GETs of the checkpoint objects of ``entries`` (for metadata the items lack)."""
-        calls = []
-        for entry in entries:
-            ident = (entry.thread_id, entry.ns, entry.checkpoint_id)
-            key = self.ctx.layout.checkpoint_key(*ident)
-            self._object_keys[key] = ("checkpoint", ident)
-            calls.append(self.ctx.s3.get(key))
-        return calls
+    def fetch_records(self, entries: list[CheckpointEntry]) -> Op[None]:
+        """GET the checkpoint objects of ``entries`` (for metadata their entries lack)."""
+        yield from self._fetch_objects({self.ctx.layout.checkpoint_key(*e.key): ("checkpoint", e.key) for e in entries})
 
     # -- assembly ------------------------------------------------------------------------
     def metadata(self, entry: CheckpointEntry) -> Any | None:
@@ -225,7 +170,7 @@ class Resolver:
         deleted thread that had a checkpoint of the same id.
         """
         parts = []
-        for w in entry.writes:
+        for w in entry.writes or ():
             if w.gen < entry.gen:
                 continue
             if w.body is not None:
@@ -257,11 +202,14 @@ def fetch_and_build(resolver: Resolver, targets: list[CheckpointEntry]) -> Op[li
 
 
 def load(resolver: Resolver, targets: list[CheckpointEntry]) -> Op[None]:
-    """Send waves until everything ``targets`` point at is in ``resolver``."""
-    waves = 0
-    while calls := resolver.calls(targets):
-        if resolver.throttled:
-            yield Sleep(backoff(waves))
-        results: list[Any] = yield tuple(calls)
-        resolver.absorb(calls, results)
-        waves += 1
+    """Send waves until everything ``targets`` point at is in ``resolver``: S3 GETs,
+    index lookups and pending writes of one wave go out together."""
+    while True:
+        gets, lookups, unloaded = resolver._needs(targets)
+        if not (gets or lookups or unloaded):
+            return
+        ops = [resolver._fetch_objects(gets)] if gets else []
+        if lookups:
+            ops.append(resolver._look_up(lookups))
+        ops += [resolver._read_writes(e) for e in unloaded]
+        yield from gather(*ops)

@@ -1,20 +1,22 @@
-"""The DynamoDB index: table shape, item formats and the calls that read and write it.
+"""The DynamoDB index's table: its shape, item formats and the calls that read and write it.
 
 One item per checkpoint, one per part of a task's pending writes, and the
-tombstones ``delete_thread`` leaves, all items of a thread in one partition. Checkpoint items carry the checkpoint object itself when it
-fits (so reads rarely touch S3) and always carry ``loc``: for every channel, the
-version and the checkpoint whose object holds its value.
+tombstones ``delete_thread`` leaves, all items of a thread in one partition.
+Checkpoint items carry the checkpoint object itself when it fits (so reads
+rarely touch S3) and always carry ``loc``: for every channel, the version and
+the checkpoint whose object holds its value.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import ormsgpack
 
 from s3_saver import _keys
 from s3_saver._codec import attr_size, from_attrs, to_attrs
+from s3_saver._index.base import ENTRY_BUDGET as ITEM_BUDGET
+from s3_saver._index.base import CheckpointEntry, IndexEntry, Tombstone, WritesEntry
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Call
 from s3_saver.errors import CorruptObjectError, Where
@@ -36,78 +38,16 @@ TABLE_ATTRIBUTE_DEFINITIONS = (
 TABLE_GLOBAL_SECONDARY_INDEXES: tuple[dict[str, Any], ...] = ()
 """The saver needs no secondary index: every read is a key lookup or a range of one partition."""
 
-# DynamoDB refuses items over 400 KB; keep room for keys and attribute names.
-ITEM_LIMIT = 400 * 1024
-ITEM_BUDGET = ITEM_LIMIT - 8 * 1024
 
 KIND_CHECKPOINT = "c"
 KIND_WRITES = "w"
 
-# Pending-write parts: a task's regular writes, or one special channel's slot.
-REGULAR_PART = "r"
-SPECIAL_PART = "s"
-
 # The delete generation an item was written in; absent means 0.
 GEN = "gen"
 
-# loc entry kinds: where the value of (channel, version) is stored.
-IN_CHECKPOINT_OBJECT = 0
-IN_BLOB_OBJECT = 1
-
-
-@dataclass
-class CheckpointEntry:
-    """A checkpoint as the index describes it (values not yet loaded)."""
-
-    thread_id: str
-    ns: str
-    checkpoint_id: str
-    parent_id: str | None
-    # channel -> (version, source checkpoint id, IN_CHECKPOINT_OBJECT | IN_BLOB_OBJECT, put time)
-    loc: dict[str, tuple[Any, str, int, int]]
-    body: bytes | None = None
-    metadata: tuple[str, bytes] | None = None
-    expires_at: int | None = None
-    # The thread's delete generation when the item was written (see Tombstone).
-    gen: int = 0
-    writes: list[WritesEntry] = field(default_factory=list)
-
-
-@dataclass
-class WritesEntry:
-    """The pending writes of one task for one checkpoint: its regular writes
-    (``part`` "r<n>") or one special channel's slot (``part`` "s<k>")."""
-
-    thread_id: str
-    ns: str
-    checkpoint_id: str
-    task_id: str
-    part: str
-    token: str
-    body: bytes | None = None
-    gen: int = 0
-
-
-@dataclass
-class Tombstone:
-    """Left by ``delete_thread``: everything of the thread (``ns`` None) or of one
-    namespace written before generation ``gen`` is deleted.
-
-    Items carry the generation they were written in, so an item that a run in
-    flight committed after the delete started is recognised as deleted too.
-    """
-
-    thread_id: str
-    ns: str | None
-    gen: int
-    deleted_at: int = 0
-
-
-IndexEntry = CheckpointEntry | WritesEntry | Tombstone
-
 
 # -- calls -------------------------------------------------------------------------
-class DynamoIndexCalls:
+class DynamoCalls:
     """Builds the DynamoDB calls for one table and key prefix, and reads its items."""
 
     def __init__(self, table: str, layout: KeyLayout, where: Where | None = None) -> None:
@@ -141,13 +81,13 @@ class DynamoIndexCalls:
             values["meta"] = ormsgpack.packb(list(entry.metadata))
         return to_attrs(values)
 
-    def writes_item(self, entry: WritesEntry, expires_at: int | None) -> dict[str, Any]:
+    def writes_item(self, entry: WritesEntry) -> dict[str, Any]:
         values: dict[str, Any] = {
             PARTITION_KEY: self.pk(entry.thread_id),
             SORT_KEY: _keys.writes_sort_key(entry.ns, entry.checkpoint_id, entry.task_id, entry.part),
             "kind": KIND_WRITES,
             "token": entry.token,
-            TTL_ATTRIBUTE: expires_at,
+            TTL_ATTRIBUTE: entry.expires_at,
             GEN: entry.gen or None,
         }
         if entry.body is not None and attr_size(values) + len(entry.body) + 8 <= ITEM_BUDGET:
@@ -189,7 +129,15 @@ class DynamoIndexCalls:
                 )
             if key.kind == "writes":
                 return WritesEntry(
-                    thread_id, key.ns, key.checkpoint_id, key.task_id, key.part, item["token"], item.get("body"), gen
+                    thread_id,
+                    key.ns,
+                    key.checkpoint_id,
+                    key.task_id,
+                    key.part,
+                    item["token"],
+                    item.get("body"),
+                    gen,
+                    item.get(TTL_ATTRIBUTE),
                 )
             ns = key.ns if key.kind == "ns_tombstone" else None
             return Tombstone(thread_id, ns, gen, item.get("deleted_at", 0))

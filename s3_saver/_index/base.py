@@ -1,0 +1,195 @@
+"""The index interface: what every saver operation asks of an index, in parsed entries.
+
+Two backends implement it, a DynamoDB table and a per-thread manifest in the
+bucket; every operation in ``_ops`` is written once against it. Each method is
+a generator operation (see ``_protocol``): it yields the calls it needs and
+returns entries, never a backend's raw response.
+
+Rules every backend keeps:
+
+* The index write is the commit point: an operation writes its objects first,
+  then calls ``commit_*``.
+* Readers never see a deleted generation (``delete_thread``'s tombstones) or an
+  expired entry.
+* Entries carry full ``loc`` maps in memory, whatever a backend stores.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from s3_saver._protocol import Op
+
+# loc entry kinds: where the value of (channel, version) is stored.
+IN_CHECKPOINT_OBJECT = 0
+IN_BLOB_OBJECT = 1
+
+# Pending-write parts: a task's regular writes ("r<extent>"), or one special
+# channel's slot ("s<k>" for the channel with index -k in WRITES_IDX_MAP).
+REGULAR_PART = "r"
+SPECIAL_PART = "s"
+
+# A checkpoint object (with the values inside it) and its index entry are sized
+# to fit a DynamoDB item (400 KB, less room for keys and attribute names)
+# whichever index is used, so a thread can move between index modes.
+ENTRY_BUDGET = 400 * 1024 - 8 * 1024
+
+Key3 = tuple[str, str, str]  # (thread_id, checkpoint_ns, checkpoint_id)
+Loc = dict[str, tuple[Any, str, int, int]]
+
+
+@dataclass
+class CheckpointEntry:
+    """A checkpoint as the index describes it (values not yet loaded)."""
+
+    thread_id: str
+    ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    # channel -> (version, source checkpoint id, IN_CHECKPOINT_OBJECT | IN_BLOB_OBJECT, put time)
+    loc: Loc
+    body: bytes | None = None
+    metadata: tuple[str, bytes] | None = None
+    expires_at: int | None = None
+    # The thread's delete generation when the entry was written (see Tombstone).
+    gen: int = 0
+    # None: not read yet (the resolver asks the index for them).
+    writes: list[WritesEntry] | None = field(default_factory=list)
+
+    @property
+    def key(self) -> Key3:
+        return (self.thread_id, self.ns, self.checkpoint_id)
+
+
+@dataclass
+class WritesEntry:
+    """The pending writes of one task for one checkpoint: its regular writes
+    (``part`` "r<n>") or one special channel's slot (``part`` "s<k>")."""
+
+    thread_id: str
+    ns: str
+    checkpoint_id: str
+    task_id: str
+    part: str
+    token: str
+    body: bytes | None = None
+    gen: int = 0
+    expires_at: int | None = None
+
+
+@dataclass
+class Tombstone:
+    """Left by ``delete_thread``: everything of the thread (``ns`` None) or of one
+    namespace written before generation ``gen`` is deleted.
+
+    Entries carry the generation they were written in, so an entry that a run
+    in flight committed after the delete started is recognised as deleted too.
+    """
+
+    thread_id: str
+    ns: str | None
+    gen: int
+    deleted_at: int = 0
+
+
+IndexEntry = CheckpointEntry | WritesEntry | Tombstone
+
+
+@dataclass
+class WritesOutcome:
+    """What committing pending-write parts left unreferenced: object tokens of parts
+    that lost a first-wins race or that a last-wins write replaced."""
+
+    unused: list[tuple[WritesEntry, str]] = field(default_factory=list)
+
+
+class Index(ABC):
+    """One index backend; ``describe()`` names it in messages."""
+
+    @abstractmethod
+    def describe(self) -> str: ...
+
+    # -- setup ---------------------------------------------------------------------
+    @abstractmethod
+    def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:
+        """Create what the index needs (idempotent), next to ``bucket`` (in the region
+        HeadBucket named, when it did)."""
+
+    # -- writes --------------------------------------------------------------------
+    @abstractmethod
+    def generation(self, thread_id: str) -> Op[int]:
+        """The thread's delete generation (0: never deleted); writers read it."""
+
+    @abstractmethod
+    def checkpoint(self, thread_id: str, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
+        """One checkpoint's entry as stored (no writes, no generation check)."""
+
+    @abstractmethod
+    def commit_checkpoint(self, entry: CheckpointEntry) -> Op[None]:
+        """The commit point of ``put``."""
+
+    @abstractmethod
+    def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
+        """The commit point of ``put_writes``: regular parts first-wins, special
+        parts last-wins, in the order the index commits them. A retried request
+        that meets its own commit counts as written."""
+
+    # -- reads ---------------------------------------------------------------------
+    @abstractmethod
+    def latest(self, thread_id: str, ns: str) -> Op[CheckpointEntry | None]:
+        """The newest live checkpoint of (thread, ns); its writes may be unloaded (None)."""
+
+    @abstractmethod
+    def get(self, thread_id: str, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
+        """A live checkpoint with its writes, or None."""
+
+    @abstractmethod
+    def writes(self, entry: CheckpointEntry) -> Op[list[WritesEntry]]:
+        """Every pending-write part of a checkpoint."""
+
+    @abstractmethod
+    def entries(self, keys: list[Key3]) -> Op[dict[Key3, CheckpointEntry | None]]:
+        """Checkpoints that hold values of newer ones (None: not found)."""
+
+    @abstractmethod
+    def history(
+        self, thread_id: str, ns: str | None, before_id: str | None, page_size: int | None, cursor: Any
+    ) -> Op[tuple[list[CheckpointEntry], Any]]:
+        """One page of live checkpoints with their writes, newest first, below
+        ``before_id``; returns the next cursor (None at the end). ``ns`` None:
+        every namespace, newest first within each."""
+
+    @abstractmethod
+    def ancestors(
+        self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str]
+    ) -> Op[tuple[CheckpointEntry | None, list[CheckpointEntry]]]:
+        """The checkpoint (None: not found) and its parent chain (parent first) with
+        writes, until every channel is seeded (in an entry's ``loc``) or the root
+        is reached."""
+
+    @abstractmethod
+    def all_threads(self) -> Op[list[CheckpointEntry]]:
+        """Every live checkpoint of every thread of this prefix, with writes (admin)."""
+
+    # -- delete and copy -------------------------------------------------------------
+    @abstractmethod
+    def delete_thread(
+        self, thread_id: str, now: int, delete_objects: Callable[[list[IndexEntry]], Op[None]]
+    ) -> Op[None]:
+        """Make the thread gone for readers and writers at once, then call
+        ``delete_objects`` with the entries whose objects go, before their
+        entries do. Cut short anywhere, a call again finishes it."""
+
+    @abstractmethod
+    def copy_thread(
+        self,
+        source: str,
+        dest: str,
+        copy_objects: Callable[[list[IndexEntry]], Op[None]],
+        expired: Callable[[CheckpointEntry], bool],
+    ) -> Op[None]:
+        """Copy the live entries of ``source`` to the empty thread ``dest``: all
+        their objects first (``copy_objects``), then exactly those entries."""
