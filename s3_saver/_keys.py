@@ -29,6 +29,9 @@ from s3_saver.errors import ConfigurationError, KeyTooLongError
 
 LIVE_PREFIX = "live/"
 """Sub-prefix of the bucket prefix that holds every object the saver writes."""
+MANIFEST_PREFIX = "manifests/"
+"""Sub-prefix of the manifest index (no DynamoDB table): a head and sealed segments
+per thread. Not under ``live/``: a lifecycle rule on ``live/`` must not expire it."""
 ARCHIVE_PREFIX = "archive/"
 """Sub-prefix reserved for archived threads, for lifecycle rules to move to colder
 storage classes. The saver does not write there yet."""
@@ -147,6 +150,23 @@ class KeyLayout:
         return _checked(
             f"{self.ns_dir(thread_id, ns)}writes/{encode(checkpoint_id)}/{encode(task_id)}/{part}.{token}"
         )
+
+    # -- the manifest index ----------------------------------------------------
+    @property
+    def manifest_root(self) -> str:
+        return self.prefix + MANIFEST_PREFIX
+
+    def manifest_head_key(self, thread_id: str) -> str:
+        return _checked(f"{self.manifest_root}{encode(thread_id)}/head")
+
+    def segment_key(self, thread_id: str, number: int, token: str) -> str:
+        return _checked(f"{self.manifest_root}{encode(thread_id)}/segments/{number:08d}.{token}")
+
+    def thread_of_head(self, key: str) -> str | None:
+        """The thread id of a manifest head's key (listing the bucket), else None."""
+        rest = key[len(self.manifest_root) :] if key.startswith(self.manifest_root) else ""
+        encoded, _, name = rest.partition("/")
+        return decode(encoded) if name == "head" and encoded else None
 
     # -- DynamoDB partition keys --------------------------------------------
     def partition_key(self, thread_id: str) -> str:

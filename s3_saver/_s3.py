@@ -33,6 +33,18 @@ class S3Calls:
             {"Bucket": self.bucket, "Key": key, "Body": body, "IfNoneMatch": "*"},
         )
 
+    def put_swap(self, key: str, body: bytes, etag: str | None) -> Call:
+        # Compare-and-swap of a mutable object (a manifest head): replaces the
+        # version read (IfMatch), or creates it only if absent (IfNoneMatch).
+        condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+        return self._call("put_object", {"Bucket": self.bucket, "Key": key, "Body": body, **condition})
+
+    def list_keys(self, prefix: str, token: str | None = None) -> Call:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        if token is not None:
+            params["ContinuationToken"] = token
+        return self._call("list_objects_v2", params)
+
     def get(self, key: str) -> Call:
         return self._call("get_object", {"Bucket": self.bucket, "Key": key})
 

@@ -26,6 +26,7 @@ from s3_saver._clients import client_config as merged_config
 from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._index.dynamodb import DynamoIndex
+from s3_saver._index.manifest import ManifestIndex
 from s3_saver._keys import KeyLayout
 from s3_saver._ops import copy, delete, delta, put, read, setup
 from s3_saver._ops.context import Context
@@ -43,9 +44,10 @@ def _check_options(options: dict[str, Any]) -> None:
         value = options[name]
         raise ConfigurationError(f"{name} must be {wanted}, got {type(value).__name__}: {value!r}")
 
-    for name in ("bucket", "table"):
-        if not isinstance(options[name], str) or not options[name]:
-            refuse(name, "a non-empty string")
+    if not isinstance(options["bucket"], str) or not options["bucket"]:
+        refuse("bucket", "a non-empty string")
+    if options["table"] is not None and (not isinstance(options["table"], str) or not options["table"]):
+        refuse("table", "a non-empty DynamoDB table name, or None for the manifest index in the bucket")
     if not isinstance(options["prefix"], str):
         refuse("prefix", "a string")
     for name in ("region_name", "endpoint_url", "s3_endpoint_url", "dynamodb_endpoint_url"):
@@ -68,12 +70,14 @@ def _check_options(options: dict[str, Any]) -> None:
 
 
 class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncContextManager):
-    """A LangGraph checkpointer that keeps state in S3 and indexes it in DynamoDB.
+    """A LangGraph checkpointer that keeps state in S3 as immutable objects, found through an index.
 
     Checkpoints, channel values and pending writes are immutable S3 objects
-    (written with ``IfNoneMatch="*"``); one DynamoDB item per checkpoint and per
-    pending-write batch orders them, so "latest", history and ``list`` never list
-    the bucket. The same object serves ``graph.invoke`` (boto3) and
+    (written with ``IfNoneMatch="*"``). The index orders them, so "latest",
+    history and ``list`` never list the bucket: a DynamoDB table (``table=``), or
+    with no table a manifest per thread in the bucket itself (a small head
+    replaced by compare-and-swap, and sealed segments), for S3-compatible stores
+    without a database. The same object serves ``graph.invoke`` (boto3) and
     ``graph.ainvoke`` (aioboto3, from the ``async`` extra).
 
     Constructing a saver makes no network call; run :meth:`setup` once (or deploy
@@ -91,7 +95,9 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     Args:
         bucket: S3 bucket name.
-        table: DynamoDB table name for the index.
+        table: DynamoDB table name for the index; None (the default) keeps the
+            index in the bucket (manifest mode: no database, needs a store that
+            honours conditional writes, which :meth:`setup` checks).
         prefix: Key prefix inside the bucket (several savers can share a bucket).
         region_name: AWS region for the clients the saver creates.
         endpoint_url: Endpoint for both services (moto, LocalStack...). Use
@@ -125,7 +131,7 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self,
         bucket: str,
         *,
-        table: str,
+        table: str | None = None,
         prefix: str = "",
         region_name: str | None = None,
         endpoint_url: str | None = None,
@@ -154,10 +160,11 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         }
         where = Where(bucket, table)
         layout = KeyLayout(prefix)
+        s3_calls = S3Calls(bucket, where)
         self._base_ctx = Context(
             layout=layout,
-            s3=S3Calls(bucket, where),
-            index=DynamoIndex(table, layout, where),
+            s3=s3_calls,
+            index=DynamoIndex(table, layout, where) if table else ManifestIndex(s3_calls, layout),
             serde=self.serde,
             inline_threshold=inline_threshold,
             ttl_seconds=int(ttl.total_seconds()) if ttl else None,

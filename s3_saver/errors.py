@@ -200,7 +200,7 @@ class Where:
     """
 
     bucket: str
-    table: str
+    table: str | None
     regions: dict[str, str | None] = field(default_factory=dict)
     endpoints: dict[str, str | None] = field(default_factory=dict)
 

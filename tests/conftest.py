@@ -46,17 +46,40 @@ def endpoint(moto_endpoint: str) -> str:
     return moto_endpoint
 
 
-def make_saver(endpoint: str, **kwargs):
+# The two index backends: every test that takes `saver` (or `index_mode`) runs in both.
+INDEX_MODES = ("dynamodb", "manifest")
+
+
+def make_saver(endpoint: str, mode: str = "dynamodb", **kwargs):
+    """A saver on the moto server: DynamoDB index, or the manifest in the bucket."""
     from s3_saver import S3Saver
 
-    return S3Saver(BUCKET, table=TABLE, endpoint_url=endpoint, region_name="us-east-1", **kwargs)
+    table = TABLE if mode == "dynamodb" else None
+    return S3Saver(BUCKET, table=table, endpoint_url=endpoint, region_name="us-east-1", **kwargs)
+
+
+@pytest.fixture(params=INDEX_MODES)
+def index_mode(request) -> str:
+    return request.param
+
+
+def _ready(saver):
+    saver.setup()
+    saver.stats.reset()
+    return saver
 
 
 @pytest.fixture
-def saver(endpoint: str):
-    s = make_saver(endpoint)
-    s.setup()
-    s.stats.reset()
+def saver(endpoint: str, index_mode: str):
+    s = _ready(make_saver(endpoint, index_mode))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def dynamo_saver(endpoint: str):
+    """For what only the DynamoDB index has (items, their TTL attribute, table pages)."""
+    s = _ready(make_saver(endpoint))
     yield s
     s.close()
 
@@ -304,3 +327,12 @@ def seaweedfs_bucket(seaweedfs_endpoint: str) -> Iterator[tuple[str, str]]:
         except Exception:
             pass
         client.close()
+
+
+def seaweedfs_saver(endpoint: str, bucket: str, **kwargs):
+    """A manifest-mode saver on SeaweedFS (no DynamoDB there)."""
+    from s3_saver import S3Saver
+
+    return S3Saver(
+        bucket, s3_endpoint_url=endpoint, region_name="us-east-1", boto3_session=seaweedfs_session(), **kwargs
+    )

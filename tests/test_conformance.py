@@ -1,17 +1,20 @@
-"""The public conformance suite (langgraph-checkpoint-conformance) against S3Saver on moto."""
+"""The public conformance suite (langgraph-checkpoint-conformance): both index modes on
+moto, and the manifest mode on a real S3-compatible server (SeaweedFS)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES, Capability
 
-from conftest import make_saver
+from conftest import make_saver, seaweedfs_saver
 
 
-async def test_base_capabilities_pass(endpoint: str) -> None:
+async def _passes(make: Callable[[], object]) -> None:
     @checkpointer_test(name="S3Saver")
     async def s3_saver_factory():
-        saver = make_saver(endpoint)
+        saver = make()
         await saver.asetup()
         yield saver
         await saver.aclose()
@@ -27,3 +30,12 @@ async def test_base_capabilities_pass(endpoint: str) -> None:
         result = report.results[capability.value]
         assert result.detected and result.passed, (capability.value, result)
         assert result.tests_passed > 0
+
+
+async def test_base_capabilities_pass_on_moto(endpoint: str, index_mode: str) -> None:
+    await _passes(lambda: make_saver(endpoint, index_mode))
+
+
+async def test_base_capabilities_pass_on_seaweedfs_in_manifest_mode(seaweedfs_bucket: tuple[str, str]) -> None:
+    endpoint, bucket = seaweedfs_bucket
+    await _passes(lambda: seaweedfs_saver(endpoint, bucket))

@@ -240,8 +240,8 @@ def execute(r: Runner, scenario: Scenario) -> list[Any]:
     return r.out
 
 
-def s3_saver(endpoint: str) -> S3Saver:
-    saver = make_saver(endpoint)
+def s3_saver(endpoint: str, index_mode: str) -> S3Saver:
+    saver = make_saver(endpoint, index_mode)
     saver.setup()
     return saver
 
@@ -324,9 +324,11 @@ async def history(r: Runner) -> None:
 
 @pytest.mark.parametrize("mode,durability", MODES)
 @pytest.mark.parametrize("scenario", [reducers, interrupt_resume, subgraph, fork, history], ids=lambda f: f.__name__)
-def test_graph_matches_in_memory(endpoint: str, scenario: Scenario, mode: str, durability: str) -> None:
+def test_graph_matches_in_memory(
+    endpoint: str, index_mode: str, scenario: Scenario, mode: str, durability: str
+) -> None:
     expected = execute(Runner(InMemorySaver(), mode, durability), scenario)
-    saver = s3_saver(endpoint)
+    saver = s3_saver(endpoint, index_mode)
     try:
         got = execute(Runner(saver, mode, durability), scenario)
     finally:
@@ -336,7 +338,7 @@ def test_graph_matches_in_memory(endpoint: str, scenario: Scenario, mode: str, d
 
 # -- one saver, two drivers; and a cold start -------------------------------------------------
 @pytest.mark.parametrize("durability", ["sync", "async", "exit"])
-def test_one_saver_serves_invoke_then_ainvoke(endpoint: str, durability: str) -> None:
+def test_one_saver_serves_invoke_then_ainvoke(endpoint: str, index_mode: str, durability: str) -> None:
     """invoke, then ainvoke, then invoke again on the same threads with the same saver object."""
 
     async def turn1(r: Runner) -> None:
@@ -365,7 +367,7 @@ def test_one_saver_serves_invoke_then_ainvoke(endpoint: str, durability: str) ->
         r.mode = "async"  # a second event loop: the saver opens fresh async clients
         return execute(r, lambda r: r.state(r.review, thread("review")))
 
-    saver = s3_saver(endpoint)
+    saver = s3_saver(endpoint, index_mode)
     try:
         got = run(saver)
     finally:
@@ -375,7 +377,7 @@ def test_one_saver_serves_invoke_then_ainvoke(endpoint: str, durability: str) ->
 
 
 @pytest.mark.parametrize("mode,durability", MODES)
-def test_fresh_instance_continues_thread(endpoint: str, mode: str, durability: str) -> None:
+def test_fresh_instance_continues_thread(endpoint: str, index_mode: str, mode: str, durability: str) -> None:
     """Lambda-style: each step is a new S3Saver (empty caches, new clients) on the same thread."""
 
     async def start(r: Runner) -> None:
@@ -405,8 +407,8 @@ def test_fresh_instance_continues_thread(endpoint: str, mode: str, durability: s
                     r.cp.close()
         return r.out
 
-    s3_saver(endpoint).close()  # setup once, as a deploy step would; the "Lambdas" never call it
-    got = run(lambda: make_saver(endpoint))
+    s3_saver(endpoint, index_mode).close()  # setup once, as a deploy step would; the "Lambdas" never call it
+    got = run(lambda: make_saver(endpoint, index_mode))
     memory = InMemorySaver()
     assert got == run(lambda: memory)
     assert got[-2][1]["items"][-1] == "published"

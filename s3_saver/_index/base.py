@@ -120,22 +120,22 @@ class Index(ABC):
 
     # -- writes --------------------------------------------------------------------
     @abstractmethod
-    def generation(self, thread_id: str) -> Op[int]:
-        """The thread's delete generation (0: never deleted); writers read it."""
-
-    @abstractmethod
-    def checkpoint(self, thread_id: str, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
-        """One checkpoint's entry as stored (no writes, no generation check)."""
+    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[tuple[int, CheckpointEntry | None]]:
+        """What a writer reads beside its object writes: the thread's delete
+        generation (0: never deleted), and the entry of ``parent_id`` as stored
+        (None when not asked for, or not found)."""
 
     @abstractmethod
     def commit_checkpoint(self, entry: CheckpointEntry) -> Op[None]:
-        """The commit point of ``put``."""
+        """The commit point of ``put``. May raise ThreadDeletedError when the
+        index can tell that the thread was deleted since ``prepare``."""
 
     @abstractmethod
     def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
         """The commit point of ``put_writes``: regular parts first-wins, special
         parts last-wins, in the order the index commits them. A retried request
-        that meets its own commit counts as written."""
+        that meets its own commit counts as written. May raise ThreadDeletedError
+        like ``commit_checkpoint``."""
 
     # -- reads ---------------------------------------------------------------------
     @abstractmethod

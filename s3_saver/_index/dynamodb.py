@@ -105,14 +105,13 @@ class DynamoIndex(Index):
                 yield from request_one(calls.enable_ttl())
 
     # -- writes --------------------------------------------------------------------------
-    def generation(self, thread_id: str) -> Op[int]:
-        found = yield from request_one(self.calls.get_tombstone(thread_id))
-        return _gen_of(self.calls, found)
-
-    def checkpoint(self, thread_id: str, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
-        found = yield from request_one(self.calls.get_checkpoint(thread_id, ns, checkpoint_id))
-        entry = self.calls.parse(found["Item"]) if "Item" in found else None
-        return entry if isinstance(entry, CheckpointEntry) else None
+    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[tuple[int, CheckpointEntry | None]]:
+        calls = [self.calls.get_tombstone(thread_id)]
+        if parent_id is not None:
+            calls.append(self.calls.get_checkpoint(thread_id, ns, parent_id))
+        found = yield from request(*calls)
+        parent = self.calls.parse(found[1]["Item"]) if parent_id is not None and "Item" in found[1] else None
+        return _gen_of(self.calls, found[0]), parent if isinstance(parent, CheckpointEntry) else None
 
     def commit_checkpoint(self, entry: CheckpointEntry) -> Op[None]:
         yield from request(self.calls.put(self.calls.checkpoint_item(entry)))

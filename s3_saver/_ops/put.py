@@ -30,7 +30,7 @@ from s3_saver._index.base import (
 )
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
-from s3_saver._protocol import Op, gather
+from s3_saver._protocol import Op, T, gather
 from s3_saver._s3 import put_immutable
 from s3_saver.errors import CheckpointTooLargeError, ThreadDeletedError
 
@@ -96,12 +96,10 @@ def put(
     # stays deleted), and so is the parent's item when this process has not
     # seen it (cold start, another writer): the common case costs no extra trip.
     fetch_parent = known is None
-    lookups = [put_immutable(ctx.s3, objects), ctx.index.generation(thread_id)]
+    _, (gen, parent) = yield from gather(
+        put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None)
+    )
     if fetch_parent:
-        lookups.append(ctx.index.checkpoint(thread_id, ns, parent_id))  # type: ignore[arg-type]
-    _, gen, *found = yield from gather(*lookups)
-    if fetch_parent:
-        parent = found[0]
         known = (parent.loc, parent.gen) if parent is not None else None
     if gen and parent_id is not None and (known is None or known[1] < gen):
         # The parent was deleted after this run read it: refuse to continue the
@@ -120,7 +118,9 @@ def put(
             # unknown) or whose stored copy is past half the ttl: store them now,
             # still before the index item.
             late_blobs = {ch: (late[ch], ctx.serde.dumps_typed(values[ch])) for ch in late}
-            yield from put_immutable(ctx.s3, _blob_objects(ctx, thread_id, ns, checkpoint_id, late_blobs))
+            late_objects = _blob_objects(ctx, thread_id, ns, checkpoint_id, late_blobs)
+            yield from put_immutable(ctx.s3, late_objects)
+            objects.update(late_objects)
             for ch in late:
                 loc[ch] = (late[ch], checkpoint_id, IN_BLOB_OBJECT, now)
 
@@ -138,7 +138,7 @@ def put(
         gen=gen,
     )
     # The commit point: objects first, index entry last.
-    yield from ctx.index.commit_checkpoint(entry)
+    yield from _committed(ctx, ctx.index.commit_checkpoint(entry), list(objects))
     ctx.locs.put((thread_id, ns, checkpoint_id), (loc, gen))
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
@@ -185,7 +185,7 @@ def put_writes(
         entries.append(WritesEntry(thread_id, ns, checkpoint_id, task_id, part, token, body))
     if not entries:
         return
-    _, gen = yield from gather(put_immutable(ctx.s3, objects), ctx.index.generation(thread_id))
+    _, (gen, _) = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None))
     known = ctx.locs.get((thread_id, ns, checkpoint_id))
     if gen and known is not None and known[1] < gen:
         yield from _take_back(ctx, list(objects))
@@ -197,7 +197,7 @@ def put_writes(
     for entry in entries:
         entry.gen, entry.expires_at = gen, expires_at
     # The commit point: objects first, index entries last.
-    outcome = yield from ctx.index.commit_writes(entries)
+    outcome = yield from _committed(ctx, ctx.index.commit_writes(entries), list(objects))
     unused = [
         ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, token)
         for entry, token in outcome.unused
@@ -275,6 +275,16 @@ def _write_parts(ctx: Context, writes: Sequence[tuple[str, Any]]) -> dict[str, l
     if regular:
         parts[f"{REGULAR_PART}{regular[-1][0] + 1}"] = regular
     return parts
+
+
+def _committed(ctx: Context, commit: Op[T], objects: list[str]) -> Op[T]:
+    """Run a commit; when the index refuses it (the thread was deleted meanwhile),
+    take back the objects written for it."""
+    try:
+        return (yield from commit)
+    except ThreadDeletedError:
+        yield from _take_back(ctx, objects)
+        raise
 
 
 def _take_back(ctx: Context, keys: list[str]) -> Op[None]:

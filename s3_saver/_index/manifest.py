@@ -1,0 +1,529 @@
+"""The manifest index backend: no database, a per-thread head in the bucket.
+
+Each thread has one small mutable head object, replaced only by
+compare-and-swap (``IfMatch`` on the ETag it was read with, ``IfNoneMatch`` to
+create it), and sealed immutable segments for its older checkpoints, so that
+what a call reads and writes does not grow with the thread. The head swap is
+the commit point of every write, and of a delete: a delete empties the head in
+one swap (readers and writers see it at once) and removes the objects after.
+
+A 412 on the head's ``IfMatch`` means "another writer got there first: read it
+again and retry" (``_update``); a 412 on an immutable object's ``IfNoneMatch``
+means "this key exists: compare bytes" (``put_immutable``). Different helpers.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from s3_saver._index.base import (
+    REGULAR_PART,
+    CheckpointEntry,
+    Index,
+    IndexEntry,
+    Key3,
+    WritesEntry,
+    WritesOutcome,
+)
+from s3_saver._index.manifest_doc import (
+    Head,
+    SegmentRef,
+    decode_head,
+    decode_segment,
+    encode_head,
+    encode_segment,
+)
+from s3_saver._keys import KeyLayout
+from s3_saver._protocol import Op, Sleep, raise_failure, request
+from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
+from s3_saver.errors import (
+    CONDITIONAL_CONFLICT_CODES,
+    OBJECT_MISSING,
+    PRECONDITION_FAILED_CODES,
+    ConfigurationError,
+    S3SaverError,
+    ThreadDeletedError,
+    classify,
+    error_code,
+)
+
+# A writer that has seen the head hold more checkpoints than SEAL_AT seals the
+# oldest into a segment beside its next head read (no extra round trip); a head
+# fed only by cold processes, which have seen nothing, seals at HARD_SEAL_AT in
+# one more round trip. KEEP_IN_HEAD newest checkpoints stay in the head.
+SEAL_AT = 48
+HARD_SEAL_AT = 96
+KEEP_IN_HEAD = 16
+SEGMENT_MAX = 64
+_MAX_SWAPS = 12  # attempts of one compare-and-swap before giving up
+_CACHE_HEADS = 512
+_CACHE_SEGMENTS = 256
+
+Segment = tuple[list[CheckpointEntry], list[WritesEntry]]
+
+
+class ManifestIndex(Index):
+    def __init__(self, s3: S3Calls, layout: KeyLayout) -> None:
+        self.s3 = s3
+        self.layout = layout
+        # The last head seen per thread (a consistent snapshot with its ETag) and
+        # sealed segments (immutable): lookups of older checkpoints cost nothing.
+        self._heads: OrderedDict[str, Head] = OrderedDict()
+        self._segments: OrderedDict[str, Segment] = OrderedDict()
+        # Segments written ahead by prepare(), waiting for the commit that refers to them.
+        self._sealed: dict[str, _SealPlan] = {}
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return f"manifest index in s3://{self.s3.bucket}/{self.layout.manifest_root}"
+
+    # -- setup ---------------------------------------------------------------------------
+    def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:
+        """Check that the store honours conditional writes: the manifest relies on them."""
+        key = f"{self.layout.manifest_root}.setup-probe/{uuid.uuid4().hex}"
+        (first,) = yield (self.s3.put_new(key, b"1"),)
+        if isinstance(first, BaseException):
+            raise_failure(self.s3.put_new(key, b"1"), first)
+        second, stale = yield (self.s3.put_new(key, b"2"), self.s3.put_swap(key, b"3", '"0"'))
+        yield from request(self.s3.delete_many([key]))
+        for name, result in (("IfNoneMatch", second), ("IfMatch", stale)):
+            if not isinstance(result, BaseException):
+                raise ConfigurationError(
+                    f"the store behind bucket {bucket!r} ignored a PutObject with {name}: the manifest "
+                    "index needs conditional writes (AWS S3, MinIO, R2, SeaweedFS >= 4.48 honour them); "
+                    "use a DynamoDB table (table=...) with this store"
+                )
+            if error_code(result) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+                raise_failure(self.s3.put_new(key, b"2"), result)
+
+    # -- the head ------------------------------------------------------------------------
+    def _read_head(self, thread_id: str) -> Op[Head]:
+        call = self.s3.get(self.layout.manifest_head_key(thread_id))
+        (result,) = yield (call,)
+        return self._take_head(thread_id, call, result)
+
+    def _take_head(self, thread_id: str, call: Any, result: Any) -> Head:
+        if isinstance(result, BaseException):
+            if classify(result, "get_object") != OBJECT_MISSING:
+                raise_failure(call, result)
+            head = Head(thread_id)
+        else:
+            where = f"s3://{self.s3.bucket}/{call.params['Key']}"
+            head = decode_head(thread_id, result["Body"], where, result["ETag"])
+        self._remember(head)
+        return head
+
+    def _swap(self, old: Head, new: Head) -> Op[bool]:
+        """Replace the head ``old`` was read as with ``new``; False: another writer was first."""
+        new.version = old.version + 1
+        key = self.layout.manifest_head_key(old.thread_id)
+        call = self.s3.put_swap(key, encode_head(new), old.etag)
+        (result,) = yield (call,)
+        if isinstance(result, BaseException):
+            lost = error_code(result) in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES
+            # IfMatch on a head that was deleted meanwhile: 404 on AWS, 412 elsewhere.
+            if lost or (old.etag is not None and classify(result, "put_object") == OBJECT_MISSING):
+                return False
+            raise_failure(call, result)
+        new.etag = result["ETag"]
+        self._remember(new)
+        return True
+
+    def _update(self, thread_id: str, change: Callable[[Head], Head | None], start: Head | None = None) -> Op[Head]:
+        """Compare-and-swap the head with ``change`` until it holds.
+
+        ``change`` gets the head as read and returns the new one, or None when it
+        holds already: a swap that was applied but answered with a failure (a
+        reset) is found again on the next read and not applied twice.
+        """
+        head = start
+        with self._lock:
+            ahead = self._sealed.pop(thread_id, None)
+        for attempt in range(_MAX_SWAPS):
+            if head is None:
+                head = yield from self._read_head(thread_id)
+            new = change(head)
+            if new is None:
+                return head
+            if ahead is None or not _apply_seal(new, ahead):
+                if len(new.entries) > HARD_SEAL_AT:
+                    plan = _plan_seal(self.layout, new)
+                    # Objects first: a segment exists before the head that refers to it.
+                    yield from put_immutable(self.s3, dict(plan.objects))
+                    _apply_seal(new, plan)
+            if (yield from self._swap(head, new)):
+                return new
+            head = None
+            yield Sleep(random.uniform(0, 0.02 * 2**attempt))  # other writers: spread the retries
+        raise S3SaverError(
+            f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
+            f"other writers; gave up after {_MAX_SWAPS} attempts"
+        )
+
+    def _remember(self, head: Head) -> None:
+        with self._lock:
+            self._heads[head.thread_id] = head
+            self._heads.move_to_end(head.thread_id)
+            while len(self._heads) > _CACHE_HEADS:
+                self._heads.popitem(last=False)
+
+    def _cached(self, thread_id: str) -> Head | None:
+        with self._lock:
+            return self._heads.get(thread_id)
+
+    # -- segments ------------------------------------------------------------------------
+    def _load_segments(self, thread_id: str, refs: list[SegmentRef]) -> Op[list[Segment]]:
+        """Sealed segments (cached: they never change), all fetched in one wave."""
+        keys = [self.layout.segment_key(thread_id, r.number, r.token) for r in refs]
+        with self._lock:
+            missing = [k for k in keys if k not in self._segments]
+        if missing:
+            results = yield from request(*(self.s3.get(k) for k in missing))
+            with self._lock:
+                for key, result in zip(missing, results):
+                    where = f"s3://{self.s3.bucket}/{key}"
+                    self._segments[key] = decode_segment(thread_id, result["Body"], where)
+                    while len(self._segments) > _CACHE_SEGMENTS:
+                        self._segments.popitem(last=False)
+        with self._lock:
+            return [self._segments[k] for k in keys]
+
+    def _find(self, head: Head, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
+        """A checkpoint with its writes, from the head or the segments whose id range holds it."""
+        entry = _in(head.entries, ns, checkpoint_id)
+        if entry is not None:
+            return _with_writes(entry, head.writes)
+        refs = [r for r in head.segments if r.min_id <= checkpoint_id <= r.max_id]
+        for entries, writes in (yield from self._load_segments(head.thread_id, refs)):
+            entry = _in(entries, ns, checkpoint_id)
+            if entry is not None:
+                return _with_writes(entry, writes + head.writes)
+        return None
+
+    # -- writes --------------------------------------------------------------------------
+    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[tuple[int, CheckpointEntry | None]]:
+        """Reads the head. When the head this process saw last was due for sealing,
+        its oldest checkpoints go into a segment in the same round trip (they
+        never change), for the commit to refer to: puts stay at two round trips."""
+        cached = self._cached(thread_id)
+        plan = _plan_seal(self.layout, cached) if cached is not None and len(cached.entries) > SEAL_AT else None
+        head_call = self.s3.get(self.layout.manifest_head_key(thread_id))
+        puts = tuple(self.s3.put_new(k, b) for k, b in plan.objects) if plan else ()
+        results = yield (head_call, *puts)
+        head = self._take_head(thread_id, head_call, results[0])
+        if plan is not None and not any(isinstance(r, BaseException) for r in results[1:]):
+            with self._lock:
+                self._sealed[thread_id] = plan  # written: a commit may now refer to it
+        parent = (yield from self._find(head, ns, parent_id)) if parent_id is not None else None
+        return head.gen, parent
+
+    def commit_checkpoint(self, entry: CheckpointEntry) -> Op[None]:
+        def change(head: Head) -> Head | None:
+            _refuse_older(head, entry.gen, entry.thread_id, entry.checkpoint_id)
+            old = _in(head.entries, entry.ns, entry.checkpoint_id)
+            if old is not None and old.loc == entry.loc and old.parent_id == entry.parent_id:
+                return None  # our own swap, applied by an earlier attempt
+            stored = replace(entry, writes=[])
+            rest = [e for e in head.entries if e is not old]
+            # Its own checkpoint: the thread is no longer a copy to bring up to date.
+            return replace(head, entries=[*rest, stored], copied_from=None)
+
+        yield from self._update(entry.thread_id, change, self._cached(entry.thread_id))
+
+    def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
+        thread_id = entries[0].thread_id
+        outcome = WritesOutcome()
+
+        def change(head: Head) -> Head | None:
+            _refuse_older(head, entries[0].gen, thread_id, entries[0].checkpoint_id)
+            outcome.unused.clear()
+            writes = list(head.writes)
+            changed = False
+            for entry in entries:
+                slot = (entry.ns, entry.checkpoint_id, entry.task_id, entry.part)
+                old = next((w for w in writes if (w.ns, w.checkpoint_id, w.task_id, w.part) == slot), None)
+                if old is not None and old.token == entry.token:
+                    continue  # our own swap, applied by an earlier attempt
+                if old is not None and entry.part.startswith(REGULAR_PART):
+                    outcome.unused.append((entry, entry.token))  # first committed wins
+                    continue
+                if old is not None:
+                    outcome.unused.append((entry, old.token))  # last committed wins
+                    writes.remove(old)
+                writes.append(entry)
+                changed = True
+            return replace(head, writes=writes) if changed else None
+
+        yield from self._update(thread_id, change, self._cached(thread_id))
+        return outcome
+
+    # -- reads ---------------------------------------------------------------------------
+    def latest(self, thread_id: str, ns: str) -> Op[CheckpointEntry | None]:
+        head = yield from self._read_head(thread_id)
+        newest = _newest(head.entries, ns)
+        if newest is not None:
+            return _with_writes(newest, head.writes)
+        # A namespace with nothing in the head (an old subgraph): newest segment first.
+        for ref in reversed(head.segments):
+            ((entries, writes),) = yield from self._load_segments(thread_id, [ref])
+            newest = _newest(entries, ns)
+            if newest is not None:
+                return _with_writes(newest, writes + head.writes)
+        return None
+
+    def get(self, thread_id: str, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
+        head = yield from self._read_head(thread_id)
+        return (yield from self._find(head, ns, checkpoint_id))
+
+    def writes(self, entry: CheckpointEntry) -> Op[list[WritesEntry]]:
+        yield from ()
+        return list(entry.writes or [])  # manifest entries always come with their writes
+
+    def entries(self, keys: list[Key3]) -> Op[dict[Key3, CheckpointEntry | None]]:
+        """Older checkpoints, from the heads and segments this process has read:
+        no request (the resolver reads the object of one it does not find)."""
+        yield from ()
+        with self._lock:
+            segments = list(self._segments.values())
+        found: dict[Key3, CheckpointEntry | None] = {}
+        for thread_id, ns, checkpoint_id in keys:
+            head = self._cached(thread_id)
+            pools = [head.entries] if head is not None else []
+            pools += [entries for entries, _ in segments]
+            found[(thread_id, ns, checkpoint_id)] = next(
+                (e for pool in pools if (e := _in(pool, ns, checkpoint_id)) and e.thread_id == thread_id), None
+            )
+        return found
+
+    def history(
+        self, thread_id: str, ns: str | None, before_id: str | None, page_size: int | None, cursor: Any
+    ) -> Op[tuple[list[CheckpointEntry], Any]]:
+        """The head's checkpoints first, then one sealed segment per page, newest first."""
+        if cursor is None:
+            head = yield from self._read_head(thread_id)
+            page = [_with_writes(e, head.writes) for e in head.entries]
+            refs = list(head.segments)
+        else:
+            head, refs = cursor
+            # Segments whose checkpoints are all at or above `before` hold nothing here.
+            while refs and before_id is not None and refs[-1].min_id >= before_id:
+                refs.pop()
+            if not refs:
+                return [], None
+            ((entries, writes),) = yield from self._load_segments(thread_id, [refs.pop()])
+            page = [_with_writes(e, writes + head.writes) for e in entries]
+        page = [e for e in page if (ns is None or e.ns == ns) and (before_id is None or e.checkpoint_id < before_id)]
+        page.sort(key=lambda e: (e.ns, e.checkpoint_id), reverse=True)
+        return page, ((head, refs) if refs else None)
+
+    def ancestors(
+        self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str]
+    ) -> Op[tuple[CheckpointEntry | None, list[CheckpointEntry]]]:
+        """The chain from the head, then from older segments as the walk needs them."""
+        head = yield from self._read_head(thread_id)
+        known = {e.checkpoint_id: _with_writes(e, head.writes) for e in head.entries if e.ns == ns}
+        refs = list(head.segments)
+        target = yield from self._find(head, ns, checkpoint_id)
+        chain: list[CheckpointEntry] = []
+        unseeded = set(channels)
+        cursor = target.parent_id if target is not None else None
+        while target is not None and cursor is not None and unseeded:
+            entry = known.get(cursor)
+            if entry is None:
+                if not refs:
+                    break
+                ((entries, writes),) = yield from self._load_segments(thread_id, [refs.pop()])
+                known.update({e.checkpoint_id: _with_writes(e, writes + head.writes) for e in entries if e.ns == ns})
+                continue
+            chain.append(entry)
+            unseeded -= set(entry.loc)
+            cursor = entry.parent_id
+        return target, chain
+
+    def all_threads(self) -> Op[list[CheckpointEntry]]:
+        """Lists the manifests (the admin path), then reads every head and segment."""
+        threads: list[str] = []
+        token: str | None = None
+        while True:
+            page = yield from request(self.s3.list_keys(self.layout.manifest_root, token))
+            threads += [t for o in page[0].get("Contents", []) if (t := self.layout.thread_of_head(o["Key"]))]
+            token = page[0].get("NextContinuationToken")
+            if not token:
+                break
+        out: list[CheckpointEntry] = []
+        for thread_id in threads:
+            head = yield from self._read_head(thread_id)
+            out += [_with_writes(e, head.writes) for e in head.entries]
+            for entries, writes in (yield from self._load_segments(thread_id, head.segments)):
+                out += [_with_writes(e, writes + head.writes) for e in entries]
+        return out
+
+    # -- delete and copy ---------------------------------------------------------------
+    def delete_thread(
+        self, thread_id: str, now: int, delete_objects: Callable[[list[IndexEntry]], Op[None]]
+    ) -> Op[None]:
+        """One swap makes the thread gone (the next generation, no entries); its old
+        entries and segments wait in the head's graveyard until their objects are
+        deleted, so a delete cut short is finished by the next one."""
+        head = yield from self._read_head(thread_id)
+        if head.etag is None:
+            return  # nothing was ever stored: leave no trace
+
+        def bury(h: Head) -> Head | None:
+            return Head(
+                thread_id,
+                version=h.version,
+                gen=h.gen + 1,
+                deleted_at=now,
+                graveyard=[*h.graveyard, *h.entries, *h.writes],
+                graveyard_segments=[*h.graveyard_segments, *h.segments],
+            )
+
+        head = yield from self._update(thread_id, bury, head)
+        segments = yield from self._load_segments(thread_id, head.graveyard_segments)
+        for entries, writes in segments:
+            yield from delete_objects([*entries, *writes])
+        yield from delete_objects(list(head.graveyard))
+        keys = [self.layout.segment_key(thread_id, r.number, r.token) for r in head.graveyard_segments]
+        yield from _delete_keys(self.s3, keys)
+        buried = {_grave_key(e) for e in head.graveyard}
+
+        def clear(h: Head) -> Head | None:
+            if not h.graveyard and not h.graveyard_segments:
+                return None
+            # Only what this delete removed: a later delete may have buried more meanwhile.
+            return replace(
+                h,
+                graveyard=[e for e in h.graveyard if _grave_key(e) not in buried],
+                graveyard_segments=[r for r in h.graveyard_segments if r not in head.graveyard_segments],
+            )
+
+        yield from self._update(thread_id, clear, head)
+
+    def copy_thread(
+        self,
+        source: str,
+        dest: str,
+        copy_objects: Callable[[list[IndexEntry]], Op[None]],
+        expired: Callable[[CheckpointEntry], bool],
+    ) -> Op[None]:
+        """Objects, then the target's segments, then its head in one swap: a copy
+        cut short leaves the target as it was (a call again does it all)."""
+        src = yield from self._read_head(source)
+        target = yield from self._read_head(dest)
+        # A target that holds only an earlier copy of this source is brought up to date.
+        if (target.entries or target.segments) and target.copied_from != source:
+            raise ConfigurationError(
+                f"thread {dest!r} already has checkpoints of its own ({self.describe()}); copy_thread "
+                "copies into an empty thread (delete_thread it first)"
+            )
+        entries: list[CheckpointEntry] = []
+        writes: list[WritesEntry] = []
+        for seg_entries, seg_writes in (yield from self._load_segments(source, src.segments)):
+            entries += seg_entries
+            writes += seg_writes
+        entries = [e for e in [*entries, *src.entries] if not expired(e)]
+        kept = {(e.ns, e.checkpoint_id) for e in entries}
+        writes = [w for w in [*writes, *src.writes] if (w.ns, w.checkpoint_id) in kept]
+        yield from copy_objects([*entries, *writes])
+
+        def install(h: Head) -> Head | None:
+            if (h.entries or h.segments) and h.copied_from != source:
+                raise ConfigurationError(f"thread {dest!r} got checkpoints of its own while being copied into")
+            return replace(
+                h,
+                entries=[replace(e, thread_id=dest, gen=h.gen, writes=[]) for e in entries],
+                writes=[replace(w, thread_id=dest, gen=h.gen) for w in writes],
+                segments=[],
+                copied_from=source,
+            )
+
+        installed = yield from self._update(dest, install, target)
+        # An earlier copy's segments (brought up to date above) are not referenced any more.
+        old = [r for r in target.segments if r not in installed.segments]
+        yield from _delete_keys(self.s3, [self.layout.segment_key(dest, r.number, r.token) for r in old])
+
+
+# -- helpers ---------------------------------------------------------------------------
+@dataclass
+class _SealPlan:
+    """Segments holding the oldest checkpoints of a head, and what they hold."""
+
+    sealed: set[tuple[str, str]]
+    writes: set[tuple[str, str, str, str, str]]
+    refs: list[SegmentRef]
+    objects: list[tuple[str, bytes]]
+
+
+def _plan_seal(layout: KeyLayout, head: Head) -> _SealPlan:
+    """Segments of at most SEGMENT_MAX checkpoints for all but the newest
+    KEEP_IN_HEAD checkpoints of ``head``, with their writes."""
+    sealed = head.entries[:-KEEP_IN_HEAD]
+    number = head.segments[-1].number + 1 if head.segments else 0
+    plan = _SealPlan({(e.ns, e.checkpoint_id) for e in sealed}, set(), [], [])
+    for i in range(0, len(sealed), SEGMENT_MAX):
+        chunk = sealed[i : i + SEGMENT_MAX]
+        ids = {(e.ns, e.checkpoint_id) for e in chunk}
+        writes = [w for w in head.writes if (w.ns, w.checkpoint_id) in ids]
+        plan.writes.update(_write_key(w) for w in writes)
+        token = uuid.uuid4().hex[:16]
+        cids = [e.checkpoint_id for e in chunk]
+        plan.refs.append(SegmentRef(number, token, min(cids), max(cids), len(chunk)))
+        plan.objects.append((layout.segment_key(head.thread_id, number, token), encode_segment(chunk, writes)))
+        number += 1
+    return plan
+
+
+def _apply_seal(head: Head, plan: _SealPlan) -> bool:
+    """Swap the sealed checkpoints of ``head`` for the plan's segment refs, if the
+    head still holds every one of them (else another writer sealed them first)."""
+    present = {(e.ns, e.checkpoint_id) for e in head.entries}
+    if not plan.refs or not plan.sealed <= present:
+        return False
+    head.entries = [e for e in head.entries if (e.ns, e.checkpoint_id) not in plan.sealed]
+    head.writes = [w for w in head.writes if _write_key(w) not in plan.writes]
+    head.segments = [*head.segments, *plan.refs]
+    return True
+
+
+def _write_key(w: WritesEntry) -> tuple[str, str, str, str, str]:
+    return (w.ns, w.checkpoint_id, w.task_id, w.part, w.token)
+
+
+def _refuse_older(head: Head, gen: int, thread_id: str, checkpoint_id: str) -> None:
+    if gen < head.gen:
+        raise ThreadDeletedError(
+            f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
+            "(manifest index); a run in flight cannot continue it. Start the thread afresh "
+            "(invoke without a checkpoint_id) to use the id again."
+        )
+
+
+def _in(entries: list[CheckpointEntry], ns: str, checkpoint_id: str) -> CheckpointEntry | None:
+    return next((e for e in entries if e.checkpoint_id == checkpoint_id and e.ns == ns), None)
+
+
+def _newest(entries: list[CheckpointEntry], ns: str) -> CheckpointEntry | None:
+    return max((e for e in entries if e.ns == ns), key=lambda e: e.checkpoint_id, default=None)
+
+
+def _with_writes(entry: CheckpointEntry, writes: list[WritesEntry]) -> CheckpointEntry:
+    own = [w for w in writes if w.checkpoint_id == entry.checkpoint_id and w.ns == entry.ns]
+    return replace(entry, writes=own)
+
+
+def _grave_key(entry: CheckpointEntry | WritesEntry) -> tuple[Any, ...]:
+    if isinstance(entry, CheckpointEntry):
+        return ("c", entry.ns, entry.checkpoint_id)
+    return ("w", entry.ns, entry.checkpoint_id, entry.task_id, entry.part, entry.token)
+
+
+def _delete_keys(s3: S3Calls, keys: list[str]) -> Op[None]:
+    if keys:
+        yield from request(*(s3.delete_many(keys[i : i + DELETE_BATCH]) for i in range(0, len(keys), DELETE_BATCH)))

@@ -1,0 +1,165 @@
+"""The manifest's documents: a thread's head and its sealed segments, to and from bytes.
+
+A head lists the thread's newest checkpoints (every namespace) with their
+pending writes, its delete generation and the refs of its sealed segments; a
+segment holds older checkpoints and their writes, and is never changed once
+written. Entries are kept in commit order (a parent before its children), and
+``loc`` is stored as changes from the parent when the parent is in the same
+document, in full otherwise: a document decodes on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from s3_saver._codec import pack, unpack
+from s3_saver._index.base import CheckpointEntry, Loc, WritesEntry
+
+HEAD_FORMAT = "s3_saver.manifest-head/1"
+SEGMENT_FORMAT = "s3_saver.manifest-segment/1"
+
+# A checkpoint object or a writes part rides in the head (so "latest" needs no
+# S3 GET) up to this size: the head is read and rewritten by every write.
+BODY_IN_HEAD_MAX = 8 * 1024
+# In a segment (written once, read for history) up to this size.
+BODY_IN_SEGMENT_MAX = 64 * 1024
+# Metadata rides along up to this size (list(filter=) reads no objects then).
+META_MAX = 16 * 1024
+
+_FULL, _DELTA = 0, 1
+
+
+@dataclass
+class SegmentRef:
+    number: int
+    token: str
+    min_id: str
+    max_id: str
+    count: int
+
+
+@dataclass
+class Head:
+    """A thread's manifest head (an empty one when the thread has none yet)."""
+
+    thread_id: str
+    version: int = 0  # every write changes the bytes, so an ETag is never reused
+    gen: int = 0
+    deleted_at: int = 0
+    entries: list[CheckpointEntry] = field(default_factory=list)
+    # Writes of checkpoints that are not sealed (or arrived before their checkpoint).
+    writes: list[WritesEntry] = field(default_factory=list)
+    segments: list[SegmentRef] = field(default_factory=list)  # oldest first
+    # Left by delete_thread until the deleted entries' objects are gone.
+    graveyard: list[CheckpointEntry | WritesEntry] = field(default_factory=list)
+    graveyard_segments: list[SegmentRef] = field(default_factory=list)
+    copied_from: str | None = None
+    etag: str | None = None  # of the stored head this was read from (None: no head)
+
+
+def encode_head(head: Head) -> bytes:
+    return pack(
+        {
+            "format": HEAD_FORMAT,
+            "version": head.version,
+            "gen": head.gen,
+            "deleted_at": head.deleted_at,
+            "entries": _encode_entries(head.entries, BODY_IN_HEAD_MAX),
+            "writes": [_encode_write(w, BODY_IN_HEAD_MAX) for w in head.writes],
+            "segments": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.segments],
+            "graveyard": _encode_entries([e for e in head.graveyard if isinstance(e, CheckpointEntry)], 0),
+            "graveyard_writes": [_encode_write(w, 0) for w in head.graveyard if isinstance(w, WritesEntry)],
+            "graveyard_segments": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.graveyard_segments],
+            "copied_from": head.copied_from,
+        }
+    )
+
+
+def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> Head:
+    doc = unpack(data, HEAD_FORMAT, where)
+    return Head(
+        thread_id=thread_id,
+        version=doc["version"],
+        gen=doc["gen"],
+        deleted_at=doc["deleted_at"],
+        entries=_decode_entries(thread_id, doc["entries"]),
+        writes=[_decode_write(thread_id, w) for w in doc["writes"]],
+        segments=[SegmentRef(*r) for r in doc["segments"]],
+        graveyard=[
+            *_decode_entries(thread_id, doc["graveyard"]),
+            *(_decode_write(thread_id, w) for w in doc["graveyard_writes"]),
+        ],
+        graveyard_segments=[SegmentRef(*r) for r in doc["graveyard_segments"]],
+        copied_from=doc["copied_from"],
+        etag=etag,
+    )
+
+
+def encode_segment(entries: list[CheckpointEntry], writes: list[WritesEntry]) -> bytes:
+    return pack(
+        {
+            "format": SEGMENT_FORMAT,
+            "entries": _encode_entries(entries, BODY_IN_SEGMENT_MAX),
+            "writes": [_encode_write(w, BODY_IN_SEGMENT_MAX) for w in writes],
+        }
+    )
+
+
+def decode_segment(thread_id: str, data: bytes, where: str) -> tuple[list[CheckpointEntry], list[WritesEntry]]:
+    doc = unpack(data, SEGMENT_FORMAT, where)
+    return _decode_entries(thread_id, doc["entries"]), [_decode_write(thread_id, w) for w in doc["writes"]]
+
+
+# -- entries ------------------------------------------------------------------------
+def _encode_entries(entries: list[CheckpointEntry], body_max: int) -> list[list[Any]]:
+    locs: dict[tuple[str, str], Loc] = {}
+    out = []
+    for e in entries:
+        parent = locs.get((e.ns, e.parent_id)) if e.parent_id is not None else None
+        if parent is None:
+            loc: Any = [_FULL, {ch: list(v) for ch, v in e.loc.items()}]
+        else:
+            changed = {ch: list(v) for ch, v in e.loc.items() if parent.get(ch) != v}
+            loc = [_DELTA, changed, [ch for ch in parent if ch not in e.loc]]
+        locs[(e.ns, e.checkpoint_id)] = e.loc
+        meta = list(e.metadata) if e.metadata is not None and len(e.metadata[1]) <= META_MAX else None
+        body = e.body if e.body is not None and len(e.body) <= body_max else None
+        out.append([e.ns, e.checkpoint_id, e.parent_id, e.gen, e.expires_at, meta, body, loc])
+    return out
+
+
+def _decode_entries(thread_id: str, rows: list[list[Any]]) -> list[CheckpointEntry]:
+    locs: dict[tuple[str, str], Loc] = {}
+    out = []
+    for ns, cid, parent_id, gen, expires_at, meta, body, loc in rows:
+        if loc[0] == _FULL:
+            full = {ch: tuple(v) for ch, v in loc[1].items()}
+        else:
+            full = {ch: v for ch, v in locs[(ns, parent_id)].items() if ch not in loc[2]}
+            full.update({ch: tuple(v) for ch, v in loc[1].items()})
+        locs[(ns, cid)] = full
+        entry = CheckpointEntry(
+            thread_id=thread_id,
+            ns=ns,
+            checkpoint_id=cid,
+            parent_id=parent_id,
+            loc=full,  # type: ignore[arg-type]
+            body=body,
+            metadata=(meta[0], bytes(meta[1])) if meta else None,
+            expires_at=expires_at,
+            gen=gen,
+            writes=[],
+        )
+        out.append(entry)
+    return out
+
+
+def _encode_write(w: WritesEntry, body_max: int) -> list[Any]:
+    body = w.body if w.body is not None and len(w.body) <= body_max else None
+    return [w.ns, w.checkpoint_id, w.task_id, w.part, w.token, body, w.gen, w.expires_at]
+
+
+def _decode_write(thread_id: str, row: list[Any]) -> WritesEntry:
+    ns, cid, task_id, part, token, body, gen, expires_at = row
+    return WritesEntry(thread_id, ns, cid, task_id, part, token, body, gen, expires_at)
