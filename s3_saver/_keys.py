@@ -116,6 +116,31 @@ def version_segment(version: str | int | float) -> str:
     return f"{type(version).__name__}:{version!r}"
 
 
+def parse_version(segment: str) -> str | int | float:
+    """The inverse of ``version_segment``."""
+    if ":" in segment:  # encode() escapes ":", so only a type mark has one
+        kind, _, text = segment.partition(":")
+        return {"int": int, "float": float}[kind](text)
+    return decode(segment)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectKey:
+    """What an object's key says: its kind ("checkpoint", "blob" or "writes"), thread,
+    namespace and checkpoint, and for a blob its channel and version, for writes its
+    task, part and token."""
+
+    kind: str
+    thread_id: str
+    ns: str
+    checkpoint_id: str
+    channel: str = ""
+    version: str | int | float = ""
+    task_id: str = ""
+    part: str = ""
+    token: str = ""
+
+
 class KeyLayout:
     """Builds object keys and index keys for one bucket prefix."""
 
@@ -150,6 +175,29 @@ class KeyLayout:
         return _checked(
             f"{self.ns_dir(thread_id, ns)}writes/{encode(checkpoint_id)}/{encode(task_id)}/{part}.{token}"
         )
+
+    def parse_object_key(self, key: str) -> ObjectKey | None:
+        """The parts of a ``live/`` object key (listing the bucket), or None for
+        anything else: the inverse of the key builders above."""
+        if not key.startswith(self.root):
+            return None
+        parts = key[len(self.root) :].split("/")
+        try:
+            thread_id, ns, kind = decode(parts[0]), decode(parts[1]), parts[2]
+            if kind == "checkpoints" and len(parts) == 4:
+                return ObjectKey("checkpoint", thread_id, ns, decode(parts[3]))
+            if kind == "blobs" and len(parts) == 6:
+                return ObjectKey(
+                    "blob", thread_id, ns, decode(parts[5]), channel=decode(parts[3]), version=parse_version(parts[4])
+                )
+            if kind == "writes" and len(parts) == 6:
+                part, _, token = parts[5].partition(".")
+                return ObjectKey(
+                    "writes", thread_id, ns, decode(parts[3]), task_id=decode(parts[4]), part=part, token=token
+                )
+        except (IndexError, KeyError, ValueError, UnicodeDecodeError):
+            return None
+        return None
 
     # -- the manifest index ----------------------------------------------------
     @property

@@ -28,7 +28,7 @@ from s3_saver._drivers.sync import SyncDriver
 from s3_saver._index.dynamodb import DynamoIndex
 from s3_saver._index.manifest import ManifestIndex
 from s3_saver._keys import KeyLayout
-from s3_saver._ops import copy, delete, delta, put, read, setup
+from s3_saver._ops import copy, delete, delta, put, read, rebuild, setup
 from s3_saver._ops.context import Context
 from s3_saver._protocol import RequestStats
 from s3_saver._s3 import S3Calls
@@ -377,6 +377,24 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Async version of :meth:`copy_thread`."""
         await self._async.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
+
+    def rebuild_index(self, thread_id: str | None = None) -> int:
+        """Rebuild the index from the bucket: for one thread, or every thread under the prefix.
+
+        The admin path for an index that was lost or damaged (a table deleted,
+        a manifest removed, a replica bucket in another region): it lists the
+        bucket and reads every object of the threads, so every read afterwards
+        equals the reads before the index was lost. Run it while no writer works
+        on those threads. What a surviving tombstone deleted stays deleted.
+
+        Returns:
+            How many checkpoints were indexed.
+        """
+        return self._sync.run(rebuild.rebuild_index(self._ctx, thread_id))
+
+    async def arebuild_index(self, thread_id: str | None = None) -> int:
+        """Async version of :meth:`rebuild_index`."""
+        return await self._async.run(rebuild.rebuild_index(self._ctx, thread_id))
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]

@@ -174,6 +174,12 @@ class Index(ABC):
     def all_threads(self) -> Op[list[CheckpointEntry]]:
         """Every live checkpoint of every thread of this prefix, with writes (admin)."""
 
+    @abstractmethod
+    def restore(self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry]) -> Op[None]:
+        """Write the entries of a thread read back from its objects (``rebuild_index``),
+        replacing what the index holds for it, except what a surviving tombstone
+        or delete says is deleted."""
+
     # -- delete and copy -------------------------------------------------------------
     @abstractmethod
     def delete_thread(

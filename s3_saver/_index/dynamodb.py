@@ -349,6 +349,12 @@ class DynamoIndex(Index):
                 owner.writes.append(w)  # type: ignore[union-attr]
         return list(live.values())
 
+    def restore(self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry]) -> Op[None]:
+        # Entries keep generation 0: where a tombstone survived the loss of the
+        # rest of the index, what it deleted stays deleted.
+        items = [self.calls.checkpoint_item(e) for e in entries] + [self.calls.writes_item(w) for w in writes]
+        yield from self.write_batches([{"PutRequest": {"Item": i}} for i in items], f"entries of thread {thread_id!r}")
+
     # -- delete and copy ---------------------------------------------------------------
     def delete_thread(
         self, thread_id: str, now: int, delete_objects: Callable[[list[IndexEntry]], Op[None]]

@@ -364,6 +364,25 @@ class ManifestIndex(Index):
                 out += [_with_writes(e, writes + head.writes) for e in entries]
         return out
 
+    def restore(self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry]) -> Op[None]:
+        head = yield from self._read_head(thread_id)
+        # What an interrupted delete buried stays deleted.
+        buried = {_grave_key(e) for e in head.graveyard}
+        entries = sorted((e for e in entries if _grave_key(e) not in buried), key=lambda e: (e.checkpoint_id, e.ns))
+        writes = [w for w in writes if _grave_key(w) not in buried]
+
+        def install(h: Head) -> Head | None:
+            return replace(
+                h,
+                entries=[replace(e, gen=h.gen, writes=[]) for e in entries],
+                writes=[replace(w, gen=h.gen) for w in writes],
+                segments=[],
+            )
+
+        installed = yield from self._update(thread_id, install, head)
+        old = [r for r in head.segments if r not in installed.segments]
+        yield from _delete_keys(self.s3, [self.layout.segment_key(thread_id, r.number, r.token) for r in old])
+
     # -- delete and copy ---------------------------------------------------------------
     def delete_thread(
         self, thread_id: str, now: int, delete_objects: Callable[[list[IndexEntry]], Op[None]]

@@ -1,0 +1,141 @@
+"""rebuild_index: the index entries of threads, read back from their objects alone.
+
+The admin path (the only one, with ``list(None)``, that lists the bucket). Every
+object is self-describing: a checkpoint object holds its id, parent, metadata,
+the checkpoint (with its channel versions) and the values it stored; keys name
+the blobs' channels and versions and the pending-write parts. What no object
+records is rebuilt from the bucket's own clock:
+
+* ``loc``: for each channel version of a checkpoint, the object that stores that
+  version (its own first, else the newest copy written no later than it);
+* which of two pending-write parts of one slot was committed: the regular part
+  written first, the special channel's part written last (``LastModified``);
+* with a ``ttl``, an entry expires a ``ttl`` after its object was written.
+
+Tombstones live only in the index: where one survived, what it deleted stays
+deleted (see ``Index.restore``); objects of a delete that never ran are back.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from s3_saver._codec import CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
+from s3_saver._index.base import (
+    IN_BLOB_OBJECT,
+    IN_CHECKPOINT_OBJECT,
+    REGULAR_PART,
+    CheckpointEntry,
+    Loc,
+    WritesEntry,
+)
+from s3_saver._keys import ObjectKey
+from s3_saver._ops.context import Context, target
+from s3_saver._protocol import Op, request, request_one
+
+_GET_WAVE = 100  # objects read per round trip
+
+Listed = tuple[ObjectKey, str, int]  # what the key says, the key, its LastModified (epoch s)
+
+
+def rebuild_index(ctx: Context, thread_id: str | None) -> Op[int]:
+    """Rebuild the index entries of one thread, or of every thread under the prefix;
+    returns how many checkpoints were indexed."""
+    if thread_id is not None:
+        thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
+        prefix = ctx.layout.thread_dir(thread_id)
+    else:
+        prefix = ctx.layout.root
+    threads: dict[str, list[Listed]] = defaultdict(list)
+    token: str | None = None
+    while True:
+        page = yield from request_one(ctx.s3.list_keys(prefix, token))
+        for obj in page.get("Contents", []):
+            parsed = ctx.layout.parse_object_key(obj["Key"])
+            if parsed is not None:
+                threads[parsed.thread_id].append((parsed, obj["Key"], int(obj["LastModified"].timestamp())))
+        token = page.get("NextContinuationToken")
+        if not token:
+            break
+    total = 0
+    for tid in sorted(threads):
+        total += yield from _rebuild_thread(ctx, tid, threads[tid])
+    return total
+
+
+def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed]) -> Op[int]:
+    wanted = [item for item in listed if item[0].kind in ("checkpoint", "writes")]
+    bodies: dict[str, bytes] = {}
+    for i in range(0, len(wanted), _GET_WAVE):
+        chunk = wanted[i : i + _GET_WAVE]
+        results = yield from request(*(ctx.s3.get(key) for _, key, _ in chunk))
+        bodies.update((key, result["Body"]) for (_, key, _), result in zip(chunk, results))
+
+    # Every stored copy of (namespace, channel, version): (source checkpoint, kind, written at).
+    copies: dict[tuple[str, str, Any], list[tuple[str, int, int]]] = defaultdict(list)
+    records: list[tuple[ObjectKey, str, int, dict[str, Any]]] = []
+    for parsed, key, written in listed:
+        if parsed.kind == "blob":
+            copies[(parsed.ns, parsed.channel, parsed.version)].append((parsed.checkpoint_id, IN_BLOB_OBJECT, written))
+        elif parsed.kind == "checkpoint":
+            record = unpack(bodies[key], CHECKPOINT_FORMAT, f"s3://{ctx.s3.bucket}/{key}")
+            records.append((parsed, key, written, record))
+            for channel, (version, *_) in record["values"].items():
+                copies[(parsed.ns, channel, version)].append((parsed.checkpoint_id, IN_CHECKPOINT_OBJECT, written))
+
+    entries = []
+    for parsed, key, written, record in records:
+        where = f"checkpoint {parsed.checkpoint_id} of thread {thread_id!r}"
+        checkpoint = loads(ctx.serde, typed(record["checkpoint"]), where)
+        loc: Loc = {}
+        for channel, version in checkpoint.get("channel_versions", {}).items():
+            found = _pick(copies.get((parsed.ns, channel, version), []), parsed.checkpoint_id, written)
+            if found is not None:
+                loc[channel] = (version, *found)
+        entries.append(
+            CheckpointEntry(
+                thread_id=thread_id,
+                ns=parsed.ns,
+                checkpoint_id=parsed.checkpoint_id,
+                parent_id=record.get("parent_checkpoint_id"),
+                loc=loc,
+                body=bodies[key],
+                metadata=typed(record["metadata"]),
+                expires_at=written + ctx.ttl_seconds if ctx.ttl_seconds else None,
+            )
+        )
+
+    # One part per slot: the regular part written first, a special channel's written last.
+    slots: dict[tuple[str, str, str, str], tuple[int, str, WritesEntry]] = {}
+    for parsed, key, written in listed:
+        if parsed.kind != "writes":
+            continue
+        unpack(bodies[key], WRITES_FORMAT, f"s3://{ctx.s3.bucket}/{key}")  # refuse what is not ours
+        entry = WritesEntry(
+            thread_id,
+            parsed.ns,
+            parsed.checkpoint_id,
+            parsed.task_id,
+            parsed.part,
+            parsed.token,
+            bodies[key],
+            expires_at=written + ctx.ttl_seconds if ctx.ttl_seconds else None,
+        )
+        slot = (parsed.ns, parsed.checkpoint_id, parsed.task_id, parsed.part)
+        held = slots.get(slot)
+        first = parsed.part.startswith(REGULAR_PART)
+        if held is None or ((written, parsed.token) < held[:2]) == first:
+            slots[slot] = (written, parsed.token, entry)
+    yield from ctx.index.restore(thread_id, entries, [entry for _, _, entry in slots.values()])
+    ctx.locs.forget_thread(thread_id)
+    return len(entries)
+
+
+def _pick(candidates: list[tuple[str, int, int]], checkpoint_id: str, written: int) -> tuple[str, int, int] | None:
+    """The copy a checkpoint points at: its own, else the newest written no later than it."""
+    own = [c for c in candidates if c[0] == checkpoint_id]
+    if own:
+        return own[0]
+    earlier = [c for c in candidates if c[2] <= written]
+    return max(earlier or candidates, key=lambda c: (c[2], c[0]), default=None)
