@@ -75,14 +75,14 @@ async def test_delta_history_async_and_empty_cases(saver) -> None:
     await saver.aclose()
 
 
-def test_expired_ancestors_end_the_walk_as_in_the_base_walk(endpoint) -> None:
+def test_expired_ancestors_end_the_walk_as_in_the_base_walk(endpoint, index_mode) -> None:
     """With ttl, an ancestor past its expiry is not served, even before DynamoDB deletes it."""
     import time
     from datetime import timedelta
 
     from conftest import make_saver
 
-    saver = make_saver(endpoint, ttl=timedelta(days=30))
+    saver = make_saver(endpoint, index_mode, ttl=timedelta(days=30))
     saver.setup()
     clock = {"now": int(time.time())}
     saver._ctx.now = lambda: clock["now"]

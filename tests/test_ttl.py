@@ -103,11 +103,11 @@ def test_a_cold_process_puts_in_two_round_trips_with_ttl(endpoint) -> None:
     assert max(_item_expiry(endpoint, "cold")) == start + 50 * DAY
 
 
-def test_an_idle_thread_lives_a_full_ttl_and_a_fork_is_the_last_to_expire(endpoint) -> None:
+def test_an_idle_thread_lives_a_full_ttl_and_a_fork_is_the_last_to_expire(endpoint, index_mode) -> None:
     """Each item expires a ttl after its own write, so an idle thread is readable for
     the whole ttl, and after a fork from an old checkpoint "latest" stays the fork
     (it used to expire with the oldest value it pointed at: day 30 here)."""
-    saver = make_saver(endpoint, ttl=timedelta(days=30))
+    saver = make_saver(endpoint, index_mode, ttl=timedelta(days=30))
     saver.setup()
     start = int(time.time())
     clock = {"now": start}
