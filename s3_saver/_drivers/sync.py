@@ -86,10 +86,11 @@ class SyncDriver:
     def close(self, keep: list[Any]) -> None:
         """Shut the pool down and close the clients made here (not those in ``keep``)."""
         with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
-            for client in self._clients.values():
-                if not any(client is k for k in keep):
-                    client.close()
-            self._clients.clear()
+            pool, self._pool = self._pool, None
+            clients, self._clients = list(self._clients.values()), {}
+        # Outside the lock: a worker still finishing a wave may need it to create a client.
+        if pool is not None:
+            pool.shutdown(wait=True)
+        for client in clients:
+            if not any(client is k for k in keep):
+                client.close()
