@@ -61,7 +61,10 @@ SEAL_AT = 48
 HARD_SEAL_AT = 96
 KEEP_IN_HEAD = 16
 SEGMENT_MAX = 64
-_MAX_SWAPS = 12  # attempts of one compare-and-swap before giving up
+# Attempts of one compare-and-swap before giving up: every round has a winner, so
+# this many writers on one thread at once all get through.
+_MAX_SWAPS = 24
+_SWAP_BACKOFF_MAX = 0.5  # seconds
 _CACHE_HEADS = 512
 _CACHE_SEGMENTS = 256
 
@@ -160,7 +163,8 @@ class ManifestIndex(Index):
             if (yield from self._swap(head, new)):
                 return new
             head = None
-            yield Sleep(random.uniform(0, 0.02 * 2**attempt))  # other writers: spread the retries
+            # Other writers: spread the retries (full jitter, capped).
+            yield Sleep(random.uniform(0, min(_SWAP_BACKOFF_MAX, 0.01 * 2**attempt)))
         raise S3SaverError(
             f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
             f"other writers; gave up after {_MAX_SWAPS} attempts"
