@@ -37,7 +37,7 @@ def _graph(saver):
     return builder.compile(checkpointer=saver)
 
 
-def test_delta_channel_state_matches_in_memory_and_base_walk(saver) -> None:
+def test_delta_channel_state_matches_in_memory_and_base_walk(saver, index_mode) -> None:
     config = {"configurable": {"thread_id": "delta"}}
     ours, reference = _graph(saver), _graph(InMemorySaver())
     for turn in range(9):
@@ -55,9 +55,12 @@ def test_delta_channel_state_matches_in_memory_and_base_walk(saver) -> None:
         walked = BaseCheckpointSaver.get_delta_channel_history(saver, config=snap.config, channels=["log", "turn"])
         walk_cost = saver.stats.snapshot()
         assert fast == walked
-        # One index range and one wave, whatever the depth of the walk.
+        # One index read (a Query range, or the manifest's head) and one wave,
+        # whatever the depth of the walk. The manifest's head carries only the
+        # newest checkpoint's writes whole: the others are GETs in that wave.
         assert fast_cost.round_trips <= 2, fast_cost
-        assert fast_cost.total_requests <= 2, fast_cost
+        if index_mode == "dynamodb":
+            assert fast_cost.total_requests <= 2, fast_cost
         assert walk_cost.round_trips >= fast_cost.round_trips
 
 

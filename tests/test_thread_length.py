@@ -68,7 +68,13 @@ def _costs(saver, thread_id: str, last: dict[str, Any]) -> dict[str, tuple[int, 
 def _lengthen(saver, thread_id: str, total: int) -> None:
     """Restore old entries below the thread's real ones, up to ``total`` checkpoints."""
     real = [t for t in saver.list(config(thread_id))]
-    oldest = saver._sync.run(saver._ctx.index.get(thread_id, "", real[-1].config["configurable"]["checkpoint_id"]))
+    oldest_id = real[-1].config["configurable"]["checkpoint_id"]
+    oldest = saver._sync.run(saver._ctx.index.get(thread_id, "", oldest_id))
+    # The entries carry the checkpoint object (as DynamoDB items and sealed segments do),
+    # so the restored checkpoints, which have no objects of their own, read back.
+    key = saver._ctx.layout.checkpoint_key(thread_id, "", oldest_id)
+    body = saver._sync._client("s3").get_object(Bucket=saver.bucket, Key=key)["Body"].read()
+    oldest = replace(oldest, body=body)
     fake = []
     parent = None
     for i in range(total - len(real)):
@@ -95,10 +101,13 @@ def test_costs_do_not_grow_with_thread_length(endpoint, index_mode) -> None:
         rt, requests, up, down = long[call]
         assert rt <= 2, (call, long[call])
         if index_mode == "manifest" and call.startswith(("get_tuple", "list")):
-            # A value the newest checkpoint carries from one now sealed in a segment
-            # is read from that checkpoint's object: one more GET, in a second trip.
+            # The head carries each namespace's newest checkpoint whole; the others
+            # (and values carried from them) are GETs in one more wave: one more or
+            # one fewer as the checkpoints holding values fall in or out of the head.
             extra = {k: v - fresh_short[call][1].get(k, 0) for k, v in requests.items()}
-            assert extra in ({("s3", "get_object"): 0}, {("s3", "get_object"): 1}), (call, fresh_short[call], long[call])
+            assert set(extra) == {("s3", "get_object")} and abs(extra[("s3", "get_object")]) <= 1, (
+                call, fresh_short[call], long[call]
+            )
         else:
             assert (rt, requests) == fresh_short[call][:2], (call, fresh_short[call], long[call])
         if call.startswith("list"):

@@ -109,6 +109,10 @@ class WritesOutcome:
 class Index(ABC):
     """One index backend; ``describe()`` names it in messages."""
 
+    # True when ``entries`` sends no request (it answers from what was read):
+    # the resolver then looks up first and sends one wave of GETs after.
+    local_lookups = False
+
     @abstractmethod
     def describe(self) -> str: ...
 

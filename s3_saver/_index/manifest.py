@@ -72,6 +72,8 @@ Segment = tuple[list[CheckpointEntry], list[WritesEntry]]
 
 
 class ManifestIndex(Index):
+    local_lookups = True
+
     def __init__(self, s3: S3Calls, layout: KeyLayout) -> None:
         self.s3 = s3
         self.layout = layout
@@ -505,9 +507,14 @@ def _plan_seal(layout: KeyLayout, head: Head) -> _SealPlan:
 
 def _apply_seal(head: Head, plan: _SealPlan) -> bool:
     """Swap the sealed checkpoints of ``head`` for the plan's segment refs, if the
-    head still holds every one of them (else another writer sealed them first)."""
+    head still holds every one of them (else another writer sealed them first)
+    and exactly the writes the plan copied (else a write came or was replaced
+    since the plan was made: a segment must not hold a write the head replaced)."""
     present = {(e.ns, e.checkpoint_id) for e in head.entries}
     if not plan.refs or not plan.sealed <= present:
+        return False
+    current = {_write_key(w) for w in head.writes if (w.ns, w.checkpoint_id) in plan.sealed}
+    if current != plan.writes:
         return False
     head.entries = [e for e in head.entries if (e.ns, e.checkpoint_id) not in plan.sealed]
     head.writes = [w for w in head.writes if _write_key(w) not in plan.writes]

@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s3_saver._codec import pack, unpack
-from s3_saver._index.base import CheckpointEntry, Loc, WritesEntry
+from s3_saver._index.base import IN_CHECKPOINT_OBJECT, CheckpointEntry, Loc, WritesEntry
 
 HEAD_FORMAT = "s3_saver.manifest-head/1"
 SEGMENT_FORMAT = "s3_saver.manifest-segment/1"
 
-# A checkpoint object or a writes part rides in the head (so "latest" needs no
-# S3 GET) up to this size: the head is read and rewritten by every write.
+# The head is read and rewritten by every write, so it carries bodies (the
+# checkpoint object, a writes part) only where "latest" needs them: the newest
+# checkpoint of each namespace, its writes and the checkpoints holding the values
+# it carries, up to this size each.
 BODY_IN_HEAD_MAX = 8 * 1024
 # In a segment (written once, read for history) up to this size.
 BODY_IN_SEGMENT_MAX = 64 * 1024
@@ -59,16 +61,17 @@ class Head:
 
 
 def encode_head(head: Head) -> bytes:
+    tips = _tips(head.entries)
     return pack(
         {
             "format": HEAD_FORMAT,
             "version": head.version,
             "gen": head.gen,
             "deleted_at": head.deleted_at,
-            "entries": _encode_entries(head.entries, BODY_IN_HEAD_MAX),
-            "writes": [_encode_write(w, BODY_IN_HEAD_MAX) for w in head.writes],
+            "entries": _encode_entries(head.entries, BODY_IN_HEAD_MAX, tips),
+            "writes": [_encode_write(w, BODY_IN_HEAD_MAX if (w.ns, w.checkpoint_id) in tips else 0) for w in head.writes],
             "segments": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.segments],
-            "graveyard": _encode_entries([e for e in head.graveyard if isinstance(e, CheckpointEntry)], 0),
+            "graveyard": _encode_entries([e for e in head.graveyard if isinstance(e, CheckpointEntry)], 0, None),
             "graveyard_writes": [_encode_write(w, 0) for w in head.graveyard if isinstance(w, WritesEntry)],
             "graveyard_segments": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.graveyard_segments],
             "copied_from": head.copied_from,
@@ -100,7 +103,7 @@ def encode_segment(entries: list[CheckpointEntry], writes: list[WritesEntry]) ->
     return pack(
         {
             "format": SEGMENT_FORMAT,
-            "entries": _encode_entries(entries, BODY_IN_SEGMENT_MAX),
+            "entries": _encode_entries(entries, BODY_IN_SEGMENT_MAX, None),
             "writes": [_encode_write(w, BODY_IN_SEGMENT_MAX) for w in writes],
         }
     )
@@ -112,7 +115,24 @@ def decode_segment(thread_id: str, data: bytes, where: str) -> tuple[list[Checkp
 
 
 # -- entries ------------------------------------------------------------------------
-def _encode_entries(entries: list[CheckpointEntry], body_max: int) -> list[list[Any]]:
+def _tips(entries: list[CheckpointEntry]) -> set[tuple[str, str]]:
+    """(namespace, id) of the newest checkpoint of each namespace, and of the
+    checkpoints whose objects hold the values it carries: what "latest" reads."""
+    newest: dict[str, CheckpointEntry] = {}
+    for e in entries:
+        if e.ns not in newest or e.checkpoint_id > newest[e.ns].checkpoint_id:
+            newest[e.ns] = e
+    keep = set()
+    for ns, tip in newest.items():
+        keep.add((ns, tip.checkpoint_id))
+        keep.update((ns, src) for _, src, kind, _ in tip.loc.values() if kind == IN_CHECKPOINT_OBJECT)
+    return keep
+
+
+def _encode_entries(
+    entries: list[CheckpointEntry], body_max: int, bodies_for: set[tuple[str, str]] | None
+) -> list[list[Any]]:
+    """``bodies_for``: the only entries whose bodies are kept (None: all that fit)."""
     locs: dict[tuple[str, str], Loc] = {}
     out = []
     for e in entries:
@@ -124,7 +144,8 @@ def _encode_entries(entries: list[CheckpointEntry], body_max: int) -> list[list[
             loc = [_DELTA, changed, [ch for ch in parent if ch not in e.loc]]
         locs[(e.ns, e.checkpoint_id)] = e.loc
         meta = list(e.metadata) if e.metadata is not None and len(e.metadata[1]) <= META_MAX else None
-        body = e.body if e.body is not None and len(e.body) <= body_max else None
+        keep = bodies_for is None or (e.ns, e.checkpoint_id) in bodies_for
+        body = e.body if keep and e.body is not None and len(e.body) <= body_max else None
         out.append([e.ns, e.checkpoint_id, e.parent_id, e.gen, e.expires_at, meta, body, loc])
     return out
 

@@ -206,6 +206,11 @@ def load(resolver: Resolver, targets: list[CheckpointEntry]) -> Op[None]:
     index lookups and pending writes of one wave go out together."""
     while True:
         gets, lookups, unloaded = resolver._needs(targets)
+        if lookups and resolver.ctx.index.local_lookups:
+            # Answered from what the index read already: no request, and the
+            # objects of what it does not hold go out in this same wave.
+            yield from resolver._look_up(lookups)
+            gets, lookups, unloaded = resolver._needs(targets)
         if not (gets or lookups or unloaded):
             return
         ops = [resolver._fetch_objects(gets)] if gets else []
