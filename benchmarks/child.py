@@ -49,10 +49,10 @@ class Target:
         if self.kind in ("s3", "s3-manifest"):
             from s3_saver import S3Saver
 
-            kwargs: dict[str, Any] = {"table": self.table, "endpoint_url": endpoint, "region_name": "us-east-1"}
-            if self.kind == "s3-manifest":
-                kwargs = {"index": "manifest", "endpoint_url": endpoint, "region_name": "us-east-1"}
-            return S3Saver(self.bucket, **kwargs)
+            # Manifest mode: no table, the index lives in the bucket (its own
+            # bucket, bench-s3-manifest-<mode>, so nothing mixes with the DynamoDB row's).
+            table = self.table if self.kind == "s3" else None
+            return S3Saver(self.bucket, table=table, endpoint_url=endpoint, region_name="us-east-1")
         if self.kind in ("peer", "peer-gzip"):
             from langgraph_checkpoint_aws import DynamoDBSaver
 
@@ -100,10 +100,13 @@ class Target:
 
         s3 = boto3.client("s3", endpoint_url=self.moto, region_name="us-east-1")
         s3_bytes = s3_objects = 0
+        some_keys = []  # in the JSON: what a delete leaves behind
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
             for obj in page.get("Contents", []):
                 s3_bytes += obj["Size"]
                 s3_objects += 1
+                if len(some_keys) < 10:
+                    some_keys.append(f"{obj['Key']} ({obj['Size']} B)")
         ddb_bytes = ddb_items = 0
         if self.kind != "s3-manifest":
             ddb = boto3.client("dynamodb", endpoint_url=self.moto, region_name="us-east-1")
@@ -111,7 +114,8 @@ class Target:
                 for item in page.get("Items", []):
                     ddb_bytes += costs.item_size(item)
                     ddb_items += 1
-        return {"s3_bytes": s3_bytes, "s3_objects": s3_objects, "ddb_bytes": ddb_bytes, "ddb_items": ddb_items}
+        return {"s3_bytes": s3_bytes, "s3_objects": s3_objects, "ddb_bytes": ddb_bytes, "ddb_items": ddb_items,
+                "s3_some_keys": some_keys}
 
 
 def _nested_bytes(obj: Any) -> int:

@@ -11,6 +11,7 @@ S3 = "s3"
 PEER = "peer"
 PEER_GZIP = "peer-gzip"
 MEMORY = "memory"
+S3_MANIFEST = "s3-manifest"
 
 
 MARKDOWN = False  # set by render(markdown=True): tables as GitHub markdown
@@ -88,6 +89,14 @@ def _errors(run: dict[str, Any], phase: str) -> str:
     return "; ".join(parts)
 
 
+def _split_per_1000(run: dict[str, Any]) -> str:
+    steps = run.get("steps") or 0
+    if not steps:
+        return ""
+    w = run["phases"]["write"]
+    return f"{w.get('s3_cost', 0) / steps * 1000:.4f}/{w.get('ddb_cost', 0) / steps * 1000:.4f}"
+
+
 def render(doc: dict[str, Any], markdown: bool = False) -> str:
     global MARKDOWN
     MARKDOWN = markdown
@@ -109,6 +118,9 @@ def _render(doc: dict[str, Any]) -> str:
     for key, run in runs.items():
         if not run.get("ok"):
             out.append(f"  FAILED {key}: {run.get('error')}")
+    for key, run in runs.items():
+        if run.get("cost_check"):
+            out.append(f"  COST MODEL CHECK FAILED {key}: {run['cost_check']}")
     savers = [s["key"] for s in doc["savers"] if s["available"]]
 
     for mode in _modes(doc):
@@ -150,16 +162,18 @@ def _render(doc: dict[str, Any]) -> str:
                          f"{_kb(sb.get('s3_bytes', 0))}/{_kb(sb.get('ddb_bytes', 0))}"
                          if sk != MEMORY else f"({_kb(stored)})",
                          f"{storage_cost(sb) * 1e6:.0f}" if sk != MEMORY else "",
-                         f"{left[0]}/{left[1]}", f"{(k or 0):.4f}", f"{run['phases']['write']['wall']:.2f}",
+                         f"{left[0]}/{left[1]}", f"{(k or 0):.4f}", _split_per_1000(run),
+                         f"{run['phases']['write']['wall']:.2f}",
                          f"{t['wall']:.2f}", _check(run) if sk != MEMORY else "ref"])
     out.append("")
     out.append("== Whole workload ==")
     out.append(_table(["mode", "saver", "steps", "requests", "RT", "up KB", "down KB", "stored S3/DDB KB",
-                       "storage micro$/month", "left after delete obj/items", "$ per 1k steps", "write s",
-                       "total s", "check"], rows, "llrrrrrrrrrrrl"))
+                       "storage micro$/month", "left after delete obj/items", "$ per 1k steps",
+                       "of which S3/DDB", "write s", "total s", "check"], rows, "llrrrrrrrrrrrrl"))
     out.append("steps = checkpoints written in the write phase (LangGraph super-steps); $ per 1k steps = write-phase"
                " request cost / steps x 1000; stored = right before the delete phase (storage at $0.023/GB-month"
-               " S3 Standard, $0.25/GB-month DynamoDB).")
+               " S3 Standard, $0.25/GB-month DynamoDB). S3Saver(manifest) has no table: S3 requests only"
+               " (PUT $0.005/1k, GET $0.0004/1k).")
 
     # Per call, per method: where the requests go.
     for mode in _modes(doc):
@@ -232,11 +246,11 @@ def _render(doc: dict[str, Any]) -> str:
 
     tg = doc.get("targets") or []
     if tg:
-        rows = [[t["mode"], t["target"], t["s3"], t["peer"], t["ratio"], t["limit"],
+        rows = [[t["mode"], _short(doc, t.get("saver", S3)), t["target"], t["s3"], t["peer"], t["ratio"], t["limit"],
                  "" if t["met"] is None else "met" if t["met"] else "MISSED"] for t in tg]
         out.append("")
-        out.append("== Targets (S3Saver vs the peer, same run) ==")
-        out.append(_table(["mode", "target", "S3Saver", "peer", "ratio", "limit", ""], rows, "llrrrrl"))
+        out.append("== Targets (S3Saver, each index mode, vs the peer, same run) ==")
+        out.append(_table(["mode", "saver", "target", "value", "peer", "ratio", "limit", ""], rows, "lllrrrrl"))
     text = "\n".join(out)
     if MARKDOWN:
         text = "\n".join(f"#### {line[3:-3]}" if line.startswith("== ") and line.endswith(" ==") else line
@@ -248,13 +262,13 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Each target, S3Saver against each correct peer configuration of the same run."""
     out = []
     runs = doc["runs"]
-    for mode in _modes(doc):
-        s3 = runs.get(f"{S3}/{mode}")
+    for mode, ours in [(m, k) for m in _modes(doc) for k in (S3, S3_MANIFEST)]:
+        s3 = runs.get(f"{ours}/{mode}")
         if not (s3 and s3.get("ok")):
             continue
         rl = s3["phases"]["read_latest"]["round_trips"]
-        out.append({"mode": mode, "peer_key": None, "target": "read latest: round trips", "s3": rl, "peer": "",
-                    "ratio": "", "limit": "<= 2", "met": rl <= 2})
+        out.append({"mode": mode, "saver": ours, "peer_key": None, "target": "read latest: round trips", "s3": rl,
+                    "peer": "", "ratio": "", "limit": "<= 2", "met": rl <= 2})
         for peer_key in (PEER, PEER_GZIP):
             peer = runs.get(f"{peer_key}/{mode}")
             if not (peer and peer.get("ok")):
@@ -265,7 +279,8 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
             def ratio(name: str, a: float, b: float, limit: float, fmt: str = "{:g}") -> None:
                 r = a / b if b else float("inf")
-                out.append({"mode": mode, "peer_key": peer_key, "target": f"{name} vs {who}", "s3": fmt.format(a),
+                out.append({"mode": mode, "saver": ours, "peer_key": peer_key, "target": f"{name} vs {who}",
+                            "s3": fmt.format(a),
                             "peer": fmt.format(b), "ratio": f"{r:.1%}", "limit": f"<= {limit:.0%}",
                             "met": r <= limit})
 
@@ -280,6 +295,7 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
             # Not a target: the latency-only model of the line above (round trips x latency),
             # free of moto's CPU time and of run-to-run noise.
             ws, wp = s3["phases"]["write"]["round_trips"], peer["phases"]["write"]["round_trips"]
-            out.append({"mode": mode, "peer_key": peer_key, "target": f"(write phase round trips vs {who})",
+            out.append({"mode": mode, "saver": ours, "peer_key": peer_key,
+                        "target": f"(write phase round trips vs {who})",
                         "s3": ws, "peer": wp, "ratio": f"{ws / wp:.1%}" if wp else "", "limit": "", "met": None})
     return out

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _guard, report
+from benchmarks import _guard, costs, report
 from benchmarks.proxy import LatencyProxy, Request
 from benchmarks.workload import PHASES
 
@@ -95,6 +95,11 @@ def summarize(calls: list[CallStats]) -> dict[str, Any]:
         "read_units": sum(r.read_units for r in reqs),
         "write_units": sum(r.write_units for r in reqs),
         "cost": sum(r.cost for r in reqs),
+        # The same cost split by service: a manifest-mode run must have no DynamoDB part.
+        "s3_cost": sum(r.cost for r in reqs if r.service == "s3"),
+        "ddb_cost": sum(r.cost for r in reqs if r.service == "dynamodb"),
+        "s3_tier1_requests": sum(1 for r in reqs if r.service == "s3" and costs.s3_tier(r.method, r.operation) == 1),
+        "s3_tier2_requests": sum(1 for r in reqs if r.service == "s3" and costs.s3_tier(r.method, r.operation) == 2),
         "errors": [c.error for c in calls if c.error],
         "http_errors": sum(1 for r in reqs if r.status >= 400),
         "operations": dict(sorted(ops.items())),
@@ -135,7 +140,8 @@ def call_detail(c: CallStats) -> dict[str, Any]:
             "round_trips": len(waves_out), "waves": waves_out,
             "bytes_up": sum(r.bytes_up for r in c.requests), "bytes_down": sum(r.bytes_down for r in c.requests),
             "read_units": sum(r.read_units for r in c.requests),
-            "write_units": sum(r.write_units for r in c.requests), "error": c.error}
+            "write_units": sum(r.write_units for r in c.requests), "error": c.error,
+            "http_errors": [f"{r.service}:{r.operation} {r.status}" for r in c.requests if r.status >= 400]}
 
 
 def per_method(calls: list[CallStats]) -> dict[str, Any]:
@@ -224,10 +230,11 @@ def discover(args: argparse.Namespace) -> list[Saver]:
         savers.append(Saver("s3", "S3Saver (DynamoDB index)", sys.executable, ok,
                             "" if ok else f"s3_saver not importable: {msg}"))
     if "s3-manifest" in wanted:
-        ok, msg = probe(sys.executable, "import inspect, s3_saver; "
-                        "assert 'index' in inspect.signature(s3_saver.S3Saver).parameters, 'no index= option'")
-        savers.append(Saver("s3-manifest", "S3Saver (manifest)", sys.executable, ok,
-                            "" if ok else "manifest index mode not implemented yet; row left out"))
+        # No table: the index is a manifest in the bucket (s3_saver/_index/manifest.py).
+        ok, msg = probe(sys.executable, "import s3_saver; from s3_saver._index.manifest import ManifestIndex; "
+                        "ManifestIndex; s3_saver.S3Saver('probe-bucket')")
+        savers.append(Saver("s3-manifest", "S3Saver (manifest index)", sys.executable, ok,
+                            "" if ok else f"manifest index mode not available: {msg}"))
     if "memory" in wanted:
         savers.append(Saver("memory", "InMemorySaver (no I/O)", sys.executable))
     if "peer" in wanted or "peer-gzip" in wanted:
@@ -274,7 +281,7 @@ def cold_start(savers: list[Saver], proxy: LatencyProxy, repeats: int) -> dict[s
     script = str(ROOT / "benchmarks" / "coldstart.py")
     results: dict[str, Any] = {}
     subjects = [("boto3", "import boto3 (alone)", sys.executable)] + [
-        (s.key, s.label, s.python) for s in savers if s.available and s.key in ("s3", "peer", "memory")]
+        (s.key, s.label, s.python) for s in savers if s.available and s.key in ("s3", "s3-manifest", "peer", "memory")]
     # Deployed code has bytecode caches (a Lambda runtime's boto3 does): allow
     # writing them, and do one warm-up run per subject so no run compiles sources.
     env = child_env()
@@ -383,6 +390,20 @@ def main(argv: list[str] | None = None) -> int:
         ref = runs.get(f"memory/{mode}")
         if "results" in run and ref and "results" in ref:
             run["verification"] = verify(run["results"], ref["results"])
+    # The cost model: per-request costs add up to the counts priced, and a saver
+    # with no table (manifest index) sends DynamoDB nothing.
+    for key, run in runs.items():
+        if "phases" not in run:
+            continue
+        problems = []
+        for p, ph in run["phases"].items():
+            expect = costs.priced(ph["s3_tier1_requests"], ph["s3_tier2_requests"], ph["read_units"],
+                                  ph["write_units"])
+            if abs(ph["cost"] - expect) > 1e-12 or abs(ph["s3_cost"] + ph["ddb_cost"] - ph["cost"]) > 1e-12:
+                problems.append(f"{p}: cost {ph['cost']:.9f} vs {expect:.9f} from the counts")
+            if key.startswith("s3-manifest/") and (ph["ddb_requests"] or ph["ddb_cost"]):
+                problems.append(f"{p}: {ph['ddb_requests']} DynamoDB requests with no table")
+        run["cost_check"] = "; ".join(problems)
     mem_scaling = runs.get("memory/scaling", {}).get("checks")
     for key, run in runs.items():
         if key.endswith("/scaling") and "checks" in run and mem_scaling is not None:
