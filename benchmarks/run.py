@@ -253,13 +253,71 @@ def discover(args: argparse.Namespace) -> list[Saver]:
     return savers
 
 
+def scaling_lengths(key: str, args: argparse.Namespace) -> list[int]:
+    """Thread lengths of the scaling mode: S3Saver (both index modes) up to --long-thread;
+    the peer to --peer-long-thread (its 10,000 puts would add minutes); InMemorySaver, the
+    reference for the checks, every length."""
+    s3, peer = [10, args.long_thread], [10, args.peer_long_thread]
+    if key in ("s3", "s3-manifest"):
+        return s3
+    if key in ("peer", "peer-gzip"):
+        return peer
+    return sorted(set(s3 + peer))
+
+
+def child_cmd(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str,
+              out: str) -> list[str]:
+    # The grow run fills the scaling run's bucket and table (same --name).
+    name = f"{saver.key}-{'scaling' if mode == 'grow' else mode}"
+    return [saver.python, "-m", "benchmarks.child", "--saver", saver.key, "--name", name,
+            "--mode", mode, "--proxy", proxy.url, "--moto", moto, "--turns", str(args.turns), "--out", out,
+            "--lengths", ",".join(map(str, scaling_lengths(saver.key, args)))]
+
+
+def grow_threads(savers: list[Saver], args: argparse.Namespace, proxy: LatencyProxy, moto: str,
+                 log: Any) -> dict[str, str]:
+    """Grow every saver's scaling threads at once, straight at moto, one process each.
+
+    Nothing is measured meanwhile (the proxy sees no request); run one after
+    another, 10,000 puts per S3Saver mode would add minutes to `make bench`.
+    Returns saver key -> the grow run's JSON file (for --grown).
+    """
+    procs = []
+    for saver in savers:
+        if saver.key == "memory":
+            continue  # in-process: nothing to share with the scaling run
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+            out = tmp.name
+        p = subprocess.Popen(child_cmd(saver, "grow", args, proxy, moto, out), cwd=ROOT, env=child_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append((saver, p, out))
+    t0 = time.monotonic()
+    files: dict[str, str] = {}
+    for saver, p, out in procs:
+        try:
+            _, err = p.communicate(timeout=max(1.0, args.child_timeout - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            err = f"timed out after {args.child_timeout}s"
+        data = json.loads(Path(out).read_text()) if Path(out).stat().st_size else {}
+        if data.get("ok"):
+            files[saver.key] = out
+            took = ", ".join(f"{n}: {g['seconds']:.0f}s" for n, g in data["threads"].items())
+            print(f"  {saver.label:<50} grow     {time.monotonic() - t0:6.1f}s  ok ({took})", file=log, flush=True)
+        else:
+            Path(out).unlink(missing_ok=True)
+            print(f"  {saver.label:<50} grow     FAILED: {data.get('error') or err.strip()[-500:]} "
+                  "(the scaling run grows its own threads)", file=log, flush=True)
+    return files
+
+
 def run_child(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str,
-              log: Any) -> tuple[dict[str, Any], list[Request]]:
+              log: Any, grown: str | None = None) -> tuple[dict[str, Any], list[Request]]:
     proxy.take()
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = tmp.name
-    cmd = [saver.python, "-m", "benchmarks.child", "--saver", saver.key, "--name", f"{saver.key}-{mode}",
-           "--mode", mode, "--proxy", proxy.url, "--moto", moto, "--turns", str(args.turns), "--out", out]
+    cmd = child_cmd(saver, mode, args, proxy, moto, out) + (["--grown", grown] if grown else [])
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=args.child_timeout)
@@ -322,6 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--savers", default="s3,s3-manifest,memory,peer,peer-gzip")
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--no-scaling", action="store_true", help="skip the long-thread / wide-checkpoint calls")
+    ap.add_argument("--long-thread", type=int, default=10_000,
+                    help="scaling: checkpoints in S3Saver's long thread (default 10000)")
+    ap.add_argument("--peer-long-thread", type=int, default=1000,
+                    help="scaling: checkpoints in the peer's long thread (default 1000)")
     ap.add_argument("--no-cold-start", action="store_true")
     ap.add_argument("--cold-start-repeats", type=int, default=3)
     ap.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON),
@@ -350,30 +412,39 @@ def main(argv: list[str] | None = None) -> int:
         modes = [m for m in args.modes.split(",") if m]
         # InMemorySaver first: it is the reference the others are checked against.
         order = sorted((s for s in savers if s.available), key=lambda s: s.key != "memory")
-        for saver in order:
-            saver_modes = modes[:1] if saver.key == "peer-gzip" else modes + ([] if args.no_scaling else ["scaling"])
-            for mode in saver_modes:
-                data, records = run_child(saver, mode, args, proxy, moto, log)
-                run: dict[str, Any] = {"ok": data.get("ok", False), "error": data.get("error"),
-                                       "process_wall": data["process_wall"]}
-                if data.get("ok"):
-                    calls, orphans = attribute(data["calls"], records)
-                    run["unattributed_requests"] = Counter(
-                        f"{r.service}:{r.operation}" for r in orphans)
-                    run["call_log"] = [call_detail(c) for c in calls]
-                    if mode == "scaling":
-                        run["scaling"] = {c.phase: {**call_detail(c), "cost": sum(r.cost for r in c.requests)}
-                                          for c in calls}
-                        run["checks"] = data["checks"]
-                    else:
-                        run["phases"] = {p: summarize([c for c in calls if c.phase == p]) for p in PHASES}
-                        for p in PHASES:
-                            run["phases"][p]["wall"] = data["timings"].get(p)
-                        run["methods"] = {p: per_method([c for c in calls if c.phase == p]) for p in PHASES}
-                        run["results"] = data["results"]
-                        run["stored"] = data["stored"]
-                        run["steps"] = sum(1 for c in calls if c.phase == "write" and c.method == "put")
-                runs[f"{saver.key}/{mode}"] = run
+        # Every workload run, then every scaling run, whose long threads are grown
+        # ahead all at once (grow_threads) while nothing is being measured.
+        jobs = [(s, m) for s in order for m in (modes[:1] if s.key == "peer-gzip" else modes)]
+        scaling = [] if args.no_scaling else [s for s in order if s.key != "peer-gzip"]
+        grown: dict[str, str] | None = None
+        for saver, mode in jobs + [(s, "scaling") for s in scaling]:
+            if mode == "scaling" and grown is None:
+                grown = grow_threads(scaling, args, proxy, moto, log)
+            data, records = run_child(saver, mode, args, proxy, moto, log,
+                                      grown.get(saver.key) if grown and mode == "scaling" else None)
+            run: dict[str, Any] = {"ok": data.get("ok", False), "error": data.get("error"),
+                                   "process_wall": data["process_wall"]}
+            if data.get("ok"):
+                calls, orphans = attribute(data["calls"], records)
+                run["unattributed_requests"] = Counter(
+                    f"{r.service}:{r.operation}" for r in orphans)
+                run["call_log"] = [call_detail(c) for c in calls]
+                if mode == "scaling":
+                    run["scaling"] = {c.phase: {**call_detail(c), "cost": sum(r.cost for r in c.requests)}
+                                      for c in calls}
+                    run["checks"] = data["checks"]
+                    run["grow_seconds"] = data.get("grow_seconds", {})
+                else:
+                    run["phases"] = {p: summarize([c for c in calls if c.phase == p]) for p in PHASES}
+                    for p in PHASES:
+                        run["phases"][p]["wall"] = data["timings"].get(p)
+                    run["methods"] = {p: per_method([c for c in calls if c.phase == p]) for p in PHASES}
+                    run["results"] = data["results"]
+                    run["stored"] = data["stored"]
+                    run["steps"] = sum(1 for c in calls if c.phase == "write" and c.method == "put")
+            runs[f"{saver.key}/{mode}"] = run
+        for f in (grown or {}).values():
+            Path(f).unlink(missing_ok=True)
         cold = {} if args.no_cold_start else cold_start(savers, proxy, args.cold_start_repeats)
     finally:
         proxy.stop()
@@ -407,7 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     mem_scaling = runs.get("memory/scaling", {}).get("checks")
     for key, run in runs.items():
         if key.endswith("/scaling") and "checks" in run and mem_scaling is not None:
-            run["checks_match_memory"] = run["checks"] == mem_scaling
+            # The reference ran every length; compare the ones this saver ran.
+            differ = {k: [v, mem_scaling.get(k)] for k, v in run["checks"].items() if mem_scaling.get(k) != v}
+            run["checks_match_memory"] = not differ
+            run["checks_differ"] = differ
 
     doc = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
