@@ -3,8 +3,9 @@
     python -m benchmarks.child --saver s3 --mode sync --proxy URL --moto URL --out FILE
 
 Modes: ``sync`` and ``async`` run the workload; ``scaling`` makes direct saver
-calls on long threads and wide checkpoints. Data a run needs but does not
-measure (tables, buckets, the 1,000-checkpoint thread) goes straight to moto,
+calls on long threads and wide checkpoints; ``grow`` grows the long threads
+ahead of ``scaling`` (the runner grows every saver's at once). Data a run needs but does not
+measure (tables, buckets, the long threads) goes straight to moto,
 not through the proxy. Writes JSON: the call intervals, phase wall times,
 fingerprints and stored bytes; the parent matches the proxy's requests to the
 calls.
@@ -49,10 +50,10 @@ class Target:
         if self.kind in ("s3", "s3-manifest"):
             from s3_saver import S3Saver
 
-            kwargs: dict[str, Any] = {"table": self.table, "endpoint_url": endpoint, "region_name": "us-east-1"}
-            if self.kind == "s3-manifest":
-                kwargs = {"index": "manifest", "endpoint_url": endpoint, "region_name": "us-east-1"}
-            return S3Saver(self.bucket, **kwargs)
+            # Manifest mode: no table, the index lives in the bucket (its own
+            # bucket, bench-s3-manifest-<mode>, so nothing mixes with the DynamoDB row's).
+            table = self.table if self.kind == "s3" else None
+            return S3Saver(self.bucket, table=table, endpoint_url=endpoint, region_name="us-east-1")
         if self.kind in ("peer", "peer-gzip"):
             from langgraph_checkpoint_aws import DynamoDBSaver
 
@@ -100,10 +101,13 @@ class Target:
 
         s3 = boto3.client("s3", endpoint_url=self.moto, region_name="us-east-1")
         s3_bytes = s3_objects = 0
+        some_keys = []  # in the JSON: what a delete leaves behind
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
             for obj in page.get("Contents", []):
                 s3_bytes += obj["Size"]
                 s3_objects += 1
+                if len(some_keys) < 10:
+                    some_keys.append(f"{obj['Key']} ({obj['Size']} B)")
         ddb_bytes = ddb_items = 0
         if self.kind != "s3-manifest":
             ddb = boto3.client("dynamodb", endpoint_url=self.moto, region_name="us-east-1")
@@ -111,7 +115,8 @@ class Target:
                 for item in page.get("Items", []):
                     ddb_bytes += costs.item_size(item)
                     ddb_items += 1
-        return {"s3_bytes": s3_bytes, "s3_objects": s3_objects, "ddb_bytes": ddb_bytes, "ddb_items": ddb_items}
+        return {"s3_bytes": s3_bytes, "s3_objects": s3_objects, "ddb_bytes": ddb_bytes, "ddb_items": ddb_items,
+                "s3_some_keys": some_keys}
 
 
 def _nested_bytes(obj: Any) -> int:
@@ -219,7 +224,25 @@ def _next_put(saver: Any, config: dict[str, Any], state: dict[str, Any], channel
                      {channel: state["versions"][channel]})
 
 
-def run_scaling(target: Target) -> dict[str, Any]:
+def run_grow(target: Target, lengths: list[int]) -> dict[str, Any]:
+    """Grow the scaling mode's threads ahead, straight at moto (latency 0, nothing counted).
+
+    The runner grows every saver's long threads at once, in parallel processes,
+    before any scaling run: 10,000 sequential puts per saver would otherwise take
+    minutes each. Returns what the scaling run needs to continue each thread.
+    """
+    direct = target.setup()
+    threads: dict[str, Any] = {}
+    for length in lengths:
+        t0 = time.monotonic()
+        latest, state, configs = populate(direct, f"scale-len-{length}", length, 5)
+        threads[str(length)] = {"latest": latest, "state": state, "middle": configs[len(configs) // 2],
+                                "seconds": time.monotonic() - t0}
+    _close(direct)
+    return {"threads": threads}
+
+
+def run_scaling(target: Target, lengths: list[int], grown: dict[str, Any] | None = None) -> dict[str, Any]:
     recorder = Recorder()
     direct = target.setup()
     inner = target.build(target.proxy)
@@ -227,6 +250,7 @@ def run_scaling(target: Target) -> dict[str, Any]:
         direct = inner  # nothing to share otherwise
     saver = MeteredSaver(inner, recorder)
     checks: dict[str, Any] = {}
+    grow: dict[str, float] = {}
 
     def measured(label: str, fn: Any) -> Any:
         recorder.phase = label
@@ -235,10 +259,20 @@ def run_scaling(target: Target) -> dict[str, Any]:
         finally:
             recorder.phase = "idle"
 
-    for length in (10, 1000):
+    for length in lengths:
         thread = f"scale-len-{length}"
-        latest, state, configs = populate(direct, thread, length, 5)
-        middle = configs[len(configs) // 2]
+        # Grown straight at moto (latency 0, not counted) with direct saver.put
+        # calls, here or ahead by run_grow; then measured through the proxy by a
+        # saver that has not seen the thread.
+        if grown and str(length) in grown["threads"]:
+            g = grown["threads"][str(length)]
+            latest, state, middle = g["latest"], g["state"], g["middle"]
+            grow[f"len={length}"] = g["seconds"]
+        else:
+            t0 = time.monotonic()
+            latest, state, configs = populate(direct, thread, length, 5)
+            grow[f"len={length}"] = time.monotonic() - t0
+            middle = configs[len(configs) // 2]
         t = measured(f"len={length} get_tuple(latest)", lambda: saver.get_tuple(
             {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}))
         checks[f"len={length} latest step"] = t.metadata.get("step") if t else None
@@ -268,24 +302,30 @@ def run_scaling(target: Target) -> dict[str, Any]:
     _close(inner)
     if direct is not inner:
         _close(direct)
-    return {"calls": recorder.to_json(), "checks": checks}
+    return {"calls": recorder.to_json(), "checks": checks, "grow_seconds": grow}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--saver", required=True, choices=["memory", "s3", "s3-manifest", "peer", "peer-gzip"])
     ap.add_argument("--name", required=True)
-    ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling"])
+    ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling", "grow"])
     ap.add_argument("--proxy", required=True)
     ap.add_argument("--moto", required=True)
     ap.add_argument("--turns", type=int, default=20)
+    ap.add_argument("--lengths", default="10,1000", help="scaling: thread lengths, comma-separated")
+    ap.add_argument("--grown", help="scaling: JSON written by --mode grow (threads grown ahead)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     target = Target(args.saver, args.name, args.moto, args.proxy)
     t0 = time.monotonic()
     try:
-        if args.mode == "scaling":
-            data = run_scaling(target)
+        lengths = [int(n) for n in args.lengths.split(",")]
+        if args.mode == "grow":
+            data = run_grow(target, lengths)
+        elif args.mode == "scaling":
+            grown = json.loads(open(args.grown).read()) if args.grown else None
+            data = run_scaling(target, lengths, grown)
         else:
             data = run_workload(target, args.mode, args.turns)
         data["ok"] = True

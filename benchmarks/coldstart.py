@@ -37,6 +37,12 @@ def main() -> None:
         out["import"] = time.monotonic() - t
         t = time.monotonic()
         saver = S3Saver(bucket, table=table, endpoint_url=endpoint, region_name="us-east-1")
+    elif saver_kind == "s3-manifest":
+        from s3_saver import S3Saver
+
+        out["import"] = time.monotonic() - t
+        t = time.monotonic()
+        saver = S3Saver(bucket, endpoint_url=endpoint, region_name="us-east-1")  # no table: manifest index
     elif saver_kind == "peer":
         from langgraph_checkpoint_aws import DynamoDBSaver
 

@@ -41,6 +41,12 @@ def ddb_cost(read_units: float, write_units: float) -> float:
     return read_units * DDB_PER_READ_UNIT + write_units * DDB_PER_WRITE_UNIT
 
 
+def priced(s3_tier1: int, s3_tier2: int, read_units: float, write_units: float) -> float:
+    """Request cost from counts alone: the runner checks that every run's per-request
+    costs add up to this (a manifest-index run has S3 requests only, no units)."""
+    return s3_tier1 * S3_TIER1_PER_REQUEST + s3_tier2 * S3_TIER2_PER_REQUEST + ddb_cost(read_units, write_units)
+
+
 # -- S3 operation names from the HTTP request ------------------------------------------
 def s3_operation(method: str, path: str, query: str, headers: dict[str, str]) -> str:
     """Name the S3 API operation of a path-style request (``/bucket/key?query``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from benchmarks import costs
@@ -11,6 +12,7 @@ S3 = "s3"
 PEER = "peer"
 PEER_GZIP = "peer-gzip"
 MEMORY = "memory"
+S3_MANIFEST = "s3-manifest"
 
 
 MARKDOWN = False  # set by render(markdown=True): tables as GitHub markdown
@@ -88,6 +90,62 @@ def _errors(run: dict[str, Any], phase: str) -> str:
     return "; ".join(parts)
 
 
+def _split_per_1000(run: dict[str, Any]) -> str:
+    steps = run.get("steps") or 0
+    if not steps:
+        return ""
+    w = run["phases"]["write"]
+    return f"{w.get('s3_cost', 0) / steps * 1000:.4f}/{w.get('ddb_cost', 0) / steps * 1000:.4f}"
+
+
+_LEN = re.compile(r"^len=(\d+) (.+)$")
+# The thread-length table's rows: scaling labels after "len=N ", in this order.
+THREAD_LENGTH_CALLS = [
+    ("put", "put"),
+    ("put_writes", "put_writes (2 writes)"),
+    ("get_tuple(latest)", "get_tuple(latest), saver new to the thread"),
+    ("get_tuple(latest, after put)", "get_tuple(latest) after put + put_writes"),
+    ("get_tuple(by id)", "get_tuple(by id), middle of the thread"),
+    ("list(limit=5)", "list(limit=5)"),
+]
+
+
+def thread_length_table(doc: dict[str, Any]) -> list[str]:
+    """Per call, S3Saver's two index modes side by side on a short and a long thread."""
+    runs = doc["runs"]
+    cols: list[tuple[str, int, dict[str, Any]]] = []
+    for sk, name in ((S3, "DynamoDB"), (S3_MANIFEST, "manifest")):
+        r = runs.get(f"{sk}/scaling")
+        if not (r and r.get("ok")):
+            continue
+        lengths = sorted({int(m.group(1)) for lab in r["scaling"] if (m := _LEN.match(lab))})
+        cols += [(name, n, r) for n in lengths]
+    if not cols:
+        return []
+    rows = []
+    for call, text in THREAD_LENGTH_CALLS:
+        row: list[Any] = [text]
+        for _, n, r in cols:
+            c = r["scaling"].get(f"len={n} {call}")
+            row.append(f"{c['requests']} / {c['round_trips']} / {_kb(c['bytes_up'])} / {_kb(c['bytes_down'])}"
+                       + (" ERR" if c.get("error") else "") if c else "-")
+        rows.append(row)
+    out = ["", "== Thread length: S3Saver per call, DynamoDB index vs manifest index "
+               "(requests / round trips / KB up / KB down) =="]
+    out.append(_table(["call"] + [f"{name} len={n:,}" for name, n, _ in cols], rows, "l" + "r" * len(cols)))
+    grown = []
+    for name, n, r in cols:
+        sec = (r.get("grow_seconds") or {}).get(f"len={n}")
+        if sec is not None and n >= 1000:
+            grown.append(f"{name} {n:,} in {sec:.0f} s")
+    out.append("Each thread: checkpoints of 5 channels of 1 KB, one changed per checkpoint, grown with direct "
+               "saver.put calls straight at moto (latency 0, not counted" + (f": {', '.join(grown)}" if grown else "")
+               + "). Then measured through the proxy, in this order, by a saver that had not seen the thread: "
+               "get_tuple(latest), get_tuple(by id), list(limit=5), put, put_writes on the new checkpoint, "
+               "get_tuple(latest).")
+    return out
+
+
 def render(doc: dict[str, Any], markdown: bool = False) -> str:
     global MARKDOWN
     MARKDOWN = markdown
@@ -109,6 +167,9 @@ def _render(doc: dict[str, Any]) -> str:
     for key, run in runs.items():
         if not run.get("ok"):
             out.append(f"  FAILED {key}: {run.get('error')}")
+    for key, run in runs.items():
+        if run.get("cost_check"):
+            out.append(f"  COST MODEL CHECK FAILED {key}: {run['cost_check']}")
     savers = [s["key"] for s in doc["savers"] if s["available"]]
 
     for mode in _modes(doc):
@@ -150,16 +211,18 @@ def _render(doc: dict[str, Any]) -> str:
                          f"{_kb(sb.get('s3_bytes', 0))}/{_kb(sb.get('ddb_bytes', 0))}"
                          if sk != MEMORY else f"({_kb(stored)})",
                          f"{storage_cost(sb) * 1e6:.0f}" if sk != MEMORY else "",
-                         f"{left[0]}/{left[1]}", f"{(k or 0):.4f}", f"{run['phases']['write']['wall']:.2f}",
+                         f"{left[0]}/{left[1]}", f"{(k or 0):.4f}", _split_per_1000(run),
+                         f"{run['phases']['write']['wall']:.2f}",
                          f"{t['wall']:.2f}", _check(run) if sk != MEMORY else "ref"])
     out.append("")
     out.append("== Whole workload ==")
     out.append(_table(["mode", "saver", "steps", "requests", "RT", "up KB", "down KB", "stored S3/DDB KB",
-                       "storage micro$/month", "left after delete obj/items", "$ per 1k steps", "write s",
-                       "total s", "check"], rows, "llrrrrrrrrrrrl"))
+                       "storage micro$/month", "left after delete obj/items", "$ per 1k steps",
+                       "of which S3/DDB", "write s", "total s", "check"], rows, "llrrrrrrrrrrrrl"))
     out.append("steps = checkpoints written in the write phase (LangGraph super-steps); $ per 1k steps = write-phase"
                " request cost / steps x 1000; stored = right before the delete phase (storage at $0.023/GB-month"
-               " S3 Standard, $0.25/GB-month DynamoDB).")
+               " S3 Standard, $0.25/GB-month DynamoDB). S3Saver(manifest) has no table: S3 requests only"
+               " (PUT $0.005/1k, GET $0.0004/1k).")
 
     # Per call, per method: where the requests go.
     for mode in _modes(doc):
@@ -205,13 +268,17 @@ def _render(doc: dict[str, Any]) -> str:
         out.append("== Scaling: direct saver calls (requests / round trips / KB up / KB down) ==")
         out.append(_table(["call"] + [_short(doc, sk) for sk in savers], rows, "l" + "r" * len(savers)))
         out.append("len=N: a thread of N checkpoints, 5 channels of 1 KB, one changed per checkpoint; "
-                   "channels=N: the latest checkpoint's N channels were written by N different checkpoints.")
+                   "channels=N: the latest checkpoint's N channels were written by N different checkpoints; "
+                   "- = not run at that length (the peer's long thread is shorter, to keep the run short).")
         for sk in savers:
             r = scal.get(sk)
             if r and r.get("ok") and sk != MEMORY and r.get("checks_match_memory") is False:
-                out.append(f"  {_short(doc, sk)} scaling results differ from InMemorySaver's: {r['checks']}")
+                out.append(f"  {_short(doc, sk)} scaling results differ from InMemorySaver's (saver, reference): "
+                           f"{r.get('checks_differ') or r['checks']}")
             if r and not r.get("ok"):
                 out.append(f"  {_short(doc, sk)} scaling FAILED: {r.get('error')}")
+
+    out += thread_length_table(doc)
 
     cold = doc.get("cold_start") or {}
     if cold:
@@ -232,11 +299,11 @@ def _render(doc: dict[str, Any]) -> str:
 
     tg = doc.get("targets") or []
     if tg:
-        rows = [[t["mode"], t["target"], t["s3"], t["peer"], t["ratio"], t["limit"],
+        rows = [[t["mode"], _short(doc, t.get("saver", S3)), t["target"], t["s3"], t["peer"], t["ratio"], t["limit"],
                  "" if t["met"] is None else "met" if t["met"] else "MISSED"] for t in tg]
         out.append("")
-        out.append("== Targets (S3Saver vs the peer, same run) ==")
-        out.append(_table(["mode", "target", "S3Saver", "peer", "ratio", "limit", ""], rows, "llrrrrl"))
+        out.append("== Targets (S3Saver, each index mode, vs the peer, same run) ==")
+        out.append(_table(["mode", "saver", "target", "value", "peer", "ratio", "limit", ""], rows, "lllrrrrl"))
     text = "\n".join(out)
     if MARKDOWN:
         text = "\n".join(f"#### {line[3:-3]}" if line.startswith("== ") and line.endswith(" ==") else line
@@ -248,13 +315,13 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Each target, S3Saver against each correct peer configuration of the same run."""
     out = []
     runs = doc["runs"]
-    for mode in _modes(doc):
-        s3 = runs.get(f"{S3}/{mode}")
+    for mode, ours in [(m, k) for m in _modes(doc) for k in (S3, S3_MANIFEST)]:
+        s3 = runs.get(f"{ours}/{mode}")
         if not (s3 and s3.get("ok")):
             continue
         rl = s3["phases"]["read_latest"]["round_trips"]
-        out.append({"mode": mode, "peer_key": None, "target": "read latest: round trips", "s3": rl, "peer": "",
-                    "ratio": "", "limit": "<= 2", "met": rl <= 2})
+        out.append({"mode": mode, "saver": ours, "peer_key": None, "target": "read latest: round trips", "s3": rl,
+                    "peer": "", "ratio": "", "limit": "<= 2", "met": rl <= 2})
         for peer_key in (PEER, PEER_GZIP):
             peer = runs.get(f"{peer_key}/{mode}")
             if not (peer and peer.get("ok")):
@@ -265,7 +332,8 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
             def ratio(name: str, a: float, b: float, limit: float, fmt: str = "{:g}") -> None:
                 r = a / b if b else float("inf")
-                out.append({"mode": mode, "peer_key": peer_key, "target": f"{name} vs {who}", "s3": fmt.format(a),
+                out.append({"mode": mode, "saver": ours, "peer_key": peer_key, "target": f"{name} vs {who}",
+                            "s3": fmt.format(a),
                             "peer": fmt.format(b), "ratio": f"{r:.1%}", "limit": f"<= {limit:.0%}",
                             "met": r <= limit})
 
@@ -280,6 +348,7 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
             # Not a target: the latency-only model of the line above (round trips x latency),
             # free of moto's CPU time and of run-to-run noise.
             ws, wp = s3["phases"]["write"]["round_trips"], peer["phases"]["write"]["round_trips"]
-            out.append({"mode": mode, "peer_key": peer_key, "target": f"(write phase round trips vs {who})",
+            out.append({"mode": mode, "saver": ours, "peer_key": peer_key,
+                        "target": f"(write phase round trips vs {who})",
                         "s3": ws, "peer": wp, "ratio": f"{ws / wp:.1%}" if wp else "", "limit": "", "met": None})
     return out

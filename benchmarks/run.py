@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _guard, report
+from benchmarks import _guard, costs, report
 from benchmarks.proxy import LatencyProxy, Request
 from benchmarks.workload import PHASES
 
@@ -95,6 +95,11 @@ def summarize(calls: list[CallStats]) -> dict[str, Any]:
         "read_units": sum(r.read_units for r in reqs),
         "write_units": sum(r.write_units for r in reqs),
         "cost": sum(r.cost for r in reqs),
+        # The same cost split by service: a manifest-mode run must have no DynamoDB part.
+        "s3_cost": sum(r.cost for r in reqs if r.service == "s3"),
+        "ddb_cost": sum(r.cost for r in reqs if r.service == "dynamodb"),
+        "s3_tier1_requests": sum(1 for r in reqs if r.service == "s3" and costs.s3_tier(r.method, r.operation) == 1),
+        "s3_tier2_requests": sum(1 for r in reqs if r.service == "s3" and costs.s3_tier(r.method, r.operation) == 2),
         "errors": [c.error for c in calls if c.error],
         "http_errors": sum(1 for r in reqs if r.status >= 400),
         "operations": dict(sorted(ops.items())),
@@ -135,7 +140,8 @@ def call_detail(c: CallStats) -> dict[str, Any]:
             "round_trips": len(waves_out), "waves": waves_out,
             "bytes_up": sum(r.bytes_up for r in c.requests), "bytes_down": sum(r.bytes_down for r in c.requests),
             "read_units": sum(r.read_units for r in c.requests),
-            "write_units": sum(r.write_units for r in c.requests), "error": c.error}
+            "write_units": sum(r.write_units for r in c.requests), "error": c.error,
+            "http_errors": [f"{r.service}:{r.operation} {r.status}" for r in c.requests if r.status >= 400]}
 
 
 def per_method(calls: list[CallStats]) -> dict[str, Any]:
@@ -224,10 +230,11 @@ def discover(args: argparse.Namespace) -> list[Saver]:
         savers.append(Saver("s3", "S3Saver (DynamoDB index)", sys.executable, ok,
                             "" if ok else f"s3_saver not importable: {msg}"))
     if "s3-manifest" in wanted:
-        ok, msg = probe(sys.executable, "import inspect, s3_saver; "
-                        "assert 'index' in inspect.signature(s3_saver.S3Saver).parameters, 'no index= option'")
-        savers.append(Saver("s3-manifest", "S3Saver (manifest)", sys.executable, ok,
-                            "" if ok else "manifest index mode not implemented yet; row left out"))
+        # No table: the index is a manifest in the bucket (s3_saver/_index/manifest.py).
+        ok, msg = probe(sys.executable, "import s3_saver; from s3_saver._index.manifest import ManifestIndex; "
+                        "ManifestIndex; s3_saver.S3Saver('probe-bucket')")
+        savers.append(Saver("s3-manifest", "S3Saver (manifest index)", sys.executable, ok,
+                            "" if ok else f"manifest index mode not available: {msg}"))
     if "memory" in wanted:
         savers.append(Saver("memory", "InMemorySaver (no I/O)", sys.executable))
     if "peer" in wanted or "peer-gzip" in wanted:
@@ -246,13 +253,71 @@ def discover(args: argparse.Namespace) -> list[Saver]:
     return savers
 
 
+def scaling_lengths(key: str, args: argparse.Namespace) -> list[int]:
+    """Thread lengths of the scaling mode: S3Saver (both index modes) up to --long-thread;
+    the peer to --peer-long-thread (its 10,000 puts would add minutes); InMemorySaver, the
+    reference for the checks, every length."""
+    s3, peer = [10, args.long_thread], [10, args.peer_long_thread]
+    if key in ("s3", "s3-manifest"):
+        return s3
+    if key in ("peer", "peer-gzip"):
+        return peer
+    return sorted(set(s3 + peer))
+
+
+def child_cmd(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str,
+              out: str) -> list[str]:
+    # The grow run fills the scaling run's bucket and table (same --name).
+    name = f"{saver.key}-{'scaling' if mode == 'grow' else mode}"
+    return [saver.python, "-m", "benchmarks.child", "--saver", saver.key, "--name", name,
+            "--mode", mode, "--proxy", proxy.url, "--moto", moto, "--turns", str(args.turns), "--out", out,
+            "--lengths", ",".join(map(str, scaling_lengths(saver.key, args)))]
+
+
+def grow_threads(savers: list[Saver], args: argparse.Namespace, proxy: LatencyProxy, moto: str,
+                 log: Any) -> dict[str, str]:
+    """Grow every saver's scaling threads at once, straight at moto, one process each.
+
+    Nothing is measured meanwhile (the proxy sees no request); run one after
+    another, 10,000 puts per S3Saver mode would add minutes to `make bench`.
+    Returns saver key -> the grow run's JSON file (for --grown).
+    """
+    procs = []
+    for saver in savers:
+        if saver.key == "memory":
+            continue  # in-process: nothing to share with the scaling run
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+            out = tmp.name
+        p = subprocess.Popen(child_cmd(saver, "grow", args, proxy, moto, out), cwd=ROOT, env=child_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append((saver, p, out))
+    t0 = time.monotonic()
+    files: dict[str, str] = {}
+    for saver, p, out in procs:
+        try:
+            _, err = p.communicate(timeout=max(1.0, args.child_timeout - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            err = f"timed out after {args.child_timeout}s"
+        data = json.loads(Path(out).read_text()) if Path(out).stat().st_size else {}
+        if data.get("ok"):
+            files[saver.key] = out
+            took = ", ".join(f"{n}: {g['seconds']:.0f}s" for n, g in data["threads"].items())
+            print(f"  {saver.label:<50} grow     {time.monotonic() - t0:6.1f}s  ok ({took})", file=log, flush=True)
+        else:
+            Path(out).unlink(missing_ok=True)
+            print(f"  {saver.label:<50} grow     FAILED: {data.get('error') or err.strip()[-500:]} "
+                  "(the scaling run grows its own threads)", file=log, flush=True)
+    return files
+
+
 def run_child(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str,
-              log: Any) -> tuple[dict[str, Any], list[Request]]:
+              log: Any, grown: str | None = None) -> tuple[dict[str, Any], list[Request]]:
     proxy.take()
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = tmp.name
-    cmd = [saver.python, "-m", "benchmarks.child", "--saver", saver.key, "--name", f"{saver.key}-{mode}",
-           "--mode", mode, "--proxy", proxy.url, "--moto", moto, "--turns", str(args.turns), "--out", out]
+    cmd = child_cmd(saver, mode, args, proxy, moto, out) + (["--grown", grown] if grown else [])
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=args.child_timeout)
@@ -274,7 +339,7 @@ def cold_start(savers: list[Saver], proxy: LatencyProxy, repeats: int) -> dict[s
     script = str(ROOT / "benchmarks" / "coldstart.py")
     results: dict[str, Any] = {}
     subjects = [("boto3", "import boto3 (alone)", sys.executable)] + [
-        (s.key, s.label, s.python) for s in savers if s.available and s.key in ("s3", "peer", "memory")]
+        (s.key, s.label, s.python) for s in savers if s.available and s.key in ("s3", "s3-manifest", "peer", "memory")]
     # Deployed code has bytecode caches (a Lambda runtime's boto3 does): allow
     # writing them, and do one warm-up run per subject so no run compiles sources.
     env = child_env()
@@ -315,6 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--savers", default="s3,s3-manifest,memory,peer,peer-gzip")
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--no-scaling", action="store_true", help="skip the long-thread / wide-checkpoint calls")
+    ap.add_argument("--long-thread", type=int, default=10_000,
+                    help="scaling: checkpoints in S3Saver's long thread (default 10000)")
+    ap.add_argument("--peer-long-thread", type=int, default=1000,
+                    help="scaling: checkpoints in the peer's long thread (default 1000)")
     ap.add_argument("--no-cold-start", action="store_true")
     ap.add_argument("--cold-start-repeats", type=int, default=3)
     ap.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON),
@@ -343,30 +412,39 @@ def main(argv: list[str] | None = None) -> int:
         modes = [m for m in args.modes.split(",") if m]
         # InMemorySaver first: it is the reference the others are checked against.
         order = sorted((s for s in savers if s.available), key=lambda s: s.key != "memory")
-        for saver in order:
-            saver_modes = modes[:1] if saver.key == "peer-gzip" else modes + ([] if args.no_scaling else ["scaling"])
-            for mode in saver_modes:
-                data, records = run_child(saver, mode, args, proxy, moto, log)
-                run: dict[str, Any] = {"ok": data.get("ok", False), "error": data.get("error"),
-                                       "process_wall": data["process_wall"]}
-                if data.get("ok"):
-                    calls, orphans = attribute(data["calls"], records)
-                    run["unattributed_requests"] = Counter(
-                        f"{r.service}:{r.operation}" for r in orphans)
-                    run["call_log"] = [call_detail(c) for c in calls]
-                    if mode == "scaling":
-                        run["scaling"] = {c.phase: {**call_detail(c), "cost": sum(r.cost for r in c.requests)}
-                                          for c in calls}
-                        run["checks"] = data["checks"]
-                    else:
-                        run["phases"] = {p: summarize([c for c in calls if c.phase == p]) for p in PHASES}
-                        for p in PHASES:
-                            run["phases"][p]["wall"] = data["timings"].get(p)
-                        run["methods"] = {p: per_method([c for c in calls if c.phase == p]) for p in PHASES}
-                        run["results"] = data["results"]
-                        run["stored"] = data["stored"]
-                        run["steps"] = sum(1 for c in calls if c.phase == "write" and c.method == "put")
-                runs[f"{saver.key}/{mode}"] = run
+        # Every workload run, then every scaling run, whose long threads are grown
+        # ahead all at once (grow_threads) while nothing is being measured.
+        jobs = [(s, m) for s in order for m in (modes[:1] if s.key == "peer-gzip" else modes)]
+        scaling = [] if args.no_scaling else [s for s in order if s.key != "peer-gzip"]
+        grown: dict[str, str] | None = None
+        for saver, mode in jobs + [(s, "scaling") for s in scaling]:
+            if mode == "scaling" and grown is None:
+                grown = grow_threads(scaling, args, proxy, moto, log)
+            data, records = run_child(saver, mode, args, proxy, moto, log,
+                                      grown.get(saver.key) if grown and mode == "scaling" else None)
+            run: dict[str, Any] = {"ok": data.get("ok", False), "error": data.get("error"),
+                                   "process_wall": data["process_wall"]}
+            if data.get("ok"):
+                calls, orphans = attribute(data["calls"], records)
+                run["unattributed_requests"] = Counter(
+                    f"{r.service}:{r.operation}" for r in orphans)
+                run["call_log"] = [call_detail(c) for c in calls]
+                if mode == "scaling":
+                    run["scaling"] = {c.phase: {**call_detail(c), "cost": sum(r.cost for r in c.requests)}
+                                      for c in calls}
+                    run["checks"] = data["checks"]
+                    run["grow_seconds"] = data.get("grow_seconds", {})
+                else:
+                    run["phases"] = {p: summarize([c for c in calls if c.phase == p]) for p in PHASES}
+                    for p in PHASES:
+                        run["phases"][p]["wall"] = data["timings"].get(p)
+                    run["methods"] = {p: per_method([c for c in calls if c.phase == p]) for p in PHASES}
+                    run["results"] = data["results"]
+                    run["stored"] = data["stored"]
+                    run["steps"] = sum(1 for c in calls if c.phase == "write" and c.method == "put")
+            runs[f"{saver.key}/{mode}"] = run
+        for f in (grown or {}).values():
+            Path(f).unlink(missing_ok=True)
         cold = {} if args.no_cold_start else cold_start(savers, proxy, args.cold_start_repeats)
     finally:
         proxy.stop()
@@ -383,10 +461,27 @@ def main(argv: list[str] | None = None) -> int:
         ref = runs.get(f"memory/{mode}")
         if "results" in run and ref and "results" in ref:
             run["verification"] = verify(run["results"], ref["results"])
+    # The cost model: per-request costs add up to the counts priced, and a saver
+    # with no table (manifest index) sends DynamoDB nothing.
+    for key, run in runs.items():
+        if "phases" not in run:
+            continue
+        problems = []
+        for p, ph in run["phases"].items():
+            expect = costs.priced(ph["s3_tier1_requests"], ph["s3_tier2_requests"], ph["read_units"],
+                                  ph["write_units"])
+            if abs(ph["cost"] - expect) > 1e-12 or abs(ph["s3_cost"] + ph["ddb_cost"] - ph["cost"]) > 1e-12:
+                problems.append(f"{p}: cost {ph['cost']:.9f} vs {expect:.9f} from the counts")
+            if key.startswith("s3-manifest/") and (ph["ddb_requests"] or ph["ddb_cost"]):
+                problems.append(f"{p}: {ph['ddb_requests']} DynamoDB requests with no table")
+        run["cost_check"] = "; ".join(problems)
     mem_scaling = runs.get("memory/scaling", {}).get("checks")
     for key, run in runs.items():
         if key.endswith("/scaling") and "checks" in run and mem_scaling is not None:
-            run["checks_match_memory"] = run["checks"] == mem_scaling
+            # The reference ran every length; compare the ones this saver ran.
+            differ = {k: [v, mem_scaling.get(k)] for k, v in run["checks"].items() if mem_scaling.get(k) != v}
+            run["checks_match_memory"] = not differ
+            run["checks_differ"] = differ
 
     doc = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
