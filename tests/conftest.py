@@ -252,8 +252,6 @@ def seaweedfs_endpoint(tmp_path_factory) -> Iterator[str]:
     import subprocess
     import time
 
-    from botocore.config import Config
-
     weed = weed_binary()
     failures = []
     for attempt in range(3):  # a new set of ports if one was taken in the meantime

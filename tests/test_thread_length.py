@@ -90,7 +90,7 @@ def _lengthen(saver, thread_id: str, total: int) -> None:
 def test_costs_do_not_grow_with_thread_length(endpoint, index_mode) -> None:
     saver = make_saver(endpoint, index_mode)
     saver.setup()
-    short = _costs(saver, "short", grow_thread(saver, "short", 10))
+    grow_thread(saver, "short", 10)
     last = grow_thread(saver, "long", 20)
     _lengthen(saver, "long", LONG)
     assert sum(1 for _ in saver.list(config("long"))) == LONG
