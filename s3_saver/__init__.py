@@ -10,6 +10,7 @@ from s3_saver._index.dynamo_items import (
 )
 from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._protocol import RequestStats
+from s3_saver._retry import RetryPolicy
 from s3_saver._saver import S3Saver
 from s3_saver.errors import (
     AccessDeniedError,
@@ -48,6 +49,7 @@ __all__ = [
     "KeyTooLongError",
     "MissingObjectError",
     "RequestStats",
+    "RetryPolicy",
     "ResourceMissingError",
     "S3Saver",
     "S3SaverError",

@@ -17,8 +17,11 @@ from s3_saver.errors import ConfigurationError, Where
 
 # Lambda-minded defaults: an unreachable store fails in seconds, not minutes.
 CONNECT_TIMEOUT = 2
-READ_TIMEOUT = 15
-TOTAL_MAX_ATTEMPTS = 3  # the first try included (botocore's `max_attempts` counts retries)
+READ_TIMEOUT = 5  # seconds without a byte received, per attempt
+# botocore sends each request once: the saver retries in its operation core
+# (``_retry``), the same way for both drivers. A ``client_config`` that asks for
+# botocore retries gets them as well, under the saver's.
+TOTAL_MAX_ATTEMPTS = 1
 _ATTEMPT_KEYS = {"max_attempts", "total_max_attempts"}
 _AWS_ENDPOINT_MARK = ".amazonaws.com"
 SERVICES = ("s3", "dynamodb")

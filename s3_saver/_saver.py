@@ -31,6 +31,8 @@ from s3_saver._keys import KeyLayout
 from s3_saver._ops import copy, delete, delta, put, read, rebuild, setup
 from s3_saver._ops.context import Context
 from s3_saver._protocol import RequestStats
+from s3_saver._retry import RetryPolicy
+from s3_saver._retry import deadline as retry_deadline
 from s3_saver._s3 import S3Calls
 from s3_saver.errors import ConfigurationError, Where
 
@@ -63,6 +65,8 @@ def _check_options(options: dict[str, Any]) -> None:
     ttl = options["ttl"]
     if ttl is not None and (not isinstance(ttl, timedelta) or ttl.total_seconds() < 1):
         refuse("ttl", "a datetime.timedelta of at least one second, or None")
+    if options["retry"] is not None and not isinstance(options["retry"], RetryPolicy):
+        refuse("retry", "an s3_saver.RetryPolicy or None")
     for name, least in (("inline_threshold", 0), ("max_concurrency", 1)):
         value = options[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -125,6 +129,11 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             the checkpoint object (and so its index item); larger values get their
             own object.
         max_concurrency: Threads the sync driver uses to send one wave of requests.
+        retry: How calls that failed transiently (no answer, a timeout, a 5xx,
+            throttling) are sent again, the same for sync and async: by default
+            4 attempts with jittered backoff (0.1 s doubling, at most 2 s), no
+            backoff ending more than 10 s after a call's first attempt. See
+            also :meth:`deadline`.
     """
 
     def __init__(
@@ -146,6 +155,7 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         ttl: timedelta | None = None,
         inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
         max_concurrency: int = 16,
+        retry: RetryPolicy | None = None,
     ) -> None:
         super().__init__(serde=serde)
         _check_options(locals())
@@ -181,8 +191,9 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             given=given,
             aioboto3_session=aioboto3_session,
         )
-        self._sync = SyncDriver(clients.make_sync, self.stats, max_concurrency)
-        self._async = AsyncDriver(clients.make_async, self.stats)
+        policy = retry if retry is not None else RetryPolicy()
+        self._sync = SyncDriver(clients.make_sync, self.stats, max_concurrency, policy)
+        self._async = AsyncDriver(clients.make_async, self.stats, policy)
 
     @property
     def _ctx(self) -> Context:
@@ -196,6 +207,21 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if ctx.serde is not self.serde:
             ctx = self._base_ctx = dataclasses.replace(ctx, serde=self.serde)
         return ctx
+
+    def deadline(self, seconds: float) -> AbstractContextManager[None]:
+        """Within this block, the saver starts no retry that would end more than
+        ``seconds`` from now: tie it to a Lambda's remaining time.
+
+        Example:
+            ```python
+            def handler(event, context):
+                with saver.deadline(context.get_remaining_time_in_millis() / 1000 - 1):
+                    return graph.invoke(event["input"], config)
+            ```
+
+        Works the same around ``await graph.ainvoke(...)``.
+        """
+        return retry_deadline(seconds)
 
     # -- lifecycle -------------------------------------------------------------
     def setup(self) -> None:

@@ -103,10 +103,11 @@ class SerializationError(S3SaverError):
 
 
 class StoreUnavailableError(S3SaverError):
-    """S3 or DynamoDB could not be reached or did not answer in time: try again.
+    """S3 or DynamoDB could not be reached, did not answer in time, answered with
+    a server error or kept throttling: try again.
 
-    Raised once botocore's own retries are spent (connection refused or reset,
-    connect or read timeout). The botocore error is the ``__cause__``.
+    Raised once the saver's retries are spent (see ``RetryPolicy``). The botocore
+    error is the ``__cause__``.
     """
 
 
@@ -128,6 +129,24 @@ DENIED_CODES = frozenset(
         "InvalidAccessKeyId",
         "SignatureDoesNotMatch",
         "KMS.AccessDeniedException",
+    }
+)
+# Answers that say "not now": server errors and throttling, worth sending again.
+TRANSIENT_CODES = frozenset(
+    {
+        "InternalError",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "SlowDown",
+        "RequestTimeout",
+        "ThrottlingException",
+        "Throttling",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "500",
+        "502",
+        "503",
+        "504",
     }
 )
 PRECONDITION_FAILED_CODES = frozenset({"PreconditionFailed", "412"})
@@ -188,6 +207,9 @@ def classify(exc: BaseException, operation: str = "") -> str | None:
         return DENIED
     if code in OBJECT_MISSING_CODES:
         return OBJECT_MISSING
+    status = (getattr(exc, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    if code in TRANSIENT_CODES or (isinstance(status, int) and status >= 500):
+        return UNAVAILABLE
     return None
 
 

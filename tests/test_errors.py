@@ -19,6 +19,7 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from s3_saver import (
+    RetryPolicy,
     AccessDeniedError,
     BucketNotFoundError,
     ConfigurationError,
@@ -246,15 +247,25 @@ def closing_server() -> Iterator[ClosingServer]:
 
 @pytest.mark.parametrize("driver", DRIVERS)
 @pytest.mark.parametrize(
-    "client_config, attempts",
-    [(None, 3), (Config(retries={"max_attempts": 1}), 2), (Config(retries={"total_max_attempts": 1}), 1)],
-    ids=["default", "max_attempts=1", "total_max_attempts=1"],
+    "client_config, retry, attempts",
+    [
+        (None, None, 4),  # the saver's policy; botocore sends once
+        (None, RetryPolicy(attempts=2, base=0), 2),
+        (Config(retries={"max_attempts": 1}), RetryPolicy(attempts=1), 2),  # botocore's, asked for
+        (Config(retries={"total_max_attempts": 1}), RetryPolicy(attempts=3, base=0), 3),
+    ],
+    ids=["default", "policy=2", "botocore max_attempts=1", "policy=3"],
 )
 def test_unreachable_store_gives_up_after_the_configured_attempts(
-    closing_server: ClosingServer, driver: str, client_config: Config | None, attempts: int
+    closing_server: ClosingServer, driver: str, client_config: Config | None, retry: RetryPolicy | None, attempts: int
 ) -> None:
     saver = S3Saver(
-        BUCKET, table=TABLE, endpoint_url=closing_server.url, region_name="us-east-1", client_config=client_config
+        BUCKET,
+        table=TABLE,
+        endpoint_url=closing_server.url,
+        region_name="us-east-1",
+        client_config=client_config,
+        retry=retry,
     )
     with pytest.raises(StoreUnavailableError) as caught:
         run(saver, driver, "get_tuple", config("thread-7"))
@@ -271,10 +282,11 @@ def test_client_config_retries_are_merged_key_by_key() -> None:
         client_config = saver._sync._client(service).meta.config
         assert client_config.retries["mode"] == "standard"
         assert client_config.retries["total_max_attempts"] == 2  # max_attempts counts retries
-        assert (client_config.connect_timeout, client_config.read_timeout) == (2, 15)
+        assert (client_config.connect_timeout, client_config.read_timeout) == (2, 5)
     saver.close()
     default = S3Saver(BUCKET, table=TABLE, region_name="us-east-1")
-    assert default._sync._client("s3").meta.config.retries == {"mode": "standard", "total_max_attempts": 3}
+    # botocore sends once: the saver's RetryPolicy retries, the same for both drivers.
+    assert default._sync._client("s3").meta.config.retries == {"mode": "standard", "total_max_attempts": 1}
     default.close()
 
 

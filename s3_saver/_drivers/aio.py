@@ -14,18 +14,21 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._protocol import Call, Emit, Op, RequestStats, Sleep, T
 
 ClientContextFactory = Callable[[str], Any]  # service -> async context manager of a client
 
 
 class AsyncDriver:
-    def __init__(self, make_client: ClientContextFactory, stats: RequestStats) -> None:
+    def __init__(self, make_client: ClientContextFactory, stats: RequestStats, policy: RetryPolicy) -> None:
         self._make_client = make_client
         self._stats = stats
+        self._policy = policy
         self._loops: dict[asyncio.AbstractEventLoop, tuple[AsyncExitStack, dict[str, Any], asyncio.Lock]] = {}
 
     async def run(self, op: Op[T]) -> T:
+        op = resilient(op, self._policy)
         reply: Any = None
         while True:
             try:
@@ -35,6 +38,7 @@ class AsyncDriver:
             reply = await self._step(step)
 
     async def iterate(self, op: Op[Any]) -> AsyncIterator[Any]:
+        op = resilient(op, self._policy)
         reply: Any = None
         while True:
             try:

@@ -10,15 +10,19 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._protocol import Call, Emit, Op, RequestStats, Sleep, T
 
 ClientFactory = Callable[[str], Any]
 
 
 class SyncDriver:
-    def __init__(self, make_client: ClientFactory, stats: RequestStats, max_concurrency: int) -> None:
+    def __init__(
+        self, make_client: ClientFactory, stats: RequestStats, max_concurrency: int, policy: RetryPolicy
+    ) -> None:
         self._make_client = make_client
         self._stats = stats
+        self._policy = policy
         self._max_concurrency = max_concurrency
         self._clients: dict[str, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -34,6 +38,7 @@ class SyncDriver:
 
     def iterate(self, op: Op[T]) -> Iterator[Any]:
         """Yield the operation's Emit values; return its return value."""
+        op = resilient(op, self._policy)
         reply: Any = None
         while True:
             try:

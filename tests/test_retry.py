@@ -1,0 +1,109 @@
+"""The transient-failure policy of the operation core, driven with scripted answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
+
+from s3_saver import ConfigurationError, RetryPolicy, StoreUnavailableError
+from s3_saver._protocol import Call, Sleep, request
+from s3_saver._retry import deadline, resilient
+from s3_saver._s3 import S3Calls, put_immutable
+
+
+def _error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "Op")
+
+
+def _drive(op, answers: dict[str, list[Any]], clock=None):
+    """Run ``op`` under the policy; each call's answers come from ``answers`` by key, in turn."""
+    sent: list[str] = []
+    slept: list[float] = []
+    reply = None
+    while True:
+        try:
+            step = op.send(reply)
+        except StopIteration as stop:
+            return stop.value, sent, slept
+        if isinstance(step, Sleep):
+            slept.append(step.seconds)
+            if clock is not None:
+                clock["now"] += step.seconds
+            reply = None
+            continue
+        reply = []
+        for call in step:
+            key = call.params["Key"]
+            sent.append(key)
+            queue = answers[key]
+            reply.append(queue.pop(0) if len(queue) > 1 else queue[0])
+
+
+def _two_reads() -> Any:
+    s3 = S3Calls("b")
+    results = yield from request(s3.get("a"), s3.get("b"))
+    return [r["Body"] for r in results]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        _error("SlowDown", 503),
+        _error("InternalError", 500),
+        _error("ThrottlingException", 400),
+        _error("ProvisionedThroughputExceededException", 400),
+        ConnectionClosedError(endpoint_url="http://127.0.0.1:1"),
+        ReadTimeoutError(endpoint_url="http://127.0.0.1:1"),
+    ],
+    ids=["503 SlowDown", "500", "throttling", "throughput", "reset", "read timeout"],
+)
+def test_transient_failures_are_sent_again_alone(failure: BaseException) -> None:
+    answers = {"a": [failure, failure, {"Body": b"A"}], "b": [{"Body": b"B"}]}
+    result, sent, slept = _drive(resilient(_two_reads(), RetryPolicy(attempts=4)), answers)
+    assert result == [b"A", b"B"]
+    assert sent == ["a", "b", "a", "a"]  # only the failed call goes again
+    assert len(slept) == 2 and all(0 <= s <= 0.2 for s in slept)
+
+
+def test_what_still_fails_is_a_store_unavailable_error_naming_the_call() -> None:
+    answers = {"a": [_error("SlowDown", 503)], "b": [{"Body": b"B"}]}
+    with pytest.raises(StoreUnavailableError, match=r"s3\.get_object\(a\)"):
+        _drive(resilient(_two_reads(), RetryPolicy(attempts=3)), answers)
+
+
+def test_answers_with_a_meaning_are_not_retried() -> None:
+    """412 on an immutable write means "exists: compare bytes" (put_immutable's job)."""
+    s3 = S3Calls("b")
+    answers = {"k": [_error("PreconditionFailed", 412), {"Body": b"same"}]}
+    _, sent, slept = _drive(resilient(put_immutable(s3, {"k": b"same"}), RetryPolicy()), answers)
+    assert sent == ["k", "k"] and slept == []  # the PUT, then the GET that compares
+
+
+def test_the_budget_and_the_deadline_stop_retrying() -> None:
+    clock = {"now": 0.0}
+    answers = {"a": [_error("SlowDown", 503)], "b": [{"Body": b"B"}]}
+    policy = RetryPolicy(attempts=100, base=1.0, cap=1.0, budget=5.0)
+    with pytest.raises(StoreUnavailableError):
+        _drive(resilient(_two_reads(), policy, clock=lambda: clock["now"]), answers, clock)
+    assert clock["now"] <= 5.0
+    answers = {"a": [_error("SlowDown", 503)] * 5 + [{"Body": b"A"}], "b": [{"Body": b"B"}]}
+    with deadline(0.0):  # a Lambda with no time left: no retry at all
+        with pytest.raises(StoreUnavailableError):
+            _drive(resilient(_two_reads(), RetryPolicy(attempts=5)), answers)
+    assert len(answers["a"]) == 5  # sent once
+
+
+def test_policy_and_deadline_refuse_bad_values() -> None:
+    with pytest.raises(ConfigurationError, match="attempts"):
+        RetryPolicy(attempts=0)
+    with pytest.raises(ConfigurationError, match="budget"):
+        RetryPolicy(budget=-1)
+    with pytest.raises(ConfigurationError, match="deadline"):
+        with deadline(-1):
+            pass
+
+
+def test_a_call_without_key_is_described() -> None:
+    assert Call("dynamodb", "query", {"TableName": "t"}).describe().startswith("dynamodb.query")
