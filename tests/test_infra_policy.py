@@ -54,7 +54,7 @@ KEY_ARN = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/0f0f0f0f-1111-2222-3333-444444444
 # Admin calls an operator runs with broader rights: rebuild_index lists the bucket.
 OPERATOR_ONLY = {"setup", "asetup", "rebuild_index", "arebuild_index"}
 # Public attributes that are not operations on stored data.
-NOT_OPERATIONS = {"with_allowlist", "get_next_version", "close", "aclose", "config_specs", "serde", "stats"}
+NOT_OPERATIONS = {"with_allowlist", "get_next_version", "close", "aclose", "config_specs", "serde", "stats", "deadline"}
 
 
 # -- exercising every public method ---------------------------------------------------------

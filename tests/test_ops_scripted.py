@@ -93,7 +93,7 @@ def test_racing_conditional_write_is_retried_then_compared() -> None:
 
 
 def test_unknown_errors_pass_through_untouched() -> None:
-    boom = _client_error("InternalError", 500)
+    boom = _client_error("InvalidStorageClass", 400)  # no meaning for the saver (5xx: StoreUnavailableError)
     with pytest.raises(ClientError) as caught:
         _drive(put_immutable(S3Calls("b"), {"k": b"x"}), lambda call: boom)
     assert caught.value is boom

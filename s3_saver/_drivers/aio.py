@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
 from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._protocol import Call, Emit, Op, RequestStats, Sleep, T
@@ -72,6 +72,16 @@ class AsyncDriver:
         except (ClientError, BotoCoreError) as exc:
             # As in the sync driver: the operation decides (errors.classify).
             return exc
+        except (asyncio.TimeoutError, OSError) as exc:
+            # Below botocore: a connection dropped or stalled in the middle of a
+            # body. The same failure as the sync driver sees, so the same policy.
+            if isinstance(exc, asyncio.TimeoutError):
+                return ReadTimeoutError(endpoint_url=call.describe())
+            return ConnectionClosedError(endpoint_url=f"{call.describe()}: {exc}")
+        except Exception as exc:
+            if type(exc).__module__.split(".")[0] == "aiohttp":  # ClientPayloadError and kin
+                return ConnectionClosedError(endpoint_url=f"{call.describe()}: {type(exc).__name__}: {exc}")
+            raise
         return response
 
     async def _client(self, service: str) -> Any:
