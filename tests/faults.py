@@ -37,6 +37,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import hashlib
 import re
 import socket
 import struct
@@ -83,6 +84,9 @@ class Req:
     method: str
     path: str
     attempt: int = 1  # from the SDK's amz-sdk-request header ("attempt=N; max=M"); 1 when absent
+    # The request's identity (method, path, body): the saver's own retries are new SDK
+    # calls (attempt=1 again) carrying the same request.
+    digest: str = ""
 
     @property
     def is_write(self) -> bool:
@@ -133,7 +137,8 @@ class FaultProxy:
         self.kinds = tuple(kinds)
         self.operations = operations
         self.max_faults = max_faults
-        self.first_attempt_only = False  # fault only a request's first attempt, never the SDK's retries
+        self.first_attempt_only = False  # fault only a request's first attempt, never its retries
+        self._faulted: set[str] = set()
         self.hold_seconds = hold_seconds
         self.pause_when: Callable[[Req], bool] | None = None
         self.paused = threading.Event()
@@ -181,7 +186,7 @@ class FaultProxy:
                 return None
             if self.operations is not None and not self.operations(req):
                 return None
-            if self.first_attempt_only and req.attempt != 1:
+            if self.first_attempt_only and (req.attempt != 1 or req.digest in self._faulted):
                 return None
             if self.max_faults is not None and self.total_faults >= self.max_faults:
                 return None
@@ -193,6 +198,7 @@ class FaultProxy:
                 return None
             kind = self.rng.choice(applicable)
             self.faults[kind] += 1
+            self._faulted.add(req.digest)
             return kind
 
     # -- lifecycle -------------------------------------------------------------------
@@ -257,10 +263,11 @@ class FaultProxy:
                 path = urlsplit(self.path).path
                 attempt = re.search(r"attempt=(\d+)", self.headers.get("amz-sdk-request", ""))
                 n = int(attempt.group(1)) if attempt else 1
+                digest = hashlib.sha256(f"{self.command} {self.path}\n".encode() + body).hexdigest()
                 if target:
-                    req = Req("dynamodb", target.rsplit(".", 1)[-1], self.command, path, n)
+                    req = Req("dynamodb", target.rsplit(".", 1)[-1], self.command, path, n, digest)
                 else:
-                    req = Req("s3", self.command, self.command, path, n)
+                    req = Req("s3", self.command, self.command, path, n, digest)
                 kind = proxy._decide(req)
                 if kind == "reset_before":
                     return self._reset()
