@@ -39,7 +39,7 @@ import pytest
 from botocore.config import Config
 from langgraph.checkpoint.memory import InMemorySaver
 
-from conftest import BUCKET, TABLE, make_saver, seaweedfs_saver
+from conftest import make_saver, seaweedfs_saver
 from fault_graph import INTERRUPT, build, plain, resume_input, run_steps, step_input
 from faults import DDB_KINDS, S3_KINDS, FaultProxy, Req, object_puts_and_commits
 from s3_saver import S3Saver, S3SaverError

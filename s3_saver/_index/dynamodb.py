@@ -220,23 +220,16 @@ class DynamoIndex(Index):
         way and their items never change. One not visible yet comes back None (the
         resolver then reads its S3 object)."""
         found: dict[Key3, CheckpointEntry | None] = {}
-        pending = [self.calls.key_of(*k) for k in keys]
-        for attempt in range(_MAX_BATCH_ATTEMPTS):
-            if not pending:
-                break
-            if attempt:
-                yield Sleep(backoff(attempt))  # unprocessed keys mean throttling
-            chunks = [pending[i : i + BATCH_GET_MAX] for i in range(0, len(pending), BATCH_GET_MAX)]
-            results = yield from request(*(self.calls.batch_get(c) for c in chunks))
-            pending = []
-            for result in results:
-                for raw in result.get("Responses", {}).get(self.table, []):
-                    entry = self.calls.parse(raw)
-                    if isinstance(entry, CheckpointEntry):
-                        found[entry.key] = entry
-                pending += result.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
-        if pending:
-            raise S3SaverError(f"DynamoDB table {self.table} kept refusing {len(pending)} reads (throttled)")
+
+        def take(result: dict[str, Any]) -> list[Any]:
+            for raw in result.get("Responses", {}).get(self.table, []):
+                entry = self.calls.parse(raw)
+                if isinstance(entry, CheckpointEntry):
+                    found[entry.key] = entry
+            return result.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
+
+        item_keys = [self.calls.key_of(*k) for k in keys]
+        yield from self._until_processed(item_keys, BATCH_GET_MAX, self.calls.batch_get, take, "reads")
         return {k: found.get(k) for k in keys}
 
     def history(
@@ -497,16 +490,32 @@ class DynamoIndex(Index):
 
     def write_batches(self, requests: list[dict[str, Any]], what: str) -> Op[None]:
         """BatchWriteItem in chunks of 25, re-sending what DynamoDB leaves unprocessed."""
+
+        def take(result: dict[str, Any]) -> list[Any]:
+            return result.get("UnprocessedItems", {}).get(self.table, [])
+
+        yield from self._until_processed(requests, BATCH_WRITE_MAX, self.calls.batch_write, take, what)
+
+    def _until_processed(
+        self,
+        pending: list[Any],
+        size: int,
+        make_call: Callable[[list[Any]], Any],
+        take: Callable[[dict[str, Any]], list[Any]],
+        what: str,
+    ) -> Op[None]:
+        """Send ``pending`` in chunks of ``size``; ``take`` reads an answer and returns
+        what it left unprocessed, which goes again after a backoff (throttling)."""
         for attempt in range(_MAX_BATCH_ATTEMPTS):
-            if not requests:
+            if not pending:
                 return
             if attempt:
-                yield Sleep(backoff(attempt))  # unprocessed items mean throttling
-            chunks = [requests[i : i + BATCH_WRITE_MAX] for i in range(0, len(requests), BATCH_WRITE_MAX)]
-            results = yield from request(*(self.calls.batch_write(c) for c in chunks))
-            requests = [req for r in results for req in r.get("UnprocessedItems", {}).get(self.table, [])]
-        if requests:
-            raise S3SaverError(f"DynamoDB table {self.table} kept refusing {len(requests)} {what} (throttled)")
+                yield Sleep(backoff(attempt))
+            chunks = [pending[i : i + size] for i in range(0, len(pending), size)]
+            results = yield from request(*(make_call(c) for c in chunks))
+            pending = [left for result in results for left in take(result)]
+        if pending:
+            raise S3SaverError(f"DynamoDB table {self.table} kept refusing {len(pending)} {what} (throttled)")
 
 
 def _gen_of(calls: DynamoCalls, found: dict[str, Any]) -> int:
