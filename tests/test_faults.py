@@ -124,17 +124,20 @@ def _steps(turns: int):
         yield "resume", turn
 
 
+def _inputs(run: ThreadRun, turns: int):
+    """What to send next, the same for both drivers; read lazily, after each result is recorded."""
+    for kind, turn in _steps(turns):
+        if kind == "resume" and not (run.returned and run.returned[-1][1].get(INTERRUPT)):
+            continue
+        yield step_input(turn) if kind == "input" else resume_input(turn)
+
+
 def run_sync(graph: Any, runs: list[ThreadRun], turns: int, workers: int) -> None:
     def one(run: ThreadRun) -> None:
         cfg = {"configurable": {"thread_id": run.thread_id}}
-        step = 0
         try:
-            for kind, turn in _steps(turns):
-                if kind == "resume" and not (run.returned and run.returned[-1][1].get(INTERRUPT)):
-                    continue
-                arg = step_input(turn) if kind == "input" else resume_input(turn)
+            for step, arg in enumerate(_inputs(run, turns)):
                 run.returned.append((step, plain(graph.invoke(arg, cfg))))
-                step += 1
         except Exception as exc:  # noqa: BLE001 - counted by type
             run.failed = exc
 
@@ -145,14 +148,9 @@ def run_sync(graph: Any, runs: list[ThreadRun], turns: int, workers: int) -> Non
 def run_async(saver: S3Saver, graph: Any, runs: list[ThreadRun], turns: int) -> None:
     async def one(run: ThreadRun) -> None:
         cfg = {"configurable": {"thread_id": run.thread_id}}
-        step = 0
         try:
-            for kind, turn in _steps(turns):
-                if kind == "resume" and not (run.returned and run.returned[-1][1].get(INTERRUPT)):
-                    continue
-                arg = step_input(turn) if kind == "input" else resume_input(turn)
+            for step, arg in enumerate(_inputs(run, turns)):
                 run.returned.append((step, plain(await graph.ainvoke(arg, cfg))))
-                step += 1
         except Exception as exc:  # noqa: BLE001
             run.failed = exc
 
