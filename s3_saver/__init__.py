@@ -9,6 +9,7 @@ from s3_saver._index.dynamo_items import (
     TTL_ATTRIBUTE,
 )
 from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
+from s3_saver._ops.threads import ThreadInfo
 from s3_saver._protocol import RequestStats
 from s3_saver._retry import RetryPolicy
 from s3_saver._saver import S3Saver
@@ -59,4 +60,5 @@ __all__ = [
     "StoreUnavailableError",
     "TableNotFoundError",
     "ThreadDeletedError",
+    "ThreadInfo",
 ]

@@ -32,6 +32,10 @@ LIVE_PREFIX = "live/"
 MANIFEST_PREFIX = "manifests/"
 """Sub-prefix of the manifest index (no DynamoDB table): a head and sealed segments
 per thread. Not under ``live/``: a lifecycle rule on ``live/`` must not expire it."""
+LISTING_PREFIX = "listing/"
+"""Sub-prefix of the records that find threads without listing ``live/`` (manifest
+mode): one empty object per thread, named by when it was created, and one per
+(run, thread)."""
 ARCHIVE_PREFIX = "archive/"
 """Sub-prefix reserved for archived threads, for lifecycle rules to move to colder
 storage classes. The saver does not write there yet."""
@@ -216,7 +220,33 @@ class KeyLayout:
         encoded, _, name = rest.partition("/")
         return decode(encoded) if name == "head" and encoded else None
 
+    # -- the thread listing and run hints (manifest mode) -------------------
+    @property
+    def threads_root(self) -> str:
+        return self.prefix + LISTING_PREFIX + "threads/"
+
+    def listing_key(self, created: int, thread_id: str) -> str:
+        # Newest first in key order: S3 lists keys ascending.
+        return _checked(f"{self.threads_root}{_LISTING_CLOCK - created:012d}.{encode(thread_id)}")
+
+    def parse_listing_key(self, key: str) -> tuple[int, str] | None:
+        inverted, dot, encoded = key[len(self.threads_root) :].partition(".")
+        if not key.startswith(self.threads_root) or not dot or not inverted.isdigit():
+            return None
+        return _LISTING_CLOCK - int(inverted), decode(encoded)
+
+    def runs_dir(self, run_id: str) -> str:
+        return f"{self.prefix}{LISTING_PREFIX}runs/{encode(run_id)}/"
+
+    def run_key(self, run_id: str, thread_id: str) -> str:
+        return _checked(self.runs_dir(run_id) + encode(thread_id))
+
     # -- DynamoDB partition keys --------------------------------------------
+    def listing_partition(self, what: str) -> str:
+        """The partition of the thread listing ("threads") or of the run hints
+        ("runs"). ``encode`` never produces "#", so no thread's partition is one."""
+        return f"{encode(self.prefix) if self.prefix else ''}#{what}"
+
     def partition_key(self, thread_id: str) -> str:
         """The index partition of a thread under this prefix.
 
@@ -230,6 +260,8 @@ class KeyLayout:
 
     def thread_of(self, pk: str) -> str | None:
         """The thread id of a partition key, or None when it belongs to another prefix."""
+        if "#" in pk:
+            return None  # the thread listing or the run hints
         head, _, tail = pk.rpartition("/")
         if head != (encode(self.prefix) if self.prefix else ""):
             return None
@@ -257,7 +289,28 @@ _ROOM_TOKEN = "0" * 32
 _ROOM_NS = "|" + "n" * 24 + ":" + "0" * 36
 
 
+# Seconds are stored as (this - created), 12 digits, so newer sorts first.
+_LISTING_CLOCK = 10**12 - 1
+
 # -- DynamoDB sort keys ------------------------------------------------------
+
+
+def listing_sort_key(created: int, thread_id: str) -> str:
+    """Sort key of a thread in the listing partition: ascending by creation time."""
+    return _checked_sort(f"{created:012d}{_SORT_SEP}{encode(thread_id)}")
+
+
+def parse_listing_sort_key(sk: str) -> tuple[int, str]:
+    created, _, encoded = sk.partition(_SORT_SEP)
+    return int(created), decode(encoded)
+
+
+def run_sort_prefix(run_id: str) -> str:
+    return encode(run_id) + _SORT_SEP
+
+
+def run_sort_key(run_id: str, thread_id: str) -> str:
+    return _checked_sort(run_sort_prefix(run_id) + encode(thread_id))
 
 
 def ns_sort_prefix(ns: str) -> str:

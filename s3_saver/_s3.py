@@ -39,10 +39,16 @@ class S3Calls:
         condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
         return self._call("put_object", {"Bucket": self.bucket, "Key": key, "Body": body, **condition})
 
-    def list_keys(self, prefix: str, token: str | None = None) -> Call:
+    def list_keys(
+        self, prefix: str, token: str | None = None, start_after: str | None = None, max_keys: int | None = None
+    ) -> Call:
         params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
         if token is not None:
             params["ContinuationToken"] = token
+        elif start_after is not None:
+            params["StartAfter"] = start_after
+        if max_keys is not None:
+            params["MaxKeys"] = max_keys
         return self._call("list_objects_v2", params)
 
     def get(self, key: str) -> Call:

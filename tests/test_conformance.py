@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from langgraph.checkpoint.conformance import checkpointer_test, validate
-from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES, Capability
+from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 
 from conftest import make_saver, seaweedfs_saver
 
@@ -26,7 +26,8 @@ async def _passes(make: Callable[[], object]) -> None:
         if result.passed is False
     }
     assert not failures, failures
-    for capability in (*BASE_CAPABILITIES, Capability.COPY_THREAD):
+    # All 8: the 5 base capabilities and the 3 extended ones (copy, prune, delete_for_runs).
+    for capability in ALL_CAPABILITIES:
         result = report.results[capability.value]
         assert result.detected and result.passed, (capability.value, result)
         assert result.tests_passed > 0

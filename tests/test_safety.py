@@ -185,8 +185,8 @@ def test_a_late_write_that_missed_the_tombstone_is_refused_or_invisible(endpoint
     prepare = index_type.prepare
 
     def stale_prepare(index, thread_id, ns, parent_id):  # the read that came just before the delete
-        _, parent = yield from prepare(index, thread_id, ns, parent_id)
-        return 0, parent
+        prepared = yield from prepare(index, thread_id, ns, parent_id)
+        return dataclasses.replace(prepared, gen=0)
 
     monkeypatch.setattr(index_type, "prepare", stale_prepare)
     late_cp = checkpoint({"counter": 7, "doc": "x"}, {"counter": "7", "doc": "1"})
@@ -254,7 +254,7 @@ def test_copy_skips_expired_and_deleted_checkpoints(endpoint, index_mode) -> Non
         items = ddb.query(
             TableName=TABLE, KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": {"S": "dst"}}
         )["Items"]
-        assert len(items) == 1
+        assert len([i for i in items if i.get("kind")]) == 1  # besides the thread's own item (its listing time)
     else:
         assert len(saver._ctx.index._cached("dst").entries) == 1
     saver.close()

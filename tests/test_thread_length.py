@@ -83,7 +83,7 @@ def _lengthen(saver, thread_id: str, total: int) -> None:
         parent = cid
     real_entries = [saver._sync.run(saver._ctx.index.get(thread_id, "", t.config["configurable"]["checkpoint_id"])) for t in real]
     writes = [w for e in real_entries for w in e.writes]
-    saver._sync.run(saver._ctx.index.restore(thread_id, fake + list(reversed(real_entries)), writes))
+    saver._sync.run(saver._ctx.index.restore(thread_id, fake + list(reversed(real_entries)), writes, 0))
     saver._ctx.locs.forget_thread(thread_id)
 
 

@@ -58,6 +58,12 @@ class CheckpointEntry:
     gen: int = 0
     # None: not read yet (the resolver asks the index for them).
     writes: list[WritesEntry] | None = field(default_factory=list)
+    # The run that wrote it (metadata "run_id"), for delete_for_runs.
+    run_id: str | None = None
+    # Taken out of the thread's history by prune or delete_for_runs, and kept
+    # only because checkpoints that stay read through it: values they point at
+    # (``loc``), or the writes a DeltaChannel replays. Never listed or returned.
+    hidden: bool = False
 
     @property
     def key(self) -> Key3:
@@ -93,9 +99,28 @@ class Tombstone:
     ns: str | None
     gen: int
     deleted_at: int = 0
+    # On the thread's item (``ns`` None): when the thread was listed (0: it is not).
+    created: int = 0
 
 
 IndexEntry = CheckpointEntry | WritesEntry | Tombstone
+
+
+@dataclass
+class Prepared:
+    """What a writer reads beside its object writes."""
+
+    gen: int  # the thread's delete generation (0: never deleted)
+    parent: CheckpointEntry | None  # the parent's entry as stored, when asked for
+    listed: bool  # the thread is in the thread listing already
+
+
+@dataclass
+class ThreadRef:
+    """A thread in the listing: its id and when its first checkpoint was written."""
+
+    thread_id: str
+    created: int
 
 
 @dataclass
@@ -124,15 +149,22 @@ class Index(ABC):
 
     # -- writes --------------------------------------------------------------------
     @abstractmethod
-    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[tuple[int, CheckpointEntry | None]]:
+    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[Prepared]:
         """What a writer reads beside its object writes: the thread's delete
-        generation (0: never deleted), and the entry of ``parent_id`` as stored
-        (None when not asked for, or not found)."""
+        generation, the entry of ``parent_id`` as stored (None when not asked
+        for, or not found) and whether the thread is listed."""
 
     @abstractmethod
-    def commit_checkpoint(self, entry: CheckpointEntry) -> Op[None]:
+    def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
         """The commit point of ``put``. May raise ThreadDeletedError when the
-        index can tell that the thread was deleted since ``prepare``."""
+        index can tell that the thread was deleted since ``prepare``.
+        ``created``: the thread is new; record when (``note`` lists it)."""
+
+    @abstractmethod
+    def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
+        """The records that find a thread, sent beside a commit: the thread
+        listing entry of a new thread (``created``), and that run ``run_id``
+        wrote to it. Hints only: a hint whose commit failed finds nothing."""
 
     @abstractmethod
     def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
@@ -175,14 +207,42 @@ class Index(ABC):
         is reached."""
 
     @abstractmethod
+    def contents(self, thread_id: str) -> Op[list[CheckpointEntry]]:
+        """Every checkpoint of the thread, hidden ones included, with its writes
+        (prune and delete_for_runs)."""
+
+    @abstractmethod
+    def threads(
+        self, before: ThreadRef | None, page_size: int, cursor: Any
+    ) -> Op[tuple[list[tuple[ThreadRef, CheckpointEntry | None]], Any]]:
+        """One page of the thread listing, newest thread first, below ``before``,
+        each thread with its latest root checkpoint (None: it has none; its
+        writes may be unloaded); returns the next cursor (None at the end)."""
+
+    @abstractmethod
+    def created(self, thread_id: str) -> Op[int | None]:
+        """When the thread was listed (None: it is not)."""
+
+    @abstractmethod
+    def runs(self, run_ids: list[str]) -> Op[dict[str, list[str]]]:
+        """The threads each run wrote to (hints: each may hold none of it any more)."""
+
+    @abstractmethod
+    def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:
+        """Drop the (run, thread) hints of runs that were deleted."""
+
+    @abstractmethod
     def all_threads(self) -> Op[list[CheckpointEntry]]:
         """Every live checkpoint of every thread of this prefix, with writes (admin)."""
 
     @abstractmethod
-    def restore(self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry]) -> Op[None]:
+    def restore(
+        self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int
+    ) -> Op[None]:
         """Write the entries of a thread read back from its objects (``rebuild_index``),
         replacing what the index holds for it, except what a surviving tombstone
-        or delete says is deleted."""
+        or delete says is deleted; list the thread (as created at ``created``)
+        unless it is listed."""
 
     # -- delete and copy -------------------------------------------------------------
     @abstractmethod
@@ -194,12 +254,30 @@ class Index(ABC):
         entries do. Cut short anywhere, a call again finishes it."""
 
     @abstractmethod
+    def drop(
+        self,
+        thread_id: str,
+        hide: list[CheckpointEntry],
+        drop: list[CheckpointEntry],
+        doomed: list[IndexEntry],
+        delete_objects: Callable[[list[IndexEntry]], Op[None]],
+    ) -> Op[None]:
+        """Take checkpoints out of a thread (prune, delete_for_runs): ``hide``
+        stay for the checkpoints that read through them (``hidden``), ``drop``
+        go with their writes, and then the objects of ``doomed`` (the entries,
+        trimmed to what nothing kept refers to) through ``delete_objects``.
+        Entries go before objects: cut short, nothing kept points at a missing
+        object."""
+
+    @abstractmethod
     def copy_thread(
         self,
         source: str,
         dest: str,
         copy_objects: Callable[[list[IndexEntry]], Op[None]],
         expired: Callable[[CheckpointEntry], bool],
+        now: int,
     ) -> Op[None]:
         """Copy the live entries of ``source`` to the empty thread ``dest``: all
-        their objects first (``copy_objects``), then exactly those entries."""
+        their objects first (``copy_objects``), then exactly those entries; list
+        ``dest`` as created ``now``."""

@@ -44,6 +44,12 @@ KIND_WRITES = "w"
 
 # The delete generation an item was written in; absent means 0.
 GEN = "gen"
+# On checkpoint items: the run that wrote it; set when prune kept it only for
+# the checkpoints that read through it.
+RUN = "run"
+HIDDEN = "hidden"
+# On the thread's tombstone item: when the thread was listed.
+CREATED = "created"
 
 
 # -- calls -------------------------------------------------------------------------
@@ -72,6 +78,8 @@ class DynamoCalls:
             "loc": loc,
             TTL_ATTRIBUTE: entry.expires_at,
             GEN: entry.gen or None,
+            RUN: entry.run_id,
+            HIDDEN: True if entry.hidden else None,
         }
         # The checkpoint object rides along when it fits, so reads skip S3; else
         # the metadata alone, so list(filter=) still never fetches S3 objects.
@@ -101,6 +109,7 @@ class DynamoCalls:
             SORT_KEY: sk,
             GEN: tomb.gen,
             "deleted_at": tomb.deleted_at,
+            CREATED: tomb.created or None,
         }
         return to_attrs(values)
 
@@ -126,6 +135,8 @@ class DynamoCalls:
                     metadata=(meta[0], bytes(meta[1])) if meta else None,
                     expires_at=item.get(TTL_ATTRIBUTE),
                     gen=gen,
+                    run_id=item.get(RUN),
+                    hidden=bool(item.get(HIDDEN)),
                 )
             if key.kind == "writes":
                 return WritesEntry(
@@ -140,7 +151,7 @@ class DynamoCalls:
                     item.get(TTL_ATTRIBUTE),
                 )
             ns = key.ns if key.kind == "ns_tombstone" else None
-            return Tombstone(thread_id, ns, gen, item.get("deleted_at", 0))
+            return Tombstone(thread_id, ns, gen, item.get("deleted_at", 0), item.get(CREATED, 0))
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(
                 f"index item {item.get(PARTITION_KEY)!r}/{item.get(SORT_KEY)!r} in table {self.table}: {exc}"
@@ -152,6 +163,73 @@ class DynamoCalls:
     def tombstone_key(self, thread_id: str, ns: str | None = None) -> dict[str, Any]:
         sk = _keys.THREAD_TOMBSTONE_SK if ns is None else _keys.ns_tombstone_sort_key(ns)
         return to_attrs({PARTITION_KEY: self.pk(thread_id), SORT_KEY: sk})
+
+    # -- the thread listing and run hints: partitions of their own -------------------------
+    def listing_item(self, created: int, thread_id: str) -> dict[str, Any]:
+        return to_attrs(
+            {
+                PARTITION_KEY: self.layout.listing_partition("threads"),
+                SORT_KEY: _keys.listing_sort_key(created, thread_id),
+            }
+        )
+
+    def run_item(self, run_id: str, thread_id: str) -> dict[str, Any]:
+        return to_attrs({PARTITION_KEY: self.layout.listing_partition("runs"), SORT_KEY: _keys.run_sort_key(run_id, thread_id)})
+
+    def list_thread(self, created: int, thread_id: str) -> Call:
+        """Records the creation time on the thread's tombstone item (only if none is
+        there: two writers that both saw a new thread list it once) and puts the
+        thread in the listing, in one request."""
+        update = {
+            "TableName": self.table,
+            "Key": self.tombstone_key(thread_id),
+            "UpdateExpression": f"SET #{CREATED} = :t",
+            "ConditionExpression": f"attribute_not_exists(#{CREATED})",
+            "ExpressionAttributeNames": {f"#{CREATED}": CREATED},
+            "ExpressionAttributeValues": {":t": {"N": str(created)}},
+        }
+        put = {"TableName": self.table, "Item": self.listing_item(created, thread_id)}
+        return self._call("transact_write_items", {"TransactItems": [{"Update": update}, {"Put": put}]})
+
+    def unlist_thread(self, created: int, thread_id: str) -> Call:
+        """Takes the thread out of the listing and its creation time off its item
+        (a run that starts it afresh lists it again), in one request."""
+        listed = self.listing_item(created, thread_id)
+        update = {
+            "TableName": self.table,
+            "Key": self.tombstone_key(thread_id),
+            "UpdateExpression": f"REMOVE #{CREATED}",
+            "ExpressionAttributeNames": {f"#{CREATED}": CREATED},
+        }
+        delete = {"TableName": self.table, "Key": {k: listed[k] for k in (PARTITION_KEY, SORT_KEY)}}
+        return self._call("transact_write_items", {"TransactItems": [{"Delete": delete}, {"Update": update}]})
+
+    def query_listing(self, below: str | None, limit: int, start_key: dict[str, Any] | None) -> Call:
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "pk = :pk" + (" AND sk < :b" if below is not None else ""),
+            "ExpressionAttributeValues": {":pk": {"S": self.layout.listing_partition("threads")}},
+            "ScanIndexForward": False,
+            "Limit": limit,
+        }
+        if below is not None:
+            params["ExpressionAttributeValues"][":b"] = {"S": below}
+        if start_key is not None:
+            params["ExclusiveStartKey"] = start_key
+        return self._call("query", params)
+
+    def query_run(self, run_id: str, start_key: dict[str, Any] | None) -> Call:
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",
+            "ExpressionAttributeValues": {
+                ":pk": {"S": self.layout.listing_partition("runs")},
+                ":p": {"S": _keys.run_sort_prefix(run_id)},
+            },
+        }
+        if start_key is not None:
+            params["ExclusiveStartKey"] = start_key
+        return self._call("query", params)
 
     # -- calls -----------------------------------------------------------------------
     def put(self, item: dict[str, Any], **options: Any) -> Call:
@@ -231,6 +309,9 @@ class DynamoCalls:
         if start_key is not None:
             params["ExclusiveStartKey"] = start_key
         return self._call("scan", params)
+
+    def delete(self, key: dict[str, Any]) -> Call:
+        return self._call("delete_item", {"TableName": self.table, "Key": key})
 
     def batch_write(self, requests: list[dict[str, Any]]) -> Call:
         return self._call("batch_write_item", {"RequestItems": {self.table: requests}})

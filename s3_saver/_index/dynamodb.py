@@ -8,7 +8,7 @@ item before its own writes (see ``_keys``), so "latest" is one ``Query`` with
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from s3_saver import _keys
@@ -18,6 +18,8 @@ from s3_saver._index.base import (
     Index,
     IndexEntry,
     Key3,
+    Prepared,
+    ThreadRef,
     Tombstone,
     WritesEntry,
     WritesOutcome,
@@ -32,8 +34,9 @@ from s3_saver._index.dynamo_items import (
     TTL_ATTRIBUTE,
     DynamoCalls,
 )
+from s3_saver._codec import to_attrs
 from s3_saver._keys import KeyLayout
-from s3_saver._protocol import Op, Sleep, backoff, raise_failure, request, request_one
+from s3_saver._protocol import Op, Sleep, backoff, gather, raise_failure, request, request_one
 from s3_saver.errors import (
     CONDITION_FAILED_CODES,
     TABLE_MISSING,
@@ -105,16 +108,31 @@ class DynamoIndex(Index):
                 yield from request_one(calls.enable_ttl())
 
     # -- writes --------------------------------------------------------------------------
-    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[tuple[int, CheckpointEntry | None]]:
+    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[Prepared]:
         calls = [self.calls.get_tombstone(thread_id)]
         if parent_id is not None:
             calls.append(self.calls.get_checkpoint(thread_id, ns, parent_id))
         found = yield from request(*calls)
         parent = self.calls.parse(found[1]["Item"]) if parent_id is not None and "Item" in found[1] else None
-        return _gen_of(self.calls, found[0]), parent if isinstance(parent, CheckpointEntry) else None
+        thread = _thread_item(self.calls, found[0])
+        return Prepared(thread.gen, parent if isinstance(parent, CheckpointEntry) else None, bool(thread.created))
 
-    def commit_checkpoint(self, entry: CheckpointEntry) -> Op[None]:
+    def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
         yield from request(self.calls.put(self.calls.checkpoint_item(entry)))
+
+    def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
+        calls = []
+        if created is not None:
+            calls.append(self.calls.list_thread(created, thread_id))
+        if run_id is not None:
+            calls.append(self.calls.put(self.calls.run_item(run_id, thread_id)))
+        if not calls:
+            return
+        results = yield tuple(calls)
+        for call, result in zip(calls, results):
+            # A cancelled listing: another writer listed the thread first.
+            if isinstance(result, BaseException) and error_code(result) != "TransactionCanceledException":
+                raise_failure(call, result)
 
     def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
         calls = []
@@ -170,6 +188,11 @@ class DynamoIndex(Index):
                     return None
                 continue
             entry = calls.parse(items[0])
+            if isinstance(entry, CheckpointEntry) and entry.hidden:
+                # Kept by prune for newer checkpoints, which come first: only a
+                # prune of a newer one cut short leaves it on top.
+                upper, start = _keys.checkpoint_sort_prefix(ns, entry.checkpoint_id), None
+                continue
             if isinstance(entry, CheckpointEntry):
                 entry.writes = None  # read with the values, in the next wave
                 return entry
@@ -189,7 +212,7 @@ class DynamoIndex(Index):
             calls.get_checkpoint(thread_id, ns, checkpoint_id), writes_query, calls.get_tombstone(thread_id, ns)
         )
         entry = calls.parse(found["Item"]) if "Item" in found else None
-        if not isinstance(entry, CheckpointEntry) or entry.gen < _gen_of(calls, tomb):
+        if not isinstance(entry, CheckpointEntry) or entry.hidden or entry.gen < _gen_of(calls, tomb):
             return None
         entry.writes = _writes_in(calls, page)
         if page.get("LastEvaluatedKey"):
@@ -266,7 +289,7 @@ class DynamoIndex(Index):
             if isinstance(item, CheckpointEntry):
                 if state.held is not None:
                     complete.append(state.held)
-                state.held = item
+                state.held = None if item.hidden else item
             elif state.held is not None and (item.ns, item.checkpoint_id) == (state.held.ns, state.held.checkpoint_id):
                 state.held.writes.append(item)  # type: ignore[union-attr]
         state.start = page.get("LastEvaluatedKey")
@@ -316,6 +339,60 @@ class DynamoIndex(Index):
             if start is None or (cursor is None and current is None):
                 return target, chain
 
+    def contents(self, thread_id: str) -> Op[list[CheckpointEntry]]:
+        checkpoints: list[CheckpointEntry] = []
+        writes: list[WritesEntry] = []
+        deleted: dict[str, int] = {}
+
+        def take(raws: list[dict[str, Any]]) -> Op[None]:
+            yield from ()
+            for raw in raws:
+                item = self.calls.parse(raw)
+                if isinstance(item, Tombstone):
+                    if item.ns is not None:
+                        deleted[item.ns] = item.gen  # newest first: before its namespace's items
+                elif isinstance(item, CheckpointEntry) and item.gen >= deleted.get(item.ns, 0):
+                    checkpoints.append(item)
+                elif isinstance(item, WritesEntry) and item.gen >= deleted.get(item.ns, 0):
+                    writes.append(item)
+
+        yield from self._each_page(thread_id, take)
+        return _attach(checkpoints, writes)
+
+    def threads(
+        self, before: ThreadRef | None, page_size: int, cursor: Any
+    ) -> Op[tuple[list[tuple[ThreadRef, CheckpointEntry | None]], Any]]:
+        """A Query of the listing partition, then each thread's latest in one wave."""
+        below = _keys.listing_sort_key(before.created, before.thread_id) if before is not None else None
+        page = yield from request_one(self.calls.query_listing(below, page_size, cursor))
+        refs = [
+            ThreadRef(t, created)
+            for created, t in (_keys.parse_listing_sort_key(r[SORT_KEY]["S"]) for r in page.get("Items", []))
+        ]
+        latest = yield from gather(*(self.latest(r.thread_id, "") for r in refs))
+        return list(zip(refs, latest)), page.get("LastEvaluatedKey")
+
+    def created(self, thread_id: str) -> Op[int | None]:
+        found = yield from request_one(self.calls.get_tombstone(thread_id))
+        return _thread_item(self.calls, found).created or None
+
+    def runs(self, run_ids: list[str]) -> Op[dict[str, list[str]]]:
+        found: dict[str, list[str]] = {r: [] for r in run_ids}
+        pending: dict[str, Any] = {r: None for r in run_ids}
+        while pending:
+            order = list(pending)
+            pages = yield from request(*(self.calls.query_run(r, pending[r]) for r in order))
+            pending = {}
+            for run_id, page in zip(order, pages):
+                found[run_id] += [_keys.decode(r[SORT_KEY]["S"][len(_keys.run_sort_prefix(run_id)) :]) for r in page.get("Items", [])]
+                if page.get("LastEvaluatedKey"):
+                    pending[run_id] = page["LastEvaluatedKey"]
+        return found
+
+    def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:
+        keys = [{k: v for k, v in self.calls.run_item(r, t).items()} for r, t in pairs]
+        yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in keys], "run hints")
+
     def all_threads(self) -> Op[list[CheckpointEntry]]:
         """A table scan: the only operation that reads every partition."""
         entries: dict[Key3, CheckpointEntry] = {}
@@ -335,18 +412,21 @@ class DynamoIndex(Index):
             start = page.get("LastEvaluatedKey")
             if start is None:
                 break
-        live = {k: e for k, e in entries.items() if e.gen >= deleted.get(k[:2], 0)}
+        live = {k: e for k, e in entries.items() if e.gen >= deleted.get(k[:2], 0) and not e.hidden}
         for w in writes:
             owner = live.get((w.thread_id, w.ns, w.checkpoint_id))
             if owner is not None:
                 owner.writes.append(w)  # type: ignore[union-attr]
         return list(live.values())
 
-    def restore(self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry]) -> Op[None]:
+    def restore(
+        self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int
+    ) -> Op[None]:
         # Entries keep generation 0: where a tombstone survived the loss of the
         # rest of the index, what it deleted stays deleted.
         items = [self.calls.checkpoint_item(e) for e in entries] + [self.calls.writes_item(w) for w in writes]
         yield from self.write_batches([{"PutRequest": {"Item": i}} for i in items], f"entries of thread {thread_id!r}")
+        yield from self.note(thread_id, created, None)
 
     # -- delete and copy ---------------------------------------------------------------
     def delete_thread(
@@ -363,8 +443,13 @@ class DynamoIndex(Index):
         )
         if "Item" not in found and not first.get("Items"):
             return  # nothing was ever stored: leave no trace
-        gen = _gen_of(calls, found) + 1
-        yield from request(calls.put(calls.tombstone_item(Tombstone(thread_id, None, gen, now))))
+        thread = _thread_item(calls, found)
+        gen = thread.gen + 1
+        # The tombstone keeps the creation time until the listing entry is gone,
+        # so that a delete cut short still knows which one to remove.
+        yield from request(calls.put(calls.tombstone_item(Tombstone(thread_id, None, gen, now, thread.created))))
+        if thread.created:
+            yield from request(calls.unlist_thread(thread.created, thread_id))
         buried: set[str] = set()
         for _ in range(_MAX_DELETE_PASSES):
             deleted_any = False
@@ -402,12 +487,38 @@ class DynamoIndex(Index):
             if not deleted_any:
                 return
 
+    def drop(
+        self,
+        thread_id: str,
+        hide: list[CheckpointEntry],
+        drop: list[CheckpointEntry],
+        doomed: list[IndexEntry],
+        delete_objects: Callable[[list[IndexEntry]], Op[None]],
+    ) -> Op[None]:
+        """Hidden items are written again with the mark (readers skip them from
+        then on), then the dropped items and their writes go, then the objects
+        (a cut here leaves unreferenced objects only: see ``gc`` in the README)."""
+        calls = self.calls
+        hidden = [replace(e, hidden=True) for e in hide]
+        yield from self.write_batches(
+            [{"PutRequest": {"Item": calls.checkpoint_item(e)}} for e in hidden], f"hidden checkpoints of thread {thread_id!r}"
+        )
+        keys = [calls.key_of(*e.key) for e in drop]
+        for e in drop:
+            keys += [
+                to_attrs({PARTITION_KEY: calls.pk(thread_id), SORT_KEY: _keys.writes_sort_key(w.ns, w.checkpoint_id, w.task_id, w.part)})
+                for w in e.writes or ()
+            ]
+        yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in keys], f"dropped checkpoints of thread {thread_id!r}")
+        yield from delete_objects(doomed)
+
     def copy_thread(
         self,
         source: str,
         dest: str,
         copy_objects: Callable[[list[IndexEntry]], Op[None]],
         expired: Callable[[CheckpointEntry], bool],
+        now: int,
     ) -> Op[None]:
         calls = self.calls
         source_pk, dest_pk = calls.pk(source), calls.pk(dest)
@@ -473,6 +584,7 @@ class DynamoIndex(Index):
         # Newest first: a copy cut short here leaves the target's latest state
         # right (and its history short) until copy_thread is called again.
         yield from self._each_page(source, write_items)
+        yield from self.note(dest, now, None)
 
     def _each_page(
         self,
@@ -518,10 +630,28 @@ class DynamoIndex(Index):
             raise S3SaverError(f"DynamoDB table {self.table} kept refusing {len(pending)} {what} (throttled)")
 
 
+def _thread_item(calls: DynamoCalls, found: dict[str, Any]) -> Tombstone:
+    """The thread's tombstone item from a GetItem's answer (generation 0, not
+    listed: there is none)."""
+    entry = calls.parse(found["Item"]) if "Item" in found else None
+    return entry if isinstance(entry, Tombstone) else Tombstone("", None, 0)
+
+
 def _gen_of(calls: DynamoCalls, found: dict[str, Any]) -> int:
     """The generation of a tombstone GetItem's answer (0: no tombstone)."""
-    entry = calls.parse(found["Item"]) if "Item" in found else None
-    return entry.gen if isinstance(entry, Tombstone) else 0
+    return _thread_item(calls, found).gen
+
+
+def _attach(checkpoints: list[CheckpointEntry], writes: list[WritesEntry]) -> list[CheckpointEntry]:
+    """Checkpoints with their writes (writes of no checkpoint are left out)."""
+    by_key = {(e.ns, e.checkpoint_id): e for e in checkpoints}
+    for e in checkpoints:
+        e.writes = []
+    for w in writes:
+        owner = by_key.get((w.ns, w.checkpoint_id))
+        if owner is not None:
+            owner.writes.append(w)  # type: ignore[union-attr]
+    return checkpoints
 
 
 def _writes_in(calls: DynamoCalls, page: dict[str, Any]) -> list[WritesEntry]:

@@ -28,6 +28,8 @@ from s3_saver._index.base import (
     Index,
     IndexEntry,
     Key3,
+    Prepared,
+    ThreadRef,
     WritesEntry,
     WritesOutcome,
 )
@@ -39,8 +41,8 @@ from s3_saver._index.manifest_doc import (
     encode_head,
     encode_segment,
 )
-from s3_saver._keys import KeyLayout
-from s3_saver._protocol import Op, Sleep, raise_failure, request
+from s3_saver._keys import KeyLayout, decode
+from s3_saver._protocol import Op, Sleep, gather, raise_failure, request
 from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
@@ -201,7 +203,8 @@ class ManifestIndex(Index):
             return [self._segments[k] for k in keys]
 
     def _find(self, head: Head, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
-        """A checkpoint with its writes, from the head or the segments whose id range holds it."""
+        """A checkpoint with its writes, from the head or the segments whose id range
+        holds it; hidden ones too (a writer's parent, prune's retained checkpoints)."""
         entry = _in(head.entries, ns, checkpoint_id)
         if entry is not None:
             return _with_writes(entry, head.writes)
@@ -213,7 +216,7 @@ class ManifestIndex(Index):
         return None
 
     # -- writes --------------------------------------------------------------------------
-    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[tuple[int, CheckpointEntry | None]]:
+    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[Prepared]:
         """Reads the head. When the head this process saw last was due for sealing,
         its oldest checkpoints go into a segment in the same round trip (they
         never change), for the commit to refer to: puts stay at two round trips."""
@@ -227,9 +230,9 @@ class ManifestIndex(Index):
             with self._lock:
                 self._sealed[thread_id] = plan  # written: a commit may now refer to it
         parent = (yield from self._find(head, ns, parent_id)) if parent_id is not None else None
-        return head.gen, parent
+        return Prepared(head.gen, parent, bool(head.created))
 
-    def commit_checkpoint(self, entry: CheckpointEntry) -> Op[None]:
+    def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
         def change(head: Head) -> Head | None:
             _refuse_older(head, entry.gen, entry.thread_id, entry.checkpoint_id)
             old = _in(head.entries, entry.ns, entry.checkpoint_id)
@@ -238,9 +241,17 @@ class ManifestIndex(Index):
             stored = replace(entry, writes=[])
             rest = [e for e in head.entries if e is not old]
             # Its own checkpoint: the thread is no longer a copy to bring up to date.
-            return replace(head, entries=[*rest, stored], copied_from=None)
+            # The first writer to list the thread sets the time its listing
+            # entry must carry; another writer's entry (a race) does not count.
+            return replace(head, entries=[*rest, stored], copied_from=None, created=head.created or created or 0)
 
         yield from self._update(entry.thread_id, change, self._cached(entry.thread_id))
+
+    def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
+        keys = [self.layout.listing_key(created, thread_id)] if created is not None else []
+        if run_id is not None:
+            keys.append(self.layout.run_key(run_id, thread_id))
+        yield from put_immutable(self.s3, {k: b"" for k in keys})
 
     def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
         thread_id = entries[0].thread_id
@@ -272,6 +283,10 @@ class ManifestIndex(Index):
     # -- reads ---------------------------------------------------------------------------
     def latest(self, thread_id: str, ns: str) -> Op[CheckpointEntry | None]:
         head = yield from self._read_head(thread_id)
+        return (yield from self._latest_in(head, ns))
+
+    def _latest_in(self, head: Head, ns: str) -> Op[CheckpointEntry | None]:
+        thread_id = head.thread_id
         newest = _newest(head.entries, ns)
         if newest is not None:
             return _with_writes(newest, head.writes)
@@ -285,7 +300,8 @@ class ManifestIndex(Index):
 
     def get(self, thread_id: str, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
         head = yield from self._read_head(thread_id)
-        return (yield from self._find(head, ns, checkpoint_id))
+        entry = yield from self._find(head, ns, checkpoint_id)
+        return None if entry is None or entry.hidden else entry
 
     def writes(self, entry: CheckpointEntry) -> Op[list[WritesEntry]]:
         yield from ()
@@ -324,7 +340,10 @@ class ManifestIndex(Index):
                 return [], None
             ((entries, writes),) = yield from self._load_segments(thread_id, [refs.pop()])
             page = [_with_writes(e, writes + head.writes) for e in entries]
-        page = [e for e in page if (ns is None or e.ns == ns) and (before_id is None or e.checkpoint_id < before_id)]
+        page = [
+            e for e in page
+            if not e.hidden and (ns is None or e.ns == ns) and (before_id is None or e.checkpoint_id < before_id)
+        ]
         page.sort(key=lambda e: (e.ns, e.checkpoint_id), reverse=True)
         return page, ((head, refs) if refs else None)
 
@@ -352,6 +371,58 @@ class ManifestIndex(Index):
             cursor = entry.parent_id
         return target, chain
 
+    def contents(self, thread_id: str) -> Op[list[CheckpointEntry]]:
+        head = yield from self._read_head(thread_id)
+        return (yield from self._contents(head))
+
+    def _contents(self, head: Head) -> Op[list[CheckpointEntry]]:
+        """Every checkpoint of the head and its segments, in commit order (segments
+        oldest first, then the head), with their writes."""
+        out: list[CheckpointEntry] = []
+        for entries, writes in (yield from self._load_segments(head.thread_id, head.segments)):
+            out += [_with_writes(e, writes + head.writes) for e in entries]
+        return out + [_with_writes(e, head.writes) for e in head.entries]
+
+    def threads(
+        self, before: ThreadRef | None, page_size: int, cursor: Any
+    ) -> Op[tuple[list[tuple[ThreadRef, CheckpointEntry | None]], Any]]:
+        """One page of the listing's keys (newest first by name), then the heads of
+        those threads in one wave. A key counts only if its time is the head's:
+        one left by a writer that lost the race to list a thread, or by a delete
+        cut short, does not."""
+        start_after = self.layout.listing_key(before.created, before.thread_id) if before is not None else None
+        page = yield from request(self.s3.list_keys(self.layout.threads_root, cursor, start_after, page_size))
+        listed = [p for o in page[0].get("Contents", []) if (p := self.layout.parse_listing_key(o["Key"]))]
+        heads = yield from gather(*(self._read_head(t) for _, t in listed))
+        found = yield from gather(*(self._latest_in(head, "") for head in heads))
+        out = [
+            (ThreadRef(t, created), latest)
+            for (created, t), head, latest in zip(listed, heads, found)
+            if head.created == created
+        ]
+        return out, page[0].get("NextContinuationToken")
+
+    def created(self, thread_id: str) -> Op[int | None]:
+        head = yield from self._read_head(thread_id)
+        return head.created or None
+
+    def runs(self, run_ids: list[str]) -> Op[dict[str, list[str]]]:
+        found: dict[str, list[str]] = {r: [] for r in run_ids}
+        pending: dict[str, str | None] = {r: None for r in run_ids}
+        while pending:
+            order = list(pending)
+            pages = yield from request(*(self.s3.list_keys(self.layout.runs_dir(r), pending[r]) for r in order))
+            pending = {}
+            for run_id, page in zip(order, pages):
+                prefix = self.layout.runs_dir(run_id)
+                found[run_id] += [decode(o["Key"][len(prefix) :]) for o in page.get("Contents", [])]
+                if page.get("NextContinuationToken"):
+                    pending[run_id] = page["NextContinuationToken"]
+        return found
+
+    def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:
+        yield from _delete_keys(self.s3, [self.layout.run_key(r, t) for r, t in pairs])
+
     def all_threads(self) -> Op[list[CheckpointEntry]]:
         """Lists the manifests (the admin path), then reads every head and segment."""
         threads: list[str] = []
@@ -364,13 +435,12 @@ class ManifestIndex(Index):
                 break
         out: list[CheckpointEntry] = []
         for thread_id in threads:
-            head = yield from self._read_head(thread_id)
-            out += [_with_writes(e, head.writes) for e in head.entries]
-            for entries, writes in (yield from self._load_segments(thread_id, head.segments)):
-                out += [_with_writes(e, writes + head.writes) for e in entries]
+            out += [e for e in (yield from self.contents(thread_id)) if not e.hidden]
         return out
 
-    def restore(self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry]) -> Op[None]:
+    def restore(
+        self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int
+    ) -> Op[None]:
         head = yield from self._read_head(thread_id)
         # What an interrupted delete buried stays deleted.
         buried = {_grave_key(e) for e in head.graveyard}
@@ -383,13 +453,16 @@ class ManifestIndex(Index):
                 entries=[replace(e, gen=h.gen, writes=[]) for e in entries],
                 writes=[replace(w, gen=h.gen) for w in writes],
                 segments=[],
+                created=h.created or created,
             )
 
         installed = yield from self._update(thread_id, install, head)
+        if not head.created:
+            yield from self.note(thread_id, installed.created, None)
         old = [r for r in head.segments if r not in installed.segments]
         yield from _delete_keys(self.s3, [self.layout.segment_key(thread_id, r.number, r.token) for r in old])
 
-    # -- delete and copy ---------------------------------------------------------------
+    # -- delete, prune and copy ----------------------------------------------------------
     def delete_thread(
         self, thread_id: str, now: int, delete_objects: Callable[[list[IndexEntry]], Op[None]]
     ) -> Op[None]:
@@ -408,28 +481,91 @@ class ManifestIndex(Index):
                 deleted_at=now,
                 graveyard=[*h.graveyard, *h.entries, *h.writes],
                 graveyard_segments=[*h.graveyard_segments, *h.segments],
+                retired=h.retired,
+                # Kept until the graveyard is cleared, to find the listing entry.
+                created=h.created,
             )
 
         head = yield from self._update(thread_id, bury, head)
-        segments = yield from self._load_segments(thread_id, head.graveyard_segments)
-        for entries, writes in segments:
+        cleared = yield from self._clear_graveyard(head, delete_objects, unlist=True)
+        if head.created and not cleared.created:
+            yield from _delete_keys(self.s3, [self.layout.listing_key(head.created, thread_id)])
+
+    def drop(
+        self,
+        thread_id: str,
+        hide: list[CheckpointEntry],
+        drop: list[CheckpointEntry],
+        doomed: list[IndexEntry],
+        delete_objects: Callable[[list[IndexEntry]], Op[None]],
+    ) -> Op[None]:
+        """One swap installs the thread's history without the dropped checkpoints
+        (in new segments and head; the old segments retire), with ``doomed`` in
+        the graveyard until their objects are deleted."""
+        hidden = {(e.ns, e.checkpoint_id) for e in hide}
+        dropped = {(e.ns, e.checkpoint_id) for e in drop}
+        for _ in range(_MAX_SWAPS):
+            head = yield from self._read_head(thread_id)
+            entries = yield from self._contents(head)
+            known = {(e.ns, e.checkpoint_id) for e in entries}
+            new = replace(
+                head,
+                entries=[
+                    replace(e, writes=[], hidden=e.hidden or (e.ns, e.checkpoint_id) in hidden)
+                    for e in entries
+                    if (e.ns, e.checkpoint_id) not in dropped
+                ],
+                writes=[w for e in entries if (e.ns, e.checkpoint_id) not in dropped for w in e.writes or ()]
+                # Writes that came before their checkpoint: a run in flight's.
+                + [w for w in head.writes if (w.ns, w.checkpoint_id) not in known],
+                segments=[],
+                retired=[*head.retired, *head.segments],
+                graveyard=[*head.graveyard, *doomed],
+            )
+            plan = _plan_seal(self.layout, new) if len(new.entries) > KEEP_IN_HEAD else None
+            if plan is not None:
+                # Objects first: the segments exist before the head that refers to them.
+                yield from put_immutable(self.s3, dict(plan.objects))
+                _apply_seal(new, plan)
+            if (yield from self._swap(head, new)):
+                yield from self._clear_graveyard(new, delete_objects, unlist=False)
+                return
+            if plan is not None:
+                yield from _delete_keys(self.s3, [k for k, _ in plan.objects])  # another writer came first
+        raise S3SaverError(
+            f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
+            f"other writers; prune gave up after {_MAX_SWAPS} attempts (nothing was removed)"
+        )
+
+    def _clear_graveyard(
+        self, head: Head, delete_objects: Callable[[list[IndexEntry]], Op[None]], unlist: bool
+    ) -> Op[Head]:
+        """Delete what ``head``'s graveyard holds (its entries' objects, the objects
+        of every entry in its buried segments, retired segments), then take that
+        out of the head. ``unlist``: the thread's listing time goes too, unless
+        the thread was written to again meanwhile."""
+        thread_id = head.thread_id
+        for entries, writes in (yield from self._load_segments(thread_id, head.graveyard_segments)):
             yield from delete_objects([*entries, *writes])
         yield from delete_objects(list(head.graveyard))
-        keys = [self.layout.segment_key(thread_id, r.number, r.token) for r in head.graveyard_segments]
-        yield from _delete_keys(self.s3, keys)
+        refs = [*head.graveyard_segments, *head.retired]
+        yield from _delete_keys(self.s3, [self.layout.segment_key(thread_id, r.number, r.token) for r in refs])
         buried = {_grave_key(e) for e in head.graveyard}
 
         def clear(h: Head) -> Head | None:
-            if not h.graveyard and not h.graveyard_segments:
+            unlisted = unlist and h.created and not h.entries
+            if not h.graveyard and not h.graveyard_segments and not h.retired and not unlisted:
                 return None
-            # Only what this delete removed: a later delete may have buried more meanwhile.
+            # Only what this call removed: another may have buried more meanwhile.
             return replace(
                 h,
                 graveyard=[e for e in h.graveyard if _grave_key(e) not in buried],
                 graveyard_segments=[r for r in h.graveyard_segments if r not in head.graveyard_segments],
+                retired=[r for r in h.retired if r not in head.retired],
+                created=0 if unlisted else h.created,
             )
 
-        yield from self._update(thread_id, clear, head)
+        return (yield from self._update(thread_id, clear, head))
 
     def copy_thread(
         self,
@@ -437,6 +573,7 @@ class ManifestIndex(Index):
         dest: str,
         copy_objects: Callable[[list[IndexEntry]], Op[None]],
         expired: Callable[[CheckpointEntry], bool],
+        now: int,
     ) -> Op[None]:
         """Objects, then the target's segments, then its head in one swap: a copy
         cut short leaves the target as it was (a call again does it all)."""
@@ -448,14 +585,8 @@ class ManifestIndex(Index):
                 f"thread {dest!r} already has checkpoints of its own ({self.describe()}); copy_thread "
                 "copies into an empty thread (delete_thread it first)"
             )
-        entries: list[CheckpointEntry] = []
-        writes: list[WritesEntry] = []
-        for seg_entries, seg_writes in (yield from self._load_segments(source, src.segments)):
-            entries += seg_entries
-            writes += seg_writes
-        entries = [e for e in [*entries, *src.entries] if not expired(e)]
-        kept = {(e.ns, e.checkpoint_id) for e in entries}
-        writes = [w for w in [*writes, *src.writes] if (w.ns, w.checkpoint_id) in kept]
+        entries = [e for e in (yield from self._contents(src)) if not expired(e)]
+        writes = [w for e in entries for w in e.writes or ()]
         yield from copy_objects([*entries, *writes])
 
         def install(h: Head) -> Head | None:
@@ -467,9 +598,12 @@ class ManifestIndex(Index):
                 writes=[replace(w, thread_id=dest, gen=h.gen) for w in writes],
                 segments=[],
                 copied_from=source,
+                created=h.created or now,
             )
 
         installed = yield from self._update(dest, install, target)
+        if not target.created:
+            yield from self.note(dest, installed.created, None)
         # An earlier copy's segments (brought up to date above) are not referenced any more.
         old = [r for r in target.segments if r not in installed.segments]
         yield from _delete_keys(self.s3, [self.layout.segment_key(dest, r.number, r.token) for r in old])
@@ -540,7 +674,7 @@ def _in(entries: list[CheckpointEntry], ns: str, checkpoint_id: str) -> Checkpoi
 
 
 def _newest(entries: list[CheckpointEntry], ns: str) -> CheckpointEntry | None:
-    return max((e for e in entries if e.ns == ns), key=lambda e: e.checkpoint_id, default=None)
+    return max((e for e in entries if e.ns == ns and not e.hidden), key=lambda e: e.checkpoint_id, default=None)
 
 
 def _with_writes(entry: CheckpointEntry, writes: list[WritesEntry]) -> CheckpointEntry:

@@ -57,6 +57,10 @@ class Head:
     graveyard: list[CheckpointEntry | WritesEntry] = field(default_factory=list)
     graveyard_segments: list[SegmentRef] = field(default_factory=list)
     copied_from: str | None = None
+    # When the thread was listed (0: it is not); see ManifestIndex.threads.
+    created: int = 0
+    # Segments a prune replaced: their objects go once nothing refers to them.
+    retired: list[SegmentRef] = field(default_factory=list)
     etag: str | None = None  # of the stored head this was read from (None: no head)
 
 
@@ -75,6 +79,8 @@ def encode_head(head: Head) -> bytes:
             "graveyard_writes": [_encode_write(w, 0) for w in head.graveyard if isinstance(w, WritesEntry)],
             "graveyard_segments": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.graveyard_segments],
             "copied_from": head.copied_from,
+            "created": head.created,
+            "retired": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.retired],
         }
     )
 
@@ -95,6 +101,8 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         ],
         graveyard_segments=[SegmentRef(*r) for r in doc["graveyard_segments"]],
         copied_from=doc["copied_from"],
+        created=doc.get("created", 0),
+        retired=[SegmentRef(*r) for r in doc.get("retired", [])],
         etag=etag,
     )
 
@@ -120,6 +128,8 @@ def _tips(entries: list[CheckpointEntry]) -> set[tuple[str, str]]:
     checkpoints whose objects hold the values it carries: what "latest" reads."""
     newest: dict[str, CheckpointEntry] = {}
     for e in entries:
+        if e.hidden:
+            continue
         if e.ns not in newest or e.checkpoint_id > newest[e.ns].checkpoint_id:
             newest[e.ns] = e
     keep = set()
@@ -146,14 +156,17 @@ def _encode_entries(
         meta = list(e.metadata) if e.metadata is not None and len(e.metadata[1]) <= META_MAX else None
         keep = bodies_for is None or (e.ns, e.checkpoint_id) in bodies_for
         body = e.body if keep and e.body is not None and len(e.body) <= body_max else None
-        out.append([e.ns, e.checkpoint_id, e.parent_id, e.gen, e.expires_at, meta, body, loc])
+        out.append([e.ns, e.checkpoint_id, e.parent_id, e.gen, e.expires_at, meta, body, loc, e.run_id, e.hidden])
     return out
 
 
 def _decode_entries(thread_id: str, rows: list[list[Any]]) -> list[CheckpointEntry]:
     locs: dict[tuple[str, str], Loc] = {}
     out = []
-    for ns, cid, parent_id, gen, expires_at, meta, body, loc in rows:
+    for row in rows:
+        # Rows written before run ids and prune's hidden mark have 8 fields.
+        ns, cid, parent_id, gen, expires_at, meta, body, loc = row[:8]
+        run_id, hidden = row[8:10] if len(row) >= 10 else (None, False)
         if loc[0] == _FULL:
             full = {ch: tuple(v) for ch, v in loc[1].items()}
         else:
@@ -171,6 +184,8 @@ def _decode_entries(thread_id: str, rows: list[list[Any]]) -> list[CheckpointEnt
             expires_at=expires_at,
             gen=gen,
             writes=[],
+            run_id=run_id,
+            hidden=hidden,
         )
         out.append(entry)
     return out

@@ -54,6 +54,25 @@ class LocCache:
                 del self._data[key]
 
 
+class Noted:
+    """The (run, thread) hints this process has written: each is written once."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._data: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, pair: tuple[str, str]) -> bool:
+        with self._lock:
+            return pair in self._data
+
+    def add(self, pair: tuple[str, str]) -> None:
+        with self._lock:
+            self._data[pair] = None
+            while len(self._data) > self._size:
+                self._data.popitem(last=False)
+
+
 @dataclass
 class Context:
     layout: KeyLayout
@@ -63,6 +82,7 @@ class Context:
     inline_threshold: int
     ttl_seconds: int | None
     locs: LocCache = field(default_factory=LocCache)
+    noted: Noted = field(default_factory=Noted)
 
     def now(self) -> int:
         return int(time.time())

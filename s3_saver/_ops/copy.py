@@ -22,4 +22,4 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
         pairs = dict(zip(object_keys(ctx, entries), object_keys(ctx, entries, dest)))
         yield from copy_immutable(ctx.s3, pairs)
 
-    yield from ctx.index.copy_thread(source, dest, copy_objects, ctx.expired)
+    yield from ctx.index.copy_thread(source, dest, copy_objects, ctx.expired, ctx.now())

@@ -72,6 +72,7 @@ def put(
         _carry(ctx, carried, known[0], values, now, loc, fresh)
 
     serialized = {ch: ctx.serde.dumps_typed(values[ch]) for ch in fresh}
+    merged_metadata = get_checkpoint_metadata(config, metadata)
     inline, blobs = _split(ctx, serialized, loc_estimate)
     record = {
         # The thread and namespace are in the key, not the body, so copy_thread
@@ -80,7 +81,7 @@ def put(
         "checkpoint_id": checkpoint_id,
         "parent_checkpoint_id": parent_id,
         "checkpoint": list(ctx.serde.dumps_typed({k: v for k, v in checkpoint.items() if k != "channel_values"})),
-        "metadata": list(ctx.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
+        "metadata": list(ctx.serde.dumps_typed(merged_metadata)),
         "values": {ch: [fresh[ch], *serialized[ch]] for ch in inline},
         "blobs": {ch: fresh[ch] for ch in blobs},
     }
@@ -96,11 +97,13 @@ def put(
     # stays deleted), and so is the parent's item when this process has not
     # seen it (cold start, another writer): the common case costs no extra trip.
     fetch_parent = known is None
-    _, (gen, parent) = yield from gather(
+    _, prepared = yield from gather(
         put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None)
     )
+    gen, parent = prepared.gen, prepared.parent
     if fetch_parent:
-        known = (parent.loc, parent.gen) if parent is not None else None
+        # A hidden parent was taken out by prune: its values may be gone.
+        known = (parent.loc, parent.gen) if parent is not None and not parent.hidden else None
     if gen and parent_id is not None and (known is None or known[1] < gen):
         # The parent was deleted after this run read it: refuse to continue the
         # deleted history, and take back what was just written.
@@ -136,9 +139,21 @@ def put(
         # expire (values it points at are at most ttl/2 old, see _carry).
         expires_at=now + ctx.ttl_seconds if ctx.ttl_seconds else None,
         gen=gen,
+        run_id=run_of(merged_metadata),
     )
-    # The commit point: objects first, index entry last.
-    yield from _committed(ctx, ctx.index.commit_checkpoint(entry), list(objects))
+    # A thread starts with a root checkpoint that has no parent: the first one
+    # lists the thread (a run that starts it afresh after a delete, again).
+    created = now if parent_id is None and ns == "" and not prepared.listed else None
+    run = entry.run_id if entry.run_id is not None and (entry.run_id, thread_id) not in ctx.noted else None
+    # The commit point: objects first, index entry last. The records that find
+    # the thread (listing, run) go beside it: hints, a failed commit's find nothing.
+    commit = _committed(ctx, ctx.index.commit_checkpoint(entry, created), list(objects))
+    if created is None and run is None:
+        yield from commit
+    else:
+        yield from gather(commit, ctx.index.note(thread_id, created, run))
+        if run is not None:
+            ctx.noted.add((run, thread_id))
     ctx.locs.put((thread_id, ns, checkpoint_id), (loc, gen))
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
@@ -185,7 +200,8 @@ def put_writes(
         entries.append(WritesEntry(thread_id, ns, checkpoint_id, task_id, part, token, body))
     if not entries:
         return
-    _, (gen, _) = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None))
+    _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None))
+    gen = prepared.gen
     known = ctx.locs.get((thread_id, ns, checkpoint_id))
     if gen and known is not None and known[1] < gen:
         yield from _take_back(ctx, list(objects))
@@ -211,6 +227,13 @@ def put_writes(
 
 
 # -- helpers ---------------------------------------------------------------------
+def run_of(metadata: Any) -> str | None:
+    """The run a checkpoint belongs to: metadata "run_id" (LangGraph's server and
+    callers set it through ``config["metadata"]``)."""
+    run_id = (metadata or {}).get("run_id")
+    return None if run_id is None or run_id == "" else str(run_id)
+
+
 def _carry(
     ctx: Context,
     carried: dict[str, Any],

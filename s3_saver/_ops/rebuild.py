@@ -32,7 +32,8 @@ from s3_saver._index.base import (
 )
 from s3_saver._keys import ObjectKey
 from s3_saver._ops.context import Context, target
-from s3_saver._protocol import Op, request, request_one
+from s3_saver._ops.put import run_of
+from s3_saver._protocol import Op, gather, request, request_one
 
 _GET_WAVE = 100  # objects read per round trip
 
@@ -88,6 +89,7 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed]) -> Op[in
     for parsed, key, written, record in records:
         where = f"checkpoint {parsed.checkpoint_id} of thread {thread_id!r}"
         checkpoint = loads(ctx.serde, typed(record["checkpoint"]), where)
+        metadata = loads(ctx.serde, typed(record["metadata"]), f"metadata of {where}")
         loc: Loc = {}
         for channel, version in checkpoint.get("channel_versions", {}).items():
             found = _pick(copies.get((parsed.ns, channel, version), []), parsed.checkpoint_id, written)
@@ -103,6 +105,7 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed]) -> Op[in
                 body=bodies[key],
                 metadata=typed(record["metadata"]),
                 expires_at=written + ctx.ttl_seconds if ctx.ttl_seconds else None,
+                run_id=run_of(metadata),
             )
         )
 
@@ -127,7 +130,11 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed]) -> Op[in
         first = parsed.part.startswith(REGULAR_PART)
         if held is None or ((written, parsed.token) < held[:2]) == first:
             slots[slot] = (written, parsed.token, entry)
-    yield from ctx.index.restore(thread_id, entries, [entry for _, _, entry in slots.values()])
+    # Listed as created when its oldest object was written; the run hints again.
+    created = min((written for _, _, written, _ in records), default=ctx.now())
+    yield from ctx.index.restore(thread_id, entries, [entry for _, _, entry in slots.values()], created)
+    runs = sorted({e.run_id for e in entries if e.run_id is not None})
+    yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
     ctx.locs.forget_thread(thread_id)
     return len(entries)
 
