@@ -1,0 +1,240 @@
+"""prune and delete_for_runs on real graphs: what stays reads exactly as before (DeltaChannel
+included), what goes is gone from the index and the bucket, in both index modes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypedDict
+
+import boto3
+import pytest
+from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
+
+from conftest import BUCKET, make_saver
+from s3_saver import ConfigurationError
+from s3_saver._drivers.sync import SyncDriver
+
+
+def _concat(state: list, writes: list) -> list:
+    out = list(state)
+    for w in writes:
+        out.extend(w)
+    return out
+
+
+class State(TypedDict):
+    # A snapshot every 4 updates: a history of 9 turns crosses several.
+    log: Annotated[list, DeltaChannel(_concat, snapshot_frequency=4)]
+    doc: str  # written once: every later checkpoint reads it from the first one's object
+    turn: int
+
+
+def _graph(saver):
+    def step_a(state: State) -> dict:
+        return {"log": [f"a{state.get('turn', 0)}"]}
+
+    def step_b(state: State) -> dict:
+        out: dict[str, Any] = {"log": [f"b{state.get('turn', 0)}"], "turn": state.get("turn", 0) + 1}
+        if not state.get("doc"):
+            out["doc"] = "D" * 2_000
+        return out
+
+    builder = StateGraph(State)
+    builder.add_node("a", step_a)
+    builder.add_node("b", step_b)
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    return builder.compile(checkpointer=saver)
+
+
+def _run(graphs, thread_id: str, turns: range, run_id: str | None = None) -> None:
+    for turn in turns:
+        cfg: dict[str, Any] = {"configurable": {"thread_id": thread_id}}
+        if run_id is not None:
+            cfg["metadata"] = {"run_id": run_id}
+        for graph in graphs:
+            graph.invoke({"log": [f"in{turn}"]}, cfg)
+
+
+def _values(graph, thread_id: str) -> list[dict]:
+    return [s.values for s in graph.get_state_history({"configurable": {"thread_id": thread_id}})]
+
+
+def _objects(endpoint: str, prefix: str) -> list[str]:
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def test_prune_keep_latest_keeps_delta_state_and_values(endpoint, index_mode) -> None:
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    ours, ref = _graph(saver), _graph(InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    _run((ours, ref), "t", range(9))
+    before = _objects(endpoint, "live/t/")
+    saver.prune(["t"])
+
+    # One checkpoint left in the history, whose state (the delta channel rebuilt
+    # from hidden ancestors' writes, "doc" from the first checkpoint's object) is
+    # the reference's.
+    assert [t.checkpoint["id"] for t in saver.list(cfg)] == [ours.get_state(cfg).config["configurable"]["checkpoint_id"]]
+    assert ours.get_state(cfg).values == ref.get_state(cfg).values
+    after = _objects(endpoint, "live/t/")
+    assert len(after) < len(before) / 2, (len(after), len(before))
+    # Another process (nothing cached) reads the same, and the thread goes on.
+    other = make_saver(endpoint, index_mode)
+    assert _graph(other).get_state(cfg).values == ref.get_state(cfg).values
+    _run((_graph(other), ref), "t", range(9, 12))
+    assert _values(_graph(other), "t")[:7] == _values(ref, "t")[:7]
+    # A second prune finds what the first kept hidden and needs no more.
+    other.prune(["t"])
+    assert _graph(other).get_state(cfg).values == ref.get_state(cfg).values
+    assert len(list(other.list(cfg))) == 1
+    saver.close()
+    other.close()
+
+
+def test_prune_keep_last_then_fork_and_copy(endpoint, index_mode) -> None:
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    ours, ref = _graph(saver), _graph(InMemorySaver())
+    _run((ours, ref), "t", range(8))
+    saver.prune(["t"], keep_last=3)
+    assert _values(ours, "t") == _values(ref, "t")[:3]
+
+    # Fork from the oldest checkpoint kept: its delta state comes from hidden ancestors.
+    oldest = list(ours.get_state_history({"configurable": {"thread_id": "t"}}))[-1].config
+    ref_oldest = list(ref.get_state_history({"configurable": {"thread_id": "t"}}))[2].config
+    forked = ours.update_state(oldest, {"log": ["fork"]})
+    ref_forked = ref.update_state(ref_oldest, {"log": ["fork"]})
+    ours.invoke(None, forked)
+    ref.invoke(None, ref_forked)
+    cfg = {"configurable": {"thread_id": "t"}}
+    assert ours.get_state(cfg).values == ref.get_state(cfg).values
+
+    saver.copy_thread("t", "t-copy")
+    copy_cfg = {"configurable": {"thread_id": "t-copy"}}
+    assert ours.get_state(copy_cfg).values == ref.get_state(cfg).values
+    assert _values(ours, "t-copy") == _values(ours, "t")
+    saver.close()
+
+
+async def test_aprune_and_adelete_for_runs(endpoint, index_mode) -> None:
+    saver = make_saver(endpoint, index_mode)
+    await saver.asetup()
+    ours, ref = _graph(saver), _graph(InMemorySaver())
+    for turn in range(6):
+        cfg = {"configurable": {"thread_id": "t"}, "metadata": {"run_id": f"r{turn % 2}"}}
+        await ours.ainvoke({"log": [f"in{turn}"]}, cfg)
+        await ref.ainvoke({"log": [f"in{turn}"]}, cfg)
+    # A turn writes 4 checkpoints: the newest 6 are turn 5's (run r1) and two of turn 4's (r0).
+    await saver.aprune(["t"], keep_last=6)
+    cfg = {"configurable": {"thread_id": "t"}}
+    kept = [s async for s in ours.aget_state_history(cfg)]
+    assert [s.values for s in kept] == _values(ref, "t")[:6]
+    assert [s.metadata["run_id"] for s in kept] == ["r1"] * 4 + ["r0"] * 2
+    await saver.adelete_for_runs(["r0"])
+    assert [s.values async for s in ours.aget_state_history(cfg)] == _values(ref, "t")[:4]
+    await saver.aclose()
+
+
+def test_delete_for_runs_removes_one_run_of_three_and_a_fork(endpoint, index_mode) -> None:
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    ours, ref = _graph(saver), _graph(InMemorySaver())
+    _run((ours, ref), "t", range(0, 3), run_id="r1")
+    _run((ours, ref), "t", range(3, 6), run_id="r2")
+    _run((ours, ref), "t", range(6, 8), run_id="r3")
+    _run((ours, ref), "other", range(2), run_id="r2")  # r2 wrote to another thread too
+    # A fork from r1's last checkpoint, by a fourth run.
+    cfg = {"configurable": {"thread_id": "t"}}
+    fork_run = {"metadata": {"run_id": "rf"}}
+    for graph in (ours, ref):
+        point = next(s for s in graph.get_state_history(cfg) if s.metadata.get("run_id") == "r1").config
+        graph.invoke({"log": ["fork"]}, {**point, **fork_run})
+    history = list(ours.get_state_history(cfg))
+    assert [s.values for s in history] == _values(ref, "t")
+    kept = [s for s in history if s.metadata.get("run_id") != "r2"]
+    assert len(kept) < len(history)
+
+    saver.delete_for_runs(["r2"])
+    reader = make_saver(endpoint, index_mode)  # another process: nothing cached
+    graph = _graph(reader)
+    after = list(graph.get_state_history(cfg))
+    assert [s.config for s in after] == [s.config for s in kept]
+    assert [s.values for s in after] == [s.values for s in kept]
+    # Each remaining checkpoint reads alone as it did (r3's delta state runs through r2's hidden writes).
+    for state in kept:
+        assert graph.get_state(state.config).values == state.values
+    assert list(reader.list({"configurable": {"thread_id": "other"}})) == []
+    # Running it again finds nothing more to do: the run hints are gone.
+    reader.stats.reset()
+    reader.delete_for_runs(["r2"])
+    assert reader.stats.snapshot().total_requests == 1
+    for s in (saver, reader):
+        s.close()
+
+
+def test_prune_cut_short_at_any_round_trip_keeps_what_it_keeps(endpoint, index_mode, monkeypatch) -> None:
+    writer = make_saver(endpoint, index_mode)
+    writer.setup()
+    ref = _graph(InMemorySaver())
+    _run((_graph(writer), ref), "twin", range(6))
+    writer.stats.reset()
+    writer.prune(["twin"], keep_last=2)
+    total = writer.stats.round_trips
+    assert total >= 3
+    expected = _values(ref, "twin")[:2]
+
+    for cut in range(total):
+        thread_id = f"t{cut}"
+        _run((_graph(writer),), thread_id, range(6))
+        pruner = make_saver(endpoint, index_mode)
+        with monkeypatch.context() as patch:
+            _cut_after(patch, cut)
+            with pytest.raises(ConnectionError):
+                pruner.prune([thread_id], keep_last=2)
+        reader = _graph(make_saver(endpoint, index_mode))
+        seen = _values(reader, thread_id)
+        assert seen[:2] == expected, cut  # the kept ones read whole, whatever else is left
+        pruner.prune([thread_id], keep_last=2)  # run again, it completes
+        assert _values(reader, thread_id) == expected, cut
+    writer.close()
+
+
+def _cut_after(monkeypatch, waves: int) -> None:
+    left = [waves]
+    real = SyncDriver._wave
+
+    def wave(driver, calls):
+        if left[0] == 0:
+            raise ConnectionError("the Lambda timed out")
+        left[0] -= 1
+        return real(driver, calls)
+
+    monkeypatch.setattr(SyncDriver, "_wave", wave)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda s: s.prune("thread-1"), "thread_ids must be a list"),
+        (lambda s: s.prune(["t"], strategy="keep_oldest"), "unknown prune strategy 'keep_oldest'"),
+        (lambda s: s.prune(["t"], keep_last=0), "keep_last must be an int >= 1"),
+        (lambda s: s.prune(["t"], strategy="delete", keep_last=2), "keep_last goes with strategy='keep_latest'"),
+        (lambda s: s.prune([""]), "non-empty"),
+        (lambda s: s.delete_for_runs("run-1"), "run_ids must be a list"),
+        (lambda s: s.delete_for_runs([None]), "non-empty"),
+    ],
+)
+def test_wrong_arguments_are_refused_and_nothing_is_removed(endpoint, call, message) -> None:
+    saver = make_saver(endpoint)
+    saver.setup()
+    _run((_graph(saver),), "t", range(2))
+    before = _objects(endpoint, "live/")
+    with pytest.raises(ConfigurationError, match=message):
+        call(saver)
+    assert _objects(endpoint, "live/") == before
+    saver.close()
