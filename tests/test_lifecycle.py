@@ -238,3 +238,79 @@ def test_wrong_arguments_are_refused_and_nothing_is_removed(endpoint, call, mess
         call(saver)
     assert _objects(endpoint, "live/") == before
     saver.close()
+
+
+def _thread_of_runs(saver, thread_id: str, length: int = 100, runs: int = 5) -> None:
+    """``length`` checkpoints in ``runs`` runs, each with a pending write; "doc" never changes."""
+    from helpers import checkpoint, config
+
+    stored = config(thread_id)
+    version = None
+    for step in range(length):
+        version = saver.get_next_version(version, None)
+        versions = {"counter": version, "doc": "1"}
+        cp = checkpoint({"counter": step, "doc": "a document"}, versions)
+        meta = {"source": "loop", "step": step, "run_id": f"{thread_id}-run-{step * runs // length}"}
+        stored = saver.put(stored, cp, meta, {"counter": version} if step else versions)
+        saver.put_writes(stored, [("counter", step + 1)], f"task-{step}")
+
+
+def _costs(saver, suffix: str) -> dict[str, tuple[int, dict[str, int]]]:
+    out = {}
+    for name, prepare, call in (
+        ("prune keep_latest", "p", lambda: saver.prune([f"p{suffix}"])),
+        ("delete_for_runs (1 run of 5)", "d", lambda: saver.delete_for_runs([f"d{suffix}-run-2"])),
+        ("copy_thread", "c", lambda: saver.copy_thread(f"c{suffix}", f"c-copy{suffix}")),
+        ("list_threads(limit=3)", None, lambda: list(saver.list_threads(limit=3))),
+    ):
+        if prepare is not None:
+            _thread_of_runs(saver, f"{prepare}{suffix}")
+        saver.stats.reset()
+        call()
+        stats = saver.stats.snapshot()
+        out[name] = (stats.round_trips, {f"{svc}:{op}": n for (svc, op), n in sorted(stats.requests.items())})
+    return out
+
+
+# (round trips, requests) on a 100-checkpoint thread with a pending write per checkpoint.
+LIFECYCLE_COSTS = {
+    "dynamodb": {
+        # Query of the thread (1 page), deletes of 99 items and 99 write items, their objects.
+        "prune keep_latest": (4, {"dynamodb:batch_write_item": 9, "dynamodb:query": 1, "s3:delete_objects": 1}),
+        # The run's hints, the thread, its 20 checkpoints and writes, their objects, the hints.
+        "delete_for_runs (1 run of 5)": (
+            5, {"dynamodb:batch_write_item": 3, "dynamodb:query": 2, "s3:delete_objects": 1}
+        ),
+        "copy_thread": (6, {
+            "dynamodb:batch_write_item": 8, "dynamodb:get_item": 1, "dynamodb:query": 3,
+            "dynamodb:transact_write_items": 1, "s3:copy_object": 200,
+        }),
+        "list_threads(limit=3)": (2, {"dynamodb:query": 4}),
+    },
+    "manifest": {
+        # The head, its segments, one swap, the objects and retired segments, the swap that clears.
+        "prune keep_latest": (5, {"s3:delete_objects": 2, "s3:get_object": 3, "s3:put_object": 2}),
+        "delete_for_runs (1 run of 5)": (
+            8, {"s3:delete_objects": 3, "s3:get_object": 3, "s3:list_objects_v2": 1, "s3:put_object": 3}
+        ),
+        "copy_thread": (7, {"s3:copy_object": 200, "s3:get_object": 4, "s3:put_object": 4}),
+        "list_threads(limit=3)": (2, {"s3:get_object": 3, "s3:list_objects_v2": 1}),
+    },
+}
+
+
+def test_lifecycle_costs_grow_with_what_they_touch_not_with_the_store(endpoint, index_mode) -> None:
+    """prune, delete_for_runs and copy_thread on a 100-checkpoint thread cost the same
+    with a large unrelated thread (and other threads) beside it: they read the
+    index of what they touch, never a table scan or a listing of ``live/``."""
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    alone = _costs(saver, "")
+    _thread_of_runs(saver, "large-unrelated", length=400, runs=8)
+    beside = _costs(saver, "-2")
+    print(f"\n{index_mode}: " + "\n".join(f"{k}: {v}" for k, v in alone.items()))
+    assert beside == alone
+    assert alone == LIFECYCLE_COSTS[index_mode]
+    for _, requests in alone.values():
+        assert "dynamodb:scan" not in requests
+    saver.close()

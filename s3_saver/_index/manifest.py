@@ -504,8 +504,10 @@ class ManifestIndex(Index):
         the graveyard until their objects are deleted."""
         hidden = {(e.ns, e.checkpoint_id) for e in hide}
         dropped = {(e.ns, e.checkpoint_id) for e in drop}
+        head = self._cached(thread_id)  # as the caller read it; a lost swap reads it again
         for _ in range(_MAX_SWAPS):
-            head = yield from self._read_head(thread_id)
+            if head is None:
+                head = yield from self._read_head(thread_id)
             entries = yield from self._contents(head)
             known = {(e.ns, e.checkpoint_id) for e in entries}
             new = replace(
@@ -532,6 +534,7 @@ class ManifestIndex(Index):
                 return
             if plan is not None:
                 yield from _delete_keys(self.s3, [k for k, _ in plan.objects])  # another writer came first
+            head = None
         raise S3SaverError(
             f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
             f"other writers; prune gave up after {_MAX_SWAPS} attempts (nothing was removed)"
@@ -545,11 +548,17 @@ class ManifestIndex(Index):
         out of the head. ``unlist``: the thread's listing time goes too, unless
         the thread was written to again meanwhile."""
         thread_id = head.thread_id
+        buried_entries: list[IndexEntry] = list(head.graveyard)
         for entries, writes in (yield from self._load_segments(thread_id, head.graveyard_segments)):
-            yield from delete_objects([*entries, *writes])
-        yield from delete_objects(list(head.graveyard))
-        refs = [*head.graveyard_segments, *head.retired]
-        yield from _delete_keys(self.s3, [self.layout.segment_key(thread_id, r.number, r.token) for r in refs])
+            buried_entries += [*entries, *writes]
+
+        def segment_keys(refs: list[SegmentRef]) -> list[str]:
+            return [self.layout.segment_key(thread_id, r.number, r.token) for r in refs]
+
+        # A buried segment goes after the objects it lists (a call again needs
+        # it to find them); a retired one lists nothing that goes.
+        yield from gather(delete_objects(buried_entries), _delete_keys(self.s3, segment_keys(head.retired)))
+        yield from _delete_keys(self.s3, segment_keys(head.graveyard_segments))
         buried = {_grave_key(e) for e in head.graveyard}
 
         def clear(h: Head) -> Head | None:
