@@ -39,6 +39,9 @@ ENTRY_BUDGET = 400 * 1024 - 8 * 1024
 
 Key3 = tuple[str, str, str]  # (thread_id, checkpoint_ns, checkpoint_id)
 Loc = dict[str, tuple[Any, str, int, int]]
+# How many ancestors a walk from this checkpoint probably reads (None: no idea);
+# a backend that reads the chain in pieces reads that many at once.
+DepthHint = Callable[["CheckpointEntry"], "int | None"]
 
 
 @dataclass
@@ -200,7 +203,7 @@ class Index(ABC):
 
     @abstractmethod
     def ancestors(
-        self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str]
+        self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str], depth_hint: DepthHint | None = None
     ) -> Op[tuple[CheckpointEntry | None, list[CheckpointEntry]]]:
         """The checkpoint (None: not found) and its parent chain (parent first) with
         writes, until every channel is seeded (in an entry's ``loc``) or the root

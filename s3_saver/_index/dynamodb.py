@@ -15,6 +15,7 @@ from s3_saver import _keys
 from s3_saver._index.base import (
     REGULAR_PART,
     CheckpointEntry,
+    DepthHint,
     Index,
     IndexEntry,
     Key3,
@@ -300,10 +301,17 @@ class DynamoIndex(Index):
         return complete, state
 
     def ancestors(
-        self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str]
+        self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str], depth_hint: DepthHint | None = None
     ) -> Op[tuple[CheckpointEntry | None, list[CheckpointEntry]]]:
         """One newest-first Query stream below the target, walked in memory: the
-        round trips depend on how many 1 MB pages the ancestors fill, not on their number."""
+        round trips depend on how many 1 MB pages the ancestors fill, not on their number.
+
+        ``depth_hint`` is of no use here: the pages follow each other (each starts
+        where the last ended), and DynamoDB counts the 1 MB of a page in whole
+        items before any ProjectionExpression, so leaving out bodies would trim
+        the answers, not the number of pages. Only the items' keys could be read
+        ahead, and nothing holds the ancestors' keys but the items themselves.
+        """
         upper = _keys.checkpoint_sort_key(ns, checkpoint_id)
         prefix = _keys.ns_sort_prefix(ns)
         chain: list[CheckpointEntry] = []

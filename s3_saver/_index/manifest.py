@@ -25,6 +25,7 @@ from typing import Any
 from s3_saver._index.base import (
     REGULAR_PART,
     CheckpointEntry,
+    DepthHint,
     Index,
     IndexEntry,
     Key3,
@@ -347,14 +348,44 @@ class ManifestIndex(Index):
         page.sort(key=lambda e: (e.ns, e.checkpoint_id), reverse=True)
         return page, ((head, refs) if refs else None)
 
+    def _load_into(
+        self, known: dict[str, CheckpointEntry], head: Head, refs: list[SegmentRef], ns: str, below: str
+    ) -> Op[int]:
+        """Load segments in one wave into ``known`` (checkpoints of ``ns`` by id,
+        with writes); returns how many of their checkpoints are older than ``below``."""
+        older = 0
+        for entries, writes in (yield from self._load_segments(head.thread_id, refs)):
+            known.update({e.checkpoint_id: _with_writes(e, writes + head.writes) for e in entries if e.ns == ns})
+            older += sum(e.checkpoint_id < below for e in entries)
+        return older
+
     def ancestors(
-        self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str]
+        self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str], depth_hint: DepthHint | None = None
     ) -> Op[tuple[CheckpointEntry | None, list[CheckpointEntry]]]:
-        """The chain from the head, then from older segments as the walk needs them."""
+        """The chain from the head, then from the sealed segments it reaches into.
+
+        A sealed target comes with the segment before its own. When the walk
+        runs past what was read, it reads as many segments as hold the
+        checkpoints ``depth_hint`` expects it to need (one without a hint), then
+        twice as many per wave: the round trips do not grow with the depth when
+        the hint is right, and grow as the log of the shortfall when it is not.
+        """
         head = yield from self._read_head(thread_id)
         known = {e.checkpoint_id: _with_writes(e, head.writes) for e in head.entries if e.ns == ns}
-        refs = list(head.segments)
-        target = yield from self._find(head, ns, checkpoint_id)
+        # A stack, newest on top; segments holding only checkpoints newer than the
+        # target go to the bottom: a parent is written before its child, its id is smaller.
+        refs = sorted(head.segments, key=lambda r: (r.min_id < checkpoint_id, r.number))
+        older = sum(e.checkpoint_id < checkpoint_id for e in head.entries)
+        if checkpoint_id not in known:
+            # A sealed target: its segment, with the one before it for its first ancestors.
+            own = [r for r in refs if r.min_id <= checkpoint_id <= r.max_id]
+            refs = [r for r in refs if r not in own]
+            if own:
+                before = [refs.pop()] if refs and refs[-1].min_id < checkpoint_id else []
+                older += yield from self._load_into(known, head, own + before, ns, checkpoint_id)
+        target = known.get(checkpoint_id)
+        expected = depth_hint(target) if target is not None and depth_hint is not None else None
+        wave = 0  # segments in the last wave
         chain: list[CheckpointEntry] = []
         unseeded = set(channels)
         cursor = target.parent_id if target is not None else None
@@ -363,8 +394,10 @@ class ManifestIndex(Index):
             if entry is None:
                 if not refs:
                     break
-                ((entries, writes),) = yield from self._load_segments(thread_id, [refs.pop()])
-                known.update({e.checkpoint_id: _with_writes(e, writes + head.writes) for e in entries if e.ns == ns})
+                more = (expected or 0) - older if not wave else 0
+                batch = _pop_wave(refs, 2 * wave or 1, more)
+                wave = len(batch)
+                older += yield from self._load_into(known, head, batch, ns, checkpoint_id)
                 continue
             chain.append(entry)
             unseeded -= set(entry.loc)
@@ -689,6 +722,16 @@ def _newest(entries: list[CheckpointEntry], ns: str) -> CheckpointEntry | None:
 def _with_writes(entry: CheckpointEntry, writes: list[WritesEntry]) -> CheckpointEntry:
     own = [w for w in writes if w.checkpoint_id == entry.checkpoint_id and w.ns == entry.ns]
     return replace(entry, writes=own)
+
+
+def _pop_wave(refs: list[SegmentRef], at_least: int, checkpoints: int) -> list[SegmentRef]:
+    """Take segments off the top of ``refs``: ``at_least`` of them, and more
+    while they do not yet hold ``checkpoints`` checkpoints."""
+    batch: list[SegmentRef] = []
+    while refs and (len(batch) < at_least or checkpoints > 0):
+        batch.append(refs.pop())
+        checkpoints -= batch[-1].count
+    return batch
 
 
 def _grave_key(entry: CheckpointEntry | WritesEntry) -> tuple[Any, ...]:

@@ -2,8 +2,9 @@
 
 The base class walks the parent chain with one get_tuple per ancestor. Here the
 index hands over the chain with its writes in as few reads as it can (see
-``Index.ancestors``), the walk happens in memory, and the seeds and large writes
-are fetched in one more wave.
+``Index.ancestors``; the target's metadata tells it how deep the walk will go),
+the walk happens in memory, and the seeds and large writes are fetched in one
+more wave.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import replace
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import DeltaChannelHistory, PendingWrite
 
-from s3_saver._index.base import CheckpointEntry
+from s3_saver._codec import loads
+from s3_saver._index.base import CheckpointEntry, DepthHint
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.resolve import Resolver, load
 from s3_saver._protocol import Op
@@ -32,7 +34,9 @@ def delta_channel_history(
             return {ch: {"writes": []} for ch in channels}
         checkpoint_id = latest.checkpoint_id
 
-    target_entry, chain = yield from ctx.index.ancestors(thread_id, ns, checkpoint_id, set(channels))
+    target_entry, chain = yield from ctx.index.ancestors(
+        thread_id, ns, checkpoint_id, set(channels), _depth_hint(ctx, channels)
+    )
     if target_entry is None or ctx.expired(target_entry):
         chain = []
     # An expired ancestor ends the chain, as if its entry were deleted already.
@@ -53,14 +57,10 @@ def delta_channel_history(
             seeds[ch] = entry
             remaining.discard(ch)
 
-    # Fetch only what the result needs: the seed values and the writes batches
-    # too large for their index items.
     resolver = Resolver(ctx)
-    needed = []
     for entry, _ in picked:
         resolver.add(entry)
-        needed.append(replace(entry, loc={ch: v for ch, v in entry.loc.items() if seeds.get(ch) is entry}))
-    yield from load(resolver, needed)
+    yield from load(resolver, _targets(picked, seeds))
 
     collected: dict[str, list[PendingWrite]] = {ch: [] for ch in channels}
     for entry, wanted in picked:
@@ -74,3 +74,46 @@ def delta_channel_history(
             history["seed"] = resolver.value(seeds[ch], ch)
         result[ch] = history
     return result
+
+
+def _targets(picked: list[tuple[CheckpointEntry, set[str]]], seeds: dict[str, CheckpointEntry]) -> list[CheckpointEntry]:
+    """Resolver targets that fetch what the result needs: the seed values and
+    the writes kept outside the index, nothing else.
+
+    The resolver also fetches a target's own checkpoint object (unless its entry
+    carried it), which the walk reads only where a seed value lives. So the
+    targets are the seeding ancestors, each with its seeded channels only, and
+    the picked writes ride on the first of them (on the oldest ancestor when
+    nothing is seeded): at most one object per target more than needed, where
+    the base walk's get_tuple reads every ancestor's.
+    """
+    if not picked:
+        return []
+    seeding = [e for e, _ in picked if any(s is e for s in seeds.values())]
+    targets = [replace(e, loc={ch: v for ch, v in e.loc.items() if seeds.get(ch) is e}) for e in seeding]
+    if not targets:
+        targets = [replace(picked[-1][0], loc={})]
+    targets[0].writes = [w for entry, _ in picked for w in entry.writes or ()]
+    return targets
+
+
+def _depth_hint(ctx: Context, channels: Sequence[str]) -> DepthHint:
+    """How many ancestors the walk from a checkpoint reads, as LangGraph's
+    metadata tells: ``counters_since_delta_snapshot`` holds, for each DeltaChannel
+    that has not snapshotted at that checkpoint, (updates, supersteps) since its
+    last snapshot, and each superstep is a checkpoint (with durability "exit"
+    fewer are: then the hint is high, which costs segments, not round trips).
+    None when the metadata is not in the entry or names none of ``channels``
+    (other channels are seeded nearby, or the walk goes to the root)."""
+
+    def estimate(entry: CheckpointEntry) -> int | None:
+        if entry.metadata is None:
+            return None
+        metadata = loads(ctx.serde, entry.metadata, f"metadata of checkpoint {entry.checkpoint_id}")
+        counters = metadata.get("counters_since_delta_snapshot") if isinstance(metadata, dict) else None
+        if not isinstance(counters, dict):
+            return None
+        steps = [c[1] for ch, c in counters.items() if ch in channels and isinstance(c, (list, tuple)) and len(c) == 2]
+        return max((s for s in steps if isinstance(s, int)), default=None)
+
+    return estimate
