@@ -54,6 +54,7 @@ WRITES_MARK = "w"
 # A space sorts below "!" and below every encoded character, and no item key
 # starts with one: the thread tombstone sorts before every item of the thread.
 THREAD_TOMBSTONE_SK = " tombstone"
+LINK_MARK = " link!"
 # U+10FFFF is refused in ids (see _check_text), so "<ns>!" + U+10FFFF sorts
 # after every item of the namespace: newest first, its tombstone comes first.
 _NS_TOMBSTONE_MARK = "\U0010FFFF"
@@ -296,13 +297,14 @@ _LISTING_CLOCK = 10**12 - 1
 
 
 def listing_sort_key(created: int, thread_id: str) -> str:
-    """Sort key of a thread in the listing partition: ascending by creation time."""
-    return _checked_sort(f"{created:012d}{_SORT_SEP}{encode(thread_id)}")
+    """Sort key of a thread in the listing partition: newest first, then by thread
+    id, read in ascending order, as the manifest's listing keys are."""
+    return _checked_sort(f"{_LISTING_CLOCK - created:012d}{_SORT_SEP}{encode(thread_id)}")
 
 
 def parse_listing_sort_key(sk: str) -> tuple[int, str]:
-    created, _, encoded = sk.partition(_SORT_SEP)
-    return int(created), decode(encoded)
+    inverted, _, encoded = sk.partition(_SORT_SEP)
+    return _LISTING_CLOCK - int(inverted), decode(encoded)
 
 
 def run_sort_prefix(run_id: str) -> str:
@@ -354,9 +356,22 @@ class SortKey:
     part: str = ""
 
 
+def link_sort_key(ns: str, checkpoint_id: str) -> str:
+    """A checkpoint's link item: its parent and loc without its body, in a range of
+    their own (a space sorts below every namespace) that the ancestor walk reads."""
+    return _checked_sort(LINK_MARK + checkpoint_sort_prefix(ns, checkpoint_id))
+
+
+def link_ns_prefix(ns: str) -> str:
+    return LINK_MARK + ns_sort_prefix(ns)
+
+
 def parse_sort_key(sk: str) -> SortKey:
     if sk == THREAD_TOMBSTONE_SK:
         return SortKey("thread_tombstone")
+    if sk.startswith(LINK_MARK):
+        ns, checkpoint_id, _ = sk[len(LINK_MARK) :].split(_SORT_SEP)
+        return SortKey("link", sort_decode(ns), sort_decode(checkpoint_id))
     parts = sk.split(_SORT_SEP)
     ns = sort_decode(parts[0])
     if parts[1] == _NS_TOMBSTONE_MARK:

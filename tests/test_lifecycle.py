@@ -275,14 +275,14 @@ def _costs(saver, suffix: str) -> dict[str, tuple[int, dict[str, int]]]:
 # (round trips, requests) on a 100-checkpoint thread with a pending write per checkpoint.
 LIFECYCLE_COSTS = {
     "dynamodb": {
-        # Query of the thread (1 page), deletes of 99 items and 99 write items, their objects.
-        "prune keep_latest": (4, {"dynamodb:batch_write_item": 9, "dynamodb:query": 1, "s3:delete_objects": 1}),
+        # Query of the thread (1 page), deletes of 99 checkpoint, link and writes items, their objects.
+        "prune keep_latest": (4, {"dynamodb:batch_write_item": 13, "dynamodb:query": 1, "s3:delete_objects": 1}),
         # The run's hints, the thread, its 20 checkpoints and writes, their objects, the hints.
         "delete_for_runs (1 run of 5)": (
-            5, {"dynamodb:batch_write_item": 3, "dynamodb:query": 2, "s3:delete_objects": 1}
+            5, {"dynamodb:batch_write_item": 4, "dynamodb:query": 2, "s3:delete_objects": 1}
         ),
         "copy_thread": (6, {
-            "dynamodb:batch_write_item": 8, "dynamodb:get_item": 1, "dynamodb:query": 3,
+            "dynamodb:batch_write_item": 12, "dynamodb:get_item": 1, "dynamodb:query": 3,
             "dynamodb:transact_write_items": 1, "s3:copy_object": 200,
         }),
         "list_threads(limit=3)": (2, {"dynamodb:query": 4}),

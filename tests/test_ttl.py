@@ -20,8 +20,9 @@ def _item_expiry(endpoint: str, thread_id: str) -> list[int]:
         KeyConditionExpression="pk = :pk",
         ExpressionAttributeValues={":pk": {"S": thread_id}},
     )["Items"]
-    # The thread's own item (its listing time, its tombstone) does not expire.
-    return [int(i["expires_at"]["N"]) for i in items if "expires_at" in i]
+    # Checkpoint and writes items. Link items (a checkpoint's twin for the delta
+    # walk) expire with their checkpoint; the thread's own item does not expire.
+    return [int(i["expires_at"]["N"]) for i in items if "kind" in i]
 
 
 def test_ttl_expires_items_and_refreshes_values_that_would_expire(endpoint) -> None:

@@ -9,6 +9,7 @@ the checkpoint whose object holds its value.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ormsgpack
@@ -52,6 +53,22 @@ HIDDEN = "hidden"
 CREATED = "created"
 
 
+@dataclass
+class Link:
+    """A checkpoint item's twin without the body: what the ancestor walk reads
+    (see ``DynamoIndex.ancestors``). Written beside the checkpoint item."""
+
+    entry: CheckpointEntry
+
+    @property
+    def ns(self) -> str:
+        return self.entry.ns
+
+    @property
+    def gen(self) -> int:
+        return self.entry.gen
+
+
 # -- calls -------------------------------------------------------------------------
 class DynamoCalls:
     """Builds the DynamoDB calls for one table and key prefix, and reads its items."""
@@ -89,6 +106,14 @@ class DynamoCalls:
             values["meta"] = ormsgpack.packb(list(entry.metadata))
         return to_attrs(values)
 
+    def link_item(self, entry: CheckpointEntry) -> dict[str, Any]:
+        # No "kind": copy_thread's check for a target's own items skips it, as it
+        # skips tombstones.
+        item = self.checkpoint_item(replace(entry, body=None, metadata=None))
+        item[SORT_KEY] = {"S": _keys.link_sort_key(entry.ns, entry.checkpoint_id)}
+        del item["kind"]
+        return item
+
     def writes_item(self, entry: WritesEntry) -> dict[str, Any]:
         values: dict[str, Any] = {
             PARTITION_KEY: self.pk(entry.thread_id),
@@ -113,7 +138,7 @@ class DynamoCalls:
         }
         return to_attrs(values)
 
-    def parse(self, raw: dict[str, Any]) -> IndexEntry | None:
+    def parse(self, raw: dict[str, Any]) -> IndexEntry | Link | None:
         """The entry an item describes; None for an item of another key prefix."""
         item = from_attrs(raw)
         try:
@@ -122,10 +147,10 @@ class DynamoCalls:
                 return None
             key = _keys.parse_sort_key(item[SORT_KEY])
             gen = item.get(GEN, 0)
-            if key.kind == "checkpoint":
+            if key.kind in ("checkpoint", "link"):
                 loc = {ch: tuple(v) for ch, v in ormsgpack.unpackb(item["loc"]).items()}
                 meta = ormsgpack.unpackb(item["meta"]) if "meta" in item else None
-                return CheckpointEntry(
+                entry = CheckpointEntry(
                     thread_id=thread_id,
                     ns=key.ns,
                     checkpoint_id=key.checkpoint_id,
@@ -138,6 +163,7 @@ class DynamoCalls:
                     run_id=item.get(RUN),
                     hidden=bool(item.get(HIDDEN)),
                 )
+                return entry if key.kind == "checkpoint" else Link(entry)
             if key.kind == "writes":
                 return WritesEntry(
                     thread_id,
@@ -204,16 +230,15 @@ class DynamoCalls:
         delete = {"TableName": self.table, "Key": {k: listed[k] for k in (PARTITION_KEY, SORT_KEY)}}
         return self._call("transact_write_items", {"TransactItems": [{"Delete": delete}, {"Update": update}]})
 
-    def query_listing(self, below: str | None, limit: int, start_key: dict[str, Any] | None) -> Call:
+    def query_listing(self, after: str | None, limit: int, start_key: dict[str, Any] | None) -> Call:
         params: dict[str, Any] = {
             "TableName": self.table,
-            "KeyConditionExpression": "pk = :pk" + (" AND sk < :b" if below is not None else ""),
+            "KeyConditionExpression": "pk = :pk" + (" AND sk > :b" if after is not None else ""),
             "ExpressionAttributeValues": {":pk": {"S": self.layout.listing_partition("threads")}},
-            "ScanIndexForward": False,
             "Limit": limit,
         }
-        if below is not None:
-            params["ExpressionAttributeValues"][":b"] = {"S": below}
+        if after is not None:
+            params["ExpressionAttributeValues"][":b"] = {"S": after}
         if start_key is not None:
             params["ExclusiveStartKey"] = start_key
         return self._call("query", params)

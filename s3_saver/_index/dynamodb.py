@@ -34,6 +34,7 @@ from s3_saver._index.dynamo_items import (
     TABLE_KEY_SCHEMA,
     TTL_ATTRIBUTE,
     DynamoCalls,
+    Link,
 )
 from s3_saver._codec import to_attrs
 from s3_saver._keys import KeyLayout
@@ -119,7 +120,9 @@ class DynamoIndex(Index):
         return Prepared(thread.gen, parent if isinstance(parent, CheckpointEntry) else None, bool(thread.created))
 
     def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
-        yield from request(self.calls.put(self.calls.checkpoint_item(entry)))
+        # The item and its link (what the ancestor walk reads) in one request.
+        items = [self.calls.checkpoint_item(entry), self.calls.link_item(entry)]
+        yield from self.write_batches([{"PutRequest": {"Item": i}} for i in items], f"checkpoint {entry.checkpoint_id}")
 
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
         calls = []
@@ -285,7 +288,7 @@ class DynamoIndex(Index):
                 if item.ns is not None:
                     state.deleted[item.ns] = item.gen
                 continue
-            if item is None or item.gen < state.deleted.get(item.ns, 0):
+            if item is None or isinstance(item, Link) or item.gen < state.deleted.get(item.ns, 0):
                 continue
             if isinstance(item, CheckpointEntry):
                 if state.held is not None:
@@ -303,15 +306,48 @@ class DynamoIndex(Index):
     def ancestors(
         self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str], depth_hint: DepthHint | None = None
     ) -> Op[tuple[CheckpointEntry | None, list[CheckpointEntry]]]:
-        """One newest-first Query stream below the target, walked in memory: the
-        round trips depend on how many 1 MB pages the ancestors fill, not on their number.
+        """The chain from the checkpoints' link items (no bodies: about 500 to a
+        1 MB Query page, whatever their values weigh), then the writes of the
+        chain's checkpoints in one wave of Queries: round trips do not grow with
+        the bytes between the target and the seed. ``depth_hint`` is not needed.
+        Checkpoints written before links existed are walked from their items."""
+        calls = self.calls
+        upper = _keys.link_sort_key(ns, checkpoint_id)
+        query = calls.query(thread_id, between=(_keys.link_ns_prefix(ns), upper))
+        page, tomb = yield from request(query, calls.get_tombstone(thread_id, ns))
+        deleted = _gen_of(calls, tomb)
+        links = [item.entry for item in map(calls.parse, page.get("Items", [])) if isinstance(item, Link)]
+        if not links or links[0].checkpoint_id != checkpoint_id:
+            return (yield from self._ancestors_by_items(thread_id, ns, checkpoint_id, channels))
+        target = links[0]
+        if target.gen < deleted:
+            return None, []
+        known = {e.checkpoint_id: e for e in links if e.gen >= deleted}
+        chain: list[CheckpointEntry] = []
+        unseeded = set(channels)
+        cursor = target.parent_id
+        while cursor is not None and unseeded:
+            entry = known.get(cursor)
+            if entry is None:
+                start = page.get("LastEvaluatedKey")
+                if start is None:
+                    break
+                page = yield from request_one(calls.query(thread_id, between=(_keys.link_ns_prefix(ns), upper), start_key=start))
+                known.update((e.checkpoint_id, e) for e in (i.entry for i in map(calls.parse, page.get("Items", [])) if isinstance(i, Link)) if e.gen >= deleted)
+                continue
+            chain.append(entry)
+            unseeded -= set(entry.loc)
+            cursor = entry.parent_id
+        # Each chain checkpoint's writes (with their bodies), all in one wave.
+        found = yield from gather(*(self._writes_pages(thread_id, ns, e.checkpoint_id, None) for e in chain))
+        for entry, writes in zip(chain, found):
+            entry.writes = writes
+        return target, chain
 
-        ``depth_hint`` is of no use here: the pages follow each other (each starts
-        where the last ended), and DynamoDB counts the 1 MB of a page in whole
-        items before any ProjectionExpression, so leaving out bodies would trim
-        the answers, not the number of pages. Only the items' keys could be read
-        ahead, and nothing holds the ancestors' keys but the items themselves.
-        """
+    def _ancestors_by_items(
+        self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str]
+    ) -> Op[tuple[CheckpointEntry | None, list[CheckpointEntry]]]:
+        """The walk over the checkpoint items themselves, bodies and all (1 MB pages)."""
         upper = _keys.checkpoint_sort_key(ns, checkpoint_id)
         prefix = _keys.ns_sort_prefix(ns)
         chain: list[CheckpointEntry] = []
@@ -371,8 +407,8 @@ class DynamoIndex(Index):
         self, before: ThreadRef | None, page_size: int, cursor: Any
     ) -> Op[tuple[list[tuple[ThreadRef, CheckpointEntry | None]], Any]]:
         """A Query of the listing partition, then each thread's latest in one wave."""
-        below = _keys.listing_sort_key(before.created, before.thread_id) if before is not None else None
-        page = yield from request_one(self.calls.query_listing(below, page_size, cursor))
+        after = _keys.listing_sort_key(before.created, before.thread_id) if before is not None else None
+        page = yield from request_one(self.calls.query_listing(after, page_size, cursor))
         refs = [
             ThreadRef(t, created)
             for created, t in (_keys.parse_listing_sort_key(r[SORT_KEY]["S"]) for r in page.get("Items", []))
@@ -432,7 +468,8 @@ class DynamoIndex(Index):
     ) -> Op[None]:
         # Entries keep generation 0: where a tombstone survived the loss of the
         # rest of the index, what it deleted stays deleted.
-        items = [self.calls.checkpoint_item(e) for e in entries] + [self.calls.writes_item(w) for w in writes]
+        items = [self.calls.checkpoint_item(e) for e in entries] + [self.calls.link_item(e) for e in entries]
+        items += [self.calls.writes_item(w) for w in writes]
         yield from self.write_batches([{"PutRequest": {"Item": i}} for i in items], f"entries of thread {thread_id!r}")
         yield from self.note(thread_id, created, None)
 
@@ -484,7 +521,7 @@ class DynamoIndex(Index):
                             f"tombstones of thread {thread_id!r}",
                         )
                         buried.update(namespaces)
-                    yield from delete_objects(entries)  # type: ignore[arg-type]
+                    yield from delete_objects([e for e in entries if not isinstance(e, Link)])  # type: ignore[misc]
                     yield from self.write_batches(
                         [{"DeleteRequest": {"Key": {k: r[k] for k in (PARTITION_KEY, SORT_KEY)}}} for r in raws],
                         f"deletes of thread {thread_id!r}",
@@ -512,6 +549,7 @@ class DynamoIndex(Index):
             [{"PutRequest": {"Item": calls.checkpoint_item(e)}} for e in hidden], f"hidden checkpoints of thread {thread_id!r}"
         )
         keys = [calls.key_of(*e.key) for e in drop]
+        keys += [{k: v for k, v in calls.link_item(e).items() if k in (PARTITION_KEY, SORT_KEY)} for e in drop]
         for e in drop:
             keys += [
                 to_attrs({PARTITION_KEY: calls.pk(thread_id), SORT_KEY: _keys.writes_sort_key(w.ns, w.checkpoint_id, w.task_id, w.part)})
@@ -567,6 +605,11 @@ class DynamoIndex(Index):
                     if entry.gen < deleted.get(entry.ns, 0) or expired(entry):
                         continue
                     kept.add((entry.ns, entry.checkpoint_id))
+                elif isinstance(entry, Link):
+                    # Links sort below every namespace: their checkpoints were seen.
+                    if entry.entry.key[1:] in kept:
+                        copied.add(raw[SORT_KEY]["S"])
+                    continue
                 elif not isinstance(entry, WritesEntry) or (entry.ns, entry.checkpoint_id) not in kept:
                     continue  # newest first, a checkpoint's item comes before its writes
                 copied.add(raw[SORT_KEY]["S"])
@@ -666,9 +709,9 @@ def _writes_in(calls: DynamoCalls, page: dict[str, Any]) -> list[WritesEntry]:
     return [w for w in map(calls.parse, page.get("Items", [])) if isinstance(w, WritesEntry)]
 
 
-def _is_older(entry: IndexEntry | None, gen: int) -> bool:
-    """A checkpoint or writes item of a generation the delete removes."""
-    return isinstance(entry, (CheckpointEntry, WritesEntry)) and entry.gen < gen
+def _is_older(entry: IndexEntry | Link | None, gen: int) -> bool:
+    """A checkpoint, link or writes item of a generation the delete removes."""
+    return isinstance(entry, (CheckpointEntry, WritesEntry, Link)) and entry.gen < gen
 
 
 def _check_region(index: DynamoIndex, bucket: str, bucket_region: str | None) -> None:
