@@ -366,3 +366,18 @@ class DynamoCalls:
                 "TimeToLiveSpecification": {"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
             },
         )
+
+
+# -- a tombstone GetItem's answer --------------------------------------------------
+# Both modules of DynamoIndex read these; they live here because dynamo_lifecycle
+# cannot import from dynamodb, which imports it.
+def _thread_item(calls: DynamoCalls, found: dict[str, Any]) -> Tombstone:
+    """The thread's tombstone item from a GetItem's answer (generation 0, not
+    listed: there is none)."""
+    entry = calls.parse(found["Item"]) if "Item" in found else None
+    return entry if isinstance(entry, Tombstone) else Tombstone("", None, 0)
+
+
+def _gen_of(calls: DynamoCalls, found: dict[str, Any]) -> int:
+    """The generation of a tombstone GetItem's answer (0: no tombstone)."""
+    return _thread_item(calls, found).gen

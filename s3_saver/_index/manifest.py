@@ -10,16 +10,22 @@ one swap (readers and writers see it at once) and removes the objects after.
 A 412 on the head's ``IfMatch`` means "another writer got there first: read it
 again and retry" (``_update``); a 412 on an immutable object's ``IfNoneMatch``
 means "this key exists: compare bytes" (``put_immutable``). Different helpers.
+
+This module holds the head (read, swap, update, cache), the segments and a
+checkpoint's own path: commits, reads, history and the ancestor walk. The
+store's setup and what concerns a thread as a whole (listing, runs, restore,
+delete, prune, copy) are in ``manifest_lifecycle``, mixed into
+``ManifestIndex``; sealing and the head's limits, which both use, are in
+``manifest_seal``, and picking entries out of a document in ``manifest_doc``.
 """
 
 from __future__ import annotations
 
 import random
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from s3_saver._index.base import (
@@ -27,46 +33,36 @@ from s3_saver._index.base import (
     CheckpointEntry,
     DepthHint,
     Index,
-    IndexEntry,
     Key3,
     Prepared,
-    ThreadRef,
     WritesEntry,
     WritesOutcome,
 )
 from s3_saver._index.manifest_doc import (
     Head,
     SegmentRef,
+    _in,
+    _newest,
+    _with_writes,
     decode_head,
     decode_segment,
     encode_head,
-    encode_segment,
 )
-from s3_saver._keys import KeyLayout, decode
-from s3_saver._protocol import Op, Sleep, gather, raise_failure, request
-from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
+from s3_saver._index.manifest_lifecycle import ManifestLifecycle
+from s3_saver._index.manifest_seal import HARD_SEAL_AT, SEAL_AT, _MAX_SWAPS, _apply_seal, _plan_seal, _SealPlan
+from s3_saver._keys import KeyLayout
+from s3_saver._protocol import Op, Sleep, raise_failure, request
+from s3_saver._s3 import S3Calls, put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
-    ConfigurationError,
     S3SaverError,
     ThreadDeletedError,
     classify,
     error_code,
 )
 
-# A writer that has seen the head hold more checkpoints than SEAL_AT seals the
-# oldest into a segment beside its next head read (no extra round trip); a head
-# fed only by cold processes, which have seen nothing, seals at HARD_SEAL_AT in
-# one more round trip. KEEP_IN_HEAD newest checkpoints stay in the head.
-SEAL_AT = 48
-HARD_SEAL_AT = 96
-KEEP_IN_HEAD = 16
-SEGMENT_MAX = 64
-# Attempts of one compare-and-swap before giving up: every round has a winner, so
-# this many writers on one thread at once all get through.
-_MAX_SWAPS = 24
 _SWAP_BACKOFF_MAX = 0.5  # seconds
 _CACHE_HEADS = 512
 _CACHE_SEGMENTS = 256
@@ -74,7 +70,7 @@ _CACHE_SEGMENTS = 256
 Segment = tuple[list[CheckpointEntry], list[WritesEntry]]
 
 
-class ManifestIndex(Index):
+class ManifestIndex(ManifestLifecycle, Index):
     local_lookups = True
 
     def __init__(self, s3: S3Calls, layout: KeyLayout) -> None:
@@ -90,25 +86,6 @@ class ManifestIndex(Index):
 
     def describe(self) -> str:
         return f"manifest index in s3://{self.s3.bucket}/{self.layout.manifest_root}"
-
-    # -- setup ---------------------------------------------------------------------------
-    def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:
-        """Check that the store honours conditional writes: the manifest relies on them."""
-        key = f"{self.layout.manifest_root}.setup-probe/{uuid.uuid4().hex}"
-        (first,) = yield (self.s3.put_new(key, b"1"),)
-        if isinstance(first, BaseException):
-            raise_failure(self.s3.put_new(key, b"1"), first)
-        second, stale = yield (self.s3.put_new(key, b"2"), self.s3.put_swap(key, b"3", '"0"'))
-        yield from request(self.s3.delete_many([key]))
-        for name, result in (("IfNoneMatch", second), ("IfMatch", stale)):
-            if not isinstance(result, BaseException):
-                raise ConfigurationError(
-                    f"the store behind bucket {bucket!r} ignored a PutObject with {name}: the manifest "
-                    "index needs conditional writes (AWS S3, MinIO, R2, SeaweedFS >= 4.48 honour them); "
-                    "use a DynamoDB table (table=...) with this store"
-                )
-            if error_code(result) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
-                raise_failure(self.s3.put_new(key, b"2"), result)
 
     # -- the head ------------------------------------------------------------------------
     def _read_head(self, thread_id: str) -> Op[Head]:
@@ -404,304 +381,8 @@ class ManifestIndex(Index):
             cursor = entry.parent_id
         return target, chain
 
-    def contents(self, thread_id: str) -> Op[list[CheckpointEntry]]:
-        head = yield from self._read_head(thread_id)
-        return (yield from self._contents(head))
-
-    def _contents(self, head: Head) -> Op[list[CheckpointEntry]]:
-        """Every checkpoint of the head and its segments, in commit order (segments
-        oldest first, then the head), with their writes."""
-        out: list[CheckpointEntry] = []
-        for entries, writes in (yield from self._load_segments(head.thread_id, head.segments)):
-            out += [_with_writes(e, writes + head.writes) for e in entries]
-        return out + [_with_writes(e, head.writes) for e in head.entries]
-
-    def threads(
-        self, before: ThreadRef | None, page_size: int, cursor: Any
-    ) -> Op[tuple[list[tuple[ThreadRef, CheckpointEntry | None]], Any]]:
-        """One page of the listing's keys (newest first by name), then the heads of
-        those threads in one wave. A key counts only if its time is the head's:
-        one left by a writer that lost the race to list a thread, or by a delete
-        cut short, does not."""
-        start_after = self.layout.listing_key(before.created, before.thread_id) if before is not None else None
-        page = yield from request(self.s3.list_keys(self.layout.threads_root, cursor, start_after, page_size))
-        listed = [p for o in page[0].get("Contents", []) if (p := self.layout.parse_listing_key(o["Key"]))]
-        heads = yield from gather(*(self._read_head(t) for _, t in listed))
-        found = yield from gather(*(self._latest_in(head, "") for head in heads))
-        out = [
-            (ThreadRef(t, created), latest)
-            for (created, t), head, latest in zip(listed, heads, found)
-            if head.created == created
-        ]
-        return out, page[0].get("NextContinuationToken")
-
-    def created(self, thread_id: str) -> Op[int | None]:
-        head = yield from self._read_head(thread_id)
-        return head.created or None
-
-    def runs(self, run_ids: list[str]) -> Op[dict[str, list[str]]]:
-        found: dict[str, list[str]] = {r: [] for r in run_ids}
-        pending: dict[str, str | None] = {r: None for r in run_ids}
-        while pending:
-            order = list(pending)
-            pages = yield from request(*(self.s3.list_keys(self.layout.runs_dir(r), pending[r]) for r in order))
-            pending = {}
-            for run_id, page in zip(order, pages):
-                prefix = self.layout.runs_dir(run_id)
-                found[run_id] += [decode(o["Key"][len(prefix) :]) for o in page.get("Contents", [])]
-                if page.get("NextContinuationToken"):
-                    pending[run_id] = page["NextContinuationToken"]
-        return found
-
-    def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:
-        yield from _delete_keys(self.s3, [self.layout.run_key(r, t) for r, t in pairs])
-
-    def all_threads(self) -> Op[list[CheckpointEntry]]:
-        """Lists the manifests (the admin path), then reads every head and segment."""
-        threads: list[str] = []
-        token: str | None = None
-        while True:
-            page = yield from request(self.s3.list_keys(self.layout.manifest_root, token))
-            threads += [t for o in page[0].get("Contents", []) if (t := self.layout.thread_of_head(o["Key"]))]
-            token = page[0].get("NextContinuationToken")
-            if not token:
-                break
-        out: list[CheckpointEntry] = []
-        for thread_id in threads:
-            out += [e for e in (yield from self.contents(thread_id)) if not e.hidden]
-        return out
-
-    def restore(
-        self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int
-    ) -> Op[None]:
-        head = yield from self._read_head(thread_id)
-        # What an interrupted delete buried stays deleted.
-        buried = {_grave_key(e) for e in head.graveyard}
-        entries = sorted((e for e in entries if _grave_key(e) not in buried), key=lambda e: (e.checkpoint_id, e.ns))
-        writes = [w for w in writes if _grave_key(w) not in buried]
-
-        def install(h: Head) -> Head | None:
-            return replace(
-                h,
-                entries=[replace(e, gen=h.gen, writes=[]) for e in entries],
-                writes=[replace(w, gen=h.gen) for w in writes],
-                segments=[],
-                created=h.created or created,
-            )
-
-        installed = yield from self._update(thread_id, install, head)
-        if not head.created:
-            yield from self.note(thread_id, installed.created, None)
-        old = [r for r in head.segments if r not in installed.segments]
-        yield from _delete_keys(self.s3, [self.layout.segment_key(thread_id, r.number, r.token) for r in old])
-
-    # -- delete, prune and copy ----------------------------------------------------------
-    def delete_thread(
-        self, thread_id: str, now: int, delete_objects: Callable[[list[IndexEntry]], Op[None]]
-    ) -> Op[None]:
-        """One swap makes the thread gone (the next generation, no entries); its old
-        entries and segments wait in the head's graveyard until their objects are
-        deleted, so a delete cut short is finished by the next one."""
-        head = yield from self._read_head(thread_id)
-        if head.etag is None:
-            return  # nothing was ever stored: leave no trace
-
-        def bury(h: Head) -> Head | None:
-            return Head(
-                thread_id,
-                version=h.version,
-                gen=h.gen + 1,
-                deleted_at=now,
-                graveyard=[*h.graveyard, *h.entries, *h.writes],
-                graveyard_segments=[*h.graveyard_segments, *h.segments],
-                retired=h.retired,
-                # Kept until the graveyard is cleared, to find the listing entry.
-                created=h.created,
-            )
-
-        head = yield from self._update(thread_id, bury, head)
-        cleared = yield from self._clear_graveyard(head, delete_objects, unlist=True)
-        if head.created and not cleared.created:
-            yield from _delete_keys(self.s3, [self.layout.listing_key(head.created, thread_id)])
-
-    def drop(
-        self,
-        thread_id: str,
-        hide: list[CheckpointEntry],
-        drop: list[CheckpointEntry],
-        doomed: list[IndexEntry],
-        delete_objects: Callable[[list[IndexEntry]], Op[None]],
-    ) -> Op[None]:
-        """One swap installs the thread's history without the dropped checkpoints
-        (in new segments and head; the old segments retire), with ``doomed`` in
-        the graveyard until their objects are deleted."""
-        hidden = {(e.ns, e.checkpoint_id) for e in hide}
-        dropped = {(e.ns, e.checkpoint_id) for e in drop}
-        head = self._cached(thread_id)  # as the caller read it; a lost swap reads it again
-        for _ in range(_MAX_SWAPS):
-            if head is None:
-                head = yield from self._read_head(thread_id)
-            entries = yield from self._contents(head)
-            known = {(e.ns, e.checkpoint_id) for e in entries}
-            new = replace(
-                head,
-                entries=[
-                    replace(e, writes=[], hidden=e.hidden or (e.ns, e.checkpoint_id) in hidden)
-                    for e in entries
-                    if (e.ns, e.checkpoint_id) not in dropped
-                ],
-                writes=[w for e in entries if (e.ns, e.checkpoint_id) not in dropped for w in e.writes or ()]
-                # Writes that came before their checkpoint: a run in flight's.
-                + [w for w in head.writes if (w.ns, w.checkpoint_id) not in known],
-                segments=[],
-                retired=[*head.retired, *head.segments],
-                graveyard=[*head.graveyard, *doomed],
-            )
-            plan = _plan_seal(self.layout, new) if len(new.entries) > KEEP_IN_HEAD else None
-            if plan is not None:
-                # Objects first: the segments exist before the head that refers to them.
-                yield from put_immutable(self.s3, dict(plan.objects))
-                _apply_seal(new, plan)
-            if (yield from self._swap(head, new)):
-                yield from self._clear_graveyard(new, delete_objects, unlist=False)
-                return
-            if plan is not None:
-                yield from _delete_keys(self.s3, [k for k, _ in plan.objects])  # another writer came first
-            head = None
-        raise S3SaverError(
-            f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
-            f"other writers; prune gave up after {_MAX_SWAPS} attempts (nothing was removed)"
-        )
-
-    def _clear_graveyard(
-        self, head: Head, delete_objects: Callable[[list[IndexEntry]], Op[None]], unlist: bool
-    ) -> Op[Head]:
-        """Delete what ``head``'s graveyard holds (its entries' objects, the objects
-        of every entry in its buried segments, retired segments), then take that
-        out of the head. ``unlist``: the thread's listing time goes too, unless
-        the thread was written to again meanwhile."""
-        thread_id = head.thread_id
-        buried_entries: list[IndexEntry] = list(head.graveyard)
-        for entries, writes in (yield from self._load_segments(thread_id, head.graveyard_segments)):
-            buried_entries += [*entries, *writes]
-
-        def segment_keys(refs: list[SegmentRef]) -> list[str]:
-            return [self.layout.segment_key(thread_id, r.number, r.token) for r in refs]
-
-        # A buried segment goes after the objects it lists (a call again needs
-        # it to find them); a retired one lists nothing that goes.
-        yield from gather(delete_objects(buried_entries), _delete_keys(self.s3, segment_keys(head.retired)))
-        yield from _delete_keys(self.s3, segment_keys(head.graveyard_segments))
-        buried = {_grave_key(e) for e in head.graveyard}
-
-        def clear(h: Head) -> Head | None:
-            unlisted = unlist and h.created and not h.entries
-            if not h.graveyard and not h.graveyard_segments and not h.retired and not unlisted:
-                return None
-            # Only what this call removed: another may have buried more meanwhile.
-            return replace(
-                h,
-                graveyard=[e for e in h.graveyard if _grave_key(e) not in buried],
-                graveyard_segments=[r for r in h.graveyard_segments if r not in head.graveyard_segments],
-                retired=[r for r in h.retired if r not in head.retired],
-                created=0 if unlisted else h.created,
-            )
-
-        return (yield from self._update(thread_id, clear, head))
-
-    def copy_thread(
-        self,
-        source: str,
-        dest: str,
-        copy_objects: Callable[[list[IndexEntry]], Op[None]],
-        expired: Callable[[CheckpointEntry], bool],
-        now: int,
-    ) -> Op[None]:
-        """Objects, then the target's segments, then its head in one swap: a copy
-        cut short leaves the target as it was (a call again does it all)."""
-        src = yield from self._read_head(source)
-        target = yield from self._read_head(dest)
-        # A target that holds only an earlier copy of this source is brought up to date.
-        if (target.entries or target.segments) and target.copied_from != source:
-            raise ConfigurationError(
-                f"thread {dest!r} already has checkpoints of its own ({self.describe()}); copy_thread "
-                "copies into an empty thread (delete_thread it first)"
-            )
-        entries = [e for e in (yield from self._contents(src)) if not expired(e)]
-        writes = [w for e in entries for w in e.writes or ()]
-        yield from copy_objects([*entries, *writes])
-
-        def install(h: Head) -> Head | None:
-            if (h.entries or h.segments) and h.copied_from != source:
-                raise ConfigurationError(f"thread {dest!r} got checkpoints of its own while being copied into")
-            return replace(
-                h,
-                entries=[replace(e, thread_id=dest, gen=h.gen, writes=[]) for e in entries],
-                writes=[replace(w, thread_id=dest, gen=h.gen) for w in writes],
-                segments=[],
-                copied_from=source,
-                created=h.created or now,
-            )
-
-        installed = yield from self._update(dest, install, target)
-        if not target.created:
-            yield from self.note(dest, installed.created, None)
-        # An earlier copy's segments (brought up to date above) are not referenced any more.
-        old = [r for r in target.segments if r not in installed.segments]
-        yield from _delete_keys(self.s3, [self.layout.segment_key(dest, r.number, r.token) for r in old])
-
 
 # -- helpers ---------------------------------------------------------------------------
-@dataclass
-class _SealPlan:
-    """Segments holding the oldest checkpoints of a head, and what they hold."""
-
-    sealed: set[tuple[str, str]]
-    writes: set[tuple[str, str, str, str, str]]
-    refs: list[SegmentRef]
-    objects: list[tuple[str, bytes]]
-
-
-def _plan_seal(layout: KeyLayout, head: Head) -> _SealPlan:
-    """Segments of at most SEGMENT_MAX checkpoints for all but the newest
-    KEEP_IN_HEAD checkpoints of ``head``, with their writes."""
-    sealed = head.entries[:-KEEP_IN_HEAD]
-    number = head.segments[-1].number + 1 if head.segments else 0
-    plan = _SealPlan({(e.ns, e.checkpoint_id) for e in sealed}, set(), [], [])
-    for i in range(0, len(sealed), SEGMENT_MAX):
-        chunk = sealed[i : i + SEGMENT_MAX]
-        ids = {(e.ns, e.checkpoint_id) for e in chunk}
-        writes = [w for w in head.writes if (w.ns, w.checkpoint_id) in ids]
-        plan.writes.update(_write_key(w) for w in writes)
-        token = uuid.uuid4().hex[:16]
-        cids = [e.checkpoint_id for e in chunk]
-        plan.refs.append(SegmentRef(number, token, min(cids), max(cids), len(chunk)))
-        plan.objects.append((layout.segment_key(head.thread_id, number, token), encode_segment(chunk, writes)))
-        number += 1
-    return plan
-
-
-def _apply_seal(head: Head, plan: _SealPlan) -> bool:
-    """Swap the sealed checkpoints of ``head`` for the plan's segment refs, if the
-    head still holds every one of them (else another writer sealed them first)
-    and exactly the writes the plan copied (else a write came or was replaced
-    since the plan was made: a segment must not hold a write the head replaced)."""
-    present = {(e.ns, e.checkpoint_id) for e in head.entries}
-    if not plan.refs or not plan.sealed <= present:
-        return False
-    current = {_write_key(w) for w in head.writes if (w.ns, w.checkpoint_id) in plan.sealed}
-    if current != plan.writes:
-        return False
-    head.entries = [e for e in head.entries if (e.ns, e.checkpoint_id) not in plan.sealed]
-    head.writes = [w for w in head.writes if _write_key(w) not in plan.writes]
-    head.segments = [*head.segments, *plan.refs]
-    return True
-
-
-def _write_key(w: WritesEntry) -> tuple[str, str, str, str, str]:
-    return (w.ns, w.checkpoint_id, w.task_id, w.part, w.token)
-
-
 def _refuse_older(head: Head, gen: int, thread_id: str, checkpoint_id: str) -> None:
     if gen < head.gen:
         raise ThreadDeletedError(
@@ -709,19 +390,6 @@ def _refuse_older(head: Head, gen: int, thread_id: str, checkpoint_id: str) -> N
             "(manifest index); a run in flight cannot continue it. Start the thread afresh "
             "(invoke without a checkpoint_id) to use the id again."
         )
-
-
-def _in(entries: list[CheckpointEntry], ns: str, checkpoint_id: str) -> CheckpointEntry | None:
-    return next((e for e in entries if e.checkpoint_id == checkpoint_id and e.ns == ns), None)
-
-
-def _newest(entries: list[CheckpointEntry], ns: str) -> CheckpointEntry | None:
-    return max((e for e in entries if e.ns == ns and not e.hidden), key=lambda e: e.checkpoint_id, default=None)
-
-
-def _with_writes(entry: CheckpointEntry, writes: list[WritesEntry]) -> CheckpointEntry:
-    own = [w for w in writes if w.checkpoint_id == entry.checkpoint_id and w.ns == entry.ns]
-    return replace(entry, writes=own)
 
 
 def _pop_wave(refs: list[SegmentRef], at_least: int, checkpoints: int) -> list[SegmentRef]:
@@ -732,14 +400,3 @@ def _pop_wave(refs: list[SegmentRef], at_least: int, checkpoints: int) -> list[S
         batch.append(refs.pop())
         checkpoints -= batch[-1].count
     return batch
-
-
-def _grave_key(entry: CheckpointEntry | WritesEntry) -> tuple[Any, ...]:
-    if isinstance(entry, CheckpointEntry):
-        return ("c", entry.ns, entry.checkpoint_id)
-    return ("w", entry.ns, entry.checkpoint_id, entry.task_id, entry.part, entry.token)
-
-
-def _delete_keys(s3: S3Calls, keys: list[str]) -> Op[None]:
-    if keys:
-        yield from request(*(s3.delete_many(keys[i : i + DELETE_BATCH]) for i in range(0, len(keys), DELETE_BATCH)))

@@ -6,11 +6,15 @@ segment holds older checkpoints and their writes, and is never changed once
 written. Entries are kept in commit order (a parent before its children), and
 ``loc`` is stored as changes from the parent when the parent is in the same
 document, in full otherwise: a document decodes on its own.
+
+Last, how entries are picked out of a decoded document (by id, the newest of a
+namespace, an entry with its own writes): both modules of ``ManifestIndex``
+(``manifest`` and ``manifest_lifecycle``) do it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from s3_saver._codec import pack, unpack
@@ -199,3 +203,17 @@ def _encode_write(w: WritesEntry, body_max: int) -> list[Any]:
 def _decode_write(thread_id: str, row: list[Any]) -> WritesEntry:
     ns, cid, task_id, part, token, body, gen, expires_at = row
     return WritesEntry(thread_id, ns, cid, task_id, part, token, body, gen, expires_at)
+
+
+# -- picking entries out of a document --------------------------------------------
+def _in(entries: list[CheckpointEntry], ns: str, checkpoint_id: str) -> CheckpointEntry | None:
+    return next((e for e in entries if e.checkpoint_id == checkpoint_id and e.ns == ns), None)
+
+
+def _newest(entries: list[CheckpointEntry], ns: str) -> CheckpointEntry | None:
+    return max((e for e in entries if e.ns == ns and not e.hidden), key=lambda e: e.checkpoint_id, default=None)
+
+
+def _with_writes(entry: CheckpointEntry, writes: list[WritesEntry]) -> CheckpointEntry:
+    own = [w for w in writes if w.checkpoint_id == entry.checkpoint_id and w.ns == entry.ns]
+    return replace(entry, writes=own)

@@ -1,0 +1,80 @@
+"""How a manifest head stays small: its limits, and the sealing of its oldest
+checkpoints into immutable segments.
+
+Both modules of ``ManifestIndex`` use these: the commit path (``manifest``)
+seals as the head grows, prune (``manifest_lifecycle``) seals the history it
+rewrites, and both retry a head swap at most ``_MAX_SWAPS`` times. They live
+here because ``manifest_lifecycle`` cannot import from ``manifest``, which
+imports it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from s3_saver._index.base import WritesEntry
+from s3_saver._index.manifest_doc import Head, SegmentRef, encode_segment
+from s3_saver._keys import KeyLayout
+
+# A writer that has seen the head hold more checkpoints than SEAL_AT seals the
+# oldest into a segment beside its next head read (no extra round trip); a head
+# fed only by cold processes, which have seen nothing, seals at HARD_SEAL_AT in
+# one more round trip. KEEP_IN_HEAD newest checkpoints stay in the head.
+SEAL_AT = 48
+HARD_SEAL_AT = 96
+KEEP_IN_HEAD = 16
+SEGMENT_MAX = 64
+# Attempts of one compare-and-swap before giving up: every round has a winner, so
+# this many writers on one thread at once all get through.
+_MAX_SWAPS = 24
+
+
+@dataclass
+class _SealPlan:
+    """Segments holding the oldest checkpoints of a head, and what they hold."""
+
+    sealed: set[tuple[str, str]]
+    writes: set[tuple[str, str, str, str, str]]
+    refs: list[SegmentRef]
+    objects: list[tuple[str, bytes]]
+
+
+def _plan_seal(layout: KeyLayout, head: Head) -> _SealPlan:
+    """Segments of at most SEGMENT_MAX checkpoints for all but the newest
+    KEEP_IN_HEAD checkpoints of ``head``, with their writes."""
+    sealed = head.entries[:-KEEP_IN_HEAD]
+    number = head.segments[-1].number + 1 if head.segments else 0
+    plan = _SealPlan({(e.ns, e.checkpoint_id) for e in sealed}, set(), [], [])
+    for i in range(0, len(sealed), SEGMENT_MAX):
+        chunk = sealed[i : i + SEGMENT_MAX]
+        ids = {(e.ns, e.checkpoint_id) for e in chunk}
+        writes = [w for w in head.writes if (w.ns, w.checkpoint_id) in ids]
+        plan.writes.update(_write_key(w) for w in writes)
+        token = uuid.uuid4().hex[:16]
+        cids = [e.checkpoint_id for e in chunk]
+        plan.refs.append(SegmentRef(number, token, min(cids), max(cids), len(chunk)))
+        plan.objects.append((layout.segment_key(head.thread_id, number, token), encode_segment(chunk, writes)))
+        number += 1
+    return plan
+
+
+def _apply_seal(head: Head, plan: _SealPlan) -> bool:
+    """Swap the sealed checkpoints of ``head`` for the plan's segment refs, if the
+    head still holds every one of them (else another writer sealed them first)
+    and exactly the writes the plan copied (else a write came or was replaced
+    since the plan was made: a segment must not hold a write the head replaced)."""
+    present = {(e.ns, e.checkpoint_id) for e in head.entries}
+    if not plan.refs or not plan.sealed <= present:
+        return False
+    current = {_write_key(w) for w in head.writes if (w.ns, w.checkpoint_id) in plan.sealed}
+    if current != plan.writes:
+        return False
+    head.entries = [e for e in head.entries if (e.ns, e.checkpoint_id) not in plan.sealed]
+    head.writes = [w for w in head.writes if _write_key(w) not in plan.writes]
+    head.segments = [*head.segments, *plan.refs]
+    return True
+
+
+def _write_key(w: WritesEntry) -> tuple[str, str, str, str, str]:
+    return (w.ns, w.checkpoint_id, w.task_id, w.part, w.token)
