@@ -42,3 +42,11 @@ def grow_thread(saver: Any, thread_id: str, length: int, ns: str = "") -> dict[s
         cp = checkpoint({"counter": step, "doc": "a document"}, versions)
         stored = saver.put(stored, cp, {"source": "loop", "step": step}, new)
     return stored
+
+
+def concat(state: list, writes: list) -> list:
+    """A DeltaChannel reducer: each write is a list appended to the state."""
+    out = list(state)
+    for w in writes:
+        out.extend(w)
+    return out

@@ -12,16 +12,11 @@ from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
-
-def _concat(state: list, writes: list) -> list:
-    out = list(state)
-    for w in writes:
-        out.extend(w)
-    return out
+from helpers import concat
 
 
 class State(TypedDict):
-    log: Annotated[list, DeltaChannel(_concat, snapshot_frequency=4)]
+    log: Annotated[list, DeltaChannel(concat, snapshot_frequency=4)]
     turn: int
 
 

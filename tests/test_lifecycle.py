@@ -12,20 +12,14 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
 from conftest import BUCKET, make_saver
+from helpers import checkpoint, concat, config
 from s3_saver import ConfigurationError
 from s3_saver._drivers.sync import SyncDriver
 
 
-def _concat(state: list, writes: list) -> list:
-    out = list(state)
-    for w in writes:
-        out.extend(w)
-    return out
-
-
 class State(TypedDict):
     # A snapshot every 4 updates: a history of 9 turns crosses several.
-    log: Annotated[list, DeltaChannel(_concat, snapshot_frequency=4)]
+    log: Annotated[list, DeltaChannel(concat, snapshot_frequency=4)]
     doc: str  # written once: every later checkpoint reads it from the first one's object
     turn: int
 
@@ -242,8 +236,6 @@ def test_wrong_arguments_are_refused_and_nothing_is_removed(endpoint, call, mess
 
 def _thread_of_runs(saver, thread_id: str, length: int = 100, runs: int = 5) -> None:
     """``length`` checkpoints in ``runs`` runs, each with a pending write; "doc" never changes."""
-    from helpers import checkpoint, config
-
     stored = config(thread_id)
     version = None
     for step in range(length):

@@ -145,11 +145,7 @@ class ManifestLifecycle:
                 created=h.created or created,
             )
 
-        installed = yield from self._update(thread_id, install, head)
-        if not head.created:
-            yield from self.note(thread_id, installed.created, None)
-        old = [r for r in head.segments if r not in installed.segments]
-        yield from _delete_keys(self.s3, [self.layout.segment_key(thread_id, r.number, r.token) for r in old])
+        yield from self._install(head, install)
 
     # -- delete, prune and copy ----------------------------------------------------------
     def delete_thread(
@@ -299,12 +295,18 @@ class ManifestLifecycle:
                 created=h.created or now,
             )
 
-        installed = yield from self._update(dest, install, target)
-        if not target.created:
-            yield from self.note(dest, installed.created, None)
-        # An earlier copy's segments (brought up to date above) are not referenced any more.
-        old = [r for r in target.segments if r not in installed.segments]
-        yield from _delete_keys(self.s3, [self.layout.segment_key(dest, r.number, r.token) for r in old])
+        yield from self._install(target, install)
+
+    def _install(self, head: Head, install: Callable[[Head], Head | None]) -> Op[None]:
+        """Swap in a whole history (restore, copy), list the thread if it was not,
+        and delete the segments ``head`` referred to (an earlier copy's, the lost
+        index's): nothing refers to them any more."""
+        thread_id = head.thread_id
+        installed = yield from self._update(thread_id, install, head)
+        if not head.created:
+            yield from self.note(thread_id, installed.created, None)
+        old = [r for r in head.segments if r not in installed.segments]
+        yield from _delete_keys(self.s3, [self.layout.segment_key(thread_id, r.number, r.token) for r in old])
 
 
 # -- helpers ---------------------------------------------------------------------------
