@@ -306,3 +306,28 @@ def test_lifecycle_costs_grow_with_what_they_touch_not_with_the_store(endpoint, 
     for _, requests in alone.values():
         assert "dynamodb:scan" not in requests
     saver.close()
+
+
+def test_lifecycle_on_seaweedfs(seaweedfs_bucket) -> None:
+    """The listing (StartAfter/MaxKeys pages), prune and delete_for_runs on a real
+    S3-compatible server, in manifest mode."""
+    from conftest import seaweedfs_saver
+
+    endpoint, bucket = seaweedfs_bucket
+    saver = seaweedfs_saver(endpoint, bucket)
+    saver.setup()
+    clock = {"now": 1_800_000_000}
+    saver._ctx.now = lambda: clock["now"]
+    ref = _graph(InMemorySaver())
+    for i in range(5):
+        clock["now"] += 1
+        _run((_graph(saver), ref), f"t{i}", range(3), run_id=f"run-{i}")
+    listed = [t.thread_id for t in saver.list_threads()]
+    assert listed == [f"t{i}" for i in reversed(range(5))]
+    first = list(saver.list_threads(limit=2))
+    assert [t.thread_id for t in saver.list_threads(before=first[-1], limit=2)] == ["t2", "t1"]
+    saver.prune(["t4"], keep_last=2)
+    assert _values(_graph(saver), "t4") == _values(ref, "t4")[:2]
+    saver.delete_for_runs(["run-3"])
+    assert [t.thread_id for t in saver.list_threads()] == ["t4", "t2", "t1", "t0"]
+    saver.close()
