@@ -167,3 +167,41 @@ def test_delta_history_without_a_depth_hint(saver, endpoint, index_mode) -> None
         # The head, its two segments in waves of one and (asking for two) one, objects.
         assert cost.round_trips == 4, cost
     reader.close()
+
+
+class LongState(TypedDict):
+    log: Annotated[list, DeltaChannel(concat, snapshot_frequency=1000)]  # never snapshots here
+    turn: int
+
+
+def test_threads_written_before_link_items_keep_their_delta_history(dynamo_saver, endpoint) -> None:
+    """A thread of an older version (no link items) that goes on under this one: the
+    walk follows the new checkpoints' links, then the old items."""
+    import boto3
+
+    from conftest import TABLE
+
+    def graph(saver):
+        builder = StateGraph(LongState)
+        builder.add_node("a", lambda state: {"log": [f"a{state.get('turn', 0)}"], "turn": state.get("turn", 0) + 1})
+        builder.add_edge(START, "a")
+        return builder.compile(checkpointer=saver)
+
+    config = {"configurable": {"thread_id": "upgraded"}}
+    ref = graph(InMemorySaver())
+    for turn in range(3):
+        graph(dynamo_saver).invoke({"log": [f"in{turn}"]}, config)
+        ref.invoke({"log": [f"in{turn}"]}, config)
+    ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+    links = [i for i in ddb.scan(TableName=TABLE)["Items"] if i["sk"]["S"].startswith(" link!")]
+    for item in links:  # as an older version left the thread
+        ddb.delete_item(TableName=TABLE, Key={"pk": item["pk"], "sk": item["sk"]})
+    assert links
+    upgraded = make_saver(endpoint, "dynamodb")
+    graph(upgraded).invoke({"log": ["in3"]}, config)
+    ref.invoke({"log": ["in3"]}, config)
+    reader = make_saver(endpoint, "dynamodb")
+    assert graph(reader).get_state(config).values == ref.get_state(config).values
+    assert len(ref.get_state(config).values["log"]) == 8
+    upgraded.close()
+    reader.close()

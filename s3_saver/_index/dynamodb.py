@@ -272,6 +272,7 @@ class DynamoIndex(DynamoLifecycle, Index):
             return None, []
         known = {e.checkpoint_id: e for e in links if e.gen >= deleted}
         chain: list[CheckpointEntry] = []
+        older: list[CheckpointEntry] = []
         unseeded = set(channels)
         cursor = target.parent_id
         while cursor is not None and unseeded:
@@ -279,6 +280,10 @@ class DynamoIndex(DynamoLifecycle, Index):
             if entry is None:
                 start = page.get("LastEvaluatedKey")
                 if start is None:
+                    # An ancestor written before link items existed (or gone): the
+                    # walk goes on over the items themselves from the last one found.
+                    last = chain[-1].checkpoint_id if chain else checkpoint_id
+                    _, older = yield from self._ancestors_by_items(thread_id, ns, last, unseeded)
                     break
                 page = yield from request_one(calls.query(thread_id, between=(_keys.link_ns_prefix(ns), upper), start_key=start))
                 known.update((e.checkpoint_id, e) for e in (i.entry for i in map(calls.parse, page.get("Items", [])) if isinstance(i, Link)) if e.gen >= deleted)
@@ -290,7 +295,7 @@ class DynamoIndex(DynamoLifecycle, Index):
         found = yield from gather(*(self._writes_pages(thread_id, ns, e.checkpoint_id, None) for e in chain))
         for entry, writes in zip(chain, found):
             entry.writes = writes
-        return target, chain
+        return target, chain + older
 
     def _ancestors_by_items(
         self, thread_id: str, ns: str, checkpoint_id: str, channels: set[str]
