@@ -276,6 +276,7 @@ LIFECYCLE_COSTS = {
         "copy_thread": (6, {
             "dynamodb:batch_write_item": 12, "dynamodb:get_item": 1, "dynamodb:query": 3,
             "dynamodb:transact_write_items": 1, "s3:copy_object": 200,
+            "dynamodb:put_item": 5,  # the hints of the copy's 5 runs
         }),
         "list_threads(limit=3)": (2, {"dynamodb:query": 4}),
     },
@@ -285,7 +286,8 @@ LIFECYCLE_COSTS = {
         "delete_for_runs (1 run of 5)": (
             8, {"s3:delete_objects": 3, "s3:get_object": 3, "s3:list_objects_v2": 1, "s3:put_object": 3}
         ),
-        "copy_thread": (7, {"s3:copy_object": 200, "s3:get_object": 4, "s3:put_object": 4}),
+        # ... and the listing object and the hints of the copy's 5 runs.
+        "copy_thread": (8, {"s3:copy_object": 200, "s3:get_object": 4, "s3:put_object": 9}),
         "list_threads(limit=3)": (2, {"s3:get_object": 3, "s3:list_objects_v2": 1}),
     },
 }
@@ -330,4 +332,17 @@ def test_lifecycle_on_seaweedfs(seaweedfs_bucket) -> None:
     assert _values(_graph(saver), "t4") == _values(ref, "t4")[:2]
     saver.delete_for_runs(["run-3"])
     assert [t.thread_id for t in saver.list_threads()] == ["t4", "t2", "t1", "t0"]
+    saver.close()
+
+
+def test_delete_for_runs_finds_copies_too(endpoint, index_mode) -> None:
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    _run((_graph(saver),), "src", range(2), run_id="r1")
+    _run((_graph(saver),), "src", range(2, 4), run_id="r2")
+    saver.copy_thread("src", "dst")
+    saver.delete_for_runs(["r2"])
+    for thread_id in ("src", "dst"):
+        runs = {t.metadata.get("run_id") for t in saver.list({"configurable": {"thread_id": thread_id}})}
+        assert runs == {"r1"}, thread_id
     saver.close()

@@ -26,6 +26,7 @@ from s3_saver._index.base import (
 from s3_saver._index.dynamo_items import (
     COPIED_FROM,
     GEN,
+    RUN,
     PARTITION_KEY,
     SORT_KEY,
     TABLE_ATTRIBUTE_DEFINITIONS,
@@ -304,6 +305,7 @@ class DynamoLifecycle:
         copied: set[str] = set()
         deleted: dict[str, int] = {}
         kept: set[tuple[str, str]] = set()
+        runs: set[str] = set()  # the copy's runs, for delete_for_runs to find it too
 
         def choose_and_copy(raws: list[dict[str, Any]]) -> Op[None]:
             chosen: list[IndexEntry] = []
@@ -317,6 +319,8 @@ class DynamoLifecycle:
                     if entry.gen < deleted.get(entry.ns, 0) or expired(entry):
                         continue
                     kept.add((entry.ns, entry.checkpoint_id))
+                    if entry.run_id is not None:
+                        runs.add(entry.run_id)
                 elif isinstance(entry, Link):
                     # Links sort below every namespace: their checkpoints were seen.
                     if entry.entry.key[1:] in kept:
@@ -342,12 +346,12 @@ class DynamoLifecycle:
 
         # Every object before the first index item, as for every write: the target
         # shows nothing until all its objects exist.
-        projection = (PARTITION_KEY, SORT_KEY, "loc", "token", GEN, TTL_ATTRIBUTE)
+        projection = (PARTITION_KEY, SORT_KEY, "loc", "token", GEN, TTL_ATTRIBUTE, RUN)
         yield from self._each_page(source, choose_and_copy, projection=projection)
         # Newest first: a copy cut short here leaves the target's latest state
         # right (and its history short) until copy_thread is called again.
         yield from self._each_page(source, write_items)
-        yield from self.note(dest, now, None)
+        yield from gather(self.note(dest, now, None), *(self.note(dest, None, r) for r in sorted(runs)))
 
     def _each_page(
         self,

@@ -296,6 +296,9 @@ class ManifestLifecycle:
             )
 
         yield from self._install(target, install)
+        # The copy's runs, for delete_for_runs to find it too.
+        runs = sorted({e.run_id for e in entries if e.run_id is not None})
+        yield from gather(*(self.note(dest, None, r) for r in runs))
 
     def _install(self, head: Head, install: Callable[[Head], Head | None]) -> Op[None]:
         """Swap in a whole history (restore, copy), list the thread if it was not,
