@@ -13,7 +13,7 @@ from langgraph.graph import START, StateGraph
 
 from conftest import BUCKET, make_saver
 from helpers import checkpoint, concat, config
-from s3_saver import ConfigurationError
+from s3_saver import ConfigurationError, S3SaverError
 from s3_saver._drivers.sync import SyncDriver
 
 
@@ -345,4 +345,34 @@ def test_delete_for_runs_finds_copies_too(endpoint, index_mode) -> None:
     for thread_id in ("src", "dst"):
         runs = {t.metadata.get("run_id") for t in saver.list({"configurable": {"thread_id": thread_id}})}
         assert runs == {"r1"}, thread_id
+    saver.close()
+
+
+def test_a_thread_whose_listing_failed_is_listed_by_its_next_write(endpoint, index_mode, monkeypatch) -> None:
+    """The listing record of a thread's first checkpoint fails (no permission, a
+    timeout): the put fails, and the thread's next root checkpoint lists it."""
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    real = SyncDriver._wave
+    failed = []
+
+    def wave(driver, calls):
+        # The listing request fails (every attempt); the rest of the wave, the
+        # commit among them in DynamoDB mode, goes through.
+        def is_listing(c):
+            return c.operation == "transact_write_items" or "listing/threads/" in str(c.params.get("Key", ""))
+
+        others = [c for c in calls if not is_listing(c)]
+        answers = iter(real(driver, tuple(others)) if others else [])
+        failed.extend(c.operation for c in calls if is_listing(c))
+        return [ConnectionError("the listing request was lost") if is_listing(c) else next(answers) for c in calls]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(SyncDriver, "_wave", wave)
+        with pytest.raises((S3SaverError, ConnectionError)):
+            _run((_graph(saver),), "t", range(1))
+    assert failed
+    _run((_graph(saver),), "t", range(1, 2))
+    assert [t.thread_id for t in saver.list_threads()] == ["t"]
+    assert len(list(saver.list_threads())) == 1
     saver.close()

@@ -116,6 +116,9 @@ class Prepared:
     gen: int  # the thread's delete generation (0: never deleted)
     parent: CheckpointEntry | None  # the parent's entry as stored, when asked for
     listed: bool  # the thread is in the thread listing already
+    # Not listed: the time to list it at, beside the commit (None: it cannot be
+    # listed by this write; see ManifestIndex.prepare).
+    listing: int | None = None
 
 
 @dataclass
@@ -140,6 +143,9 @@ class Index(ABC):
     # True when ``entries`` sends no request (it answers from what was read):
     # the resolver then looks up first and sends one wave of GETs after.
     local_lookups = False
+    # True when ``prepare`` writes a new thread's listing record itself (the
+    # commit then only makes it count): ``note`` is not asked to.
+    lists_in_prepare = False
 
     @abstractmethod
     def describe(self) -> str: ...
@@ -152,10 +158,11 @@ class Index(ABC):
 
     # -- writes --------------------------------------------------------------------
     @abstractmethod
-    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[Prepared]:
+    def prepare(self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None) -> Op[Prepared]:
         """What a writer reads beside its object writes: the thread's delete
         generation, the entry of ``parent_id`` as stored (None when not asked
-        for, or not found) and whether the thread is listed."""
+        for, or not found) and whether the thread is listed; ``list_at``: when
+        it is not, list it as created then (a root namespace's checkpoint)."""
 
     @abstractmethod
     def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
@@ -166,8 +173,9 @@ class Index(ABC):
     @abstractmethod
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
         """The records that find a thread, sent beside a commit: the thread
-        listing entry of a new thread (``created``), and that run ``run_id``
-        wrote to it. Hints only: a hint whose commit failed finds nothing."""
+        listing entry of a new thread (``created``, unless ``prepare`` wrote it),
+        and that run ``run_id`` wrote to it. Hints only: a hint whose commit
+        failed finds nothing."""
 
     @abstractmethod
     def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:

@@ -58,14 +58,18 @@ class DynamoIndex(DynamoLifecycle, Index):
         return f"DynamoDB table {self.table}"
 
     # -- writes --------------------------------------------------------------------------
-    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[Prepared]:
+    def prepare(self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None) -> Op[Prepared]:
         calls = [self.calls.get_tombstone(thread_id)]
         if parent_id is not None:
             calls.append(self.calls.get_checkpoint(thread_id, ns, parent_id))
         found = yield from request(*calls)
         parent = self.calls.parse(found[1]["Item"]) if parent_id is not None and "Item" in found[1] else None
         thread = _thread_item(self.calls, found[0])
-        return Prepared(thread.gen, parent if isinstance(parent, CheckpointEntry) else None, bool(thread.created))
+        # The listing and the thread's mark go in one transaction (``note``): a
+        # thread whose listing failed is listed by its next root checkpoint.
+        return Prepared(
+            thread.gen, parent if isinstance(parent, CheckpointEntry) else None, bool(thread.created), list_at
+        )
 
     def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
         # The item and its link (what the ancestor walk reads) in one request.
@@ -82,8 +86,7 @@ class DynamoIndex(DynamoLifecycle, Index):
             return
         results = yield tuple(calls)
         for call, result in zip(calls, results):
-            # A cancelled listing: another writer listed the thread first.
-            if isinstance(result, BaseException) and error_code(result) != "TransactionCanceledException":
+            if isinstance(result, BaseException) and not _listed_first(result):
                 raise_failure(call, result)
 
     def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
@@ -364,6 +367,14 @@ class DynamoIndex(DynamoLifecycle, Index):
             pending = [left for result in results for left in take(result)]
         if pending:
             raise S3SaverError(f"DynamoDB table {self.table} kept refusing {len(pending)} {what} (throttled)")
+
+
+def _listed_first(exc: BaseException) -> bool:
+    """A listing transaction cancelled by its condition: another writer listed the thread."""
+    if error_code(exc) != "TransactionCanceledException":
+        return False
+    reasons = [r.get("Code") for r in (getattr(exc, "response", {}) or {}).get("CancellationReasons", [])]
+    return "ConditionalCheckFailed" in reasons and all(r in ("None", "ConditionalCheckFailed") for r in reasons)
 
 
 def _writes_in(calls: DynamoCalls, page: dict[str, Any]) -> list[WritesEntry]:

@@ -72,6 +72,7 @@ Segment = tuple[list[CheckpointEntry], list[WritesEntry]]
 
 class ManifestIndex(ManifestLifecycle, Index):
     local_lookups = True
+    lists_in_prepare = True
 
     def __init__(self, s3: S3Calls, layout: KeyLayout) -> None:
         self.s3 = s3
@@ -194,21 +195,37 @@ class ManifestIndex(ManifestLifecycle, Index):
         return None
 
     # -- writes --------------------------------------------------------------------------
-    def prepare(self, thread_id: str, ns: str, parent_id: str | None) -> Op[Prepared]:
+    def prepare(self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None) -> Op[Prepared]:
         """Reads the head. When the head this process saw last was due for sealing,
         its oldest checkpoints go into a segment in the same round trip (they
-        never change), for the commit to refer to: puts stay at two round trips."""
+        never change), for the commit to refer to: puts stay at two round trips.
+
+        The listing object goes in that round trip too, before the commit that
+        records its time in the head (a listing object counts only then): for a
+        thread that looks new (a parentless root checkpoint, or a head this
+        process saw unlisted). A thread unlisted otherwise (its listing failed,
+        or it predates listings) is listed by a later write of a process that
+        has seen its head."""
         cached = self._cached(thread_id)
         plan = _plan_seal(self.layout, cached) if cached is not None and len(cached.entries) > SEAL_AT else None
+        objects = list(plan.objects) if plan else []
+        maybe_new = not cached.created if cached is not None else parent_id is None
+        listing = list_at if list_at is not None and ns == "" and maybe_new else None
+        if listing is not None:
+            objects.append((self.layout.listing_key(listing, thread_id), b""))
         head_call = self.s3.get(self.layout.manifest_head_key(thread_id))
-        puts = tuple(self.s3.put_new(k, b) for k, b in plan.objects) if plan else ()
-        results = yield (head_call, *puts)
+        results = yield (head_call, *(self.s3.put_new(k, b) for k, b in objects))
         head = self._take_head(thread_id, head_call, results[0])
-        if plan is not None and not any(isinstance(r, BaseException) for r in results[1:]):
+        sealed = results[1 : 1 + len(plan.objects)] if plan else []
+        if plan is not None and not any(isinstance(r, BaseException) for r in sealed):
             with self._lock:
                 self._sealed[thread_id] = plan  # written: a commit may now refer to it
+        if listing is not None and isinstance(results[-1], BaseException):
+            # 412: a retried attempt of this very write put it there already.
+            if error_code(results[-1]) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+                raise_failure(self.s3.put_new(*objects[-1]), results[-1])
         parent = (yield from self._find(head, ns, parent_id)) if parent_id is not None else None
-        return Prepared(head.gen, parent, bool(head.created))
+        return Prepared(head.gen, parent, bool(head.created), listing)
 
     def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
         def change(head: Head) -> Head | None:
@@ -226,6 +243,8 @@ class ManifestIndex(ManifestLifecycle, Index):
         yield from self._update(entry.thread_id, change, self._cached(entry.thread_id))
 
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
+        """The run hint; a put's listing object went with ``prepare``, the listing
+        of a restored or copied thread (``created``) goes here, after its head."""
         keys = [self.layout.listing_key(created, thread_id)] if created is not None else []
         if run_id is not None:
             keys.append(self.layout.run_key(run_id, thread_id))

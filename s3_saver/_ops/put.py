@@ -98,7 +98,8 @@ def put(
     # seen it (cold start, another writer): the common case costs no extra trip.
     fetch_parent = known is None
     _, prepared = yield from gather(
-        put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None)
+        put_immutable(ctx.s3, objects),
+        ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, now if ns == "" else None),
     )
     gen, parent = prepared.gen, prepared.parent
     if fetch_parent:
@@ -141,9 +142,9 @@ def put(
         gen=gen,
         run_id=run_of(merged_metadata),
     )
-    # A thread starts with a root checkpoint that has no parent: the first one
-    # lists the thread (a run that starts it afresh after a delete, again).
-    created = now if parent_id is None and ns == "" and not prepared.listed else None
+    # A root checkpoint of a thread that is not listed lists it: its first one
+    # (again after a delete), or the next one when listing failed.
+    created = prepared.listing if not prepared.listed else None
     run = entry.run_id if entry.run_id is not None and (entry.run_id, thread_id) not in ctx.noted else None
     # The commit point: objects first, index entry last. The records that find
     # the thread (listing, run) go beside it: hints, a failed commit's find nothing.
@@ -151,7 +152,7 @@ def put(
     if created is None and run is None:
         yield from commit
     else:
-        yield from gather(commit, ctx.index.note(thread_id, created, run))
+        yield from gather(commit, ctx.index.note(thread_id, None if ctx.index.lists_in_prepare else created, run))
         if run is not None:
             ctx.noted.add((run, thread_id))
     ctx.locs.put((thread_id, ns, checkpoint_id), (loc, gen))
