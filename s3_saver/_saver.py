@@ -328,7 +328,8 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
         Raises:
             ThreadDeletedError: The thread was deleted after the parent checkpoint
-                was written (a run in flight cannot bring it back).
+                was written (a run in flight cannot bring it back); its subclass
+                RunDeletedError: this run was deleted by ``delete_for_runs``.
             KeyTooLongError: The ids leave no room for the keys the thread needs.
         """
         return self._sync.run(put.put(self._ctx, config, checkpoint, metadata, new_versions))
@@ -445,6 +446,9 @@ class S3Saver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         thread it wrote to), never by scanning. Checkpoints of other runs that
         read through a deleted one (unchanged values, a ``DeltaChannel``'s
         writes) stay readable: what they need stays, hidden.
+
+        A run still in flight is marked deleted first: its next ``put`` raises
+        :class:`~s3_saver.RunDeletedError` and leaves nothing behind.
 
         Args:
             run_ids: The run ids (a list: a bare string is refused).

@@ -93,6 +93,14 @@ class ThreadDeletedError(S3SaverError):
     """
 
 
+class RunDeletedError(ThreadDeletedError):
+    """A run went on writing checkpoints after ``delete_for_runs`` deleted it.
+
+    Its ``put`` raises this and leaves nothing behind, so a deleted run cannot
+    leave a checkpoint that points at what was deleted with it.
+    """
+
+
 
 class SerializationError(S3SaverError):
     """A stored value, checkpoint or metadata could not be decoded by the saver's ``serde``.

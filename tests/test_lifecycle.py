@@ -269,9 +269,10 @@ LIFECYCLE_COSTS = {
     "dynamodb": {
         # Query of the thread (1 page), deletes of 99 checkpoint, link and writes items, their objects.
         "prune keep_latest": (4, {"dynamodb:batch_write_item": 13, "dynamodb:query": 1, "s3:delete_objects": 1}),
-        # The run's hints, the thread, its 20 checkpoints and writes, their objects, the hints.
+        # The run's hints, the thread, the run marked deleted on the thread's item, its 20
+        # checkpoints with links and writes, their objects, the hints.
         "delete_for_runs (1 run of 5)": (
-            5, {"dynamodb:batch_write_item": 4, "dynamodb:query": 2, "s3:delete_objects": 1}
+            6, {"dynamodb:batch_write_item": 4, "dynamodb:query": 2, "dynamodb:update_item": 1, "s3:delete_objects": 1}
         ),
         "copy_thread": (6, {
             "dynamodb:batch_write_item": 12, "dynamodb:get_item": 1, "dynamodb:query": 3,
@@ -284,7 +285,7 @@ LIFECYCLE_COSTS = {
         # The head, its segments, one swap, the objects and retired segments, the swap that clears.
         "prune keep_latest": (5, {"s3:delete_objects": 2, "s3:get_object": 3, "s3:put_object": 2}),
         "delete_for_runs (1 run of 5)": (
-            8, {"s3:delete_objects": 3, "s3:get_object": 3, "s3:list_objects_v2": 1, "s3:put_object": 3}
+            9, {"s3:delete_objects": 3, "s3:get_object": 3, "s3:list_objects_v2": 1, "s3:put_object": 4}
         ),
         # ... and the listing object and the hints of the copy's 5 runs.
         "copy_thread": (8, {"s3:copy_object": 200, "s3:get_object": 4, "s3:put_object": 9}),
@@ -376,3 +377,32 @@ def test_a_thread_whose_listing_failed_is_listed_by_its_next_write(endpoint, ind
     assert [t.thread_id for t in saver.list_threads()] == ["t"]
     assert len(list(saver.list_threads())) == 1
     saver.close()
+
+
+def test_a_run_still_in_flight_after_delete_for_runs_is_refused(endpoint, index_mode) -> None:
+    """A run goes on writing after delete_for_runs deleted it (a cancel or a
+    rollback elsewhere): its next checkpoint is refused and leaves nothing, and
+    the thread reads as after the delete."""
+    from s3_saver import RunDeletedError
+
+    writer = make_saver(endpoint, index_mode)
+    writer.setup()
+    stored = config("t")
+    for step, run_id in enumerate(["r1", "r1", "r2"]):
+        versions = {"n": str(step + 1)}
+        stored = writer.put(stored, checkpoint({"n": step}, versions), {"run_id": run_id, "step": step}, versions)
+    deleter = make_saver(endpoint, index_mode)
+    deleter.delete_for_runs(["r2"])
+    late = checkpoint({"n": 9}, {"n": "9"})
+    with pytest.raises(RunDeletedError, match="r2"):
+        writer.put(stored, late, {"run_id": "r2", "step": 3}, {"n": "9"})
+    reader = make_saver(endpoint, index_mode)
+    latest = reader.get_tuple(config("t"))
+    assert (latest.metadata["run_id"], latest.checkpoint["channel_values"]) == ("r1", {"n": 1})
+    assert [t.metadata["step"] for t in reader.list(config("t"))] == [1, 0]
+    assert not [k for k in _objects(endpoint, "live/t/") if late["id"] in k]
+    # Another run goes on from what is left.
+    writer.put(latest.config, checkpoint({"n": 5}, {"n": "5"}), {"run_id": "r3", "step": 2}, {"n": "5"})
+    assert reader.get_tuple(config("t")).checkpoint["channel_values"] == {"n": 5}
+    for s in (writer, deleter, reader):
+        s.close()

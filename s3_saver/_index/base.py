@@ -102,8 +102,10 @@ class Tombstone:
     ns: str | None
     gen: int
     deleted_at: int = 0
-    # On the thread's item (``ns`` None): when the thread was listed (0: it is not).
+    # On the thread's item (``ns`` None): when the thread was listed (0: it is not),
+    # and the runs delete_for_runs deleted from it.
     created: int = 0
+    dead_runs: frozenset[str] = frozenset()
 
 
 IndexEntry = CheckpointEntry | WritesEntry | Tombstone
@@ -119,6 +121,8 @@ class Prepared:
     # Not listed: the time to list it at, beside the commit (None: it cannot be
     # listed by this write; see ManifestIndex.prepare).
     listing: int | None = None
+    # Runs delete_for_runs deleted from the thread: they may write no more.
+    dead_runs: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -237,6 +241,11 @@ class Index(ABC):
     @abstractmethod
     def runs(self, run_ids: list[str]) -> Op[dict[str, list[str]]]:
         """The threads each run wrote to (hints: each may hold none of it any more)."""
+
+    @abstractmethod
+    def bury_runs(self, thread_id: str, run_ids: list[str]) -> Op[None]:
+        """Record that these runs were deleted from the thread, before anything of
+        them goes: a write of such a run refuses (RunDeletedError)."""
 
     @abstractmethod
     def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:

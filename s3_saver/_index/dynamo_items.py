@@ -49,8 +49,9 @@ GEN = "gen"
 # the checkpoints that read through it.
 RUN = "run"
 HIDDEN = "hidden"
-# On the thread's tombstone item: when the thread was listed.
+# On the thread's tombstone item: when the thread was listed; the runs deleted from it.
 CREATED = "created"
+DEAD_RUNS = "dead_runs"
 
 
 @dataclass
@@ -177,7 +178,8 @@ class DynamoCalls:
                     item.get(TTL_ATTRIBUTE),
                 )
             ns = key.ns if key.kind == "ns_tombstone" else None
-            return Tombstone(thread_id, ns, gen, item.get("deleted_at", 0), item.get(CREATED, 0))
+            dead = frozenset(item.get(DEAD_RUNS, ()))
+            return Tombstone(thread_id, ns, gen, item.get("deleted_at", 0), item.get(CREATED, 0), dead)
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(
                 f"index item {item.get(PARTITION_KEY)!r}/{item.get(SORT_KEY)!r} in table {self.table}: {exc}"
@@ -216,6 +218,18 @@ class DynamoCalls:
         }
         put = {"TableName": self.table, "Item": self.listing_item(created, thread_id)}
         return self._call("transact_write_items", {"TransactItems": [{"Update": update}, {"Put": put}]})
+
+    def bury_runs(self, thread_id: str, run_ids: list[str]) -> Call:
+        return self._call(
+            "update_item",
+            {
+                "TableName": self.table,
+                "Key": self.tombstone_key(thread_id),
+                "UpdateExpression": f"ADD #{DEAD_RUNS} :r",
+                "ExpressionAttributeNames": {f"#{DEAD_RUNS}": DEAD_RUNS},
+                "ExpressionAttributeValues": {":r": {"SS": sorted(run_ids)}},
+            },
+        )
 
     def unlist_thread(self, created: int, thread_id: str) -> Call:
         """Takes the thread out of the listing and its creation time off its item

@@ -146,6 +146,9 @@ class DynamoLifecycle:
                     pending[run_id] = page["LastEvaluatedKey"]
         return found
 
+    def bury_runs(self, thread_id: str, run_ids: list[str]) -> Op[None]:
+        yield from request(self.calls.bury_runs(thread_id, run_ids))
+
     def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:
         keys = [{k: v for k, v in self.calls.run_item(r, t).items()} for r, t in pairs]
         yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in keys], "run hints")

@@ -68,7 +68,11 @@ class DynamoIndex(DynamoLifecycle, Index):
         # The listing and the thread's mark go in one transaction (``note``): a
         # thread whose listing failed is listed by its next root checkpoint.
         return Prepared(
-            thread.gen, parent if isinstance(parent, CheckpointEntry) else None, bool(thread.created), list_at
+            thread.gen,
+            parent if isinstance(parent, CheckpointEntry) else None,
+            bool(thread.created),
+            list_at,
+            thread.dead_runs,
         )
 
     def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:

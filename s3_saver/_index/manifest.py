@@ -57,6 +57,7 @@ from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
+    RunDeletedError,
     S3SaverError,
     ThreadDeletedError,
     classify,
@@ -225,11 +226,16 @@ class ManifestIndex(ManifestLifecycle, Index):
             if error_code(results[-1]) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
                 raise_failure(self.s3.put_new(*objects[-1]), results[-1])
         parent = (yield from self._find(head, ns, parent_id)) if parent_id is not None else None
-        return Prepared(head.gen, parent, bool(head.created), listing)
+        return Prepared(head.gen, parent, bool(head.created), listing, frozenset(head.dead_runs))
 
     def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
         def change(head: Head) -> Head | None:
             _refuse_older(head, entry.gen, entry.thread_id, entry.checkpoint_id)
+            if entry.run_id in head.dead_runs:
+                raise RunDeletedError(
+                    f"run {entry.run_id!r} of thread {entry.thread_id!r} was deleted (delete_for_runs) "
+                    f"while it ran; its checkpoint {entry.checkpoint_id!r} is refused ({self.describe()})"
+                )
             old = _in(head.entries, entry.ns, entry.checkpoint_id)
             if old is not None and old.loc == entry.loc and old.parent_id == entry.parent_id:
                 return None  # our own swap, applied by an earlier attempt

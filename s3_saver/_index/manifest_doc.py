@@ -65,6 +65,8 @@ class Head:
     created: int = 0
     # Segments a prune replaced: their objects go once nothing refers to them.
     retired: list[SegmentRef] = field(default_factory=list)
+    # Runs delete_for_runs deleted: they may commit no more checkpoints.
+    dead_runs: list[str] = field(default_factory=list)
     etag: str | None = None  # of the stored head this was read from (None: no head)
 
 
@@ -85,6 +87,7 @@ def encode_head(head: Head) -> bytes:
             "copied_from": head.copied_from,
             "created": head.created,
             "retired": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.retired],
+            "dead_runs": head.dead_runs,
         }
     )
 
@@ -107,6 +110,7 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         copied_from=doc["copied_from"],
         created=doc.get("created", 0),
         retired=[SegmentRef(*r) for r in doc.get("retired", [])],
+        dead_runs=list(doc.get("dead_runs", [])),
         etag=etag,
     )
 

@@ -109,6 +109,13 @@ class ManifestLifecycle:
                     pending[run_id] = page["NextContinuationToken"]
         return found
 
+    def bury_runs(self, thread_id: str, run_ids: list[str]) -> Op[None]:
+        def bury(h: Head) -> Head | None:
+            new = [r for r in run_ids if r not in h.dead_runs]
+            return replace(h, dead_runs=[*h.dead_runs, *new]) if new else None
+
+        yield from self._update(thread_id, bury, self._cached(thread_id))
+
     def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:
         yield from _delete_keys(self.s3, [self.layout.run_key(r, t) for r, t in pairs])
 

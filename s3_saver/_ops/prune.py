@@ -76,7 +76,11 @@ def delete_for_runs(ctx: Context, run_ids: Sequence[str]) -> Op[None]:
 
     def one(thread_id: str) -> Op[None]:
         entries = yield from ctx.index.contents(thread_id)
-        if any(e.run_id in gone and not e.hidden for e in entries):
+        here = sorted({e.run_id for e in entries if e.run_id in gone and not e.hidden})  # type: ignore[misc]
+        if here:
+            # First, so that a run still in flight cannot commit a checkpoint that
+            # points at what goes next (its put raises RunDeletedError).
+            yield from ctx.index.bury_runs(thread_id, here)
             kept = {e.key for e in entries if not e.hidden and e.run_id not in gone}
             yield from _take_out(ctx, thread_id, entries, kept)
 

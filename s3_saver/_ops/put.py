@@ -32,7 +32,7 @@ from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
 from s3_saver._protocol import Op, T, gather
 from s3_saver._s3 import put_immutable
-from s3_saver.errors import CheckpointTooLargeError, ThreadDeletedError
+from s3_saver.errors import CheckpointTooLargeError, RunDeletedError, ThreadDeletedError
 
 # Room for keys, parent id and attribute names next to ``loc`` in the item.
 _LOC_HEADROOM = 16 * 1024
@@ -114,6 +114,13 @@ def put(
             f"({ctx.index.describe()}); a run in flight cannot continue it. Start the thread "
             "afresh (invoke without a checkpoint_id) to use the id again."
         )
+    run_id = run_of(merged_metadata)
+    if run_id is not None and run_id in prepared.dead_runs:
+        yield from _take_back(ctx, list(objects))
+        raise RunDeletedError(
+            f"run {run_id!r} of thread {thread_id!r} was deleted (delete_for_runs) while it ran; "
+            f"its checkpoint {checkpoint_id!r} is refused ({ctx.index.describe()})"
+        )
     if fetch_parent:
         late: dict[str, Any] = {}
         _carry(ctx, carried, known[0] if known else {}, values, now, loc, late)
@@ -140,7 +147,7 @@ def put(
         # expire (values it points at are at most ttl/2 old, see _carry).
         expires_at=now + ctx.ttl_seconds if ctx.ttl_seconds else None,
         gen=gen,
-        run_id=run_of(merged_metadata),
+        run_id=run_id,
     )
     # A root checkpoint of a thread that is not listed lists it: its first one
     # (again after a delete), or the next one when listing failed.
