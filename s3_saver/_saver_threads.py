@@ -1,0 +1,169 @@
+"""The thread-as-a-whole methods of S3Saver: delete, copy, prune, delete runs, list, rebuild.
+
+A mixin of :class:`~s3_saver.S3Saver` (it precedes ``BaseCheckpointSaver`` among
+the bases, so these override the base class's ``NotImplementedError``). Each
+method is one line: an operation and a driver, as in ``_saver``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.runnables import RunnableConfig
+
+from s3_saver._ops import copy, delete, prune, rebuild, threads
+from s3_saver._ops.threads import ThreadInfo
+
+if TYPE_CHECKING:
+    from s3_saver._drivers.aio import AsyncDriver
+    from s3_saver._drivers.sync import SyncDriver
+    from s3_saver._ops.context import Context
+
+
+class ThreadLifecycle:
+    """Operations on whole threads (S3Saver's ``_sync``, ``_async`` and ``_ctx`` run them)."""
+
+    _sync: SyncDriver
+    _async: AsyncDriver
+    _ctx: Context
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, value and pending write of a thread (all namespaces).
+
+        Tombstones go in first: from the first request on, a run of the thread
+        still in flight elsewhere cannot continue it (its writes raise
+        :class:`~s3_saver.ThreadDeletedError`), and each namespace reads as
+        empty before anything of it is deleted. A delete cut short (a Lambda
+        timeout) never leaves a half-readable thread; calling it again finishes
+        it. The thread id can then be used again by a run that starts afresh.
+        """
+        self._sync.run(delete.delete_thread(self._ctx, thread_id))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Async version of :meth:`delete_thread`."""
+        await self._async.run(delete.delete_thread(self._ctx, thread_id))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, value and pending write of a thread into another thread.
+
+        Objects are copied server-side (``CopyObject``), all of them before the
+        first index item; index items follow newest first. A copy cut short
+        leaves the target's latest state readable and completes when called
+        again: the target may hold copies from the same source, nothing else.
+
+        Raises:
+            ConfigurationError: The target thread has checkpoints of its own.
+        """
+        self._sync.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async version of :meth:`copy_thread`."""
+        await self._async.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest", keep_last: int | None = None) -> None:
+        """Remove older checkpoints of threads, with their pending writes and objects.
+
+        ``keep_latest`` keeps the newest checkpoint of each namespace (the newest
+        ``keep_last`` with ``keep_last``); ``delete`` removes the threads (as
+        :meth:`delete_thread`). What a kept checkpoint still reads stays, hidden
+        from ``list`` and ``get_tuple``: the checkpoints whose objects hold its
+        unchanged values, and, for a ``DeltaChannel``, the ancestors back to the
+        channel's last snapshot with their writes (so its state rebuilds the
+        same). Costs one read of each thread's index and a few batched deletes.
+
+        A prune cut short leaves every kept checkpoint readable; calling it again
+        finishes it. Do not prune a thread while a run continues it from a
+        checkpoint other than its latest (a fork in flight): that run could
+        point at values the prune removes.
+
+        Args:
+            thread_ids: The threads to prune (a list: a bare string is refused).
+            strategy: ``"keep_latest"`` or ``"delete"``.
+            keep_last: With ``keep_latest``, how many checkpoints to keep per namespace.
+
+        Raises:
+            ConfigurationError: Wrong arguments (nothing is removed).
+        """
+        self._sync.run(prune.prune(self._ctx, thread_ids, strategy, keep_last))
+
+    async def aprune(
+        self, thread_ids: Sequence[str], *, strategy: str = "keep_latest", keep_last: int | None = None
+    ) -> None:
+        """Async version of :meth:`prune`."""
+        await self._async.run(prune.prune(self._ctx, thread_ids, strategy, keep_last))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete every checkpoint (every thread and namespace) whose metadata
+        ``run_id`` is one of ``run_ids``, with its pending writes and objects.
+
+        Runs are found through the index (each put of a new run records which
+        thread it wrote to), never by scanning. Checkpoints of other runs that
+        read through a deleted one (unchanged values, a ``DeltaChannel``'s
+        writes) stay readable: what they need stays, hidden.
+
+        A run still in flight is marked deleted first: its next ``put`` raises
+        :class:`~s3_saver.RunDeletedError` and leaves nothing behind.
+
+        Args:
+            run_ids: The run ids (a list: a bare string is refused).
+        """
+        self._sync.run(prune.delete_for_runs(self._ctx, run_ids))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async version of :meth:`delete_for_runs`."""
+        await self._async.run(prune.delete_for_runs(self._ctx, run_ids))
+
+    def list_threads(
+        self,
+        *,
+        filter: dict[str, Any] | None = None,
+        limit: int | None = None,
+        before: ThreadInfo | str | RunnableConfig | None = None,
+    ) -> Iterator[ThreadInfo]:
+        """List the threads of this prefix, newest thread first (by creation).
+
+        Each thread comes with its latest checkpoint's id, time and metadata.
+        Threads are found in a listing written once per thread (beside its first
+        checkpoint), never by scanning: a page of 100 threads costs one listing
+        read plus one read per thread, in two round trips.
+
+        Args:
+            filter: Metadata of the latest checkpoint must match (as in :meth:`list`).
+            limit: At most this many threads.
+            before: Only threads created before this one (a ``ThreadInfo`` from
+                an earlier page, a thread id, or a config naming one): pagination.
+
+        Yields:
+            :class:`ThreadInfo` for each thread.
+        """
+        return self._sync.iterate(threads.list_threads(self._ctx, filter, limit, before))
+
+    async def alist_threads(
+        self,
+        *,
+        filter: dict[str, Any] | None = None,
+        limit: int | None = None,
+        before: ThreadInfo | str | RunnableConfig | None = None,
+    ) -> AsyncIterator[ThreadInfo]:
+        """Async version of :meth:`list_threads`."""
+        async for item in self._async.iterate(threads.list_threads(self._ctx, filter, limit, before)):
+            yield item
+
+    def rebuild_index(self, thread_id: str | None = None) -> int:
+        """Rebuild the index from the bucket: for one thread, or every thread under the prefix.
+
+        The admin path for an index that was lost or damaged (a table deleted,
+        a manifest removed, a replica bucket in another region): it lists the
+        bucket and reads every object of the threads, so every read afterwards
+        equals the reads before the index was lost. Run it while no writer works
+        on those threads. What a surviving tombstone deleted stays deleted.
+
+        Returns:
+            How many checkpoints were indexed.
+        """
+        return self._sync.run(rebuild.rebuild_index(self._ctx, thread_id))
+
+    async def arebuild_index(self, thread_id: str | None = None) -> int:
+        """Async version of :meth:`rebuild_index`."""
+        return await self._async.run(rebuild.rebuild_index(self._ctx, thread_id))
