@@ -223,8 +223,8 @@ def _cut_after(monkeypatch, waves: int) -> None:
         (lambda s: s.delete_for_runs([None]), "non-empty"),
     ],
 )
-def test_wrong_arguments_are_refused_and_nothing_is_removed(endpoint, call, message) -> None:
-    saver = make_saver(endpoint)
+def test_wrong_arguments_are_refused_and_nothing_is_removed(endpoint, index_mode, call, message) -> None:
+    saver = make_saver(endpoint, index_mode)
     saver.setup()
     _run((_graph(saver),), "t", range(2))
     before = _objects(endpoint, "live/")
