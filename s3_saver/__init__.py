@@ -9,6 +9,7 @@ from s3_saver._index.dynamo_items import (
     TTL_ATTRIBUTE,
 )
 from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
+from s3_saver._ops.archive import ArchiveStatus
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver._protocol import RequestStats
 from s3_saver._retry import RetryPolicy
@@ -30,6 +31,7 @@ from s3_saver.errors import (
     SetupTimeoutError,
     StoreUnavailableError,
     TableNotFoundError,
+    ThreadArchivedError,
     ThreadDeletedError,
 )
 
@@ -43,6 +45,7 @@ __all__ = [
     "TABLE_KEY_SCHEMA",
     "TTL_ATTRIBUTE",
     "AccessDeniedError",
+    "ArchiveStatus",
     "BucketNotFoundError",
     "CheckpointTooLargeError",
     "ConfigurationError",
@@ -61,6 +64,7 @@ __all__ = [
     "SetupTimeoutError",
     "StoreUnavailableError",
     "TableNotFoundError",
+    "ThreadArchivedError",
     "ThreadDeletedError",
     "ThreadInfo",
 ]

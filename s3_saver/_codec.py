@@ -30,12 +30,31 @@ _ZLIB_FIRST_BYTE = b"\x78"  # a msgpack map never starts with it (0x78 is a fixi
 
 
 def pack(record: dict[str, Any]) -> bytes:
-    data = ormsgpack.packb(record)
+    return squeeze(ormsgpack.packb(record))
+
+
+def squeeze(data: bytes) -> bytes:
+    """A packed record as stored: zlib-compressed when that pays."""
     if _COMPRESS_MIN <= len(data) <= _COMPRESS_MAX:
         squeezed = zlib.compress(data, 6)
         if len(squeezed) * 10 <= len(data) * 9:
             return squeezed
     return data
+
+
+def plain(data: bytes, where: str) -> bytes:
+    """A stored object's packed record, uncompressed (the inverse of ``squeeze``)."""
+    if data[:1] != _ZLIB_FIRST_BYTE:
+        return data
+    try:
+        return zlib.decompress(data)
+    except zlib.error as exc:
+        raise CorruptObjectError(f"{where}: not a msgpack document ({exc})") from exc
+
+
+def same_record(stored: bytes, wanted: bytes) -> bool:
+    """Two stored objects hold the same record (compressed alike or not)."""
+    return stored == wanted or plain(stored, "") == plain(wanted, "")
 
 
 def unpack(data: bytes, expected_format: str, where: str) -> dict[str, Any]:

@@ -37,8 +37,8 @@ LISTING_PREFIX = "listing/"
 mode): one empty object per thread, named by when it was created, and one per
 (run, thread)."""
 ARCHIVE_PREFIX = "archive/"
-"""Sub-prefix reserved for archived threads, for lifecycle rules to move to colder
-storage classes. The saver does not write there yet."""
+"""Sub-prefix of archived threads: one object per thread (``archive_thread``), in a
+cold storage class; lifecycle rules may move it colder still."""
 
 S3_KEY_MAX_BYTES = 1024
 DYNAMODB_PARTITION_KEY_MAX_BYTES = 2048
@@ -220,6 +220,15 @@ class KeyLayout:
         rest = key[len(self.manifest_root) :] if key.startswith(self.manifest_root) else ""
         encoded, _, name = rest.partition("/")
         return decode(encoded) if name == "head" and encoded else None
+
+    # -- archived threads ------------------------------------------------------
+    def archive_dir(self, thread_id: str) -> str:
+        return f"{self.prefix}{ARCHIVE_PREFIX}{encode(thread_id)}/"
+
+    def archive_key(self, thread_id: str, digest: str) -> str:
+        # Named by its content: an archive written again after a crash lands on
+        # the same key (and is known to hold the same bytes).
+        return _checked(f"{self.archive_dir(thread_id)}{digest}")
 
     # -- the thread listing and run hints (manifest mode) -------------------
     @property

@@ -127,6 +127,22 @@ def raise_failure(call: Call, result: BaseException) -> None:
     raise failure(call, result)
 
 
+def drain(op: Op[T]) -> Op[tuple[list[Any], T]]:
+    """Run an operation that emits inside another: its emitted values, and its result."""
+    values: list[Any] = []
+    reply: Any = None
+    while True:
+        try:
+            step = op.send(reply)
+        except StopIteration as stop:
+            return values, stop.value
+        if isinstance(step, Emit):
+            values.append(step.value)
+            reply = None
+        else:
+            reply = yield step
+
+
 def gather(*ops: Op[Any]) -> Op[list[Any]]:
     """Run operations side by side: their calls of each step go out as one round trip.
 

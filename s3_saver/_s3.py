@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import operator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from s3_saver._protocol import Call, Instruction, raise_failure
@@ -19,19 +20,40 @@ _MAX_CONFLICT_RETRIES = 3
 
 
 class S3Calls:
-    def __init__(self, bucket: str, where: Where | None = None) -> None:
+    def __init__(
+        self, bucket: str, where: Where | None = None, live_root: str = "", live_class: str | None = None
+    ) -> None:
         self.bucket = bucket
         self.where = where
+        # The storage class of objects under ``live_root`` (None: the bucket's
+        # default). Manifests and listings stay in the default class: heads are
+        # replaced all the time, and infrequent-access classes bill early deletes.
+        self.live_root = live_root
+        self.live_class = live_class
 
     def _call(self, operation: str, params: dict[str, Any]) -> Call:
         return Call("s3", operation, params, self.where)
 
-    def put_new(self, key: str, body: bytes) -> Call:
+    def _class_of(self, key: str) -> dict[str, str]:
+        if self.live_class is not None and self.live_root and key.startswith(self.live_root):
+            return {"StorageClass": self.live_class}
+        return {}
+
+    def put_new(self, key: str, body: bytes, storage_class: str | None = None) -> Call:
         # IfNoneMatch="*": a key is written once; see put_immutable for retries.
+        cls = {"StorageClass": storage_class} if storage_class else self._class_of(key)
         return self._call(
             "put_object",
-            {"Bucket": self.bucket, "Key": key, "Body": body, "IfNoneMatch": "*"},
+            {"Bucket": self.bucket, "Key": key, "Body": body, "IfNoneMatch": "*", **cls},
         )
+
+    def head(self, key: str) -> Call:
+        return self._call("head_object", {"Bucket": self.bucket, "Key": key})
+
+    def restore(self, key: str, days: int, tier: str) -> Call:
+        """Ask S3 for a readable copy of an object in a cold class, for ``days``."""
+        request = {"Days": days, "GlacierJobParameters": {"Tier": tier}}
+        return self._call("restore_object", {"Bucket": self.bucket, "Key": key, "RestoreRequest": request})
 
     def put_swap(self, key: str, body: bytes, etag: str | None) -> Call:
         # Compare-and-swap of a mutable object (a manifest head): replaces the
@@ -63,6 +85,7 @@ class S3Calls:
                 "Key": key,
                 "CopySource": {"Bucket": self.bucket, "Key": source_key},
                 "IfNoneMatch": "*",
+                **self._class_of(key),
             },
         )
 
@@ -86,13 +109,17 @@ class S3Calls:
 
 
 def put_immutable(
-    s3: S3Calls, objects: dict[str, bytes], extra: tuple[Call, ...] = ()
+    s3: S3Calls,
+    objects: dict[str, bytes],
+    extra: tuple[Call, ...] = (),
+    same: Callable[[bytes, bytes], bool] = operator.eq,
 ) -> Generator[Instruction, Any, list[Any]]:
     """Write immutable objects (with ``extra`` calls in the same round trip).
 
-    A key that already holds the same bytes counts as written: that is a retried
-    put. A key holding different bytes raises ImmutableObjectConflictError and
-    the stored object stays as it was. Returns the results of ``extra``.
+    A key that already holds the same bytes (as ``same`` judges) counts as
+    written: that is a retried put. A key holding different bytes raises
+    ImmutableObjectConflictError and the stored object stays as it was.
+    Returns the results of ``extra``.
     """
     pending = dict(objects)
     extra_results: list[Any] = []
@@ -105,7 +132,7 @@ def put_immutable(
         if existing:
             stored = yield tuple(s3.get(k) for k in existing)
             for key, result in zip(existing, stored):
-                _check_same(s3, key, _body(s3.get(key), result), pending[key])
+                _check_same(s3, key, _body(s3.get(key), result), pending[key], same)
         if not retry:
             return extra_results
         pending = {k: pending[k] for k in retry}
@@ -164,8 +191,10 @@ def _body(call: Call, result: Any) -> bytes:
     return result["Body"]
 
 
-def _check_same(s3: S3Calls, key: str, stored: bytes, wanted: bytes) -> None:
-    if stored != wanted:
+def _check_same(
+    s3: S3Calls, key: str, stored: bytes, wanted: bytes, same: Callable[[bytes, bytes], bool] = operator.eq
+) -> None:
+    if not same(stored, wanted):
         raise ImmutableObjectConflictError(
             f"s3://{s3.bucket}/{key} already holds different content; immutable objects are never overwritten"
         )

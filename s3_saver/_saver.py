@@ -21,6 +21,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from s3_saver._archive import LIVE_CLASSES, check_class
 from s3_saver._clients import Clients
 from s3_saver._clients import client_config as merged_config
 from s3_saver._drivers.aio import AsyncDriver
@@ -32,6 +33,7 @@ from s3_saver._ops import delta, put, read, setup
 from s3_saver._ops.context import Context
 from s3_saver._protocol import RequestStats
 from s3_saver._retry import RetryPolicy
+from s3_saver._saver_archive import ThreadArchival
 from s3_saver._saver_threads import ThreadLifecycle
 from s3_saver._retry import deadline as retry_deadline
 from s3_saver._s3 import S3Calls
@@ -74,7 +76,9 @@ def _check_options(options: dict[str, Any]) -> None:
             refuse(name, f"an int >= {least}")
 
 
-class S3Saver(ThreadLifecycle, BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncContextManager):
+class S3Saver(
+    ThreadArchival, ThreadLifecycle, BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncContextManager
+):
     """A LangGraph checkpointer that keeps state in S3 as immutable objects, found through an index.
 
     Checkpoints, channel values and pending writes are immutable S3 objects
@@ -130,6 +134,12 @@ class S3Saver(ThreadLifecycle, BaseCheckpointSaver[str], AbstractContextManager,
             the checkpoint object (and so its index item); larger values get their
             own object.
         max_concurrency: Threads the sync driver uses to send one wave of requests.
+        storage_class: The S3 storage class of the live objects (checkpoints,
+            values, pending writes), e.g. ``"INTELLIGENT_TIERING"`` for threads
+            read rarely after their first days; None: the bucket's default
+            (``STANDARD``). Manifests stay in the default class (they are
+            rewritten at every write). For threads kept for years, see
+            :meth:`archive_thread`.
         retry: How calls that failed transiently (no answer, a timeout, a 5xx,
             throttling) are sent again, the same for sync and async: by default
             4 attempts with jittered backoff (0.1 s doubling, at most 2 s), no
@@ -157,6 +167,7 @@ class S3Saver(ThreadLifecycle, BaseCheckpointSaver[str], AbstractContextManager,
         inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
         max_concurrency: int = 16,
         retry: RetryPolicy | None = None,
+        storage_class: str | None = None,
     ) -> None:
         super().__init__(serde=serde)
         _check_options(locals())
@@ -171,7 +182,9 @@ class S3Saver(ThreadLifecycle, BaseCheckpointSaver[str], AbstractContextManager,
         }
         where = Where(bucket, table)
         layout = KeyLayout(prefix)
-        s3_calls = S3Calls(bucket, where)
+        if storage_class is not None:
+            check_class(storage_class, LIVE_CLASSES, "storage_class")
+        s3_calls = S3Calls(bucket, where, layout.root, storage_class)
         self._base_ctx = Context(
             layout=layout,
             s3=s3_calls,

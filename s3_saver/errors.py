@@ -102,6 +102,29 @@ class RunDeletedError(ThreadDeletedError):
 
 
 
+class ThreadArchivedError(S3SaverError):
+    """The thread is archived in a storage class that cannot be read at once
+    (``GLACIER``, ``DEEP_ARCHIVE``), or it was archived while this write ran.
+
+    ``restore_thread`` (or ``arestore_thread``) brings it back: it requests the
+    object's restore from the cold class, and once S3 has done that (hours for
+    Deep Archive) a call again makes the thread live. Threads archived in an
+    instant-access class (``GLACIER_IR``, ``STANDARD_IA``, ``INTELLIGENT_TIERING``)
+    are read transparently and restored by the next write, without this error.
+
+    Attributes:
+        thread_id: The archived thread.
+        storage_class: The archive object's storage class.
+        key: The archive object's key in the bucket.
+    """
+
+    def __init__(self, message: str, thread_id: str = "", storage_class: str = "", key: str = "") -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.storage_class = storage_class
+        self.key = key
+
+
 class SerializationError(S3SaverError):
     """A stored value, checkpoint or metadata could not be decoded by the saver's ``serde``.
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s3_saver._protocol import Op
+from s3_saver.errors import ThreadArchivedError
 
 # loc entry kinds: where the value of (channel, version) is stored.
 IN_CHECKPOINT_OBJECT = 0
@@ -106,6 +107,44 @@ class Tombstone:
     # and the runs delete_for_runs deleted from it.
     created: int = 0
     dead_runs: frozenset[str] = frozenset()
+    # Archived (a marker: the thread reads from the archive object), and an
+    # archive object a restore left to delete.
+    archive: ArchiveRef | None = None
+    stale_archive: str | None = None
+
+
+@dataclass
+class ArchiveRef:
+    """Where an archived thread lives: one object under ``archive/`` (see ``_archive``).
+
+    Written into the index by ``Index.archive`` (the switch: from then on the
+    thread reads from the archive) and taken out by ``Index.unarchive``.
+    """
+
+    key: str
+    storage_class: str
+    size: int  # bytes of the archive object
+    archived_at: int
+    # The newest checkpoint archived per namespace: a cleanup run again after a
+    # crash removes the live entries up to these, never a write that came later.
+    newest: dict[str, str]
+    # The root namespace's latest checkpoint, its object without values (the
+    # thread listing shows it without reading the archive); None: no root checkpoint.
+    latest: CheckpointEntry | None = None
+
+
+class Archived(ThreadArchivedError):
+    """Raised by an index read of an archived thread; the operations catch it and
+    read the archive (instant classes) or tell the caller to restore it."""
+
+    def __init__(self, thread_id: str, ref: ArchiveRef) -> None:
+        super().__init__(
+            f"thread {thread_id!r} is archived in s3 object {ref.key} ({ref.storage_class})",
+            thread_id,
+            ref.storage_class,
+            ref.key,
+        )
+        self.ref = ref
 
 
 IndexEntry = CheckpointEntry | WritesEntry | Tombstone
@@ -123,6 +162,8 @@ class Prepared:
     listing: int | None = None
     # Runs delete_for_runs deleted from the thread: they may write no more.
     dead_runs: frozenset[str] = frozenset()
+    # The thread is archived: it is restored before this write goes on.
+    archive: ArchiveRef | None = None
 
 
 @dataclass
@@ -131,6 +172,7 @@ class ThreadRef:
 
     thread_id: str
     created: int
+    archived: str | None = None  # the archive's storage class
 
 
 @dataclass
@@ -153,6 +195,11 @@ class Index(ABC):
 
     @abstractmethod
     def describe(self) -> str: ...
+
+    def held_blobs(self) -> dict[str, dict[str, Any]]:
+        """Blob objects the index holds itself (an archive), by key: the resolver
+        reads them from here instead of the bucket."""
+        return {}
 
     # -- setup ---------------------------------------------------------------------
     @abstractmethod
@@ -301,3 +348,37 @@ class Index(ABC):
         """Copy the live entries of ``source`` to the empty thread ``dest``: all
         their objects first (``copy_objects``), then exactly those entries; list
         ``dest`` as created ``now``."""
+
+    # -- archive -----------------------------------------------------------------------
+    @abstractmethod
+    def archive_of(self, thread_id: str) -> Op[Tombstone]:
+        """The thread's own record: ``archive`` (None: live) and ``stale_archive``."""
+
+    @abstractmethod
+    def archive(
+        self,
+        thread_id: str,
+        ref: ArchiveRef,
+        archived: list[CheckpointEntry] | None,
+        delete_objects: Callable[[list[Any]], Op[None]],
+    ) -> Op[None]:
+        """Switch the thread to its archive object (the commit point: from then on
+        every read goes there), then remove the live entries ``archived`` (with
+        their writes) after their objects. ``archived`` None: the switch happened
+        before (a cleanup cut short): remove what is left up to ``ref.newest``.
+        A write committed after the switch stays, parked until the restore.
+        Raises ThreadArchivedError when the thread is archived in another object,
+        or a restore has not finished removing its archive object."""
+
+    @abstractmethod
+    def unarchive(
+        self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]
+    ) -> Op[None]:
+        """Install the entries read back from ``ref`` (their objects are written)
+        and take the archive marker out, in that order (the commit point), with
+        ``ref``'s object left to delete (``stale_archive``); writes parked under
+        the marker stay."""
+
+    @abstractmethod
+    def forget_archive(self, thread_id: str, key: str) -> Op[None]:
+        """The archive object ``key`` is deleted: drop it from ``stale_archive``."""

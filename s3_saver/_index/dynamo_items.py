@@ -15,9 +15,10 @@ from typing import Any
 import ormsgpack
 
 from s3_saver import _keys
+from s3_saver._archive import decode_ref, encode_ref
 from s3_saver._codec import attr_size, from_attrs, to_attrs
 from s3_saver._index.base import ENTRY_BUDGET as ITEM_BUDGET
-from s3_saver._index.base import CheckpointEntry, IndexEntry, Tombstone, WritesEntry
+from s3_saver._index.base import Archived, CheckpointEntry, IndexEntry, Tombstone, WritesEntry
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Call
 from s3_saver.errors import CorruptObjectError, Where
@@ -52,6 +53,11 @@ HIDDEN = "hidden"
 # On the thread's tombstone item: when the thread was listed; the runs deleted from it.
 CREATED = "created"
 DEAD_RUNS = "dead_runs"
+# On the thread's item and on each namespace's tombstone item: the thread is
+# archived (see ``_archive``); a namespace's marker is what its readers meet first.
+ARCHIVE = "archive"
+# On the thread's item: an archive object a restore (or delete) still has to remove.
+STALE_ARCHIVE = "stale_archive"
 
 
 @dataclass
@@ -136,6 +142,8 @@ class DynamoCalls:
             GEN: tomb.gen,
             "deleted_at": tomb.deleted_at,
             CREATED: tomb.created or None,
+            ARCHIVE: encode_ref(tomb.archive) if tomb.archive is not None else None,
+            STALE_ARCHIVE: tomb.stale_archive,
         }
         return to_attrs(values)
 
@@ -179,7 +187,11 @@ class DynamoCalls:
                 )
             ns = key.ns if key.kind == "ns_tombstone" else None
             dead = frozenset(item.get(DEAD_RUNS, ()))
-            return Tombstone(thread_id, ns, gen, item.get("deleted_at", 0), item.get(CREATED, 0), dead)
+            where = f"index item {item[PARTITION_KEY]!r}/{item[SORT_KEY]!r} in table {self.table}"
+            archive = decode_ref(thread_id, item[ARCHIVE], where) if ARCHIVE in item else None
+            return Tombstone(
+                thread_id, ns, gen, item.get("deleted_at", 0), item.get(CREATED, 0), dead, archive, item.get(STALE_ARCHIVE)
+            )
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(
                 f"index item {item.get(PARTITION_KEY)!r}/{item.get(SORT_KEY)!r} in table {self.table}: {exc}"
@@ -395,3 +407,15 @@ def _thread_item(calls: DynamoCalls, found: dict[str, Any]) -> Tombstone:
 def _gen_of(calls: DynamoCalls, found: dict[str, Any]) -> int:
     """The generation of a tombstone GetItem's answer (0: no tombstone)."""
     return _thread_item(calls, found).gen
+
+
+def _live_gen(calls: DynamoCalls, found: dict[str, Any], thread_id: str) -> int:
+    """The generation of a namespace's tombstone GetItem's answer; raises Archived
+    when it marks the namespace archived (readers go to the archive)."""
+    return _live(_thread_item(calls, found), thread_id).gen
+
+
+def _live(tomb: Tombstone, thread_id: str) -> Tombstone:
+    if tomb.archive is not None:
+        raise Archived(thread_id, tomb.archive)
+    return tomb

@@ -16,6 +16,8 @@ from typing import Any
 
 from s3_saver import _keys
 from s3_saver._index.base import (
+    ArchiveRef,
+    Archived,
     CheckpointEntry,
     IndexEntry,
     Key3,
@@ -34,7 +36,7 @@ from s3_saver._index.dynamo_items import (
     TTL_ATTRIBUTE,
     DynamoCalls,
     Link,
-    _gen_of,
+    _live,
     _thread_item,
 )
 from s3_saver._codec import to_attrs
@@ -107,7 +109,7 @@ class DynamoLifecycle:
                 item = self.calls.parse(raw)
                 if isinstance(item, Tombstone):
                     if item.ns is not None:
-                        deleted[item.ns] = item.gen  # newest first: before its namespace's items
+                        deleted[item.ns] = _live(item, thread_id).gen  # newest first: before its namespace's items
                 elif isinstance(item, CheckpointEntry) and item.gen >= deleted.get(item.ns, 0):
                     checkpoints.append(item)
                 elif isinstance(item, WritesEntry) and item.gen >= deleted.get(item.ns, 0):
@@ -126,7 +128,7 @@ class DynamoLifecycle:
             ThreadRef(t, created)
             for created, t in (_keys.parse_listing_sort_key(r[SORT_KEY]["S"]) for r in page.get("Items", []))
         ]
-        latest = yield from gather(*(self.latest(r.thread_id, "") for r in refs))
+        latest = yield from gather(*(_or_archived(self.latest(r.thread_id, ""), r) for r in refs))
         return list(zip(refs, latest)), page.get("LastEvaluatedKey")
 
     def created(self, thread_id: str) -> Op[int | None]:
@@ -206,9 +208,22 @@ class DynamoLifecycle:
             return  # nothing was ever stored: leave no trace
         thread = _thread_item(calls, found)
         gen = thread.gen + 1
+        archive = thread.archive
         # The tombstone keeps the creation time until the listing entry is gone,
-        # so that a delete cut short still knows which one to remove.
-        yield from request(calls.put(calls.tombstone_item(Tombstone(thread_id, None, gen, now, thread.created))))
+        # so that a delete cut short still knows which one to remove; and the
+        # archive object, until it is deleted.
+        stale = archive.key if archive is not None else thread.stale_archive
+        tomb = Tombstone(thread_id, None, gen, now, thread.created, stale_archive=stale)
+        yield from request(calls.put(calls.tombstone_item(tomb)))
+        if archive is not None:
+            # The archive's namespaces read as deleted (their markers replaced) before its object goes.
+            tombs = [Tombstone(thread_id, ns, gen, now) for ns in sorted(archive.newest)]
+            yield from self.write_batches(
+                [{"PutRequest": {"Item": calls.tombstone_item(t)}} for t in tombs], f"tombstones of thread {thread_id!r}"
+            )
+        if stale is not None:
+            yield from delete_objects([ArchiveRef(stale, "", 0, 0, {})])
+            yield from self.forget_archive(thread_id, stale)  # type: ignore[attr-defined]
         if thread.created:
             yield from request(calls.unlist_thread(thread.created, thread_id))
         buried: set[str] = set()
@@ -300,7 +315,7 @@ class DynamoLifecycle:
                 f"thread {dest!r} already has checkpoints of its own in table {self.table}; copy_thread "
                 "copies into an empty thread (delete_thread it first)"
             )
-        dest_gen = _gen_of(calls, tomb)
+        dest_gen = _live(_thread_item(calls, tomb), dest).gen
 
         # Exactly the items whose objects the first pass copied get copied: an item
         # committed to the source meanwhile is left out, never copied without its
@@ -316,7 +331,7 @@ class DynamoLifecycle:
                 entry = calls.parse(raw)
                 if isinstance(entry, Tombstone):
                     if entry.ns is not None:
-                        deleted[entry.ns] = entry.gen  # newest first: before its namespace's items
+                        deleted[entry.ns] = _live(entry, source).gen  # newest first: before its namespace's items
                     continue
                 if isinstance(entry, CheckpointEntry):
                     if entry.gen < deleted.get(entry.ns, 0) or expired(entry):
@@ -369,6 +384,16 @@ class DynamoLifecycle:
             start = page.get("LastEvaluatedKey")
             if start is None:
                 return
+
+
+def _or_archived(latest: Op[CheckpointEntry | None], ref: ThreadRef) -> Op[CheckpointEntry | None]:
+    """A thread's latest root checkpoint; for an archived thread, the one its
+    archive reference describes (and ``ref`` says it is archived)."""
+    try:
+        return (yield from latest)
+    except Archived as archived:
+        ref.archived = archived.ref.storage_class
+        return archived.ref.latest
 
 
 def _attach(checkpoints: list[CheckpointEntry], writes: list[WritesEntry]) -> list[CheckpointEntry]:

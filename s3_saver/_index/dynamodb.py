@@ -30,7 +30,8 @@ from s3_saver._index.base import (
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._index.dynamo_items import PARTITION_KEY, DynamoCalls, Link, _gen_of, _thread_item
+from s3_saver._index.dynamo_items import PARTITION_KEY, DynamoCalls, Link, _live, _live_gen, _thread_item
+from s3_saver._index.dynamo_archive import DynamoArchive
 from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Op, Sleep, backoff, gather, raise_failure, request, request_one
@@ -49,7 +50,7 @@ class _HistoryCursor:
     first: bool = True
 
 
-class DynamoIndex(DynamoLifecycle, Index):
+class DynamoIndex(DynamoArchive, DynamoLifecycle, Index):
     def __init__(self, table: str, layout: KeyLayout, where: Where | None = None) -> None:
         self.calls = DynamoCalls(table, layout, where)
         self.table = table
@@ -73,6 +74,7 @@ class DynamoIndex(DynamoLifecycle, Index):
             bool(thread.created),
             list_at,
             thread.dead_runs,
+            thread.archive,
         )
 
     def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
@@ -156,7 +158,7 @@ class DynamoIndex(DynamoLifecycle, Index):
                 entry.writes = None  # read with the values, in the next wave
                 return entry
             if isinstance(entry, Tombstone):
-                min_gen, start = entry.gen, calls.tombstone_key(thread_id, ns)
+                min_gen, start = _live(entry, thread_id).gen, calls.tombstone_key(thread_id, ns)
             else:
                 assert isinstance(entry, WritesEntry)
                 upper, start = _keys.checkpoint_sort_prefix(ns, entry.checkpoint_id), None
@@ -171,7 +173,7 @@ class DynamoIndex(DynamoLifecycle, Index):
             calls.get_checkpoint(thread_id, ns, checkpoint_id), writes_query, calls.get_tombstone(thread_id, ns)
         )
         entry = calls.parse(found["Item"]) if "Item" in found else None
-        if not isinstance(entry, CheckpointEntry) or entry.hidden or entry.gen < _gen_of(calls, tomb):
+        if not isinstance(entry, CheckpointEntry) or entry.hidden or entry.gen < _live_gen(calls, tomb, thread_id):
             return None
         entry.writes = _writes_in(calls, page)
         if page.get("LastEvaluatedKey"):
@@ -232,7 +234,7 @@ class DynamoIndex(DynamoLifecycle, Index):
             call = calls.query(thread_id, begins_with=_keys.ns_sort_prefix(ns), limit=page_size, start_key=state.start)
         if state.first and ns is not None and before_id is not None:
             page, tomb = yield from request(call, calls.get_tombstone(thread_id, ns))
-            state.deleted[ns] = _gen_of(calls, tomb)
+            state.deleted[ns] = _live_gen(calls, tomb, thread_id)
         else:
             page = yield from request_one(call)
         state.first = False
@@ -241,7 +243,7 @@ class DynamoIndex(DynamoLifecycle, Index):
             item = calls.parse(raw)
             if isinstance(item, Tombstone):
                 if item.ns is not None:
-                    state.deleted[item.ns] = item.gen
+                    state.deleted[item.ns] = _live(item, thread_id).gen
                 continue
             if item is None or isinstance(item, Link) or item.gen < state.deleted.get(item.ns, 0):
                 continue
@@ -270,7 +272,7 @@ class DynamoIndex(DynamoLifecycle, Index):
         upper = _keys.link_sort_key(ns, checkpoint_id)
         query = calls.query(thread_id, between=(_keys.link_ns_prefix(ns), upper))
         page, tomb = yield from request(query, calls.get_tombstone(thread_id, ns))
-        deleted = _gen_of(calls, tomb)
+        deleted = _live_gen(calls, tomb, thread_id)
         links = [item.entry for item in map(calls.parse, page.get("Items", [])) if isinstance(item, Link)]
         if not links or links[0].checkpoint_id != checkpoint_id:
             return (yield from self._ancestors_by_items(thread_id, ns, checkpoint_id, channels))

@@ -30,6 +30,7 @@ from typing import Any
 
 from s3_saver._index.base import (
     REGULAR_PART,
+    Archived,
     CheckpointEntry,
     DepthHint,
     Index,
@@ -48,6 +49,7 @@ from s3_saver._index.manifest_doc import (
     decode_segment,
     encode_head,
 )
+from s3_saver._index.manifest_archive import ManifestArchive
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
 from s3_saver._index.manifest_seal import HARD_SEAL_AT, SEAL_AT, _MAX_SWAPS, _apply_seal, _plan_seal, _SealPlan
 from s3_saver._keys import KeyLayout
@@ -71,7 +73,7 @@ _CACHE_SEGMENTS = 256
 Segment = tuple[list[CheckpointEntry], list[WritesEntry]]
 
 
-class ManifestIndex(ManifestLifecycle, Index):
+class ManifestIndex(ManifestArchive, ManifestLifecycle, Index):
     local_lookups = True
     lists_in_prepare = True
 
@@ -94,6 +96,13 @@ class ManifestIndex(ManifestLifecycle, Index):
         call = self.s3.get(self.layout.manifest_head_key(thread_id))
         (result,) = yield (call,)
         return self._take_head(thread_id, call, result)
+
+    def _live_head(self, thread_id: str) -> Op[Head]:
+        """The head, for a read of checkpoints: an archived thread's reads go to its archive."""
+        head = yield from self._read_head(thread_id)
+        if head.archive is not None:
+            raise Archived(thread_id, head.archive)
+        return head
 
     def _take_head(self, thread_id: str, call: Any, result: Any) -> Head:
         if isinstance(result, BaseException):
@@ -226,7 +235,7 @@ class ManifestIndex(ManifestLifecycle, Index):
             if error_code(results[-1]) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
                 raise_failure(self.s3.put_new(*objects[-1]), results[-1])
         parent = (yield from self._find(head, ns, parent_id)) if parent_id is not None else None
-        return Prepared(head.gen, parent, bool(head.created), listing, frozenset(head.dead_runs))
+        return Prepared(head.gen, parent, bool(head.created), listing, frozenset(head.dead_runs), head.archive)
 
     def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
         def change(head: Head) -> Head | None:
@@ -285,7 +294,7 @@ class ManifestIndex(ManifestLifecycle, Index):
 
     # -- reads ---------------------------------------------------------------------------
     def latest(self, thread_id: str, ns: str) -> Op[CheckpointEntry | None]:
-        head = yield from self._read_head(thread_id)
+        head = yield from self._live_head(thread_id)
         return (yield from self._latest_in(head, ns))
 
     def _latest_in(self, head: Head, ns: str) -> Op[CheckpointEntry | None]:
@@ -302,7 +311,7 @@ class ManifestIndex(ManifestLifecycle, Index):
         return None
 
     def get(self, thread_id: str, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
-        head = yield from self._read_head(thread_id)
+        head = yield from self._live_head(thread_id)
         entry = yield from self._find(head, ns, checkpoint_id)
         return None if entry is None or entry.hidden else entry
 
@@ -331,7 +340,7 @@ class ManifestIndex(ManifestLifecycle, Index):
     ) -> Op[tuple[list[CheckpointEntry], Any]]:
         """The head's checkpoints first, then one sealed segment per page, newest first."""
         if cursor is None:
-            head = yield from self._read_head(thread_id)
+            head = yield from self._live_head(thread_id)
             page = [_with_writes(e, head.writes) for e in head.entries]
             refs = list(head.segments)
         else:
@@ -372,7 +381,7 @@ class ManifestIndex(ManifestLifecycle, Index):
         twice as many per wave: the round trips do not grow with the depth when
         the hint is right, and grow as the log of the shortfall when it is not.
         """
-        head = yield from self._read_head(thread_id)
+        head = yield from self._live_head(thread_id)
         known = {e.checkpoint_id: _with_writes(e, head.writes) for e in head.entries if e.ns == ns}
         # A stack, newest on top; segments holding only checkpoints newer than the
         # target go to the bottom: a parent is written before its child, its id is smaller.

@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from s3_saver._archive import decode_ref, encode_ref
 from s3_saver._codec import pack, unpack
-from s3_saver._index.base import IN_CHECKPOINT_OBJECT, CheckpointEntry, Loc, WritesEntry
+from s3_saver._index.base import IN_CHECKPOINT_OBJECT, ArchiveRef, CheckpointEntry, Loc, WritesEntry
 
 HEAD_FORMAT = "s3_saver.manifest-head/1"
 SEGMENT_FORMAT = "s3_saver.manifest-segment/1"
@@ -67,6 +68,11 @@ class Head:
     retired: list[SegmentRef] = field(default_factory=list)
     # Runs delete_for_runs deleted: they may commit no more checkpoints.
     dead_runs: list[str] = field(default_factory=list)
+    # Archived: every read goes to this archive object (entries here are writes
+    # that raced the archive, parked until the restore).
+    archive: ArchiveRef | None = None
+    # An archive object a restore or delete still has to remove.
+    stale_archive: str | None = None
     etag: str | None = None  # of the stored head this was read from (None: no head)
 
 
@@ -88,6 +94,8 @@ def encode_head(head: Head) -> bytes:
             "created": head.created,
             "retired": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.retired],
             "dead_runs": head.dead_runs,
+            "archive": encode_ref(head.archive) if head.archive is not None else None,
+            "stale_archive": head.stale_archive,
         }
     )
 
@@ -111,6 +119,8 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         created=doc.get("created", 0),
         retired=[SegmentRef(*r) for r in doc.get("retired", [])],
         dead_runs=list(doc.get("dead_runs", [])),
+        archive=decode_ref(thread_id, doc["archive"], where) if doc.get("archive") is not None else None,
+        stale_archive=doc.get("stale_archive"),
         etag=etag,
     )
 

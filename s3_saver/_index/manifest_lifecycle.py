@@ -61,7 +61,7 @@ class ManifestLifecycle:
 
     # -- a thread as a whole: contents, listing, runs, restore ---------------------------
     def contents(self, thread_id: str) -> Op[list[CheckpointEntry]]:
-        head = yield from self._read_head(thread_id)
+        head = yield from self._live_head(thread_id)
         return (yield from self._contents(head))
 
     def _contents(self, head: Head) -> Op[list[CheckpointEntry]]:
@@ -83,9 +83,10 @@ class ManifestLifecycle:
         page = yield from request(self.s3.list_keys(self.layout.threads_root, cursor, start_after, page_size))
         listed = [p for o in page[0].get("Contents", []) if (p := self.layout.parse_listing_key(o["Key"]))]
         heads = yield from gather(*(self._read_head(t) for _, t in listed))
-        found = yield from gather(*(self._latest_in(head, "") for head in heads))
+        # An archived thread shows the latest checkpoint its archive reference describes.
+        found = yield from gather(*(_summary(h) if h.archive else self._latest_in(h, "") for h in heads))
         out = [
-            (ThreadRef(t, created), latest)
+            (ThreadRef(t, created, head.archive.storage_class if head.archive else None), latest)
             for (created, t), head, latest in zip(listed, heads, found)
             if head.created == created
         ]
@@ -131,7 +132,9 @@ class ManifestLifecycle:
                 break
         out: list[CheckpointEntry] = []
         for thread_id in threads:
-            out += [e for e in (yield from self.contents(thread_id)) if not e.hidden]
+            head = yield from self._read_head(thread_id)
+            if head.archive is None:  # archived threads are read through their archives
+                out += [e for e in (yield from self._contents(head)) if not e.hidden]
         return out
 
     def restore(
@@ -176,6 +179,8 @@ class ManifestLifecycle:
                 retired=h.retired,
                 # Kept until the graveyard is cleared, to find the listing entry.
                 created=h.created,
+                # An archived thread's archive goes with the rest.
+                stale_archive=h.archive.key if h.archive is not None else h.stale_archive,
             )
 
         head = yield from self._update(thread_id, bury, head)
@@ -249,13 +254,15 @@ class ManifestLifecycle:
 
         # A buried segment goes after the objects it lists (a call again needs
         # it to find them); a retired one lists nothing that goes.
-        yield from gather(delete_objects(buried_entries), _delete_keys(self.s3, segment_keys(head.retired)))
+        stale = [head.stale_archive] if head.stale_archive is not None else []
+        yield from gather(delete_objects(buried_entries), _delete_keys(self.s3, segment_keys(head.retired) + stale))
         yield from _delete_keys(self.s3, segment_keys(head.graveyard_segments))
         buried = {_grave_key(e) for e in head.graveyard}
 
         def clear(h: Head) -> Head | None:
             unlisted = unlist and h.created and not h.entries
-            if not h.graveyard and not h.graveyard_segments and not h.retired and not unlisted:
+            gone = h.stale_archive is not None and h.stale_archive == head.stale_archive
+            if not h.graveyard and not h.graveyard_segments and not h.retired and not unlisted and not gone:
                 return None
             # Only what this call removed: another may have buried more meanwhile.
             return replace(
@@ -264,6 +271,7 @@ class ManifestLifecycle:
                 graveyard_segments=[r for r in h.graveyard_segments if r not in head.graveyard_segments],
                 retired=[r for r in h.retired if r not in head.retired],
                 created=0 if unlisted else h.created,
+                stale_archive=None if gone else h.stale_archive,
             )
 
         return (yield from self._update(thread_id, clear, head))
@@ -278,8 +286,10 @@ class ManifestLifecycle:
     ) -> Op[None]:
         """Objects, then the target's segments, then its head in one swap: a copy
         cut short leaves the target as it was (a call again does it all)."""
-        src = yield from self._read_head(source)
+        src = yield from self._live_head(source)
         target = yield from self._read_head(dest)
+        if target.archive is not None:
+            raise ConfigurationError(f"thread {dest!r} is archived ({self.describe()}); copy_thread copies into an empty thread")
         # A target that holds only an earlier copy of this source is brought up to date.
         if (target.entries or target.segments) and target.copied_from != source:
             raise ConfigurationError(
@@ -320,6 +330,11 @@ class ManifestLifecycle:
 
 
 # -- helpers ---------------------------------------------------------------------------
+def _summary(head: Head) -> Op[CheckpointEntry | None]:
+    yield from ()
+    return head.archive.latest if head.archive is not None else None
+
+
 def _grave_key(entry: CheckpointEntry | WritesEntry) -> tuple[Any, ...]:
     if isinstance(entry, CheckpointEntry):
         return ("c", entry.ns, entry.checkpoint_id)

@@ -73,6 +73,30 @@ class Noted:
                 self._data.popitem(last=False)
 
 
+class Archives:
+    """Archived threads this process has read, decoded (an archive object never
+    changes: a key names one content): the next read of the thread costs one
+    index request and no GET."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._size = size
+        self._data: OrderedDict[str, Index] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Index | None:
+        with self._lock:
+            found = self._data.get(key)
+            if found is not None:
+                self._data.move_to_end(key)
+            return found
+
+    def put(self, key: str, index: Index) -> None:
+        with self._lock:
+            self._data[key] = index
+            while len(self._data) > self._size:
+                self._data.popitem(last=False)
+
+
 @dataclass
 class Context:
     layout: KeyLayout
@@ -83,6 +107,7 @@ class Context:
     ttl_seconds: int | None
     locs: LocCache = field(default_factory=LocCache)
     noted: Noted = field(default_factory=Noted)
+    archives: Archives = field(default_factory=Archives)
 
     def now(self) -> int:
         return int(time.time())

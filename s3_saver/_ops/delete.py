@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from s3_saver._index.base import IN_BLOB_OBJECT, CheckpointEntry, IndexEntry, WritesEntry
+from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry, IndexEntry, WritesEntry
 from s3_saver._ops.context import Context, target
 from s3_saver._protocol import Op, request
 from s3_saver._s3 import DELETE_BATCH
@@ -58,3 +58,5 @@ def object_keys(ctx: Context, entries: list[Any], thread_id: str | None = None) 
                     yield ctx.layout.blob_key(t, ns, ch, version, cid)
         elif isinstance(entry, WritesEntry):
             yield ctx.layout.writes_key(t, entry.ns, entry.checkpoint_id, entry.task_id, entry.part, entry.token)
+        elif isinstance(entry, ArchiveRef):
+            yield entry.key  # an archive object (a deleted thread's, or one a restore left)

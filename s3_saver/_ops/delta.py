@@ -17,6 +17,7 @@ from langgraph.checkpoint.base import DeltaChannelHistory, PendingWrite
 
 from s3_saver._codec import loads
 from s3_saver._index.base import CheckpointEntry, DepthHint
+from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.resolve import Resolver, load
 from s3_saver._protocol import Op
@@ -27,6 +28,10 @@ def delta_channel_history(
 ) -> Op[Mapping[str, DeltaChannelHistory]]:
     if not channels:
         return {}
+    return (yield from or_archive(ctx, lambda c: _history(c, config, channels)))
+
+
+def _history(ctx: Context, config: RunnableConfig, channels: Sequence[str]) -> Op[Mapping[str, DeltaChannelHistory]]:
     thread_id, ns, checkpoint_id = target(config)
     if not checkpoint_id:
         latest = yield from ctx.index.latest(thread_id, ns)

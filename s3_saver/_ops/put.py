@@ -24,15 +24,17 @@ from s3_saver._index.base import (
     IN_CHECKPOINT_OBJECT,
     REGULAR_PART,
     SPECIAL_PART,
+    ArchiveRef,
     CheckpointEntry,
     Loc,
     WritesEntry,
 )
+from s3_saver._ops.archive import restore_before_write
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
 from s3_saver._protocol import Op, T, gather
 from s3_saver._s3 import put_immutable
-from s3_saver.errors import CheckpointTooLargeError, RunDeletedError, ThreadDeletedError
+from s3_saver.errors import CheckpointTooLargeError, RunDeletedError, ThreadArchivedError, ThreadDeletedError
 
 # Room for keys, parent id and attribute names next to ``loc`` in the item.
 _LOC_HEADROOM = 16 * 1024
@@ -101,6 +103,11 @@ def put(
         put_immutable(ctx.s3, objects),
         ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, now if ns == "" else None),
     )
+    if prepared.archive is not None:
+        # The user came back to an archived thread: it is live again before this
+        # checkpoint goes on it (objects first, as ever: this one's are written).
+        yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
+        prepared = yield from ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, now if ns == "" else None)
     gen, parent = prepared.gen, prepared.parent
     if fetch_parent:
         # A hidden parent was taken out by prune: its values may be gone.
@@ -209,6 +216,9 @@ def put_writes(
     if not entries:
         return
     _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None))
+    if prepared.archive is not None:
+        yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
+        prepared = yield from ctx.index.prepare(thread_id, ns, None)
     gen = prepared.gen
     known = ctx.locs.get((thread_id, ns, checkpoint_id))
     if gen and known is not None and known[1] < gen:
@@ -306,6 +316,16 @@ def _write_parts(ctx: Context, writes: Sequence[tuple[str, Any]]) -> dict[str, l
     if regular:
         parts[f"{REGULAR_PART}{regular[-1][0] + 1}"] = regular
     return parts
+
+
+def _restore_first(ctx: Context, thread_id: str, ref: ArchiveRef, objects: list[str]) -> Op[None]:
+    """Restore an archived thread before a write to it; when its archive must be
+    restored from a cold class first, take this write's objects back and say so."""
+    try:
+        yield from restore_before_write(ctx, thread_id, ref)
+    except ThreadArchivedError:
+        yield from _take_back(ctx, objects)
+        raise
 
 
 def _committed(ctx: Context, commit: Op[T], objects: list[str]) -> Op[T]:

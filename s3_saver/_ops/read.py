@@ -8,6 +8,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
 
 from s3_saver._index.base import CheckpointEntry
+from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.resolve import Resolver, fetch_and_build
 from s3_saver._protocol import Emit, Op
@@ -18,6 +19,10 @@ _MAX_PAGE = 1000
 
 
 def get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None]:
+    return (yield from or_archive(ctx, lambda c: _get_tuple(c, config)))
+
+
+def _get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None]:
     thread_id, ns, checkpoint_id = target(config)
     if checkpoint_id:
         entry = yield from ctx.index.get(thread_id, ns, checkpoint_id)
@@ -46,10 +51,16 @@ def list_checkpoints(
     if config is None:
         yield from _list_all(ctx, filter, before_id, limit)
         return
+    yield from or_archive(ctx, lambda c: _list_thread(c, config, filter, before_id, limit))
+
+
+def _list_thread(
+    ctx: Context, config: RunnableConfig, filter: dict[str, Any] | None, before_id: str | None, limit: int | None
+) -> Op[None]:
     thread_id, _, checkpoint_id = target(config)
     ns: str | None = config["configurable"].get("checkpoint_ns")
     if checkpoint_id:
-        found = yield from get_tuple(ctx, config)
+        found = yield from _get_tuple(ctx, config)
         if found and (before_id is None or checkpoint_id < before_id) and _matches(found.metadata, filter):
             yield Emit(found)
         return

@@ -25,7 +25,8 @@ class Resolver:
         self.ctx = ctx
         self.records: dict[Key3, dict[str, Any]] = {}
         self.entries: dict[Key3, CheckpointEntry] = {}
-        self.blobs: dict[str, dict[str, Any]] = {}
+        # Blobs an archive holds are read from it, never from the bucket.
+        self.blobs: dict[str, dict[str, Any]] = dict(ctx.index.held_blobs())
         self.writes: dict[str, dict[str, Any]] = {}
         self._item_missing: set[Key3] = set()
         self._object_keys: dict[str, tuple[str, Any]] = {}

@@ -37,6 +37,8 @@ class ThreadInfo:
         checkpoint_id: Its latest checkpoint (root namespace).
         ts: That checkpoint's timestamp (``checkpoint["ts"]``, ISO 8601).
         metadata: That checkpoint's metadata.
+        archived: The storage class of the thread's archive (``archive_thread``);
+            None for a live thread.
     """
 
     thread_id: str
@@ -44,6 +46,7 @@ class ThreadInfo:
     checkpoint_id: str
     ts: str
     metadata: CheckpointMetadata
+    archived: str | None = None
 
     @property
     def config(self) -> RunnableConfig:
@@ -88,6 +91,7 @@ def list_threads(ctx: Context, filter: dict[str, Any] | None, limit: int | None,
                     checkpoint_id=entry.checkpoint_id,
                     ts=checkpoint.get("ts", ""),
                     metadata=metadata,
+                    archived=ref.archived,
                 )
             )
             if remaining is not None:

@@ -1,0 +1,84 @@
+"""Reads of an archived thread: the same operations, run against its archive.
+
+An index read of an archived thread raises ``Archived`` (its marker, or its
+head's reference, comes with the read: a live thread pays nothing for this).
+``or_archive`` then reads the archive object once (one GET, cached by key: an
+archive object never changes) and runs the operation again against an
+``ArchiveIndex`` over it. So ``get_tuple``, ``list`` and the delta walk of an
+archived thread cost 2 round trips cold (the index read, the GET) and 1 warm.
+
+An archive in a class that cannot be read at once (``GLACIER``,
+``DEEP_ARCHIVE``, or moved there by a lifecycle rule) raises
+``ThreadArchivedError`` naming ``restore_thread``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from s3_saver._archive import INSTANT_CLASSES, decode_archive
+from s3_saver._index.archive import ArchiveIndex
+from s3_saver._index.base import ArchiveRef, Archived
+from s3_saver._ops.context import Context, LocCache
+from s3_saver._protocol import Op, T, raise_failure, request_one
+from s3_saver.errors import ThreadArchivedError, error_code
+
+# S3's answer to a GET of an object in a class that must be restored first.
+_NOT_READABLE_CODES = frozenset({"InvalidObjectState"})
+RESTORE_DONE = 'ongoing-request="false"'
+
+
+def or_archive(ctx: Context, make: Callable[[Context], Op[T]]) -> Op[T]:
+    """Run the read ``make(ctx)``; for an archived thread, again against its archive."""
+    try:
+        return (yield from make(ctx))
+    except Archived as archived:
+        actx = yield from archive_context(ctx, archived.thread_id, archived.ref)
+        return (yield from make(actx))
+
+
+def archive_context(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[Context]:
+    index = ctx.archives.get(ref.key)
+    if index is None:
+        data = yield from read_archive(ctx, thread_id, ref)
+        archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}")
+        index = ArchiveIndex(archive, ref, ctx.layout, ctx.s3.bucket)
+        ctx.archives.put(ref.key, index)
+    # Its own loc cache: what a write learns must come from the live index.
+    return replace(ctx, index=index, locs=LocCache(256))
+
+
+def read_archive(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[bytes]:
+    """The archive object's bytes; raises ThreadArchivedError when it must be restored first."""
+    if ref.storage_class in INSTANT_CLASSES:
+        call = ctx.s3.get(ref.key)
+        (result,) = yield (call,)
+        if not isinstance(result, BaseException):
+            return result["Body"]
+        if error_code(result) not in _NOT_READABLE_CODES:
+            raise_failure(call, result)
+        # A lifecycle rule moved it to a cold class: as for one.
+    head = yield from request_one(ctx.s3.head(ref.key))
+    if RESTORE_DONE not in (head.get("Restore") or ""):
+        raise cold_error(ctx, thread_id, ref, head)
+    found = yield from request_one(ctx.s3.get(ref.key))
+    return found["Body"]
+
+
+def cold_error(ctx: Context, thread_id: str, ref: ArchiveRef, head: dict[str, Any]) -> ThreadArchivedError:
+    storage_class = head.get("StorageClass") or ref.storage_class
+    state = head.get("Restore")
+    progress = (
+        "its restore is under way (S3 takes minutes to hours, up to 48 for DEEP_ARCHIVE); call it again after"
+        if state
+        else "this requests S3's restore of the object (minutes to hours, up to 48 for DEEP_ARCHIVE); call it again once done"
+    )
+    return ThreadArchivedError(
+        f"thread {thread_id!r} is archived in s3://{ctx.s3.bucket}/{ref.key} ({storage_class}), which cannot be read "
+        f"at once: call saver.restore_thread({thread_id!r}) (or arestore_thread): {progress}",
+        thread_id,
+        storage_class,
+        ref.key,
+    )

@@ -1,0 +1,157 @@
+"""The archival methods of S3Saver: archive, restore, export, import, archive idle threads.
+
+A mixin of :class:`~s3_saver.S3Saver`, like ``_saver_threads``: each method is
+one line, an operation (``_ops.archive``) and a driver.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from s3_saver._ops import archive
+from s3_saver._ops.archive import ArchiveStatus
+
+if TYPE_CHECKING:
+    from s3_saver._drivers.aio import AsyncDriver
+    from s3_saver._drivers.sync import SyncDriver
+    from s3_saver._ops.context import Context
+
+DEFAULT_ARCHIVE_CLASS = "GLACIER_IR"
+
+
+class ThreadArchival:
+    """Archival of whole threads (S3Saver's ``_sync``, ``_async`` and ``_ctx`` run them)."""
+
+    _sync: SyncDriver
+    _async: AsyncDriver
+    _ctx: Context
+
+    def archive_thread(self, thread_id: str, *, storage_class: str = DEFAULT_ARCHIVE_CLASS) -> ArchiveStatus:
+        """Pack a thread into one compressed object under ``archive/``, in a cold storage class.
+
+        Every namespace, checkpoint, pending write and value goes into one
+        object (written with ``IfNoneMatch``; cold classes bill per object and
+        have minimum sizes), then the index points at it, then the live objects
+        and entries are removed. Cut short at any request, the thread stays
+        readable from exactly one place, and a call again finishes the job.
+
+        With an instant-access class (``GLACIER_IR``, ``STANDARD_IA``,
+        ``ONEZONE_IA``, ``INTELLIGENT_TIERING``) ``get_tuple``, ``list`` and
+        ``get_state_history`` keep working, read from the archive (one more GET
+        per process), and the next write restores the thread first. With
+        ``GLACIER`` or ``DEEP_ARCHIVE`` they raise
+        :class:`~s3_saver.ThreadArchivedError` until :meth:`restore_thread`.
+        Archive threads no run is writing to (see :meth:`archive_idle`): a write
+        that races the archive is kept, and shows once the thread is restored.
+
+        Args:
+            thread_id: The thread.
+            storage_class: The archive object's S3 storage class.
+
+        Returns:
+            The archive's key, class and size (``state == "archived"``).
+
+        Raises:
+            ConfigurationError: An unknown storage class, or a thread with no checkpoints.
+            ThreadArchivedError: The thread changed while it was read (manifest
+                index; nothing was archived: call again).
+        """
+        return self._sync.run(archive.archive_thread(self._ctx, thread_id, storage_class))
+
+    async def aarchive_thread(self, thread_id: str, *, storage_class: str = DEFAULT_ARCHIVE_CLASS) -> ArchiveStatus:
+        """Async version of :meth:`archive_thread`."""
+        return await self._async.run(archive.archive_thread(self._ctx, thread_id, storage_class))
+
+    def restore_thread(self, thread_id: str, *, days: int = 3, tier: str = "Standard") -> ArchiveStatus:
+        """Bring an archived thread back to live objects and index entries.
+
+        An archive in an instant-access class is restored at once. One in
+        ``GLACIER`` or ``DEEP_ARCHIVE`` must first be restored by S3: the first
+        call sends ``RestoreObject`` and returns ``state == "restoring"``; call
+        again later (S3 takes minutes to 48 hours, by class and ``tier``) and it
+        returns ``"live"``. Afterwards every read equals what it was before the
+        archive, and the archive object is deleted. A live thread is left as it is.
+
+        Args:
+            thread_id: The thread.
+            days: How long S3 keeps the temporary readable copy of a cold archive.
+            tier: ``"Standard"``, ``"Bulk"`` (cheapest, slowest) or ``"Expedited"``
+                (not for ``DEEP_ARCHIVE``).
+
+        Returns:
+            ``state``: ``"live"`` or ``"restoring"``.
+        """
+        return self._sync.run(archive.restore_thread(self._ctx, thread_id, days, tier))
+
+    async def arestore_thread(self, thread_id: str, *, days: int = 3, tier: str = "Standard") -> ArchiveStatus:
+        """Async version of :meth:`restore_thread`."""
+        return await self._async.run(archive.restore_thread(self._ctx, thread_id, days, tier))
+
+    def archive_idle(
+        self,
+        older_than: timedelta = timedelta(days=30),
+        *,
+        storage_class: str = DEFAULT_ARCHIVE_CLASS,
+        limit: int | None = None,
+    ) -> list[ArchiveStatus]:
+        """Archive every live thread whose latest checkpoint is older than ``older_than``.
+
+        For the operator's schedule (a Lambda on an EventBridge rule): threads
+        are found through the thread listing (:meth:`list_threads`), never by
+        listing the bucket. A thread written to while it is archived is skipped
+        and taken by the next run.
+
+        Args:
+            older_than: Idle time after which a thread is archived.
+            storage_class: As for :meth:`archive_thread`.
+            limit: Archive at most this many threads per call (to fit a Lambda's time).
+
+        Returns:
+            What each archived thread became.
+        """
+        return self._sync.run(archive.archive_idle(self._ctx, older_than, storage_class, limit))
+
+    async def aarchive_idle(
+        self,
+        older_than: timedelta = timedelta(days=30),
+        *,
+        storage_class: str = DEFAULT_ARCHIVE_CLASS,
+        limit: int | None = None,
+    ) -> list[ArchiveStatus]:
+        """Async version of :meth:`archive_idle`."""
+        return await self._async.run(archive.archive_idle(self._ctx, older_than, storage_class, limit))
+
+    def export_thread(self, thread_id: str) -> bytes:
+        """A whole thread as bytes, in the archive format (see :meth:`import_thread`).
+
+        For moving a thread between buckets, prefixes, regions and index modes,
+        or keeping it outside S3. An archived thread's export is its archive
+        (restore a cold one first).
+        """
+        return self._sync.run(archive.export_thread(self._ctx, thread_id))
+
+    async def aexport_thread(self, thread_id: str) -> bytes:
+        """Async version of :meth:`export_thread`."""
+        return await self._async.run(archive.export_thread(self._ctx, thread_id))
+
+    def import_thread(self, data: bytes, *, thread_id: str | None = None) -> str:
+        """Write a thread from :meth:`export_thread`'s bytes (or an archive object's):
+        its objects, then its index entries; it reads exactly as where it came from.
+
+        Args:
+            data: The export.
+            thread_id: The thread to write it as (default: its own id).
+
+        Returns:
+            The thread id it was written as.
+
+        Raises:
+            ConfigurationError: The thread has checkpoints already.
+            CorruptObjectError: ``data`` is not an archive this version reads.
+        """
+        return self._sync.run(archive.import_thread(self._ctx, data, thread_id))
+
+    async def aimport_thread(self, data: bytes, *, thread_id: str | None = None) -> str:
+        """Async version of :meth:`import_thread`."""
+        return await self._async.run(archive.import_thread(self._ctx, data, thread_id))
