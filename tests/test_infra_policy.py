@@ -19,6 +19,7 @@ import asyncio
 import inspect
 import itertools
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import boto3
@@ -104,6 +105,17 @@ class Exerciser:
             "before": older,
             "limit": 2,
         }
+        # Archival: archive_idle takes every idle thread; the restore of a Deep
+        # Archive archive sends RestoreObject, then (moto restores at once) brings it back.
+        known.update(older_than=timedelta(0), storage_class="GLACIER_IR", days=1, tier="Bulk")
+        name = method.__name__
+        if name in ("restore_thread", "arestore_thread"):
+            self.saver.archive_thread(thread, storage_class="DEEP_ARCHIVE")
+        if name in ("import_thread", "aimport_thread"):
+            # Imported under its own id (the source makes room), then under another.
+            known["data"] = self.saver.export_thread(thread)
+            known["thread_id"] = target
+            self.saver.delete_thread(thread)
         if tup is not None:
             known["run_ids"] = [tup.metadata.get("run_id", "no-run-id")]
             known["checkpoint"] = {**tup.checkpoint, "id": _next_id(tup.checkpoint["id"])}
@@ -250,6 +262,7 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str) -> Non
     assert set(saver.stats.requests) <= recorded, set(saver.stats.requests) - recorded
     assert sync_calls.calls and async_calls.calls
     assert {"list", "alist", "delete_thread", "adelete_thread", "get_tuple", "aget_tuple"} <= set(exerciser.called)
+    assert {"archive_thread", "restore_thread", "arestore_thread", "import_thread", "archive_idle"} <= set(exerciser.called)
     # The scenario reads a value from its own object, so kms:Decrypt is really needed.
     assert ("s3", "GetObject") in sync_calls.operations() and ("s3", "GetObject") in async_calls.operations()
 
