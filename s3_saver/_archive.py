@@ -22,6 +22,7 @@ to and from the bytes an index stores.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,6 +166,41 @@ def summary(entry: CheckpointEntry, where: str) -> CheckpointEntry:
     return CheckpointEntry(
         entry.thread_id, entry.ns, entry.checkpoint_id, entry.parent_id, {}, slim, entry.metadata, writes=[], run_id=entry.run_id
     )
+
+
+def newest_of(entries: list[CheckpointEntry]) -> dict[str, str]:
+    """The newest checkpoint id of each namespace (hidden ones count)."""
+    newest: dict[str, str] = {}
+    for e in entries:
+        newest[e.ns] = max(newest.get(e.ns, ""), e.checkpoint_id)
+    return newest
+
+
+def latest_of(archive: Archive) -> CheckpointEntry | None:
+    """The root namespace's latest checkpoint, as the thread listing shows it."""
+    roots = [e for e in archive.entries if e.ns == "" and not e.hidden]
+    if not roots:
+        return None
+    return summary(max(roots, key=lambda e: e.checkpoint_id), f"thread {archive.thread_id!r}")
+
+
+# S3 user metadata is ASCII and at most 2 KB per object: the namespaces go there when they fit,
+# so that an index rebuilt beside a cold archive (which cannot be read) still marks them all.
+_META_NEWEST = "s3saver-newest"
+_META_MAX = 1536
+
+
+def archive_metadata(newest: dict[str, str]) -> dict[str, str]:
+    encoded = base64.b64encode(ormsgpack.packb(newest)).decode()
+    return {_META_NEWEST: encoded} if len(encoded) <= _META_MAX else {}
+
+
+def metadata_newest(metadata: dict[str, str]) -> dict[str, str] | None:
+    try:
+        found = ormsgpack.unpackb(base64.b64decode(metadata[_META_NEWEST]))
+    except (KeyError, ValueError, ormsgpack.MsgpackDecodeError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 # -- the reference an index keeps -----------------------------------------------------

@@ -223,7 +223,17 @@ class KeyLayout:
 
     # -- archived threads ------------------------------------------------------
     def archive_dir(self, thread_id: str) -> str:
-        return f"{self.prefix}{ARCHIVE_PREFIX}{encode(thread_id)}/"
+        return f"{self.archive_root}{encode(thread_id)}/"
+
+    @property
+    def archive_root(self) -> str:
+        return self.prefix + ARCHIVE_PREFIX
+
+    def thread_of_archive(self, key: str) -> str | None:
+        """The thread id of an archive object's key (listing the bucket), else None."""
+        rest = key[len(self.archive_root) :] if key.startswith(self.archive_root) else ""
+        encoded, _, name = rest.partition("/")
+        return decode(encoded) if name and "/" not in name and encoded else None
 
     def archive_key(self, thread_id: str, digest: str) -> str:
         # Named by its content: an archive written again after a crash lands on

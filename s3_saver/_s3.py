@@ -39,12 +39,16 @@ class S3Calls:
             return {"StorageClass": self.live_class}
         return {}
 
-    def put_new(self, key: str, body: bytes, storage_class: str | None = None) -> Call:
+    def put_new(
+        self, key: str, body: bytes, storage_class: str | None = None, metadata: dict[str, str] | None = None
+    ) -> Call:
         # IfNoneMatch="*": a key is written once; see put_immutable for retries.
-        cls = {"StorageClass": storage_class} if storage_class else self._class_of(key)
+        extra: dict[str, Any] = {"StorageClass": storage_class} if storage_class else self._class_of(key)
+        if metadata:
+            extra["Metadata"] = metadata
         return self._call(
             "put_object",
-            {"Bucket": self.bucket, "Key": key, "Body": body, "IfNoneMatch": "*", **cls},
+            {"Bucket": self.bucket, "Key": key, "Body": body, "IfNoneMatch": "*", **extra},
         )
 
     def head(self, key: str) -> Call:

@@ -131,3 +131,46 @@ def test_rebuild_of_a_long_thread_seals_or_pages(endpoint, index_mode, length) -
     _lose_the_index(endpoint, index_mode)
     assert saver.rebuild_index("long") == length
     assert [(t.config, t.checkpoint) for t in make_saver(endpoint, index_mode).list(config("long"))] == before
+
+
+@pytest.mark.parametrize("storage_class", ["GLACIER_IR", "DEEP_ARCHIVE"])
+def test_rebuild_brings_back_archived_threads(endpoint, index_mode, storage_class) -> None:
+    """An archived thread has no live objects: its archive object alone gives the index
+    back its marker (all namespaces, a subgraph's included), beside a live thread."""
+    from s3_saver import ThreadArchivedError
+
+    writer = make_saver(endpoint, index_mode)
+    writer.setup()
+    graph = _graph(writer)
+    cfg = {"configurable": {"thread_id": "archived"}}
+    graph.invoke({"items": ["in"]}, cfg)  # stops at the subgraph's interrupt
+    grow_thread(writer, "live", 3)
+    before = [(t.config, t.checkpoint, t.pending_writes) for t in writer.list(cfg)]
+    # Without checkpoint_ns, list reads every namespace: the subgraph's too.
+    child_ns = next(c["configurable"]["checkpoint_ns"] for c, _, _ in before if c["configurable"]["checkpoint_ns"])
+    child_cfg = {"configurable": {"thread_id": "archived", "checkpoint_ns": child_ns}}
+    child = [t.checkpoint for t in writer.list(child_cfg)]
+    writer.archive_thread("archived", storage_class=storage_class)
+    _lose_the_index(endpoint, index_mode)
+
+    admin = make_saver(endpoint, index_mode)
+    indexed = admin.rebuild_index()
+    fresh = make_saver(endpoint, index_mode)
+    assert [t.checkpoint for t in fresh.list(config("live"))] == [t.checkpoint for t in writer.list(config("live"))]
+    if storage_class == "DEEP_ARCHIVE":
+        assert indexed == 3  # the live thread's; the cold archive is not read
+        with pytest.raises(ThreadArchivedError, match="restore_thread"):
+            fresh.get_tuple(cfg)
+        with pytest.raises(ThreadArchivedError, match="restore_thread"):
+            fresh.get_tuple(child_cfg)
+        assert fresh.restore_thread("archived").state == "restoring"
+        assert fresh.restore_thread("archived").state == "live"
+    else:
+        assert indexed == 3 + len(before) and child
+        listed = {t.thread_id: t.archived for t in fresh.list_threads()}
+        assert listed == {"archived": "GLACIER_IR", "live": None}
+    assert [(t.config, t.checkpoint, t.pending_writes) for t in fresh.list(cfg)] == before
+    assert [t.checkpoint for t in fresh.list(child_cfg)] == child
+    # The thread goes on: resume the subgraph's interrupt (the child's items add to the parent's).
+    assert _graph(fresh).invoke(Command(resume="yes"), cfg)["items"] == ["in", "first", "in", "first", "inner:yes"]
+    writer.close()

@@ -27,11 +27,13 @@ from typing import Any
 from s3_saver._archive import (
     ARCHIVE_CLASSES,
     Archive,
+    archive_metadata,
     check_class,
     decode_archive,
     digest,
     encode_archive,
-    summary,
+    latest_of,
+    newest_of,
 )
 from s3_saver._codec import plain, same_record, squeeze
 from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry
@@ -97,13 +99,9 @@ def archive_thread(ctx: Context, thread_id: str, storage_class: str) -> Op[Archi
     archive, live_bytes = yield from _collect(ctx, thread_id, entries, own.created or ctx.now())
     data = encode_archive(archive)
     key = ctx.layout.archive_key(thread_id, digest(data))
-    yield from _put_archive(ctx, key, data, storage_class)
-    newest: dict[str, str] = {}
-    for e in entries:
-        newest[e.ns] = max(newest.get(e.ns, ""), e.checkpoint_id)
-    roots = [e for e in archive.entries if e.ns == "" and not e.hidden]
-    latest = summary(max(roots, key=lambda e: e.checkpoint_id), f"thread {thread_id!r}") if roots else None
-    ref = ArchiveRef(key, storage_class, len(data), ctx.now(), newest, latest)
+    newest = newest_of(archive.entries)
+    yield from _put_archive(ctx, key, data, storage_class, archive_metadata(newest))
+    ref = ArchiveRef(key, storage_class, len(data), ctx.now(), newest, latest_of(archive))
     ctx.locs.forget_thread(thread_id)
     yield from ctx.index.archive(thread_id, ref, entries, _deleter(ctx, thread_id))
     ctx.locs.forget_thread(thread_id)
@@ -150,9 +148,9 @@ def _collect(ctx: Context, thread_id: str, entries: list[CheckpointEntry], creat
     return Archive(thread_id, created, out, {k: plain(b, where) for k, b in blobs.items()}), live_bytes
 
 
-def _put_archive(ctx: Context, key: str, data: bytes, storage_class: str) -> Op[None]:
+def _put_archive(ctx: Context, key: str, data: bytes, storage_class: str, metadata: dict[str, str]) -> Op[None]:
     for _ in range(3):
-        call = ctx.s3.put_new(key, data, storage_class)
+        call = ctx.s3.put_new(key, data, storage_class, metadata)
         (result,) = yield (call,)
         if not isinstance(result, BaseException):
             return

@@ -14,6 +14,8 @@ records is rebuilt from the bucket's own clock:
 
 Tombstones live only in the index: where one survived, what it deleted stays
 deleted (see ``Index.restore``); objects of a delete that never ran are back.
+An archived thread's marker comes back from its archive object under
+``archive/`` (the thread has no live objects left).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from s3_saver._index.base import (
     IN_BLOB_OBJECT,
     IN_CHECKPOINT_OBJECT,
     REGULAR_PART,
+    ArchiveRef,
     CheckpointEntry,
     Loc,
     WritesEntry,
@@ -33,6 +36,7 @@ from s3_saver._index.base import (
 from s3_saver._keys import ObjectKey
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.put import run_of
+from s3_saver._archive import INSTANT_CLASSES, decode_archive, latest_of, metadata_newest, newest_of
 from s3_saver._protocol import Op, gather, request, request_one
 
 _GET_WAVE = 100  # objects read per round trip
@@ -59,10 +63,54 @@ def rebuild_index(ctx: Context, thread_id: str | None) -> Op[int]:
         token = page.get("NextContinuationToken")
         if not token:
             break
+    archives = yield from _list_archives(ctx, ctx.layout.archive_dir(thread_id) if thread_id else ctx.layout.archive_root)
     total = 0
-    for tid in sorted(threads):
-        total += yield from _rebuild_thread(ctx, tid, threads[tid])
+    for tid in sorted(set(threads) | set(archives)):
+        if tid in threads:
+            # Live objects win: an archive beside them is one a crash left before
+            # its switch, or a restore left after its own (each reads the same).
+            total += yield from _rebuild_thread(ctx, tid, threads[tid])
+        else:
+            total += yield from _rebuild_archived(ctx, tid, max(archives[tid], key=lambda a: a[1]))
     return total
+
+
+def _list_archives(ctx: Context, prefix: str) -> Op[dict[str, list[tuple[str, int, str, int]]]]:
+    """Archive objects by thread: (key, LastModified, storage class, size)."""
+    found: dict[str, list[tuple[str, int, str, int]]] = defaultdict(list)
+    token: str | None = None
+    while True:
+        page = yield from request_one(ctx.s3.list_keys(prefix, token))
+        for obj in page.get("Contents", []):
+            tid = ctx.layout.thread_of_archive(obj["Key"])
+            if tid is not None:
+                modified = int(obj["LastModified"].timestamp())
+                found[tid].append((obj["Key"], modified, obj.get("StorageClass") or "STANDARD", obj.get("Size", 0)))
+        token = page.get("NextContinuationToken")
+        if not token:
+            return found
+
+
+def _rebuild_archived(ctx: Context, thread_id: str, archive: tuple[str, int, str, int]) -> Op[int]:
+    """An archived thread's reference, from its archive object: read whole when its
+    class allows, else from what ``archive_thread`` wrote in its metadata (a cold
+    archive rebuilt this way has no latest checkpoint to show in ``list_threads``)."""
+    key, modified, storage_class, size = archive
+    ref = ArchiveRef(key, storage_class, size, modified, {"": ""})
+    created, count = modified, 0
+    if storage_class in INSTANT_CLASSES:
+        found = yield from request_one(ctx.s3.get(key))
+        content = decode_archive(found["Body"], f"s3://{ctx.s3.bucket}/{key}")
+        ref.newest, ref.latest, count = newest_of(content.entries), latest_of(content), len(content.entries)
+        created = content.created or modified
+    else:
+        head = yield from request_one(ctx.s3.head(key))
+        ref.newest = metadata_newest(head.get("Metadata", {})) or ref.newest
+    yield from ctx.index.restore(thread_id, [], [], created)
+    yield from ctx.index.archive_of(thread_id)  # the head the switch starts from (manifest)
+    yield from ctx.index.archive(thread_id, ref, [], _no_objects)
+    ctx.locs.forget_thread(thread_id)
+    return count
 
 
 def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed]) -> Op[int]:
@@ -137,6 +185,11 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed]) -> Op[in
     yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
     ctx.locs.forget_thread(thread_id)
     return len(entries)
+
+
+def _no_objects(entries: list[Any]) -> Op[None]:
+    """Nothing live to delete: the marker goes over an index that has nothing of the thread."""
+    yield from ()
 
 
 def _pick(candidates: list[tuple[str, int, int]], checkpoint_id: str, written: int) -> tuple[str, int, int] | None:
