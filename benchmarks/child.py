@@ -4,7 +4,8 @@
 
 Modes: ``sync`` and ``async`` run the workload; ``scaling`` makes direct saver
 calls on long threads and wide checkpoints; ``grow`` grows the long threads
-ahead of ``scaling`` (the runner grows every saver's at once). Data a run needs but does not
+ahead of ``scaling`` (the runner grows every saver's at once); ``archive``
+(S3Saver only) archives the workload's thread, reads it cold and restores it. Data a run needs but does not
 measure (tables, buckets, the long threads) goes straight to moto,
 not through the proxy. Writes JSON: the call intervals, phase wall times,
 fingerprints and stored bytes; the parent matches the proxy's requests to the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 import traceback
@@ -118,6 +120,39 @@ class Target:
         return {"s3_bytes": s3_bytes, "s3_objects": s3_objects, "ddb_bytes": ddb_bytes, "ddb_items": ddb_items,
                 "s3_some_keys": some_keys}
 
+    def thread_stored(self, thread_id: str) -> dict[str, Any]:
+        """What one thread holds right now (read straight from moto), by where it is.
+
+        S3 objects by first key segment (``live/``, ``manifests/``, ``listing/``,
+        ``archive/``) with each object's size and class (the year cost bills some
+        classes per object), and the DynamoDB items of its partition and listings.
+        An object or item is the thread's when the id is a whole segment of its key
+        (so ``<thread>-warm-up``, the workload's warm-up thread, is not).
+        """
+        import boto3
+
+        mine = re.compile(rf"(^|[/!|.]){re.escape(thread_id)}($|[/!|.])")
+        s3 = boto3.client("s3", endpoint_url=self.moto, region_name="us-east-1")
+        by_prefix: dict[str, dict[str, Any]] = {}
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+            for obj in page.get("Contents", []):
+                if not mine.search(obj["Key"]):
+                    continue
+                p = by_prefix.setdefault(obj["Key"].split("/", 1)[0] + "/", {"objects": 0, "bytes": 0, "sizes": []})
+                p["objects"] += 1
+                p["bytes"] += obj["Size"]
+                p["sizes"].append([obj["Size"], obj.get("StorageClass") or "STANDARD"])
+        ddb_bytes = ddb_items = 0
+        if self.kind == "s3":
+            ddb = boto3.client("dynamodb", endpoint_url=self.moto, region_name="us-east-1")
+            keys = [k["AttributeName"] for k in ddb.describe_table(TableName=self.table)["Table"]["KeySchema"]]
+            for page in ddb.get_paginator("scan").paginate(TableName=self.table):
+                for item in page.get("Items", []):
+                    if mine.search("|".join(str(next(iter(item[k].values()))) for k in keys)):
+                        ddb_bytes += costs.item_size(item)
+                        ddb_items += 1
+        return {"s3": by_prefix, "ddb_bytes": ddb_bytes, "ddb_items": ddb_items}
+
 
 def _nested_bytes(obj: Any) -> int:
     if isinstance(obj, (bytes, bytearray)):
@@ -171,6 +206,93 @@ def run_workload(target: Target, mode: str, turns: int) -> dict[str, Any]:
     _close(inner)
     _close(direct)
     return {"calls": recorder.to_json(), "timings": wl.timings, "results": results, "stored": stored}
+
+
+# -- archival (S3Saver) -------------------------------------------------------------------------
+ARCHIVE_CLASSES = ("GLACIER_IR", "DEEP_ARCHIVE")  # an instant class, then a cold one
+ARCHIVE_THREAD = "bench-archive"
+
+
+def run_archive(target: Target, turns: int) -> dict[str, Any]:
+    """Archive the workload's thread, read it cold, restore it; in each class of ARCHIVE_CLASSES.
+
+    The thread is the workload's, run straight at moto (latency 0, nothing
+    counted) up to where the sync run measures what is stored (before_delete):
+    the sync run's own thread must reach its delete phase as it was, and a
+    restore rebuilds the index (a manifest's head comes back unsealed), so it
+    is not archived there. Every measured call goes through the proxy from a
+    saver new to the thread, as a scheduled archiver, a reader and an
+    operator's restore each are in practice: ``archive_thread``; ``get_state``
+    and ``get_state_history`` (a GET of the archive, or ThreadArchivedError for
+    a cold class); ``restore_thread``, called again once S3 has restored a cold
+    archive (moto restores at once; AWS takes hours). The thread's bytes are
+    measured live, archived and restored; both reads and the restored thread
+    are checked against the live thread's history.
+    """
+    from benchmarks.workload import Workload, build_graph, snapshot_fp
+
+    recorder = Recorder()
+    direct = target.setup()
+    cfg = {"configurable": {"thread_id": ARCHIVE_THREAD}}
+    out: dict[str, Any] = {"thread_id": ARCHIVE_THREAD, "stored": {}, "status": {}, "checks": {}, "errors": {}}
+
+    def history(saver: Any) -> list[Any]:
+        return [snapshot_fp(s) for s in build_graph(saver).get_state_history(cfg)]
+
+    made: list[Any] = []
+
+    def build(endpoint: str) -> Any:
+        made.append(target.build(endpoint))
+        return made[-1]
+
+    def fresh() -> MeteredSaver:
+        return MeteredSaver(build(target.proxy), recorder)
+
+    def measured(phase: str, fn: Any) -> Any:
+        recorder.phase = phase
+        try:
+            return fn()
+        except Exception as exc:  # a cold archive refuses reads: recorded, not a failure
+            out["errors"][phase] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            return None
+        finally:
+            recorder.phase = "idle"
+
+    def archival() -> None:
+        expected = history(build(target.moto))
+        out["history_length"] = len(expected)
+        out["stored"]["live"] = target.thread_stored(ARCHIVE_THREAD)
+        for cls in ARCHIVE_CLASSES:
+            saver = fresh()
+            st = measured(f"archive {cls}", lambda: saver.archive_thread(ARCHIVE_THREAD, storage_class=cls))
+            out["status"][f"archive {cls}"] = _status(st)
+            out["stored"][f"archived {cls}"] = target.thread_stored(ARCHIVE_THREAD)
+            graph = build_graph(fresh())
+            measured(f"read {cls}", lambda: out["checks"].update({
+                f"read {cls}": [snapshot_fp(graph.get_state(cfg))] + [snapshot_fp(s) for s in graph.get_state_history(cfg)]
+                == expected[:1] + expected}))
+            for _ in range(2):  # a cold class: the first call asks S3 for a restore
+                restorer = fresh()
+                st = measured(f"restore {cls}", lambda: restorer.restore_thread(ARCHIVE_THREAD))
+                out["status"].setdefault(f"restore {cls}", []).append(_status(st))
+                if st is None or st.state == "live":
+                    break
+            out["stored"][f"restored {cls}"] = target.thread_stored(ARCHIVE_THREAD)
+            out["checks"][f"restore {cls}"] = history(build(target.moto)) == expected
+
+    # The workload's Recorder is a throwaway: nothing of the run up to the hook is measured.
+    wl = Workload(build_graph(direct), direct, Recorder(), ARCHIVE_THREAD, turns)
+    wl.before_delete = archival
+    wl.run_sync()
+    for saver in [*made, direct]:
+        _close(saver)
+    return {"calls": recorder.to_json(), "archive": out}
+
+
+def _status(st: Any) -> dict[str, Any] | None:
+    from dataclasses import asdict
+
+    return None if st is None else asdict(st)
 
 
 # -- scaling --------------------------------------------------------------------------------
@@ -309,7 +431,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--saver", required=True, choices=["memory", "s3", "s3-manifest", "peer", "peer-gzip"])
     ap.add_argument("--name", required=True)
-    ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling", "grow"])
+    ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling", "grow", "archive"])
     ap.add_argument("--proxy", required=True)
     ap.add_argument("--moto", required=True)
     ap.add_argument("--turns", type=int, default=20)
@@ -323,6 +445,8 @@ def main() -> None:
         lengths = [int(n) for n in args.lengths.split(",")]
         if args.mode == "grow":
             data = run_grow(target, lengths)
+        elif args.mode == "archive":
+            data = run_archive(target, args.turns)
         elif args.mode == "scaling":
             grown = json.loads(open(args.grown).read()) if args.grown else None
             data = run_scaling(target, lengths, grown)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import math
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -17,7 +18,58 @@ S3_TIER2_PER_REQUEST = 0.0004 / 1000  # GET, HEAD (and every other read)
 DDB_PER_WRITE_UNIT = 0.625 / 1_000_000  # one write unit = 1 KB written
 DDB_PER_READ_UNIT = 0.125 / 1_000_000  # 4 KB strongly consistent, 8 KB eventually consistent
 S3_STORAGE_PER_GB_MONTH = 0.023
-DDB_STORAGE_PER_GB_MONTH = 0.25
+DDB_STORAGE_PER_GB_MONTH = 0.25  # Standard table class, https://aws.amazon.com/dynamodb/pricing/on-demand/
+
+GB = 1024**3  # AWS bills storage per GB of 2^30 bytes
+DAYS_PER_MONTH = 365 / 12  # GB-months are prorated by the hour; a year is 12 of them
+
+
+# -- storage classes (archival and the year cost, benchmarks/yearcost.py) ------------------
+# us-east-1 list prices from https://aws.amazon.com/s3/pricing/ (Storage, "Requests &
+# data retrievals", "Data management" tabs) and the minimums of
+# https://docs.aws.amazon.com/AmazonS3/latest/userguide/storage-class-intro.html
+# (both as read for this benchmark; check them before quoting). First price tier only
+# (up to 50 TB a month), no free tier, no data transfer out of the region.
+@dataclass(frozen=True)
+class StorageClass:
+    storage_gb_month: float
+    put_per_1k: float  # PUT, COPY, POST, LIST
+    get_per_1k: float  # GET, SELECT and every other read
+    retrieval_per_gb: float = 0.0  # on each GET of an instant-access infrequent class
+    min_bytes: int = 0  # each object billed at least this size
+    min_days: int = 0  # billed at least this long, even if deleted earlier
+    # Glacier Flexible Retrieval and Deep Archive keep 40 KB of index per object:
+    # 32 KB billed at the class's rate, 8 KB at S3 Standard's.
+    overhead_class_bytes: int = 0
+    overhead_standard_bytes: int = 0
+    transition_per_1k: float = 0.0  # a lifecycle rule moving one object into the class
+    instant: bool = True  # a GET reads it; else RestoreObject first (hours)
+    # RestoreObject by tier: ($ per 1,000 requests, $ per GB restored).
+    restore: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+KB = 1024
+CLASSES: dict[str, StorageClass] = {
+    "STANDARD": StorageClass(0.023, 0.005, 0.0004),
+    # Frequent Access tier price; the tiers and the monitoring fee are below.
+    "INTELLIGENT_TIERING": StorageClass(0.023, 0.005, 0.0004, transition_per_1k=0.01),
+    "STANDARD_IA": StorageClass(0.0125, 0.01, 0.001, 0.01, 128 * KB, 30, transition_per_1k=0.01),
+    "GLACIER_IR": StorageClass(0.004, 0.02, 0.01, 0.03, 128 * KB, 90, transition_per_1k=0.02),
+    "GLACIER": StorageClass(0.0036, 0.03, 0.0004, 0.0, 0, 90, 32 * KB, 8 * KB, transition_per_1k=0.03,
+                            instant=False,
+                            restore={"Expedited": (10.0, 0.03), "Standard": (0.05, 0.01), "Bulk": (0.0, 0.0)}),
+    "DEEP_ARCHIVE": StorageClass(0.00099, 0.05, 0.0004, 0.0, 0, 180, 32 * KB, 8 * KB, transition_per_1k=0.05,
+                                 instant=False, restore={"Standard": (0.10, 0.02), "Bulk": (0.025, 0.0025)}),
+}
+# Intelligent-Tiering moves an object to Infrequent Access after 30 days without
+# access and to Archive Instant Access after 90; objects under 128 KB are never
+# monitored nor moved (always the Frequent price, no monitoring fee).
+IT_INFREQUENT_GB_MONTH = 0.0125
+IT_ARCHIVE_INSTANT_GB_MONTH = 0.004
+IT_MONITORING_PER_1K_OBJECTS_MONTH = 0.0025
+IT_MIN_MONITORED_BYTES = 128 * KB
+IT_TO_INFREQUENT_DAYS = 30
+IT_TO_ARCHIVE_INSTANT_DAYS = 90
 
 S3_LIST_OPERATIONS = frozenset(
     {"ListObjects", "ListObjectsV2", "ListObjectVersions", "ListMultipartUploads", "ListParts", "ListBuckets"}
@@ -33,8 +85,22 @@ def s3_tier(method: str, operation: str) -> int:
     return 2
 
 
-def s3_request_cost(method: str, operation: str) -> float:
-    return {0: 0.0, 1: S3_TIER1_PER_REQUEST, 2: S3_TIER2_PER_REQUEST}[s3_tier(method, operation)]
+def s3_request_cost(method: str, operation: str, storage_class: str = "", retrieved: int = 0,
+                    restore_tier: str = "") -> float:
+    """One S3 request at list price. With no storage class (every live object the
+    workload writes) it is the tier price above; an object of another class (an
+    archive) pays that class's request price, its per-GB retrieval fee on the
+    ``retrieved`` bytes, and a ``RestoreObject`` the cold class's restore price."""
+    tier = s3_tier(method, operation)
+    if not storage_class or storage_class == "STANDARD" or tier == 0:
+        return {0: 0.0, 1: S3_TIER1_PER_REQUEST, 2: S3_TIER2_PER_REQUEST}[tier]
+    cls = CLASSES[storage_class]
+    if operation == "RestoreObject":
+        per_1k, per_gb = cls.restore.get(restore_tier or "Standard", (0.0, 0.0))
+        return per_1k / 1000 + retrieved / GB * per_gb
+    if tier == 1:
+        return cls.put_per_1k / 1000
+    return cls.get_per_1k / 1000 + retrieved / GB * cls.retrieval_per_gb
 
 
 def ddb_cost(read_units: float, write_units: float) -> float:

@@ -99,6 +99,13 @@ class MeteredSaver(BaseCheckpointSaver):
     def delete_thread(self, thread_id: str) -> None:
         return self._run("delete_thread", self.inner.delete_thread, thread_id)
 
+    # S3Saver's archival (benchmarks.child's archive mode); other savers have none.
+    def archive_thread(self, thread_id: str, **kwargs: Any) -> Any:
+        return self._run("archive_thread", self.inner.archive_thread, thread_id, **kwargs)
+
+    def restore_thread(self, thread_id: str, **kwargs: Any) -> Any:
+        return self._run("restore_thread", self.inner.restore_thread, thread_id, **kwargs)
+
     def get_next_version(self, current: Any, channel: Any) -> Any:
         return self.inner.get_next_version(current, channel)
 

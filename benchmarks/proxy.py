@@ -61,6 +61,9 @@ class Request:
     read_units: float = 0.0
     write_units: float = 0.0
     cost: float = 0.0
+    # S3: the object's storage class when not the default (an archive), as the
+    # request or response names it; priced by it (costs.s3_request_cost).
+    storage_class: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -218,6 +221,9 @@ class LatencyProxy:
         self.latency = latency
         self.records: list[Request] = []
         self._lock = threading.Lock()
+        # Path -> (storage class, size) of every object written with a class header:
+        # a RestoreObject names neither, and is priced by both.
+        self._classes: dict[str, tuple[str, int]] = {}
         self._side = _DynamoSide(upstream_port)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -306,12 +312,15 @@ class LatencyProxy:
                 t_end = time.monotonic()
                 self.wfile.write(head + data if has_body else head)
                 self.wfile.flush()
+                storage_class = ""
                 if service == "s3":
-                    cost = costs.s3_request_cost(self.command, operation)
+                    storage_class, retrieved, tier = proxy._s3_class(self.command, operation, url.path, headers,
+                                                                     resp_headers, body, len(data), status)
+                    cost = costs.s3_request_cost(self.command, operation, storage_class, retrieved, tier)
                 else:
                     cost = costs.ddb_cost(read_u, write_u)
                 rec = Request(t_start, t_end, service, operation, self.command, status, len(body), len(data),
-                              read_u, write_u, cost)
+                              read_u, write_u, cost, storage_class)
                 with proxy._lock:
                     proxy.records.append(rec)
 
@@ -343,6 +352,24 @@ class LatencyProxy:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
         return self
+
+    def _s3_class(self, method: str, operation: str, path: str, headers: dict[str, str],
+                  resp_headers: list[tuple[str, str]], body: bytes, down: int,
+                  status: int) -> tuple[str, int, str]:
+        """(storage class, bytes retrieved, restore tier) of an S3 request; class "" =
+        the default, S3 Standard (every live object of the workload)."""
+        sent = next((v for k, v in headers.items() if k.lower() == "x-amz-storage-class"), "")
+        if sent and operation == "PutObject" and status == 200:
+            with self._lock:
+                self._classes[path] = (sent, len(body))
+        if sent:
+            return sent, 0, ""
+        if operation == "RestoreObject":
+            cls, size = self._classes.get(path, ("", 0))
+            tier = re.search(rb"<Tier>(\w+)</Tier>", body)
+            return cls, size, tier.group(1).decode() if tier else "Standard"
+        got = next((v for k, v in resp_headers if k.lower() == "x-amz-storage-class"), "")
+        return got, down if method == "GET" else 0, ""
 
     def stop(self) -> None:
         if self._server is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from benchmarks import costs
+from benchmarks import costs, yearcost
 from benchmarks.workload import PHASES
 
 S3 = "s3"
@@ -143,6 +143,136 @@ def thread_length_table(doc: dict[str, Any]) -> list[str]:
                + "). Then measured through the proxy, in this order, by a saver that had not seen the thread: "
                "get_tuple(latest), get_tuple(by id), list(limit=5), put, put_writes on the new checkpoint, "
                "get_tuple(latest).")
+    return out
+
+
+def _usd(x: float | None) -> str:
+    return "-" if x is None else f"{x:.6f}"
+
+
+# The archive mode's steps, in the order it runs them, as the tables name them.
+ARCHIVAL_STEPS = [
+    ("archive GLACIER_IR", "archive_thread -> GLACIER_IR"),
+    ("read GLACIER_IR", "cold read of the archive: get_state + get_state_history"),
+    ("restore GLACIER_IR", "restore_thread"),
+    ("archive DEEP_ARCHIVE", "archive_thread -> DEEP_ARCHIVE (the restored thread)"),
+    ("read DEEP_ARCHIVE", "cold read: refused (ThreadArchivedError)"),
+    ("restore DEEP_ARCHIVE", "restore_thread: RestoreObject, then again once restored"),
+]
+CLASS_NOTES = {
+    "STANDARD": "no minimums; the archive is still one zstd object",
+    "INTELLIGENT_TIERING": "objects under 128 KB are never tiered nor monitored: Frequent (= STANDARD) price",
+    "STANDARD_IA": "128 KB minimum per object, 30 days minimum; GET $0.001/1k + $0.01/GB",
+    "GLACIER_IR": "128 KB minimum per object, 90 days minimum; GET $0.01/1k + $0.03/GB; reads work from the archive",
+    "GLACIER": "+40 KB per object (32 KB here, 8 KB at STANDARD), 90 days minimum; restore_thread first (hours)",
+    "DEEP_ARCHIVE": "+40 KB per object, 180 days minimum; restore_thread first (up to 12 h Standard, 48 h Bulk)",
+}
+
+
+def archival_tables(doc: dict[str, Any]) -> list[str]:
+    """The archive mode: bytes live / archived / restored, each step's requests, and the year cost."""
+    runs = doc["runs"]
+    modes = [(k, _short(doc, k)) for k in (S3, S3_MANIFEST) if runs.get(f"{k}/archive", {}).get("ok")]
+    out: list[str] = []
+    for k in (S3, S3_MANIFEST):
+        r = runs.get(f"{k}/archive")
+        if r and not r.get("ok"):
+            out.append(f"  {_short(doc, k)} archive run FAILED: {r.get('error')}")
+    if not modes:
+        return out
+    yc = doc.get("year_cost") or yearcost.model(doc)  # an earlier run's JSON (--render) may lack it
+    rows, grew = [], []
+    for k, name in modes:
+        a = runs[f"{k}/archive"]["archive"]
+        st = a["stored"]
+        live, arch, back = st["live"], st["archived GLACIER_IR"], st["restored GLACIER_IR"]
+
+        def total(x: dict[str, Any]) -> int:
+            return sum(p["bytes"] for p in x["s3"].values()) + x["ddb_bytes"]
+
+        def index(x: dict[str, Any]) -> int:
+            return sum(p["bytes"] for n, p in x["s3"].items() if n not in ("live/", "archive/")) + x["ddb_bytes"]
+
+        lv = live["s3"].get("live/", {"objects": 0, "bytes": 0, "sizes": []})
+        size = arch["s3"].get("archive/", {}).get("bytes", 0)
+        if total(back) != total(live):
+            grew.append(f"{name}: the restored thread holds {_kb(total(back) - total(live))} KB more than before "
+                        f"its archive (index {_kb(index(live))} -> {_kb(index(back))} KB).")
+        rows.append([name, a.get("history_length"), f"{lv['objects']} / {_kb(lv['bytes'])}",
+                     _kb(max((z for z, _ in lv["sizes"]), default=0)), _kb(index(live)),
+                     _kb(total(live)), _kb(size), f"{size / lv['bytes']:.1%}" if lv["bytes"] else "",
+                     f"{size / total(live):.1%}" if total(live) else "", _kb(index(arch)), _kb(total(back)),
+                     _kb(index(back))])
+    out.append("")
+    out.append("== Archival: the workload's thread, live vs archived (S3Saver, KB) ==")
+    out.append(_table(["saver", "checkpoints", "live/ objects / KB", "largest KB", "index KB", "live total KB",
+                       "archive KB",
+                       "archive / live/", "archive / live total", "index left archived KB", "restored total KB",
+                       "restored index KB"], rows))
+    out.append("live total = the thread's live/ objects + its index (DynamoDB items, or manifests and listings) right "
+               "where the sync run measures what is stored (before its delete phase); the archive is one object "
+               "(GLACIER_IR); index left = the markers that send readers to it.")
+    out += [f"  {g}" for g in grew]
+
+    rows = []
+    for k, name in modes:
+        r = runs[f"{k}/archive"]
+        checks, errors = r["archive"]["checks"], r["archive"]["errors"]
+        for phase, text in ARCHIVAL_STEPS:
+            ph = r["archival"].get(phase)
+            if ph is None:
+                continue
+            ok = checks.get(phase)
+            check = "" if ok is None else "ok" if ok else "MISMATCH"
+            if phase in errors:
+                check = (check + " " if check else "") + errors[phase].split(":", 1)[0]
+            rows.append([name if phase == ARCHIVAL_STEPS[0][0] else "", text, len(ph["calls"]), ph["requests"],
+                         ph["round_trips"], _kb(ph["bytes_up"]), _kb(ph["bytes_down"]), f"{ph['cost'] * 1e6:.2f}",
+                         f"{ph['wall'] * 1000:.0f}",
+                         ", ".join(f"{op.split(':')[1]} {n}" for op, n in ph["operations"].items()), check])
+    out.append("")
+    out.append("== Archival: requests per step, each by a saver new to the thread ==")
+    out.append(_table(["saver", "step", "calls", "requests", "RT", "up KB", "down KB", "micro$", "wall ms",
+                       "requests by operation", "check"], rows, "llrrrrrrrll"))
+    out.append("micro$ at list price for the object's class: the archive PUT at the class's PUT price, its GET at the "
+               "class's GET price plus retrieval per GB, RestoreObject at the Standard tier; check = the read or "
+               "the restored thread equals the live thread's history. moto restores a cold archive at once; "
+               "on AWS the second restore_thread call comes hours later.")
+
+    if yc.get("rows"):
+        rows = [[r["label"], r["scenario"], _usd(r["hot"]), _usd(r["rest"]), _usd(r["requests"]), _usd(r["total"]),
+                 _usd(r["lifecycle_glacier_ir"])] for r in yc["rows"]]
+        out.append("")
+        out.append("== Year cost of one thread ($, us-east-1 list prices, from the measured bytes) ==")
+        out.append(_table(["saver", "kept how", "days 1-30", "days 31-365", "one-off requests", "$/thread-year",
+                           "instead: lifecycle moves each live/ object to GLACIER_IR"], rows, "llrrrrr"))
+        out.append(f"Hot {yc['hot_days']} days (read and written; billed at the thread's final size), then idle. "
+                   "Archived: one object for the rest of the year plus the index's markers; one-off = the measured "
+                   "archive_thread call. Kept live: live/ objects in that class, the index as it is. Lifecycle column: "
+                   "each live/ object billed at least 128 KB, plus a $0.02/1k transition each, the index unmoved. "
+                   "The peers: their sync run's stored bytes (before its delete phase), kept as they are.")
+        for k, name in modes:
+            sizes = yc["threads"].get(k, {}).get("live_objects", [])
+            big = sum(1 for z in sizes if z >= costs.IT_MIN_MONITORED_BYTES)
+            out.append(f"  {name}: {big} of {len(sizes)} live/ objects reach 128 KB (largest "
+                       f"{_kb(max(sizes, default=0))} KB), the least INTELLIGENT_TIERING monitors and tiers; "
+                       "smaller ones stay at the Frequent (STANDARD) price.")
+    if yc.get("classes"):
+        keys = [k for k, _ in modes]
+        rows = []
+        for c in yc["classes"]:
+            rows.append([c["class"]] + [_usd(c["archive"].get(k)) for k in keys]
+                        + [_usd(c["lifecycle"].get(k)) for k in keys] + [CLASS_NOTES.get(c["class"], "")])
+        out.append("")
+        out.append("== What a thread costs per year in each storage class ($/thread-year) ==")
+        out.append(_table(["class"] + [f"archive_thread, {_short(doc, k)}" for k in keys]
+                          + [f"lifecycle per object, {_short(doc, k)}" for k in keys] + ["notes"], rows,
+                          "l" + "r" * (2 * len(keys)) + "l"))
+        out.append("archive_thread: hot 30 days, then one archive object in the class for 335 days (+ the archive call); "
+                   "lifecycle per object: hot 30 days, then each live/ object moved into the class by a lifecycle rule "
+                   "(its minimums per object, one transition each; STANDARD = kept live). AWS's default lifecycle "
+                   "moves no object under 128 KB to these classes but GLACIER and DEEP_ARCHIVE; the column assumes "
+                   "a rule with ObjectSizeGreaterThan set lower.")
     return out
 
 
@@ -304,6 +434,7 @@ def _render(doc: dict[str, Any]) -> str:
         out.append("")
         out.append("== Targets (S3Saver, each index mode, vs the peer, same run) ==")
         out.append(_table(["mode", "saver", "target", "value", "peer", "ratio", "limit", ""], rows, "lllrrrrl"))
+    out += archival_tables(doc)
     text = "\n".join(out)
     if MARKDOWN:
         text = "\n".join(f"#### {line[3:-3]}" if line.startswith("== ") and line.endswith(" ==") else line

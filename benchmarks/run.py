@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _guard, costs, report
+from benchmarks import _guard, costs, report, yearcost
 from benchmarks.proxy import LatencyProxy, Request
 from benchmarks.workload import PHASES
 
@@ -123,6 +123,26 @@ def _units(reqs: list[Request]) -> dict[str, list[float]]:
             out[r.operation][0] += r.read_units
             out[r.operation][1] += r.write_units
     return dict(sorted(out.items()))
+
+
+def archival(calls: list[CallStats]) -> dict[str, Any]:
+    """The archive mode's phases ("archive GLACIER_IR", "read ...", "restore ..."), in order:
+    totals, each call, and the archive object's own PUT apart (its price depends on the
+    class: the year cost reprices it for the classes not measured)."""
+    out: dict[str, Any] = {}
+    for phase in dict.fromkeys(c.phase for c in calls):
+        cs = [c for c in calls if c.phase == phase]
+        reqs = [r for c in cs for r in c.requests]
+        class_puts = [r for r in reqs if r.storage_class and r.method == "PUT"]
+        out[phase] = {"requests": len(reqs), "round_trips": sum(c.round_trips for c in cs),
+                      "bytes_up": sum(r.bytes_up for r in reqs), "bytes_down": sum(r.bytes_down for r in reqs),
+                      "cost": sum(r.cost for r in reqs), "s3_cost": sum(r.cost for r in reqs if r.service == "s3"),
+                      "ddb_cost": sum(r.cost for r in reqs if r.service == "dynamodb"),
+                      "archive_puts": len(class_puts), "archive_put_cost": sum(r.cost for r in class_puts),
+                      "wall": sum(c.wall for c in cs),
+                      "operations": dict(sorted(Counter(f"{r.service}:{r.operation}" for r in reqs).items())),
+                      "calls": [{**call_detail(c), "cost": sum(r.cost for r in c.requests)} for c in cs]}
+    return out
 
 
 def call_detail(c: CallStats) -> dict[str, Any]:
@@ -384,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="scaling: checkpoints in S3Saver's long thread (default 10000)")
     ap.add_argument("--peer-long-thread", type=int, default=1000,
                     help="scaling: checkpoints in the peer's long thread (default 1000)")
+    ap.add_argument("--no-archive", action="store_true",
+                    help="skip archiving the workload's thread (S3Saver, both index modes)")
     ap.add_argument("--no-cold-start", action="store_true")
     ap.add_argument("--cold-start-repeats", type=int, default=3)
     ap.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON),
@@ -416,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         # ahead all at once (grow_threads) while nothing is being measured.
         jobs = [(s, m) for s in order for m in (modes[:1] if s.key == "peer-gzip" else modes)]
         scaling = [] if args.no_scaling else [s for s in order if s.key != "peer-gzip"]
+        # Archival: S3Saver's own feature, each index mode once (benchmarks/yearcost.py prices it).
+        jobs += [] if args.no_archive else [(s, "archive") for s in order if s.key in ("s3", "s3-manifest")]
         grown: dict[str, str] | None = None
         for saver, mode in jobs + [(s, "scaling") for s in scaling]:
             if mode == "scaling" and grown is None:
@@ -429,7 +453,10 @@ def main(argv: list[str] | None = None) -> int:
                 run["unattributed_requests"] = Counter(
                     f"{r.service}:{r.operation}" for r in orphans)
                 run["call_log"] = [call_detail(c) for c in calls]
-                if mode == "scaling":
+                if mode == "archive":
+                    run["archival"] = archival(calls)
+                    run["archive"] = data["archive"]
+                elif mode == "scaling":
                     run["scaling"] = {c.phase: {**call_detail(c), "cost": sum(r.cost for r in c.requests)}
                                       for c in calls}
                     run["checks"] = data["checks"]
@@ -493,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed": time.monotonic() - started,
     }
     doc["targets"] = report.targets(doc)
+    doc["year_cost"] = yearcost.model(doc)
     text = report.render(doc)
     print(text)
     out = Path(args.out)

@@ -139,7 +139,8 @@ class Archived(ThreadArchivedError):
 
     def __init__(self, thread_id: str, ref: ArchiveRef) -> None:
         super().__init__(
-            f"thread {thread_id!r} is archived in s3 object {ref.key} ({ref.storage_class})",
+            f"thread {thread_id!r} is archived in s3 object {ref.key} ({ref.storage_class}): "
+            f"restore_thread({thread_id!r}) brings it back before it can be changed",
             thread_id,
             ref.storage_class,
             ref.key,
