@@ -207,12 +207,14 @@ def metadata_newest(metadata: dict[str, str]) -> dict[str, str] | None:
 def encode_ref(ref: ArchiveRef) -> bytes:
     latest = ref.latest
     row = None if latest is None else [latest.checkpoint_id, latest.parent_id, latest.body, latest.run_id]
-    return ormsgpack.packb([REF_FORMAT, ref.key, ref.storage_class, ref.size, ref.archived_at, ref.newest, row])
+    return ormsgpack.packb(
+        [REF_FORMAT, ref.key, ref.storage_class, ref.size, ref.archived_at, ref.newest, row, ref.checkpoints, ref.live_bytes]
+    )
 
 
 def decode_ref(thread_id: str, data: bytes, where: str) -> ArchiveRef:
     try:
-        version, key, storage_class, size, archived_at, newest, row = ormsgpack.unpackb(data)
+        version, key, storage_class, size, archived_at, newest, row, *counts = ormsgpack.unpackb(data)
     except (ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
         raise CorruptObjectError(f"{where}: archive reference does not decode ({exc})") from exc
     if version != REF_FORMAT:
@@ -223,4 +225,4 @@ def decode_ref(thread_id: str, data: bytes, where: str) -> ArchiveRef:
         record = unpack(bytes(body), CHECKPOINT_FORMAT, where)
         metadata = (record["metadata"][0], bytes(record["metadata"][1]))
         latest = CheckpointEntry(thread_id, "", cid, parent_id, {}, bytes(body), metadata, writes=[], run_id=run_id)
-    return ArchiveRef(key, storage_class, size, archived_at, dict(newest), latest)
+    return ArchiveRef(key, storage_class, size, archived_at, dict(newest), latest, *counts[:2])

@@ -275,7 +275,7 @@ LIFECYCLE_COSTS = {
             6, {"dynamodb:batch_write_item": 4, "dynamodb:query": 2, "dynamodb:update_item": 1, "s3:delete_objects": 1}
         ),
         "copy_thread": (6, {
-            "dynamodb:batch_write_item": 12, "dynamodb:get_item": 1, "dynamodb:query": 3,
+            "dynamodb:batch_write_item": 12, "dynamodb:get_item": 2, "dynamodb:query": 3,
             "dynamodb:transact_write_items": 1, "s3:copy_object": 200,
             "dynamodb:put_item": 5,  # the hints of the copy's 5 runs
         }),

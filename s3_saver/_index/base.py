@@ -131,6 +131,8 @@ class ArchiveRef:
     # The root namespace's latest checkpoint, its object without values (the
     # thread listing shows it without reading the archive); None: no root checkpoint.
     latest: CheckpointEntry | None = None
+    checkpoints: int = 0  # how many it holds
+    live_bytes: int = 0  # what its objects weighed live
 
 
 class Archived(ThreadArchivedError):

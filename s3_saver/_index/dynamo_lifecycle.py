@@ -303,9 +303,10 @@ class DynamoLifecycle:
         # wrote (copies are marked): copying again completes it. Anything else is
         # the target's own history, which a copy must not mix with. Tombstones of
         # a deleted target do not count; its delete generation goes on the copies.
-        page, tomb = yield from request(
-            calls.query(dest, limit=1, not_copied_from=source_pk), calls.get_tombstone(dest)
+        page, tomb, source_item = yield from request(
+            calls.query(dest, limit=1, not_copied_from=source_pk), calls.get_tombstone(dest), calls.get_tombstone(source)
         )
+        _live(_thread_item(calls, source_item), source)  # an archived source is restored first
         while not page.get("Items") and "LastEvaluatedKey" in page:
             page = yield from request_one(
                 calls.query(dest, not_copied_from=source_pk, start_key=page["LastEvaluatedKey"])

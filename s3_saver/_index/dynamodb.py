@@ -172,8 +172,9 @@ class DynamoIndex(DynamoArchive, DynamoLifecycle, Index):
         found, page, tomb = yield from request(
             calls.get_checkpoint(thread_id, ns, checkpoint_id), writes_query, calls.get_tombstone(thread_id, ns)
         )
+        deleted = _live_gen(calls, tomb, thread_id)  # first: an archived namespace has no items
         entry = calls.parse(found["Item"]) if "Item" in found else None
-        if not isinstance(entry, CheckpointEntry) or entry.hidden or entry.gen < _live_gen(calls, tomb, thread_id):
+        if not isinstance(entry, CheckpointEntry) or entry.hidden or entry.gen < deleted:
             return None
         entry.writes = _writes_in(calls, page)
         if page.get("LastEvaluatedKey"):

@@ -20,6 +20,7 @@ one place, and a call again finishes the job:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -38,10 +39,10 @@ from s3_saver._archive import (
 from s3_saver._codec import plain, same_record, squeeze
 from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry
 from s3_saver._ops import threads
-from s3_saver._ops.archived import RESTORE_DONE, cold_error, read_archive
+from s3_saver._ops.archived import RESTORE_DONE, archive_body, cold_error, read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys, object_keys
-from s3_saver._protocol import Op, drain, gather, raise_failure, request, request_one
+from s3_saver._protocol import Op, drain, gather, raise_failure, request
 from s3_saver._s3 import put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
@@ -92,7 +93,7 @@ def archive_thread(ctx: Context, thread_id: str, storage_class: str) -> Op[Archi
     if own.archive is not None:
         # Archived already: finish removing the live thread, if a call was cut short.
         yield from ctx.index.archive(thread_id, own.archive, None, _deleter(ctx, thread_id))
-        return ArchiveStatus(thread_id, "archived", own.archive.storage_class, own.archive.key, own.archive.size)
+        return _status(thread_id, "archived", own.archive)
     entries = [e for e in (yield from ctx.index.contents(thread_id)) if not ctx.expired(e)]
     if not entries:
         raise ConfigurationError(f"thread {thread_id!r} has no checkpoints to archive ({ctx.index.describe()})")
@@ -101,11 +102,15 @@ def archive_thread(ctx: Context, thread_id: str, storage_class: str) -> Op[Archi
     key = ctx.layout.archive_key(thread_id, digest(data))
     newest = newest_of(archive.entries)
     yield from _put_archive(ctx, key, data, storage_class, archive_metadata(newest))
-    ref = ArchiveRef(key, storage_class, len(data), ctx.now(), newest, latest_of(archive))
+    ref = ArchiveRef(key, storage_class, len(data), ctx.now(), newest, latest_of(archive), len(entries), live_bytes)
     ctx.locs.forget_thread(thread_id)
     yield from ctx.index.archive(thread_id, ref, entries, _deleter(ctx, thread_id))
     ctx.locs.forget_thread(thread_id)
-    return ArchiveStatus(thread_id, "archived", storage_class, key, len(data), len(entries), live_bytes)
+    return _status(thread_id, "archived", ref)
+
+
+def _status(thread_id: str, state: str, ref: ArchiveRef) -> ArchiveStatus:
+    return ArchiveStatus(thread_id, state, ref.storage_class, ref.key, ref.size, ref.checkpoints, ref.live_bytes)
 
 
 def _collect(ctx: Context, thread_id: str, entries: list[CheckpointEntry], created: int) -> Op[tuple[Archive, int]]:
@@ -182,18 +187,18 @@ def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[Arc
             yield from _remove_stale(ctx, thread_id, own.stale_archive)
         return ArchiveStatus(thread_id, "live")
     ref = own.archive
-    try:
-        data = yield from read_archive(ctx, thread_id, ref)
-    except ThreadArchivedError:
-        return (yield from _request_restore(ctx, thread_id, ref, days, tier))
+    data, head = yield from archive_body(ctx, ref)
+    if data is None:
+        return (yield from _request_restore(ctx, thread_id, ref, head, days, tier))
     archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}")
     live_bytes = yield from _install(ctx, thread_id, archive, ref)
     return ArchiveStatus(thread_id, "live", ref.storage_class, ref.key, ref.size, len(archive.entries), live_bytes)
 
 
-def _request_restore(ctx: Context, thread_id: str, ref: ArchiveRef, days: int, tier: str) -> Op[ArchiveStatus]:
+def _request_restore(
+    ctx: Context, thread_id: str, ref: ArchiveRef, head: dict[str, Any], days: int, tier: str
+) -> Op[ArchiveStatus]:
     """Ask S3 to restore a cold archive object (once: a restore under way is left alone)."""
-    head = yield from request_one(ctx.s3.head(ref.key))
     storage_class = head.get("StorageClass") or ref.storage_class
     if not head.get("Restore"):
         call = ctx.s3.restore(ref.key, days, tier)
@@ -291,7 +296,7 @@ def archive_idle(ctx: Context, older_than: timedelta, storage_class: str, limit:
     check_class(storage_class, ARCHIVE_CLASSES, "storage_class")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigurationError(f"limit must be an int >= 1 or None, got {limit!r}")
-    cutoff = datetime.fromtimestamp(ctx.now(), timezone.utc) - older_than
+    cutoff = datetime.fromtimestamp(time.time(), timezone.utc) - older_than  # to the microsecond, as ts is
     listed, _ = yield from drain(threads.list_threads(ctx, None, None, None))
     done: list[ArchiveStatus] = []
     for info in listed:

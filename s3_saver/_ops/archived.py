@@ -52,19 +52,28 @@ def archive_context(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[Context
 
 def read_archive(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[bytes]:
     """The archive object's bytes; raises ThreadArchivedError when it must be restored first."""
+    data, head = yield from archive_body(ctx, ref)
+    if data is None:
+        raise cold_error(ctx, thread_id, ref, head)
+    return data
+
+
+def archive_body(ctx: Context, ref: ArchiveRef) -> Op[tuple[bytes | None, dict[str, Any]]]:
+    """The archive object's bytes, or (None, its HeadObject) when a cold class keeps it
+    from being read: not restored (yet) by S3."""
     if ref.storage_class in INSTANT_CLASSES:
         call = ctx.s3.get(ref.key)
         (result,) = yield (call,)
         if not isinstance(result, BaseException):
-            return result["Body"]
+            return result["Body"], {}
         if error_code(result) not in _NOT_READABLE_CODES:
             raise_failure(call, result)
         # A lifecycle rule moved it to a cold class: as for one.
     head = yield from request_one(ctx.s3.head(ref.key))
     if RESTORE_DONE not in (head.get("Restore") or ""):
-        raise cold_error(ctx, thread_id, ref, head)
+        return None, head
     found = yield from request_one(ctx.s3.get(ref.key))
-    return found["Body"]
+    return found["Body"], head
 
 
 def cold_error(ctx: Context, thread_id: str, ref: ArchiveRef, head: dict[str, Any]) -> ThreadArchivedError:

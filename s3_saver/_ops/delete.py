@@ -49,6 +49,9 @@ def delete_keys(ctx: Context, keys: list[str], what: str) -> Op[None]:
 def object_keys(ctx: Context, entries: list[Any], thread_id: str | None = None) -> Iterator[str]:
     """Keys of the objects that index ``entries`` own (under ``thread_id`` if given)."""
     for entry in entries:
+        if isinstance(entry, ArchiveRef):
+            yield entry.key  # an archive object (a deleted thread's, or one a restore left)
+            continue
         t = entry.thread_id if thread_id is None else thread_id
         if isinstance(entry, CheckpointEntry):
             ns, cid = entry.ns, entry.checkpoint_id
@@ -58,5 +61,3 @@ def object_keys(ctx: Context, entries: list[Any], thread_id: str | None = None) 
                     yield ctx.layout.blob_key(t, ns, ch, version, cid)
         elif isinstance(entry, WritesEntry):
             yield ctx.layout.writes_key(t, entry.ns, entry.checkpoint_id, entry.task_id, entry.part, entry.token)
-        elif isinstance(entry, ArchiveRef):
-            yield entry.key  # an archive object (a deleted thread's, or one a restore left)
