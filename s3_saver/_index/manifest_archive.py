@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._index.base import ArchiveRef, CheckpointEntry, Tombstone, WritesEntry
-from s3_saver._index.manifest_doc import Head
+from s3_saver._index.manifest_doc import Head, _tips
 from s3_saver._protocol import Op
 from s3_saver.errors import ThreadArchivedError
 
@@ -106,11 +106,18 @@ class ManifestArchive:
             # (a rebuilt index may hold the archive's entries again: once is enough).
             own = {(e.ns, e.checkpoint_id) for e in entries}
             own_writes = {_write_key(w) for w in writes}
+            # Bodies only where "latest" reads them, as a head that grew write by write
+            # has them: the segments sealed from these stay as small as before the archive.
+            tips = _tips(entries)
             return replace(
                 h,
-                entries=[replace(e, gen=h.gen, writes=[]) for e in entries]
+                entries=[
+                    replace(e, gen=h.gen, writes=[], body=e.body if (e.ns, e.checkpoint_id) in tips else None)
+                    for e in entries
+                ]
                 + [e for e in h.entries if (e.ns, e.checkpoint_id) not in own],
-                writes=[replace(w, gen=h.gen) for w in writes] + [w for w in h.writes if _write_key(w) not in own_writes],
+                writes=[replace(w, gen=h.gen, body=w.body if (w.ns, w.checkpoint_id) in tips else None) for w in writes]
+                + [w for w in h.writes if _write_key(w) not in own_writes],
                 segments=[],
                 archive=None,
                 stale_archive=ref.key,
