@@ -169,6 +169,20 @@ CLASS_NOTES = {
 }
 
 
+def archival_problems(run: dict[str, Any]) -> list[str]:
+    """An archive run's reads or restores that differ from the live thread, and errors
+    other than a cold class refusing a read."""
+    if "archive" not in run:
+        return []
+    a = run["archive"]
+    out = [f"{phase}: differs from the live thread's history" for phase, ok in a["checks"].items() if not ok]
+    for phase, error in a["errors"].items():
+        step, _, cls = phase.partition(" ")
+        if not (step == "read" and cls in costs.CLASSES and not costs.CLASSES[cls].instant):
+            out.append(f"{phase}: {error}")
+    return out
+
+
 def archival_tables(doc: dict[str, Any]) -> list[str]:
     """The archive mode: bytes live / archived / restored, each step's requests, and the year cost."""
     runs = doc["runs"]
@@ -300,6 +314,9 @@ def _render(doc: dict[str, Any]) -> str:
     for key, run in runs.items():
         if run.get("cost_check"):
             out.append(f"  COST MODEL CHECK FAILED {key}: {run['cost_check']}")
+    for key, run in runs.items():
+        for problem in archival_problems(run):
+            out.append(f"  ARCHIVAL CHECK FAILED {key}: {problem}")
     savers = [s["key"] for s in doc["savers"] if s["available"]]
 
     for mode in _modes(doc):
