@@ -327,7 +327,7 @@ def test_saver_policy_is_scoped_to_the_stack(template: dict, prefix: str) -> Non
     for action, resource in grants:
         by_service.setdefault(action.split(":")[0], set()).add(resource)
     assert by_service == {
-        "s3": {f"<Bucket.Arn>/{prefix}{LIVE_PREFIX}*"},
+        "s3": {f"<Bucket.Arn>/{prefix}{LIVE_PREFIX}*", f"<Bucket.Arn>/{prefix}{ARCHIVE_PREFIX}*"},
         "dynamodb": {"<Table.Arn>"},
         "kms": {"<Key.Arn>"},
     }
@@ -339,7 +339,11 @@ def test_saver_policy_is_scoped_to_the_stack(template: dict, prefix: str) -> Non
     }
     assert set(kms) == {"s3.us-east-1.amazonaws.com", "dynamodb.us-east-1.amazonaws.com"}
     assert kms["s3.us-east-1.amazonaws.com"]["Condition"]["StringLike"] == {
-        "kms:EncryptionContext:aws:s3:arn": ["<Bucket.Arn>", f"<Bucket.Arn>/{prefix}{LIVE_PREFIX}*"]
+        "kms:EncryptionContext:aws:s3:arn": [
+            "<Bucket.Arn>",
+            f"<Bucket.Arn>/{prefix}{LIVE_PREFIX}*",
+            f"<Bucket.Arn>/{prefix}{ARCHIVE_PREFIX}*",
+        ]
     }
     assert kms["dynamodb.us-east-1.amazonaws.com"]["Condition"]["StringEquals"][
         "kms:EncryptionContext:aws:dynamodb:tableName"
