@@ -164,7 +164,7 @@ class ArchiveIndex(Index):
     def archive_of(self, thread_id: str) -> Op[Tombstone]:
         raise self._refuse("archive_thread")
 
-    def archive(self, thread_id: str, ref: ArchiveRef, archived: Any, delete_objects: Any) -> Op[None]:
+    def archive(self, thread_id: str, ref: ArchiveRef, archived: Any, delete_objects: Any, known: Any = None) -> Op[None]:
         raise self._refuse("archive_thread")
 
     def unarchive(self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]) -> Op[None]:

@@ -364,11 +364,13 @@ class Index(ABC):
         ref: ArchiveRef,
         archived: list[CheckpointEntry] | None,
         delete_objects: Callable[[list[Any]], Op[None]],
+        known: list[CheckpointEntry] | None = None,
     ) -> Op[None]:
         """Switch the thread to its archive object (the commit point: from then on
         every read goes there), then remove the live entries ``archived`` (with
         their writes) after their objects. ``archived`` None: the switch happened
-        before (a cleanup cut short): remove what is left up to ``ref.newest``.
+        before (a cleanup cut short): remove what is left of ``known`` (the
+        archive's entries, when it could be read), else up to ``ref.newest``.
         A write committed after the switch stays, parked until the restore.
         Raises ThreadArchivedError when the thread is archived in another object,
         or a restore has not finished removing its archive object."""

@@ -53,6 +53,7 @@ class DynamoArchive:
         ref: ArchiveRef,
         archived: list[CheckpointEntry] | None,
         delete_objects: Callable[[list[Any]], Op[None]],
+        known: list[CheckpointEntry] | None = None,
     ) -> Op[None]:
         calls = self.calls
         if archived is not None:
@@ -80,29 +81,38 @@ class DynamoArchive:
             ]
             # The commit point: from here on every namespace reads from the archive.
             yield from self._transact([{"Update": u} for u in [thread, *markers]], thread_id, "archive")
-            doomed: list[Any] = [*archived, *(w for e in archived for w in e.writes or ())]
-            keys = [calls.key_of(*e.key) for e in archived] + [_key(calls.link_item(e)) for e in archived]
-            keys += [_key(calls.writes_item(w)) for e in archived for w in e.writes or ()]
-        else:
-            # A cleanup cut short: what is left of the archived history, up to the
-            # newest checkpoint archived in each namespace (a write parked under
-            # the marker since is newer, and stays).
-            doomed, keys = [], []
-            start: dict[str, Any] | None = None
-            while True:
-                page = yield from request_one(
-                    calls.query(thread_id, start_key=start, projection=(PARTITION_KEY, SORT_KEY, "loc", "token", GEN))
-                )
-                for raw in page.get("Items", []):
-                    item = calls.parse(raw)
-                    entry = item.entry if isinstance(item, Link) else item
-                    if isinstance(entry, (CheckpointEntry, WritesEntry)) and entry.checkpoint_id <= ref.newest.get(entry.ns, ""):
-                        keys.append(_key(raw))
-                        if not isinstance(item, Link):
-                            doomed.append(entry)
-                start = page.get("LastEvaluatedKey")
-                if start is None:
-                    break
+        # What goes: exactly the archived items (a write's by its token: one that
+        # replaced it under the marker, a last-wins slot, stays), or without the
+        # list (a cold archive, a cleanup cut short) the items up to the newest
+        # checkpoint archived in each namespace (a checkpoint parked since is newer).
+        chosen = archived if archived is not None else known
+        checkpoints = {(e.ns, e.checkpoint_id) for e in chosen} if chosen is not None else None
+        writes = {(w.ns, w.checkpoint_id, w.task_id, w.part, w.token) for e in chosen or () for w in e.writes or ()}
+
+        def goes(entry: CheckpointEntry | WritesEntry) -> bool:
+            if checkpoints is None:
+                return entry.checkpoint_id <= ref.newest.get(entry.ns, "")
+            if isinstance(entry, WritesEntry):
+                return (entry.ns, entry.checkpoint_id, entry.task_id, entry.part, entry.token) in writes
+            return (entry.ns, entry.checkpoint_id) in checkpoints
+
+        doomed: list[Any] = []
+        keys: list[dict[str, Any]] = []
+        start: dict[str, Any] | None = None
+        while True:
+            page = yield from request_one(
+                calls.query(thread_id, start_key=start, projection=(PARTITION_KEY, SORT_KEY, "loc", "token", GEN))
+            )
+            for raw in page.get("Items", []):
+                item = calls.parse(raw)
+                entry = item.entry if isinstance(item, Link) else item
+                if isinstance(entry, (CheckpointEntry, WritesEntry)) and goes(entry):
+                    keys.append(_key(raw))
+                    if not isinstance(item, Link):
+                        doomed.append(entry)
+            start = page.get("LastEvaluatedKey")
+            if start is None:
+                break
         # Objects before the items that point at them, as every delete does.
         yield from delete_objects(doomed)
         yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in keys], f"archived entries of thread {thread_id!r}")  # type: ignore[attr-defined]

@@ -43,7 +43,9 @@ class ManifestArchive:
         ref: ArchiveRef,
         archived: list[CheckpointEntry] | None,
         delete_objects: Callable[[list[Any]], Op[None]],
+        known: list[CheckpointEntry] | None = None,
     ) -> Op[None]:
+        # The graveyard knows exactly what goes: ``known`` is not needed here.
         if archived is None:
             head = yield from self._read_head(thread_id)  # type: ignore[attr-defined]
             if head.archive is not None and head.archive.key == ref.key:
@@ -84,6 +86,8 @@ class ManifestArchive:
             # The commit point: from this swap on, every read goes to the archive.
             head = yield from self._update(thread_id, switch, read)  # type: ignore[attr-defined]
         except _Changed:
+            # The archive written for this attempt is referenced by nothing: it goes.
+            yield from delete_objects([ref])
             raise ThreadArchivedError(
                 f"thread {thread_id!r} was written to while it was being archived ({self.describe()}); "  # type: ignore[attr-defined]
                 "nothing was archived: call archive_thread again",

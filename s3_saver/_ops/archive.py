@@ -91,8 +91,11 @@ def archive_thread(ctx: Context, thread_id: str, storage_class: str) -> Op[Archi
     if own.stale_archive is not None:
         yield from _remove_stale(ctx, thread_id, own.stale_archive)
     if own.archive is not None:
-        # Archived already: finish removing the live thread, if a call was cut short.
-        yield from ctx.index.archive(thread_id, own.archive, None, _deleter(ctx, thread_id))
+        # Archived already: finish removing the live thread, if a call was cut short:
+        # what the archive holds, when it can be read (a write parked since stays).
+        data, _ = yield from archive_body(ctx, own.archive)
+        known = decode_archive(data, f"s3://{ctx.s3.bucket}/{own.archive.key}").entries if data else None
+        yield from ctx.index.archive(thread_id, own.archive, None, _deleter(ctx, thread_id), known)
         return _status(thread_id, "archived", own.archive)
     entries = [e for e in (yield from ctx.index.contents(thread_id)) if not ctx.expired(e)]
     if not entries:
