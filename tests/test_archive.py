@@ -789,10 +789,12 @@ ARCHIVE_COSTS = {
     "dynamodb": {
         # The thread's item, its items, the archive object, the switch (one transaction),
         # the live objects, the items.
-        "archive_thread": (7, {
-            # The second Query finds the archived items by key (and token) after the switch.
+        "archive_thread": (8, {
+            # The UpdateItem records the archive's key before its PUT (intend_archive); the
+            # second Query finds the archived items by key (and token) after the switch.
             "dynamodb:batch_write_item": 1, "dynamodb:get_item": 1, "dynamodb:query": 2,
-            "dynamodb:transact_write_items": 1, "s3:delete_objects": 1, "s3:put_object": 1,
+            "dynamodb:transact_write_items": 1, "dynamodb:update_item": 1,
+            "s3:delete_objects": 1, "s3:put_object": 1,
         }),
         # The archive is read: what it holds goes, a write parked since stays.
         "archive_thread again": (3, {"dynamodb:get_item": 1, "dynamodb:query": 1, "s3:get_object": 1}),
@@ -804,10 +806,12 @@ ARCHIVE_COSTS = {
             "dynamodb:update_item": 1, "s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 5,
         }),
         "restore_thread of a live thread": (1, {"dynamodb:get_item": 1}),
-        "archive_thread DEEP_ARCHIVE": (7, {
-            # The second Query finds the archived items by key (and token) after the switch.
+        "archive_thread DEEP_ARCHIVE": (8, {
+            # The UpdateItem records the archive's key before its PUT (intend_archive); the
+            # second Query finds the archived items by key (and token) after the switch.
             "dynamodb:batch_write_item": 1, "dynamodb:get_item": 1, "dynamodb:query": 2,
-            "dynamodb:transact_write_items": 1, "s3:delete_objects": 1, "s3:put_object": 1,
+            "dynamodb:transact_write_items": 1, "dynamodb:update_item": 1,
+            "s3:delete_objects": 1, "s3:put_object": 1,
         }),
         "get_tuple DEEP_ARCHIVE (refused)": (2, {"dynamodb:query": 1, "s3:head_object": 1}),
         "restore_thread DEEP_ARCHIVE (requested)": (3, {
@@ -820,14 +824,14 @@ ARCHIVE_COSTS = {
         }),
     },
     "manifest": {
-        "archive_thread": (7, {"s3:delete_objects": 1, "s3:get_object": 3, "s3:put_object": 3}),
+        "archive_thread": (8, {"s3:delete_objects": 1, "s3:get_object": 3, "s3:put_object": 4}),
         "archive_thread again": (3, {"s3:get_object": 3}),
         "get_tuple cold": (2, {"s3:get_object": 2}),  # the head, the archive
         "get_tuple warm": (1, {"s3:get_object": 1}),
         "list warm": (1, {"s3:get_object": 1}),
         "restore_thread": (6, {"s3:delete_objects": 1, "s3:get_object": 2, "s3:put_object": 7}),
         "restore_thread of a live thread": (1, {"s3:get_object": 1}),
-        "archive_thread DEEP_ARCHIVE": (7, {"s3:delete_objects": 1, "s3:get_object": 3, "s3:put_object": 3}),
+        "archive_thread DEEP_ARCHIVE": (8, {"s3:delete_objects": 1, "s3:get_object": 3, "s3:put_object": 4}),
         "get_tuple DEEP_ARCHIVE (refused)": (2, {"s3:get_object": 1, "s3:head_object": 1}),
         "restore_thread DEEP_ARCHIVE (requested)": (3, {
             "s3:get_object": 1, "s3:head_object": 1, "s3:restore_object": 1,

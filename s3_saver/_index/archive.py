@@ -170,6 +170,9 @@ class ArchiveIndex(Index):
     def unarchive(self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]) -> Op[None]:
         raise self._refuse("restore_thread")
 
+    def intend_archive(self, thread_id: str, key: str) -> Op[None]:
+        raise self._refuse("archive_thread")
+
     def forget_archive(self, thread_id: str, key: str) -> Op[None]:
         raise self._refuse("restore_thread")
 

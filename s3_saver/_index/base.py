@@ -372,8 +372,9 @@ class Index(ABC):
         before (a cleanup cut short): remove what is left of ``known`` (the
         archive's entries, when it could be read), else up to ``ref.newest``.
         A write committed after the switch stays, parked until the restore.
+        The switch needs ``intend_archive(ref.key)`` first, and takes that mark off.
         Raises ThreadArchivedError when the thread is archived in another object,
-        or a restore has not finished removing its archive object."""
+        or the mark is another's."""
 
     @abstractmethod
     def unarchive(
@@ -383,6 +384,14 @@ class Index(ABC):
         and take the archive marker out, in that order (the commit point), with
         ``ref``'s object left to delete (``stale_archive``); writes parked under
         the marker stay."""
+
+    @abstractmethod
+    def intend_archive(self, thread_id: str, key: str) -> Op[None]:
+        """Record, before it is written, the archive object ``key`` as one to delete
+        (``stale_archive``) unless ``archive`` makes it the thread's archive: a call
+        cut short and not repeated as is (the thread changed) leaves nothing behind.
+        Raises ThreadArchivedError when the thread is archived, or another archive
+        object waits for deletion."""
 
     @abstractmethod
     def forget_archive(self, thread_id: str, key: str) -> Op[None]:

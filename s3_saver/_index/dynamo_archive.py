@@ -59,15 +59,16 @@ class DynamoArchive:
         if archived is not None:
             packed = {"B": encode_ref(ref)}
             names = {"#a": ARCHIVE, "#s": STALE_ARCHIVE}
-            # The thread's item refuses a second archive, and an archive while a
-            # restore still removes its old archive object (the same key, maybe).
+            # The thread's item refuses a second archive, and one whose object is not
+            # the one intend_archive recorded (another call's came since); applied
+            # already, it holds (a re-sent request).
             thread = {
                 "TableName": self.table,
                 "Key": calls.tombstone_key(thread_id),
-                "UpdateExpression": "SET #a = :ref",
-                "ConditionExpression": "(attribute_not_exists(#a) OR #a = :ref) AND attribute_not_exists(#s)",
+                "UpdateExpression": "SET #a = :ref REMOVE #s",
+                "ConditionExpression": "#a = :ref OR (attribute_not_exists(#a) AND #s = :key)",
                 "ExpressionAttributeNames": names,
-                "ExpressionAttributeValues": {":ref": packed},
+                "ExpressionAttributeValues": {":ref": packed, ":key": {"S": ref.key}},
             }
             markers = [
                 {
@@ -80,7 +81,7 @@ class DynamoArchive:
                 for ns in sorted(ref.newest)
             ]
             # The commit point: from here on every namespace reads from the archive.
-            yield from self._transact([{"Update": u} for u in [thread, *markers]], thread_id, "archive")
+            yield from self._transact([{"Update": u} for u in [thread, *markers]], thread_id)
         # What goes: exactly the archived items (a write's by its token: one that
         # replaced it under the marker, a last-wins slot, stays), or without the
         # list (a cold archive, a cleanup cut short) the items up to the newest
@@ -165,7 +166,7 @@ class DynamoArchive:
                 else:
                     condition = {"ConditionExpression": "attribute_not_exists(#g)", "ExpressionAttributeNames": {"#g": GEN}}
                     switch.append({"Delete": {"TableName": self.table, "Key": key, **condition}})
-            if (yield from self._transact(switch, thread_id, "restore", lost_ok=True)):
+            if (yield from self._transact(switch, thread_id, lost_ok=True)):
                 return
         raise ThreadArchivedError(
             f"restoring thread {thread_id!r}: its tombstones in table {self.table} kept changing (a delete running?)",
@@ -173,6 +174,25 @@ class DynamoArchive:
             ref.storage_class,
             ref.key,
         )
+
+    def intend_archive(self, thread_id: str, key: str) -> Op[None]:
+        call = self.calls._call(
+            "update_item",
+            {
+                "TableName": self.table,
+                "Key": self.calls.tombstone_key(thread_id),
+                "UpdateExpression": "SET #s = :key",
+                "ConditionExpression": "attribute_not_exists(#a) AND (attribute_not_exists(#s) OR #s = :key)",
+                "ExpressionAttributeNames": {"#a": ARCHIVE, "#s": STALE_ARCHIVE},
+                "ExpressionAttributeValues": {":key": {"S": key}},
+            },
+        )
+        (result,) = yield (call,)
+        if isinstance(result, BaseException):
+            if error_code(result) not in CONDITION_FAILED_CODES:
+                raise_failure(call, result)
+            found = yield from self.archive_of(thread_id)
+            raise _busy(thread_id, found, f"table {self.table}")
 
     def forget_archive(self, thread_id: str, key: str) -> Op[None]:
         call = self.calls._call(
@@ -190,7 +210,7 @@ class DynamoArchive:
         if isinstance(result, BaseException) and error_code(result) not in CONDITION_FAILED_CODES:
             raise_failure(call, result)
 
-    def _transact(self, actions: list[dict[str, Any]], thread_id: str, what: str, lost_ok: bool = False) -> Op[bool]:
+    def _transact(self, actions: list[dict[str, Any]], thread_id: str, lost_ok: bool = False) -> Op[bool]:
         """TransactWriteItems in chunks of 100 (the first holds the thread's item,
         whose condition decides); False when a condition failed and ``lost_ok``."""
         chunks = [actions[i : i + _TRANSACTION_MAX] for i in range(0, len(actions), _TRANSACTION_MAX)]
@@ -202,18 +222,19 @@ class DynamoArchive:
                     if lost_ok:
                         return False
                     found = yield from self.archive_of(thread_id)
-                    raise ThreadArchivedError(
-                        f"cannot {what} thread {thread_id!r}: "
-                        + (
-                            f"it is archived in {found.archive.key} already"
-                            if found.archive is not None
-                            else f"a restore is still removing its archive object {found.stale_archive}; call again"
-                        )
-                        + f" (table {self.table})",
-                        thread_id,
-                    )
+                    raise _busy(thread_id, found, f"table {self.table}")
                 raise_failure(call, result)
         return True
+
+
+def _busy(thread_id: str, found: Tombstone, where: str) -> ThreadArchivedError:
+    """Why an archive cannot go on: the thread is archived, or another call's archive
+    object (an archive under way, or a restore's old one) waits for deletion."""
+    if found.archive is not None:
+        why = f"it is archived in {found.archive.key}"
+    else:
+        why = f"another archive or restore of it is under way (archive object {found.stale_archive}); call again"
+    return ThreadArchivedError(f"cannot archive thread {thread_id!r}: {why} ({where})", thread_id)
 
 
 def _cancelled_by_condition(exc: BaseException) -> bool:

@@ -58,13 +58,8 @@ class ManifestArchive:
         def switch(h: Head) -> Head | None:
             if h.archive is not None and h.archive.key == ref.key:
                 return None  # our own swap, applied by an earlier attempt
-            if h.archive is not None or h.stale_archive is not None:
-                raise ThreadArchivedError(
-                    f"cannot archive thread {thread_id!r}: "
-                    + (f"it is archived in {h.archive.key}" if h.archive else f"a restore is still removing {h.stale_archive}; call again")
-                    + f" ({self.describe()})",  # type: ignore[attr-defined]
-                    thread_id,
-                )
+            if h.archive is not None or h.stale_archive != ref.key:
+                raise self._busy(thread_id, h)  # archived, or intend_archive's mark is another call's
             if read is None or h.segments != read.segments:
                 raise _Changed()
             return replace(
@@ -80,6 +75,7 @@ class ManifestArchive:
                 ],
                 graveyard_segments=[*h.graveyard_segments, *h.segments],
                 archive=ref,
+                stale_archive=None,  # intend_archive's mark: the object is the archive now
             )
 
         try:
@@ -88,6 +84,7 @@ class ManifestArchive:
         except _Changed:
             # The archive written for this attempt is referenced by nothing: it goes.
             yield from delete_objects([ref])
+            yield from self.forget_archive(thread_id, ref.key)
             raise ThreadArchivedError(
                 f"thread {thread_id!r} was written to while it was being archived ({self.describe()}); "  # type: ignore[attr-defined]
                 "nothing was archived: call archive_thread again",
@@ -128,6 +125,21 @@ class ManifestArchive:
             )
 
         yield from self._update(thread_id, install, self._cached(thread_id))  # type: ignore[attr-defined]
+
+    def intend_archive(self, thread_id: str, key: str) -> Op[None]:
+        def intend(h: Head) -> Head | None:
+            if h.archive is not None or h.stale_archive not in (None, key):
+                raise self._busy(thread_id, h)
+            return None if h.stale_archive == key else replace(h, stale_archive=key)
+
+        yield from self._update(thread_id, intend, self._cached(thread_id))  # type: ignore[attr-defined]
+
+    def _busy(self, thread_id: str, h: Head) -> ThreadArchivedError:
+        if h.archive is not None:
+            why = f"it is archived in {h.archive.key}"
+        else:
+            why = f"another archive or restore of it is under way (archive object {h.stale_archive}); call again"
+        return ThreadArchivedError(f"cannot archive thread {thread_id!r}: {why} ({self.describe()})", thread_id)  # type: ignore[attr-defined]
 
     def forget_archive(self, thread_id: str, key: str) -> Op[None]:
         def forget(h: Head) -> Head | None:

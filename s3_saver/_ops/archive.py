@@ -10,7 +10,8 @@ delete the archive object. Cut short anywhere, the thread reads from exactly
 one place, and a call again finishes the job:
 
 * before the switch, the live thread is read (an archive object may exist
-  already: the next call writes the same key);
+  already: the next call writes the same key, or, the thread changed, deletes
+  it: its key was recorded first, ``Index.intend_archive``);
 * after it, the archive is read, and ``archive_thread`` again removes what is
   left of the live thread (``Index.archive`` with no entries);
 * a restore cut short before its switch left objects that hold what the
@@ -104,6 +105,9 @@ def archive_thread(ctx: Context, thread_id: str, storage_class: str) -> Op[Archi
     data = encode_archive(archive)
     key = ctx.layout.archive_key(thread_id, digest(data))
     newest = newest_of(archive.entries)
+    # The key goes into the index first: if this call is cut short and the thread
+    # changes before the next, that call deletes this object (it writes another key).
+    yield from ctx.index.intend_archive(thread_id, key)
     yield from _put_archive(ctx, key, data, storage_class, archive_metadata(newest))
     ref = ArchiveRef(key, storage_class, len(data), ctx.now(), newest, latest_of(archive), len(entries), live_bytes)
     ctx.locs.forget_thread(thread_id)

@@ -107,7 +107,7 @@ def _rebuild_archived(ctx: Context, thread_id: str, archive: tuple[str, int, str
         head = yield from request_one(ctx.s3.head(key))
         ref.newest = metadata_newest(head.get("Metadata", {})) or ref.newest
     yield from ctx.index.restore(thread_id, [], [], created)
-    yield from ctx.index.archive_of(thread_id)  # the head the switch starts from (manifest)
+    yield from ctx.index.intend_archive(thread_id, key)
     yield from ctx.index.archive(thread_id, ref, [], _no_objects)
     ctx.locs.forget_thread(thread_id)
     return count
