@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import threading
 import urllib.request
 from collections.abc import Iterator
 
@@ -27,10 +29,39 @@ BUCKET = "checkpoints"
 TABLE = "checkpoints-index"
 
 
+def _atomic_conditional_writes() -> None:
+    """Make moto's conditional PutObject/DeleteObject atomic, as S3's are.
+
+    moto checks ``If-Match``/``If-None-Match`` and stores the object in two steps
+    with no lock between them, and its server answers each request on a thread of
+    its own: two writers swapping the same head ETag can both get 200, and the
+    second silently overwrites the first (a lost update S3 never allows). It was
+    seen as one checkpoint missing after test_many_puts_while_segments_seal
+    under CPU load. One lock around the check and the store closes that window."""
+    from moto.s3.responses import S3Response
+
+    if getattr(S3Response, "_s3_saver_atomic", False):
+        return
+    lock = threading.RLock()
+
+    def serialised(method):
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            with lock:
+                return method(self, *args, **kwargs)
+
+        return wrapper
+
+    S3Response.put_object = serialised(S3Response.put_object)
+    S3Response.delete_object = serialised(S3Response.delete_object)
+    S3Response._s3_saver_atomic = True
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
+    _atomic_conditional_writes()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
