@@ -162,6 +162,15 @@ def _waves(saver, call) -> int:
     return saver.stats.round_trips
 
 
+
+def _cut_short(monkeypatch, cut: int, call) -> None:
+    """Run ``call`` with a ConnectionError after round trip ``cut`` (the cut must come)."""
+    with monkeypatch.context() as patch:
+        cutter = _Cut(patch, cut)
+        with pytest.raises(ConnectionError):
+            call()
+        assert cutter.fired
+
 # -- 1. archive cut short ----------------------------------------------------------------------
 def test_archive_cut_after_any_round_trip_reads_whole_and_completes(endpoint, index_mode, monkeypatch) -> None:
     writer = make_saver(endpoint, index_mode)
@@ -179,11 +188,7 @@ def test_archive_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
         before = _view(endpoint, index_mode, thread_id)
         assert len(before[0]) == 4 * TURNS and len(before[1]) == 4 * TURNS + 3
         archiver = _fresh(endpoint, index_mode)
-        with monkeypatch.context() as patch:
-            cutter = _Cut(patch, cut)
-            with pytest.raises(ConnectionError):
-                archiver.archive_thread(thread_id)
-            assert cutter.fired
+        _cut_short(monkeypatch, cut, lambda: archiver.archive_thread(thread_id))
         assert _view(endpoint, index_mode, thread_id) == before, cut
 
         status = archiver.archive_thread(thread_id)  # run again (same process), it completes
@@ -228,11 +233,7 @@ def test_restore_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
         writer.archive_thread(thread_id)
         assert _view(endpoint, index_mode, thread_id) == before
         restorer = _fresh(endpoint, index_mode)
-        with monkeypatch.context() as patch:
-            cutter = _Cut(patch, cut)
-            with pytest.raises(ConnectionError):
-                restorer.restore_thread(thread_id)
-            assert cutter.fired
+        _cut_short(monkeypatch, cut, lambda: restorer.restore_thread(thread_id))
         assert _view(endpoint, index_mode, thread_id) == before, cut
 
         assert restorer.restore_thread(thread_id).state == "live", cut  # run again, it completes
@@ -514,11 +515,7 @@ def test_an_archive_cut_short_then_written_to_then_archived_again_leaves_one_arc
         thread_id = f"t{cut}"
         _run((_graph(writer),), thread_id, range(TURNS))
         archiver = _fresh(endpoint, index_mode)
-        with monkeypatch.context() as patch:
-            cutter = _Cut(patch, cut)
-            with pytest.raises(ConnectionError):
-                archiver.archive_thread(thread_id)
-            assert cutter.fired
+        _cut_short(monkeypatch, cut, lambda: archiver.archive_thread(thread_id))
         user = _fresh(endpoint, index_mode)
         _run((_graph(user),), thread_id, range(TURNS, TURNS + 1))
         assert _fresh_values(endpoint, index_mode, thread_id) == expected, cut
