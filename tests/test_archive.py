@@ -151,6 +151,17 @@ class Savers:
         for saver in self.opened:
             await saver.aclose() if self.aio else saver.close()
 
+    def run(self, scenario: Callable[[], Coroutine]) -> None:
+        """Run ``scenario`` (under asyncio, or driven synchronously), then close every saver."""
+
+        async def main() -> None:
+            try:
+                await scenario()
+            finally:
+                await self.close()
+
+        _drive(self.aio, main)
+
 
 def _drive(aio: bool, main: Callable[[], Coroutine]) -> Any:
     return asyncio.run(main()) if aio else _sync(main())
@@ -366,12 +377,6 @@ def _archived_classes(saver: S3Saver) -> dict[str, str | None]:
 def test_archive_read_restore_matches_in_memory(endpoint, index_mode, aio) -> None:
     savers = Savers(endpoint, index_mode, aio)
 
-    async def main() -> None:
-        try:
-            await scenario()
-        finally:
-            await savers.close()
-
     async def scenario() -> None:
         ours, ref = savers.new(), Api(InMemorySaver(), aio)
         await ours.call(ours.cp, "setup")
@@ -415,7 +420,7 @@ def test_archive_read_restore_matches_in_memory(endpoint, index_mode, aio) -> No
         assert done["items"][-1] == "review:yes"
         assert _normalized(await _glance(after, "t", BIG)) == _normalized(await _glance(ref, "t", BIG))
 
-    _drive(aio, main)
+    savers.run(scenario)
 
 
 def test_archive_again_returns_the_same_status(endpoint, index_mode) -> None:
@@ -505,12 +510,6 @@ def _checkpoints(history: list[StateSnapshot]) -> list[tuple]:
 def test_write_to_an_archived_thread_restores_it_first(endpoint, index_mode, aio) -> None:
     savers = Savers(endpoint, index_mode, aio)
 
-    async def main() -> None:
-        try:
-            await scenario()
-        finally:
-            await savers.close()
-
     async def scenario() -> None:
         ours, ref = savers.new(), Api(InMemorySaver(), aio)
         await ours.call(ours.cp, "setup")
@@ -532,7 +531,7 @@ def test_write_to_an_archived_thread_restores_it_first(endpoint, index_mode, aio
             await api.call(api.graph(SMALL), "invoke", Command(resume="yes"), thread("t"))
         assert _normalized(await _glance(writer, "t")) == _normalized(await _glance(ref, "t"))
 
-    _drive(aio, main)
+    savers.run(scenario)
 
 
 # -- 4. export from one index mode and bucket, import into another -----------------------------
