@@ -365,3 +365,7 @@ def seaweedfs_saver(endpoint: str, bucket: str, **kwargs):
     return S3Saver(
         bucket, s3_endpoint_url=endpoint, region_name="us-east-1", boto3_session=seaweedfs_session(), **kwargs
     )
+
+
+# --- Two regions (tests/regions.py): registers the `regions` fixture -----------------
+from regions import regions  # noqa: E402,F401
