@@ -24,6 +24,7 @@ from langgraph.types import Command, interrupt
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "infra" / "template.yaml"
+REPLICA_TEMPLATE = REPO / "infra" / "replica.yaml"
 INFRA_BIN = REPO / ".venv-infra" / "bin"
 
 ACCOUNT = "123456789012"  # moto's default account
@@ -86,6 +87,7 @@ class Stack:
         parameters: dict[str, str] | None = None,
         physical: dict[str, dict[str, str]] | None = None,
         stack_name: str = "s3-saver",
+        region: str = REGION,
     ) -> None:
         self.template = template
         declared = template.get("Parameters", {})
@@ -99,7 +101,7 @@ class Stack:
             raise KeyError(f"parameters without a default need a value: {missing}")
         self.pseudo = {
             "AWS::AccountId": ACCOUNT,
-            "AWS::Region": REGION,
+            "AWS::Region": region,
             "AWS::Partition": PARTITION,
             "AWS::StackName": stack_name,
             "AWS::URLSuffix": "amazonaws.com",

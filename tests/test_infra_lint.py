@@ -1,4 +1,4 @@
-"""cfn-lint and checkov on infra/template.yaml.
+"""cfn-lint and checkov on infra/template.yaml and infra/replica.yaml.
 
 Both tools come from the Makefile's separate virtualenv (.venv-infra): checkov
 pins an older boto3 than aioboto3 allows in the dev environment. Neither may
@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
-from infra_support import REPO, TEMPLATE, infra_tool, load_template
+import pytest
+from infra_support import REPLICA_TEMPLATE, REPO, TEMPLATE, infra_tool, load_template
 
 TIMEOUT = 300
+TEMPLATES = pytest.mark.parametrize("template", [TEMPLATE, REPLICA_TEMPLATE], ids=lambda p: p.name)
 
 
 def run(*command: str) -> subprocess.CompletedProcess[str]:
@@ -22,16 +25,18 @@ def run(*command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT, env=env)
 
 
-def test_cfn_lint_reports_nothing() -> None:
-    result = run(infra_tool("cfn-lint"), "--", str(TEMPLATE.relative_to(REPO)))
+@TEMPLATES
+def test_cfn_lint_reports_nothing(template: Path) -> None:
+    result = run(infra_tool("cfn-lint"), "--", str(template.relative_to(REPO)))
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
-def test_checkov_passes_and_every_suppression_is_in_the_template_with_a_reason() -> None:
+@TEMPLATES
+def test_checkov_passes_and_every_suppression_is_in_the_template_with_a_reason(template: Path) -> None:
     result = run(
         infra_tool("checkov"),
         "--file",
-        str(TEMPLATE.relative_to(REPO)),
+        str(template.relative_to(REPO)),
         "--framework",
         "cloudformation",
         "--skip-download",
@@ -43,7 +48,7 @@ def test_checkov_passes_and_every_suppression_is_in_the_template_with_a_reason()
     summary = report["summary"]
     failed = [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
     assert (summary["failed"], failed, summary["parsing_errors"]) == (0, [], 0)
-    resources = load_template()["Resources"]
+    resources = load_template(template)["Resources"]
     assert summary["resource_count"] == len(resources), "checkov saw every resource"
     assert summary["passed"] > 0
 
