@@ -12,6 +12,7 @@ from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._ops.archive import ArchiveStatus
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver._protocol import RequestStats
+from s3_saver._replica import Promotion, ReadSource, Replica, ReplicationGap, ReplicationReport
 from s3_saver._retry import RetryPolicy
 from s3_saver._saver import S3Saver
 from s3_saver.errors import (
@@ -23,6 +24,8 @@ from s3_saver.errors import (
     ImmutableObjectConflictError,
     KeyTooLongError,
     MissingObjectError,
+    PrimaryUnavailableError,
+    ReplicationLagError,
     ResourceMissingError,
     RunDeletedError,
     S3SaverError,
@@ -53,6 +56,13 @@ __all__ = [
     "ImmutableObjectConflictError",
     "KeyTooLongError",
     "MissingObjectError",
+    "PrimaryUnavailableError",
+    "Promotion",
+    "ReadSource",
+    "Replica",
+    "ReplicationGap",
+    "ReplicationLagError",
+    "ReplicationReport",
     "RequestStats",
     "RetryPolicy",
     "ResourceMissingError",

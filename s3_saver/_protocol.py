@@ -50,6 +50,18 @@ class Call:
         return f"{self.service}.{self.operation}({target})" if target else f"{self.service}.{self.operation}"
 
 
+PRIMARY = "primary"
+
+
+def site_of(call: Call) -> str:
+    """The region (as configured: "primary" or "replica") whose clients send ``call``."""
+    return call.where.site if call.where is not None else PRIMARY
+
+
+def client_key(service: str, site: str) -> str:
+    return service if site == PRIMARY else f"{site}:{service}"
+
+
 @dataclass(frozen=True, slots=True)
 class Emit:
     value: Any
@@ -77,6 +89,8 @@ class RequestStats:
     requests: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Sync callers may share one saver across threads.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # The counts of the calls sent to one region only (see ``S3Saver.replica_stats``).
+    _sites: dict[str, RequestStats] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def total_requests(self) -> int:
@@ -86,11 +100,22 @@ class RequestStats:
         with self._lock:
             self.round_trips += 1
             self.requests.update((c.service, c.operation) for c in calls)
+        for site in {site_of(c) for c in calls}:
+            if site in self._sites:
+                self._sites[site].record(tuple(c for c in calls if site_of(c) == site))
+
+    def site(self, site: str) -> RequestStats:
+        """The counts of the calls sent to one region (kept from now on)."""
+        with self._lock:
+            return self._sites.setdefault(site, RequestStats())
 
     def reset(self) -> None:
         with self._lock:
             self.round_trips = 0
             self.requests.clear()
+            sites = list(self._sites.values())
+        for stats in sites:
+            stats.reset()
 
     def snapshot(self) -> RequestStats:
         with self._lock:

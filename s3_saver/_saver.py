@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import timedelta
 from typing import Any
@@ -26,18 +26,18 @@ from s3_saver._clients import Clients
 from s3_saver._clients import client_config as merged_config
 from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
-from s3_saver._index.dynamodb import DynamoIndex
-from s3_saver._index.manifest import ManifestIndex
 from s3_saver._keys import KeyLayout
 from s3_saver._ops import delta, put, read, setup
 from s3_saver._ops.context import Context
-from s3_saver._protocol import RequestStats
+from s3_saver._protocol import PRIMARY, Op, RequestStats, T
+from s3_saver._replica import ReadSource, Replica
 from s3_saver._retry import RetryPolicy
-from s3_saver._saver_archive import ThreadArchival
-from s3_saver._saver_threads import ThreadLifecycle
 from s3_saver._retry import deadline as retry_deadline
-from s3_saver._s3 import S3Calls
-from s3_saver.errors import ConfigurationError, Where
+from s3_saver._saver_archive import ThreadArchival
+from s3_saver._saver_regions import Regions, _replica_site
+from s3_saver._saver_threads import ThreadLifecycle
+from s3_saver._sites import ONCE, REPLICA, Route, Site, build_context
+from s3_saver.errors import ConfigurationError
 
 DEFAULT_INLINE_THRESHOLD = 64 * 1024
 
@@ -77,7 +77,12 @@ def _check_options(options: dict[str, Any]) -> None:
 
 
 class S3Saver(
-    ThreadArchival, ThreadLifecycle, BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncContextManager
+    Regions,
+    ThreadArchival,
+    ThreadLifecycle,
+    BaseCheckpointSaver[str],
+    AbstractContextManager,
+    AbstractAsyncContextManager,
 ):
     """A LangGraph checkpointer that keeps state in S3 as immutable objects, found through an index.
 
@@ -145,6 +150,10 @@ class S3Saver(
             4 attempts with jittered backoff (0.1 s doubling, at most 2 s), no
             backoff ending more than 10 s after a call's first attempt. See
             also :meth:`deadline`.
+        replica: A second region holding a replica of the bucket (S3
+            replication) and of the index: reads fall over to it when this
+            one fails, lag-safe; :meth:`promote` makes it the one written to.
+            See :class:`Replica`.
     """
 
     def __init__(
@@ -168,9 +177,12 @@ class S3Saver(
         max_concurrency: int = 16,
         retry: RetryPolicy | None = None,
         storage_class: str | None = None,
+        replica: Replica | None = None,
     ) -> None:
         super().__init__(serde=serde)
         _check_options(locals())
+        if replica is not None and not isinstance(replica, Replica):
+            raise ConfigurationError(f"replica must be an s3_saver.Replica or None, got {type(replica).__name__}: {replica!r}")
         self.bucket = bucket
         self.table = table
         self.region_name = region_name
@@ -180,38 +192,44 @@ class S3Saver(
             "s3": s3_endpoint_url or endpoint_url,
             "dynamodb": dynamodb_endpoint_url or endpoint_url,
         }
-        where = Where(bucket, table)
         layout = KeyLayout(prefix)
         if storage_class is not None:
             check_class(storage_class, LIVE_CLASSES, "storage_class")
-        s3_calls = S3Calls(bucket, where, layout.root, storage_class)
-        self._base_ctx = Context(
-            layout=layout,
-            s3=s3_calls,
-            index=DynamoIndex(table, layout, where) if table else ManifestIndex(s3_calls, layout),
-            serde=self.serde,
-            inline_threshold=inline_threshold,
-            ttl_seconds=int(ttl.total_seconds()) if ttl else None,
-        )
-        config = merged_config(client_config, max_concurrency=max_concurrency, path_style=bool(endpoints["s3"]))
+        settings = {
+            "serde": self.serde,
+            "inline_threshold": inline_threshold,
+            "ttl_seconds": int(ttl.total_seconds()) if ttl else None,
+        }
+        where, self._base_ctx = build_context(PRIMARY, bucket, table, layout, storage_class, settings)
         given = {"s3": s3_client, "dynamodb": dynamodb_client}
-        self._given_clients = [c for c in given.values() if c is not None]
         clients = Clients(
             where=where,
             region_name=region_name,
             endpoints=endpoints,
-            config=config,
+            config=merged_config(client_config, max_concurrency=max_concurrency, path_style=bool(endpoints["s3"])),
             boto3_session=boto3_session,
             given=given,
             aioboto3_session=aioboto3_session,
         )
+        sites = {PRIMARY: Site(PRIMARY, where, clients, [c for c in given.values() if c is not None])}
         policy = retry if retry is not None else RetryPolicy()
-        self._sync = SyncDriver(clients.make_sync, self.stats, max_concurrency, policy)
-        self._async = AsyncDriver(clients.make_async, self.stats, policy)
+        self.replica = replica
+        self._route: Route | None = None
+        if replica is not None:
+            sites[REPLICA], reader_ctx = _replica_site(
+                replica, table, layout, storage_class, settings, client_config, max_concurrency
+            )
+            self._route = Route(sites[PRIMARY], sites[REPLICA], replica, policy)
+            self._reader_ctx = self._route.as_reader(reader_ctx)
+            self.stats.site(REPLICA)  # counted from the first call on
+        self._sites = sites
+        self._given_clients = [c for site in sites.values() for c in site.given]
+        self._sync = SyncDriver(lambda service, site: sites[site].clients.make_sync(service), self.stats, max_concurrency, policy)
+        self._async = AsyncDriver(lambda service, site: sites[site].clients.make_async(service), self.stats, policy)
 
     @property
     def _ctx(self) -> Context:
-        """The operations' context, with this object's serializer.
+        """The operations' context (the region written to), with this object's serializer.
 
         ``with_allowlist`` (and ``copy.copy``) make a shallow copy and give it
         its own ``serde``: the copy must use it, while sharing the clients and
@@ -221,6 +239,37 @@ class S3Saver(
         if ctx.serde is not self.serde:
             ctx = self._base_ctx = dataclasses.replace(ctx, serde=self.serde)
         return ctx
+
+    @property
+    def _other_ctx(self) -> Context:
+        """The replica region's context (reads there are lag-safe), with this object's serializer."""
+        ctx = self._reader_ctx
+        if ctx.serde is not self.serde:
+            ctx = self._reader_ctx = dataclasses.replace(ctx, serde=self.serde)
+        return ctx
+
+    def _reading(self, make: Callable[[Context], Op[T]]) -> tuple[Op[T], RetryPolicy | None]:
+        """A read and the retry policy its driver applies: on the primary, or
+        routed (the primary first, then the replica: each retries inside)."""
+        if self._route is None:
+            return make(self._ctx), None
+        return self._route.routed(make, self._ctx, self._other_ctx), ONCE
+
+    @property
+    def replica_stats(self) -> RequestStats:
+        """Round trips and requests sent to the :class:`Replica`'s region (also counted in ``stats``)."""
+        return self.stats.site(REPLICA)
+
+    @property
+    def last_read(self) -> ReadSource | None:
+        """Where the last read of this thread (or asyncio task) was served from, and how stale.
+
+        Set by ``get_tuple``, ``list``, ``get_state``... of a saver with a
+        :class:`Replica` (None without one). A read served by the replica while
+        replication lags names the newer checkpoints it passed over
+        (``skipped``) and how far behind the answer is (``behind_seconds``).
+        """
+        return self._route.source.get() if self._route is not None else None
 
     def deadline(self, seconds: float) -> AbstractContextManager[None]:
         """Within this block, the saver starts no retry that would end more than
@@ -277,11 +326,11 @@ class S3Saver(
         Returns:
             The checkpoint tuple with channel values and pending writes, or None.
         """
-        return self._sync.run(read.get_tuple(self._ctx, config))
+        return self._sync.run(*self._reading(lambda ctx: read.get_tuple(ctx, config)))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Async version of :meth:`get_tuple`."""
-        return await self._async.run(read.get_tuple(self._ctx, config))
+        return await self._async.run(*self._reading(lambda ctx: read.get_tuple(ctx, config)))
 
     def list(
         self,
@@ -310,7 +359,7 @@ class S3Saver(
         Yields:
             Checkpoint tuples.
         """
-        return self._sync.iterate(read.list_checkpoints(self._ctx, config, filter, before, limit))
+        return self._sync.iterate(*self._reading(lambda ctx: read.list_checkpoints(ctx, config, filter, before, limit)))
 
     async def alist(
         self,
@@ -321,7 +370,9 @@ class S3Saver(
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """Async version of :meth:`list`."""
-        async for item in self._async.iterate(read.list_checkpoints(self._ctx, config, filter, before, limit)):
+        async for item in self._async.iterate(
+            *self._reading(lambda ctx: read.list_checkpoints(ctx, config, filter, before, limit))
+        ):
             yield item
 
     def put(
@@ -394,13 +445,13 @@ class S3Saver(
         Reads the chain as one index range instead of one ``get_tuple`` per
         ancestor, then fetches the seeds in one more wave.
         """
-        return self._sync.run(delta.delta_channel_history(self._ctx, config, channels))
+        return self._sync.run(*self._reading(lambda ctx: delta.delta_channel_history(ctx, config, channels)))
 
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         """Async version of :meth:`get_delta_channel_history`."""
-        return await self._async.run(delta.delta_channel_history(self._ctx, config, channels))
+        return await self._async.run(*self._reading(lambda ctx: delta.delta_channel_history(ctx, config, channels)))
 
     def get_next_version(self, current: str | None, channel: None = None) -> str:
         """Next channel version: a zero-padded counter plus a random part.

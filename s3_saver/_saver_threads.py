@@ -16,7 +16,11 @@ from s3_saver._ops import copy, delete, prune, rebuild, threads
 from s3_saver._ops.threads import ThreadInfo
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from s3_saver._drivers.aio import AsyncDriver
+    from s3_saver._protocol import Op
+    from s3_saver._retry import RetryPolicy
     from s3_saver._drivers.sync import SyncDriver
     from s3_saver._ops.context import Context
 
@@ -27,6 +31,7 @@ class ThreadLifecycle:
     _sync: SyncDriver
     _async: AsyncDriver
     _ctx: Context
+    _reading: Callable[..., tuple[Op[Any], RetryPolicy | None]]
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and pending write of a thread (all namespaces).
@@ -137,7 +142,7 @@ class ThreadLifecycle:
         Yields:
             :class:`ThreadInfo` for each thread.
         """
-        return self._sync.iterate(threads.list_threads(self._ctx, filter, limit, before))
+        return self._sync.iterate(*self._reading(lambda ctx: threads.list_threads(ctx, filter, limit, before)))
 
     async def alist_threads(
         self,
@@ -147,7 +152,7 @@ class ThreadLifecycle:
         before: ThreadInfo | str | RunnableConfig | None = None,
     ) -> AsyncIterator[ThreadInfo]:
         """Async version of :meth:`list_threads`."""
-        async for item in self._async.iterate(threads.list_threads(self._ctx, filter, limit, before)):
+        async for item in self._async.iterate(*self._reading(lambda ctx: threads.list_threads(ctx, filter, limit, before))):
             yield item
 
     def rebuild_index(self, thread_id: str | None = None) -> int:

@@ -142,6 +142,28 @@ class StoreUnavailableError(S3SaverError):
     """
 
 
+class PrimaryUnavailableError(StoreUnavailableError):
+    """The primary region failed and the saver has a replica: reads went there,
+    but a write cannot (the replica is read-only until ``promote()``).
+
+    Raised by writes (``put``, ``put_writes``, deletes...) once the primary's
+    retries are spent. The message names the primary, the replica and the
+    runbook's next step.
+    """
+
+
+class ReplicationLagError(S3SaverError):
+    """A replica read met what S3 replication has not copied yet.
+
+    S3 replication copies each object on its own, in no particular order,
+    usually within seconds and sometimes minutes later: the replica's index can
+    name a checkpoint whose objects have not arrived. Raised when no complete
+    checkpoint can stand in (a checkpoint asked for by id, a gap inside a
+    history, ``Replica(on_lag="raise")``), and by ``promote()`` when the region
+    it leaves holds writes the new one lacks.
+    """
+
+
 class SetupTimeoutError(S3SaverError, TimeoutError):
     """``setup()`` created the table but it did not become ACTIVE in time."""
 
@@ -256,6 +278,11 @@ class Where:
     table: str | None
     regions: dict[str, str | None] = field(default_factory=dict)
     endpoints: dict[str, str | None] = field(default_factory=dict)
+    # Which region's clients send the call ("primary" or "replica", as configured).
+    site: str = "primary"
+    # Set on the region written to when a replica can serve reads: its failures
+    # then say so, and how to make the replica writable.
+    fallback: str | None = None
 
     def region(self, service: str) -> str | None:
         return self.regions.get(service)
@@ -302,6 +329,12 @@ def translate(
         new = AccessDeniedError(f"{what}: access denied ({code}) on {place}; see infra/ for the IAM policy")
     elif kind == OBJECT_MISSING:
         new = MissingObjectError(f"{what}: the object is missing from {place}")
+    elif kind == UNAVAILABLE and where is not None and where.fallback:
+        new = PrimaryUnavailableError(
+            f"{what}: the primary region is unavailable ({place}): {type(exc).__name__}: {exc}. Reads "
+            f"fall over to the replica {where.fallback}; writes go there only once it is promoted: "
+            "saver.promote() (see the README's failover runbook)"
+        )
     elif kind == UNAVAILABLE:
         new = StoreUnavailableError(
             f"{what}: the store is unavailable, try again ({place}): {type(exc).__name__}: {exc}"

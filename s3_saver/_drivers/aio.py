@@ -15,9 +15,9 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
 from s3_saver._retry import RetryPolicy, resilient
-from s3_saver._protocol import Call, Emit, Op, RequestStats, Sleep, T
+from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, client_key, site_of
 
-ClientContextFactory = Callable[[str], Any]  # service -> async context manager of a client
+ClientContextFactory = Callable[[str, str], Any]  # (service, site) -> async context manager of a client
 
 
 class AsyncDriver:
@@ -27,8 +27,8 @@ class AsyncDriver:
         self._policy = policy
         self._loops: dict[asyncio.AbstractEventLoop, tuple[AsyncExitStack, dict[str, Any], asyncio.Lock]] = {}
 
-    async def run(self, op: Op[T]) -> T:
-        op = resilient(op, self._policy)
+    async def run(self, op: Op[T], policy: RetryPolicy | None = None) -> T:
+        op = resilient(op, policy or self._policy)
         reply: Any = None
         while True:
             try:
@@ -37,8 +37,8 @@ class AsyncDriver:
                 return stop.value
             reply = await self._step(step)
 
-    async def iterate(self, op: Op[Any]) -> AsyncIterator[Any]:
-        op = resilient(op, self._policy)
+    async def iterate(self, op: Op[Any], policy: RetryPolicy | None = None) -> AsyncIterator[Any]:
+        op = resilient(op, policy or self._policy)
         reply: Any = None
         while True:
             try:
@@ -64,7 +64,7 @@ class AsyncDriver:
 
     async def _send(self, call: Call) -> Any:
         try:
-            client = await self._client(call.service)
+            client = await self._client(call.service, site_of(call))
             response = await getattr(client, call.operation)(**call.params)
             if call.operation == "get_object":
                 async with response["Body"] as body:
@@ -84,7 +84,7 @@ class AsyncDriver:
             raise
         return response
 
-    async def _client(self, service: str) -> Any:
+    async def _client(self, service: str, site: str = PRIMARY) -> Any:
         loop = asyncio.get_running_loop()
         state = self._loops.get(loop)
         if state is None:
@@ -92,12 +92,13 @@ class AsyncDriver:
                 del self._loops[dead]  # their connections died with their loop
             state = self._loops[loop] = (AsyncExitStack(), {}, asyncio.Lock())
         stack, clients, lock = state
-        client = clients.get(service)
+        key = client_key(service, site)
+        client = clients.get(key)
         if client is None:
             async with lock:
-                client = clients.get(service)
+                client = clients.get(key)
                 if client is None:
-                    client = clients[service] = await stack.enter_async_context(self._make_client(service))
+                    client = clients[key] = await stack.enter_async_context(self._make_client(service, site))
         return client
 
     async def aclose(self) -> None:

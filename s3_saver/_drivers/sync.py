@@ -11,9 +11,9 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from s3_saver._retry import RetryPolicy, resilient
-from s3_saver._protocol import Call, Emit, Op, RequestStats, Sleep, T
+from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, client_key, site_of
 
-ClientFactory = Callable[[str], Any]
+ClientFactory = Callable[[str, str], Any]  # (service, site) -> client
 
 
 class SyncDriver:
@@ -28,17 +28,17 @@ class SyncDriver:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def run(self, op: Op[T]) -> T:
-        steps = self.iterate(op)
+    def run(self, op: Op[T], policy: RetryPolicy | None = None) -> T:
+        steps = self.iterate(op, policy)
         while True:
             try:
                 next(steps)
             except StopIteration as stop:
                 return stop.value
 
-    def iterate(self, op: Op[T]) -> Iterator[Any]:
+    def iterate(self, op: Op[T], policy: RetryPolicy | None = None) -> Iterator[Any]:
         """Yield the operation's Emit values; return its return value."""
-        op = resilient(op, self._policy)
+        op = resilient(op, policy or self._policy)
         reply: Any = None
         while True:
             try:
@@ -61,7 +61,7 @@ class SyncDriver:
 
     def _send(self, call: Call) -> Any:
         try:
-            client = self._client(call.service)
+            client = self._client(call.service, site_of(call))
             response = getattr(client, call.operation)(**call.params)
             if call.operation == "get_object":
                 with response["Body"] as body:
@@ -72,13 +72,14 @@ class SyncDriver:
             return exc
         return response
 
-    def _client(self, service: str) -> Any:
-        client = self._clients.get(service)
+    def _client(self, service: str, site: str = PRIMARY) -> Any:
+        key = client_key(service, site)
+        client = self._clients.get(key)
         if client is None:
             with self._lock:
-                client = self._clients.get(service)
+                client = self._clients.get(key)
                 if client is None:
-                    client = self._clients[service] = self._make_client(service)
+                    client = self._clients[key] = self._make_client(service, site)
         return client
 
     def _executor(self) -> ThreadPoolExecutor:

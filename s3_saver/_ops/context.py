@@ -12,6 +12,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from s3_saver._index.base import CheckpointEntry, Index, Loc
 from s3_saver._keys import KeyLayout
+from s3_saver._replica import ReplicaReads
 from s3_saver._s3 import S3Calls
 from s3_saver.errors import ConfigurationError
 
@@ -108,6 +109,8 @@ class Context:
     locs: LocCache = field(default_factory=LocCache)
     noted: Noted = field(default_factory=Noted)
     archives: Archives = field(default_factory=Archives)
+    # Set for a replica region's reads: lag-safe (``_ops/lagged.py``).
+    replica: ReplicaReads | None = None
 
     def now(self) -> int:
         return int(time.time())

@@ -10,6 +10,7 @@ from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
 from s3_saver._index.base import CheckpointEntry
 from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
+from s3_saver._ops.lagged import Tail, build_listed, newest_complete
 from s3_saver._ops.resolve import Resolver, fetch_and_build
 from s3_saver._protocol import Emit, Op
 
@@ -32,6 +33,8 @@ def _get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | Non
     # means an expired thread.
     if entry is None or ctx.expired(entry):
         return None
+    if ctx.replica is not None:
+        return (yield from newest_complete(ctx, entry, by_id=bool(checkpoint_id)))
     resolver = Resolver(ctx)
     resolver.add(entry)
     (result,) = yield from fetch_and_build(resolver, [entry])
@@ -68,6 +71,8 @@ def _list_thread(
     resolver = Resolver(ctx)
     remaining = limit
     cursor: Any = None
+    # A replica's newest checkpoints may be passed over (lag): count what is built.
+    tail = Tail() if ctx.replica is not None else None
     # A checkpoint is followed by a few write parts: `limit` bounds how much of
     # the thread the first page reads (a filter may need more pages).
     page_size = min(_MAX_PAGE, 4 * limit + 4) if limit is not None else None
@@ -84,13 +89,25 @@ def _list_thread(
         for entry in candidates:
             resolver.add(entry)
         matched = yield from _filtered(resolver, candidates, filter)
-        if remaining is not None:
+        if remaining is not None and tail is None:
             matched = matched[:remaining]
             remaining -= len(matched)
         for i in range(0, len(matched), _LIST_CHUNK):
-            for tup in (yield from fetch_and_build(resolver, matched[i : i + _LIST_CHUNK])):
+            chunk = matched[i : i + _LIST_CHUNK]
+            if tail is None:
+                built = yield from fetch_and_build(resolver, chunk)
+            else:
+                built = yield from build_listed(ctx, resolver, chunk, tail)
+                if remaining is not None:
+                    built = built[:remaining]
+                    remaining -= len(built)
+            for tup in built:
                 yield Emit(tup)
+            if remaining == 0:
+                break
         if cursor is None or remaining == 0:
+            if tail is not None and ctx.replica is not None:
+                ctx.replica.tell(None, None, tail.skipped)
             return
 
 

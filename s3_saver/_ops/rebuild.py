@@ -40,13 +40,19 @@ from s3_saver._archive import INSTANT_CLASSES, decode_archive, latest_of, metada
 from s3_saver._protocol import Op, gather, request, request_one
 
 _GET_WAVE = 100  # objects read per round trip
+_ABSENT = object()
 
 Listed = tuple[ObjectKey, str, int]  # what the key says, the key, its LastModified (epoch s)
 
 
-def rebuild_index(ctx: Context, thread_id: str | None) -> Op[int]:
+def rebuild_index(ctx: Context, thread_id: str | None, incomplete: list[str] | None = None) -> Op[int]:
     """Rebuild the index entries of one thread, or of every thread under the prefix;
-    returns how many checkpoints were indexed."""
+    returns how many checkpoints were indexed.
+
+    ``incomplete`` (a replica's bucket, where objects arrive one by one in any
+    order): index only the checkpoints whose objects have all arrived, and
+    append the others to it as ``thread/ns/checkpoint_id``.
+    """
     if thread_id is not None:
         thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
         prefix = ctx.layout.thread_dir(thread_id)
@@ -69,7 +75,7 @@ def rebuild_index(ctx: Context, thread_id: str | None) -> Op[int]:
         if tid in threads:
             # Live objects win: an archive beside them is one a crash left before
             # its switch, or a restore left after its own (each reads the same).
-            total += yield from _rebuild_thread(ctx, tid, threads[tid])
+            total += yield from _rebuild_thread(ctx, tid, threads[tid], incomplete)
         else:
             total += yield from _rebuild_archived(ctx, tid, max(archives[tid], key=lambda a: a[1]))
     return total
@@ -113,7 +119,7 @@ def _rebuild_archived(ctx: Context, thread_id: str, archive: tuple[str, int, str
     return count
 
 
-def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed]) -> Op[int]:
+def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomplete: list[str] | None) -> Op[int]:
     wanted = [item for item in listed if item[0].kind in ("checkpoint", "writes")]
     bodies: dict[str, bytes] = {}
     for i in range(0, len(wanted), _GET_WAVE):
@@ -133,10 +139,20 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed]) -> Op[in
             for channel, (version, *_) in record["values"].items():
                 copies[(parsed.ns, channel, version)].append((parsed.checkpoint_id, IN_CHECKPOINT_OBJECT, written))
 
-    entries = []
+    versions: dict[tuple[str, str], dict[str, Any]] = {}
+    decoded = []
     for parsed, key, written, record in records:
         where = f"checkpoint {parsed.checkpoint_id} of thread {thread_id!r}"
         checkpoint = loads(ctx.serde, typed(record["checkpoint"]), where)
+        versions[(parsed.ns, parsed.checkpoint_id)] = checkpoint.get("channel_versions", {})
+        decoded.append((parsed, key, written, record, checkpoint, where))
+    complete = _Completeness(records, versions, copies)
+
+    entries = []
+    for parsed, key, written, record, checkpoint, where in decoded:
+        if incomplete is not None and not complete(parsed.ns, parsed.checkpoint_id):
+            incomplete.append(f"{thread_id}/{parsed.ns}/{parsed.checkpoint_id}")
+            continue
         metadata = loads(ctx.serde, typed(record["metadata"]), f"metadata of {where}")
         loc: Loc = {}
         for channel, version in checkpoint.get("channel_versions", {}).items():
@@ -185,6 +201,47 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed]) -> Op[in
     yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
     ctx.locs.forget_thread(thread_id)
     return len(entries)
+
+
+class _Completeness:
+    """Whether every object a checkpoint reads is in the bucket listing.
+
+    Its own object is (it was read); its blobs are named by its record. A
+    channel version with no stored copy anywhere is fine only when it never had
+    a value: the checkpoint that gave the channel that version (its parent has
+    another, or it has no parent) stored none. When that checkpoint cannot be
+    told (its parent's object has not arrived either), the checkpoint counts as
+    incomplete: left out is safe, served partial is not.
+    """
+
+    def __init__(
+        self,
+        records: list[tuple[ObjectKey, str, int, dict[str, Any]]],
+        versions: dict[tuple[str, str], dict[str, Any]],
+        copies: dict[tuple[str, str, Any], list[tuple[str, int, int]]],
+    ) -> None:
+        self.records = {(p.ns, p.checkpoint_id): r for p, _, _, r in records}
+        self.versions, self.copies = versions, copies
+
+    def __call__(self, ns: str, checkpoint_id: str) -> bool:
+        record = self.records[(ns, checkpoint_id)]
+        for channel, version in record.get("blobs", {}).items():
+            if (checkpoint_id, IN_BLOB_OBJECT) not in {c[:2] for c in self.copies.get((ns, channel, version), [])}:
+                return False
+        for channel, version in self.versions[(ns, checkpoint_id)].items():
+            if not self.copies.get((ns, channel, version)) and not self._never_valued(ns, channel, version):
+                return False
+        return True
+
+    def _never_valued(self, ns: str, channel: str, version: Any) -> bool:
+        holders = sorted(cid for (n, cid), vs in self.versions.items() if n == ns and vs.get(channel) == version)
+        for cid in holders:
+            parent = self.records[(ns, cid)].get("parent_checkpoint_id")
+            before = self.versions.get((ns, parent)) if parent is not None else {}
+            if before is not None and before.get(channel, _ABSENT) != version:
+                record = self.records[(ns, cid)]
+                return channel not in record.get("values", {}) and channel not in record.get("blobs", {})
+        return False
 
 
 def _no_objects(entries: list[Any]) -> Op[None]:

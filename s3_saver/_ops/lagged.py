@@ -1,0 +1,115 @@
+"""Reads of a replica region: never a mixed or partial state.
+
+S3 replication copies each object on its own, in any order: the replica's
+index (a replicated manifest head, a global table's item) can name a
+checkpoint before its objects, or its values' and writes' objects, arrive, and
+a head replicated late can be older than one read before. Every object a
+checkpoint tuple needs is fetched anyway to build it, so a missing one is seen
+at no extra cost; then:
+
+* the latest checkpoint: its parent stands in, then the parent's parent, until
+  one is complete: the newest complete checkpoint of the same line, never
+  another branch. The read's :class:`~s3_saver.ReadSource` names the
+  checkpoints passed over and how far behind the answer is
+  (``Replica(on_lag="raise")`` raises instead);
+* a checkpoint asked for by id: :class:`~s3_saver.ReplicationLagError` (no other
+  checkpoint can stand in for it);
+* a history: the newest checkpoints not complete yet are passed over as for
+  the latest; a gap below a complete one raises (a history with a hole is partial);
+* anything else missing (a manifest segment, a DeltaChannel seed) raises
+  ``ReplicationLagError`` naming the key.
+"""
+
+from __future__ import annotations
+
+from langgraph.checkpoint.base import CheckpointTuple
+
+from s3_saver._index.base import CheckpointEntry
+from s3_saver._ops.context import Context
+from s3_saver._ops.resolve import Resolver, fetch_and_build
+from s3_saver._protocol import Op, T
+from s3_saver.errors import MissingObjectError, ReplicationLagError
+
+# A replica behind by more checkpoints than this answers with an error, not a walk.
+MAX_SKIPPED = 64
+
+
+def lag_error(ctx: Context, what: str, exc: BaseException | None = None) -> ReplicationLagError:
+    reads = ctx.replica
+    where = f"s3://{ctx.s3.bucket}" + (f" ({reads.region})" if reads and reads.region else "")
+    detail = f": {exc}" if exc is not None else ""
+    return ReplicationLagError(
+        f"replication lag: {what} has not fully arrived in the replica {where} yet (S3 replication "
+        f"copies objects one by one, in any order, usually within seconds; try again){detail}"
+    )
+
+
+def lag_safe(ctx: Context, op: Op[T]) -> Op[T]:
+    """``op`` on the replica, with a missing object reported as replication lag."""
+    try:
+        return (yield from op)
+    except MissingObjectError as exc:
+        raise lag_error(ctx, "an object the replica's index names", exc) from exc
+
+
+def newest_complete(ctx: Context, entry: CheckpointEntry, by_id: bool) -> Op[CheckpointTuple]:
+    """The tuple of ``entry``, or (latest reads) of its newest complete ancestor."""
+    reads = ctx.replica
+    assert reads is not None
+    thread_id, ns = entry.thread_id, entry.ns
+    newest = None if by_id else reads.seen(thread_id, ns, entry.checkpoint_id)
+    if not by_id and reads.on_lag == "raise" and newest is not None and newest > entry.checkpoint_id:
+        raise lag_error(ctx, f"checkpoint {newest} of thread {thread_id!r} (the replica's index shows an older one)")
+    skipped: list[str] = []
+    while True:
+        try:
+            (found,) = yield from fetch_and_build(_fresh(ctx, entry), [entry])
+        except MissingObjectError as exc:
+            what = f"checkpoint {entry.checkpoint_id} of thread {thread_id!r}"
+            if by_id or reads.on_lag == "raise" or len(skipped) >= MAX_SKIPPED or entry.parent_id is None:
+                raise lag_error(ctx, what, exc) from exc
+            skipped.append(entry.checkpoint_id)
+            parent = yield from ctx.index.get(thread_id, ns, entry.parent_id)
+            if parent is None or ctx.expired(parent):
+                raise lag_error(ctx, f"{what} (and its parent {entry.parent_id})", exc) from exc
+            entry = parent
+            continue
+        reads.tell(entry.checkpoint_id, newest, skipped)
+        return found
+
+
+class Tail:
+    """A history read's state: until one complete checkpoint is out, incomplete
+    ones are the unreplicated newest (passed over); after, one is a gap."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.skipped: list[str] = []
+
+
+def build_listed(ctx: Context, resolver: Resolver, chunk: list[CheckpointEntry], tail: Tail) -> Op[list[CheckpointTuple]]:
+    """The tuples of a history chunk, lag-safe (see the module's docstring)."""
+    try:
+        built = yield from fetch_and_build(resolver, chunk)
+    except MissingObjectError:
+        # Which one: each on its own (only a chunk that met lag pays for this).
+        built = []
+        for entry in chunk:
+            try:
+                (found,) = yield from fetch_and_build(_fresh(ctx, entry), [entry])
+            except MissingObjectError as exc:
+                what = f"checkpoint {entry.checkpoint_id} of thread {entry.thread_id!r}"
+                if tail.started or ctx.replica is None or ctx.replica.on_lag == "raise":
+                    raise lag_error(ctx, what + " (inside the history)", exc) from exc
+                tail.skipped.append(entry.checkpoint_id)
+                continue
+            built.append(found)
+            tail.started = True
+    tail.started = tail.started or bool(built)
+    return built
+
+
+def _fresh(ctx: Context, entry: CheckpointEntry) -> Resolver:
+    resolver = Resolver(ctx)
+    resolver.add(entry)
+    return resolver

@@ -1,0 +1,170 @@
+"""verify and promote: the two regions compared, and the replica made the one written to.
+
+Both read the two regions in one operation: each call names its region (its
+``Where``) and the driver sends it with that region's clients.
+
+``verify`` compares, thread by thread, the objects of the two buckets (a
+listing of the thread's objects: the admin path) and, where replication keeps
+an index in both regions, the entries of the two indexes. Every object one
+bucket holds and the other lacks is reported under its checkpoint (or its
+pending write), committed or not: after a failback, the writes that reached
+the old primary and never replicated are exactly what the region written to
+holds and the other lacks, even a pending write whose slot a newer one took.
+
+``promote`` refuses to leave a reachable region whose writes the new one
+lacks (replication has not caught up: wait, or ``force``), then rebuilds the
+new region's index from its bucket when that index is not replicated, keeping
+only checkpoints whose objects have all arrived (``rebuild_index(..., incomplete)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from s3_saver._index.base import Archived, CheckpointEntry
+from s3_saver._ops.context import Context
+from s3_saver._ops.rebuild import rebuild_index
+from s3_saver._protocol import Op, gather, request_one
+from s3_saver._replica import Promotion, ReplicationGap, ReplicationReport
+from s3_saver.errors import ReplicationLagError, StoreUnavailableError
+
+_LISTING_PAGE = 100
+
+
+def verify(ctx: Context, other: Context, thread_ids: Iterable[str] | None, other_indexed: bool) -> Op[ReplicationReport]:
+    """Compare the region of ``ctx`` (written to) with ``other`` (the replica)."""
+    if thread_ids is None:
+        found = yield from gather(_thread_ids(ctx), _thread_ids(other) if other_indexed else _nothing())
+        thread_ids = sorted(set(found[0]) | set(found[1]))
+    unreplicated: list[ReplicationGap] = []
+    replica_only: list[ReplicationGap] = []
+    count = 0
+    for thread_id in thread_ids:
+        count += 1
+        mine, theirs, my_keys, their_keys = yield from gather(
+            _contents(ctx, thread_id),
+            _contents(other, thread_id) if other_indexed else _nothing(),
+            _object_keys(ctx, thread_id),
+            _object_keys(other, thread_id),
+        )
+        unreplicated += _gaps(ctx, mine, theirs if other_indexed else None, my_keys, their_keys)
+        replica_only += _gaps(ctx, theirs, mine if other_indexed else None, their_keys, my_keys)
+    return ReplicationReport(_describe(ctx), _describe(other), count, tuple(unreplicated), tuple(replica_only))
+
+
+def promote(
+    ctx: Context, other: Context, rebuild: bool | None, force: bool, indexed: bool, *, merge: bool
+) -> Op[Promotion]:
+    """Make ``other`` the region written to (the caller swaps the roles after).
+
+    ``indexed``: replication keeps an index in ``other`` (manifest heads, a
+    global table); without one its index is rebuilt from its bucket.
+    ``merge``: rebuild it anyway when ``ctx`` answers (manifest mode: a head
+    that came back by replication must not hide the region's own writes).
+    """
+    # Rebuilt or not decides what is compared: a rebuilt index needs the objects only.
+    rebuilds_if_reachable = rebuild if rebuild is not None else (not indexed or merge)
+    checked = True
+    try:
+        report = yield from verify(ctx, other, None, indexed and not rebuilds_if_reachable)
+    except StoreUnavailableError:
+        # The outage this promotion is for: nothing to compare with.
+        checked, report = False, None
+    if report is not None and report.unreplicated and not force:
+        threads = sorted({g.thread_id for g in report.unreplicated})
+        raise ReplicationLagError(
+            f"replication lag: {len(report.unreplicated)} checkpoints or pending writes of {len(threads)} "
+            f"threads (first: {threads[:3]}) in {report.primary} have not reached {report.replica}: wait for "
+            "replication and promote again, or promote(force=True) to leave them (verify() reports them after)"
+        )
+    if rebuild is None:
+        rebuild = rebuilds_if_reachable if checked else not indexed
+    rebuilt: int | None = None
+    incomplete: list[str] = []
+    if rebuild:
+        rebuilt = yield from rebuild_index(other, None, incomplete)
+    return Promotion(_describe(other), _describe(ctx), checked, rebuilt, tuple(incomplete))
+
+
+def _gaps(
+    ctx: Context,
+    entries: list[CheckpointEntry],
+    other: list[CheckpointEntry] | None,
+    keys: set[str],
+    other_keys: set[str],
+) -> list[ReplicationGap]:
+    """What one region holds that the other lacks: objects (every object of
+    the thread's, committed or superseded: a write the other region never got
+    is reported even when a newer one took its slot), and index entries when
+    the other index is compared (``other`` not None)."""
+    found: dict[tuple[str, str, str, str, str | None], set[str]] = {}
+    for key in keys - other_keys:
+        parsed = ctx.layout.parse_object_key(key)
+        if parsed is None:
+            continue
+        if parsed.kind == "writes":
+            ident = (parsed.thread_id, parsed.ns, parsed.checkpoint_id, "writes", parsed.task_id)
+        else:
+            # A blob belongs to the checkpoint that stored it.
+            ident = (parsed.thread_id, parsed.ns, parsed.checkpoint_id, "checkpoint", None)
+        found.setdefault(ident, set()).add(key)
+    if other is not None:
+        theirs = {e.key for e in other}
+        their_writes = {_writes_id(w) for e in other for w in e.writes or ()}
+        for entry in entries:
+            if entry.hidden:
+                continue  # read only through others
+            if entry.key not in theirs:
+                found.setdefault((*entry.key, "checkpoint", None), set())
+            for w in entry.writes or ():
+                if _writes_id(w) not in their_writes:
+                    found.setdefault((w.thread_id, w.ns, w.checkpoint_id, "writes", w.task_id), set())
+    return [ReplicationGap(*ident, tuple(sorted(missing))) for ident, missing in sorted(found.items(), key=_order)]
+
+
+def _order(item: tuple[tuple[str, str, str, str, str | None], set[str]]) -> tuple[str, ...]:
+    thread_id, ns, checkpoint_id, kind, task_id = item[0]
+    return (thread_id, ns, checkpoint_id, kind, task_id or "")
+
+
+def _writes_id(w: Any) -> tuple[str, ...]:
+    return (w.ns, w.checkpoint_id, w.task_id, w.part, w.token)
+
+
+def _describe(ctx: Context) -> str:
+    region = ctx.s3.where.region("s3")
+    return f"s3://{ctx.s3.bucket}" + (f" ({region})" if region else "")
+
+
+def _nothing() -> Op[list[Any]]:
+    return []
+    yield  # pragma: no cover - makes this a generator
+
+
+def _thread_ids(ctx: Context) -> Op[list[str]]:
+    ids: list[str] = []
+    cursor: Any = None
+    while True:
+        page, cursor = yield from ctx.index.threads(None, _LISTING_PAGE, cursor)
+        ids += [ref.thread_id for ref, _ in page]
+        if cursor is None:
+            return ids
+
+
+def _contents(ctx: Context, thread_id: str) -> Op[list[CheckpointEntry]]:
+    try:
+        return (yield from ctx.index.contents(thread_id))
+    except Archived:
+        return []  # one archive object: its key is compared with the objects
+
+
+def _object_keys(ctx: Context, thread_id: str) -> Op[set[str]]:
+    keys: set[str] = set()
+    token: str | None = None
+    while True:
+        page = yield from request_one(ctx.s3.list_keys(ctx.layout.thread_dir(thread_id), token))
+        keys.update(obj["Key"] for obj in page.get("Contents", []))
+        token = page.get("NextContinuationToken")
+        if not token:
+            return keys

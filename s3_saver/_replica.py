@@ -1,0 +1,242 @@
+"""A replica region: its settings, what a read served there says, and what promote/verify report.
+
+S3 replication copies each object of the primary bucket to the replica bucket
+on its own, in no particular order, usually within seconds. The saver reads
+there when the primary fails, and always lag-safe: the newest checkpoint whose
+objects have all arrived, never a mixed one (see ``_ops/lagged.py``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from s3_saver.errors import ConfigurationError
+
+ON_LAG = ("older", "raise")
+# uuid6 counts 100 ns since 1582-10-15; the Unix epoch is this many of them later.
+_UUID_EPOCH = 0x01B21DD213814000
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A second region holding a replica of the bucket (and of the index).
+
+    Reads fall over to it when the primary fails; writes go to it only after
+    :meth:`S3Saver.promote`. The prefix is the primary's (replication keeps keys).
+
+    Attributes:
+        bucket: The replica bucket (S3 replication's destination).
+        region_name: Its region.
+        endpoint_url: Endpoint for both services there (S3-compatible stores, tests).
+        s3_endpoint_url: Endpoint for S3 only.
+        dynamodb_endpoint_url: Endpoint for DynamoDB only.
+        table: DynamoDB mode: the index table in that region (default: the
+            primary's table name, as a global table keeps it).
+        global_table: DynamoDB mode: the table is a replica of a DynamoDB
+            global table, so reads can use it before ``promote()``, which then
+            has nothing to rebuild. Without it, the table there is filled by
+            ``promote()`` (rebuilt from the replica bucket) and reads wait for it.
+        failover_after: Seconds a read may spend on the primary, its retries
+            included, before it goes to the replica (a single attempt that
+            hangs still ends only at the client's read timeout).
+        recheck_after: After a failover, reads go straight to the replica for
+            this many seconds before the primary is tried again.
+        on_lag: What a read of the latest checkpoint returns when the replica's
+            index names checkpoints whose objects have not all arrived:
+            ``"older"`` the newest complete one (``saver.last_read`` says how
+            stale), ``"raise"`` a :class:`ReplicationLagError`.
+        boto3_session: Session the sync clients there are made from.
+        aioboto3_session: Session the async clients there are made from.
+        s3_client: A ready boto3 S3 client for the replica region.
+        dynamodb_client: A ready boto3 DynamoDB client for the replica region.
+    """
+
+    bucket: str
+    region_name: str | None = None
+    endpoint_url: str | None = None
+    s3_endpoint_url: str | None = None
+    dynamodb_endpoint_url: str | None = None
+    table: str | None = None
+    global_table: bool = False
+    failover_after: float = 3.0
+    recheck_after: float = 30.0
+    on_lag: str = "older"
+    boto3_session: Any = field(default=None, repr=False)
+    aioboto3_session: Any = field(default=None, repr=False)
+    s3_client: Any = field(default=None, repr=False)
+    dynamodb_client: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bucket, str) or not self.bucket:
+            raise ConfigurationError(f"Replica.bucket must be a non-empty string, got {self.bucket!r}")
+        for name in ("failover_after", "recheck_after"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigurationError(f"Replica.{name} must be a number of seconds >= 0, got {value!r}")
+        if self.on_lag not in ON_LAG:
+            raise ConfigurationError(f"Replica.on_lag must be one of {ON_LAG}, got {self.on_lag!r}")
+
+
+@dataclass(frozen=True)
+class ReadSource:
+    """Where the last read of this thread of control was served from, and how stale it is.
+
+    Attributes:
+        site: ``"primary"`` or ``"replica"``.
+        bucket: The bucket read.
+        region: Its region (None: the AWS default).
+        failover: True when the replica served it because the primary failed
+            (now, or within ``Replica.recheck_after``).
+        cause: The primary's failure that sent the read to the replica.
+        checkpoint_id: The checkpoint returned (``get_tuple``), if any.
+        newest_id: The newest checkpoint known for it: the replica's index's,
+            or a newer one this process saw there before.
+        skipped: Newer checkpoints passed over because their objects have not
+            all arrived (replication lag), newest first.
+        behind_seconds: How much older the returned checkpoint is than ``newest_id``.
+    """
+
+    site: str
+    bucket: str
+    region: str | None
+    failover: bool = False
+    cause: str | None = None
+    checkpoint_id: str | None = None
+    newest_id: str | None = None
+    skipped: tuple[str, ...] = ()
+    behind_seconds: float | None = None
+
+    @property
+    def stale(self) -> bool:
+        """True when a newer checkpoint exists than the one returned."""
+        return bool(self.skipped) or (
+            self.newest_id is not None and self.checkpoint_id is not None and self.checkpoint_id < self.newest_id
+        )
+
+
+@dataclass(frozen=True)
+class ReplicationGap:
+    """A checkpoint or pending-write part one region holds and the other lacks.
+
+    Attributes:
+        thread_id: Its thread.
+        ns: Its namespace.
+        checkpoint_id: The checkpoint (of the write, for a pending write).
+        kind: ``"checkpoint"`` or ``"writes"``.
+        task_id: The writing task (pending writes).
+        missing: Object keys absent from the other bucket (empty: only the
+            other index lacks the entry).
+    """
+
+    thread_id: str
+    ns: str
+    checkpoint_id: str
+    kind: str
+    task_id: str | None = None
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReplicationReport:
+    """What :meth:`S3Saver.verify` found, comparing the primary and the replica.
+
+    Attributes:
+        primary: ``s3://bucket`` (region) of the primary.
+        replica: ``s3://bucket`` (region) of the replica.
+        threads: Threads compared.
+        unreplicated: Entries the primary holds and the replica lacks, whole or
+            in part. After a failback these are the writes that reached the old
+            primary and never replicated before the outage (plus any written
+            since that replication has not copied yet).
+        replica_only: Entries the replica holds, complete, that the primary lacks.
+    """
+
+    primary: str
+    replica: str
+    threads: int
+    unreplicated: tuple[ReplicationGap, ...]
+    replica_only: tuple[ReplicationGap, ...]
+
+    @property
+    def in_sync(self) -> bool:
+        return not self.unreplicated and not self.replica_only
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """What :meth:`S3Saver.promote` did.
+
+    Attributes:
+        primary: The region now written to (``s3://bucket`` (region)).
+        replica: The region reads now fall over to.
+        checked: True when the former primary answered and everything its index
+            holds was found in the new primary (False: it was unreachable).
+        rebuilt: Checkpoints indexed by the rebuild (None: no rebuild ran).
+        incomplete: Checkpoints the rebuild left out because their objects have
+            not all arrived (``thread/ns/checkpoint_id``).
+    """
+
+    primary: str
+    replica: str
+    checked: bool
+    rebuilt: int | None
+    incomplete: tuple[str, ...] = ()
+
+
+def checkpoint_time(checkpoint_id: str) -> float | None:
+    """The Unix time in a LangGraph checkpoint id (a uuid6), or None."""
+    try:
+        u = uuid.UUID(checkpoint_id)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if u.version != 6:
+        return None
+    ticks = ((u.int >> 64) & 0xFFFFFFFFFFFF0000) >> 4 | ((u.int >> 64) & 0x0FFF)
+    return (ticks - _UUID_EPOCH) / 1e7
+
+
+class ReplicaReads:
+    """The lag policy of a replica site's reads, and where each read's source is told.
+
+    ``newest`` remembers the newest checkpoint id this process has seen in the
+    replica per (thread, namespace): an index replicated late can show an older
+    head after a newer one, and the answer must then say it is behind.
+    """
+
+    def __init__(self, site: str, bucket: str, region: str | None, on_lag: str, source: contextvars.ContextVar) -> None:
+        self.site, self.bucket, self.region, self.on_lag = site, bucket, region, on_lag
+        self.source = source
+        self._newest: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+
+    def seen(self, thread_id: str, ns: str, checkpoint_id: str | None) -> str | None:
+        """Record ``checkpoint_id`` as seen; return the newest seen for (thread, ns)."""
+        with self._lock:
+            newest = self._newest.get((thread_id, ns))
+            if checkpoint_id is not None and (newest is None or checkpoint_id > newest):
+                newest = self._newest[(thread_id, ns)] = checkpoint_id
+                if len(self._newest) > 4096:
+                    self._newest.pop(next(iter(self._newest)))
+            return newest
+
+    def tell(self, checkpoint_id: str | None, newest_id: str | None, skipped: list[str]) -> None:
+        served, newest = checkpoint_time(checkpoint_id or ""), checkpoint_time(newest_id or "")
+        behind = max(0.0, newest - served) if served is not None and newest is not None else None
+        previous = self.source.get()
+        self.source.set(
+            ReadSource(
+                self.site,
+                self.bucket,
+                self.region,
+                failover=bool(previous and previous.failover),
+                cause=previous.cause if previous else None,
+                checkpoint_id=checkpoint_id,
+                newest_id=newest_id,
+                skipped=tuple(skipped),
+                behind_seconds=behind,
+            )
+        )

@@ -1,0 +1,177 @@
+"""The replica-region methods of S3Saver: promote, verify, setup_replica.
+
+A mixin of :class:`~s3_saver.S3Saver`; each method is one line, an operation
+(which reads both regions: each call names its own) and a driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from botocore.config import Config
+
+from s3_saver._clients import Clients
+from s3_saver._clients import client_config as merged_config
+from s3_saver._keys import KeyLayout
+from s3_saver._ops import replication, setup
+from s3_saver._replica import Promotion, Replica, ReplicationReport
+from s3_saver._protocol import PRIMARY
+from s3_saver._sites import REPLICA, Route, Site, build_context
+from s3_saver.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from s3_saver._drivers.aio import AsyncDriver
+    from s3_saver._drivers.sync import SyncDriver
+    from s3_saver._ops.context import Context
+
+
+class Regions:
+    """Failover and failback (S3Saver's ``_route`` and contexts run them)."""
+
+    _sync: SyncDriver
+    _async: AsyncDriver
+    _ctx: Context
+    _other_ctx: Context
+    _route: Route | None
+    _base_ctx: Context
+    _reader_ctx: Context
+    replica: Replica | None
+    bucket: str
+    table: str | None
+    region_name: str | None
+
+    def promote(self, *, rebuild: bool | None = None, force: bool = False) -> Promotion:
+        """Make the replica region the one written to (failover), or the old
+        primary again (failback, from a saver that promoted before).
+
+        Steps: when the region written to so far still answers, check that
+        every checkpoint and pending write it holds has reached the replica
+        (else raise); rebuild the replica's index from its bucket when
+        replication does not keep one there (DynamoDB mode without a global
+        table), or when a manifest region takes over from one that answers (so
+        its own writes stay beside the ones that came back); then swap the
+        roles in this saver: writes go to the promoted region, and reads fall
+        over to the other. Other processes follow once configured the same way
+        (see the README's runbook).
+
+        Args:
+            rebuild: Rebuild the promoted region's index from its bucket (None:
+                as above). Only checkpoints whose objects have all arrived are indexed.
+            force: Promote although the region left holds writes the promoted
+                one lacks (they stay there; :meth:`verify` reports them).
+
+        Returns:
+            What was checked and rebuilt (:class:`Promotion`).
+
+        Raises:
+            ReplicationLagError: The region left still answers and holds writes
+                the promoted one lacks.
+            ConfigurationError: The saver has no replica.
+        """
+        promotion = self._sync.run(self._promotion(rebuild, force))
+        self._swap()
+        return promotion
+
+    async def apromote(self, *, rebuild: bool | None = None, force: bool = False) -> Promotion:
+        """Async version of :meth:`promote`."""
+        promotion = await self._async.run(self._promotion(rebuild, force))
+        self._swap()
+        return promotion
+
+    def verify(self, thread_ids: Iterable[str] | None = None) -> ReplicationReport:
+        """Compare the region written to with the replica, thread by thread (admin:
+        lists both buckets' objects of each thread).
+
+        After a failback, ``unreplicated`` holds exactly the checkpoints and
+        pending writes that reached the old primary and never replicated
+        before the outage (and anything written since that replication has
+        not copied yet). Nothing is changed.
+
+        Args:
+            thread_ids: Threads to compare (None: every thread either index lists).
+        """
+        return self._sync.run(self._verification(thread_ids))
+
+    async def averify(self, thread_ids: Iterable[str] | None = None) -> ReplicationReport:
+        """Async version of :meth:`verify`."""
+        return await self._async.run(self._verification(thread_ids))
+
+    def setup_replica(self) -> None:
+        """Create the replica region's bucket (and table, in DynamoDB mode) when missing.
+
+        Tests and S3-compatible stores; on AWS deploy ``infra/replica.yaml``,
+        which also sets versioning and replication up.
+        """
+        route = self._need_route("setup_replica")
+        self._sync.run(setup.setup(route.as_writer(self._other_ctx), route.reader.clients.region_name))
+
+    async def asetup_replica(self) -> None:
+        """Async version of :meth:`setup_replica`."""
+        route = self._need_route("setup_replica")
+        await self._async.run(setup.setup(route.as_writer(self._other_ctx), route.reader.clients.region_name))
+
+    # -- shared by the sync and async methods ---------------------------------------
+    def _need_route(self, what: str) -> Route:
+        if self._route is None:
+            raise ConfigurationError(f"{what}() needs a replica: build the saver with replica=Replica(...)")
+        return self._route
+
+    def _indexed(self) -> bool:
+        """Does replication keep an index in the other region (manifest heads, a global table)?"""
+        return self.table is None or bool(self.replica and self.replica.global_table)
+
+    def _promotion(self, rebuild: bool | None, force: bool) -> Any:
+        route = self._need_route("promote")
+        return replication.promote(
+            self._ctx, route.as_writer(self._other_ctx), rebuild, force, self._indexed(), merge=self.table is None
+        )
+
+    def _verification(self, thread_ids: Iterable[str] | None) -> Any:
+        self._need_route("verify")
+        ids = None if thread_ids is None else [str(t) for t in thread_ids]
+        return replication.verify(self._ctx, self._other_ctx, ids, self._indexed())
+
+    def _swap(self) -> None:
+        route = self._need_route("promote")
+        writer, reader = self._other_ctx, self._ctx
+        route.swap()
+        # A promoted region's index can name what never arrived (the outage ate
+        # it): its reads stay lag-safe (the newest complete checkpoint).
+        self._base_ctx, self._reader_ctx = route.as_reader(writer, role=PRIMARY), route.as_reader(reader)
+        where = route.writer.where
+        self.bucket, self.table, self.region_name = where.bucket, where.table, route.writer.clients.region_name
+
+
+def _replica_site(
+    replica: Replica,
+    table: str | None,
+    layout: KeyLayout,
+    storage_class: str | None,
+    settings: dict[str, Any],
+    client_config: Config | None,
+    max_concurrency: int,
+) -> tuple[Site, Context]:
+    """The replica region's site and context (same prefix and settings: replication keeps keys)."""
+    replica_table = (replica.table or table) if table else None
+    if replica.table and not table:
+        raise ConfigurationError(
+            f"Replica(table={replica.table!r}) needs a DynamoDB index on the primary too (table=): "
+            "in manifest mode the index travels in the bucket"
+        )
+    endpoints = {
+        "s3": replica.s3_endpoint_url or replica.endpoint_url,
+        "dynamodb": replica.dynamodb_endpoint_url or replica.endpoint_url,
+    }
+    where, ctx = build_context(REPLICA, replica.bucket, replica_table, layout, storage_class, settings)
+    given = {"s3": replica.s3_client, "dynamodb": replica.dynamodb_client}
+    clients = Clients(
+        where=where,
+        region_name=replica.region_name,
+        endpoints=endpoints,
+        config=merged_config(client_config, max_concurrency=max_concurrency, path_style=bool(endpoints["s3"])),
+        boto3_session=replica.boto3_session,
+        given=given,
+        aioboto3_session=replica.aioboto3_session,
+    )
+    return Site(REPLICA, where, clients, [c for c in given.values() if c is not None]), ctx

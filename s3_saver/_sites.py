@@ -1,0 +1,152 @@
+"""The regions a saver talks to, and how a read chooses between them.
+
+A saver with a :class:`~s3_saver.Replica` has two sites: the primary (written
+to) and the replica (read when the primary fails). Each has its own bucket,
+index and clients; both are driven by the saver's one sync and one async
+driver, which send each call with the clients of the site its ``Where`` names,
+so an operation may read both regions (``verify``, ``promote``).
+
+A read goes to the primary first, with a retry budget of
+``Replica.failover_after``; when the primary stays unavailable (no answer,
+timeouts, 5xx, throttling, after those retries) the same read runs on the
+replica, lag-safe, and for ``Replica.recheck_after`` seconds later reads go
+straight there. A write never falls over: it raises
+``PrimaryUnavailableError`` until :meth:`S3Saver.promote` swaps the roles.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from s3_saver._clients import Clients
+from s3_saver._index.dynamodb import DynamoIndex
+from s3_saver._index.manifest import ManifestIndex
+from s3_saver._keys import KeyLayout
+from s3_saver._ops.context import Context
+from s3_saver._ops.lagged import lag_safe
+from s3_saver._protocol import PRIMARY, Emit, Op, T
+from s3_saver._replica import ReadSource, Replica, ReplicaReads
+from s3_saver._retry import RetryPolicy, resilient
+from s3_saver._s3 import S3Calls
+from s3_saver.errors import StoreUnavailableError, Where
+
+REPLICA = "replica"
+# A routed read retries inside (per region): the driver around it sends once.
+ONCE = RetryPolicy(attempts=1, budget=None)
+
+
+@dataclass
+class Site:
+    """One region's bucket, table and clients (``key``: its name in calls' ``Where``;
+    its operations' context is the saver's, which swaps on ``promote``)."""
+
+    key: str
+    where: Where
+    clients: Clients
+    given: list[Any]
+
+    def describe(self) -> str:
+        region = self.where.region("s3")
+        text = f"s3://{self.where.bucket}" + (f" ({region})" if region else "")
+        return text + (f" with table {self.where.table!r}" if self.where.table else "")
+
+
+def build_context(
+    key: str,
+    bucket: str,
+    table: str | None,
+    layout: KeyLayout,
+    storage_class: str | None,
+    settings: dict[str, Any],
+) -> tuple[Where, Context]:
+    where = Where(bucket, table, site=key)
+    s3_calls = S3Calls(bucket, where, layout.root, storage_class)
+    index = DynamoIndex(table, layout, where) if table else ManifestIndex(s3_calls, layout)
+    return where, Context(layout=layout, s3=s3_calls, index=index, **settings)
+
+
+class Route:
+    """Which region a read goes to, and the failover state shared by all reads.
+
+    Attributes:
+        writer: The site written to (the primary until ``promote``).
+        reader: The other site, read when ``writer`` fails.
+    """
+
+    def __init__(self, writer: Site, reader: Site, replica: Replica, policy: RetryPolicy) -> None:
+        self.replica = replica
+        self.policy = policy
+        # The primary's reads stop retrying at failover_after: the replica answers sooner.
+        budget = min(policy.budget, replica.failover_after) if policy.budget is not None else replica.failover_after
+        self.fast = replace(policy, budget=budget)
+        self.source: contextvars.ContextVar[ReadSource | None] = contextvars.ContextVar("s3_saver_read", default=None)
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._cause: str | None = None
+        self.writer, self.reader = writer, reader
+        self._roles()
+
+    def swap(self) -> None:
+        """``promote``: the reader becomes the writer, and the other way round."""
+        with self._lock:
+            self.writer, self.reader = self.reader, self.writer
+            self._down_until, self._cause = 0.0, None
+        self._roles()
+
+    def _roles(self) -> None:
+        # Failures of the written region name the other one and promote().
+        self.writer.where.fallback, self.reader.where.fallback = self.reader.describe(), None
+
+    def as_writer(self, ctx: Context) -> Context:
+        return replace(ctx, replica=None)
+
+    def as_reader(self, ctx: Context, role: str = REPLICA) -> Context:
+        """``ctx`` reading lag-safe, telling ``last_read`` how stale each answer is."""
+        where = ctx.s3.where
+        reads = ReplicaReads(role, where.bucket, where.region("s3"), self.replica.on_lag, self.source)
+        return replace(ctx, replica=reads)
+
+    def routed(self, make: Callable[[Context], Op[T]], writer_ctx: Context, reader_ctx: Context) -> Op[T]:
+        """The read ``make(ctx)`` on the writer, or on the reader when the writer is unavailable.
+
+        A read that already emitted results (a ``list`` half done) does not
+        fall over: the caller would see some checkpoints twice.
+        """
+        if time.monotonic() >= self._down_until:
+            op = resilient(make(writer_ctx), self.fast)
+            emitted = False
+            reply: Any = None
+            try:
+                while True:
+                    try:
+                        step = op.send(reply)
+                    except StopIteration as stop:
+                        self._tell(writer_ctx, failover=False)
+                        return stop.value
+                    emitted = emitted or isinstance(step, Emit)
+                    reply = yield step
+            except StoreUnavailableError as exc:
+                if emitted:
+                    raise
+                with self._lock:
+                    self._down_until = time.monotonic() + self.replica.recheck_after
+                    self._cause = f"{type(exc).__name__}: {exc}"
+        self._tell(reader_ctx, failover=True)
+        return (yield from resilient(lag_safe(reader_ctx, make(reader_ctx)), self.policy))
+
+    def _tell(self, ctx: Context, failover: bool) -> None:
+        where = ctx.s3.where
+        self.source.set(
+            ReadSource(
+                REPLICA if failover else PRIMARY,
+                where.bucket,
+                where.region("s3"),
+                failover=failover,
+                cause=self._cause if failover else None,
+            )
+        )
