@@ -118,7 +118,11 @@ class Route:
         fall over: the caller would see some checkpoints twice.
         """
         if time.monotonic() >= self._down_until:
-            op = resilient(make(writer_ctx), self.fast)
+            # Told first: a lag-safe read adds how stale its answer is.
+            self._tell(writer_ctx, failover=False)
+            read = make(writer_ctx)
+            # A promoted region's reads are lag-safe too (see ``S3Saver.promote``).
+            op = resilient(lag_safe(writer_ctx, read) if writer_ctx.replica else read, self.fast)
             emitted = False
             reply: Any = None
             try:
@@ -126,7 +130,6 @@ class Route:
                     try:
                         step = op.send(reply)
                     except StopIteration as stop:
-                        self._tell(writer_ctx, failover=False)
                         return stop.value
                     emitted = emitted or isinstance(step, Emit)
                     reply = yield step
