@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import timedelta
 from typing import Any
@@ -22,58 +22,23 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from s3_saver._archive import LIVE_CLASSES, check_class
-from s3_saver._clients import Clients
-from s3_saver._clients import client_config as merged_config
 from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._keys import KeyLayout
 from s3_saver._ops import delta, put, read, setup
 from s3_saver._ops.context import Context
-from s3_saver._protocol import PRIMARY, Op, RequestStats, T
-from s3_saver._replica import ReadSource, Replica
+from s3_saver._options import check_options
+from s3_saver._protocol import PRIMARY, RequestStats
+from s3_saver._replica import Replica
 from s3_saver._retry import RetryPolicy
 from s3_saver._retry import deadline as retry_deadline
 from s3_saver._saver_archive import ThreadArchival
-from s3_saver._saver_regions import Regions, _replica_site
+from s3_saver._saver_regions import Regions, replica_site
 from s3_saver._saver_threads import ThreadLifecycle
-from s3_saver._sites import ONCE, REPLICA, Route, Site, build_context
+from s3_saver._sites import REPLICA, Route, make_site
 from s3_saver.errors import ConfigurationError
 
 DEFAULT_INLINE_THRESHOLD = 64 * 1024
-
-
-def _check_options(options: dict[str, Any]) -> None:
-    """Refuse wrongly typed options by name, before they fail somewhere deeper."""
-
-    def refuse(name: str, wanted: str) -> None:
-        value = options[name]
-        raise ConfigurationError(f"{name} must be {wanted}, got {type(value).__name__}: {value!r}")
-
-    if not isinstance(options["bucket"], str) or not options["bucket"]:
-        refuse("bucket", "a non-empty string")
-    if options["table"] is not None and (not isinstance(options["table"], str) or not options["table"]):
-        refuse("table", "a non-empty DynamoDB table name, or None for the manifest index in the bucket")
-    if not isinstance(options["prefix"], str):
-        refuse("prefix", "a string")
-    for name in ("region_name", "endpoint_url", "s3_endpoint_url", "dynamodb_endpoint_url"):
-        value = options[name]
-        if value is not None and (not isinstance(value, str) or not value):
-            refuse(name, "a non-empty string or None")
-    for name in ("endpoint_url", "s3_endpoint_url", "dynamodb_endpoint_url"):
-        value = options[name]
-        if value is not None and not value.startswith(("http://", "https://")):
-            refuse(name, "an http:// or https:// URL")
-    if options["client_config"] is not None and not isinstance(options["client_config"], Config):
-        refuse("client_config", "a botocore.config.Config or None")
-    ttl = options["ttl"]
-    if ttl is not None and (not isinstance(ttl, timedelta) or ttl.total_seconds() < 1):
-        refuse("ttl", "a datetime.timedelta of at least one second, or None")
-    if options["retry"] is not None and not isinstance(options["retry"], RetryPolicy):
-        refuse("retry", "an s3_saver.RetryPolicy or None")
-    for name, least in (("inline_threshold", 0), ("max_concurrency", 1)):
-        value = options[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            refuse(name, f"an int >= {least}")
 
 
 class S3Saver(
@@ -180,7 +145,7 @@ class S3Saver(
         replica: Replica | None = None,
     ) -> None:
         super().__init__(serde=serde)
-        _check_options(locals())
+        check_options(locals())
         if replica is not None and not isinstance(replica, Replica):
             raise ConfigurationError(f"replica must be an s3_saver.Replica or None, got {type(replica).__name__}: {replica!r}")
         self.bucket = bucket
@@ -188,38 +153,37 @@ class S3Saver(
         self.region_name = region_name
         self.stats = RequestStats()
         """Round trips and requests sent so far, by both drivers (see :class:`RequestStats`)."""
-        endpoints = {
-            "s3": s3_endpoint_url or endpoint_url,
-            "dynamodb": dynamodb_endpoint_url or endpoint_url,
+        common = {
+            "client_config": client_config,
+            "max_concurrency": max_concurrency,
+            "layout": KeyLayout(prefix),
+            "storage_class": storage_class,
+            "settings": {
+                "serde": self.serde,
+                "inline_threshold": inline_threshold,
+                "ttl_seconds": int(ttl.total_seconds()) if ttl else None,
+            },
         }
-        layout = KeyLayout(prefix)
         if storage_class is not None:
             check_class(storage_class, LIVE_CLASSES, "storage_class")
-        settings = {
-            "serde": self.serde,
-            "inline_threshold": inline_threshold,
-            "ttl_seconds": int(ttl.total_seconds()) if ttl else None,
-        }
-        where, self._base_ctx = build_context(PRIMARY, bucket, table, layout, storage_class, settings)
-        given = {"s3": s3_client, "dynamodb": dynamodb_client}
-        clients = Clients(
-            where=where,
+        primary, self._base_ctx = make_site(
+            PRIMARY,
+            bucket,
+            table,
             region_name=region_name,
-            endpoints=endpoints,
-            config=merged_config(client_config, max_concurrency=max_concurrency, path_style=bool(endpoints["s3"])),
+            endpoints={"s3": s3_endpoint_url or endpoint_url, "dynamodb": dynamodb_endpoint_url or endpoint_url},
+            given={"s3": s3_client, "dynamodb": dynamodb_client},
             boto3_session=boto3_session,
-            given=given,
             aioboto3_session=aioboto3_session,
+            **common,
         )
-        sites = {PRIMARY: Site(PRIMARY, where, clients, [c for c in given.values() if c is not None])}
+        sites = {PRIMARY: primary}
         policy = retry if retry is not None else RetryPolicy()
         self.replica = replica
         self._route: Route | None = None
         if replica is not None:
-            sites[REPLICA], reader_ctx = _replica_site(
-                replica, table, layout, storage_class, settings, client_config, max_concurrency
-            )
-            self._route = Route(sites[PRIMARY], sites[REPLICA], replica, policy)
+            sites[REPLICA], reader_ctx = replica_site(replica, table, **common)
+            self._route = Route(primary, sites[REPLICA], replica, policy)
             self._reader_ctx = self._route.as_reader(reader_ctx)
             self.stats.site(REPLICA)  # counted from the first call on
         self._sites = sites
@@ -247,29 +211,6 @@ class S3Saver(
         if ctx.serde is not self.serde:
             ctx = self._reader_ctx = dataclasses.replace(ctx, serde=self.serde)
         return ctx
-
-    def _reading(self, make: Callable[[Context], Op[T]]) -> tuple[Op[T], RetryPolicy | None]:
-        """A read and the retry policy its driver applies: on the primary, or
-        routed (the primary first, then the replica: each retries inside)."""
-        if self._route is None:
-            return make(self._ctx), None
-        return self._route.routed(make, self._ctx, self._other_ctx), ONCE
-
-    @property
-    def replica_stats(self) -> RequestStats:
-        """Round trips and requests sent to the :class:`Replica`'s region (also counted in ``stats``)."""
-        return self.stats.site(REPLICA)
-
-    @property
-    def last_read(self) -> ReadSource | None:
-        """Where the last read of this thread (or asyncio task) was served from, and how stale.
-
-        Set by ``get_tuple``, ``list``, ``get_state``... of a saver with a
-        :class:`Replica` (None without one). A read served by the replica while
-        replication lags names the newer checkpoints it passed over
-        (``skipped``) and how far behind the answer is (``behind_seconds``).
-        """
-        return self._route.source.get() if self._route is not None else None
 
     def deadline(self, seconds: float) -> AbstractContextManager[None]:
         """Within this block, the saver starts no retry that would end more than

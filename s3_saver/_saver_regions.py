@@ -6,24 +6,22 @@ A mixin of :class:`~s3_saver.S3Saver`; each method is one line, an operation
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from botocore.config import Config
-
-from s3_saver._clients import Clients
-from s3_saver._clients import client_config as merged_config
-from s3_saver._keys import KeyLayout
 from s3_saver._ops import replication, setup
-from s3_saver._replica import Promotion, Replica, ReplicationReport
+from s3_saver._protocol import Op, RequestStats, T
+from s3_saver._replica import Promotion, ReadSource, Replica, ReplicationReport
+from s3_saver._retry import RetryPolicy
 from s3_saver._protocol import PRIMARY
-from s3_saver._sites import REPLICA, Route, Site, build_context
+from s3_saver._sites import ONCE, REPLICA, Route, Site, make_site
 from s3_saver.errors import ConfigurationError
+
+from s3_saver._ops.context import Context
 
 if TYPE_CHECKING:
     from s3_saver._drivers.aio import AsyncDriver
     from s3_saver._drivers.sync import SyncDriver
-    from s3_saver._ops.context import Context
 
 
 class Regions:
@@ -37,6 +35,7 @@ class Regions:
     _base_ctx: Context
     _reader_ctx: Context
     replica: Replica | None
+    stats: RequestStats
     bucket: str
     table: str | None
     region_name: str | None
@@ -111,6 +110,30 @@ class Regions:
         route = self._need_route("setup_replica")
         await self._async.run(setup.setup(route.as_writer(self._other_ctx), route.reader.clients.region_name))
 
+    # -- reads ------------------------------------------------------------------------
+    def _reading(self, make: Callable[[Context], Op[T]]) -> tuple[Op[T], RetryPolicy | None]:
+        """A read and the retry policy its driver applies: on the primary, or
+        routed (the primary first, then the replica: each retries inside)."""
+        if self._route is None:
+            return make(self._ctx), None
+        return self._route.routed(make, self._ctx, self._other_ctx), ONCE
+
+    @property
+    def replica_stats(self) -> RequestStats:
+        """Round trips and requests sent to the :class:`Replica`'s region (also counted in ``stats``)."""
+        return self.stats.site(REPLICA)
+
+    @property
+    def last_read(self) -> ReadSource | None:
+        """Where the last read of this thread (or asyncio task) was served from, and how stale.
+
+        Set by ``get_tuple``, ``list``, ``get_state``... of a saver with a
+        :class:`Replica` (None without one). A read served by the replica while
+        replication lags names the newer checkpoints it passed over
+        (``skipped``) and how far behind the answer is (``behind_seconds``).
+        """
+        return self._route.source.get() if self._route is not None else None
+
     # -- shared by the sync and async methods ---------------------------------------
     def _need_route(self, what: str) -> Route:
         if self._route is None:
@@ -143,35 +166,24 @@ class Regions:
         self.bucket, self.table, self.region_name = where.bucket, where.table, route.writer.clients.region_name
 
 
-def _replica_site(
-    replica: Replica,
-    table: str | None,
-    layout: KeyLayout,
-    storage_class: str | None,
-    settings: dict[str, Any],
-    client_config: Config | None,
-    max_concurrency: int,
-) -> tuple[Site, Context]:
+def replica_site(replica: Replica, table: str | None, **common: Any) -> tuple[Site, Context]:
     """The replica region's site and context (same prefix and settings: replication keeps keys)."""
-    replica_table = (replica.table or table) if table else None
     if replica.table and not table:
         raise ConfigurationError(
             f"Replica(table={replica.table!r}) needs a DynamoDB index on the primary too (table=): "
             "in manifest mode the index travels in the bucket"
         )
-    endpoints = {
-        "s3": replica.s3_endpoint_url or replica.endpoint_url,
-        "dynamodb": replica.dynamodb_endpoint_url or replica.endpoint_url,
-    }
-    where, ctx = build_context(REPLICA, replica.bucket, replica_table, layout, storage_class, settings)
-    given = {"s3": replica.s3_client, "dynamodb": replica.dynamodb_client}
-    clients = Clients(
-        where=where,
+    return make_site(
+        REPLICA,
+        replica.bucket,
+        (replica.table or table) if table else None,
         region_name=replica.region_name,
-        endpoints=endpoints,
-        config=merged_config(client_config, max_concurrency=max_concurrency, path_style=bool(endpoints["s3"])),
+        endpoints={
+            "s3": replica.s3_endpoint_url or replica.endpoint_url,
+            "dynamodb": replica.dynamodb_endpoint_url or replica.endpoint_url,
+        },
+        given={"s3": replica.s3_client, "dynamodb": replica.dynamodb_client},
         boto3_session=replica.boto3_session,
-        given=given,
         aioboto3_session=replica.aioboto3_session,
+        **common,
     )
-    return Site(REPLICA, where, clients, [c for c in given.values() if c is not None]), ctx

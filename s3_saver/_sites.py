@@ -23,7 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from botocore.config import Config
+
 from s3_saver._clients import Clients
+from s3_saver._clients import client_config as merged_config
 from s3_saver._index.dynamodb import DynamoIndex
 from s3_saver._index.manifest import ManifestIndex
 from s3_saver._keys import KeyLayout
@@ -56,18 +59,37 @@ class Site:
         return text + (f" with table {self.where.table!r}" if self.where.table else "")
 
 
-def build_context(
+def make_site(
     key: str,
     bucket: str,
     table: str | None,
+    *,
+    region_name: str | None,
+    endpoints: dict[str, str | None],
+    given: dict[str, Any],
+    boto3_session: Any,
+    aioboto3_session: Any,
+    client_config: Config | None,
+    max_concurrency: int,
     layout: KeyLayout,
     storage_class: str | None,
     settings: dict[str, Any],
-) -> tuple[Where, Context]:
+) -> tuple[Site, Context]:
+    """A region's site (clients made lazily) and its operations' context."""
     where = Where(bucket, table, site=key)
     s3_calls = S3Calls(bucket, where, layout.root, storage_class)
     index = DynamoIndex(table, layout, where) if table else ManifestIndex(s3_calls, layout)
-    return where, Context(layout=layout, s3=s3_calls, index=index, **settings)
+    clients = Clients(
+        where=where,
+        region_name=region_name,
+        endpoints=endpoints,
+        config=merged_config(client_config, max_concurrency=max_concurrency, path_style=bool(endpoints["s3"])),
+        boto3_session=boto3_session,
+        given=given,
+        aioboto3_session=aioboto3_session,
+    )
+    site = Site(key, where, clients, [c for c in given.values() if c is not None])
+    return site, Context(layout=layout, s3=s3_calls, index=index, **settings)
 
 
 class Route:

@@ -1,0 +1,45 @@
+"""The saver's constructor arguments, checked by name before anything uses them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from botocore.config import Config
+
+from s3_saver._retry import RetryPolicy
+from s3_saver.errors import ConfigurationError
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Refuse wrongly typed options by name, before they fail somewhere deeper."""
+
+    def refuse(name: str, wanted: str) -> None:
+        value = options[name]
+        raise ConfigurationError(f"{name} must be {wanted}, got {type(value).__name__}: {value!r}")
+
+    if not isinstance(options["bucket"], str) or not options["bucket"]:
+        refuse("bucket", "a non-empty string")
+    if options["table"] is not None and (not isinstance(options["table"], str) or not options["table"]):
+        refuse("table", "a non-empty DynamoDB table name, or None for the manifest index in the bucket")
+    if not isinstance(options["prefix"], str):
+        refuse("prefix", "a string")
+    for name in ("region_name", "endpoint_url", "s3_endpoint_url", "dynamodb_endpoint_url"):
+        value = options[name]
+        if value is not None and (not isinstance(value, str) or not value):
+            refuse(name, "a non-empty string or None")
+    for name in ("endpoint_url", "s3_endpoint_url", "dynamodb_endpoint_url"):
+        value = options[name]
+        if value is not None and not value.startswith(("http://", "https://")):
+            refuse(name, "an http:// or https:// URL")
+    if options["client_config"] is not None and not isinstance(options["client_config"], Config):
+        refuse("client_config", "a botocore.config.Config or None")
+    ttl = options["ttl"]
+    if ttl is not None and (not isinstance(ttl, timedelta) or ttl.total_seconds() < 1):
+        refuse("ttl", "a datetime.timedelta of at least one second, or None")
+    if options["retry"] is not None and not isinstance(options["retry"], RetryPolicy):
+        refuse("retry", "an s3_saver.RetryPolicy or None")
+    for name, least in (("inline_threshold", 0), ("max_concurrency", 1)):
+        value = options[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            refuse(name, f"an int >= {least}")
