@@ -231,6 +231,7 @@ class RecordedCall:
     signing_name: str  # IAM service prefix for these services
     operation: str  # API operation name: "PutObject"
     params: dict[str, Any]
+    status: int | None = None  # HTTP status of the answer (None: no answer, e.g. a connection error)
 
     @property
     def boto3_name(self) -> str:
@@ -248,14 +249,24 @@ class CallRecorder:
     calls: list[RecordedCall] = field(default_factory=list)
     active: bool = True
 
-    def __call__(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+    def __call__(self, params: dict[str, Any], model: Any, context: dict[str, Any] | None = None, **_: Any) -> None:
         if self.active:
             sm = model.service_model
-            self.calls.append(RecordedCall(sm.service_name, sm.signing_name, model.name, dict(params)))
+            call = RecordedCall(sm.service_name, sm.signing_name, model.name, dict(params))
+            self.calls.append(call)
+            if context is not None:
+                # The same dict reaches after-call: the answer's status lands on this call.
+                context.setdefault("infra_support_calls", []).append(call)
+
+    def answered(self, http_response: Any = None, context: dict[str, Any] | None = None, **_: Any) -> None:
+        for call in (context or {}).get("infra_support_calls", ()):
+            if http_response is not None:
+                call.status = http_response.status_code
 
     def attach(self, events: Any) -> None:
         """``events``: ``client.meta.events``, ``boto3.Session().events`` or ``aioboto3.Session().events``."""
         events.register("before-parameter-build", self)
+        events.register("after-call", self.answered)
 
     def operations(self) -> set[tuple[str, str]]:
         return {(c.service, c.operation) for c in self.calls}
@@ -398,6 +409,11 @@ def authorizations(
             _kms_via_s3(action, call.params["Bucket"], kms_key_arn, region)
             for action in KMS_ACTIONS_VIA_S3.get(call.operation, ())
         ]
+    if call.operation in ("GetObject", "HeadObject") and call.status == 404:
+        # S3 answers a GET or HEAD of a missing key with 404 only to a caller allowed
+        # s3:ListBucket on the bucket, with 403 to anyone else: a saver that tells
+        # "not there (yet)" from "denied" needs it (replica reads under replication lag).
+        out.append(Request("s3:ListBucket", f"arn:{PARTITION}:s3:::{call.params['Bucket']}"))
     if "CopySource" in call.params:
         bucket, key, version = _copy_source(call.params)
         action = "s3:GetObjectVersion" if version else "s3:GetObject"

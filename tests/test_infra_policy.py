@@ -24,8 +24,10 @@ from typing import Any
 
 import boto3
 import pytest
+from helpers import grow_thread
 from infra_support import (
     ACCOUNT,
+    BIG_VALUE_BYTES,
     REGION,
     CallRecorder,
     Request,
@@ -52,10 +54,33 @@ TABLE = "policy-index"
 PREFIX = "tenant-a/"
 KEY_ARN = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/0f0f0f0f-1111-2222-3333-444444444444"
 
-# Admin calls an operator runs with broader rights: rebuild_index lists the bucket.
-OPERATOR_ONLY = {"setup", "asetup", "rebuild_index", "arebuild_index"}
+# Admin calls an operator runs with broader rights: rebuild_index lists the bucket,
+# verify lists both regions' buckets, setup_replica creates the replica's bucket and table.
+OPERATOR_ONLY = {
+    "setup",
+    "asetup",
+    "rebuild_index",
+    "arebuild_index",
+    "verify",
+    "averify",
+    "setup_replica",
+    "asetup_replica",
+}
+# Swaps the regions: called on its own by the replica test (a saver without a replica refuses it).
+PROMOTE = {"promote", "apromote"}
 # Public attributes that are not operations on stored data.
-NOT_OPERATIONS = {"with_allowlist", "get_next_version", "close", "aclose", "config_specs", "serde", "stats", "deadline"}
+NOT_OPERATIONS = {
+    "with_allowlist",
+    "get_next_version",
+    "close",
+    "aclose",
+    "config_specs",
+    "serde",
+    "stats",
+    "replica_stats",
+    "last_read",
+    "deadline",
+}
 
 
 # -- exercising every public method ---------------------------------------------------------
@@ -76,7 +101,7 @@ class Exerciser:
     def methods(self, *, asynchronous: bool) -> list[tuple[str, Callable[..., Any]]]:
         out = []
         for name, member in inspect.getmembers(type(self.saver)):
-            if name.startswith("_") or name in OPERATOR_ONLY or name in NOT_OPERATIONS:
+            if name.startswith("_") or name in OPERATOR_ONLY | PROMOTE | NOT_OPERATIONS:
                 continue
             if not callable(member):
                 continue
@@ -88,11 +113,15 @@ class Exerciser:
     def new_thread(self) -> str:
         return f"exercise-{next(self.counter)}"
 
+    def latest_tuple(self, thread: str, read: Any) -> Any:
+        """The tuple the arguments are made from (the saver's latest of ``thread``)."""
+        return read
+
     def arguments(self, method: Callable[..., Any], thread: str, older: dict, target: str) -> list[dict[str, Any]]:
         """Keyword sets to call ``method`` with: required parameters only, then with
         every optional one this test knows a value for."""
         latest = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-        tup = self.saver.get_tuple(latest)
+        tup = self.latest_tuple(thread, self.saver.get_tuple(latest))
         known: dict[str, Any] = {
             # By id: put and put_writes need one; the graph runs read "latest" plenty.
             "config": tup.config if tup else latest,
@@ -292,3 +321,303 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str) -> Non
     )
     assert unused == [], f"the managed policy grants what the saver never used: {unused}"
     assert {r.action for r in needed} == {a for _, a, _ in grants(policy)}
+
+
+# -- the replica region's policies ---------------------------------------------------------------
+# infra/replica.yaml's ReplicaReaderPolicy and ReplicaPromotePolicy, checked the same way:
+# the primary (behind tests/regions.py's proxy) fills threads that are replicated whole,
+# then goes down. Every public method is called: the reads the replica serves (the rest
+# raise PrimaryUnavailableError) must need exactly the reader policy. Then promote()
+# and every public method in the promoted region: together they must need exactly the
+# reader and promote policies, and the promote policy must grant nothing the reader's
+# calls alone would not... that the reader already grants (no overlap: test_infra_replica).
+REPLICA_KEY_ARN = f"arn:aws:kms:eu-west-1:{ACCOUNT}:key/6f6f6f6f-7777-8888-9999-000000000000"
+REPLICA_MODES = ["dynamodb", "global-table", "manifest"]
+LONG_THREAD = 60  # checkpoints: the manifest seals a segment past 48 (manifest_seal.SEAL_AT)
+# The reads a replica must serve during an outage (the README's promise); more may.
+REPLICA_READS = {
+    "get_tuple",
+    "aget_tuple",
+    "list",
+    "alist",
+    "get",
+    "aget",
+    "list_threads",
+    "alist_threads",
+    "get_delta_channel_history",
+    "aget_delta_channel_history",
+}
+
+
+def replica_policies(mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    from infra_support import REPLICA_TEMPLATE
+    from regions import REPLICA_BUCKET, REPLICA_REGION, TABLE_NAME
+
+    stack = Stack(
+        load_template(REPLICA_TEMPLATE),
+        {"BucketName": REPLICA_BUCKET, "TableName": TABLE_NAME, "KeyPrefix": PREFIX, "IndexMode": mode},
+        physical={
+            "Bucket": {"Ref": REPLICA_BUCKET, "Arn": f"arn:aws:s3:::{REPLICA_BUCKET}"},
+            "Table": {"Ref": TABLE_NAME, "Arn": f"arn:aws:dynamodb:{REPLICA_REGION}:{ACCOUNT}:table/{TABLE_NAME}"},
+            "Key": {"Arn": REPLICA_KEY_ARN},
+        },
+        region=REPLICA_REGION,
+    )
+    return (
+        stack.properties("ReplicaReaderPolicy")["PolicyDocument"],
+        stack.properties("ReplicaPromotePolicy")["PolicyDocument"],
+    )
+
+
+class OutageExerciser(Exerciser):
+    """Every public method on a thread filled before the outage. Nothing can be
+    written, so all methods share the threads; a write (or a method whose argument
+    preparation writes) raises PrimaryUnavailableError and counts as a write."""
+
+    def __init__(self, saver: Any, graph: Any, threads: list[str]) -> None:
+        super().__init__(saver, graph)
+        self.threads = threads
+        self.served: list[str] = []
+        self.refused: list[str] = []
+        # Read on the primary before the outage: arguments for the writes when the
+        # replica has no index yet (DynamoDB mode before promote() rebuilt it).
+        self.before = {t: saver.get_tuple({"configurable": {"thread_id": t, "checkpoint_ns": ""}}) for t in threads}
+        self.before_older = {t: Exerciser._older(self, t) for t in threads}
+        self.failed: list[tuple[str, str]] = []  # (method, error) other than PrimaryUnavailableError
+
+    def latest_tuple(self, thread: str, read: Any) -> Any:
+        return read if read is not None else self.before[thread]
+
+    def _older(self, thread: str) -> dict:
+        history = list(self.saver.list({"configurable": {"thread_id": thread}}))
+        return history[len(history) // 2].config if history else self.before_older[thread]
+
+    def run_sync(self) -> None:
+        for name, method in self.methods(asynchronous=False):
+            for thread in self.threads:
+                self._call(name, lambda kwargs, m=method: _drain_sync(m(**kwargs)), thread, method)
+
+    async def run_async(self) -> None:
+        for name, method in self.methods(asynchronous=True):
+            for thread in self.threads:
+                await self._acall(name, method, thread)
+
+    def _variants(self, method: Callable[..., Any], thread: str) -> list[dict[str, Any]] | None:
+        try:
+            return self.arguments(method, thread, self._older(thread), "outage-target")
+        except s3_saver.PrimaryUnavailableError:
+            return None
+
+    def _failed(self, name: str, exc: Exception) -> None:
+        self.failed.append((name, f"{type(exc).__name__}: {exc}"[:300]))
+
+    def _call(self, name: str, run: Callable[[dict], Any], thread: str, method: Callable[..., Any]) -> None:
+        variants = self._variants(method, thread)
+        if variants is None:
+            self.refused.append(name)
+            return
+        for kwargs in variants:
+            try:
+                run(kwargs)
+            except s3_saver.PrimaryUnavailableError:
+                self.refused.append(name)
+                return
+            except NotImplementedError:
+                self.not_offered.append(name)
+                return
+            except s3_saver.S3SaverError as exc:
+                self._failed(name, exc)
+                return
+            self.served.append(name)
+
+    async def _acall(self, name: str, method: Callable[..., Any], thread: str) -> None:
+        variants = self._variants(method, thread)
+        if variants is None:
+            self.refused.append(name)
+            return
+        for kwargs in variants:
+            try:
+                result = method(**kwargs)
+                if inspect.isasyncgen(result):
+                    [x async for x in result]
+                else:
+                    await result
+            except s3_saver.PrimaryUnavailableError:
+                self.refused.append(name)
+                return
+            except NotImplementedError:
+                self.not_offered.append(name)
+                return
+            except s3_saver.S3SaverError as exc:
+                self._failed(name, exc)
+                return
+            self.served.append(name)
+
+
+def _drain_sync(result: Any) -> None:
+    if inspect.isgenerator(result) or hasattr(result, "__next__"):
+        list(result)
+
+
+def _needed(calls: list[Any]) -> dict[Request, set[str]]:
+    from regions import REPLICA_REGION
+
+    needed: dict[Request, set[str]] = {}
+    for call in calls:
+        for request in authorizations(call, kms_key_arn=REPLICA_KEY_ARN, region=REPLICA_REGION):
+            needed.setdefault(request, set()).add(call.operation)
+    return needed
+
+
+def _denied(policy: dict[str, Any], needed: dict[Request, set[str]]) -> list[str]:
+    return sorted(
+        f"{r.action} on {r.resource} (for {', '.join(sorted(ops))})" for r, ops in needed.items() if not allowed_by(policy, r)
+    )
+
+
+def _unused(policy: dict[str, Any], needed: dict[Request, set[str]]) -> list[tuple[str, str, str]]:
+    return sorted(
+        (policy["Statement"][i].get("Sid", str(i)), action, pattern)
+        for i, action, pattern in grants(policy)
+        if not any(allowed_by(narrowed(policy, i, action, pattern), r) for r in needed)
+    )
+
+
+def _show(title: str, calls: list[Any], needed: dict[Request, set[str]]) -> None:
+    print(f"-- {title}")
+    for service, operation in sorted({(c.service, c.operation) for c in calls}):
+        actions = sorted({r.action for r, ops in needed.items() if operation in ops})
+        statuses = sorted({c.status for c in calls if c.operation == operation}, key=str)
+        print(f"{service}.{operation} {statuses} -> {', '.join(actions)}")
+    # Which sub-prefix each S3 action touched (<bucket>/<prefix><sub>/...).
+    where: dict[str, set[str]] = {}
+    for r in needed:
+        if r.action.startswith("s3:") and "/" in r.resource.split(":::", 1)[1]:
+            sub = r.resource.split(":::", 1)[1].split("/")[2]
+            where.setdefault(r.action, set()).add(sub)
+    print("   s3 actions by sub-prefix:", {a: sorted(s) for a, s in sorted(where.items())})
+
+
+@pytest.mark.parametrize("mode", REPLICA_MODES)
+def test_replica_policies_allow_exactly_what_the_saver_does(regions: Any, mode: str) -> None:
+    import aioboto3
+    from botocore.config import Config
+    from regions import REPLICA_REGION, Replicator
+
+    index_mode = "manifest" if mode == "manifest" else "dynamodb"
+    # The replica region's clients, recorded (the primary's are the saver's own, via the proxy).
+    config = Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 2})
+    clients = {"endpoint_url": regions.moto, "region_name": REPLICA_REGION, "config": config}
+    s3, dynamodb = boto3.client("s3", **clients), boto3.client("dynamodb", **clients)
+    session = aioboto3.Session(region_name=REPLICA_REGION)
+    sync_calls, async_calls = CallRecorder(active=False), CallRecorder(active=False)
+    sync_calls.attach(s3.meta.events)
+    sync_calls.attach(dynamodb.meta.events)
+    async_calls.attach(session.events)
+    saver = regions.make_saver(
+        index_mode,
+        prefix=PREFIX,
+        global_table=mode == "global-table",
+        recheck_after=3600,  # once fallen over, reads stay on the replica
+        replica_kw={"s3_client": s3, "dynamodb_client": dynamodb, "aioboto3_session": session},
+    )
+    # What replica.yaml creates (operator's step: not recorded), and replication: the
+    # bucket's objects, and the table's items only for a global table.
+    saver.setup_replica()
+    replicator = Replicator.between(regions.primary, regions.replica, tables=mode == "global-table")
+    if mode == "global-table":
+        assert regions.replica.dynamodb.describe_table(TableName=regions.replica.table)
+
+    graph = report_graph(saver)
+
+    async def scenario() -> tuple[list[Any], list[Any], OutageExerciser, Exerciser]:
+        # 1. Threads written on the primary: one archived, one long enough for the
+        #    manifest to seal segments; all of it replicates. Then one more
+        #    checkpoint, whose value's object never arrives (replication lag).
+        fill_thread_sync(graph, "sync-user")
+        await fill_thread_async(graph, "async-user")
+        fill_thread_sync(graph, "archived-user")
+        saver.archive_thread("archived-user")
+        grow_thread(saver, "long-user", LONG_THREAD)
+        fill_thread_sync(graph, "lagging-user")
+        replicator.run()
+        assert replicator.pending == []
+        lagging = {"configurable": {"thread_id": "lagging-user"}}
+        graph.update_state(lagging, {"doc": "e" * BIG_VALUE_BYTES})
+        replicator.capture()
+        late = replicator.drop_pending(lambda e: e.kind == "object" and "/blobs/" in e.key)
+        assert late
+        replicator.deliver()
+
+        # 2. Outage: every public method; the replica serves the reads.
+        outage = OutageExerciser(saver, graph, ["sync-user", "async-user", "archived-user", "long-user"])
+        regions.proxy.refuse()
+        sync_calls.active = async_calls.active = True
+        outage.run_sync()
+        await outage.run_async()
+        nowhere = {"configurable": {"thread_id": "never-written", "checkpoint_ns": ""}}
+        assert saver.get_tuple(nowhere) is None and await saver.aget_tuple(nowhere) is None
+        assert list(saver.list(nowhere)) == [] and [c async for c in saver.alist(nowhere)] == []
+        # The lagging checkpoint is passed over: its parent, and the read says so.
+        saver.get_tuple(lagging)
+        if mode != "dynamodb":
+            assert saver.last_read.site == "replica" and saver.last_read.skipped, saver.last_read
+        assert saver.last_read is not None and saver.last_read.site == "replica"
+        sync_calls.active = async_calls.active = False
+        read_calls = sync_calls.calls + async_calls.calls
+        sync_calls.calls, async_calls.calls = [], []
+        # The late object arrives (else list(None) there would name the gap forever).
+        replicator.pending.extend(late)
+        replicator.deliver()
+
+        # 3. Failover: promote, then the saver's whole life in the promoted region.
+        sync_calls.active = async_calls.active = True
+        promotion = saver.promote() if mode != "global-table" else await saver.apromote()
+        assert promotion.checked is False  # the primary is down
+        assert (promotion.rebuilt is not None) == (mode == "dynamodb")
+        promoted = Exerciser(saver, graph)
+        run_report_sync(graph, "promoted-sync-user")
+        grow_thread(saver, "promoted-long-user", LONG_THREAD)  # sealed segments, then deleted
+        saver.delete_thread("promoted-long-user")
+        promoted.run_sync()
+        await run_report_async(graph, "promoted-async-user")
+        await promoted.run_async()
+        await saver.aclose()
+        sync_calls.active = async_calls.active = False
+        return read_calls, sync_calls.calls + async_calls.calls, outage, promoted
+
+    read_calls, promote_calls, outage, promoted = asyncio.run(scenario())
+    saver.close()
+
+    served, refused = set(outage.served), set(outage.refused)
+    print("served by the replica:", sorted(served))
+    print("refused (writes):", sorted(refused - served))
+    print("failed otherwise:", outage.failed)
+    if mode != "dynamodb":
+        # DynamoDB mode without a global table has no index there before promote().
+        # Else a read either answers or names replication lag (list(None) meets the
+        # lagging thread), nothing else.
+        assert [f for f in outage.failed if not f[1].startswith("ReplicationLagError")] == []
+        assert REPLICA_READS <= served, REPLICA_READS - served
+    assert {"put", "aput", "put_writes", "aput_writes", "delete_thread", "adelete_thread"} <= refused - served
+    assert {"list", "alist", "delete_thread", "adelete_thread", "archive_thread", "restore_thread"} <= set(promoted.called)
+    assert read_calls and promote_calls
+    assert {c.status for c in read_calls} <= {200, 206, 404}, "every replica call answered"
+
+    reader, promote = replica_policies(mode)
+    read_needed = _needed(read_calls)
+    _show("reads during the outage", read_calls, read_needed)
+    assert _denied(reader, read_needed) == [], "ReplicaReaderPolicy is missing what the outage reads need"
+    if mode != "dynamodb":
+        # Exactly the outage's reads. (A table rebuilt by promote() is empty before
+        # it: those reads use part of the policy, the promoted saver the rest.)
+        assert _unused(reader, read_needed) == [], "ReplicaReaderPolicy grants what no outage read used"
+
+    both = {"Version": "2012-10-17", "Statement": [*reader["Statement"], *promote["Statement"]]}
+    all_needed = _needed(read_calls + promote_calls)
+    promote_needed = _needed(promote_calls)
+    _show("promote() and the promoted saver", promote_calls, promote_needed)
+    assert _denied(both, all_needed) == [], "ReplicaReaderPolicy + ReplicaPromotePolicy miss what promote() needs"
+    assert _unused(promote, promote_needed) == [], "ReplicaPromotePolicy grants what no call after promote() used"
+    assert _unused(both, all_needed) == [], "the replica policies grant what the saver never used"
+    assert {r.action for r in all_needed} == {a for _, a, _ in grants(both)}

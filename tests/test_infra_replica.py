@@ -344,7 +344,7 @@ def test_replica_policies_are_scoped_to_the_replica_stack(replica: dict, mode: s
     assert sorted(statement_resources(reader)) == sorted(
         [("s3:GetObject", o) for o in objects]
         + [("s3:ListBucket", "<Bucket.Arn>")]
-        + ([] if mode == "manifest" else [(f"dynamodb:{a}", table) for a in ("BatchGetItem", "GetItem", "Query")])
+        + ([] if mode == "manifest" else [(f"dynamodb:{a}", table) for a in ("BatchGetItem", "GetItem", "Query", "Scan")])
         + [("kms:Decrypt", "<Key.Arn>")] * (1 if mode == "manifest" else 2)
     )
     writable = set(objects)
