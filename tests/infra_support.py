@@ -590,3 +590,80 @@ async def run_report_async(graph: Any, thread_id: str) -> dict[str, Any]:
     await graph.ainvoke(None, before_finish.config)
     [s async for s in graph.aget_state_history(config, filter={"source": "update"}, limit=2)]
     return final
+
+
+# -- moto's CloudFormation, closer to AWS -------------------------------------------------
+def moto_cloudformation_like_aws() -> None:
+    """Two gaps of moto 5's CloudFormation that the templates meet, filled in the
+    in-process moto server (idempotent; only stack creation changes):
+
+    * ``!If [cond, value, !Ref AWS::NoValue]`` as a list item: AWS drops the item,
+      moto keeps ``None`` (a policy statement ``None`` is refused as malformed);
+    * ``AWS::DynamoDB::GlobalTable`` is not implemented: a stand-in creates the table
+      (keys, billing, stream, TTL, per-replica KMS key and deletion protection) in
+      each of its replicas' regions, with no replication between them.
+    """
+    from moto.cloudformation import parsing
+
+    if getattr(parsing, "_infra_support_like_aws", False):
+        return
+    original = parsing.clean_json
+
+    def clean_json(resource_json: Any, resources_map: Any) -> Any:
+        cleaned = original(resource_json, resources_map)
+        if isinstance(resource_json, list) and isinstance(cleaned, list):
+            return [item for item in cleaned if item is not None]
+        return cleaned
+
+    parsing.clean_json = clean_json
+    _global_table_stand_in()
+    parsing.get_model_map.cache_clear()
+    parsing.get_name_type_map.cache_clear()
+    parsing._infra_support_like_aws = True
+
+
+def _global_table_stand_in() -> None:
+    from moto.core.common_models import CloudFormationModel
+    from moto.dynamodb.models import dynamodb_backends
+
+    class GlobalTableStandIn(CloudFormationModel):  # registered as a CloudFormationModel subclass
+        # moto's model metaclass files each model under its service, the module's 2nd part.
+        __module__ = "moto.dynamodb.infra_support"
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return "TableName"
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return "AWS::DynamoDB::GlobalTable"
+
+        @classmethod
+        def create_from_cloudformation_json(  # type: ignore[override]
+            cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str, region_name: str, **_: Any
+        ) -> Any:
+            props = cloudformation_json["Properties"]
+            here = None
+            for replica in props["Replicas"]:
+                sse = {**props.get("SSESpecification", {}), **replica.get("SSESpecification", {})}
+                backend = dynamodb_backends[account_id][replica["Region"]]
+                table = backend.create_table(
+                    name=resource_name,
+                    schema=props["KeySchema"],
+                    throughput=None,
+                    attr=props["AttributeDefinitions"],
+                    global_indexes=props.get("GlobalSecondaryIndexes", []),
+                    indexes=props.get("LocalSecondaryIndexes", []),
+                    streams=props.get("StreamSpecification"),
+                    billing_mode=props.get("BillingMode", "PROVISIONED"),
+                    sse_specification=sse or None,
+                    tags=[],
+                    deletion_protection_enabled=replica.get("DeletionProtectionEnabled", False),
+                    warm_throughput=None,
+                )
+                if "TimeToLiveSpecification" in props:
+                    backend.update_time_to_live(resource_name, props["TimeToLiveSpecification"])
+                if replica["Region"] == region_name:
+                    here = table
+            assert here is not None, "a global table has a replica in its stack's region"
+            return here

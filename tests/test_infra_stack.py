@@ -2,8 +2,9 @@
 and a saver built from the stack's outputs runs real graphs on invoke and ainvoke.
 
 moto applies only part of the template (no bucket policy, versioning, lifecycle,
-public access block or RolePolicy, for instance): the property-by-property checks are in
-test_infra_template.py. This shows the template deploys as a whole, its outputs
+public access block, TTL or RolePolicy, for instance): the property-by-property checks are in
+test_infra_template.py and test_infra_replica.py. infra/replica.yaml is deployed in a second
+region the same way, and both stacks together carry a failover from their outputs alone. This shows the template deploys as a whole, its outputs
 are what a saver needs, and the resources it creates replace ``setup()``.
 """
 
@@ -12,33 +13,43 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import timedelta
+from pathlib import Path
 
 
 import boto3
 import pytest
 from infra_support import (
+    EXPECTED_LOG,
     REGION,
+    REPLICA_TEMPLATE,
     TEMPLATE,
     Stack,
     load_template,
+    moto_cloudformation_like_aws,
     report_graph,
     run_report_async,
     run_report_sync,
 )
+from langgraph.types import Command
 
 import s3_saver
 
 RETENTION_DAYS = 30
+REPLICA_REGION = "eu-west-1"
+# AWS::NoValue in lists, AWS::DynamoDB::GlobalTable (see infra_support).
+moto_cloudformation_like_aws()
 # moto names each resource type it does not deploy (AWS::S3::BucketPolicy...).
 pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS.* not supported by moto:UserWarning")
 
 
-def deploy(endpoint: str, name: str, parameters: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+def deploy(
+    endpoint: str, name: str, parameters: dict[str, str], template: Path = TEMPLATE, region: str = REGION
+) -> tuple[dict[str, str], dict[str, str]]:
     """Create the stack; return its outputs and {logical id: physical id}."""
-    cfn = boto3.client("cloudformation", endpoint_url=endpoint, region_name=REGION)
+    cfn = boto3.client("cloudformation", endpoint_url=endpoint, region_name=region)
     cfn.create_stack(
         StackName=name,
-        TemplateBody=TEMPLATE.read_text(),
+        TemplateBody=template.read_text(),
         Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
         Capabilities=["CAPABILITY_IAM"],
     )
@@ -161,3 +172,169 @@ def test_replica_and_given_key_deploy(endpoint: str, kms: str) -> None:
         assert "Key" not in physical
 
 
+
+
+# -- the replica region (infra/replica.yaml) -------------------------------------------------
+FAILBACK = {
+    "FailbackReplication": "Enabled",
+    "PrimaryRegion": REGION,
+    "PrimaryBucketName": "stack-checkpoints",
+    "PrimaryKmsKeyArn": "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555",
+}
+
+
+def deployed_policy(iam: object, arn: str) -> dict:
+    version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]  # type: ignore[attr-defined]
+    return iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", ["dynamodb", "global-table", "manifest"])
+def test_replica_stack_deploys_in_each_index_mode(endpoint: str, mode: str) -> None:
+    parameters = {"KeyPrefix": "agents/prod/", "IndexMode": mode, "TableName": "stack-index", "RetentionDays": "30"}
+    if mode == "manifest":
+        parameters.update(FAILBACK)
+    name = f"s3-saver-replica-{mode}"
+    outputs, physical = deploy(endpoint, name, parameters, REPLICA_TEMPLATE, REPLICA_REGION)
+    clients = {"endpoint_url": endpoint, "region_name": REPLICA_REGION}
+    s3, dynamodb, iam = (boto3.client(s, **clients) for s in ("s3", "dynamodb", "iam"))
+
+    assert outputs["Region"] == REPLICA_REGION
+    assert outputs["BucketName"] == physical["Bucket"]
+    assert outputs["KeyPrefix"] == "agents/prod/"
+    assert s3.get_bucket_location(Bucket=outputs["BucketName"])["LocationConstraint"] == REPLICA_REGION
+    (rule,) = s3.get_bucket_encryption(Bucket=outputs["BucketName"])["ServerSideEncryptionConfiguration"]["Rules"]
+    assert rule["ApplyServerSideEncryptionByDefault"] == {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": outputs["KmsKeyArn"]}
+    assert outputs["KmsKeyArn"].startswith(f"arn:aws:kms:{REPLICA_REGION}:")
+    if mode == "dynamodb":
+        table = dynamodb.describe_table(TableName=outputs["TableName"])["Table"]
+        assert table["KeySchema"] == list(s3_saver.TABLE_KEY_SCHEMA)
+        assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+        assert outputs["TableArn"] == table["TableArn"]
+    else:
+        assert "Table" not in physical
+        assert dynamodb.list_tables()["TableNames"] == []  # global-table: the primary stack makes it
+    assert ("TableName" in outputs) == (mode != "manifest")
+    assert ("FailbackReplicationRoleArn" in outputs) == (mode == "manifest")
+
+    # moto's resolution of both policies equals the evaluator's (test_infra_policy.py's).
+    stack = Stack(
+        load_template(REPLICA_TEMPLATE),
+        parameters,
+        physical={
+            "Bucket": {"Ref": outputs["BucketName"], "Arn": outputs["BucketArn"]},
+            "Table": {"Ref": outputs.get("TableName", ""), "Arn": outputs.get("TableArn", "")},
+            "Key": {"Arn": outputs["KmsKeyArn"]},
+        },
+        stack_name=name,
+        region=REPLICA_REGION,
+    )
+    for policy, output in (("ReplicaReaderPolicy", "ReaderPolicyArn"), ("ReplicaPromotePolicy", "PromotePolicyArn")):
+        assert deployed_policy(iam, outputs[output]) == stack.properties(policy)["PolicyDocument"], policy
+
+
+def test_primary_global_table_deploys_in_both_regions(endpoint: str) -> None:
+    replica, _ = deploy(
+        endpoint, "replica-side", {"IndexMode": "global-table", "TableName": "g-index"}, REPLICA_TEMPLATE, REPLICA_REGION
+    )
+    outputs, physical = deploy(
+        endpoint,
+        "primary-side",
+        {
+            "TableName": "g-index",
+            "GlobalTable": "Enabled",
+            "ReplicaRegion": replica["Region"],
+            "ReplicaBucketName": replica["BucketName"],
+            "ReplicaKmsKeyArn": replica["KmsKeyArn"],
+        },
+    )
+    assert "Table" not in physical and physical["GlobalIndexTable"] == "g-index"
+    assert outputs["TableName"] == replica["TableName"] == "g-index"
+    for region, arn in ((REGION, outputs["TableArn"]), (REPLICA_REGION, replica["TableArn"])):
+        table = boto3.client("dynamodb", endpoint_url=endpoint, region_name=region).describe_table(TableName="g-index")
+        assert table["Table"]["TableArn"] == arn
+        assert table["Table"]["KeySchema"] == list(s3_saver.TABLE_KEY_SCHEMA)
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name=REGION)
+    statements = deployed_policy(iam, outputs["PolicyArn"])["Statement"]
+    index = next(s for s in statements if s["Sid"] == "CheckpointIndex")
+    assert index["Resource"] == outputs["TableArn"]
+
+
+@pytest.mark.parametrize("mode", ["dynamodb", "global-table", "manifest"])
+def test_failover_with_the_two_stacks_outputs(endpoint: str, mode: str) -> None:
+    """Both stacks deployed, a saver built from their outputs: a thread interrupted in the
+    primary region, replicated, the primary taken down, promote(), the interrupt resumed
+    in the replica region."""
+    from regions import Proxy, Replicator, Site, saver_client_config, saver_retry
+
+    prefix = "agents/prod/"
+    shared = {"KeyPrefix": prefix, "RetentionDays": str(RETENTION_DAYS)}
+    replica, _ = deploy(
+        endpoint,
+        "drill-replica",
+        {**shared, "IndexMode": mode, "TableName": "drill-index"},
+        REPLICA_TEMPLATE,
+        REPLICA_REGION,
+    )
+    primary_parameters = {
+        **shared,
+        "TableName": "drill-index",
+        "ReplicaRegion": replica["Region"],
+        "ReplicaBucketName": replica["BucketName"],
+        "ReplicaKmsKeyArn": replica["KmsKeyArn"],
+    }
+    if mode == "global-table":
+        primary_parameters["GlobalTable"] = "Enabled"
+    primary, _ = deploy(endpoint, "drill-primary", primary_parameters)
+
+    sites = []
+    for outputs in (primary, replica):
+        clients = {"endpoint_url": endpoint, "region_name": outputs["Region"]}
+        site = Site(
+            outputs["BucketName"],
+            outputs["Region"],
+            outputs.get("TableName", ""),
+            boto3.client("s3", **clients),
+            boto3.client("dynamodb", **clients),
+        )
+        # moto's CloudFormation leaves VersioningConfiguration out; replication needs it.
+        site.s3.put_bucket_versioning(Bucket=site.bucket, VersioningConfiguration={"Status": "Enabled"})
+        sites.append(site)
+    replicator = Replicator.between(*sites, tables=mode == "global-table")
+
+    with Proxy(endpoint) as proxy:
+        saver = s3_saver.S3Saver(
+            primary["BucketName"],
+            table=None if mode == "manifest" else primary["TableName"],
+            prefix=primary["KeyPrefix"],
+            region_name=primary["Region"],
+            endpoint_url=proxy.url,
+            client_config=saver_client_config(),
+            retry=saver_retry(),
+            ttl=timedelta(days=RETENTION_DAYS / 1.5),
+            replica=s3_saver.Replica(
+                replica["BucketName"],
+                region_name=replica["Region"],
+                endpoint_url=endpoint,
+                table=replica.get("TableName"),
+                global_table=mode == "global-table",
+                recheck_after=3600,
+            ),
+        )
+        try:
+            graph = report_graph(saver)
+            config = {"configurable": {"thread_id": "drill"}}
+            assert "__interrupt__" in graph.invoke({"log": []}, config)
+            before = graph.get_state(config)
+            replicator.run()
+            proxy.refuse()
+            if mode != "dynamodb":  # a rebuilt table is empty until promote()
+                assert graph.get_state(config).values == before.values
+                assert saver.last_read.site == "replica"
+            promotion = saver.promote()
+            assert promotion.rebuilt is None if mode != "dynamodb" else promotion.rebuilt > 0
+            assert graph.get_state(config).next == before.next
+            assert graph.invoke(Command(resume="yes"), config)["log"] == EXPECTED_LOG
+            keys = sites[1].keys(prefix)
+            assert keys and all(k.startswith(prefix) for k in keys)
+        finally:
+            saver.close()
