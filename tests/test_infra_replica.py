@@ -104,6 +104,7 @@ def test_replica_parameters_have_defaults_descriptions_and_readme_entries(primar
     assert params["IndexMode"]["AllowedValues"] == ["dynamodb", "global-table", "manifest"]
     assert params["IndexMode"]["Default"] == "dynamodb", "the primary template's default is a table"
     assert params["FailbackReplication"]["Default"] == "Disabled"
+    assert params["AcceptReplication"]["Default"] == "Enabled"
     assert primary["Parameters"]["GlobalTable"]["Default"] == "Disabled"
     assert "`GlobalTable`" in readme
 
@@ -211,6 +212,29 @@ def test_failback_role_mirrors_the_primary_replication_role(primary: dict, repli
     assert r.properties("FailbackReplicationRole")["AssumeRolePolicyDocument"] == p.properties("ReplicationRole")[
         "AssumeRolePolicyDocument"
     ]
+
+
+def test_accept_replication_disabled_refuses_the_primarys_queue(replica: dict) -> None:
+    """At failover the replica stack (its region is up) refuses replication into its
+    bucket: what the primary queued is not applied over the promoted writes."""
+    from infra_support import Request, allowed_by
+
+    open_ = replica_stack(replica).properties("BucketPolicy")["PolicyDocument"]
+    closed = replica_stack(replica, AcceptReplication="Disabled").properties("BucketPolicy")["PolicyDocument"]
+    assert closed["Statement"][: len(open_["Statement"])] == open_["Statement"]
+    (refuse,) = closed["Statement"][len(open_["Statement"]) :]
+    assert refuse == {
+        "Sid": "RefuseReplicationAfterFailover",
+        "Effect": "Deny",
+        "Principal": "*",
+        "Action": ["s3:ReplicateDelete", "s3:ReplicateObject", "s3:ReplicateTags"],
+        "Resource": "<Bucket.Arn>/*",
+    }
+    # A replication write is denied whatever allows it; the saver's calls are not touched.
+    allow_all = {"Effect": "Allow", "Action": ["s3:*"], "Resource": ["<Bucket.Arn>/*"]}
+    for action, denied in (("s3:ReplicateObject", True), ("s3:PutObject", False), ("s3:GetObject", False)):
+        request = Request(action, "<Bucket.Arn>/agents/live/t/=/checkpoints/1")
+        assert (allowed_by({"Statement": [allow_all, refuse]}, request) == []) is denied, action
 
 
 @pytest.mark.parametrize("missing", ["PrimaryRegion", "PrimaryBucketName", "PrimaryKmsKeyArn"])
