@@ -36,7 +36,7 @@ from s3_saver._protocol import PRIMARY, Emit, Op, T
 from s3_saver._replica import ReadSource, Replica, ReplicaReads
 from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._s3 import S3Calls
-from s3_saver.errors import StoreUnavailableError, Where
+from s3_saver.errors import PrimaryUnavailableError, StoreUnavailableError, Where
 
 REPLICA = "replica"
 # A routed read retries inside (per region): the driver around it sends once.
@@ -102,6 +102,11 @@ class Route:
 
     def __init__(self, writer: Site, reader: Site, replica: Replica, policy: RetryPolicy) -> None:
         self.replica = replica
+        # Replication keeps an index in both regions (manifest heads, a global
+        # table): reads can go over. A DynamoDB table filled by promote()'s
+        # rebuild, or left behind by a failover, would answer "no such thread"
+        # or an old state: never read before it is promoted.
+        self.replicated = writer.where.table is None or replica.global_table
         self.policy = policy
         # The primary's reads stop retrying at failover_after: the replica answers sooner.
         budget = min(policy.budget, replica.failover_after) if policy.budget is not None else replica.failover_after
@@ -161,6 +166,13 @@ class Route:
                 with self._lock:
                     self._down_until = time.monotonic() + self.replica.recheck_after
                     self._cause = f"{type(exc).__name__}: {exc}"
+        if not self.replicated:
+            raise PrimaryUnavailableError(
+                f"the region written to ({self.writer.describe()}) is unavailable ({self._cause}), and the "
+                f"other region ({self.reader.describe()}) has no index that replication keeps (DynamoDB mode "
+                "without a global table): reads there wait for saver.promote(), which rebuilds it from the "
+                "replica bucket (see the README's failover runbook)"
+            )
         self._tell(reader_ctx, failover=True)
         return (yield from resilient(lag_safe(reader_ctx, make(reader_ctx)), self.policy))
 

@@ -17,6 +17,8 @@ from langgraph.types import Command, interrupt
 from s3_saver import PrimaryUnavailableError
 from s3_saver._keys import KeyLayout
 
+from regions import Replicator
+
 # DynamoDB mode: the table there is rebuilt by promote(), or is a global table's replica.
 DRILL_MODES = ("manifest", "dynamodb", "dynamodb-global")
 
@@ -70,9 +72,13 @@ def test_failover_drill(regions, mode: str) -> None:
     index_mode = "manifest" if mode == "manifest" else "dynamodb"
     global_table = mode == "dynamodb-global"
     saver = regions.make_saver(index_mode, global_table=global_table, recheck_after=3600)
-    if index_mode == "dynamodb":
-        regions.create_replica_table()
     replicator, reverse = regions.replicator, regions.reverse
+    if global_table:
+        regions.create_replica_table()  # the harness replicates its items, as a global table does
+    elif index_mode == "dynamodb":
+        saver.setup_replica()  # an empty table there, for promote() to rebuild
+        replicator = Replicator.between(regions.primary, regions.replica, tables=False)
+        reverse = replicator.reversed()
     graph = _graph(saver)
     config = {"configurable": {"thread_id": "drill"}}
 
@@ -95,6 +101,12 @@ def test_failover_drill(regions, mode: str) -> None:
     #    after a bounded number of attempts on the primary.
     regions.proxy.refuse()
     saver.stats.reset()
+    if mode == "dynamodb":
+        # No index there until promote() rebuilds it: an error, not an empty thread.
+        with pytest.raises(PrimaryUnavailableError, match=r"no index that replication keeps.*promote\(\)"):
+            graph.get_state(config)
+        _fail_over(saver, graph, config, mode, replicated, regions, reverse, expected)
+        return
     during = graph.get_state(config)
     assert (during.values, during.next, during.config) == (replicated.values, replicated.next, replicated.config)
     assert saver.last_read.site == "replica" and saver.last_read.failover
@@ -105,6 +117,10 @@ def test_failover_drill(regions, mode: str) -> None:
     assert saver.stats.total_requests == saver.replica_stats.total_requests  # recheck_after: straight there
     assert history[0].config == replicated.config
 
+    _fail_over(saver, graph, config, mode, replicated, regions, reverse, expected)
+
+
+def _fail_over(saver, graph, config, mode, replicated, regions, reverse, expected) -> None:
     # 4. Writes wait for promote().
     with pytest.raises(PrimaryUnavailableError, match="promote"):
         graph.invoke(Command(resume="replica"), config)

@@ -127,6 +127,20 @@ def _list_all(
     for entry in ordered:
         resolver.add(entry)
     matched = yield from _filtered(resolver, ordered, filter)
+    if ctx.replica is not None:
+        # Lag-safe thread by thread: one thread's unreplicated newest checkpoints
+        # are passed over as list(thread) does, not an error for every thread.
+        emitted = 0
+        for thread_id in dict.fromkeys(e.thread_id for e in matched):
+            tail = Tail()
+            mine = [e for e in matched if e.thread_id == thread_id]
+            for i in range(0, len(mine), _LIST_CHUNK):
+                for tup in (yield from build_listed(ctx, resolver, mine[i : i + _LIST_CHUNK], tail)):
+                    if limit is not None and emitted >= limit:
+                        return
+                    emitted += 1
+                    yield Emit(tup)
+        return
     if limit is not None:
         matched = matched[:limit]
     for i in range(0, len(matched), _LIST_CHUNK):
