@@ -5,8 +5,10 @@
 Modes: ``sync`` and ``async`` run the workload; ``scaling`` makes direct saver
 calls on long threads and wide checkpoints; ``grow`` grows the long threads
 ahead of ``scaling`` (the runner grows every saver's at once); ``archive``
-(S3Saver only) archives the workload's thread, reads it cold and restores it. Data a run needs but does not
-measure (tables, buckets, the long threads) goes straight to moto,
+(S3Saver only) archives the workload's thread, reads it cold and restores it;
+``failover`` (S3Saver with a replica region) takes the primary down, reads from
+the replica, promotes it and resumes the thread there. Data a run needs but
+does not measure (tables, buckets, the long threads) goes straight to moto,
 not through the proxy. Writes JSON: the call intervals, phase wall times,
 fingerprints and stored bytes; the parent matches the proxy's requests to the
 calls.
@@ -44,6 +46,7 @@ class Target:
         self.kind, self.name, self.moto, self.proxy = kind, name, moto, proxy
         self.bucket = f"bench-{name}".lower().replace("_", "-")[:63]
         self.table = f"bench-{name}"
+        self.replica_bucket = f"{self.bucket[:55]}-replica"  # the failover drill's (child.run_failover)
 
     def build(self, endpoint: str) -> Any:
         if self.kind == "memory":
@@ -298,6 +301,155 @@ def _status(st: Any) -> dict[str, Any] | None:
     return None if st is None else asdict(st)
 
 
+# -- failover drill (S3Saver with a Replica) ----------------------------------------------------
+FAILOVER_THREAD = "bench-failover"
+FAILOVER_TURNS = 8  # turn 8 interrupts (workload.INTERRUPT_EVERY): left pending, resumed after promote
+REPLICA_REGION = costs.REPLICA_REGION
+# Per index mode, the replica configurations drilled: (name, global table).
+FAILOVER_CONFIGS = {"s3": (("global table", True), ("index rebuilt at promote", False)),
+                    "s3-manifest": (("S3 replication", False),)}
+FAILOVER_STEPS = ("read, primary up", "read, primary down", "history, primary down",
+                  "resume, primary down", "promote", "resume after promote")
+
+
+def replicate_all(target: Target, global_table: bool) -> dict[str, int]:
+    """Replication caught up: every object of the primary bucket copied to the replica
+    bucket, and (a global table) every item of the primary table written to the table
+    of the same name in the replica region. Straight at moto, nothing counted."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=target.moto, region_name="us-east-1")
+    objects = items = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=target.bucket):
+        for obj in page.get("Contents", []):
+            s3.copy_object(CopySource={"Bucket": target.bucket, "Key": obj["Key"]}, Bucket=target.replica_bucket,
+                           Key=obj["Key"])
+            objects += 1
+    if target.kind == "s3" and global_table:
+        src = boto3.client("dynamodb", endpoint_url=target.moto, region_name="us-east-1")
+        dst = boto3.client("dynamodb", endpoint_url=target.moto, region_name=REPLICA_REGION)
+        for page in src.get_paginator("scan").paginate(TableName=target.table):
+            for item in page.get("Items", []):
+                dst.put_item(TableName=target.table, Item=item)
+                items += 1
+    return {"objects": objects, "items": items}
+
+
+def run_failover(target: Target) -> dict[str, Any]:
+    """The failover drill, per replica configuration of the index mode (FAILOVER_CONFIGS).
+
+    A thread of FAILOVER_TURNS turns, its last one interrupted, is written straight at
+    moto (latency 0, nothing counted) and replicated whole (``replicate_all``). Then one
+    saver, a long-lived process configured with the replica, whose primary is reached
+    through a ``Gate`` to the proxy and whose replica (``costs.REPLICA_REGION``) through
+    the proxy itself, makes each call of FAILOVER_STEPS, measured: a read with the primary
+    up; the gate taken down (every connection to it reset: each attempt counted); a read
+    and the history (checked against the primary's before the outage); resuming the
+    interrupt (refused); ``promote()``; resuming it again, now written in the replica region.
+    """
+    from langgraph.types import Command
+
+    from benchmarks.gate import Gate
+    from benchmarks.workload import build_graph, snapshot_fp, turn_input
+    from s3_saver import PrimaryUnavailableError, Replica, S3Saver, S3SaverError
+
+    recorder = Recorder()
+    out: dict[str, Any] = {}
+    cfg = {"configurable": {"thread_id": FAILOVER_THREAD}}
+    proxy_port = int(target.proxy.rsplit(":", 1)[1])
+    for config, global_table in FAILOVER_CONFIGS[target.kind]:
+        sub = Target(target.kind, f"{target.name}-{'gt' if global_table else 'rb' if target.kind == 's3' else 'r'}",
+                     target.moto, target.proxy)
+        replica = lambda endpoint: Replica(sub.replica_bucket, region_name=REPLICA_REGION,  # noqa: E731
+                                           endpoint_url=endpoint, global_table=global_table)
+        direct = sub.setup()
+        table = sub.table if sub.kind == "s3" else None
+        admin = S3Saver(sub.bucket, table=table, endpoint_url=sub.moto, region_name="us-east-1",
+                        replica=replica(sub.moto))
+        admin.setup_replica()
+        g = build_graph(direct)
+        for turn in range(1, FAILOVER_TURNS + 1):
+            res = g.invoke(turn_input(turn), cfg)
+            if turn < FAILOVER_TURNS:
+                while res.get("__interrupt__"):
+                    res = g.invoke(Command(resume=f"approved-{turn}"), cfg)
+        expected_state = snapshot_fp(g.get_state(cfg))
+        expected_history = [snapshot_fp(x) for x in g.get_state_history(cfg)]
+        rec: dict[str, Any] = {"global_table": global_table, "replicated": replicate_all(sub, global_table),
+                               "history_length": len(expected_history), "interrupted": bool(res.get("__interrupt__")),
+                               "refused": {}, "checks": {}, "errors": {}, "served_by": {}, "wall": {}}
+        gate = Gate(proxy_port)
+        inner = S3Saver(sub.bucket, table=table, endpoint_url=gate.url, region_name="us-east-1",
+                        replica=replica(target.proxy))
+        saver = MeteredSaver(inner, recorder)
+        graph = build_graph(saver)
+
+        raised: dict[str, Exception] = {}
+
+        def step(name: str, fn: Any) -> Any:
+            recorder.phase = f"{config}: {name}"
+            refused, t0, before = gate.refused, time.perf_counter(), inner.last_read
+            try:
+                return fn()
+            except Exception as exc:
+                rec["errors"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                raised[name] = exc
+                return None
+            finally:
+                rec["wall"][name] = time.perf_counter() - t0
+                rec["refused"][name] = gate.refused - refused
+                src = inner.last_read  # a read in this step sets a new one
+                if src is not None and src is not before:
+                    rec["served_by"][name] = f"{src.region}" + (" failover" if src.failover else "") + (
+                        " stale" if src.stale else "")
+                recorder.phase = "idle"
+
+        # Without a global table the replica region has no index before promote: a read
+        # there is refused (an error) or reads the thread as empty (README: "a thread whose
+        # index has not arrived at all reads as empty"), never another state.
+        no_index = sub.kind == "s3" and not global_table
+        EMPTY = "reads as empty: no index there before promote"
+
+        def served(name: str, got: Any, expected: Any, empty: bool) -> bool | str:
+            if got == expected:
+                return True
+            if no_index and empty:
+                return EMPTY
+            return no_index and got is None and name in rec["errors"]
+
+        try:
+            st = step(FAILOVER_STEPS[0], lambda: graph.get_state(cfg))
+            rec["checks"][FAILOVER_STEPS[0]] = st is not None and snapshot_fp(st) == expected_state
+            gate.down()
+            st = step(FAILOVER_STEPS[1], lambda: graph.get_state(cfg))
+            rec["checks"][FAILOVER_STEPS[1]] = served(FAILOVER_STEPS[1], st and snapshot_fp(st), expected_state,
+                                                      st is not None and not st.values)
+            hist = step(FAILOVER_STEPS[2], lambda: [snapshot_fp(x) for x in graph.get_state_history(cfg)])
+            rec["checks"][FAILOVER_STEPS[2]] = served(FAILOVER_STEPS[2], hist, expected_history, hist == [])
+            step(FAILOVER_STEPS[3], lambda: graph.invoke(Command(resume=f"approved-{FAILOVER_TURNS}"), cfg))
+            # Refused, naming promote(): PrimaryUnavailableError (with no index in the replica
+            # region yet, the saver's error refusing the read, or nothing to resume there).
+            exc = raised.get(FAILOVER_STEPS[3])
+            if isinstance(exc, PrimaryUnavailableError) or (no_index and isinstance(exc, S3SaverError)):
+                rec["checks"][FAILOVER_STEPS[3]] = True
+            elif no_index and rec["checks"][FAILOVER_STEPS[1]] == EMPTY and exc is not None:
+                rec["checks"][FAILOVER_STEPS[3]] = "nothing to resume there before promote"
+            else:
+                rec["checks"][FAILOVER_STEPS[3]] = False
+            promo = step(FAILOVER_STEPS[4], lambda: saver.promote())
+            rec["promotion"] = _status(promo)
+            rec["checks"][FAILOVER_STEPS[4]] = promo is not None
+            res = step(FAILOVER_STEPS[5], lambda: graph.invoke(Command(resume=f"approved-{FAILOVER_TURNS}"), cfg))
+            rec["checks"][FAILOVER_STEPS[5]] = bool(
+                res and not res.get("__interrupt__") and res["messages"][-1].id == f"t{FAILOVER_TURNS}-ai-answer")
+        finally:
+            gate.close()
+            for x in (inner, admin, direct):
+                _close(x)
+        out[config] = rec
+    return {"calls": recorder.to_json(), "failover": out}
+
+
 # -- scaling --------------------------------------------------------------------------------
 def _value(channel: str, step: int, size: int = 1000) -> str:
     from benchmarks.workload import make_text
@@ -434,7 +586,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--saver", required=True, choices=["memory", "s3", "s3-manifest", "peer", "peer-gzip"])
     ap.add_argument("--name", required=True)
-    ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling", "grow", "archive"])
+    ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling", "grow", "archive", "failover"])
     ap.add_argument("--proxy", required=True)
     ap.add_argument("--moto", required=True)
     ap.add_argument("--turns", type=int, default=20)
@@ -450,6 +602,8 @@ def main() -> None:
             data = run_grow(target, lengths)
         elif args.mode == "archive":
             data = run_archive(target, args.turns)
+        elif args.mode == "failover":
+            data = run_failover(target)
         elif args.mode == "scaling":
             grown = json.loads(open(args.grown).read()) if args.grown else None
             data = run_scaling(target, lengths, grown)

@@ -71,6 +71,34 @@ IT_MIN_MONITORED_BYTES = 128 * KB
 IT_TO_INFREQUENT_DAYS = 30
 IT_TO_ARCHIVE_INSTANT_DAYS = 90
 
+# -- cross-region replication (benchmarks/crossregion.py) ------------------------------
+# Primary us-east-1, replica us-west-2 (US West, Oregon), whose S3 and DynamoDB list
+# prices equal us-east-1's (so the replica's PUTs, units and storage reuse the prices
+# above). Checked on 2026-11-23 against stored copies of these pages; first price tier,
+# no free tier. S3 Replication Time Control ($0.015/GB) is optional and not included.
+REPLICA_REGION = "us-west-2"
+# https://aws.amazon.com/s3/pricing/ ("Data transfer" tab: Data Transfer OUT from
+# US East (N. Virginia) to another AWS Region, $0.02 per GB; us-east-2 would be $0.01;
+# "Replication" tab: for CRR you also pay inter-Region Data Transfer OUT from S3 to
+# each destination Region) - charged on every replicated byte.
+S3_INTER_REGION_PER_GB = 0.02
+# https://aws.amazon.com/s3/pricing/ ("Replication" tab): the replica is written by
+# replication PUT requests, billed at the destination storage class's PUT price
+# (S3 Standard in us-west-2: $0.005 per 1,000), plus the replica's storage.
+S3_REPLICATION_PUT_PER_REQUEST = 0.005 / 1000
+S3_REPLICA_STORAGE_PER_GB_MONTH = 0.023  # S3 Standard, us-west-2
+# https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/global-tables-billing.html
+# ("one rWRU per replica table is charged for each write up to 1KB"; "Replicated write
+# units (rWCUs and rWRUs) are priced the same as single-Region write units"; "Cross-Region
+# data transfer fees apply") and https://aws.amazon.com/dynamodb/pricing/on-demand/
+# (on-demand, us-west-2: $0.625 per million rWRU; data transfer out to another AWS Region
+# $0.02 per GB; storage $0.25/GB-month). The primary's own writes become rWRUs at the same
+# price, so its request cost is unchanged; each replica pays 1 rWRU per KB of every item
+# written there by replication.
+DDB_PER_REPLICATED_WRITE_UNIT = 0.625 / 1_000_000
+DDB_INTER_REGION_PER_GB = 0.02
+DDB_REPLICA_STORAGE_PER_GB_MONTH = 0.25  # Standard table class, us-west-2
+
 S3_LIST_OPERATIONS = frozenset(
     {"ListObjects", "ListObjectsV2", "ListObjectVersions", "ListMultipartUploads", "ListParts", "ListBuckets"}
 )

@@ -106,6 +106,14 @@ class MeteredSaver(BaseCheckpointSaver):
     def restore_thread(self, thread_id: str, **kwargs: Any) -> Any:
         return self._run("restore_thread", self.inner.restore_thread, thread_id, **kwargs)
 
+    # S3Saver's replica region (benchmarks.child's failover mode).
+    def promote(self, **kwargs: Any) -> Any:
+        return self._run("promote", self.inner.promote, **kwargs)
+
+    @property
+    def last_read(self) -> Any:
+        return getattr(self.inner, "last_read", None)
+
     def get_next_version(self, current: Any, channel: Any) -> Any:
         return self.inner.get_next_version(current, channel)
 

@@ -14,7 +14,13 @@ trip), forwards the request to moto, and records what it was:
   bills them. When a request hides the billed size (a projection, a filter, a
   delete), the proxy asks moto directly for the full items first; that side
   request is neither counted nor delayed, and its time is taken off the
-  injected latency so the caller waits the same.
+  injected latency so the caller waits the same. An update's new size is read
+  the same way right after moto answers (a few ms added to that request);
+* what replication would copy to a second region (``benchmarks/crossregion.py``
+  prices it): an S3 write's stored object size, and each DynamoDB item a
+  write changes (item writes, their units at 1 per KB, their bytes): a global
+  table replays each changed item in the replica as a plain write, never a
+  ``ConditionCheck``, a transaction's second unit, or a delete of nothing.
 
 Only 127.0.0.1 is ever contacted.
 """
@@ -64,12 +70,25 @@ class Request:
     # S3: the object's storage class when not the default (an archive), as the
     # request or response names it; priced by it (costs.s3_request_cost).
     storage_class: str = ""
+    # Replication (benchmarks/crossregion.py): the object an S3 write stored (its
+    # size; S3 replication copies it as one PUT), and the DynamoDB items a write
+    # changed (a global table writes each in the replica: units at 1 per KB of
+    # max(old, new) item size, bytes = the new item, or a deleted item's key).
+    object_bytes: int = 0
+    s3_objects_written: int = 0
+    replicated_writes: int = 0
+    replicated_units: float = 0.0
+    replicated_bytes: int = 0
+    # The region the request was signed for (SigV4 credential scope): the failover
+    # drill tells the primary's requests (us-east-1) from the replica's.
+    region: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 _TOKEN = re.compile(r"[#:][A-Za-z0-9_]+")
+_SCOPE = re.compile(r"Credential=[^/,]+/\d{8}/([a-z0-9-]+)/")
 
 
 class _DynamoSide:
@@ -145,7 +164,7 @@ def dynamo_capacity(
             if "Put" in entry:
                 units += costs.write_units(costs.item_size(entry["Put"]["Item"]))
             else:
-                units += costs.write_units(pre.get(i, 0))
+                units += costs.write_units(max(pre.get(i, 0), pre.get(("new", i), 0)))
         return 0.0, 2 * units
     if operation == "GetItem":
         consistent = bool(body.get("ConsistentRead"))
@@ -211,6 +230,65 @@ def dynamo_pre(operation: str, body: dict[str, Any], side: _DynamoSide, auth: st
         pre["sizes"] = [side.full_item_size(e["Get"]["TableName"], e["Get"]["Key"], auth)
                         for e in body.get("TransactItems", [])]
     return pre
+
+
+def dynamo_post(operation: str, body: dict[str, Any], side: _DynamoSide, auth: str, pre: dict[str, Any]) -> None:
+    """After a successful update: the item's new size (an update bills and replicates
+    max(old, new); the request shows neither). Uncounted, like ``dynamo_pre``."""
+    if operation == "UpdateItem":
+        pre["new"] = side.full_item_size(body["TableName"], body["Key"], auth)
+    elif operation == "TransactWriteItems":
+        for i, entry in enumerate(body.get("TransactItems", [])):
+            if "Update" in entry:
+                pre[("new", i)] = side.full_item_size(entry["Update"]["TableName"], entry["Update"]["Key"], auth)
+
+
+def dynamo_replicated(operation: str, body: dict[str, Any], pre: dict[str, Any]) -> tuple[int, float, int]:
+    """(item writes, write units, bytes) a global table replays in each replica for one
+    successful request: every item it changed, as a plain (non-transactional) write of
+    1 unit per KB of max(old, new) size; bytes are the new item (a delete: its key).
+    A ``ConditionCheck`` changes nothing and a delete of a missing item changes nothing
+    (DynamoDB Streams, which global tables replicate from, records neither)."""
+    writes: list[tuple[int, int]] = []  # (billed size, bytes sent)
+
+    def put(item: dict[str, Any], old: int = 0) -> None:
+        size = costs.item_size(item)
+        writes.append((max(size, old), size))
+
+    def delete(key: dict[str, Any], old: int) -> None:
+        if old:
+            writes.append((old, costs.item_size(key)))
+
+    def update(old: int, new: int) -> None:
+        if new or old:
+            writes.append((max(old, new), new) if new else (old, 0))
+
+    if operation == "PutItem":
+        put(body["Item"], pre.get("old", 0))
+    elif operation == "DeleteItem":
+        delete(body["Key"], pre.get("old", 0))
+    elif operation == "UpdateItem":
+        update(pre.get("old", 0), pre.get("new", 0))
+    elif operation == "BatchWriteItem":
+        for table, reqs in body.get("RequestItems", {}).items():
+            for i, r in enumerate(reqs):
+                if "PutRequest" in r:
+                    put(r["PutRequest"]["Item"])
+                elif "DeleteRequest" in r:
+                    delete(r["DeleteRequest"]["Key"], pre.get((table, i), 0))
+    elif operation == "TransactWriteItems":
+        for i, entry in enumerate(body.get("TransactItems", [])):
+            if "Put" in entry:
+                put(entry["Put"]["Item"])
+            elif "Delete" in entry:
+                delete(entry["Delete"]["Key"], pre.get(i, 0))
+            elif "Update" in entry:
+                update(pre.get(i, 0), pre.get(("new", i), 0))
+    return len(writes), float(sum(costs.write_units(b) for b, _ in writes)), sum(n for _, n in writes)
+
+
+# S3 writes that store an object (S3 replication copies each as one PUT in the replica).
+S3_OBJECT_WRITES = frozenset({"PutObject", "CopyObject", "CompleteMultipartUpload", "PostObject"})
 
 
 class LatencyProxy:
@@ -284,13 +362,20 @@ class LatencyProxy:
                     time.sleep(remaining)
                 status, reason, resp_headers, data = self._forward(body)
                 read_u = write_u = 0.0
+                replicated = (0, 0.0, 0)
                 if target and status == 200:
                     try:
+                        dynamo_post(operation, req_json, proxy._side, self.headers.get("Authorization", ""), pre)
                         resp_json = json.loads(data or b"{}")
                         read_u, write_u = dynamo_capacity(
                             operation, req_json, resp_json, proxy._side, "", pre)
+                        replicated = dynamo_replicated(operation, req_json, pre)
                     except Exception:
                         pass
+                object_bytes = objects_written = 0
+                if not target and status == 200 and operation in S3_OBJECT_WRITES:
+                    objects_written = 1
+                    object_bytes = proxy._object_size(operation, url.path, headers, body)
                 # Status line, headers and body in one send: separate small
                 # writes would meet Nagle + delayed ACK (a 40 ms stall each).
                 lines = [f"HTTP/1.1 {status} {reason}"]
@@ -320,7 +405,8 @@ class LatencyProxy:
                 else:
                     cost = costs.ddb_cost(read_u, write_u)
                 rec = Request(t_start, t_end, service, operation, self.command, status, len(body), len(data),
-                              read_u, write_u, cost, storage_class)
+                              read_u, write_u, cost, storage_class, object_bytes, objects_written, *replicated,
+                              region=next(iter(_SCOPE.findall(self.headers.get("Authorization", ""))), ""))
                 with proxy._lock:
                     proxy.records.append(rec)
 
@@ -370,6 +456,23 @@ class LatencyProxy:
             return cls, size, tier.group(1).decode() if tier else "Standard"
         got = next((v for k, v in resp_headers if k.lower() == "x-amz-storage-class"), "")
         return got, down if method == "GET" else 0, ""
+
+    def _object_size(self, operation: str, path: str, headers: dict[str, str], body: bytes) -> int:
+        """Size of the object a successful S3 write stored: a PutObject's body (its
+        decoded length when sent aws-chunked), else asked of moto (uncounted HEAD)."""
+        h = {k.lower(): v for k, v in headers.items()}
+        if operation == "PutObject":
+            return int(h.get("x-amz-decoded-content-length") or len(body))
+        conn = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=60)
+        try:
+            conn.request("HEAD", path.split("?", 1)[0])
+            resp = conn.getresponse()
+            resp.read()
+            return int(resp.getheader("Content-Length") or 0) if resp.status == 200 else 0
+        except OSError:
+            return 0
+        finally:
+            conn.close()
 
     def stop(self) -> None:
         if self._server is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from benchmarks import costs, yearcost
+from benchmarks import costs, crossregion, yearcost
 from benchmarks.workload import PHASES
 
 S3 = "s3"
@@ -290,6 +290,95 @@ def archival_tables(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def cross_region_table(doc: dict[str, Any]) -> list[str]:
+    """Requests and $ per 1,000 steps with a replica region, beside the single-region rows."""
+    cr = doc.get("cross_region") or crossregion.model(doc)  # an earlier run's JSON (--render) may lack it
+    if not cr.get("rows"):
+        return []
+    p = cr["prices"]
+    rows = []
+    for r in cr["rows"]:
+        single = r["config"] == crossregion.SINGLE
+        rows.append([r["mode"], _short(doc, r["saver"]), r["config"], f"{r['primary_requests']:.0f}",
+                     "" if single else f"{r['replica_s3_puts']:.0f}",
+                     "" if single else f"{r['replica_ddb_writes']:.0f} / {r['replica_rwru']:.0f}",
+                     f"{r['requests']:.0f}", "" if single else f"{r['s3_mb']:.2f} / {r['ddb_mb']:.2f}",
+                     f"{r['primary_usd']:.5f}", "" if single else f"{r['replica_put_usd']:.5f}",
+                     "" if single else f"{r['rwru_usd']:.5f}", "" if single else f"{r['transfer_usd']:.5f}",
+                     f"{r['usd']:.4f}",
+                     f"{r['primary_storage_month'] * 1e6:.0f}" + ("" if single else
+                                                                  f" + {r['replica_storage_month'] * 1e6:.0f}")])
+    out = ["", f"== Cross-region: per 1,000 steps with a replica in {cr['replica_region']} "
+               f"(primary {cr['primary_region']}), replication included =="]
+    out.append(_table(["mode", "saver", "replication", "primary req", "+ replica S3 PUTs",
+                       "+ replica DDB item writes / rWRU", "= requests", "replicated MB S3 / DDB", "$ primary",
+                       "$ replica PUTs", "$ rWRU", "$ transfer", "$ per 1k steps",
+                       "storage micro$/month primary + replica"], rows, "lll" + "r" * 11))
+    out.append(f"All per 1,000 steps of the write phase (what replication copies; reads are not replicated). primary = "
+               f"the saver's own requests, priced as in the whole-workload table. Replica-side writes are made by AWS, "
+               f"not the saver: S3 replication writes each object the primary stored as one PUT in the replica, billed "
+               f"at its class's PUT price (${p['s3_replication_put_per_1k']:g}/1k, STANDARD), plus "
+               f"${p['s3_inter_region_per_gb']:g}/GB inter-region transfer on the object's bytes; a DynamoDB global "
+               f"table writes each changed item in the replica, billed in replicated write units (1 rWRU per KB of the "
+               f"item, ${p['ddb_rwru_per_million']:g}/million, no request fee; the primary's own writes become rWRUs "
+               f"at its WRU price, so $ primary is unchanged) plus ${p['ddb_inter_region_per_gb']:g}/GB transfer on "
+               f"the item bytes. Storage (not in $ per 1k steps): what the run kept, right before its delete phase, "
+               f"once more in the replica (${p['s3_replica_storage_gb_month']:g}/GB-month S3, "
+               f"${p['ddb_replica_storage_gb_month']:g} DynamoDB). Not included: S3 Replication Time Control, KMS, "
+               f"noncurrent versions (kept NoncurrentVersionDays in both buckets), the rebuild at promote.")
+    deletes = sorted({f"{r['mode']} {_short(doc, r['saver'])}" for r in cr["rows"] if r.get("s3_deletes")})
+    if deletes:
+        out.append(f"  write phase deleted S3 objects ({', '.join(deletes)}): their replicated delete markers are "
+                   "not priced above.")
+    return out
+
+
+def failover_table(doc: dict[str, Any]) -> list[str]:
+    """The failover drill (child.run_failover): each step's requests by region, attempts
+    the down primary refused, wall time, and whether the result is the expected one."""
+    runs = doc["runs"]
+    out: list[str] = []
+    rows = []
+    for k in (S3, S3_MANIFEST):
+        r = runs.get(f"{k}/failover")
+        if not r:
+            continue
+        if not r.get("ok"):
+            out.append(f"  {_short(doc, k)} failover drill FAILED: {r.get('error')}")
+            continue
+        first = True
+        for config, rec in r["failover"].items():
+            for step_name in rec["wall"]:
+                st = r["failover_steps"].get(f"{config}: {step_name}", {})
+                ok = rec["checks"].get(step_name)
+                err = rec["errors"].get(step_name, "")
+                result = ("" if ok is None else ok if isinstance(ok, str) else "ok" if ok else "UNEXPECTED")
+                if err:
+                    result += f" ({err.split(':', 1)[0]})"
+                rows.append([_short(doc, k) if first else "", config, step_name, rec["refused"].get(step_name, 0),
+                             st.get("primary_requests", 0), st.get("replica_requests", 0), st.get("round_trips", 0),
+                             f"{rec['wall'][step_name] * 1000:.0f}", rec["served_by"].get(step_name, ""),
+                             ", ".join(f"{re.sub(r'(dynamodb|s3):', '', op)} {n}"
+                                       for op, n in st.get("operations", {}).items()), result])
+                first = False
+    if rows:
+        any_rec = next(rec for k in (S3, S3_MANIFEST) for rec in (runs.get(f"{k}/failover") or {}).get("failover", {}).values())
+        out.insert(0, "")
+        out.insert(1, "== Failover drill: primary taken down, reads from the replica, promote, resume there ==")
+        out.insert(2, _table(["saver", "replica", "step", "attempts refused", "primary req", "replica req", "RT",
+                              "wall ms", "served by", "requests by operation", "result"], rows, "lllrrrrrlll"))
+        out.append(f"One saver with a Replica ({costs.REPLICA_REGION}), primary us-east-1 behind a gate to the proxy; "
+                   f"a thread of {any_rec['history_length']} checkpoints whose last turn waits on an interrupt, "
+                   "replicated whole before the outage (straight at moto, not counted). From 'read, primary down' on, "
+                   "the gate resets every connection: attempts refused = the client's tries at the primary "
+                   "(retries included), requests = what reached the proxy, by the region signed for. result: the "
+                   "state and history equal the primary's before the outage; the resume is refused "
+                   "(PrimaryUnavailableError) until promote; after it the interrupt resumes in the replica region. "
+                   "Without a global table the replica region has no index until promote rebuilds it (its requests "
+                   "are the promote row): until then a read there is refused or reads the thread as empty.")
+    return out
+
+
 def render(doc: dict[str, Any], markdown: bool = False) -> str:
     global MARKDOWN
     MARKDOWN = markdown
@@ -370,6 +459,8 @@ def _render(doc: dict[str, Any]) -> str:
                " request cost / steps x 1000; stored = right before the delete phase (storage at $0.023/GB-month"
                " S3 Standard, $0.25/GB-month DynamoDB). S3Saver(manifest) has no table: S3 requests only"
                " (PUT $0.005/1k, GET $0.0004/1k).")
+
+    out += cross_region_table(doc)
 
     # Per call, per method: where the requests go.
     for mode in _modes(doc):
@@ -452,6 +543,7 @@ def _render(doc: dict[str, Any]) -> str:
         out.append("== Targets (S3Saver, each index mode, vs the peer, same run) ==")
         out.append(_table(["mode", "saver", "target", "value", "peer", "ratio", "limit", ""], rows, "lllrrrrl"))
     out += archival_tables(doc)
+    out += failover_table(doc)
     text = "\n".join(out)
     if MARKDOWN:
         text = "\n".join(f"#### {line[3:-3]}" if line.startswith("== ") and line.endswith(" ==") else line

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _guard, costs, report, yearcost
+from benchmarks import _guard, costs, crossregion, report, yearcost
 from benchmarks.proxy import LatencyProxy, Request
 from benchmarks.workload import PHASES
 
@@ -100,6 +100,14 @@ def summarize(calls: list[CallStats]) -> dict[str, Any]:
         "ddb_cost": sum(r.cost for r in reqs if r.service == "dynamodb"),
         "s3_tier1_requests": sum(1 for r in reqs if r.service == "s3" and costs.s3_tier(r.method, r.operation) == 1),
         "s3_tier2_requests": sum(1 for r in reqs if r.service == "s3" and costs.s3_tier(r.method, r.operation) == 2),
+        # What replication would copy to a second region (benchmarks/crossregion.py):
+        # objects S3 stored (one replica PUT each) and DynamoDB items changed.
+        "s3_objects_written": sum(r.s3_objects_written for r in reqs),
+        "s3_object_bytes": sum(r.object_bytes for r in reqs),
+        "s3_deletes": sum(1 for r in reqs if r.service == "s3" and r.operation in ("DeleteObject", "DeleteObjects")),
+        "ddb_replicated_writes": sum(r.replicated_writes for r in reqs),
+        "ddb_replicated_units": sum(r.replicated_units for r in reqs),
+        "ddb_replicated_bytes": sum(r.replicated_bytes for r in reqs),
         "errors": [c.error for c in calls if c.error],
         "http_errors": sum(1 for r in reqs if r.status >= 400),
         "operations": dict(sorted(ops.items())),
@@ -142,6 +150,25 @@ def archival(calls: list[CallStats]) -> dict[str, Any]:
                       "wall": sum(c.wall for c in cs),
                       "operations": dict(sorted(Counter(f"{r.service}:{r.operation}" for r in reqs).items())),
                       "calls": [{**call_detail(c), "cost": sum(r.cost for r in c.requests)} for c in cs]}
+    return out
+
+
+def failover(calls: list[CallStats]) -> dict[str, Any]:
+    """The failover drill's steps ("<configuration>: <step>"), in order: requests to
+    the primary region (us-east-1, through the gate while it was up) and to the
+    replica's (costs.REPLICA_REGION), round trips, wall time, operations."""
+    out: dict[str, Any] = {}
+    for phase in dict.fromkeys(c.phase for c in calls):
+        cs = [c for c in calls if c.phase == phase]
+        reqs = [r for c in cs for r in c.requests]
+        out[phase] = {"calls": len(cs), "requests": len(reqs),
+                      "primary_requests": sum(1 for r in reqs if r.region != costs.REPLICA_REGION),
+                      "replica_requests": sum(1 for r in reqs if r.region == costs.REPLICA_REGION),
+                      "round_trips": sum(c.round_trips for c in cs), "wall": sum(c.wall for c in cs),
+                      "cost": sum(r.cost for r in reqs), "http_errors": sum(1 for r in reqs if r.status >= 400),
+                      "operations": dict(sorted(Counter(
+                          f"{'replica ' if r.region == costs.REPLICA_REGION else ''}{r.service}:{r.operation}"
+                          for r in reqs).items()))}
     return out
 
 
@@ -406,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="scaling: checkpoints in the peer's long thread (default 1000)")
     ap.add_argument("--no-archive", action="store_true",
                     help="skip archiving the workload's thread (S3Saver, both index modes)")
+    ap.add_argument("--no-failover", action="store_true",
+                    help="skip the failover drill (S3Saver with a replica region, both index modes)")
     ap.add_argument("--no-cold-start", action="store_true")
     ap.add_argument("--cold-start-repeats", type=int, default=3)
     ap.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON),
@@ -440,6 +469,15 @@ def main(argv: list[str] | None = None) -> int:
         scaling = [] if args.no_scaling else [s for s in order if s.key != "peer-gzip"]
         # Archival: S3Saver's own feature, each index mode once (benchmarks/yearcost.py prices it).
         jobs += [] if args.no_archive else [(s, "archive") for s in order if s.key in ("s3", "s3-manifest")]
+        # The failover drill: S3Saver's replica region (s3_saver.Replica), each index mode
+        # once; skipped (and absent from the tables) where the saver has no replica support.
+        if not args.no_failover:
+            ok, msg = probe(sys.executable, "from s3_saver import Replica, PrimaryUnavailableError, S3Saver; "
+                            "S3Saver.promote; S3Saver.setup_replica; S3Saver.last_read")
+            if ok:
+                jobs += [(s, "failover") for s in order if s.key in ("s3", "s3-manifest")]
+            else:
+                print(f"  failover drill skipped: no replica support in s3_saver ({msg})", file=log)
         grown: dict[str, str] | None = None
         for saver, mode in jobs + [(s, "scaling") for s in scaling]:
             if mode == "scaling" and grown is None:
@@ -456,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "archive":
                     run["archival"] = archival(calls)
                     run["archive"] = data["archive"]
+                elif mode == "failover":
+                    run["failover_steps"] = failover(calls)
+                    run["failover"] = data["failover"]
                 elif mode == "scaling":
                     run["scaling"] = {c.phase: {**call_detail(c), "cost": sum(r.cost for r in c.requests)}
                                       for c in calls}
@@ -521,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     doc["targets"] = report.targets(doc)
     doc["year_cost"] = yearcost.model(doc)
+    doc["cross_region"] = crossregion.model(doc)
     text = report.render(doc)
     print(text)
     out = Path(args.out)
