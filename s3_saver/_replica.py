@@ -114,7 +114,7 @@ class ReadSource:
     def stale(self) -> bool:
         """True when a newer checkpoint exists than the one returned."""
         return bool(self.skipped) or (
-            self.newest_id is not None and self.checkpoint_id is not None and self.checkpoint_id < self.newest_id
+            self.newest_id is not None and (self.checkpoint_id is None or self.checkpoint_id < self.newest_id)
         )
 
 

@@ -331,9 +331,9 @@ def translate(
         new = MissingObjectError(f"{what}: the object is missing from {place}")
     elif kind == UNAVAILABLE and where is not None and where.fallback:
         new = PrimaryUnavailableError(
-            f"{what}: the primary region is unavailable ({place}): {type(exc).__name__}: {exc}. Reads "
-            f"fall over to the replica {where.fallback}; writes go there only once it is promoted: "
-            "saver.promote() (see the README's failover runbook)"
+            f"{what}: the primary region is unavailable ({place}): {type(exc).__name__}: {exc}. Writes go "
+            f"to the replica {where.fallback} only once it is promoted: saver.promote() (see the README's "
+            "failover runbook)"
         )
     elif kind == UNAVAILABLE:
         new = StoreUnavailableError(

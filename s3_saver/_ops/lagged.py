@@ -12,6 +12,8 @@ at no extra cost; then:
   another branch. The read's :class:`~s3_saver.ReadSource` names the
   checkpoints passed over and how far behind the answer is
   (``Replica(on_lag="raise")`` raises instead);
+* no checkpoint at all, where this process saw one before: None, told as
+  stale (``ReadSource.newest_id``), or raised with ``on_lag="raise"``;
 * a checkpoint asked for by id: :class:`~s3_saver.ReplicationLagError` (no other
   checkpoint can stand in for it);
 * a history: the newest checkpoints not complete yet are passed over as for
@@ -76,6 +78,19 @@ def newest_complete(ctx: Context, entry: CheckpointEntry, by_id: bool) -> Op[Che
             continue
         reads.tell(entry.checkpoint_id, newest, skipped)
         return found
+
+
+def nothing_yet(ctx: Context, thread_id: str, ns: str) -> None:
+    """A latest read that found no checkpoint: a thread not replicated yet, or
+    one this process read there before whose index came back older (a head
+    written before its first checkpoint, replicated last). Told as stale then;
+    ``on_lag="raise"`` raises."""
+    reads = ctx.replica
+    assert reads is not None
+    newest = reads.seen(thread_id, ns, None)
+    if newest is not None and reads.on_lag == "raise":
+        raise lag_error(ctx, f"checkpoint {newest} of thread {thread_id!r} (the replica's index shows none)")
+    reads.tell(None, newest, [])
 
 
 class Tail:

@@ -10,7 +10,7 @@ from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
 from s3_saver._index.base import CheckpointEntry
 from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
-from s3_saver._ops.lagged import Tail, build_listed, newest_complete
+from s3_saver._ops.lagged import Tail, build_listed, newest_complete, nothing_yet
 from s3_saver._ops.resolve import Resolver, fetch_and_build
 from s3_saver._protocol import Emit, Op
 
@@ -32,6 +32,8 @@ def _get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | Non
     # Entries expire in the order they were written, so an expired newest entry
     # means an expired thread.
     if entry is None or ctx.expired(entry):
+        if ctx.replica is not None and not checkpoint_id:
+            nothing_yet(ctx, thread_id, ns)
         return None
     if ctx.replica is not None:
         return (yield from newest_complete(ctx, entry, by_id=bool(checkpoint_id)))

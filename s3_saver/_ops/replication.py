@@ -27,7 +27,7 @@ from s3_saver._ops.context import Context
 from s3_saver._ops.rebuild import rebuild_index
 from s3_saver._protocol import Op, gather, request_one
 from s3_saver._replica import Promotion, ReplicationGap, ReplicationReport
-from s3_saver.errors import ReplicationLagError, StoreUnavailableError
+from s3_saver.errors import ReplicationLagError, ResourceMissingError, StoreUnavailableError
 
 _LISTING_PAGE = 100
 
@@ -35,7 +35,9 @@ _LISTING_PAGE = 100
 def verify(ctx: Context, other: Context, thread_ids: Iterable[str] | None, other_indexed: bool) -> Op[ReplicationReport]:
     """Compare the region of ``ctx`` (written to) with ``other`` (the replica)."""
     if thread_ids is None:
-        found = yield from gather(_thread_ids(ctx), _thread_ids(other) if other_indexed else _nothing())
+        # Threads either index lists: the other's too when it has one (after a
+        # failover, the old primary's table), even if replication does not keep it.
+        found = yield from gather(_thread_ids(ctx), _thread_ids(other, missing_ok=True))
         thread_ids = sorted(set(found[0]) | set(found[1]))
     unreplicated: list[ReplicationGap] = []
     replica_only: list[ReplicationGap] = []
@@ -142,11 +144,16 @@ def _nothing() -> Op[list[Any]]:
     yield  # pragma: no cover - makes this a generator
 
 
-def _thread_ids(ctx: Context) -> Op[list[str]]:
+def _thread_ids(ctx: Context, missing_ok: bool = False) -> Op[list[str]]:
     ids: list[str] = []
     cursor: Any = None
     while True:
-        page, cursor = yield from ctx.index.threads(None, _LISTING_PAGE, cursor)
+        try:
+            page, cursor = yield from ctx.index.threads(None, _LISTING_PAGE, cursor)
+        except ResourceMissingError:
+            if missing_ok:
+                return ids  # no table there (yet): a rebuild fills it at promote()
+            raise
         ids += [ref.thread_id for ref, _ in page]
         if cursor is None:
             return ids
