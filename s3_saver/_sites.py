@@ -144,6 +144,17 @@ class Route:
         A read that already emitted results (a ``list`` half done) does not
         fall over: the caller would see some checkpoints twice.
         """
+        if not self.replicated:
+            # Nothing else can answer: the primary with its whole retry policy.
+            self._tell(writer_ctx, failover=False)
+            try:
+                return (yield from resilient(make(writer_ctx), self.policy))
+            except StoreUnavailableError as exc:
+                raise PrimaryUnavailableError(
+                    f"{exc}. The other region ({self.reader.describe()}) has no index that replication keeps "
+                    "(DynamoDB mode without a global table): reads there wait for saver.promote(), which "
+                    "rebuilds it from the replica bucket (see the README's failover runbook)"
+                ) from exc
         if time.monotonic() >= self._down_until:
             # Told first: a lag-safe read adds how stale its answer is.
             self._tell(writer_ctx, failover=False)
@@ -166,13 +177,6 @@ class Route:
                 with self._lock:
                     self._down_until = time.monotonic() + self.replica.recheck_after
                     self._cause = f"{type(exc).__name__}: {exc}"
-        if not self.replicated:
-            raise PrimaryUnavailableError(
-                f"the region written to ({self.writer.describe()}) is unavailable ({self._cause}), and the "
-                f"other region ({self.reader.describe()}) has no index that replication keeps (DynamoDB mode "
-                "without a global table): reads there wait for saver.promote(), which rebuilds it from the "
-                "replica bucket (see the README's failover runbook)"
-            )
         self._tell(reader_ctx, failover=True)
         return (yield from resilient(lag_safe(reader_ctx, make(reader_ctx)), self.policy))
 

@@ -408,8 +408,14 @@ class OutageExerciser(Exerciser):
         except s3_saver.PrimaryUnavailableError:
             return None
 
-    def _failed(self, name: str, exc: Exception) -> None:
-        self.failed.append((name, f"{type(exc).__name__}: {exc}"[:300]))
+    def _stopped(self, name: str, exc: Exception) -> None:
+        """A method that did not complete: a refused write, one not offered, or a failure."""
+        if isinstance(exc, s3_saver.PrimaryUnavailableError):
+            self.refused.append(name)
+        elif isinstance(exc, NotImplementedError):
+            self.not_offered.append(name)
+        else:
+            self.failed.append((name, f"{type(exc).__name__}: {exc}"[:300]))
 
     def _call(self, name: str, run: Callable[[dict], Any], thread: str, method: Callable[..., Any]) -> None:
         variants = self._variants(method, thread)
@@ -419,14 +425,8 @@ class OutageExerciser(Exerciser):
         for kwargs in variants:
             try:
                 run(kwargs)
-            except s3_saver.PrimaryUnavailableError:
-                self.refused.append(name)
-                return
-            except NotImplementedError:
-                self.not_offered.append(name)
-                return
-            except s3_saver.S3SaverError as exc:
-                self._failed(name, exc)
+            except (s3_saver.S3SaverError, NotImplementedError) as exc:
+                self._stopped(name, exc)
                 return
             self.served.append(name)
 
@@ -442,14 +442,8 @@ class OutageExerciser(Exerciser):
                     [x async for x in result]
                 else:
                     await result
-            except s3_saver.PrimaryUnavailableError:
-                self.refused.append(name)
-                return
-            except NotImplementedError:
-                self.not_offered.append(name)
-                return
-            except s3_saver.S3SaverError as exc:
-                self._failed(name, exc)
+            except (s3_saver.S3SaverError, NotImplementedError) as exc:
+                self._stopped(name, exc)
                 return
             self.served.append(name)
 
