@@ -351,7 +351,7 @@ def run_failover(target: Target) -> dict[str, Any]:
 
     from benchmarks.gate import Gate
     from benchmarks.workload import build_graph, snapshot_fp, turn_input
-    from s3_saver import PrimaryUnavailableError, Replica, S3Saver, S3SaverError
+    from s3_saver import PrimaryUnavailableError, Replica, S3Saver
 
     recorder = Recorder()
     out: dict[str, Any] = {}
@@ -405,37 +405,25 @@ def run_failover(target: Target) -> dict[str, Any]:
                 recorder.phase = "idle"
 
         # Without a global table the replica region has no index before promote: a read
-        # there is refused (an error) or reads the thread as empty (README: "a thread whose
-        # index has not arrived at all reads as empty"), never another state.
+        # is refused (PrimaryUnavailableError naming promote()), never another state.
         no_index = sub.kind == "s3" and not global_table
-        EMPTY = "reads as empty: no index there before promote"
 
-        def served(name: str, got: Any, expected: Any, empty: bool) -> bool | str:
+        def served(name: str, got: Any, expected: Any) -> bool:
             if got == expected:
                 return True
-            if no_index and empty:
-                return EMPTY
-            return no_index and got is None and name in rec["errors"]
+            return no_index and got is None and isinstance(raised.get(name), PrimaryUnavailableError)
 
         try:
             st = step(FAILOVER_STEPS[0], lambda: graph.get_state(cfg))
             rec["checks"][FAILOVER_STEPS[0]] = st is not None and snapshot_fp(st) == expected_state
             gate.down()
             st = step(FAILOVER_STEPS[1], lambda: graph.get_state(cfg))
-            rec["checks"][FAILOVER_STEPS[1]] = served(FAILOVER_STEPS[1], st and snapshot_fp(st), expected_state,
-                                                      st is not None and not st.values)
+            rec["checks"][FAILOVER_STEPS[1]] = served(FAILOVER_STEPS[1], st and snapshot_fp(st), expected_state)
             hist = step(FAILOVER_STEPS[2], lambda: [snapshot_fp(x) for x in graph.get_state_history(cfg)])
-            rec["checks"][FAILOVER_STEPS[2]] = served(FAILOVER_STEPS[2], hist, expected_history, hist == [])
+            rec["checks"][FAILOVER_STEPS[2]] = served(FAILOVER_STEPS[2], hist, expected_history)
             step(FAILOVER_STEPS[3], lambda: graph.invoke(Command(resume=f"approved-{FAILOVER_TURNS}"), cfg))
-            # Refused, naming promote(): PrimaryUnavailableError (with no index in the replica
-            # region yet, the saver's error refusing the read, or nothing to resume there).
-            exc = raised.get(FAILOVER_STEPS[3])
-            if isinstance(exc, PrimaryUnavailableError) or (no_index and isinstance(exc, S3SaverError)):
-                rec["checks"][FAILOVER_STEPS[3]] = True
-            elif no_index and rec["checks"][FAILOVER_STEPS[1]] == EMPTY and exc is not None:
-                rec["checks"][FAILOVER_STEPS[3]] = "nothing to resume there before promote"
-            else:
-                rec["checks"][FAILOVER_STEPS[3]] = False
+            # Refused, naming promote(): PrimaryUnavailableError.
+            rec["checks"][FAILOVER_STEPS[3]] = isinstance(raised.get(FAILOVER_STEPS[3]), PrimaryUnavailableError)
             promo = step(FAILOVER_STEPS[4], lambda: saver.promote())
             rec["promotion"] = _status(promo)
             rec["checks"][FAILOVER_STEPS[4]] = promo is not None

@@ -375,7 +375,7 @@ def failover_table(doc: dict[str, Any]) -> list[str]:
                    "state and history equal the primary's before the outage; the resume is refused "
                    "(PrimaryUnavailableError) until promote; after it the interrupt resumes in the replica region. "
                    "Without a global table the replica region has no index until promote rebuilds it (its requests "
-                   "are the promote row): until then a read there is refused or reads the thread as empty.")
+                   "are the promote row): until then a read is refused (PrimaryUnavailableError naming promote()).")
     return out
 
 

@@ -98,6 +98,9 @@ class ReadSource:
         skipped: Newer checkpoints passed over because their objects have not
             all arrived (replication lag), newest first.
         behind_seconds: How much older the returned checkpoint is than ``newest_id``.
+        writes_behind: This process read more pending writes of the returned
+            checkpoint there before: its index came back older (a manifest head
+            replicated after a newer one).
     """
 
     site: str
@@ -109,11 +112,12 @@ class ReadSource:
     newest_id: str | None = None
     skipped: tuple[str, ...] = ()
     behind_seconds: float | None = None
+    writes_behind: bool = False
 
     @property
     def stale(self) -> bool:
-        """True when a newer checkpoint exists than the one returned."""
-        return bool(self.skipped) or (
+        """True when a newer state is known than the one returned."""
+        return bool(self.skipped) or self.writes_behind or (
             self.newest_id is not None and (self.checkpoint_id is None or self.checkpoint_id < self.newest_id)
         )
 
@@ -211,6 +215,7 @@ class ReplicaReads:
         self.site, self.bucket, self.region, self.on_lag = site, bucket, region, on_lag
         self.source = source
         self._newest: dict[tuple[str, str], str] = {}
+        self._writes: dict[tuple[str, str, str], frozenset[tuple[str, str]]] = {}
         self._lock = threading.Lock()
 
     def seen(self, thread_id: str, ns: str, checkpoint_id: str | None) -> str | None:
@@ -223,7 +228,20 @@ class ReplicaReads:
                     self._newest.pop(next(iter(self._newest)))
             return newest
 
-    def tell(self, checkpoint_id: str | None, newest_id: str | None, skipped: list[str]) -> None:
+    def writes_behind(self, key: tuple[str, str, str], parts: frozenset[tuple[str, str]]) -> bool:
+        """Are fewer pending-write parts of checkpoint ``key`` in the answer than this
+        process saw before? (Else they are recorded as the newest seen.)"""
+        with self._lock:
+            if not parts >= self._writes.get(key, frozenset()):
+                return True
+            self._writes[key] = parts
+            if len(self._writes) > 4096:
+                self._writes.pop(next(iter(self._writes)))
+            return False
+
+    def tell(
+        self, checkpoint_id: str | None, newest_id: str | None, skipped: list[str], writes_behind: bool = False
+    ) -> None:
         served, newest = checkpoint_time(checkpoint_id or ""), checkpoint_time(newest_id or "")
         behind = max(0.0, newest - served) if served is not None and newest is not None else None
         previous = self.source.get()
@@ -238,5 +256,6 @@ class ReplicaReads:
                 newest_id=newest_id,
                 skipped=tuple(skipped),
                 behind_seconds=behind,
+                writes_behind=writes_behind,
             )
         )

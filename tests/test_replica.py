@@ -539,7 +539,8 @@ def _read_latest(
     if newest is not None and cid < newest:
         assert source.stale, f"{where}: {cid} served as the latest, the index names {newest}: {source}"
     if source.stale:
-        assert source.newest_id > cid or source.skipped, (where, source)
+        # A newer checkpoint, or more pending writes of this one, seen before.
+        assert source.newest_id > cid or source.skipped or source.writes_behind, (where, source)
         assert source.behind_seconds is not None and source.behind_seconds >= 0, (where, source)
     else:
         assert cid == newest and not source.skipped, (where, source)

@@ -12,6 +12,8 @@ at no extra cost; then:
   another branch. The read's :class:`~s3_saver.ReadSource` names the
   checkpoints passed over and how far behind the answer is
   (``Replica(on_lag="raise")`` raises instead);
+* fewer pending writes of the checkpoint than this process saw there before
+  (a head replicated after a newer one): told as stale, or raised;
 * no checkpoint at all, where this process saw one before: None, told as
   stale (``ReadSource.newest_id``), or raised with ``on_lag="raise"``;
 * a checkpoint asked for by id: :class:`~s3_saver.ReplicationLagError` (no other
@@ -76,7 +78,11 @@ def newest_complete(ctx: Context, entry: CheckpointEntry, by_id: bool) -> Op[Che
                 raise lag_error(ctx, f"{what} (and its parent {entry.parent_id})", exc) from exc
             entry = parent
             continue
-        reads.tell(entry.checkpoint_id, newest, skipped)
+        parts = frozenset((w.task_id, w.part) for w in entry.writes or ())
+        behind = reads.writes_behind(entry.key, parts)
+        if behind and reads.on_lag == "raise":
+            raise lag_error(ctx, f"pending writes of checkpoint {entry.checkpoint_id} (the replica's index shows fewer)")
+        reads.tell(entry.checkpoint_id, newest, skipped, behind)
         return found
 
 
