@@ -1,4 +1,4 @@
-"""The replica-region methods of S3Saver: promote, verify, setup_replica.
+"""The replica-region methods of S3Saver: where reads go, promote, verify, setup_replica.
 
 A mixin of :class:`~s3_saver.S3Saver`; each method is one line, an operation
 (which reads both regions: each call names its own) and a driver.
@@ -10,14 +10,12 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from s3_saver._ops import replication, setup
-from s3_saver._protocol import Op, RequestStats, T
+from s3_saver._ops.context import Context
+from s3_saver._protocol import PRIMARY, Op, RequestStats, T
 from s3_saver._replica import Promotion, ReadSource, Replica, ReplicationReport
 from s3_saver._retry import RetryPolicy
-from s3_saver._protocol import PRIMARY
 from s3_saver._sites import ONCE, REPLICA, Route, Site, make_site
 from s3_saver.errors import ConfigurationError
-
-from s3_saver._ops.context import Context
 
 if TYPE_CHECKING:
     from s3_saver._drivers.aio import AsyncDriver
