@@ -87,14 +87,7 @@ class Gate:
             for s in (src, dst):
                 with self._lock:
                     self._open.discard(s)
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                try:
-                    s.close()
-                except OSError:
-                    pass
+                _close(s)
 
 
 def _reset(s: socket.socket) -> None:
@@ -103,11 +96,13 @@ def _reset(s: socket.socket) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     except OSError:
         pass
-    try:
-        s.shutdown(socket.SHUT_RDWR)  # wakes a pipe thread blocked in recv on it
-    except OSError:
-        pass
-    try:
-        s.close()
-    except OSError:
-        pass
+    _close(s)
+
+
+def _close(s: socket.socket) -> None:
+    """Shut down (which wakes a pipe thread blocked in recv on it) and close, whatever state it is in."""
+    for step in (lambda: s.shutdown(socket.SHUT_RDWR), s.close):
+        try:
+            step()
+        except OSError:
+            pass

@@ -247,16 +247,8 @@ def saver_policy() -> dict[str, Any]:
 
 
 def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str) -> None:
-    import aioboto3
 
-    client_args = {"endpoint_url": endpoint, "region_name": REGION}
-    s3 = boto3.client("s3", **client_args)
-    dynamodb = boto3.client("dynamodb", **client_args)
-    session = aioboto3.Session(region_name=REGION)
-    sync_calls, async_calls = CallRecorder(active=False), CallRecorder(active=False)
-    sync_calls.attach(s3.meta.events)
-    sync_calls.attach(dynamodb.meta.events)
-    async_calls.attach(session.events)
+    s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
 
     saver = s3_saver.S3Saver(
         BUCKET,
@@ -448,6 +440,20 @@ class OutageExerciser(Exerciser):
             self.served.append(name)
 
 
+def _recorded_clients(**client_args: Any) -> tuple[Any, Any, Any, CallRecorder, CallRecorder]:
+    """boto3 S3 and DynamoDB clients and an aioboto3 session, each call they send
+    recorded (sync and async apart; recording starts when a recorder is made active)."""
+    import aioboto3
+
+    s3, dynamodb = boto3.client("s3", **client_args), boto3.client("dynamodb", **client_args)
+    session = aioboto3.Session(region_name=client_args["region_name"])
+    sync_calls, async_calls = CallRecorder(active=False), CallRecorder(active=False)
+    sync_calls.attach(s3.meta.events)
+    sync_calls.attach(dynamodb.meta.events)
+    async_calls.attach(session.events)
+    return s3, dynamodb, session, sync_calls, async_calls
+
+
 def _drain_sync(result: Any) -> None:
     if inspect.isgenerator(result) or hasattr(result, "__next__"):
         list(result)
@@ -494,20 +500,15 @@ def _show(title: str, calls: list[Any], needed: dict[Request, set[str]]) -> None
 
 @pytest.mark.parametrize("mode", REPLICA_MODES)
 def test_replica_policies_allow_exactly_what_the_saver_does(regions: Any, mode: str) -> None:
-    import aioboto3
     from botocore.config import Config
     from regions import REPLICA_REGION, Replicator
 
     index_mode = "manifest" if mode == "manifest" else "dynamodb"
     # The replica region's clients, recorded (the primary's are the saver's own, via the proxy).
     config = Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 2})
-    clients = {"endpoint_url": regions.moto, "region_name": REPLICA_REGION, "config": config}
-    s3, dynamodb = boto3.client("s3", **clients), boto3.client("dynamodb", **clients)
-    session = aioboto3.Session(region_name=REPLICA_REGION)
-    sync_calls, async_calls = CallRecorder(active=False), CallRecorder(active=False)
-    sync_calls.attach(s3.meta.events)
-    sync_calls.attach(dynamodb.meta.events)
-    async_calls.attach(session.events)
+    s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(
+        endpoint_url=regions.moto, region_name=REPLICA_REGION, config=config
+    )
     saver = regions.make_saver(
         index_mode,
         prefix=PREFIX,
