@@ -10,6 +10,7 @@ from s3_saver._index.dynamo_items import (
 )
 from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._ops.archive import ArchiveStatus
+from s3_saver._ops.audit import StoreProblem, StoreReport
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver._protocol import RequestStats
 from s3_saver._replica import Promotion, ReadSource, Replica, ReplicationGap, ReplicationReport
@@ -72,6 +73,8 @@ __all__ = [
     "SerializationError",
     "SetupMismatchError",
     "SetupTimeoutError",
+    "StoreProblem",
+    "StoreReport",
     "StoreUnavailableError",
     "TableNotFoundError",
     "ThreadArchivedError",

@@ -209,11 +209,14 @@ class KeyLayout:
     def manifest_root(self) -> str:
         return self.prefix + MANIFEST_PREFIX
 
+    def manifest_dir(self, thread_id: str) -> str:
+        return f"{self.manifest_root}{encode(thread_id)}/"
+
     def manifest_head_key(self, thread_id: str) -> str:
-        return _checked(f"{self.manifest_root}{encode(thread_id)}/head")
+        return _checked(f"{self.manifest_dir(thread_id)}head")
 
     def segment_key(self, thread_id: str, number: int, token: str) -> str:
-        return _checked(f"{self.manifest_root}{encode(thread_id)}/segments/{number:08d}.{token}")
+        return _checked(f"{self.manifest_dir(thread_id)}segments/{number:08d}.{token}")
 
     def thread_of_head(self, key: str) -> str | None:
         """The thread id of a manifest head's key (listing the bucket), else None."""

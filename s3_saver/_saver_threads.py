@@ -1,4 +1,5 @@
-"""The thread-as-a-whole methods of S3Saver: delete, copy, prune, delete runs, list, rebuild.
+"""The thread-as-a-whole methods of S3Saver: delete, copy, prune, delete runs, list,
+rebuild, and the audit of index against bucket (with its garbage collection).
 
 A mixin of :class:`~s3_saver.S3Saver` (it precedes ``BaseCheckpointSaver`` among
 the bases, so these override the base class's ``NotImplementedError``). Each
@@ -7,22 +8,29 @@ method is one line: an operation and a driver, as in ``_saver``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
 
-from s3_saver._ops import copy, delete, prune, rebuild, threads
+from s3_saver._ops import audit, copy, delete, prune, rebuild, threads
+from s3_saver._ops.audit import StoreReport
 from s3_saver._ops.threads import ThreadInfo
+from s3_saver.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from s3_saver._drivers.aio import AsyncDriver
     from s3_saver._protocol import Op
     from s3_saver._retry import RetryPolicy
     from s3_saver._drivers.sync import SyncDriver
     from s3_saver._ops.context import Context
+
+
+# An object no index entry refers to is garbage only once older than this: a
+# write commits its index entry within seconds of its objects (a Lambda within
+# its 15 minutes at most).
+DEFAULT_GRACE = timedelta(hours=1)
 
 
 class ThreadLifecycle:
@@ -172,3 +180,89 @@ class ThreadLifecycle:
     async def arebuild_index(self, thread_id: str | None = None) -> int:
         """Async version of :meth:`rebuild_index`."""
         return await self._async.run(rebuild.rebuild_index(self._ctx, thread_id))
+
+    def audit(
+        self,
+        thread_ids: Sequence[str] | None = None,
+        *,
+        older_than: timedelta = DEFAULT_GRACE,
+        progress: Callable[[int, int, int], None] | None = None,
+    ) -> StoreReport:
+        """Check that the index and the bucket agree, thread by thread.
+
+        The admin path: it lists the bucket (``live/``, ``archive/`` and the
+        manifests), then reads each thread's whole index, and reports
+        (:class:`StoreReport`) every object an entry needs that is missing, every
+        object no entry refers to (an orphan when older than ``older_than``,
+        else a write that may still be in flight), threads with objects and no
+        index (``rebuild_index`` brings them back), and threads whose index
+        cannot be read (a damaged manifest). Nothing is changed.
+
+        Args:
+            thread_ids: The threads to check (default: every thread of the prefix).
+            older_than: The grace period: an unreferenced object younger than
+                this may belong to a write about to commit its index entry.
+            progress: Called after each thread with (threads done, threads in
+                all, bytes listed so far).
+        """
+        return self._sync.run(audit.audit(self._ctx, thread_ids, _seconds(older_than), progress))
+
+    async def aaudit(
+        self,
+        thread_ids: Sequence[str] | None = None,
+        *,
+        older_than: timedelta = DEFAULT_GRACE,
+        progress: Callable[[int, int, int], None] | None = None,
+    ) -> StoreReport:
+        """Async version of :meth:`audit`."""
+        return await self._async.run(audit.audit(self._ctx, thread_ids, _seconds(older_than), progress))
+
+    def collect_garbage(
+        self,
+        thread_ids: Sequence[str] | None = None,
+        *,
+        older_than: timedelta = DEFAULT_GRACE,
+        dry_run: bool = False,
+        include_unindexed: bool = False,
+        progress: Callable[[int, int, int], None] | None = None,
+    ) -> StoreReport:
+        """Delete the objects no index entry refers to, once older than ``older_than``.
+
+        What a crash leaves: a write cut short between its objects and its
+        index entry (the commit point), a prune or delete cut short after its
+        entries went. An object younger than ``older_than`` is never deleted:
+        its write may still be about to commit, so keep the grace period well
+        above the longest a write can take (a Lambda runs at most 15 minutes).
+        Runs :meth:`audit` first; its report says what was deleted
+        (``deleted``). A thread whose index cannot be read is left alone.
+
+        Args:
+            thread_ids: The threads to collect (default: every thread of the prefix).
+            older_than: The grace period (see above).
+            dry_run: Report what would be deleted, delete nothing.
+            include_unindexed: Also delete the objects of threads the index
+                knows nothing of. Off by default: after a lost index they are
+                the data :meth:`rebuild_index` restores.
+            progress: As for :meth:`audit`.
+        """
+        op = audit.collect_garbage(self._ctx, thread_ids, _seconds(older_than), dry_run, include_unindexed, progress)
+        return self._sync.run(op)
+
+    async def acollect_garbage(
+        self,
+        thread_ids: Sequence[str] | None = None,
+        *,
+        older_than: timedelta = DEFAULT_GRACE,
+        dry_run: bool = False,
+        include_unindexed: bool = False,
+        progress: Callable[[int, int, int], None] | None = None,
+    ) -> StoreReport:
+        """Async version of :meth:`collect_garbage`."""
+        op = audit.collect_garbage(self._ctx, thread_ids, _seconds(older_than), dry_run, include_unindexed, progress)
+        return await self._async.run(op)
+
+
+def _seconds(older_than: timedelta) -> float:
+    if not isinstance(older_than, timedelta):
+        raise ConfigurationError(f"older_than must be a datetime.timedelta, got {type(older_than).__name__}: {older_than!r}")
+    return older_than.total_seconds()

@@ -19,6 +19,7 @@ from s3_saver._index.base import (
     ArchiveRef,
     CheckpointEntry,
     DepthHint,
+    Holdings,
     Index,
     IndexEntry,
     Key3,
@@ -175,6 +176,9 @@ class ArchiveIndex(Index):
 
     def forget_archive(self, thread_id: str, key: str) -> Op[None]:
         raise self._refuse("restore_thread")
+
+    def holdings(self, thread_id: str) -> Op[Holdings]:
+        raise self._refuse("audit")
 
 
 def _copy(entry: CheckpointEntry | None) -> CheckpointEntry | None:

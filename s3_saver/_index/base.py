@@ -179,6 +179,24 @@ class ThreadRef:
 
 
 @dataclass
+class Holdings:
+    """What one thread's index refers to, for ``audit`` and ``collect_garbage``.
+
+    ``live``: entries a reader may follow (their objects must exist). ``kept``:
+    entries no reader follows any more whose objects are not garbage either: a
+    delete or prune still to finish them, an expired entry (a lifecycle rule's
+    job). ``index_keys``: the index's own objects (a manifest's head and
+    segments; none for DynamoDB).
+    """
+
+    live: list[Any] = field(default_factory=list)
+    kept: list[Any] = field(default_factory=list)
+    kept_keys: set[str] = field(default_factory=set)  # objects not to collect (a restore's stale archive...)
+    index_keys: set[str] = field(default_factory=set)
+    found: bool = False  # the index holds anything of the thread at all
+
+
+@dataclass
 class WritesOutcome:
     """What committing pending-write parts left unreferenced: object tokens of parts
     that lost a first-wins race or that a last-wins write replaced."""
@@ -392,6 +410,13 @@ class Index(ABC):
         cut short and not repeated as is (the thread changed) leaves nothing behind.
         Raises ThreadArchivedError when the thread is archived, or another archive
         object waits for deletion."""
+
+    # -- audit -------------------------------------------------------------------------
+    @abstractmethod
+    def holdings(self, thread_id: str) -> Op[Holdings]:
+        """Everything the index holds of one thread, tombstoned, hidden, expired and
+        archived included, and the index's own objects; a damaged index raises
+        (``CorruptObjectError``, ``MissingObjectError``)."""
 
     @abstractmethod
     def forget_archive(self, thread_id: str, key: str) -> Op[None]:

@@ -31,6 +31,7 @@ from s3_saver._index.base import (
     WritesOutcome,
 )
 from s3_saver._index.dynamo_items import PARTITION_KEY, DynamoCalls, Link, _live, _live_gen, _thread_item
+from s3_saver._index.dynamo_audit import DynamoHoldings
 from s3_saver._index.dynamo_archive import DynamoArchive
 from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
 from s3_saver._keys import KeyLayout
@@ -50,7 +51,7 @@ class _HistoryCursor:
     first: bool = True
 
 
-class DynamoIndex(DynamoArchive, DynamoLifecycle, Index):
+class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
     def __init__(self, table: str, layout: KeyLayout, where: Where | None = None) -> None:
         self.calls = DynamoCalls(table, layout, where)
         self.table = table

@@ -50,6 +50,7 @@ from s3_saver._index.manifest_doc import (
     encode_head,
 )
 from s3_saver._index.manifest_archive import ManifestArchive
+from s3_saver._index.manifest_audit import ManifestHoldings
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
 from s3_saver._index.manifest_seal import HARD_SEAL_AT, SEAL_AT, _MAX_SWAPS, _apply_seal, _plan_seal, _SealPlan
 from s3_saver._keys import KeyLayout
@@ -73,7 +74,7 @@ _CACHE_SEGMENTS = 256
 Segment = tuple[list[CheckpointEntry], list[WritesEntry]]
 
 
-class ManifestIndex(ManifestArchive, ManifestLifecycle, Index):
+class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index):
     local_lookups = True
     lists_in_prepare = True
 

@@ -1,0 +1,302 @@
+"""audit and collect_garbage: do the index and the bucket agree?
+
+The admin path (it lists the bucket). For each thread it compares what the
+bucket holds (``live/``, ``archive/`` and, in manifest mode, ``manifests/``)
+with what the index refers to (``Index.holdings``):
+
+* **missing**: an entry a reader may follow names an object that is not there
+  (a reader of it fails with ``MissingObjectError``);
+* **orphan**: an object no entry refers to, older than the grace period: a
+  write that crashed between its objects and its index entry (the commit
+  point), or a prune or delete cut short. ``collect_garbage`` deletes these;
+* **in_flight**: the same, but younger than the grace period: it may belong
+  to a write that is about to commit, so it is never collected;
+* **unindexed**: the objects of a thread the index knows nothing of (a lost
+  index: ``rebuild_index`` brings it back; or a first write that crashed);
+* **broken**: the thread's index cannot be read (a damaged manifest head or
+  segment, an undecodable item).
+
+Order matters for safety: the bucket is listed *before* the index is read. An
+object listed then was written before the listing, so if the index read after
+it does not refer to it, its write has not committed for at least the object's
+age; only objects older than the grace period count as garbage. Candidates for
+"missing" are checked again with a HEAD: an entry committed after the listing
+names objects written after it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry, Holdings
+from s3_saver._keys import decode
+from s3_saver._ops.context import Context, target
+from s3_saver._ops.delete import delete_keys, object_keys
+from s3_saver._protocol import Op, raise_failure, request_one
+from s3_saver.errors import OBJECT_MISSING, ConfigurationError, CorruptObjectError, MissingObjectError, classify
+
+MISSING, ORPHAN, IN_FLIGHT, UNINDEXED, BROKEN = "missing", "orphan", "in_flight", "unindexed", "broken"
+_HEAD_WAVE = 100  # HEADs of missing candidates per round trip
+_LISTING_PAGE = 100
+
+
+@dataclass(frozen=True)
+class StoreProblem:
+    """One disagreement between the index and the bucket (see :meth:`S3Saver.audit`).
+
+    Attributes:
+        kind: ``"missing"``, ``"orphan"``, ``"in_flight"``, ``"unindexed"`` or ``"broken"``.
+        thread_id: The thread it belongs to ("" for the thread listing itself).
+        key: The object's key (None for a broken index).
+        detail: What refers to it, or why the index could not be read.
+        size: The object's size in bytes (0 when missing).
+        modified: When the object was written (None when missing).
+    """
+
+    kind: str
+    thread_id: str
+    key: str | None
+    detail: str
+    size: int = 0
+    modified: datetime | None = None
+
+
+@dataclass
+class StoreReport:
+    """What :meth:`S3Saver.audit` found (and :meth:`S3Saver.collect_garbage` deleted).
+
+    Attributes:
+        threads: Threads examined.
+        objects: Objects listed.
+        bytes: Their total size.
+        problems: Every disagreement found, thread by thread.
+        deleted: Keys deleted (``collect_garbage`` without ``dry_run``).
+    """
+
+    threads: int = 0
+    objects: int = 0
+    bytes: int = 0
+    problems: list[StoreProblem] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[StoreProblem]:
+        return [p for p in self.problems if p.kind == kind]
+
+    @property
+    def missing(self) -> list[StoreProblem]:
+        return self.of(MISSING)
+
+    @property
+    def orphans(self) -> list[StoreProblem]:
+        return self.of(ORPHAN)
+
+    @property
+    def in_flight(self) -> list[StoreProblem]:
+        return self.of(IN_FLIGHT)
+
+    @property
+    def unindexed(self) -> list[StoreProblem]:
+        return self.of(UNINDEXED)
+
+    @property
+    def broken(self) -> list[StoreProblem]:
+        return self.of(BROKEN)
+
+    @property
+    def ok(self) -> bool:
+        """True when the index and the bucket agree (writes in flight aside)."""
+        return all(p.kind == IN_FLIGHT for p in self.problems)
+
+
+@dataclass(frozen=True)
+class _Object:
+    key: str
+    size: int
+    modified: datetime
+
+
+Progress = Callable[[int, int, int], None]
+
+
+def audit(
+    ctx: Context, thread_ids: Sequence[str] | None, older_than: float, progress: Progress | None = None
+) -> Op[StoreReport]:
+    if older_than < 0:
+        raise ConfigurationError(f"older_than must not be negative, got {older_than} s")
+    if isinstance(thread_ids, str):
+        raise ConfigurationError(f"thread_ids must be a list of thread ids, not the string {thread_ids!r}")
+    report = StoreReport()
+    # The bucket first, the index after (see the module's docstring).
+    if thread_ids is None:
+        listed = yield from _list_all(ctx)
+        names = set(listed)
+        names.update((yield from _listed_threads(ctx, report)))
+    else:
+        names = {target({"configurable": {"thread_id": t}})[0] for t in thread_ids}
+        listed = defaultdict(list)
+        for thread_id in sorted(names):
+            listed.update((yield from _list_thread(ctx, thread_id)))
+    cutoff = ctx.now() - older_than
+    done = 0
+    for thread_id in sorted(names):
+        objects = listed.get(thread_id, [])
+        report.threads += 1
+        report.objects += len(objects)
+        report.bytes += sum(o.size for o in objects)
+        report.problems += yield from _audit_thread(ctx, thread_id, objects, cutoff)
+        done += 1
+        if progress is not None:
+            progress(done, len(names), report.bytes)
+    return report
+
+
+def collect_garbage(
+    ctx: Context,
+    thread_ids: Sequence[str] | None,
+    older_than: float,
+    dry_run: bool,
+    include_unindexed: bool,
+    progress: Progress | None = None,
+) -> Op[StoreReport]:
+    report = yield from audit(ctx, thread_ids, older_than, progress)
+    kinds = {ORPHAN, UNINDEXED} if include_unindexed else {ORPHAN}
+    # Never an in-flight object: younger than the grace period, its write may
+    # still commit. An unindexed thread's objects only when asked: its index
+    # may be what was lost (rebuild_index brings it back from these objects).
+    doomed = sorted(
+        p.key for p in report.problems
+        if p.kind in kinds and p.key is not None and p.modified is not None and p.modified.timestamp() <= ctx.now() - older_than
+    )
+    if doomed and not dry_run:
+        yield from delete_keys(ctx, doomed, "garbage")
+        report.deleted = doomed
+    return report
+
+
+def _audit_thread(ctx: Context, thread_id: str, objects: list[_Object], cutoff: float) -> Op[list[StoreProblem]]:
+    try:
+        held = yield from ctx.index.holdings(thread_id)
+    except (CorruptObjectError, MissingObjectError) as exc:
+        # Nothing of a thread whose index cannot be read is collected: what it
+        # refers to is unknown.
+        return [StoreProblem(BROKEN, thread_id, None, str(exc))]
+    by_key = {o.key: o for o in objects}
+    if not held.found:
+        return [StoreProblem(UNINDEXED, thread_id, o.key, "no index entry of this thread", o.size, o.modified) for o in objects]
+    needed = _needed(ctx, thread_id, held)
+    keep = needed.keys() | held.kept_keys | set(object_keys(ctx, held.kept, thread_id)) | _loc_keys(ctx, thread_id, held.kept)
+    problems: list[StoreProblem] = []
+    absent = sorted(k for k in needed if k not in by_key)
+    for key in (yield from _still_absent(ctx, absent)):
+        problems.append(StoreProblem(MISSING, thread_id, key, needed[key]))
+    for obj in objects:
+        if obj.key in keep:
+            continue
+        young = obj.modified.timestamp() > cutoff
+        what = "not referenced by the index" + (" (younger than the grace period: a write may still commit it)" if young else "")
+        problems.append(StoreProblem(IN_FLIGHT if young else ORPHAN, thread_id, obj.key, what, obj.size, obj.modified))
+    return problems
+
+
+def _needed(ctx: Context, thread_id: str, held: Holdings) -> dict[str, str]:
+    """Objects that must exist, each with what refers to it."""
+    needed: dict[str, str] = {key: "the manifest" for key in held.index_keys}
+    live = [e for e in held.live if not (isinstance(e, CheckpointEntry) and ctx.expired(e))]
+    for entry in live:
+        what = _name(entry)
+        for key in object_keys(ctx, [entry], thread_id):
+            needed.setdefault(key, what)
+        for key in _loc_keys(ctx, thread_id, [entry]):
+            needed.setdefault(key, f"{what} (an unchanged value it reads)")
+    return needed
+
+
+def _loc_keys(ctx: Context, thread_id: str, entries: list[Any]) -> set[str]:
+    """The blob objects checkpoints read their values from, wherever written."""
+    return {
+        ctx.layout.blob_key(thread_id, e.ns, ch, version, src)
+        for e in entries
+        if isinstance(e, CheckpointEntry)
+        for ch, (version, src, kind, _) in e.loc.items()
+        if kind == IN_BLOB_OBJECT
+    }
+
+
+def _name(entry: Any) -> str:
+    if isinstance(entry, ArchiveRef):
+        return f"the thread's archive ({entry.storage_class})"
+    if isinstance(entry, CheckpointEntry):
+        return f"checkpoint {entry.checkpoint_id} (namespace {entry.ns!r})"
+    return f"pending writes of task {entry.task_id} at checkpoint {entry.checkpoint_id} (namespace {entry.ns!r})"
+
+
+def _still_absent(ctx: Context, keys: list[str]) -> Op[list[str]]:
+    """Those of ``keys`` a HEAD does not find (an entry committed after the listing
+    names objects written after it)."""
+    absent: list[str] = []
+    for start in range(0, len(keys), _HEAD_WAVE):
+        wave = keys[start : start + _HEAD_WAVE]
+        calls = tuple(ctx.s3.head(k) for k in wave)
+        results = yield calls
+        for key, call, result in zip(wave, calls, results):
+            if isinstance(result, BaseException):
+                if classify(result, "head_object") != OBJECT_MISSING:
+                    raise_failure(call, result)
+                absent.append(key)
+    return absent
+
+
+def _listed_threads(ctx: Context, report: StoreReport) -> Op[set[str]]:
+    """The threads the index lists (one whose every object is gone is found here)."""
+    names: set[str] = set()
+    cursor: Any = None
+    try:
+        while True:
+            page, cursor = yield from ctx.index.threads(None, _LISTING_PAGE, cursor)
+            names.update(ref.thread_id for ref, _ in page)
+            if cursor is None:
+                return names
+    except (CorruptObjectError, MissingObjectError) as exc:
+        report.problems.append(StoreProblem(BROKEN, "", None, f"the thread listing cannot be read: {exc}"))
+        return names
+
+
+def _list_all(ctx: Context) -> Op[dict[str, list[_Object]]]:
+    found: dict[str, list[_Object]] = defaultdict(list)
+    for root in (ctx.layout.root, ctx.layout.archive_root, ctx.layout.manifest_root):
+        yield from _list_into(ctx, root, root, found)
+    return found
+
+
+def _list_thread(ctx: Context, thread_id: str) -> Op[dict[str, list[_Object]]]:
+    found: dict[str, list[_Object]] = defaultdict(list)
+    layout = ctx.layout
+    yield from _list_into(ctx, layout.thread_dir(thread_id), layout.root, found)
+    yield from _list_into(ctx, layout.archive_dir(thread_id), layout.archive_root, found)
+    yield from _list_into(ctx, layout.manifest_dir(thread_id), layout.manifest_root, found)
+    return found
+
+
+def _list_into(ctx: Context, prefix: str, root: str, found: dict[str, list[_Object]]) -> Op[None]:
+    """Objects under ``prefix`` by thread: the first path segment under ``root``
+    is the encoded thread id in all three layouts."""
+    token: str | None = None
+    while True:
+        page = yield from request_one(ctx.s3.list_keys(prefix, token))
+        for obj in page.get("Contents", []):
+            segment = obj["Key"][len(root) :].split("/", 1)[0]
+            try:
+                thread_id = decode(segment)
+            except (UnicodeDecodeError, ValueError):
+                thread_id = segment
+            modified = obj["LastModified"]
+            if modified.tzinfo is None:
+                modified = modified.replace(tzinfo=timezone.utc)
+            found[thread_id].append(_Object(obj["Key"], obj.get("Size", 0), modified))
+        token = page.get("NextContinuationToken")
+        if not token:
+            return
