@@ -54,13 +54,18 @@ TABLE = "policy-index"
 PREFIX = "tenant-a/"
 KEY_ARN = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/0f0f0f0f-1111-2222-3333-444444444444"
 
-# Admin calls an operator runs with broader rights: rebuild_index lists the bucket,
-# verify lists both regions' buckets, setup_replica creates the replica's bucket and table.
+# Admin calls an operator runs with broader rights: rebuild_index, audit and
+# collect_garbage list the bucket, verify lists both regions' buckets,
+# setup_replica creates the replica's bucket and table.
 OPERATOR_ONLY = {
     "setup",
     "asetup",
     "rebuild_index",
     "arebuild_index",
+    "audit",
+    "aaudit",
+    "collect_garbage",
+    "acollect_garbage",
     "verify",
     "averify",
     "setup_replica",
