@@ -1,0 +1,34 @@
+"""The operator's command line: ``langgraph-s3-saver`` (or ``python -m s3_saver``).
+
+A thin layer over :class:`~s3_saver.S3Saver`'s public methods: click parses the
+command line (global options also read from the environment a Lambda function
+already has), rich draws tables, values and progress bars. Both come with the
+``cli`` extra; :func:`main` says so when they are missing.
+
+Exit codes: 0 success, 1 the store or the saver failed, 2 usage error, 3 not
+found, 130 interrupted; ``verify`` (and ``gc`` in a dry run) exit with a bitmask
+of what they found (see ``_app.EXIT_*``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+MISSING_EXTRA = "the command line needs the cli extra: pip install 'langgraph-s3-saver[cli]'"
+
+
+def main(args: Sequence[str] | None = None, prog_name: str | None = None) -> None:
+    """Run the command line and exit with its exit code (the console script's entry point)."""
+    try:
+        import click  # noqa: F401
+        import rich  # noqa: F401
+    except ImportError:
+        print(MISSING_EXTRA, file=sys.stderr)
+        sys.exit(1)
+    from s3_saver.cli._app import run
+
+    sys.exit(run(args, prog_name))
+
+
+__all__ = ["MISSING_EXTRA", "main"]

@@ -1,0 +1,225 @@
+"""The command group: global options, the S3Saver they build, exit codes.
+
+Every global option also comes from the environment a Lambda function already
+has (``CHECKPOINT_BUCKET``, ``CHECKPOINT_TABLE``, ``AWS_REGION``...), so an
+operator's shell configured like the function reaches the same store.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from s3_saver.cli._output import Output
+from s3_saver.cli._params import load_serde
+
+if TYPE_CHECKING:
+    from s3_saver import S3Saver
+
+# Exit codes (README "Command line").
+EXIT_OK = 0
+EXIT_FAILED = 1  # the store or the saver failed: any S3SaverError, botocore errors
+EXIT_USAGE = 2  # click's usage errors, a destructive command not confirmed
+EXIT_NOT_FOUND = 3  # a thread or checkpoint that does not exist
+EXIT_INTERRUPTED = 130  # Ctrl-C
+# verify (and gc in a dry run): one bit per kind of problem found; 0 = consistent.
+EXIT_ORPHANS = 4
+EXIT_UNINDEXED = 8
+EXIT_MISSING = 16
+EXIT_BROKEN = 32
+
+EPILOG = (
+    "Exit codes: 0 ok, 1 the store or the saver failed, 2 usage error, 3 not found, 130 interrupted; "
+    "verify (and gc without --yes) add 4 orphans, 8 unindexed threads, 16 missing objects, 32 broken index."
+)
+
+
+class NotFoundError(click.ClickException):
+    """A thread or checkpoint that does not exist (exit 3)."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
+class NotConfirmedError(click.ClickException):
+    """A destructive command without ``--yes`` where nobody can confirm it, or declined (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass
+class App:
+    """The global options, and the saver built from them on first use."""
+
+    bucket: str | None = None
+    table: str | None = None
+    prefix: str | None = None
+    region: str | None = None
+    endpoint_url: str | None = None
+    s3_endpoint_url: str | None = None
+    dynamodb_endpoint_url: str | None = None
+    serde: str | None = None
+    json: bool = False
+    no_progress: bool = False
+    debug: bool = False
+    out: Output = field(init=False)
+    _saver: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.out = Output(json_mode=self.json, progress=not self.no_progress)
+
+    @property
+    def mode(self) -> str:
+        """``"dynamodb"`` (a table) or ``"manifest"`` (the index in the bucket)."""
+        return "dynamodb" if self.table else "manifest"
+
+    def saver(self) -> S3Saver:
+        """The S3Saver of the global options (made once; closed when the command ends)."""
+        if self._saver is None:
+            if not self.bucket:
+                raise click.UsageError("Missing option '--bucket' (or CHECKPOINT_BUCKET in the environment).")
+            from s3_saver import S3Saver
+
+            self._saver = S3Saver(
+                self.bucket,
+                table=self.table or None,
+                prefix=self.prefix or "",
+                region_name=self.region or None,
+                endpoint_url=self.endpoint_url or None,
+                s3_endpoint_url=self.s3_endpoint_url or None,
+                dynamodb_endpoint_url=self.dynamodb_endpoint_url or None,
+                serde=load_serde(self.serde) if self.serde else None,
+            )
+        return self._saver
+
+    def close(self) -> None:
+        if self._saver is not None:
+            self._saver.close()
+            self._saver = None
+
+    def confirm(self, action: str, yes: bool) -> None:
+        """Go on with a destructive ``action`` ("delete 2 threads: a, b"): ``--yes``, or a
+        "y" typed on a terminal.
+
+        Raises:
+            NotConfirmedError: No ``--yes`` and stdin is not a terminal (nobody to ask), or declined.
+        """
+        if yes:
+            return
+        if not sys.stdin.isatty():
+            raise NotConfirmedError(f"stdin is not a terminal and --yes was not given: refusing to {action}; nothing was changed")
+        if not click.confirm(f"{action[0].upper()}{action[1:]}?", default=False, err=True):
+            raise NotConfirmedError(f"not confirmed: did not {action}")
+
+
+pass_app = click.make_pass_decorator(App)
+
+# Set by the group's callback: run() needs --debug after the parse.
+_current: list[App] = []
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EPILOG,
+)
+@click.option("--bucket", envvar="CHECKPOINT_BUCKET", show_envvar=True, metavar="NAME", help="S3 bucket (required).")
+@click.option(
+    "--table",
+    envvar="CHECKPOINT_TABLE",
+    show_envvar=True,
+    metavar="NAME",
+    help="DynamoDB table of the index; without it the index is the manifest in the bucket.",
+)
+@click.option("--prefix", envvar="CHECKPOINT_PREFIX", show_envvar=True, metavar="PREFIX", help="Key prefix in the bucket.")
+@click.option(
+    "--region",
+    envvar=["AWS_REGION", "AWS_DEFAULT_REGION"],
+    show_envvar=True,
+    metavar="REGION",
+    help="AWS region of the bucket and table.",
+)
+@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", show_envvar=True, metavar="URL", help="One endpoint for S3 and DynamoDB.")
+@click.option("--s3-endpoint-url", envvar="AWS_ENDPOINT_URL_S3", show_envvar=True, metavar="URL", help="S3 endpoint (MinIO, R2...).")
+@click.option("--dynamodb-endpoint-url", envvar="AWS_ENDPOINT_URL_DYNAMODB", show_envvar=True, metavar="URL", help="DynamoDB endpoint.")
+@click.option(
+    "--serde",
+    envvar="CHECKPOINT_SERDE",
+    show_envvar=True,
+    metavar="MODULE:ATTR",
+    help="Serializer the threads were written with: an object, or a class or zero-argument factory of one.",
+)
+@click.option("--json", "json_mode", is_flag=True, help="Machine-readable output: one JSON document on stdout.")
+@click.option("--no-progress", is_flag=True, help="No progress bars (they are shown only on a terminal anyway).")
+@click.option("--debug", is_flag=True, help="Print the traceback of an error.")
+@click.version_option(package_name="langgraph-s3-saver", message="%(prog)s %(version)s")
+@click.pass_context
+def cli(ctx: click.Context, json_mode: bool, **options: Any) -> None:
+    """Inspect and maintain LangGraph checkpoints stored by s3_saver's S3Saver."""
+    app = App(json=json_mode, **options)
+    _current[:] = [app]
+    ctx.obj = app
+    ctx.call_on_close(app.close)
+
+
+def _register() -> None:
+    from s3_saver.cli import _inspect, _lifecycle, _maintain, _migrate
+
+    for module in (_maintain, _inspect, _lifecycle, _migrate):
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+_register()
+
+
+def run(args: Sequence[str] | None = None, prog_name: str | None = None) -> int:
+    """Run the group; map what it raised to one ``error: ...`` line on stderr and an exit code."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from s3_saver.errors import S3SaverError
+
+    _current.clear()
+    try:
+        result = cli.main(args=list(args) if args is not None else None, prog_name=prog_name, standalone_mode=False)
+        return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt):
+            return _fail("interrupted", EXIT_INTERRUPTED, exc)
+        return _fail("aborted: nothing was changed", EXIT_USAGE, exc)
+    except KeyboardInterrupt as exc:
+        return _fail("interrupted", EXIT_INTERRUPTED, exc)
+    except click.UsageError as exc:
+        exc.show()
+        return exc.exit_code
+    except click.ClickException as exc:
+        return _fail(exc.format_message(), exc.exit_code, exc)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, without a second error at exit.
+        _silence_stdout()
+        return EXIT_FAILED
+    except (S3SaverError, BotoCoreError, ClientError) as exc:
+        return _fail(str(exc), EXIT_FAILED, exc)
+    except Exception as exc:  # an unexpected failure: still one line (the traceback with --debug)
+        return _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED, exc)
+
+
+def _fail(message: str, code: int, exc: BaseException) -> int:
+    if _current and _current[0].debug:
+        traceback.print_exception(exc)
+    first, *rest = (message or type(exc).__name__).splitlines() or [""]
+    click.echo(f"error: {' '.join([first, *(line.strip() for line in rest)]).strip()}", err=True)
+    return code
+
+
+def _silence_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

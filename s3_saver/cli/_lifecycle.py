@@ -1,0 +1,254 @@
+"""Whole threads: ``copy``, ``prune``, ``delete``, ``archive``, ``restore``, ``export``, ``import``.
+
+Destructive commands (``prune``, ``delete``) ask on a terminal and refuse in a
+pipe without ``--yes``. Commands over several threads call the saver thread by
+thread, so the progress bar moves and an interrupted run says how far it got.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import click
+
+from s3_saver.cli._app import App, pass_app
+from s3_saver.cli._inspect import not_found, thread_config, thread_exists
+from s3_saver.cli._output import human_bytes, plural
+from s3_saver.cli._params import Duration
+
+ARCHIVE_CLASSES = ("GLACIER_IR", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "STANDARD", "GLACIER", "DEEP_ARCHIVE")
+
+
+def _listing(names: tuple[str, ...] | list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# -- copy --------------------------------------------------------------------------------
+@click.command("copy", short_help='Copy a thread into a new thread.')
+@click.argument("source")
+@click.argument("target")
+@pass_app
+def copy_command(app: App, source: str, target: str) -> None:
+    """Copy every checkpoint of SOURCE into TARGET (a thread with no checkpoints); run again to finish a copy cut short."""
+    saver = app.saver()
+    if not thread_exists(app, source):
+        raise not_found(app, source)
+    saver.copy_thread(source, target)
+    if app.out.json:
+        app.out.emit_json({"source": source, "target": target})
+    else:
+        app.out.message(f"copied thread {source!r} to {target!r}")
+
+
+# -- prune -------------------------------------------------------------------------------
+@click.command("prune", short_help='Remove the older checkpoints of threads.')
+@click.argument("threads", nargs=-1, required=True)
+@click.option("--keep-last", type=click.IntRange(min=1), default=None, help="Checkpoints kept per namespace (default 1).")
+@click.option("--strategy", type=click.Choice(["keep_latest", "delete"]), default="keep_latest", show_default=True)
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_app
+def prune_command(app: App, threads: tuple[str, ...], keep_last: int | None, strategy: str, yes: bool) -> None:
+    """Remove older checkpoints of THREADs (what the kept ones read stays), or delete them (--strategy delete)."""
+    if strategy == "delete" and keep_last is not None:
+        raise click.UsageError("--keep-last goes with --strategy keep_latest")
+    newest = f"newest {keep_last} checkpoints" if keep_last and keep_last > 1 else "newest checkpoint"
+    kept = "every checkpoint" if strategy == "delete" else f"all but the {newest} of each namespace"
+    app.confirm(f"prune {plural(len(threads), 'thread')} ({_listing(threads)}): remove {kept}", yes)
+    saver = app.saver()
+    done: list[str] = []
+    with app.out.progress("prune", total=len(threads)) as tracker:
+        for thread in threads:
+            saver.prune([thread], strategy=strategy, keep_last=keep_last)
+            done.append(thread)
+            tracker.advance(description=f"prune {thread}")
+    if app.out.json:
+        app.out.emit_json({"pruned": done, "strategy": strategy, "keep_last": keep_last})
+    else:
+        app.out.message(f"pruned {plural(len(done), 'thread')} ({kept} removed): {_listing(done)}")
+
+
+# -- delete ------------------------------------------------------------------------------
+@click.command("delete", short_help='Delete threads, or runs (--run).')
+@click.argument("ids", nargs=-1, required=True, metavar="THREAD...|--run RUN_ID...")
+@click.option("--run", "runs", is_flag=True, help="The ids are run ids: delete every checkpoint of those runs (delete_for_runs).")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_app
+def delete_command(app: App, ids: tuple[str, ...], runs: bool, yes: bool) -> None:
+    """Delete THREADs (every namespace, checkpoint and object), or with --run the checkpoints of runs.
+
+    Run it again to finish a delete that was cut short."""
+    kind = "run" if runs else "thread"
+    app.confirm(f"delete {plural(len(ids), kind)} ({_listing(ids)})", yes)
+    saver = app.saver()
+    done: list[str] = []
+    with app.out.progress("delete", total=len(ids), unit=f"{kind}s") as tracker:
+        for one in ids:
+            if runs:
+                saver.delete_for_runs([one])
+            else:
+                saver.delete_thread(one)
+            done.append(one)
+            tracker.advance(description=f"delete {one}")
+    if app.out.json:
+        app.out.emit_json({"deleted_runs" if runs else "deleted_threads": done})
+    else:
+        app.out.message(f"deleted {plural(len(done), kind)}: {_listing(done)}")
+
+
+# -- archive, restore --------------------------------------------------------------------
+def _status_rows(statuses: list[Any]) -> list[tuple[Any, ...]]:
+    return [
+        (s.thread_id, s.state, s.storage_class or "", s.checkpoints, human_bytes(s.live_bytes), human_bytes(s.size), s.key or "")
+        for s in statuses
+    ]
+
+
+STATUS_COLUMNS = ("thread", "state", "class", "checkpoints", "live bytes", "archive bytes", "key")
+
+
+@click.command("archive", short_help='Archive threads, one cold object each.')
+@click.argument("threads", nargs=-1)
+@click.option("--idle", type=Duration(), default=None, metavar="DURATION", help="Every live thread whose latest checkpoint is older (e.g. 30d).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="With --idle: at most this many threads.")
+@click.option("--class", "storage_class", type=click.Choice(ARCHIVE_CLASSES), default="GLACIER_IR", show_default=True)
+@pass_app
+def archive_command(app: App, threads: tuple[str, ...], idle: timedelta | None, limit: int | None, storage_class: str) -> None:
+    """Pack THREADs (or every thread idle for --idle) into one compressed object each, in a cold class."""
+    if bool(threads) == (idle is not None):
+        raise click.UsageError("give THREADs or --idle DURATION (not both)")
+    if limit is not None and idle is None:
+        raise click.UsageError("--limit goes with --idle")
+    saver = app.saver()
+    if idle is not None:
+        statuses = _archive_idle(app, idle, limit, storage_class)
+    else:
+        for thread in threads:
+            if not thread_exists(app, thread):
+                raise not_found(app, thread)
+        statuses = []
+        with app.out.progress("archive", total=len(threads)) as tracker:
+            for thread in threads:
+                status = saver.archive_thread(thread, storage_class=storage_class)
+                statuses.append(status)
+                tracker.advance(nbytes=status.live_bytes, description=f"archive {thread}")
+    if app.out.json:
+        app.out.emit_json({"archived": [dataclasses.asdict(s) for s in statuses]})
+    elif statuses:
+        app.out.print(app.out.table(STATUS_COLUMNS, _status_rows(statuses), numeric=("checkpoints", "live bytes", "archive bytes")))
+    else:
+        app.out.message("no thread to archive")
+
+
+def _archive_idle(app: App, idle: timedelta, limit: int | None, storage_class: str) -> list[Any]:
+    """``saver.archive_idle``, one ``archive_thread`` at a time for the progress bar: the
+    live threads of the listing whose latest checkpoint is older than ``idle``; a thread
+    written to while it is archived is skipped until the next run."""
+    from s3_saver import ThreadArchivedError
+
+    saver = app.saver()
+    cutoff = datetime.now(timezone.utc) - idle
+    idle_threads = [
+        t.thread_id for t in saver.list_threads() if not t.archived and t.ts and datetime.fromisoformat(t.ts) <= cutoff
+    ]
+    statuses: list[Any] = []
+    total = len(idle_threads) if limit is None else min(limit, len(idle_threads))
+    with app.out.progress("archive idle", total=total) as tracker:
+        for index, thread in enumerate(idle_threads):
+            try:
+                status = saver.archive_thread(thread, storage_class=storage_class)
+            except ThreadArchivedError:  # written to while archived, or archived meanwhile
+                left = len(idle_threads) - index - 1
+                tracker.update(total=min(total, len(statuses) + left))
+                continue
+            statuses.append(status)
+            tracker.advance(nbytes=status.live_bytes, description=f"archive {thread}")
+            if limit is not None and len(statuses) >= limit:
+                break
+    return statuses
+
+
+@click.command("restore", short_help='Bring an archived thread back to live objects.')
+@click.argument("thread")
+@click.option("--days", type=click.IntRange(min=1), default=3, show_default=True, help="How long S3 keeps a cold archive's readable copy.")
+@click.option("--tier", type=click.Choice(["Standard", "Bulk", "Expedited"]), default="Standard", show_default=True)
+@pass_app
+def restore_command(app: App, thread: str, days: int, tier: str) -> None:
+    """Bring an archived THREAD back to live objects (from GLACIER/DEEP_ARCHIVE: run again once S3 restored it)."""
+    saver = app.saver()
+    if not thread_exists(app, thread):
+        raise not_found(app, thread)
+    status = saver.restore_thread(thread, days=days, tier=tier)
+    if app.out.json:
+        app.out.emit_json(dataclasses.asdict(status))
+        return
+    if status.state == "restoring":
+        app.out.message(f"thread {thread!r}: S3 is restoring its archive ({status.storage_class}, tier {tier}); run restore again later")
+    else:
+        app.out.print(app.out.table(STATUS_COLUMNS, _status_rows([status]), numeric=("checkpoints", "live bytes", "archive bytes")))
+
+
+# -- export, import ----------------------------------------------------------------------
+@click.command("export", short_help='Write a thread to a file.')
+@click.argument("thread")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@pass_app
+def export_command(app: App, thread: str, file: str) -> None:
+    """Write THREAD as one archive (the format import reads) to FILE (- for stdout)."""
+    from s3_saver import ConfigurationError
+
+    to_stdout = file == "-"
+    if to_stdout and sys.stdout.isatty():
+        raise click.UsageError("refusing to write an export (binary) to a terminal: give a FILE or redirect stdout")
+    if to_stdout and app.out.json:
+        raise click.UsageError("--json describes the export on stdout: give a FILE, not -")
+    saver = app.saver()
+    with app.out.progress("export", total=1) as tracker:
+        tracker.update(description=f"export {thread}")
+        try:
+            data = saver.export_thread(thread)
+        except ConfigurationError:
+            if not thread_exists(app, thread):
+                raise not_found(app, thread) from None
+            raise
+        if to_stdout:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            with open(file, "wb") as out:
+                out.write(data)
+        tracker.advance(nbytes=len(data))
+    if app.out.json:
+        app.out.emit_json({"thread_id": thread, "file": file, "bytes": len(data)})
+    elif to_stdout:
+        app.out.note(f"exported thread {thread!r}: {len(data):,} bytes")
+    else:
+        app.out.message(f"exported thread {thread!r} to {file}: {len(data):,} bytes")
+
+
+@click.command("import", short_help='Write a thread from an export file.')
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.option("--as", "as_thread", metavar="THREAD", help="Import under this thread id (default: the exported thread's).")
+@pass_app
+def import_command(app: App, file: str, as_thread: str | None) -> None:
+    """Write a thread from an export FILE (- for stdin) into an empty thread."""
+    saver = app.saver()
+    with app.out.progress("import", total=1) as tracker:
+        if file == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(file, "rb") as source:
+                data = source.read()
+        tracker.update(nbytes=len(data), description=f"import {as_thread or file}")
+        thread = saver.import_thread(data, thread_id=as_thread)
+        tracker.advance()
+    if app.out.json:
+        app.out.emit_json({"thread_id": thread, "file": file, "bytes": len(data)})
+    else:
+        app.out.message(f"imported thread {thread!r} from {file}: {len(data):,} bytes")
+
+
+COMMANDS = [copy_command, prune_command, delete_command, archive_command, restore_command, export_command, import_command]

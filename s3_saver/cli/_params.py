@@ -1,0 +1,113 @@
+"""Parameter types of the command line: durations, ``key=value`` filters, ``--serde MODULE:ATTR``."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+from datetime import timedelta
+from typing import Any
+
+import click
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``30m``, ``1h``, ``7d``, ``2w``, ``1h30m`` or plain seconds (``3600``, ``0``).
+
+    Raises:
+        ValueError: Anything else (negative numbers included).
+    """
+    value = text.strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", value):
+        return timedelta(seconds=float(value))
+    if not _WHOLE.fullmatch(value):
+        raise ValueError(text)
+    return timedelta(seconds=sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(value)))
+
+
+def format_duration(delta: timedelta) -> str:
+    """The shortest of ``parse_duration``'s spellings for ``delta`` (``1h``, ``90s``, ``7d``)."""
+    seconds = delta.total_seconds()
+    for unit in ("w", "d", "h", "m"):
+        if seconds and seconds % _UNITS[unit] == 0:
+            return f"{int(seconds // _UNITS[unit])}{unit}"
+    return f"{seconds:g}s"
+
+
+class Duration(click.ParamType):
+    """A duration option (``--older-than 1h``, ``--idle 30d``): a ``timedelta``."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a duration (e.g. 90s, 30m, 1h, 7d, or plain seconds)", param, ctx)
+
+
+class KeyValue(click.ParamType):
+    """``key=value`` (``--filter``): the value is JSON when it parses (``step=3`` is the int 3,
+    ``done=true`` the bool), a string otherwise (``user=ann``; ``user='"3"'`` is the string 3)."""
+
+    name = "key=value"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, Any]:
+        if isinstance(value, tuple):
+            return value
+        key, sep, raw = str(value).partition("=")
+        if not sep or not key:
+            self.fail(f"{value!r} is not key=value", param, ctx)
+        try:
+            parsed: Any = json.loads(raw)
+        except ValueError:
+            parsed = raw
+        return key, parsed
+
+
+def load_serde(spec: str) -> Any:
+    """The serializer named by ``MODULE:ATTR``: an object with ``dumps_typed``/``loads_typed``,
+    or a class or zero-argument factory that returns one (called here).
+
+    The current directory is importable, as with ``python -m``, so a project's own
+    module (``myapp.checkpoints:make_serde``) works from the console script too.
+
+    Raises:
+        click.BadParameter: A spec that does not name such an object (a usage error).
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter(f"{spec!r} is not MODULE:ATTR", param_hint="'--serde'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="'--serde'") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise click.BadParameter(f"{module_name!r} has no attribute {attr!r}", param_hint="'--serde'") from exc
+    if isinstance(obj, type) or (callable(obj) and not _is_serde(obj)):
+        obj = obj()
+    if not _is_serde(obj):
+        raise click.BadParameter(
+            f"{spec} is a {type(obj).__name__}, not a serializer (dumps_typed/loads_typed) or a factory of one",
+            param_hint="'--serde'",
+        )
+    return obj
+
+
+def _is_serde(obj: Any) -> bool:
+    return not isinstance(obj, type) and callable(getattr(obj, "dumps_typed", None)) and callable(
+        getattr(obj, "loads_typed", None)
+    )
