@@ -10,6 +10,8 @@ import urllib.request
 from typing import Any
 
 import boto3
+from datetime import timedelta
+
 import pytest
 from langgraph.checkpoint.base import WRITES_IDX_MAP
 from langgraph.checkpoint.memory import InMemorySaver
@@ -190,6 +192,8 @@ def test_archive_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
         archiver = _fresh(endpoint, index_mode)
         _cut_short(monkeypatch, cut, lambda: archiver.archive_thread(thread_id))
         assert _view(endpoint, index_mode, thread_id) == before, cut
+        left = archiver.audit([thread_id], older_than=timedelta(0))
+        assert not left.missing and not left.broken and not left.unindexed, (cut, left.problems)
 
         status = archiver.archive_thread(thread_id)  # run again (same process), it completes
         assert status.state == "archived", cut
@@ -206,6 +210,7 @@ def test_archive_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
         assert archiver.restore_thread(thread_id).state == "live"
         assert _objects(endpoint, f"archive/{thread_id}/") == [], cut
         assert _view(endpoint, index_mode, thread_id) == before, cut
+        assert archiver.audit([thread_id], older_than=timedelta(0)).problems == [], cut
         archiver.close()
     writer.close()
 

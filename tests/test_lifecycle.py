@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Annotated, Any, TypedDict
 
 import boto3
+from datetime import timedelta
+
 import pytest
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.memory import InMemorySaver
@@ -193,8 +195,15 @@ def test_prune_cut_short_at_any_round_trip_keeps_what_it_keeps(endpoint, index_m
         reader = _graph(make_saver(endpoint, index_mode))
         seen = _values(reader, thread_id)
         assert seen[:2] == expected, cut  # the kept ones read whole, whatever else is left
+        # Entries go before objects: no entry names a missing object, whatever is left over.
+        left = pruner.audit([thread_id], older_than=timedelta(0))
+        assert not left.missing and not left.broken and not left.unindexed, (cut, left.problems)
         pruner.prune([thread_id], keep_last=2)  # run again, it completes
         assert _values(reader, thread_id) == expected, cut
+        # What a cut left unreferenced is garbage the collector takes; nothing else is.
+        pruner.collect_garbage([thread_id], older_than=timedelta(0))
+        assert pruner.audit([thread_id], older_than=timedelta(0)).problems == [], cut
+        assert _values(_graph(make_saver(endpoint, index_mode)), thread_id) == expected, cut
     writer.close()
 
 

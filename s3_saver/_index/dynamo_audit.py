@@ -30,13 +30,14 @@ class DynamoHoldings:
 
         yield from self._each_page(thread_id, take)
         held = Holdings(found=bool(items))
-        thread_gen, ns_gen = 0, {}
+        thread_gen, ns_gen, archived = 0, {}, False
         for item in items:
             if isinstance(item, Tombstone):
                 if item.ns is None:
                     thread_gen = item.gen
                     if item.archive is not None:
                         held.live.append(item.archive)
+                        archived = True
                     if item.stale_archive:
                         held.kept_keys.add(item.stale_archive)
                 else:
@@ -47,5 +48,8 @@ class DynamoHoldings:
                 # A tombstoned generation's objects are the delete's to remove
                 # (it finishes when called again), never a reader's to follow.
                 deleted = item.gen < max(thread_gen, ns_gen.get(item.ns, 0))
-                (held.kept if deleted else held.live).append(item)
+                # Archived, readers follow the archive: the live items left are
+                # the archive's cleanup to finish (its objects may be gone
+                # already) or writes parked until the restore.
+                (held.kept if deleted or archived else held.live).append(item)
         return held
