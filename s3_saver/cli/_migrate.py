@@ -57,7 +57,9 @@ def migrate_command(app: App, source_url: str | None, target_url: str | None, th
         )
     ]
     columns = ("threads", "checkpoints", "writes", "skipped", "bytes", "verified", "seconds")
-    app.out.print(app.out.table(columns, rows, title=f"migrated {where['from']} -> {where['to']}", numeric=columns))
+    app.out.message(f"from {where['from']}")
+    app.out.message(f"to   {where['to']}")
+    app.out.print(app.out.table(columns, rows, numeric=columns))
 
 
 def _describe(app: App) -> str:

@@ -36,6 +36,7 @@ from rich.text import Text
 # Width of tables written to a pipe or a file (no terminal to measure): wide enough for a
 # row of ids and times on one line, so `grep` and `cut` see whole rows. COLUMNS wins.
 PIPE_WIDTH = 200
+UNBOUNDED = 100_000
 
 
 def to_jsonable(value: Any) -> Any:
@@ -103,8 +104,10 @@ class Output:
 
     def __init__(self, *, json_mode: bool = False, progress: bool = True) -> None:
         self.json = json_mode
-        width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
-        self.console = Console(highlight=False, width=width)
+        self._piped = not (sys.stdout.isatty() or os.environ.get("COLUMNS"))
+        # Piped, a table is as wide as its longest row (one line per row, for grep and cut);
+        # everything else wraps at PIPE_WIDTH.
+        self.console = Console(highlight=False, width=UNBOUNDED if self._piped else None)
         self.err = Console(stderr=True, highlight=False)
         self.show_progress = progress and not json_mode and _is_terminal(sys.stderr)
 
@@ -117,7 +120,9 @@ class Output:
     def print(self, *renderables: RenderableType | str) -> None:
         """Rich renderables on stdout; a plain string is printed as is (no markup)."""
         for item in renderables:
-            self.console.print(Text(item) if isinstance(item, str) else item)
+            if isinstance(item, str):
+                item = Text(item)
+            self.console.print(item, width=PIPE_WIDTH if self._piped and not isinstance(item, Table) else None)
 
     def message(self, text: str) -> None:
         """A one-line result in human mode (``--json`` documents carry the same facts)."""

@@ -98,7 +98,10 @@ def load_serde(spec: str) -> Any:
         except AttributeError as exc:
             raise click.BadParameter(f"{module_name!r} has no attribute {attr!r}", param_hint="'--serde'") from exc
     if isinstance(obj, type) or (callable(obj) and not _is_serde(obj)):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise click.BadParameter(f"{spec}() failed: {type(exc).__name__}: {exc}", param_hint="'--serde'") from exc
     if not _is_serde(obj):
         raise click.BadParameter(
             f"{spec} is a {type(obj).__name__}, not a serializer (dumps_typed/loads_typed) or a factory of one",
