@@ -1,0 +1,135 @@
+"""Shared by tests/test_cli.py and tests/test_cli_progress.py: the command line run as a
+subprocess against the moto server, and a real LangGraph graph that fills threads.
+
+The graph has what the CLI must read without it: messages, an interrupt answered
+later, a ``Send`` fan-out (PUSH tasks in ``__pregel_tasks``) and pending writes.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import Command, Send, interrupt
+
+from conftest import BUCKET, TABLE
+
+CONSOLE_SCRIPT = Path(sys.executable).parent / "langgraph-s3-saver"
+BAR = "━"  # rich's progress bar
+
+
+class Chat(TypedDict, total=False):
+    messages: Annotated[list[BaseMessage], add_messages]
+    items: Annotated[list[str], operator.add]
+
+
+def _agent(state: Chat) -> dict:
+    n = len(state["messages"])
+    return {"messages": [AIMessage(f"answer {n}", id=f"ai-{n}")]}
+
+
+def _review(state: Chat) -> dict:
+    answer = interrupt({"question": "approve?", "seen": len(state["messages"])})
+    return {"items": [f"review:{answer}"]}
+
+
+def _fan_out(state: Chat) -> list[Send]:
+    return [Send("worker", {"items": [f"job{i}"]}) for i in range(2)]
+
+
+def _worker(state: Chat) -> dict:
+    return {"items": ["worked"]}
+
+
+def chat_graph(saver: Any):
+    """agent -> review (interrupt) -> two Sends to worker -> END."""
+    builder = StateGraph(Chat).add_node("agent", _agent).add_node("review", _review).add_node("worker", _worker)
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", "review")
+    builder.add_conditional_edges("review", _fan_out)
+    builder.add_edge("worker", END)
+    return builder.compile(checkpointer=saver)
+
+
+def config(thread_id: str, **metadata: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"configurable": {"thread_id": thread_id}}
+    if metadata:
+        out["metadata"] = metadata
+    return out
+
+
+def populate(saver: Any, users: tuple[str, ...] = ("ann", "bob"), finished: tuple[str, ...] = ("ann",)) -> Any:
+    """One thread per user (``chat-<user>``, run ``<user>-1``); those in ``finished`` are
+    resumed past the interrupt (run ``<user>-2``), the others wait at it."""
+    graph = chat_graph(saver)
+    for user in users:
+        graph.invoke({"messages": [HumanMessage(f"hello from {user}", id=f"h-{user}")]}, config(f"chat-{user}", user=user, run_id=f"{user}-1"))
+        if user in finished:
+            graph.invoke(Command(resume="yes"), config(f"chat-{user}", user=user, run_id=f"{user}-2"))
+    return graph
+
+
+def cli_env(endpoint: str, mode: str = "dynamodb", **extra: str | None) -> dict[str, str]:
+    """The environment a Lambda function has: credentials, endpoint, bucket, table (dynamodb mode)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CHECKPOINT_")) and k != "COLUMNS"}
+    env.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_REGION="us-east-1",
+        AWS_ENDPOINT_URL=endpoint,
+        CHECKPOINT_BUCKET=BUCKET,
+    )
+    if mode == "dynamodb":
+        env["CHECKPOINT_TABLE"] = TABLE
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run_cli(
+    endpoint: str,
+    *args: str,
+    mode: str = "dynamodb",
+    env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
+    script: bool = False,
+    cwd: str | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """``python -m s3_saver ARGS`` (or the console script) with pipes on every stream."""
+    command = [str(CONSOLE_SCRIPT)] if script else [sys.executable, "-m", "s3_saver"]
+    return subprocess.run(
+        [*command, *args],
+        env=env if env is not None else cli_env(endpoint, mode),
+        input=stdin if stdin is not None else b"",
+        capture_output=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[bytes], code: int = 0) -> str:
+    """stdout of a run that exited with ``code``; nothing of a progress bar in the pipe."""
+    stderr = result.stderr.decode()
+    assert result.returncode == code, f"exit {result.returncode}, stderr:\n{stderr}\nstdout:\n{result.stdout.decode()}"
+    assert BAR not in stderr and "\x1b[" not in stderr, stderr
+    return result.stdout.decode()
+
+
+def error_line(result: subprocess.CompletedProcess[bytes], code: int) -> str:
+    """The one ``error: ...`` line of a run that failed with ``code`` (no traceback)."""
+    stderr = result.stderr.decode()
+    assert result.returncode == code, f"exit {result.returncode}, stderr:\n{stderr}"
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]

@@ -1,0 +1,332 @@
+"""The command line, run as a subprocess (``python -m s3_saver``, once the console script)
+against the moto server, on threads a real LangGraph graph wrote in this process.
+
+Each subprocess costs about a second of imports, so one run checks several things:
+the table or JSON it prints, its exit code, and the store afterwards. Progress bars
+and Ctrl-C are in tests/test_cli_progress.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import boto3
+import pytest
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.types import Command
+
+from cli_support import chat_graph, cli_env, config, error_line, ok, populate, run_cli
+from conftest import BUCKET, TABLE, make_saver
+from s3_saver.cli import MISSING_EXTRA, main
+from s3_saver.cli._checkpoint import next_nodes, values_size
+from s3_saver.cli._params import KeyValue, format_duration, parse_duration
+
+
+@pytest.fixture
+def chats(endpoint: str):
+    """chat-ann (answered, fanned out to two workers) and chat-bob (waiting at the interrupt)."""
+    saver = make_saver(endpoint)
+    saver.setup()
+    graph = populate(saver)
+    yield saver, graph
+    saver.close()
+
+
+def _s3(endpoint: str):
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+
+def _exists(endpoint: str, key: str) -> bool:
+    return "Contents" in _s3(endpoint).list_objects_v2(Bucket=BUCKET, Prefix=key)
+
+
+# -- in-process pieces -------------------------------------------------------------------
+def test_durations_filters_and_missing_extra(monkeypatch, capsys) -> None:
+    assert [parse_duration(t).total_seconds() for t in ("1h", "30m", "7d", "90s", "0s", "3600", "1h30m", "2w")] == [
+        3600, 1800, 604800, 90, 0, 3600, 5400, 1209600
+    ]
+    for bad in ("1x", "-5m", "h", "", "1 h"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    assert [format_duration(parse_duration(t)) for t in ("3600", "90s", "7d", "0")] == ["1h", "90s", "1w", "0s"]
+    kv = KeyValue()
+    assert [kv.convert(v, None, None) for v in ("step=3", "user=ann", 'user="3"', "done=true", "x=a=b")] == [
+        ("step", 3), ("user", "ann"), ("user", "3"), ("done", True), ("x", "a=b")
+    ]
+    # Without the cli extra: one line naming it, exit 1.
+    monkeypatch.setitem(sys.modules, "rich", None)
+    with pytest.raises(SystemExit) as exited:
+        main(["threads"])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip() == MISSING_EXTRA
+
+
+def test_next_nodes_match_langgraph(chats) -> None:
+    """history's `next` without the graph equals LangGraph's get_state_history (Sends included)."""
+    saver, graph = chats
+    history = list(graph.get_state_history(config("chat-ann")))
+    assert any(s.next == ("worker", "worker") for s in history)  # the fan-out's PUSH tasks
+    for snapshot in history:
+        tup = saver.get_tuple(snapshot.config)
+        assert next_nodes(tup.checkpoint) == sorted(snapshot.next)
+        assert values_size(saver.serde, tup.checkpoint) == sum(
+            len(saver.serde.dumps_typed(v)[1]) for v in tup.checkpoint["channel_values"].values()
+        )
+
+
+# -- reading -----------------------------------------------------------------------------
+def test_threads_history_show(endpoint: str, chats) -> None:
+    saver, graph = chats
+    # A page of one: the newest thread, and where the next page starts.
+    page = json.loads(ok(run_cli(endpoint, "--json", "threads", "--limit", "1")))
+    listed = [t.thread_id for t in saver.list_threads()]  # both made in the same second: by id
+    first, second = listed
+    assert [t["thread_id"] for t in page["threads"]] == [first] and page["next_before"] == first
+    state = graph.get_state(config(first))
+    assert page["threads"][0]["checkpoint_id"] == state.config["configurable"]["checkpoint_id"]
+    assert page["threads"][0]["metadata"]["user"] == first[5:] and page["threads"][0]["archived"] is None
+
+    # The next page, filtered on an int (parsed as JSON) and a string.
+    state = graph.get_state(config(second))
+    step = state.metadata["step"]
+    args = ["--before", first, "--filter", f"step={step}", "--filter", f"user={second[5:]}"]
+    table = ok(run_cli(endpoint, "threads", *args))
+    header, rule, row = table.splitlines()[:3]
+    assert header.split()[:3] == ["thread", "created", "latest"] and set(rule) == {"─"}
+    assert row.split()[0] == second and state.config["configurable"]["checkpoint_id"] in row and f" {step} " in row
+    assert "next page" not in table and first not in table
+    bob = graph.get_state(config("chat-bob"))
+
+    # history as JSON equals get_state_history: ids, steps, next nodes, writes.
+    doc = json.loads(ok(run_cli(endpoint, "--json", "history", "chat-ann")))
+    snapshots = list(graph.get_state_history(config("chat-ann")))
+    assert [c["checkpoint_id"] for c in doc["checkpoints"]] == [s.config["configurable"]["checkpoint_id"] for s in snapshots]
+    for entry, snapshot in zip(doc["checkpoints"], snapshots):
+        tup = saver.get_tuple(snapshot.config)
+        assert entry["next"] == sorted(snapshot.next)
+        assert entry["step"] == snapshot.metadata["step"] and entry["source"] == snapshot.metadata["source"]
+        assert entry["writes"] == len(tup.pending_writes) and entry["size"] == values_size(saver.serde, tup.checkpoint)
+        assert entry["parent_checkpoint_id"] == (snapshot.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+
+    # history as a table, a page of two.
+    table = ok(run_cli(endpoint, "history", "chat-bob", "--limit", "2"))
+    lines = table.splitlines()
+    assert lines[0].strip() == "thread chat-bob" and lines[1].split() == ["checkpoint", "time", "step", "source", "next", "writes", "size"]
+    rows = [line.split() for line in lines[3:]]
+    assert len(rows) == 2 and rows[0][3:6] == ["1", "loop", "review"] and rows[1][3:6] == ["0", "loop", "agent"]
+
+    # show as JSON: what get_state() says of the waiting thread.
+    shown = json.loads(ok(run_cli(endpoint, "--json", "show", "chat-bob")))
+    assert shown["checkpoint_id"] == bob.config["configurable"]["checkpoint_id"]
+    assert shown["next"] == list(bob.next) == ["review"]
+    assert [m["content"] for m in shown["values"]["messages"]] == ["hello from bob", "answer 1"]
+    assert [m["type"] for m in shown["values"]["messages"]] == ["human", "ai"]
+    assert [(i["id"], i["value"]) for i in shown["interrupts"]] == [(i.id, i.value) for i in bob.interrupts]
+    assert [w["channel"] for w in shown["pending_writes"]] == ["__interrupt__"]
+    assert shown["metadata"]["run_id"] == "bob-1"
+
+    # show as text: messages readable, the interrupt and its question.
+    text = ok(run_cli(endpoint, "show", "chat-bob"))
+    assert "human hello from bob" in " ".join(text.split()) and "ai    answer 1" in text
+    assert bob.interrupts[0].id in text and "approve?" in text and "interrupts (1)" in text
+
+    # An older checkpoint by id, as LangGraph's history shows it (the step's interrupt, answered since).
+    older = [s for s in snapshots if s.next == ("review",)][0]
+    shown = json.loads(ok(run_cli(endpoint, "--json", "show", "chat-ann", older.config["configurable"]["checkpoint_id"])))
+    assert shown["next"] == ["review"] and len(shown["interrupts"]) == 1
+    assert any(w["channel"] == "__resume__" for w in shown["pending_writes"])
+
+
+def test_not_found_is_exit_3(endpoint: str, chats) -> None:
+    line = error_line(run_cli(endpoint, "show", "no-such-thread"), 3)
+    assert "'no-such-thread'" in line and f"'{BUCKET}'" in line and f"'{TABLE}'" in line
+    line = error_line(run_cli(endpoint, "show", "chat-bob", "1f0-no-such-checkpoint"), 3)
+    assert "'1f0-no-such-checkpoint'" in line and "'chat-bob'" in line
+    assert "'nobody'" in error_line(run_cli(endpoint, "copy", "nobody", "somebody"), 3)
+
+
+# -- errors and configuration ------------------------------------------------------------
+def test_usage_errors_are_exit_2(endpoint: str) -> None:
+    result = run_cli(endpoint, "verify", "--older-than", "1x")
+    assert result.returncode == 2 and "'1x' is not a duration" in result.stderr.decode()
+    result = run_cli(endpoint, "threads", env=cli_env(endpoint, CHECKPOINT_BUCKET=None))
+    assert result.returncode == 2 and "--bucket" in result.stderr.decode() and "CHECKPOINT_BUCKET" in result.stderr.decode()
+    result = run_cli(endpoint, "--serde", "no_such_module:serde", "threads")
+    assert result.returncode == 2 and "'no_such_module'" in result.stderr.decode()
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_store_error_is_exit_1_naming_the_bucket(endpoint: str, debug: bool) -> None:
+    """A bucket that does not exist (manifest mode reads it first): one line, or a traceback with --debug."""
+    args = ["--bucket", "no-such-bucket", "threads"]
+    result = run_cli(endpoint, *(["--debug"] if debug else []), *args, mode="manifest")
+    if debug:
+        stderr = result.stderr.decode()
+        assert result.returncode == 1 and "Traceback" in stderr and "BucketNotFoundError" in stderr
+        assert stderr.strip().splitlines()[-1].startswith("error: ")
+    else:
+        line = error_line(result, 1)
+        assert "bucket 'no-such-bucket'" in line and "does not exist" in line
+
+
+def test_serde_option(endpoint: str, monkeypatch) -> None:
+    """Threads written with EncryptedSerializer: unreadable without --serde (exit 1), read with
+    CHECKPOINT_SERDE naming a zero-argument factory (the key from LANGGRAPH_AES_KEY)."""
+    key = "k" * 32
+    saver = make_saver(endpoint, serde=EncryptedSerializer.from_pycryptodome_aes(key=key.encode()))
+    saver.setup()
+    chat_graph(saver).invoke({"messages": [("user", "secret")]}, config("sealed"))
+    saver.close()
+    assert "msgpack+aes" in error_line(run_cli(endpoint, "show", "sealed"), 1)
+    factory = "langgraph.checkpoint.serde.encrypted:EncryptedSerializer.from_pycryptodome_aes"
+    env = cli_env(endpoint, CHECKPOINT_SERDE=factory, LANGGRAPH_AES_KEY=key)
+    shown = json.loads(ok(run_cli(endpoint, "--json", "show", "sealed", env=env)))
+    assert shown["values"]["messages"][0]["content"] == "secret"
+
+
+@pytest.mark.parametrize(
+    "index_mode, script", [("dynamodb", True), ("manifest", False)], ids=["dynamodb-console-script", "manifest-python-m"]
+)
+def test_setup(endpoint: str, index_mode: str, script: bool) -> None:
+    """setup makes the bucket (and the table) ready and says which index it uses."""
+    out = ok(run_cli(endpoint, "setup", mode=index_mode, script=script))
+    assert f"bucket '{BUCKET}' ready" in out
+    _s3(endpoint).head_bucket(Bucket=BUCKET)
+    if index_mode == "dynamodb":
+        assert f"DynamoDB table '{TABLE}' ready" in out
+        boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1").describe_table(TableName=TABLE)
+    else:
+        assert "manifest" in out
+
+
+# -- maintenance -------------------------------------------------------------------------
+def test_verify_and_gc(endpoint: str) -> None:
+    """What the saver's audit finds, as a table, JSON and exit bits (the audit itself is
+    tested in both index modes by tests/test_audit.py)."""
+    index_mode = "dynamodb"
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    populate(saver)
+    s3 = _s3(endpoint)
+    orphan = "live/chat-ann/=/checkpoints/orphan-of-a-crashed-write"
+    s3.put_object(Bucket=BUCKET, Key=orphan, Body=b"x" * 100)
+    ghost = "live/ghost/=/checkpoints/1"
+    s3.put_object(Bucket=BUCKET, Key=ghost, Body=b"y" * 50)
+    gone = next(
+        o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="live/chat-bob/")["Contents"] if "/writes/" in o["Key"]
+    )
+    s3.delete_object(Bucket=BUCKET, Key=gone)
+
+    # Within the grace period the orphan may be a write in flight: shown, not counted.
+    table = ok(run_cli(endpoint, "verify", mode=index_mode), 8 | 16)
+    assert "in_flight" in table and orphan in table and ghost in table and gone in table
+    assert "1 missing, 1 unindexed, 1 in flight" in table
+
+    report = json.loads(ok(run_cli(endpoint, "--json", "verify", "--older-than", "0s", mode=index_mode), 4 | 8 | 16))
+    assert report["counts"] == {"missing": 1, "broken": 0, "orphan": 1, "unindexed": 1, "in_flight": 0}
+    assert {(p["kind"], p["key"]) for p in report["problems"]} == {("orphan", orphan), ("unindexed", ghost), ("missing", gone)}
+    assert report["exit_code"] == 28 and report["threads"] == 3
+
+    # gc: a dry run by default (verify's bitmask), listing what it would delete.
+    out = ok(run_cli(endpoint, "gc", "--older-than", "0s", "-v", mode=index_mode), 4 | 8 | 16)
+    assert orphan in out and "would delete 1 object (100 bytes)" in out and ghost not in out.split("not deleted")[0]
+    assert _exists(endpoint, orphan)
+    done = json.loads(ok(run_cli(endpoint, "--json", "gc", "--older-than", "0s", "--yes", "--include-unindexed", mode=index_mode)))
+    assert sorted(done["deleted"]) == sorted([orphan, ghost]) and done["delete_bytes"] == 150 and done["exit_code"] == 0
+    assert not _exists(endpoint, orphan) and not _exists(endpoint, ghost)
+
+    # Only the threads named; rebuild-index writes one thread's index again.
+    assert "consistent" in ok(run_cli(endpoint, "verify", "chat-ann", mode=index_mode))
+    assert "indexed 5 checkpoints of thread 'chat-ann'" in ok(run_cli(endpoint, "rebuild-index", "chat-ann", mode=index_mode))
+    saver.close()
+
+
+# -- whole threads -----------------------------------------------------------------------
+def test_destructive_commands_need_yes_in_a_pipe(endpoint: str, chats) -> None:
+    saver, graph = chats
+    before = graph.get_state(config("chat-ann")).values
+    for args in (["delete", "chat-ann"], ["delete", "--run", "ann-1"], ["prune", "chat-ann"]):
+        line = error_line(run_cli(endpoint, *args), 2)
+        assert "--yes" in line and "nothing was changed" in line
+    assert graph.get_state(config("chat-ann")).values == before
+    assert len(list(graph.get_state_history(config("chat-ann")))) == 5
+
+
+def test_copy_prune_delete(endpoint: str, chats) -> None:
+    saver, graph = chats
+    assert "copied thread 'chat-ann' to 'chat-copy'" in ok(run_cli(endpoint, "copy", "chat-ann", "chat-copy"))
+    assert graph.get_state(config("chat-copy")).values == graph.get_state(config("chat-ann")).values
+    out = ok(run_cli(endpoint, "prune", "chat-copy", "chat-ann", "--keep-last", "2", "--yes"))
+    assert "pruned 2 threads" in out
+    assert len(list(graph.get_state_history(config("chat-copy")))) == 2
+    out = ok(run_cli(endpoint, "delete", "chat-copy", "--yes"))
+    assert "deleted 1 thread: chat-copy" in out and graph.get_state(config("chat-copy")).values == {}
+    # delete --run: bob's only run goes, so does his thread from the listing.
+    assert json.loads(ok(run_cli(endpoint, "--json", "delete", "--run", "bob-1", "--yes"))) == {"deleted_runs": ["bob-1"]}
+    assert saver.get_tuple(config("chat-bob")) is None
+    assert [t.thread_id for t in saver.list_threads()] == ["chat-ann"]
+
+
+def test_export_import_archive_restore(endpoint: str, chats, tmp_path) -> None:
+    saver, graph = chats
+    expected = graph.get_state(config("chat-ann")).values
+    path = tmp_path / "chat-ann.s3saver"
+    assert "exported thread 'chat-ann'" in ok(run_cli(endpoint, "export", "chat-ann", str(path)))
+    assert "imported thread 'imported'" in ok(run_cli(endpoint, "import", str(path), "--as", "imported"))
+    assert graph.get_state(config("imported")).values == expected
+    # FILE "-": the bytes on stdout (the message on stderr), and from stdin.
+    piped = run_cli(endpoint, "export", "chat-ann", "-")
+    assert piped.returncode == 0 and piped.stdout == path.read_bytes() and b"exported thread" in piped.stderr
+    done = json.loads(ok(run_cli(endpoint, "--json", "import", "-", "--as", "piped", stdin=piped.stdout)))
+    assert done["thread_id"] == "piped" and done["bytes"] == len(piped.stdout)
+    assert graph.get_state(config("piped")).values == expected
+    assert "'absent'" in error_line(run_cli(endpoint, "export", "absent", str(tmp_path / "x")), 3)
+
+    # archive named threads, then restore one; archive --idle takes the idle ones.
+    table = ok(run_cli(endpoint, "archive", "imported", "piped", "--class", "STANDARD_IA"))
+    assert table.count(" archived ") == 2 and "archive/imported/" in table and "STANDARD_IA" in table
+    assert {t.thread_id: t.archived for t in saver.list_threads()}["imported"] == "STANDARD_IA"
+    restored = json.loads(ok(run_cli(endpoint, "--json", "restore", "imported")))
+    assert restored["state"] == "live" and restored["thread_id"] == "imported"
+    assert graph.get_state(config("imported")).values == expected
+    idle = json.loads(ok(run_cli(endpoint, "--json", "archive", "--idle", "0s", "--limit", "2")))
+    assert len(idle["archived"]) == 2 and all(s["storage_class"] == "GLACIER_IR" for s in idle["archived"])
+    archived = {t.thread_id for t in saver.list_threads() if t.archived}
+    assert {s["thread_id"] for s in idle["archived"]} <= archived and len(archived) == 3
+    assert graph.get_state(config("chat-ann")).values == expected  # archived or not, read the same
+
+
+# -- migrate -----------------------------------------------------------------------------
+def test_migrate_from_sqlite(endpoint: str, tmp_path) -> None:
+    """A SQLite file a graph wrote, migrated into the store of the global options: the graph on an
+    S3Saver resumes it (the interrupt's answer) to the same state as on SQLite."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    database = tmp_path / "source.db"
+    with sqlite3.connect(database, check_same_thread=False) as conn:
+        source = SqliteSaver(conn)
+        source.setup()
+        populate(source, users=("ann", "bob", "cid"), finished=("ann",))
+    saver = make_saver(endpoint)
+    saver.setup()
+    out = ok(run_cli(endpoint, "migrate", "--from", f"sqlite:///{database}", "--thread", "chat-bob", "--thread", "chat-ann"))
+    lines = out.splitlines()
+    assert lines[0] == f"from sqlite:///{database}" and lines[1] == f"to   s3://{BUCKET}/?table={TABLE}"
+    assert lines[2].split() == ["threads", "checkpoints", "writes", "skipped", "bytes", "verified", "seconds"]
+    threads, checkpoints, writes, skipped, _, _, verified, _ = lines[4].split()
+    assert (threads, checkpoints, skipped, verified) == ("2", "8", "0", "8") and int(writes) > 0  # 5 + 3 checkpoints
+    assert saver.get_tuple(config("chat-cid")) is None
+    with sqlite3.connect(database, check_same_thread=False) as conn:
+        on_sqlite = chat_graph(SqliteSaver(conn))
+        on_s3 = chat_graph(saver)
+        for thread in ("chat-ann", "chat-bob"):
+            assert on_s3.get_state(config(thread)).values == on_sqlite.get_state(config(thread)).values
+            assert on_s3.get_state(config(thread)).next == on_sqlite.get_state(config(thread)).next
+        assert on_s3.invoke(Command(resume="ok"), config("chat-bob")) == on_sqlite.invoke(Command(resume="ok"), config("chat-bob"))
+    # Run again: everything is there already (JSON report).
+    again = json.loads(ok(run_cli(endpoint, "--json", "migrate", "--from", f"sqlite:///{database}", "--thread", "chat-ann", "--no-verify")))
+    assert again["checkpoints"] == 0 and again["skipped"] == 5 and again["verified"] == 0
+    saver.close()
