@@ -168,6 +168,33 @@ class SetupTimeoutError(S3SaverError, TimeoutError):
     """``setup()`` created the table but it did not become ACTIVE in time."""
 
 
+class MigrationError(S3SaverError):
+    """``migrate()`` found the target different from the source (verification), or a
+    target that did not store a checkpoint under the id it was given.
+
+    Attributes:
+        thread_id: The thread.
+        checkpoint_ns: The namespace ("" for the root graph).
+        checkpoint_id: The checkpoint that differs (None when a whole namespace does).
+        difference: What differs, in words.
+    """
+
+    def __init__(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, difference: str
+    ) -> None:
+        where = f"thread {thread_id!r}, namespace {checkpoint_ns!r}"
+        if checkpoint_id is not None:
+            where += f", checkpoint {checkpoint_id}"
+        super().__init__(f"{where}: {difference}")
+        self.thread_id = thread_id
+        self.checkpoint_ns = checkpoint_ns
+        self.checkpoint_id = checkpoint_id
+        self.difference = difference
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.thread_id, self.checkpoint_ns, self.checkpoint_id, self.difference))
+
+
 # -- AWS error codes, by the meaning the saver gives them --------------------------------
 BUCKET_MISSING_CODES = frozenset({"NoSuchBucket"})
 # HeadBucket has no body, so a missing bucket is a bare 404.

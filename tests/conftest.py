@@ -369,3 +369,4 @@ def seaweedfs_saver(endpoint: str, bucket: str, **kwargs):
 
 # --- Two regions (tests/regions.py): registers the `regions` fixture -----------------
 from regions import regions  # noqa: E402,F401
+from postgres_server import postgres_url  # noqa: E402,F401  (PostgreSQL for tests/test_migrate.py)
