@@ -187,8 +187,13 @@ def restore_command(app: App, thread: str, days: int, tier: str) -> None:
         return
     if status.state == "restoring":
         app.out.message(f"thread {thread!r}: S3 is restoring its archive ({status.storage_class}, tier {tier}); run restore again later")
+    elif status.key is None:
+        app.out.message(f"thread {thread!r} is live (it was not archived)")
     else:
-        app.out.print(app.out.table(STATUS_COLUMNS, _status_rows([status]), numeric=("checkpoints", "live bytes", "archive bytes")))
+        app.out.message(
+            f"thread {thread!r} is live again: {plural(status.checkpoints, 'checkpoint')}, "
+            f"{human_bytes(status.live_bytes)} written back from {status.key} ({status.storage_class}, deleted)"
+        )
 
 
 # -- export, import ----------------------------------------------------------------------

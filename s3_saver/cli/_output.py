@@ -177,8 +177,9 @@ class Output:
             task = bar.add_task(description, total=total, unit=unit, bytes=None)
             tracker = Tracker(bar, task)
             yield tracker
-            if bar.tasks[0].total is None:  # never told: what was done was all of it
-                bar.update(task, total=tracker.done)
+            # The last frame: the whole operation (a total never told is what was done).
+            total_now = bar.tasks[0].total
+            bar.update(task, description=description, total=tracker.done if total_now is None else total_now)
 
 
 def _is_terminal(stream: Any) -> bool:
