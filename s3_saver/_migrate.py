@@ -203,8 +203,7 @@ def _copy(
     sent = _put_writes(target, config, writes, None)
     report.checkpoints += 1
     report.writes += len(sent)
-    report.bytes += _size(serde, tup.checkpoint) + _size(serde, tup.metadata)
-    report.bytes += sum(_size(serde, value) for _, _, value in sent)
+    report.bytes += _size(serde, tup.checkpoint) + _size(serde, tup.metadata) + sum(_size(serde, v) for *_, v in sent)
 
 
 def _new_versions(serde: SerializerProtocol, tup: CheckpointTuple, parent: CheckpointTuple | None) -> ChannelVersions:
@@ -301,9 +300,7 @@ def _verify(
         known, other_known = set(ids), set(other_ids)
         missing = [c for c in ids if c not in other_known]
         if missing:
-            raise MigrationError(
-                thread_id, ns, missing[0], f"missing from the target ({len(missing)} of {len(ids)} missing)"
-            )
+            raise MigrationError(thread_id, ns, missing[0], f"missing from the target ({len(missing)} of {len(ids)})")
         extra = [c for c in other_ids if c not in known]
         if extra:
             raise MigrationError(thread_id, ns, extra[0], f"the target has it, the source does not ({len(extra)} such)")
@@ -327,8 +324,7 @@ def _difference(serde: SerializerProtocol, a: CheckpointTuple, b: CheckpointTupl
     if not _same(serde, a.metadata, b.metadata):
         keys = sorted(k for k in {*a.metadata, *b.metadata} if not _same(serde, a.metadata.get(k), b.metadata.get(k)))
         return f"metadata differs in {keys}: source {_short(a.metadata)}, target {_short(b.metadata)}"
-    mine: dict[str, Any] = dict(a.checkpoint)
-    theirs: dict[str, Any] = dict(b.checkpoint)
+    mine, theirs = dict[str, Any](a.checkpoint), dict[str, Any](b.checkpoint)
     for key in sorted({*mine, *theirs}):
         if key not in mine or key not in theirs:
             return f"checkpoint field {key!r} is only in the {'source' if key in mine else 'target'}"
