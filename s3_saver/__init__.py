@@ -9,6 +9,7 @@ from s3_saver._index.dynamo_items import (
     TTL_ATTRIBUTE,
 )
 from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
+from s3_saver._migrate import MigrationProgress, MigrationReport, migrate
 from s3_saver._ops.archive import ArchiveStatus
 from s3_saver._ops.audit import StoreProblem, StoreReport
 from s3_saver._ops.threads import ThreadInfo
@@ -16,6 +17,7 @@ from s3_saver._protocol import RequestStats
 from s3_saver._replica import Promotion, ReadSource, Replica, ReplicationGap, ReplicationReport
 from s3_saver._retry import RetryPolicy
 from s3_saver._saver import S3Saver
+from s3_saver._urls import open_saver
 from s3_saver.errors import (
     AccessDeniedError,
     BucketNotFoundError,
@@ -24,6 +26,7 @@ from s3_saver.errors import (
     CorruptObjectError,
     ImmutableObjectConflictError,
     KeyTooLongError,
+    MigrationError,
     MissingObjectError,
     PrimaryUnavailableError,
     ReplicationLagError,
@@ -56,6 +59,9 @@ __all__ = [
     "CorruptObjectError",
     "ImmutableObjectConflictError",
     "KeyTooLongError",
+    "MigrationError",
+    "MigrationProgress",
+    "MigrationReport",
     "MissingObjectError",
     "PrimaryUnavailableError",
     "Promotion",
@@ -80,4 +86,6 @@ __all__ = [
     "ThreadArchivedError",
     "ThreadDeletedError",
     "ThreadInfo",
+    "migrate",
+    "open_saver",
 ]
