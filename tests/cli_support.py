@@ -70,7 +70,8 @@ def populate(saver: Any, users: tuple[str, ...] = ("ann", "bob"), finished: tupl
     resumed past the interrupt (run ``<user>-2``), the others wait at it."""
     graph = chat_graph(saver)
     for user in users:
-        graph.invoke({"messages": [HumanMessage(f"hello from {user}", id=f"h-{user}")]}, config(f"chat-{user}", user=user, run_id=f"{user}-1"))
+        first = {"messages": [HumanMessage(f"hello from {user}", id=f"h-{user}")]}
+        graph.invoke(first, config(f"chat-{user}", user=user, run_id=f"{user}-1"))
         if user in finished:
             graph.invoke(Command(resume="yes"), config(f"chat-{user}", user=user, run_id=f"{user}-2"))
     return graph

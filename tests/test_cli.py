@@ -18,6 +18,7 @@ from langgraph.types import Command
 
 from cli_support import chat_graph, cli_env, config, error_line, ok, populate, run_cli
 from conftest import BUCKET, TABLE, make_saver
+from s3_saver import S3Saver
 from s3_saver.cli import MISSING_EXTRA, main
 from s3_saver.cli._checkpoint import next_nodes, values_size
 from s3_saver.cli._params import KeyValue, format_duration, parse_duration
@@ -112,7 +113,8 @@ def test_threads_history_show(endpoint: str, chats) -> None:
     # history as a table, a page of two.
     table = ok(run_cli(endpoint, "history", "chat-bob", "--limit", "2"))
     lines = table.splitlines()
-    assert lines[0].strip() == "thread chat-bob" and lines[1].split() == ["checkpoint", "time", "step", "source", "next", "writes", "size"]
+    assert lines[0].strip() == "thread chat-bob"
+    assert lines[1].split() == ["checkpoint", "time", "step", "source", "next", "writes", "size"]
     rows = [line.split() for line in lines[3:]]
     assert len(rows) == 2 and rows[0][3:6] == ["1", "loop", "review"] and rows[1][3:6] == ["0", "loop", "agent"]
 
@@ -326,7 +328,12 @@ def test_migrate_from_sqlite(endpoint: str, tmp_path) -> None:
             assert on_s3.get_state(config(thread)).values == on_sqlite.get_state(config(thread)).values
             assert on_s3.get_state(config(thread)).next == on_sqlite.get_state(config(thread)).next
         assert on_s3.invoke(Command(resume="ok"), config("chat-bob")) == on_sqlite.invoke(Command(resume="ok"), config("chat-bob"))
-    # Run again: everything is there already (JSON report).
-    again = json.loads(ok(run_cli(endpoint, "--json", "migrate", "--from", f"sqlite:///{database}", "--thread", "chat-ann", "--no-verify")))
-    assert again["checkpoints"] == 0 and again["skipped"] == 5 and again["verified"] == 0
+    # Without --from: from the store of the global options, here to another prefix in manifest mode.
+    url = f"s3://{BUCKET}/copies/?endpoint_url={endpoint}&region=us-east-1"
+    moved = json.loads(ok(run_cli(endpoint, "--json", "migrate", "--to", url, "--thread", "chat-ann", "--no-verify")))
+    assert moved["from"] == f"s3://{BUCKET}/?table={TABLE}" and moved["to"] == url
+    assert (moved["threads"], moved["checkpoints"], moved["skipped"], moved["verified"]) == (1, 5, 0, 0)
+    copies = S3Saver(BUCKET, prefix="copies/", endpoint_url=endpoint, region_name="us-east-1")
+    assert chat_graph(copies).get_state(config("chat-ann")).values == on_s3.get_state(config("chat-ann")).values
+    copies.close()
     saver.close()

@@ -144,7 +144,9 @@ _current: list[App] = []
 )
 @click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", show_envvar=True, metavar="URL", help="One endpoint for S3 and DynamoDB.")
 @click.option("--s3-endpoint-url", envvar="AWS_ENDPOINT_URL_S3", show_envvar=True, metavar="URL", help="S3 endpoint (MinIO, R2...).")
-@click.option("--dynamodb-endpoint-url", envvar="AWS_ENDPOINT_URL_DYNAMODB", show_envvar=True, metavar="URL", help="DynamoDB endpoint.")
+@click.option(
+    "--dynamodb-endpoint-url", envvar="AWS_ENDPOINT_URL_DYNAMODB", show_envvar=True, metavar="URL", help="DynamoDB endpoint."
+)
 @click.option(
     "--serde",
     envvar="CHECKPOINT_SERDE",

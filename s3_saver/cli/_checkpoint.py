@@ -59,7 +59,11 @@ def user_values(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     """The state's channels (``get_state().values``), without LangGraph's own
     (``branch:to:*`` markers, ``__start__`` input, ``__pregel_tasks`` sends)."""
     values: Mapping[str, Any] = checkpoint.get("channel_values") or {}
-    return {k: v for k, v in values.items() if not k.startswith(BRANCH) and not (k.startswith("__") and k.endswith("__")) and k != TASKS}
+    return {
+        k: v
+        for k, v in values.items()
+        if not k.startswith(BRANCH) and not (k.startswith("__") and k.endswith("__")) and k != TASKS
+    }
 
 
 def internal_values(checkpoint: Mapping[str, Any]) -> dict[str, Any]:

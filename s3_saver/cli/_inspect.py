@@ -45,8 +45,14 @@ def _store(app: App) -> str:
 
 # -- threads -----------------------------------------------------------------------------
 @click.command("threads", short_help='List threads, newest first.')
-@click.option("--filter", "filters", type=KeyValue(), multiple=True, help="Latest checkpoint's metadata key=value (value as JSON when it parses).")
-@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Threads per page (0: all).")
+@click.option(
+    "--filter",
+    "filters",
+    type=KeyValue(),
+    multiple=True,
+    help="Latest checkpoint's metadata key=value (value as JSON when it parses).",
+)
+@click.option("--limit", type=click.IntRange(min=0), metavar="N", default=20, show_default=True, help="Threads per page (0: all).")
 @click.option("--before", metavar="THREAD", help="The page after this thread (the previous page's footer).")
 @pass_app
 def threads_command(app: App, filters: tuple[tuple[str, Any], ...], limit: int, before: str | None) -> None:
@@ -91,7 +97,7 @@ def _thread_json(t: Any) -> dict[str, Any]:
 @click.command("history", short_help="List a thread's checkpoints, newest first.")
 @click.argument("thread")
 @click.option("--ns", default="", metavar="NS", help="Checkpoint namespace (a subgraph's); default the root.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many checkpoints.")
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", default=None, help="At most this many checkpoints.")
 @click.option("--before", metavar="CHECKPOINT", help="Only checkpoints older than this one.")
 @pass_app
 def history_command(app: App, thread: str, ns: str, limit: int | None, before: str | None) -> None:
@@ -163,7 +169,8 @@ def _render_checkpoint(doc: dict[str, Any]) -> RenderableType:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    for label, key in (("thread", "thread_id"), ("namespace", "checkpoint_ns"), ("checkpoint", "checkpoint_id"), ("parent", "parent_checkpoint_id")):
+    labels = {"thread": "thread_id", "namespace": "checkpoint_ns", "checkpoint": "checkpoint_id", "parent": "parent_checkpoint_id"}
+    for label, key in labels.items():
         if doc.get(key) or key != "checkpoint_ns":
             head.add_row(label, Text(str(doc.get(key) or "-")))
     head.add_row("time", Text(short_time(doc["ts"]) + " UTC" if doc["ts"] else "-"))

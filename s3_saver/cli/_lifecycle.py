@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from s3_saver.cli._app import App, pass_app
-from s3_saver.cli._inspect import not_found, thread_config, thread_exists
+from s3_saver.cli._inspect import not_found, thread_exists
 from s3_saver.cli._output import human_bytes, plural
 from s3_saver.cli._params import Duration
 
@@ -47,7 +47,9 @@ def copy_command(app: App, source: str, target: str) -> None:
 # -- prune -------------------------------------------------------------------------------
 @click.command("prune", short_help='Remove the older checkpoints of threads.')
 @click.argument("threads", nargs=-1, required=True)
-@click.option("--keep-last", type=click.IntRange(min=1), default=None, help="Checkpoints kept per namespace (default 1).")
+@click.option(
+    "--keep-last", type=click.IntRange(min=1), metavar="N", default=None, help="Checkpoints kept per namespace (default 1)."
+)
 @click.option("--strategy", type=click.Choice(["keep_latest", "delete"]), default="keep_latest", show_default=True)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @pass_app
@@ -112,8 +114,10 @@ STATUS_COLUMNS = ("thread", "state", "class", "checkpoints", "live bytes", "arch
 
 @click.command("archive", short_help='Archive threads, one cold object each.')
 @click.argument("threads", nargs=-1)
-@click.option("--idle", type=Duration(), default=None, metavar="DURATION", help="Every live thread whose latest checkpoint is older (e.g. 30d).")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="With --idle: at most this many threads.")
+@click.option(
+    "--idle", type=Duration(), default=None, metavar="DURATION", help="Every live thread whose latest checkpoint is older (e.g. 30d)."
+)
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", default=None, help="With --idle: at most this many threads.")
 @click.option("--class", "storage_class", type=click.Choice(ARCHIVE_CLASSES), default="GLACIER_IR", show_default=True)
 @pass_app
 def archive_command(app: App, threads: tuple[str, ...], idle: timedelta | None, limit: int | None, storage_class: str) -> None:
@@ -173,7 +177,14 @@ def _archive_idle(app: App, idle: timedelta, limit: int | None, storage_class: s
 
 @click.command("restore", short_help='Bring an archived thread back to live objects.')
 @click.argument("thread")
-@click.option("--days", type=click.IntRange(min=1), default=3, show_default=True, help="How long S3 keeps a cold archive's readable copy.")
+@click.option(
+    "--days",
+    type=click.IntRange(min=1),
+    metavar="N",
+    default=3,
+    show_default=True,
+    help="How long S3 keeps a cold archive's readable copy.",
+)
 @click.option("--tier", type=click.Choice(["Standard", "Bulk", "Expedited"]), default="Standard", show_default=True)
 @pass_app
 def restore_command(app: App, thread: str, days: int, tier: str) -> None:
@@ -186,7 +197,9 @@ def restore_command(app: App, thread: str, days: int, tier: str) -> None:
         app.out.emit_json(dataclasses.asdict(status))
         return
     if status.state == "restoring":
-        app.out.message(f"thread {thread!r}: S3 is restoring its archive ({status.storage_class}, tier {tier}); run restore again later")
+        app.out.message(
+            f"thread {thread!r}: S3 is restoring its archive ({status.storage_class}, tier {tier}); run restore again later"
+        )
     elif status.key is None:
         app.out.message(f"thread {thread!r} is live (it was not archived)")
     else:

@@ -130,7 +130,11 @@ def verify_command(app: App, threads: tuple[str, ...], older_than: timedelta) ->
 @click.command("gc", short_help='Delete unreferenced objects (a dry run unless --yes).')
 @_audit_options
 @click.option("--yes", is_flag=True, help="Delete (without it, a dry run: what would be deleted).")
-@click.option("--include-unindexed", is_flag=True, help="Also the objects of threads the index knows nothing of (rebuild-index restores those).")
+@click.option(
+    "--include-unindexed",
+    is_flag=True,
+    help="Also the objects of threads the index knows nothing of (rebuild-index restores those).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="List every key.")
 @pass_app
 def gc_command(
@@ -158,7 +162,8 @@ def gc_command(
         size = sum(p.size for p in doomed)
     code = EXIT_OK if yes else exit_bits(report)
     if app.out.json:
-        app.out.emit_json(_report_json(report, code, dry_run=not yes, **{"deleted" if yes else "would_delete": keys, "delete_bytes": size}))
+        listed = {"deleted" if yes else "would_delete": keys, "delete_bytes": size}
+        app.out.emit_json(_report_json(report, code, dry_run=not yes, **listed))
         return code
     if verbose and keys:
         rows = [(p.thread_id, p.key, p.kind, human_bytes(p.size), short_time(p.modified)) for p in doomed if p.key in set(keys)]
@@ -168,7 +173,8 @@ def gc_command(
         _problems_table(app, kept, "not deleted")
     app.out.message(_summary(report))
     verb = "deleted" if yes else "would delete"
-    app.out.message(f"{verb} {plural(len(keys), 'object')} ({human_bytes(size)})" + ("" if yes or not keys else "; run again with --yes to delete"))
+    hint = "" if yes or not keys else "; run again with --yes to delete"
+    app.out.message(f"{verb} {plural(len(keys), 'object')} ({human_bytes(size)}){hint}")
     return code
 
 

@@ -20,7 +20,9 @@ URL_FORMS = "sqlite:///file.db, postgresql://user:password@host/db, s3://bucket/
 @click.command("migrate", short_help='Copy threads between checkpoint savers.')
 @click.option("--from", "source_url", metavar="URL", help=f"Saver read from ({URL_FORMS}); default the global options' store.")
 @click.option("--to", "target_url", metavar="URL", help="Saver written to (same forms); default the global options' store.")
-@click.option("--thread", "threads", multiple=True, metavar="THREAD", help="Only this thread (repeat for more); default every thread.")
+@click.option(
+    "--thread", "threads", multiple=True, metavar="THREAD", help="Only this thread (repeat for more); default every thread."
+)
 @click.option("--no-verify", is_flag=True, help="Do not read each thread back from the target to compare it.")
 @pass_app
 def migrate_command(app: App, source_url: str | None, target_url: str | None, threads: tuple[str, ...], no_verify: bool) -> None:

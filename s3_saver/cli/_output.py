@@ -144,7 +144,13 @@ class Output:
     ) -> Table:
         """A table of plain cells (no rich markup is read from them); ``numeric`` columns align right."""
         table = Table(
-            title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title_justify="left", caption_justify="left"
+            title=title,
+            caption=caption,
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            title_justify="left",
+            caption_justify="left",
         )
         for name in columns:
             table.add_column(name, justify="right" if name in numeric else "left", overflow="fold")
