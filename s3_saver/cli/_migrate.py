@@ -1,6 +1,6 @@
 """``migrate``: copy threads between LangGraph checkpoint savers (SQLite, Postgres, S3Saver).
 
-``--from`` and ``--to`` take the URLs of :func:`s3_saver._urls.open_saver`; the one
+``--from`` and ``--to`` take the URLs of :func:`s3_saver.open_saver`; the one
 left out is the store the global options configure (``--bucket``, ``--table``...).
 """
 
@@ -31,8 +31,7 @@ def migrate_command(app: App, source_url: str | None, target_url: str | None, th
     Resumable: run it again after an interruption and it skips what the target holds."""
     if not source_url and not target_url:
         raise click.UsageError("give --from URL or --to URL (the other defaults to the store of --bucket/--table)")
-    from s3_saver._migrate import migrate
-    from s3_saver._urls import open_saver
+    from s3_saver import migrate, open_saver
 
     with ExitStack() as stack:
         source = stack.enter_context(open_saver(source_url)) if source_url else app.saver()
