@@ -45,7 +45,7 @@ def mask(url: str) -> str:
     return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1:***@", url))
 
 
-def open_saver(url: str) -> AbstractContextManager[BaseCheckpointSaver]:
+def open_saver(url: str, *, create: bool = True) -> AbstractContextManager[BaseCheckpointSaver]:
     """A LangGraph checkpoint saver from a URL, as a context manager that closes it.
 
     - ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``: a
@@ -64,6 +64,12 @@ def open_saver(url: str) -> AbstractContextManager[BaseCheckpointSaver]:
             migrate(source, target)
         ```
 
+    Args:
+        url: One of the forms above.
+        create: False for a store that is read from: a SQLite file that does
+            not exist is then an error (a mistyped path would otherwise give an
+            empty database, and a migration of nothing).
+
     Raises:
         ConfigurationError: An unknown scheme, a malformed URL, a missing
             optional package (the message names the extra to install), or a
@@ -73,7 +79,10 @@ def open_saver(url: str) -> AbstractContextManager[BaseCheckpointSaver]:
         raise ConfigurationError(f"a saver URL must be a string, got {type(url).__name__}: {url!r}")
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme == "sqlite":
-        return _sqlite(url, _sqlite_path(url))
+        path = _sqlite_path(url)
+        if not create and path != ":memory:" and not os.path.exists(path):
+            raise ConfigurationError(f"{url}: no SQLite database file at {os.path.abspath(path)}")
+        return _sqlite(url, path)
     if scheme in ("postgresql", "postgres"):
         return _postgres(url)
     if scheme == "s3":

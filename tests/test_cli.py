@@ -336,4 +336,9 @@ def test_migrate_from_sqlite(endpoint: str, tmp_path) -> None:
     copies = S3Saver(BUCKET, prefix="copies/", endpoint_url=endpoint, region_name="us-east-1")
     assert chat_graph(copies).get_state(config("chat-ann")).values == on_s3.get_state(config("chat-ann")).values
     copies.close()
+    # A source that is not there is an error (not an empty database), and a store onto itself a usage error.
+    line = error_line(run_cli(endpoint, "migrate", "--from", f"sqlite:///{tmp_path / 'typo.db'}"), 1)
+    assert "no SQLite database file" in line and "typo.db" in line and not (tmp_path / "typo.db").exists()
+    same = run_cli(endpoint, "migrate", "--to", f"s3://{BUCKET}/?table={TABLE}")
+    assert same.returncode == 2 and b"name the same store" in same.stderr
     saver.close()

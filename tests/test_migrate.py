@@ -481,9 +481,15 @@ def test_open_saver_sqlite_paths(tmp_path, monkeypatch) -> None:
         with open_saver(sqlite_url(tmp_path / "garbage.db")):
             pass
     monkeypatch.chdir(tmp_path)
+    # A store read from is never made up: a mistyped source is an error, not an empty database.
+    with pytest.raises(ConfigurationError, match="no SQLite database file at .*relative.db"):
+        open_saver("sqlite:///relative.db", create=False)
+    assert not (tmp_path / "relative.db").exists()
     with open_saver("sqlite:///relative.db") as saver:
         converse(saver, "t", turns=1)
     assert (tmp_path / "relative.db").stat().st_size > 0
+    with open_saver("sqlite:///relative.db", create=False) as saver:
+        assert saver.get_tuple({"configurable": {"thread_id": "t"}}) is not None
 
 
 def test_open_saver_names_the_missing_extra(monkeypatch) -> None:

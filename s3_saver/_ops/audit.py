@@ -26,6 +26,7 @@ names objects written after it.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ class StoreReport:
         objects: Objects listed.
         bytes: Their total size.
         problems: Every disagreement found, thread by thread.
+        garbage: Keys ``collect_garbage`` chose to delete (in a dry run: would delete).
         deleted: Keys deleted (``collect_garbage`` without ``dry_run``).
     """
 
@@ -81,6 +83,7 @@ class StoreReport:
     objects: int = 0
     bytes: int = 0
     problems: list[StoreProblem] = field(default_factory=list)
+    garbage: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
 
     def of(self, kind: str) -> list[StoreProblem]:
@@ -140,7 +143,7 @@ def audit(
         listed = defaultdict(list)
         for thread_id in sorted(names):
             listed.update((yield from _list_thread(ctx, thread_id)))
-    cutoff = ctx.now() - older_than
+    cutoff = time.time() - older_than
     done = 0
     for thread_id in sorted(names):
         objects = listed.get(thread_id, [])
@@ -167,13 +170,13 @@ def collect_garbage(
     # Never an in-flight object: younger than the grace period, its write may
     # still commit. An unindexed thread's objects only when asked: its index
     # may be what was lost (rebuild_index brings it back from these objects).
-    doomed = sorted(
+    report.garbage = sorted(
         p.key for p in report.problems
-        if p.kind in kinds and p.key is not None and p.modified is not None and p.modified.timestamp() <= ctx.now() - older_than
+        if p.kind in kinds and p.key is not None and p.modified is not None and p.modified.timestamp() <= time.time() - older_than
     )
-    if doomed and not dry_run:
-        yield from delete_keys(ctx, doomed, "garbage")
-        report.deleted = doomed
+    if report.garbage and not dry_run:
+        yield from delete_keys(ctx, report.garbage, "garbage")
+        report.deleted = list(report.garbage)
     return report
 
 

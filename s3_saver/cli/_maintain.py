@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -49,14 +49,6 @@ def exit_bits(report: Any) -> int:
     for problem in report.problems:
         code |= KINDS.get(problem.kind, 0)
     return code
-
-
-def _doomed(report: Any, older_than: timedelta, include_unindexed: bool) -> list[Any]:
-    """What ``collect_garbage`` deletes (or would, in a dry run): orphans, and unindexed
-    threads' objects when asked, past the grace period."""
-    kinds = {"orphan", "unindexed"} if include_unindexed else {"orphan"}
-    cutoff = datetime.now(timezone.utc) - older_than
-    return [p for p in report.problems if p.kind in kinds and p.key is not None and p.modified is not None and p.modified <= cutoff]
 
 
 def _report_json(report: Any, code: int, **extra: Any) -> dict[str, Any]:
@@ -152,14 +144,10 @@ def gc_command(
             include_unindexed=include_unindexed,
             progress=lambda done, total, size: tracker.update(done=done, total=total, nbytes=size),
         )
-    doomed = _doomed(report, older_than, include_unindexed)
-    if yes:
-        sizes = {p.key: p.size for p in doomed}
-        keys = list(report.deleted)
-        size = sum(sizes.get(k, 0) for k in keys)
-    else:
-        keys = [p.key for p in doomed]
-        size = sum(p.size for p in doomed)
+    # What it deleted, or in a dry run would delete.
+    keys = report.deleted if yes else report.garbage
+    doomed = [p for p in report.problems if p.key in set(keys)]
+    size = sum(p.size for p in doomed)
     code = EXIT_OK if yes else exit_bits(report)
     if app.out.json:
         listed = {"deleted" if yes else "would_delete": keys, "delete_bytes": size}

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from s3_saver.cli._app import App, pass_app
+from s3_saver._urls import mask
 from s3_saver.cli._output import human_bytes
 
 URL_FORMS = "sqlite:///file.db, postgresql://user:password@host/db, s3://bucket/prefix?table=T&region=R&endpoint_url=U"
@@ -31,10 +32,13 @@ def migrate_command(app: App, source_url: str | None, target_url: str | None, th
     Resumable: run it again after an interruption and it skips what the target holds."""
     if not source_url and not target_url:
         raise click.UsageError("give --from URL or --to URL (the other defaults to the store of --bucket/--table)")
+    if (source_url or _describe(app)) == (target_url or _describe(app)):
+        raise click.UsageError(f"--from and --to name the same store: {mask(source_url or _describe(app))}")
     from s3_saver import migrate, open_saver
 
     with ExitStack() as stack:
-        source = stack.enter_context(open_saver(source_url)) if source_url else app.saver()
+        # The source is only read: a SQLite file that is not there is an error, not an empty database.
+        source = stack.enter_context(open_saver(source_url, create=False)) if source_url else app.saver()
         target = stack.enter_context(open_saver(target_url)) if target_url else app.saver()
         with app.out.progress("migrate", unit="checkpoints") as tracker:
 
@@ -42,7 +46,7 @@ def migrate_command(app: App, source_url: str | None, target_url: str | None, th
                 tracker.update(done=step.done, total=step.total, nbytes=step.bytes, description=f"migrate {step.thread_id}")
 
             report = migrate(source, target, thread_ids=list(threads) or None, verify=not no_verify, on_progress=on_progress)
-    where = {"from": source_url or _describe(app), "to": target_url or _describe(app)}
+    where = {"from": mask(source_url or _describe(app)), "to": mask(target_url or _describe(app))}
     if app.out.json:
         app.out.emit_json({**where, **_fields(report)})
         return
