@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from datetime import timedelta
 
 import boto3
@@ -21,7 +22,7 @@ from langgraph.types import Command
 from conftest import BUCKET, TABLE, make_saver
 from faults import FaultProxy
 from helpers import checkpoint, config, grow_thread
-from s3_saver import ConfigurationError, StoreReport
+from s3_saver import ConfigurationError, S3Saver, S3SaverError, StoreReport
 from test_graphs import nested_builder, review_builder
 
 NOW = timedelta(0)  # no grace period: every unreferenced object counts as garbage
@@ -224,3 +225,74 @@ def test_bad_arguments(saver) -> None:
         saver.collect_garbage(older_than=3600)
     with pytest.raises(ConfigurationError, match="negative"):
         saver.audit(older_than=timedelta(seconds=-1))
+
+
+def test_a_saver_nested_in_anothers_folders_is_never_collected(endpoint, index_mode) -> None:
+    """Prefix ``app/live`` lies inside ``app``'s ``live/``: ``app``'s gc must not take
+    its keys for objects of a thread of its own (here even one named "live")."""
+    outer = make_saver(endpoint, index_mode, prefix="app")
+    inner = make_saver(endpoint, index_mode, prefix="app/live")
+    outer.setup()
+    grow_thread(outer, "live", 2)
+    grow_thread(inner, "t1", 3)
+    inner_keys = keys(endpoint, "app/live/live/")
+    assert inner_keys
+    report = outer.collect_garbage(older_than=NOW, include_unindexed=True)
+    assert report.deleted == [] and report.problems == []
+    assert keys(endpoint, "app/live/live/") == inner_keys
+    assert_clean(inner.audit(older_than=NOW))
+    assert len(list(make_saver(endpoint, index_mode, prefix="app/live").list(config("t1")))) == 3
+
+
+def test_values_read_from_an_expired_ancestor_are_kept(endpoint, index_mode) -> None:
+    """With a ttl, a child's unchanged value may live in an ancestor's checkpoint
+    object whose own entry expired first: that object is not garbage."""
+    day = 86_400
+    saver = make_saver(endpoint, index_mode, ttl=timedelta(days=30))
+    saver.setup()
+    start = int(time.time())
+    clock = {"now": start}
+    saver._ctx.now = lambda: clock["now"]
+    first = saver.put(config("t"), checkpoint({"doc": "D", "n": 0}, {"doc": "1", "n": "1"}), {}, {"doc": "1", "n": "1"})
+    clock["now"] = start + 10 * day
+    second = saver.put(first, checkpoint({"doc": "D", "n": 1}, {"doc": "1", "n": "2"}), {}, {"n": "2"})
+    clock["now"] = start + 31 * day  # the first checkpoint's entry has expired, the second's lives
+    first_key = next(k for k in keys(endpoint, "live/t/") if first["configurable"]["checkpoint_id"] in k)
+    report = saver.collect_garbage(older_than=NOW)
+    assert first_key not in report.deleted and report.missing == []
+    assert first_key in keys(endpoint, "live/t/")
+    reader = make_saver(endpoint, index_mode, ttl=timedelta(days=30))
+    reader._ctx.now = lambda: clock["now"]
+    got = reader.get_tuple(config("t"))
+    assert got.checkpoint["id"] == second["configurable"]["checkpoint_id"]
+    assert got.checkpoint["channel_values"] == {"doc": "D", "n": 1}
+
+
+def test_a_write_reusing_an_old_orphan_and_committing_during_gc_keeps_it(endpoint) -> None:
+    """A retried write finds its object stored already (same bytes: a success) and
+    commits while the collector is between its audit and its deletes: the index is
+    read again before each thread's delete, so the object stays."""
+    good = make_saver(endpoint)
+    good.setup()
+    first = good.put(config("t"), checkpoint({"a": 1}, {"a": "1"}), {"step": 0}, {"a": "1"})
+    cp2 = checkpoint({"a": 2}, {"a": "2"})
+    # Objects written, the commit fails (a crash between the two).
+    crashed = S3Saver(BUCKET, table="no-such-table", endpoint_url=endpoint, region_name="us-east-1")
+    with pytest.raises(S3SaverError):
+        crashed.put(first, cp2, {"step": 1}, {"a": "2"})
+    retry = make_saver(endpoint)
+
+    def commit_meanwhile(done: int, total: int, size: int) -> None:
+        retry.put(first, cp2, {"step": 1}, {"a": "2"})
+
+    report = good.collect_garbage(older_than=NOW, progress=commit_meanwhile)
+    assert any(cp2["id"] in k for k in report.garbage)  # the audit took it for garbage...
+    assert report.deleted == []  # ...the read again before the delete did not
+    assert make_saver(endpoint).get_tuple(config("t")).checkpoint["channel_values"] == {"a": 2}
+    assert_clean(good.audit(older_than=NOW))
+
+
+def test_a_thread_neither_indexed_nor_stored_is_absent(saver) -> None:
+    grow_thread(saver, "t", 1)
+    report = saver.audit(["t", "nobody"])
+    assert report.absent == ["nobody"] and report.ok

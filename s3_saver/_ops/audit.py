@@ -26,6 +26,7 @@ names objects written after it.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -34,13 +35,21 @@ from datetime import datetime, timezone
 from typing import Any
 
 from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry, Holdings
-from s3_saver._keys import decode
+from s3_saver._keys import KeyLayout, decode
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys, object_keys
 from s3_saver._protocol import Op, raise_failure, request_one
-from s3_saver.errors import OBJECT_MISSING, ConfigurationError, CorruptObjectError, MissingObjectError, classify
+from s3_saver.errors import (
+    OBJECT_MISSING,
+    ConfigurationError,
+    CorruptObjectError,
+    KeyTooLongError,
+    MissingObjectError,
+    classify,
+)
 
 MISSING, ORPHAN, IN_FLIGHT, UNINDEXED, BROKEN = "missing", "orphan", "in_flight", "unindexed", "broken"
+_SEGMENT = re.compile(r"segments/\d{8}\.[^/]+")
 _HEAD_WAVE = 100  # HEADs of missing candidates per round trip
 _LISTING_PAGE = 100
 
@@ -77,6 +86,7 @@ class StoreReport:
         problems: Every disagreement found, thread by thread.
         garbage: Keys ``collect_garbage`` chose to delete (in a dry run: would delete).
         deleted: Keys deleted (``collect_garbage`` without ``dry_run``).
+        absent: Threads asked for that neither the index nor the bucket holds.
     """
 
     threads: int = 0
@@ -85,6 +95,7 @@ class StoreReport:
     problems: list[StoreProblem] = field(default_factory=list)
     garbage: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)
 
     def of(self, kind: str) -> list[StoreProblem]:
         return [p for p in self.problems if p.kind == kind]
@@ -150,7 +161,11 @@ def audit(
         report.threads += 1
         report.objects += len(objects)
         report.bytes += sum(o.size for o in objects)
-        report.problems += yield from _audit_thread(ctx, thread_id, objects, cutoff)
+        found = yield from _audit_thread(ctx, thread_id, objects, cutoff)
+        if found is None:
+            report.absent.append(thread_id)
+        else:
+            report.problems += found
         done += 1
         if progress is not None:
             progress(done, len(names), report.bytes)
@@ -174,13 +189,30 @@ def collect_garbage(
         p.key for p in report.problems
         if p.kind in kinds and p.key is not None and p.modified is not None and p.modified.timestamp() <= time.time() - older_than
     )
-    if report.garbage and not dry_run:
-        yield from delete_keys(ctx, report.garbage, "garbage")
-        report.deleted = list(report.garbage)
+    if dry_run:
+        return report
+    by_thread: dict[str, set[str]] = defaultdict(set)
+    for p in report.problems:
+        if p.key in set(report.garbage):
+            by_thread[p.thread_id].add(p.key)
+    for thread_id, doomed in sorted(by_thread.items()):
+        # The index read again just before the delete: a write that reused an
+        # existing object (a resumed copy, import, restore or migrate writes the
+        # same bytes under the same key, and an old object keeps its age) and
+        # committed since the audit keeps it. What is left is the time of one
+        # request between this read and the delete.
+        try:
+            held = yield from ctx.index.holdings(thread_id)
+        except (CorruptObjectError, MissingObjectError):
+            continue
+        keys = sorted(doomed - _referenced(ctx, thread_id, held))
+        yield from delete_keys(ctx, keys, f"garbage of thread {thread_id!r}")
+        report.deleted += keys
     return report
 
 
-def _audit_thread(ctx: Context, thread_id: str, objects: list[_Object], cutoff: float) -> Op[list[StoreProblem]]:
+def _audit_thread(ctx: Context, thread_id: str, objects: list[_Object], cutoff: float) -> Op[list[StoreProblem] | None]:
+    """The thread's problems; None when neither the index nor the bucket holds anything of it."""
     try:
         held = yield from ctx.index.holdings(thread_id)
     except (CorruptObjectError, MissingObjectError) as exc:
@@ -189,9 +221,17 @@ def _audit_thread(ctx: Context, thread_id: str, objects: list[_Object], cutoff: 
         return [StoreProblem(BROKEN, thread_id, None, str(exc))]
     by_key = {o.key: o for o in objects}
     if not held.found:
-        return [StoreProblem(UNINDEXED, thread_id, o.key, "no index entry of this thread", o.size, o.modified) for o in objects]
+        if not objects:
+            return None
+        # A new thread's first write in flight has no index entry yet either.
+        return [
+            StoreProblem(IN_FLIGHT, thread_id, o.key, "no index entry of this thread yet (younger than the grace period)", o.size, o.modified)
+            if o.modified.timestamp() > cutoff
+            else StoreProblem(UNINDEXED, thread_id, o.key, "no index entry of this thread", o.size, o.modified)
+            for o in objects
+        ]
     needed = _needed(ctx, thread_id, held)
-    keep = needed.keys() | held.kept_keys | set(object_keys(ctx, held.kept, thread_id)) | _loc_keys(ctx, thread_id, held.kept)
+    keep = _referenced(ctx, thread_id, held)
     problems: list[StoreProblem] = []
     absent = sorted(k for k in needed if k not in by_key)
     for key in (yield from _still_absent(ctx, absent)):
@@ -205,11 +245,23 @@ def _audit_thread(ctx: Context, thread_id: str, objects: list[_Object], cutoff: 
     return problems
 
 
+def _expired(ctx: Context, entry: Any) -> bool:
+    # Expired entries are never served; their objects are a lifecycle rule's to expire.
+    return getattr(entry, "expires_at", None) is not None and entry.expires_at <= ctx.now()
+
+
+def _referenced(ctx: Context, thread_id: str, held: Holdings) -> set[str]:
+    """Every object the index names, in any state: none of them is garbage."""
+    entries = held.live + held.kept
+    return (
+        held.index_keys | held.kept_keys | set(object_keys(ctx, entries, thread_id)) | _loc_keys(ctx, thread_id, entries)
+    )
+
+
 def _needed(ctx: Context, thread_id: str, held: Holdings) -> dict[str, str]:
     """Objects that must exist, each with what refers to it."""
     needed: dict[str, str] = {key: "the manifest" for key in held.index_keys}
-    live = [e for e in held.live if not (isinstance(e, CheckpointEntry) and ctx.expired(e))]
-    for entry in live:
+    for entry in (e for e in held.live if not _expired(ctx, e)):
         what = _name(entry)
         for key in object_keys(ctx, [entry], thread_id):
             needed.setdefault(key, what)
@@ -219,13 +271,16 @@ def _needed(ctx: Context, thread_id: str, held: Holdings) -> dict[str, str]:
 
 
 def _loc_keys(ctx: Context, thread_id: str, entries: list[Any]) -> set[str]:
-    """The blob objects checkpoints read their values from, wherever written."""
+    """The objects checkpoints read their values from, wherever written: a value's
+    own object, or the checkpoint object of an ancestor that held it inline (its
+    entry may be gone: hidden, pruned, or expired before the child)."""
+    layout = ctx.layout
     return {
-        ctx.layout.blob_key(thread_id, e.ns, ch, version, src)
+        layout.blob_key(thread_id, e.ns, ch, version, src) if kind == IN_BLOB_OBJECT else layout.checkpoint_key(thread_id, e.ns, src)
         for e in entries
         if isinstance(e, CheckpointEntry)
         for ch, (version, src, kind, _) in e.loc.items()
-        if kind == IN_BLOB_OBJECT
+        if kind == IN_BLOB_OBJECT or src != e.checkpoint_id
     }
 
 
@@ -285,17 +340,17 @@ def _list_thread(ctx: Context, thread_id: str) -> Op[dict[str, list[_Object]]]:
 
 
 def _list_into(ctx: Context, prefix: str, root: str, found: dict[str, list[_Object]]) -> Op[None]:
-    """Objects under ``prefix`` by thread: the first path segment under ``root``
-    is the encoded thread id in all three layouts."""
+    """Objects under ``prefix`` by thread. Only keys this layout builds count: a
+    key of another saver whose prefix nests inside this one's folders (prefix
+    ``app/live`` inside ``app``'s ``live/``), or anything else put there, is
+    never taken for a thread's object, so never collected."""
     token: str | None = None
     while True:
         page = yield from request_one(ctx.s3.list_keys(prefix, token))
         for obj in page.get("Contents", []):
-            segment = obj["Key"][len(root) :].split("/", 1)[0]
-            try:
-                thread_id = decode(segment)
-            except (UnicodeDecodeError, ValueError):
-                thread_id = segment
+            thread_id = _thread_of(ctx.layout, root, obj["Key"])
+            if thread_id is None:
+                continue
             modified = obj["LastModified"]
             if modified.tzinfo is None:
                 modified = modified.replace(tzinfo=timezone.utc)
@@ -303,3 +358,32 @@ def _list_into(ctx: Context, prefix: str, root: str, found: dict[str, list[_Obje
         token = page.get("NextContinuationToken")
         if not token:
             return
+
+
+def _thread_of(layout: KeyLayout, root: str, key: str) -> str | None:
+    """The thread of a key the layout builds under ``root``, None for any other key:
+    the key must parse, and the parts build exactly the same key again."""
+    try:
+        if root == layout.root:
+            o = layout.parse_object_key(key)
+            if o is None:
+                return None
+            if o.kind == "checkpoint":
+                again = layout.checkpoint_key(o.thread_id, o.ns, o.checkpoint_id)
+            elif o.kind == "blob":
+                again = layout.blob_key(o.thread_id, o.ns, o.channel, o.version, o.checkpoint_id)
+            else:
+                again = layout.writes_key(o.thread_id, o.ns, o.checkpoint_id, o.task_id, o.part, o.token)
+            return o.thread_id if again == key else None
+        if root == layout.archive_root:
+            thread_id = layout.thread_of_archive(key)
+            return thread_id if thread_id is not None and key.startswith(layout.archive_dir(thread_id)) else None
+        encoded, _, rest = key[len(root) :].partition("/")
+        thread_id = decode(encoded)
+        if key == layout.manifest_head_key(thread_id) or (
+            key.startswith(layout.manifest_dir(thread_id)) and _SEGMENT.fullmatch(rest)
+        ):
+            return thread_id
+    except (ConfigurationError, KeyTooLongError, UnicodeDecodeError, ValueError):
+        return None
+    return None
