@@ -31,6 +31,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from s3_saver._saver import S3Saver
+from s3_saver._urls import refuse_same_store
 from s3_saver.errors import ConfigurationError, MigrationError
 
 
@@ -119,6 +120,7 @@ def migrate(
         ThreadArchivedError: An S3Saver source's thread is archived in a cold
             storage class: ``restore_thread`` it first.
     """
+    refuse_same_store(source, target)
     started = time.perf_counter()
     report = MigrationReport()
     threads, total = _threads(source, thread_ids)

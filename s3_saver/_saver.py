@@ -191,6 +191,11 @@ class S3Saver(
         self._sync = SyncDriver(lambda service, site: sites[site].clients.make_sync(service), self.stats, max_concurrency, policy)
         self._async = AsyncDriver(lambda service, site: sites[site].clients.make_async(service), self.stats, policy)
 
+    def _location(self) -> tuple[str, str, str | None]:
+        """Where its objects live (bucket, prefix, S3 endpoint): savers that share
+        it write the same keys, whatever their index."""
+        return self.bucket, self._base_ctx.layout.prefix, self._sites[PRIMARY].clients.endpoints.get("s3")
+
     @property
     def _ctx(self) -> Context:
         """The operations' context (the region written to), with this object's serializer.

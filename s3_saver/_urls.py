@@ -91,6 +91,28 @@ def open_saver(url: str, *, create: bool = True) -> AbstractContextManager[BaseC
     raise ConfigurationError(f"{mask(url)}: unknown saver URL ({named}); expected {FORMS}")
 
 
+def refuse_same_store(source: BaseCheckpointSaver, target: BaseCheckpointSaver) -> None:
+    """Raise ConfigurationError when ``source`` and ``target`` store into the same place."""
+    # Two S3Savers on one bucket and prefix write the same object keys whatever
+    # their index: a "migration" between index modes there would leave each
+    # index's objects to the other's gc and delete.
+    same = source is target or (
+        isinstance(source, S3Saver) and isinstance(target, S3Saver) and source._location() == target._location()
+    )
+    if same:
+        raise ConfigurationError(
+            f"source and target are the same store ({_describe(source)}): "
+            "to change index mode in place, use rebuild_index; to move threads, give another bucket or prefix"
+        )
+
+
+def _describe(saver: BaseCheckpointSaver) -> str:
+    if isinstance(saver, S3Saver):
+        bucket, prefix, _ = saver._location()
+        return f"s3://{bucket}/{prefix}"
+    return type(saver).__name__
+
+
 # -- sqlite ----------------------------------------------------------------------------------
 def _sqlite_path(url: str) -> str:
     if not url.lower().startswith("sqlite:///"):

@@ -22,6 +22,7 @@ from s3_saver import S3Saver
 from s3_saver.cli import MISSING_EXTRA, main
 from s3_saver.cli._checkpoint import next_nodes, values_size
 from s3_saver.cli._params import KeyValue, format_duration, parse_duration
+from s3_saver.cli._output import to_jsonable
 
 
 @pytest.fixture
@@ -55,6 +56,10 @@ def test_durations_filters_and_missing_extra(monkeypatch, capsys) -> None:
     assert [kv.convert(v, None, None) for v in ("step=3", "user=ann", 'user="3"', "done=true", "x=a=b")] == [
         ("step", 3), ("user", "ann"), ("user", "3"), ("done", True), ("x", "a=b")
     ]
+    # JSON has no NaN or infinity: strict parsers refuse them, so they go out as strings.
+    assert json.loads(json.dumps(to_jsonable({"x": float("nan"), "y": [float("-inf"), 1.5]}), allow_nan=False)) == {
+        "x": "nan", "y": ["-inf", 1.5]
+    }
     # Without the cli extra: one line naming it, exit 1.
     monkeypatch.setitem(sys.modules, "rich", None)
     with pytest.raises(SystemExit) as exited:
@@ -220,10 +225,11 @@ def test_verify_and_gc(endpoint: str) -> None:
     )
     s3.delete_object(Bucket=BUCKET, Key=gone)
 
-    # Within the grace period the orphan may be a write in flight: shown, not counted.
-    table = ok(run_cli(endpoint, "verify", mode=index_mode), 8 | 16)
+    # Within the grace period the orphan (and the new thread's object) may be a write
+    # in flight: shown, not counted.
+    table = ok(run_cli(endpoint, "verify", mode=index_mode), 16)
     assert "in_flight" in table and orphan in table and ghost in table and gone in table
-    assert "1 missing, 1 unindexed, 1 in flight" in table
+    assert "1 missing, 2 in flight" in table
 
     report = json.loads(ok(run_cli(endpoint, "--json", "verify", "--older-than", "0s", mode=index_mode), 4 | 8 | 16))
     assert report["counts"] == {"missing": 1, "broken": 0, "orphan": 1, "unindexed": 1, "in_flight": 0}
@@ -234,12 +240,18 @@ def test_verify_and_gc(endpoint: str) -> None:
     out = ok(run_cli(endpoint, "gc", "--older-than", "0s", "-v", mode=index_mode), 4 | 8 | 16)
     assert orphan in out and "would delete 1 object (100 bytes)" in out and ghost not in out.split("not deleted")[0]
     assert _exists(endpoint, orphan)
-    done = json.loads(ok(run_cli(endpoint, "--json", "gc", "--older-than", "0s", "--yes", "--include-unindexed", mode=index_mode)))
+    # Deleting with a grace period shorter than a write can take needs --force.
+    refused = run_cli(endpoint, "gc", "--older-than", "0s", "--yes", mode=index_mode)
+    assert refused.returncode == 2 and b"--force" in refused.stderr and _exists(endpoint, orphan)
+    done = json.loads(
+        ok(run_cli(endpoint, "--json", "gc", "--older-than", "0s", "--yes", "--force", "--include-unindexed", mode=index_mode))
+    )
     assert sorted(done["deleted"]) == sorted([orphan, ghost]) and done["delete_bytes"] == 150 and done["exit_code"] == 0
     assert not _exists(endpoint, orphan) and not _exists(endpoint, ghost)
 
     # Only the threads named; rebuild-index writes one thread's index again.
     assert "consistent" in ok(run_cli(endpoint, "verify", "chat-ann", mode=index_mode))
+    assert "no thread 'nobody'" in error_line(run_cli(endpoint, "verify", "chat-ann", "nobody", mode=index_mode), 3)
     assert "indexed 5 checkpoints of thread 'chat-ann'" in ok(run_cli(endpoint, "rebuild-index", "chat-ann", mode=index_mode))
     saver.close()
 
@@ -339,6 +351,7 @@ def test_migrate_from_sqlite(endpoint: str, tmp_path) -> None:
     # A source that is not there is an error (not an empty database), and a store onto itself a usage error.
     line = error_line(run_cli(endpoint, "migrate", "--from", f"sqlite:///{tmp_path / 'typo.db'}"), 1)
     assert "no SQLite database file" in line and "typo.db" in line and not (tmp_path / "typo.db").exists()
-    same = run_cli(endpoint, "migrate", "--to", f"s3://{BUCKET}/?table={TABLE}")
-    assert same.returncode == 2 and b"name the same store" in same.stderr
+    # The same bucket and prefix in the other index mode is the same store (the same object keys).
+    same = error_line(run_cli(endpoint, "migrate", "--to", f"s3://{BUCKET}?endpoint_url={endpoint}&region=us-east-1"), 1)
+    assert "the same store" in same and f"s3://{BUCKET}/" in same
     saver.close()

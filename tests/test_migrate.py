@@ -280,6 +280,11 @@ def test_dynamodb_index_to_manifest_under_another_prefix_by_url(endpoint, stack)
     assert sorted(i.thread_id for i in target.list_threads()) == ["t-1", "t-2"]
     assert_same_graphs(source, target, ["t-1", "t-2"])
     assert_same_resume(source, target, "t-2")
+    # The same bucket and prefix in the other index mode is the same store: the same keys.
+    same_place = stack.enter_context(open_saver(f"s3://{BUCKET}?{where}"))
+    for other in (same_place, source):
+        with pytest.raises(ConfigurationError, match=f"the same store \\(s3://{BUCKET}/\\)"):
+            migrate(source, other)
 
 
 def test_archived_source_threads(endpoint, index_mode, tmp_path, stack) -> None:

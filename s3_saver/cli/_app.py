@@ -77,6 +77,12 @@ class App:
         """``"dynamodb"`` (a table) or ``"manifest"`` (the index in the bucket)."""
         return "dynamodb" if self.table else "manifest"
 
+    def store_name(self) -> str:
+        """The store of the global options, for messages."""
+        prefix = f" prefix {self.prefix!r}" if self.prefix else ""
+        index = f"table {self.table!r}" if self.table else "manifest index"
+        return f"bucket {self.bucket!r}{prefix} ({index})"
+
     def saver(self) -> S3Saver:
         """The S3Saver of the global options (made once; closed when the command ends)."""
         if self._saver is None:

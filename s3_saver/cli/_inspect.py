@@ -34,13 +34,7 @@ def not_found(app: App, thread_id: str, checkpoint_id: str | None = None, ns: st
     where = f" (namespace {ns!r})" if ns else ""
     if checkpoint_id and thread_exists(app, thread_id):
         return NotFoundError(f"checkpoint {checkpoint_id!r} not found in thread {thread_id!r}{where}")
-    return NotFoundError(f"thread {thread_id!r} has no checkpoints{where} in {_store(app)}")
-
-
-def _store(app: App) -> str:
-    prefix = f" prefix {app.prefix!r}" if app.prefix else ""
-    index = f"table {app.table!r}" if app.table else "manifest index"
-    return f"bucket {app.bucket!r}{prefix} ({index})"
+    return NotFoundError(f"thread {thread_id!r} has no checkpoints{where} in {app.store_name()}")
 
 
 # -- threads -----------------------------------------------------------------------------

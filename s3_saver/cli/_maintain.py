@@ -16,6 +16,7 @@ from s3_saver.cli._app import (
     EXIT_ORPHANS,
     EXIT_UNINDEXED,
     App,
+    NotFoundError,
     pass_app,
 )
 from s3_saver.cli._output import human_bytes, plural, short_time
@@ -24,6 +25,7 @@ from s3_saver.cli._params import Duration, format_duration
 # Kinds of StoreProblem, in the order they are shown, with their exit bit (in_flight: none).
 KINDS = {"missing": EXIT_MISSING, "broken": EXIT_BROKEN, "orphan": EXIT_ORPHANS, "unindexed": EXIT_UNINDEXED, "in_flight": 0}
 DEFAULT_GRACE = timedelta(hours=1)
+SAFE_GRACE = timedelta(minutes=15)  # the longest a Lambda runs: below it, gc --yes needs --force
 
 
 # -- setup -------------------------------------------------------------------------------
@@ -109,6 +111,8 @@ def verify_command(app: App, threads: tuple[str, ...], older_than: timedelta) ->
             older_than=older_than,
             progress=lambda done, total, size: tracker.update(done=done, total=total, nbytes=size),
         )
+    if report.absent:
+        raise NotFoundError(f"no thread {', '.join(map(repr, report.absent))} in the index or the objects of {app.store_name()}")
     code = exit_bits(report)
     if app.out.json:
         app.out.emit_json(_report_json(report, code))
@@ -127,14 +131,23 @@ def verify_command(app: App, threads: tuple[str, ...], older_than: timedelta) ->
     is_flag=True,
     help="Also the objects of threads the index knows nothing of (rebuild-index restores those).",
 )
+@click.option("--force", is_flag=True, help=f"Delete with a grace period under {format_duration(SAFE_GRACE)}.")
 @click.option("-v", "--verbose", is_flag=True, help="List every key.")
 @pass_app
 def gc_command(
-    app: App, threads: tuple[str, ...], older_than: timedelta, yes: bool, include_unindexed: bool, verbose: bool
+    app: App, threads: tuple[str, ...], older_than: timedelta, yes: bool, include_unindexed: bool, force: bool, verbose: bool
 ) -> int:
     """Delete objects no index entry refers to, past the grace period (a dry run unless --yes).
 
     A dry run exits with verify's bitmask; with --yes, 0 once deleted."""
+    if yes and older_than < SAFE_GRACE and not force:
+        # A grace period shorter than a write can take deletes the objects of
+        # writes in flight (a Lambda runs up to 15 minutes).
+        raise click.UsageError(
+            f"--older-than {format_duration(older_than)} is shorter than a write can take "
+            f"({format_duration(SAFE_GRACE)}): objects of writes in flight would be deleted. "
+            "Stop every writer first and add --force, or use a longer grace period"
+        )
     saver = app.saver()
     with app.out.progress("gc" if yes else "gc (dry run)", unit="threads") as tracker:
         report = saver.collect_garbage(

@@ -32,8 +32,6 @@ def migrate_command(app: App, source_url: str | None, target_url: str | None, th
     Resumable: run it again after an interruption and it skips what the target holds."""
     if not source_url and not target_url:
         raise click.UsageError("give --from URL or --to URL (the other defaults to the store of --bucket/--table)")
-    if (source_url or _describe(app)) == (target_url or _describe(app)):
-        raise click.UsageError(f"--from and --to name the same store: {mask(source_url or _describe(app))}")
     from s3_saver import migrate, open_saver
 
     with ExitStack() as stack:

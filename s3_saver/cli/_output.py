@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,8 @@ def to_jsonable(value: Any) -> Any:
     """``value`` as JSON types: LangChain messages and other pydantic models through
     ``model_dump``, dataclasses (``Interrupt``, ``Send``...) field by field, datetimes in
     ISO 8601, anything else as its ``repr``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # "nan", "inf": JSON has no such numbers (strict parsers refuse NaN)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, dict):
@@ -114,7 +117,7 @@ class Output:
     # -- results ---------------------------------------------------------------------
     def emit_json(self, document: Any) -> None:
         """One JSON document on stdout."""
-        sys.stdout.write(json.dumps(to_jsonable(document), indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(json.dumps(to_jsonable(document), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
         sys.stdout.flush()
 
     def print(self, *renderables: RenderableType | str) -> None:
