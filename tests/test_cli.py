@@ -342,7 +342,7 @@ def test_migrate_from_sqlite(endpoint: str, tmp_path) -> None:
         assert on_s3.invoke(Command(resume="ok"), config("chat-bob")) == on_sqlite.invoke(Command(resume="ok"), config("chat-bob"))
     # Without --from: from the store of the global options, here to another prefix in manifest mode.
     url = f"s3://{BUCKET}/copies/?endpoint_url={endpoint}&region=us-east-1"
-    moved = json.loads(ok(run_cli(endpoint, "--json", "migrate", "--to", url, "--thread", "chat-ann", "--no-verify")))
+    moved = json.loads(ok(run_cli(endpoint, "--json", "migrate", "--to", url, "--thread", "chat-ann", "--no-verify", "--workers", "1")))
     assert moved["from"] == f"s3://{BUCKET}/?table={TABLE}" and moved["to"] == url
     assert (moved["threads"], moved["checkpoints"], moved["skipped"], moved["verified"]) == (1, 5, 0, 0)
     copies = S3Saver(BUCKET, prefix="copies/", endpoint_url=endpoint, region_name="us-east-1")
@@ -354,4 +354,6 @@ def test_migrate_from_sqlite(endpoint: str, tmp_path) -> None:
     # The same bucket and prefix in the other index mode is the same store (the same object keys).
     same = error_line(run_cli(endpoint, "migrate", "--to", f"s3://{BUCKET}?endpoint_url={endpoint}&region=us-east-1"), 1)
     assert "the same store" in same and f"s3://{BUCKET}/" in same
+    refused = run_cli(endpoint, "migrate", "--from", f"sqlite:///{database}", "--workers", "0")
+    assert refused.returncode == 2 and "Invalid value for '--workers': 0" in refused.stderr.decode()
     saver.close()

@@ -9,21 +9,28 @@ interrupts), and resuming the pending interrupt ends in the same state as on the
 from __future__ import annotations
 
 import operator
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
 import boto3
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import ERROR, INTERRUPT, RESUME, empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Interrupt, Send, interrupt
+from pydantic import BaseModel
 
 from conftest import BUCKET, TABLE, make_saver
 from postgres_server import create_database
 from s3_saver import ConfigurationError, S3Saver, ThreadArchivedError
 from s3_saver._migrate import MigrationProgress, migrate
+from s3_saver._migrate_verify import same
 from s3_saver._urls import open_saver
 from s3_saver.errors import MigrationError
 
@@ -329,12 +336,58 @@ def test_which_threads(endpoint, tmp_path, stack) -> None:
     assert ids(target, "sub-only") == [("child:1", checkpoint["id"])]
 
 
+class Listing:
+    """Wraps a saver's ``list`` (on the instance) to record the configs it is called with."""
+
+    def __init__(self, saver: Any) -> None:
+        self.configs: list[Any] = []
+        self.original = saver.list
+        saver.list = self
+
+    def __call__(self, config, **kwargs):
+        self.configs.append(config)
+        return self.original(config, **kwargs)
+
+
+def threads_found(source: Any, **kwargs: Any) -> tuple[list[str], set[int | None], Listing]:
+    """The threads migrate copies from ``source`` in their order, the totals it reports, and its calls of ``list``."""
+    listing = Listing(source)
+    seen: list[MigrationProgress] = []
+    migrate(source, InMemorySaver(), on_progress=seen.append, verify=False, **kwargs)
+    return list(dict.fromkeys(p.thread_id for p in seen)), {p.total for p in seen}, listing
+
+
+class ListingSqlite(SqliteSaver):
+    def list(self, config, **kwargs):  # a subclass's list may differ from the table: it is used
+        return super().list(config, **kwargs)
+
+
+def test_sqlite_threads_come_from_one_query(tmp_path, stack) -> None:
+    source = stack.enter_context(open_saver(sqlite_url(tmp_path / "source.db")))
+    for name in ("b", "a", "c"):
+        converse(source, name, turns=1)
+    everything = list(source.list(None))
+    newest_first = list(dict.fromkeys(t.config["configurable"]["thread_id"] for t in everything))
+    assert newest_first == ["c", "a", "b"]
+
+    found, totals, listing = threads_found(source)
+    assert None not in listing.configs and len(listing.configs) == 3  # one listing per thread, none of all
+    assert (found, totals) == (newest_first, {len(everything)})
+    again, totals, _ = threads_found(source, workers=2)
+    assert sorted(again) == sorted(newest_first) and totals == {len(everything)}
+
+    other = ListingSqlite(source.conn)
+    found, totals, listing = threads_found(other)
+    assert listing.configs.count(None) == 1 and (found, totals) == (newest_first, {len(everything)})
+
+
 # -- resuming --------------------------------------------------------------------------------------
 class Stop(Exception):
     pass
 
 
-def test_a_migration_stopped_anywhere_completes_when_run_again(endpoint, index_mode, tmp_path, stack) -> None:
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_migration_stopped_anywhere_completes_when_run_again(endpoint, index_mode, tmp_path, stack, workers) -> None:
     source = stack.enter_context(open_saver(sqlite_url(tmp_path / "source.db")))
     converse(source, "t-1", turns=2)
     converse(source, "t-2", turns=1)
@@ -349,17 +402,95 @@ def test_a_migration_stopped_anywhere_completes_when_run_again(endpoint, index_m
         return progress
 
     done = 0
-    for stop in (4, total - 3):  # in t-1's root namespace; then in t-2
+    for stop in (4, total - 3):  # in t-1's root namespace; then in t-2 (one worker)
         with pytest.raises(Stop):
-            migrate(source, target, on_progress=stop_at(stop))
-        assert sum(len(ids(target, t)) for t in ("t-1", "t-2")) == stop
-        done = stop
-    report = migrate(source, target)
+            migrate(source, target, on_progress=stop_at(stop), workers=workers)
+        held = sum(len(ids(target, t)) for t in ("t-1", "t-2"))
+        if workers == 1:
+            assert held == stop
+        else:  # the other thread's worker ends the checkpoint it was copying
+            assert stop <= held <= stop + 1 < total
+        done = held
+    report = migrate(source, target, workers=workers)
     assert (report.skipped, report.checkpoints, report.verified) == (done, total - done, total)
     for thread_id in ("t-1", "t-2"):
         copied = ids(target, thread_id)
         assert len(copied) == len(set(copied)) == len(ids(source, thread_id))
     assert_same_graphs(source, target, ["t-1", "t-2"])
+
+
+def test_threads_in_parallel(endpoint, index_mode, tmp_path, stack) -> None:
+    """Several workers: progress still counts up by one, one call at a time; the copy is whole."""
+    source = stack.enter_context(open_saver(sqlite_url(tmp_path / "source.db")))
+    names = [f"t-{n}" for n in range(5)]
+    for name in names:
+        converse(source, name, turns=1)
+    stored = list(source.list(None))
+    target = stack.enter_context(s3(endpoint, index_mode))
+    seen: list[MigrationProgress] = []
+    callers: set[str] = set()
+    inside = threading.Lock()
+
+    def progress(p: MigrationProgress) -> None:
+        assert inside.acquire(blocking=False), "on_progress called while another call runs"
+        try:
+            callers.add(threading.current_thread().name)
+            seen.append(p)
+            time.sleep(0.001)
+        finally:
+            inside.release()
+
+    report = migrate(source, target, on_progress=progress, workers=4)
+
+    assert (report.threads, report.checkpoints, report.verified) == (5, len(stored), len(stored))
+    assert report.writes == sum(len(t.pending_writes) for t in stored)
+    assert [p.done for p in seen] == list(range(1, len(stored) + 1)) and {p.total for p in seen} == {len(stored)}
+    assert [p.bytes for p in seen] == sorted(p.bytes for p in seen) and seen[-1].bytes == report.bytes
+    assert len(callers) > 1 and all(name.startswith("s3-saver-migrate") for name in callers)
+    assert_same_graphs(source, target, names)
+    with pytest.raises(ConfigurationError, match="workers must be a positive integer"):
+        migrate(source, target, workers=0)
+
+
+class FailingThread(InMemorySaver):
+    """put fails for thread ``bad`` once the other worker has stored a checkpoint (and
+    holds that worker until the failure is raised)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed, self.other_put, self.failed = True, threading.Event(), threading.Event()
+
+    def put(self, config, checkpoint, metadata, new_versions):
+        if self.armed and config["configurable"]["thread_id"] == "bad":
+            assert self.other_put.wait(10)
+            self.failed.set()
+            raise Stop("bad")
+        stored = super().put(config, checkpoint, metadata, new_versions)
+        if self.armed and not self.other_put.is_set():
+            self.other_put.set()
+            assert self.failed.wait(10)
+            time.sleep(0.2)  # the failing worker sets the stop flag
+        return stored
+
+
+def test_an_error_on_one_worker_stops_the_others() -> None:
+    source = InMemorySaver()
+    names = ["bad", "slow", "t-3", "t-4", "t-5"]
+    for name in names:
+        converse(source, name, turns=1, durability="sync")
+    target = FailingThread()
+
+    with pytest.raises(Stop, match="bad"):
+        migrate(source, target, thread_ids=names, workers=2)
+    # The other worker ended the checkpoint it was copying, then stopped; no thread was started.
+    assert len(ids(target, "slow")) == 1 < len(ids(source, "slow"))
+    assert all(ids(target, name) == [] for name in ("bad", "t-3", "t-4", "t-5"))
+
+    target.armed = False
+    report = migrate(source, target, thread_ids=names, workers=2)
+    total = sum(len(ids(source, name)) for name in names)
+    assert (report.skipped, report.checkpoints, report.verified) == (1, total - 1, total)
+    assert_same_graphs(source, target, names)
 
 
 class FlakyWrites(S3Saver):
@@ -453,6 +584,64 @@ def test_verify_sees_writes_and_values_the_source_does_not_have(endpoint, tmp_pa
     assert info.value.checkpoint_id == checkpoint["id"]
 
 
+class Retyping(InMemorySaver):
+    """Stores channel ``turn`` as a float: equal with ==, but not the value the graph wrote."""
+
+    def put(self, config, checkpoint, metadata, new_versions):
+        values = checkpoint["channel_values"]
+        if isinstance(values.get("turn"), int):
+            checkpoint = {**checkpoint, "channel_values": {**values, "turn": float(values["turn"])}}
+        return super().put(config, checkpoint, metadata, new_versions)
+
+
+def test_verify_sees_a_value_whose_type_changed() -> None:
+    source = InMemorySaver()
+    converse(source, "t", turns=1, durability="sync")
+    with pytest.raises(MigrationError, match=r"channel 'turn' differs: source 1 \(int\), target 1\.0 \(float\)") as info:
+        migrate(source, Retyping())
+    assert info.value.thread_id == "t" and info.value.checkpoint_id is not None
+
+
+@dataclass
+class Point:
+    x: Any
+    label: str = "p"
+
+
+class Model(BaseModel):
+    value: Any
+    tags: list[Any] = []
+
+
+def test_values_compare_with_their_types() -> None:
+    serde = InMemorySaver().serde
+    differ = [
+        (1, 1.0), (True, 1), ((1, 2), [1, 2]), ({"a": [1, {"b": 2}]}, {"a": [1, {"b": 2.0}]}), ({1: "x"}, {1.0: "x"}),
+        ({1, 2}, {1.0, 2}), (Point(1), Point(1.0)), (Model(value=1), Model(value=True)),
+        (AIMessage(content="hi", additional_kwargs={"n": 1}), AIMessage(content="hi", additional_kwargs={"n": 1.0})),
+        (HumanMessage(content="hi"), AIMessage(content="hi")), (Send("node", {"n": 1}), Send("node", {"n": 1.0})),
+        (Interrupt(value=1, id="i"), Interrupt(value=1.0, id="i")), ("1", 1),
+    ]
+    for a, b in differ:
+        assert not same(serde, a, b), (a, b)
+        assert a == b or type(a) is not type(b)  # == alone misses those of one type
+    alike = [
+        (1, 1), ({"a": [1, (2, 3)], "b": {4}}, {"b": {4}, "a": [1, (2, 3)]}), (Point([1]), Point([1])),
+        (Model(value={"x": 1}, tags=["a"]), Model(value={"x": 1}, tags=["a"])),
+        (AIMessage(content=[{"type": "text", "text": "hi"}], id="m"), AIMessage([{"type": "text", "text": "hi"}], id="m")),
+        (Send("node", {"n": [1]}), Send("node", {"n": [1]})),
+        (Interrupt(value={"q": 1}, id="i"), Interrupt(value={"q": 1}, id="i")),
+        (float("nan"), float("nan")), (ValueError("boom"), ValueError("boom")),  # no useful ==: serialized alike
+    ]
+    assert len(alike) == 9
+    for a, b in alike:
+        assert same(serde, a, b), (a, b)
+    # What a saver gives back of them is still the same (tuples come back as lists: not here).
+    for a, b in alike[2:8]:
+        back = serde.loads_typed(serde.dumps_typed(a))
+        assert same(serde, back, serde.loads_typed(serde.dumps_typed(b))) and same(serde, back, b), (back, b)
+
+
 # -- open_saver --------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("url", "message"),
@@ -531,6 +720,10 @@ def test_sqlite_postgres_s3_postgres_round_trip(postgres_url, endpoint, tmp_path
     for source, target in ((sqlite, first), (first, middle), (middle, last)):
         report = migrate(source, target)
         assert (report.threads, report.checkpoints, report.verified) == (2, total, total)
+    # PostgreSQL's threads come from one query too, newest first as list(None) meets them.
+    newest_first = list(dict.fromkeys(t.config["configurable"]["thread_id"] for t in first.list(None)))
+    found, totals, listing = threads_found(first, workers=2)
+    assert None not in listing.configs and sorted(found) == sorted(newest_first) and totals == {total}
     assert_same_graphs(sqlite, last, ["t-1", "t-2"])
     assert_same_graphs(sqlite, middle, ["t-1", "t-2"])
     assert_same_resume(sqlite, last, "t-1")

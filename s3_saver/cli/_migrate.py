@@ -25,11 +25,25 @@ URL_FORMS = "sqlite:///file.db, postgresql://user:password@host/db, s3://bucket/
     "--thread", "threads", multiple=True, metavar="THREAD", help="Only this thread (repeat for more); default every thread."
 )
 @click.option("--no-verify", is_flag=True, help="Do not read each thread back from the target to compare it.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Threads copied at once (each thread's checkpoints stay in order on one worker).",
+)
 @pass_app
-def migrate_command(app: App, source_url: str | None, target_url: str | None, threads: tuple[str, ...], no_verify: bool) -> None:
+def migrate_command(
+    app: App, source_url: str | None, target_url: str | None, threads: tuple[str, ...], no_verify: bool, workers: int
+) -> None:
     """Copy every checkpoint and pending write of the source's threads into the target, then verify.
 
-    Resumable: run it again after an interruption and it skips what the target holds."""
+    Resumable: run it again after an interruption and it skips what the target holds.
+
+    Every saver this command opens (SQLite, PostgreSQL, S3Saver) may be used from several
+    threads, so threads are copied 4 at a time by default: S3 and DynamoDB requests wait on
+    the network, and 4 threads in flight overlap those waits (SQLite and PostgreSQL take
+    turns on their one connection)."""
     if not source_url and not target_url:
         raise click.UsageError("give --from URL or --to URL (the other defaults to the store of --bucket/--table)")
     from s3_saver import migrate, open_saver
@@ -43,7 +57,14 @@ def migrate_command(app: App, source_url: str | None, target_url: str | None, th
             def on_progress(step: Any) -> None:
                 tracker.update(done=step.done, total=step.total, nbytes=step.bytes, description=f"migrate {step.thread_id}")
 
-            report = migrate(source, target, thread_ids=list(threads) or None, verify=not no_verify, on_progress=on_progress)
+            report = migrate(
+                source,
+                target,
+                thread_ids=list(threads) or None,
+                verify=not no_verify,
+                on_progress=on_progress,
+                workers=workers,
+            )
     where = {"from": mask(source_url or _describe(app)), "to": mask(target_url or _describe(app))}
     if app.out.json:
         app.out.emit_json({**where, **_fields(report)})
