@@ -25,7 +25,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
