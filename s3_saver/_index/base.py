@@ -182,11 +182,12 @@ class ThreadRef:
 class Holdings:
     """What one thread's index refers to, for ``audit`` and ``collect_garbage``.
 
-    ``live``: entries a reader may follow (their objects must exist). ``kept``:
-    entries no reader follows any more whose objects are not garbage either: a
-    delete or prune still to finish them, an expired entry (a lifecycle rule's
-    job). ``index_keys``: the index's own objects (a manifest's head and
-    segments; none for DynamoDB).
+    ``live``: entries a reader may follow (their objects must exist, unless the
+    entry has expired: ``audit`` checks ``expires_at``). ``kept``: entries no
+    reader follows any more whose objects are not garbage either: a delete,
+    prune or archive still to finish them, writes parked under an archive.
+    ``index_keys``: the index's own objects (a manifest's head and segments;
+    none for DynamoDB).
     """
 
     live: list[Any] = field(default_factory=list)
