@@ -184,6 +184,11 @@ def check(fresh: S3Saver, runs: list[ThreadRun], ref: Reference | None, *, inter
                 if back is None or back.checkpoint["id"] != item.checkpoint["id"]:
                     out.dangling += 1
                     out.notes.append(f"{thread_id}: {item.checkpoint['id']} listed, not read back")
+                # A checkpoint whose parent cannot be read lost its parent (issue 21, item 6:
+                # a commit answered 200 and gone afterwards is seen only this way).
+                if item.parent_config is not None and fresh.get_tuple(item.parent_config) is None:
+                    out.lost += 1
+                    out.notes.append(f"{thread_id}: {item.checkpoint['id']}'s parent is not readable")
             history = [s.values for s in graph.get_state_history(cfg)]
             state = graph.get_state(cfg)
         except Exception as exc:  # noqa: BLE001
