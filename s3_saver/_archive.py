@@ -23,7 +23,6 @@ to and from the bytes an index stores.
 from __future__ import annotations
 
 import base64
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +32,9 @@ from s3_saver._codec import CHECKPOINT_FORMAT, pack, plain, unpack
 from s3_saver._index.base import ArchiveRef, CheckpointEntry, WritesEntry
 from s3_saver.errors import ConfigurationError, CorruptObjectError
 
-ARCHIVE_FORMAT = "s3_saver.archive/1"
+ARCHIVE_FORMAT = "s3_saver.archive/2"
+# /1 had no ``records``: archives written by earlier versions read as before.
+_READS = ("s3_saver.archive/1", ARCHIVE_FORMAT)
 REF_FORMAT = 1
 
 # Classes a GET reads at once; an archive in any other must be restored first.
@@ -85,12 +86,19 @@ def check_class(storage_class: Any, allowed: frozenset[str], what: str) -> str:
 @dataclass
 class Archive:
     """A thread as its archive holds it: entries with their records and writes
-    (bodies are uncompressed records), and blob records by (ns, channel, version, checkpoint)."""
+    (bodies are uncompressed records), blob records by (ns, channel, version,
+    checkpoint), and the records of checkpoints it has no entry of that its
+    entries read values from (a pruned or expired ancestor's), by (ns, checkpoint).
+
+    Every object the entries name is here (``_reach.closure``), under its
+    logical name: no object key, no tag (an install writes them all anew).
+    """
 
     thread_id: str
     created: int
     entries: list[CheckpointEntry] = field(default_factory=list)  # commit order: parents first
     blobs: dict[tuple[str, str, Any, str], bytes] = field(default_factory=dict)
+    records: dict[tuple[str, str], bytes] = field(default_factory=dict)
 
     @property
     def writes(self) -> list[WritesEntry]:
@@ -108,20 +116,16 @@ def encode_archive(archive: Archive) -> bytes:
         ],
         "writes": [[w.ns, w.checkpoint_id, w.task_id, w.part, w.token, w.body] for w in archive.writes],
         "blobs": [[ns, ch, version, cid, body] for (ns, ch, version, cid), body in archive.blobs.items()],
+        "records": [[ns, cid, body] for (ns, cid), body in archive.records.items()],
     }
     compress, _ = _CODECS[CODEC]
     return f"{ARCHIVE_FORMAT} {CODEC}\n".encode() + compress(ormsgpack.packb(doc))
 
 
-def digest(data: bytes) -> str:
-    """The archive object's name: its content's SHA-256 (hex, 40 digits)."""
-    return hashlib.sha256(data).hexdigest()[:40]
-
-
 def decode_archive(data: bytes, where: str) -> Archive:
     header, newline, rest = data.partition(b"\n")
     fmt, _, codec = header.decode("ascii", "replace").partition(" ")
-    if not newline or fmt != ARCHIVE_FORMAT or codec not in _CODECS:
+    if not newline or fmt not in _READS or codec not in _CODECS:
         raise CorruptObjectError(
             f"{where}: not an s3_saver archive of a version this saver reads (header {header[:60]!r}; "
             f"expected {ARCHIVE_FORMAT!r} with codec {', '.join(_CODECS)})"
@@ -130,8 +134,8 @@ def decode_archive(data: bytes, where: str) -> Archive:
         doc = ormsgpack.unpackb(_CODECS[codec][1](rest))
     except Exception as exc:
         raise CorruptObjectError(f"{where}: the archive does not decode ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(doc, dict) or doc.get("format") != ARCHIVE_FORMAT:
-        raise CorruptObjectError(f"{where}: the archive's document is not {ARCHIVE_FORMAT!r}")
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise CorruptObjectError(f"{where}: the archive's document is not {fmt!r}")
     thread_id = doc["thread_id"]
     archive = Archive(thread_id, doc["created"])
     by_key: dict[tuple[str, str], CheckpointEntry] = {}
@@ -156,6 +160,7 @@ def decode_archive(data: bytes, where: str) -> Archive:
         if owner is not None:
             owner.writes.append(WritesEntry(thread_id, ns, cid, task_id, part, token, bytes(body)))  # type: ignore[union-attr]
     archive.blobs = {(ns, ch, version, cid): bytes(body) for ns, ch, version, cid, body in doc["blobs"]}
+    archive.records = {(ns, cid): bytes(body) for ns, cid, body in doc.get("records", ())}
     return archive
 
 
@@ -208,7 +213,7 @@ def encode_ref(ref: ArchiveRef) -> bytes:
     latest = ref.latest
     row = None if latest is None else [latest.checkpoint_id, latest.parent_id, latest.body, latest.run_id]
     return ormsgpack.packb(
-        [REF_FORMAT, ref.key, ref.storage_class, ref.size, ref.archived_at, ref.newest, row, ref.checkpoints, ref.live_bytes]
+        [REF_FORMAT, ref.key, ref.storage_class, ref.size, ref.archived_at, ref.newest, row, ref.checkpoints, ref.live_bytes, ref.runs]
     )
 
 
@@ -225,4 +230,5 @@ def decode_ref(thread_id: str, data: bytes, where: str) -> ArchiveRef:
         record = unpack(bytes(body), CHECKPOINT_FORMAT, where)
         metadata = (record["metadata"][0], bytes(record["metadata"][1]))
         latest = CheckpointEntry(thread_id, "", cid, parent_id, {}, bytes(body), metadata, writes=[], run_id=run_id)
-    return ArchiveRef(key, storage_class, size, archived_at, dict(newest), latest, *counts[:2])
+    # References written before a field existed are shorter: its default holds.
+    return ArchiveRef(key, storage_class, size, archived_at, dict(newest), latest, *counts[:2], *(list(r) for r in counts[2:3]))

@@ -8,11 +8,14 @@ talks to another store than ``graph.invoke``.
 
 from __future__ import annotations
 
+import uuid
+
 from typing import Any
 
 from botocore.config import Config
 from botocore.credentials import RefreshableCredentials
 
+from s3_saver._keys import new_token
 from s3_saver.errors import ConfigurationError, Where
 
 # Lambda-minded defaults: an unreachable store fails in seconds, not minutes.
@@ -96,7 +99,7 @@ class Clients:
 
     def make_sync(self, service: str) -> Any:
         if self.given.get(service) is not None:
-            return self.given[service]
+            return no_uuid4(self.given[service])
         import boto3
 
         session = self.boto3_session or boto3.session.Session()
@@ -104,7 +107,7 @@ class Clients:
             service, region_name=self.region_name, endpoint_url=self.endpoints[service], config=self.config
         )
         self._learn_region(service, client.meta.region_name)
-        return client
+        return no_uuid4(client)
 
     def make_async(self, service: str) -> Any:
         """An aioboto3 client (an async context manager) for the same store as the sync one.
@@ -176,3 +179,18 @@ def _session_with(aioboto3: Any, credentials: Any, profile: str | None, region: 
         aws_session_token=frozen.token,
         region_name=region,
     )
+
+
+def no_uuid4(client: Any) -> Any:
+    """The client, made to draw no ``uuid.uuid4``: botocore draws one per request
+    (the retry invocation id) unless the request's context has one already. A
+    user's tests may patch ``uuid.uuid4`` with a fixed sequence (LangGraph's own
+    do) and compare the ids their graph makes: the saver's requests must not
+    consume it. The ids come from the OS's generator instead."""
+    client.meta.events.register("before-call", _invocation_id, unique_id="s3_saver-invocation-id")
+    return client
+
+
+def _invocation_id(context: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    if context is not None:
+        context.setdefault("retries", {}).setdefault("invocation-id", str(uuid.UUID(new_token(), version=4)))

@@ -2,17 +2,24 @@
 
 Layout (all under the user's ``prefix``)::
 
-    live/<thread>/<ns>/checkpoints/<checkpoint_id>
-    live/<thread>/<ns>/blobs/<channel>/<version>/<checkpoint_id>
+    live/<thread>/<ns>/checkpoints/<checkpoint_id>[@<tag>]
+    live/<thread>/<ns>/blobs/<channel>/<version>/<checkpoint_id>[@<tag>]
     live/<thread>/<ns>/writes/<checkpoint_id>/<task_id>/<part>.<token>
+
+A ``put`` writes its objects untagged. An operation that writes a thread's
+objects again from elsewhere (``restore_thread``, ``import_thread``,
+``copy_thread``) gives every object it writes a fresh random tag, and the index
+entries name it (``CheckpointEntry.tag``, a ``loc`` reference's fifth element):
+a key is never written again once it may have been deleted, so a cleanup or a
+garbage collection still finishing can never delete what a restore wrote.
 
 DynamoDB index items of one thread share a partition (``pk`` = encoded prefix
 and thread, see ``KeyLayout.partition_key``) and sort as::
 
-    " tombstone"                              the thread's tombstone (delete_thread)
+    " tombstone"                              the thread's record (generation, archive, marks)
     <ns>!<checkpoint_id>!~                    checkpoint item
     <ns>!<checkpoint_id>!w!<task_id>!<part>   pending writes of one task
-    <ns>!\U0010FFFF                            the namespace's tombstone
+    <ns>!\U0010FFFF                            a namespace's tombstone (earlier versions)
 
 so that, read newest first, a namespace's tombstone comes before all of its
 items, each checkpoint item is followed by its own writes, and ids order
@@ -22,6 +29,7 @@ exactly as Python orders the strings (see ``sort_encode``).
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
@@ -58,6 +66,21 @@ LINK_MARK = " link!"
 # U+10FFFF is refused in ids (see _check_text), so "<ns>!" + U+10FFFF sorts
 # after every item of the namespace: newest first, its tombstone comes first.
 _NS_TOMBSTONE_MARK = "\U0010FFFF"
+# Separates an object's tag from its checkpoint id: encode() escapes "@", so a
+# tagged key never equals another id's key.
+_TAG_SEP = "@"
+_TAG = re.compile(r"[0-9a-f]{1,32}")
+
+
+def new_token(nbytes: int = 16) -> str:
+    """A random hex token from the OS's generator: the saver never draws from
+    ``uuid.uuid4`` or the ``random`` module, which a user's tests may patch or seed."""
+    return secrets.token_hex(nbytes)
+
+
+def new_tag() -> str:
+    """The tag of one operation's rewritten objects (see the module's docstring)."""
+    return new_token(6)
 
 # Sort-key components keep their characters, except those at or below '"',
 # which become '"' plus two hex digits; "!" separates components. DynamoDB
@@ -144,6 +167,19 @@ class ObjectKey:
     task_id: str = ""
     part: str = ""
     token: str = ""
+    tag: str = ""
+
+
+def _tagged(checkpoint_id: str, tag: str) -> str:
+    return f"{encode(checkpoint_id)}{_TAG_SEP}{tag}" if tag else encode(checkpoint_id)
+
+
+def _untagged(segment: str) -> tuple[str, str]:
+    """(checkpoint id, tag) of a key's last segment; a malformed tag raises ValueError."""
+    encoded, sep, tag = segment.partition(_TAG_SEP)
+    if sep and not _TAG.fullmatch(tag):
+        raise ValueError(f"not a tag: {tag!r}")
+    return decode(encoded), tag
 
 
 class KeyLayout:
@@ -162,24 +198,34 @@ class KeyLayout:
     def ns_dir(self, thread_id: str, ns: str) -> str:
         return f"{self.thread_dir(thread_id)}{encode(ns)}/"
 
-    def checkpoint_key(self, thread_id: str, ns: str, checkpoint_id: str) -> str:
-        return _checked(f"{self.ns_dir(thread_id, ns)}checkpoints/{encode(checkpoint_id)}")
+    def checkpoint_key(self, thread_id: str, ns: str, checkpoint_id: str, tag: str = "") -> str:
+        return _checked(f"{self.ns_dir(thread_id, ns)}checkpoints/{_tagged(checkpoint_id, tag)}")
 
     def blob_key(
-        self, thread_id: str, ns: str, channel: str, version: str | int | float, checkpoint_id: str
+        self, thread_id: str, ns: str, channel: str, version: str | int | float, checkpoint_id: str, tag: str = ""
     ) -> str:
         # The writing checkpoint is part of the key: a value stored again (ttl
         # refresh, unknown parent) gets a new object with a new age instead of
         # colliding with the old copy.
         return _checked(
             f"{self.ns_dir(thread_id, ns)}blobs/{encode(channel)}/{version_segment(version)}/"
-            f"{encode(checkpoint_id)}"
+            f"{_tagged(checkpoint_id, tag)}"
         )
 
     def writes_key(self, thread_id: str, ns: str, checkpoint_id: str, task_id: str, part: str, token: str) -> str:
         return _checked(
             f"{self.ns_dir(thread_id, ns)}writes/{encode(checkpoint_id)}/{encode(task_id)}/{part}.{token}"
         )
+
+    def object_key(self, o: ObjectKey, thread_id: str | None = None) -> str:
+        """The key of the object ``o`` names (under ``thread_id`` when given): the
+        inverse of ``parse_object_key``."""
+        t = o.thread_id if thread_id is None else thread_id
+        if o.kind == "checkpoint":
+            return self.checkpoint_key(t, o.ns, o.checkpoint_id, o.tag)
+        if o.kind == "blob":
+            return self.blob_key(t, o.ns, o.channel, o.version, o.checkpoint_id, o.tag)
+        return self.writes_key(t, o.ns, o.checkpoint_id, o.task_id, o.part, o.token)
 
     def parse_object_key(self, key: str) -> ObjectKey | None:
         """The parts of a ``live/`` object key (listing the bucket), or None for
@@ -190,10 +236,12 @@ class KeyLayout:
         try:
             thread_id, ns, kind = decode(parts[0]), decode(parts[1]), parts[2]
             if kind == "checkpoints" and len(parts) == 4:
-                return ObjectKey("checkpoint", thread_id, ns, decode(parts[3]))
+                checkpoint_id, tag = _untagged(parts[3])
+                return ObjectKey("checkpoint", thread_id, ns, checkpoint_id, tag=tag)
             if kind == "blobs" and len(parts) == 6:
+                checkpoint_id, tag = _untagged(parts[5])
                 return ObjectKey(
-                    "blob", thread_id, ns, decode(parts[5]), channel=decode(parts[3]), version=parse_version(parts[4])
+                    "blob", thread_id, ns, checkpoint_id, channel=decode(parts[3]), version=parse_version(parts[4]), tag=tag
                 )
             if kind == "writes" and len(parts) == 6:
                 part, _, token = parts[5].partition(".")
@@ -238,10 +286,11 @@ class KeyLayout:
         encoded, _, name = rest.partition("/")
         return decode(encoded) if name and "/" not in name and encoded else None
 
-    def archive_key(self, thread_id: str, digest: str) -> str:
-        # Named by its content: an archive written again after a crash lands on
-        # the same key (and is known to hold the same bytes).
-        return _checked(f"{self.archive_dir(thread_id)}{digest}")
+    def archive_key(self, thread_id: str, token: str) -> str:
+        # A new key per archive call, recorded in the index before the object is
+        # written (``Index.mark_archive``): an archive cut short leaves an object
+        # the next call finds and deletes.
+        return _checked(f"{self.archive_dir(thread_id)}{token}")
 
     # -- the thread listing and run hints (manifest mode) -------------------
     @property

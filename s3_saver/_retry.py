@@ -30,6 +30,9 @@ from s3_saver._protocol import Call, Op, Sleep, T
 from s3_saver.errors import UNAVAILABLE, ConfigurationError, classify
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("s3_saver_deadline", default=None)
+# Jitter from the OS's generator: the random module's shared state is the user's
+# (a test may seed it; the saver must not draw from it, see _keys.new_token).
+_JITTER = random.SystemRandom()
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def resilient(op: Op[T], policy: RetryPolicy, clock: Callable[[], float] = time.
             failed = [i for i, (call, result) in enumerate(zip(step, results)) if transient(call, result)]
             if not failed:
                 break
-            pause = random.uniform(0, min(policy.cap, policy.base * 2 ** (attempt - 1)))
+            pause = _JITTER.uniform(0, min(policy.cap, policy.base * 2 ** (attempt - 1)))
             if limit is not None and clock() + pause > limit:
                 break
             yield Sleep(pause)

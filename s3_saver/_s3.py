@@ -9,9 +9,11 @@ from typing import Any
 from s3_saver._protocol import Call, Instruction, raise_failure
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
+    OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
     ImmutableObjectConflictError,
     Where,
+    classify,
     error_code,
 )
 
@@ -136,6 +138,11 @@ def put_immutable(
         if existing:
             stored = yield tuple(s3.get(k) for k in existing)
             for key, result in zip(existing, stored):
+                if isinstance(result, BaseException) and classify(result, "get_object") == OBJECT_MISSING:
+                    # Deleted between the two requests (an empty hint object that a
+                    # delete_for_runs removes): written again, as if first.
+                    retry.append(key)
+                    continue
                 _check_same(s3, key, _body(s3.get(key), result), pending[key], same)
         if not retry:
             return extra_results

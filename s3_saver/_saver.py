@@ -39,6 +39,9 @@ from s3_saver._sites import REPLICA, Route, make_site
 from s3_saver.errors import ConfigurationError
 
 DEFAULT_INLINE_THRESHOLD = 64 * 1024
+# The random part of channel versions: from the OS's generator, never the random
+# module's shared state, which a user's tests may seed (see _keys.new_token).
+_VERSIONS = random.SystemRandom()
 
 
 class S3Saver(
@@ -412,4 +415,4 @@ class S3Saver(
             current_v = current
         else:
             current_v = int(current.split(".")[0])
-        return f"{current_v + 1:032}.{random.random():016}"
+        return f"{current_v + 1:032}.{_VERSIONS.random():016}"

@@ -223,6 +223,9 @@ TRANSIENT_CODES = frozenset(
         "Throttling",
         "ProvisionedThroughputExceededException",
         "RequestLimitExceeded",
+        # A write that met a DynamoDB transaction in progress on its item.
+        "TransactionConflictException",
+        "TransactionInProgressException",
         "500",
         "502",
         "503",

@@ -346,6 +346,17 @@ def _objects(endpoint: str, prefix: str = "", bucket: str = BUCKET) -> list[str]
     return sorted(_classes(endpoint, prefix, bucket))
 
 
+def _logical(keys: list[str]) -> list[str]:
+    """What live objects hold, whatever their tag or token: a restore writes every
+    object again under keys no earlier write used."""
+    from dataclasses import replace
+
+    from s3_saver._keys import KeyLayout
+
+    layout = KeyLayout()
+    return sorted(repr(replace(layout.parse_object_key(k), tag="", token="")) for k in keys)
+
+
 def _classes(endpoint: str, prefix: str = "", bucket: str = BUCKET) -> dict[str, str]:
     pages = _s3(endpoint).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     return {o["Key"]: o.get("StorageClass", "STANDARD") for page in pages for o in page.get("Contents", [])}
@@ -412,7 +423,8 @@ def test_archive_read_restore_matches_in_memory(endpoint, index_mode, aio) -> No
         restored = await ours.call(ours.cp, "restore_thread", "t")
         assert (restored.state, restored.key, restored.checkpoints) == ("live", status.key, status.checkpoints)
         assert not _objects(endpoint, "archive/")
-        assert _objects(endpoint, "live/t/") == live
+        # The same objects, written again under a new tag (see s3_saver._keys).
+        assert _logical(_objects(endpoint, "live/t/")) == _logical(live)
         assert _archived_classes(ours.cp) == {"t": None}
         after = savers.new()
         assert await _reads(after, "t") == before
@@ -559,7 +571,7 @@ def test_export_from_dynamodb_import_into_manifest_on_another_bucket(endpoint) -
     before = _sync(_reads(ours, "t", SMALL))
     source_objects = _classes(endpoint)
     data = source.export_thread("t")
-    assert data.startswith(b"s3_saver.archive/1 zstd\n")
+    assert data.startswith(b"s3_saver.archive/2 zstd\n")
     assert _classes(endpoint) == source_objects
 
     other = S3Saver("other-bucket", endpoint_url=endpoint, region_name="us-east-1")
@@ -576,7 +588,7 @@ def test_export_from_dynamodb_import_into_manifest_on_another_bucket(endpoint) -
     for tid in ("t", "t2"):
         with pytest.raises(ConfigurationError, match="already has checkpoints"):
             other.import_thread(data, thread_id=tid)
-    header = b"s3_saver.archive/1 zstd\n"
+    header = b"s3_saver.archive/2 zstd\n"
     zstd_magic = b"\x28\xb5\x2f\xfd"
     for garbage in (b"", b"garbage", data[: len(data) // 2], header + zstd_magic + b"\x00" * 32, b"PK\x03\x04" + data):
         with pytest.raises(CorruptObjectError):
@@ -791,57 +803,56 @@ def _costs(endpoint: str, index_mode: str) -> dict[str, tuple[int, dict[str, int
 # (round trips, requests) on a thread of 3 checkpoints, the last with 2 pending writes.
 ARCHIVE_COSTS = {
     "dynamodb": {
-        # The thread's item, its items, the archive object, the switch (one transaction),
-        # the live objects, the items.
+        # The thread's record; the archive's mark on it (before anything is read); its
+        # items; the archive object; the switch (the mark must still be there); its
+        # items again (by key, to delete); the live objects; the items (a transaction
+        # conditioned on the record: a restore's mark stops it).
         "archive_thread": (8, {
-            # The UpdateItem records the archive's key before its PUT (intend_archive); the
-            # second Query finds the archived items by key (and token) after the switch.
-            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 1, "dynamodb:query": 2,
-            "dynamodb:transact_write_items": 1, "dynamodb:update_item": 1,
-            "s3:delete_objects": 1, "s3:put_object": 1,
+            "dynamodb:get_item": 1, "dynamodb:query": 2, "dynamodb:transact_write_items": 1,
+            "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:put_object": 1,
         }),
-        # The archive is read: what it holds goes, a write parked since stays.
-        "archive_thread again": (3, {"dynamodb:get_item": 1, "dynamodb:query": 1, "s3:get_object": 1}),
-        "get_tuple cold": (2, {"dynamodb:query": 1, "s3:get_object": 1}),  # the index read, the archive
-        "get_tuple warm": (1, {"dynamodb:query": 1}),
-        "list warm": (1, {"dynamodb:query": 1}),
-        "restore_thread": (8, {
-            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 3, "dynamodb:transact_write_items": 1,
-            "dynamodb:update_item": 1, "s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 5,
+        # Archived already: the record, and what is left of the live thread (nothing).
+        "archive_thread again": (2, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
+        # The index read (the thread's record beside it says "archived"), the archive.
+        "get_tuple cold": (2, {"dynamodb:get_item": 1, "dynamodb:query": 1, "s3:get_object": 1}),
+        "get_tuple warm": (1, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
+        "list warm": (1, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
+        # The record, the archive, what is left of the archive's cleanup, the restore's
+        # mark, the objects (a new tag), the items, the switch, the archive object, the
+        # record's note of it.
+        "restore_thread": (9, {
+            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 1, "dynamodb:query": 1,
+            "dynamodb:update_item": 3, "s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 5,
         }),
         "restore_thread of a live thread": (1, {"dynamodb:get_item": 1}),
         "archive_thread DEEP_ARCHIVE": (8, {
-            # The UpdateItem records the archive's key before its PUT (intend_archive); the
-            # second Query finds the archived items by key (and token) after the switch.
-            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 1, "dynamodb:query": 2,
-            "dynamodb:transact_write_items": 1, "dynamodb:update_item": 1,
-            "s3:delete_objects": 1, "s3:put_object": 1,
+            "dynamodb:get_item": 1, "dynamodb:query": 2, "dynamodb:transact_write_items": 1,
+            "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:put_object": 1,
         }),
-        "get_tuple DEEP_ARCHIVE (refused)": (2, {"dynamodb:query": 1, "s3:head_object": 1}),
+        "get_tuple DEEP_ARCHIVE (refused)": (2, {"dynamodb:get_item": 1, "dynamodb:query": 1, "s3:head_object": 1}),
         "restore_thread DEEP_ARCHIVE (requested)": (3, {
             "dynamodb:get_item": 1, "s3:head_object": 1, "s3:restore_object": 1,
         }),
-        "restore_thread DEEP_ARCHIVE (done)": (9, {
-            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 3, "dynamodb:transact_write_items": 1,
-            "dynamodb:update_item": 1, "s3:delete_objects": 1, "s3:get_object": 1, "s3:head_object": 1,
-            "s3:put_object": 5,
+        "restore_thread DEEP_ARCHIVE (done)": (10, {
+            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 1, "dynamodb:query": 1, "dynamodb:update_item": 3,
+            "s3:delete_objects": 1, "s3:get_object": 1, "s3:head_object": 1, "s3:put_object": 5,
         }),
     },
     "manifest": {
-        "archive_thread": (8, {"s3:delete_objects": 1, "s3:get_object": 3, "s3:put_object": 4}),
-        "archive_thread again": (3, {"s3:get_object": 3}),
-        "get_tuple cold": (2, {"s3:get_object": 2}),  # the head, the archive
+        # The head; the mark swap; the segments (none); the archive; the switch swap (of
+        # exactly the head read); the live objects; the graveyard cleared.
+        "archive_thread": (7, {"s3:delete_objects": 1, "s3:get_object": 2, "s3:put_object": 4}),
+        "archive_thread again": (1, {"s3:get_object": 1}),
+        "get_tuple cold": (2, {"s3:get_object": 2}),
         "get_tuple warm": (1, {"s3:get_object": 1}),
         "list warm": (1, {"s3:get_object": 1}),
-        "restore_thread": (6, {"s3:delete_objects": 1, "s3:get_object": 2, "s3:put_object": 7}),
+        "restore_thread": (8, {"s3:delete_objects": 1, "s3:get_object": 4, "s3:put_object": 7}),
         "restore_thread of a live thread": (1, {"s3:get_object": 1}),
-        "archive_thread DEEP_ARCHIVE": (8, {"s3:delete_objects": 1, "s3:get_object": 3, "s3:put_object": 4}),
+        "archive_thread DEEP_ARCHIVE": (7, {"s3:delete_objects": 1, "s3:get_object": 2, "s3:put_object": 4}),
         "get_tuple DEEP_ARCHIVE (refused)": (2, {"s3:get_object": 1, "s3:head_object": 1}),
-        "restore_thread DEEP_ARCHIVE (requested)": (3, {
-            "s3:get_object": 1, "s3:head_object": 1, "s3:restore_object": 1,
-        }),
-        "restore_thread DEEP_ARCHIVE (done)": (7, {
-            "s3:delete_objects": 1, "s3:get_object": 2, "s3:head_object": 1, "s3:put_object": 7,
+        "restore_thread DEEP_ARCHIVE (requested)": (3, {"s3:get_object": 1, "s3:head_object": 1, "s3:restore_object": 1}),
+        "restore_thread DEEP_ARCHIVE (done)": (9, {
+            "s3:delete_objects": 1, "s3:get_object": 4, "s3:head_object": 1, "s3:put_object": 7,
         }),
     },
 }
@@ -873,7 +884,6 @@ def test_prune_copy_and_delete_for_runs_refuse_an_archived_thread(endpoint, inde
     for call in (
         lambda: saver.prune(["t"]),
         lambda: saver.prune(["t"], keep_last=1),
-        lambda: saver.copy_thread("t", "t-copy"),
         lambda: saver.delete_for_runs(["r2"]),
         lambda: _arun(saver, lambda: saver.aprune(["t"])),
     ):
@@ -883,11 +893,20 @@ def test_prune_copy_and_delete_for_runs_refuse_an_archived_thread(endpoint, inde
         assert _classes(endpoint) == objects
     reader = make_saver(endpoint, index_mode)
     assert list(reader.list(config("t"))) == before
-    assert list(reader.list(config("t-copy"))) == []
     assert _archived_classes(reader) == {"t": "GLACIER_IR"}
+    # A copy is written from the archive: the source stays archived, the copy reads as it.
+    saver.copy_thread("t", "t-copy")
+    assert [_plain_tuple(t) for t in reader.list(config("t-copy"))] == [_plain_tuple(t) for t in before]
+    assert _archived_classes(reader) == {"t": "GLACIER_IR", "t-copy": None}
+    assert list(make_saver(endpoint, index_mode).list(config("t"))) == before
     # Restored, the thread takes them again.
     reader.restore_thread("t")
     reader.delete_for_runs(["r2"])
     assert [t.metadata["run_id"] for t in reader.list(config("t"))] == ["r1", "r1"]
     saver.close()
     reader.close()
+
+
+def _plain_tuple(t) -> tuple:
+    """A listed checkpoint without its thread id (a copy has the same of all else)."""
+    return (t.checkpoint, t.metadata, t.pending_writes, t.config["configurable"]["checkpoint_id"])

@@ -276,23 +276,31 @@ def _costs(saver, suffix: str) -> dict[str, tuple[int, dict[str, int]]]:
 # (round trips, requests) on a 100-checkpoint thread with a pending write per checkpoint.
 LIFECYCLE_COSTS = {
     "dynamodb": {
-        # Query of the thread (1 page), deletes of 99 checkpoint, link and writes items, their objects.
-        "prune keep_latest": (4, {"dynamodb:batch_write_item": 13, "dynamodb:query": 1, "s3:delete_objects": 1}),
-        # The run's hints, the thread, the run marked deleted on the thread's item, its 20
-        # checkpoints with links and writes, their objects, the hints.
-        "delete_for_runs (1 run of 5)": (
-            6, {"dynamodb:batch_write_item": 4, "dynamodb:query": 2, "dynamodb:update_item": 1, "s3:delete_objects": 1}
-        ),
-        "copy_thread": (6, {
+        # Query of the thread (1 page); its 99 checkpoint, link and writes items deleted in
+        # transactions of 99, one after the other, each checked against the thread's record
+        # (an archive under way loses its mark, an archived or deleted thread stops the
+        # prune); the thread read again (what the dropped ones name that nothing left names
+        # goes); their objects.
+        "prune keep_latest": (6, {"dynamodb:query": 2, "dynamodb:transact_write_items": 3, "s3:delete_objects": 1}),
+        # The run's hints, the run marked deleted on the thread's record (first: then the
+        # thread is read), the thread, its 20 checkpoints with links and writes (one fenced
+        # transaction), the thread again, their objects, the hints.
+        "delete_for_runs (1 run of 5)": (7, {
+            "dynamodb:batch_write_item": 1, "dynamodb:query": 3, "dynamodb:transact_write_items": 1,
+            "dynamodb:update_item": 1, "s3:delete_objects": 1,
+        }),
+        "copy_thread": (7, {
             "dynamodb:batch_write_item": 12, "dynamodb:get_item": 2, "dynamodb:query": 3,
             "dynamodb:transact_write_items": 1, "s3:copy_object": 200,
             "dynamodb:put_item": 5,  # the hints of the copy's 5 runs
         }),
-        "list_threads(limit=3)": (2, {"dynamodb:query": 4}),
+        # The listing, then each thread's latest beside its record.
+        "list_threads(limit=3)": (2, {"dynamodb:get_item": 3, "dynamodb:query": 4}),
     },
     "manifest": {
-        # The head, its segments, one swap, the objects and retired segments, the swap that clears.
-        "prune keep_latest": (5, {"s3:delete_objects": 2, "s3:get_object": 3, "s3:put_object": 2}),
+        # The head, its segments, one swap (of that very head), the objects and retired
+        # segments, the swap that clears the graveyard.
+        "prune keep_latest": (4, {"s3:delete_objects": 2, "s3:get_object": 2, "s3:put_object": 2}),
         "delete_for_runs (1 run of 5)": (
             9, {"s3:delete_objects": 3, "s3:get_object": 3, "s3:list_objects_v2": 1, "s3:put_object": 4}
         ),

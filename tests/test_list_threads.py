@@ -8,11 +8,8 @@ expected order is known exactly. Request counts are the drivers' own
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import inspect
 import threading
-import types
 from collections import Counter
 from datetime import datetime, timezone
 
@@ -33,7 +30,9 @@ N_THREADS = 1000
 # trip, then one read per thread (Query Limit=1 of its latest / GET of its
 # manifest head) in the second.
 LISTING = {"dynamodb": ("dynamodb", "query"), "manifest": ("s3", "list_objects_v2")}
-PER_THREAD = {"dynamodb": ("dynamodb", "query"), "manifest": ("s3", "get_object")}
+# Per thread: DynamoDB reads its latest item beside the thread's record (which
+# says whether it is archived or deleted), the manifest its head.
+PER_THREAD = {"dynamodb": (("dynamodb", "query"), ("dynamodb", "get_item")), "manifest": (("s3", "get_object"),)}
 
 # What put cost before the thread listing existed (tests/test_requests.py
 # EXACT_COSTS, unchanged by the commit that added list_threads), with a parent
@@ -47,35 +46,6 @@ LISTING_WRITE = {"dynamodb": ("dynamodb", "transact_write_items"), "manifest": (
 
 
 # -- helpers ----------------------------------------------------------------------
-@contextlib.contextmanager
-def populating(index_mode: str):
-    """Writing many new threads quickly on moto.
-
-    moto deep-copies the whole table before every TransactWriteItems (its
-    rollback backup), so each new thread (one transaction: its listing entry)
-    costs time in proportion to the table: minutes for 1,000 threads, a cost of
-    the mock alone. While the tests populate, where no transaction can be
-    cancelled (every thread is new), the backup is skipped; a cancelled one
-    would leave a listing the assertions below reject. Nothing that is measured
-    or listed runs under this.
-    """
-    if index_mode != "dynamodb":
-        yield
-        return
-    import moto.dynamodb.models as models
-    from moto.dynamodb.models.table import Table
-
-    def deepcopy(value, memo=None):
-        return value if isinstance(value, Table) else copy.deepcopy(value, memo)
-
-    original = models.copy
-    models.copy = types.SimpleNamespace(deepcopy=deepcopy)
-    try:
-        yield
-    finally:
-        models.copy = original
-
-
 @pytest.fixture
 def quick_queries(index_mode: str, monkeypatch):
     """moto answers every Query by sorting every item of the table (its
@@ -127,7 +97,8 @@ def _counts(saver) -> tuple[int, dict]:
 def _page_cost(mode: str, k: int) -> tuple[int, dict]:
     """Round trips and requests of one list_threads page of ``k`` threads (k >= 1)."""
     cost: Counter = Counter({LISTING[mode]: 1})
-    cost[PER_THREAD[mode]] += k
+    for op in PER_THREAD[mode]:
+        cost[op] += k
     return 2, dict(cost)
 
 
@@ -189,21 +160,20 @@ def _populate(saver, index_mode: str) -> dict[int, ThreadInfo]:
     one's (a listing that read the first checkpoint would show it)."""
     clock = Clock(saver)
     expected: dict[int, ThreadInfo] = {}
-    with populating(index_mode):
-        for i in range(N_THREADS):
-            thread_id = f"thread-{i:04d}"
-            created = T0 + (i * 337) % N_THREADS  # a permutation of 0..999: ids do not give the order
-            clock.now = created
-            user = "u7" if i % 7 == 0 else f"u{i % 7}"
-            if i % 5 == 0:
-                # The first checkpoint says the opposite of the latest one.
-                first_user = "u7" if user != "u7" else "u0"
-                stored, _, _ = _put(saver, config(thread_id), {"n": i}, {"user": first_user, "step": 0}, ts=f"first-{i}")
-                clock.now = created + 5_000  # later, and never a creation time
-                stored, metadata, ts = _put(saver, stored, {"n": -i}, {"user": user, "step": 1}, ts=f"second-{i}")
-            else:
-                stored, metadata, ts = _put(saver, config(thread_id), {"n": i}, {"user": user, "step": 0}, ts=f"first-{i}")
-            expected[i] = _info(thread_id, created, stored, metadata, ts)
+    for i in range(N_THREADS):
+        thread_id = f"thread-{i:04d}"
+        created = T0 + (i * 337) % N_THREADS  # a permutation of 0..999: ids do not give the order
+        clock.now = created
+        user = "u7" if i % 7 == 0 else f"u{i % 7}"
+        if i % 5 == 0:
+            # The first checkpoint says the opposite of the latest one.
+            first_user = "u7" if user != "u7" else "u0"
+            stored, _, _ = _put(saver, config(thread_id), {"n": i}, {"user": first_user, "step": 0}, ts=f"first-{i}")
+            clock.now = created + 5_000  # later, and never a creation time
+            stored, metadata, ts = _put(saver, stored, {"n": -i}, {"user": user, "step": 1}, ts=f"second-{i}")
+        else:
+            stored, metadata, ts = _put(saver, config(thread_id), {"n": i}, {"user": user, "step": 0}, ts=f"first-{i}")
+        expected[i] = _info(thread_id, created, stored, metadata, ts)
     saver.stats.reset()
     return expected
 
@@ -232,8 +202,8 @@ def test_thousand_threads_order_pages_filter_and_costs(saver, index_mode, quick_
     # may hand one back, which costs one more, empty, listing Query.)
     assert listing_reads == 10
     assert round_trips == 2 * 10
-    assert sum(requests.values()) == listing_reads + N_THREADS
-    assert set(requests) == {LISTING[index_mode], PER_THREAD[index_mode]}
+    assert sum(requests.values()) == listing_reads + N_THREADS * len(PER_THREAD[index_mode])
+    assert set(requests) == {LISTING[index_mode], *PER_THREAD[index_mode]}
 
     # limit=N and before=<last ThreadInfo>: all 1,000 exactly once, in order, and
     # each page costs its listing read and one read per thread, in 2 round trips.
@@ -273,7 +243,7 @@ def test_thousand_threads_order_pages_filter_and_costs(saver, index_mode, quick_
     assert u7 == [i for i in everything if _number(i) % 7 == 0]
     assert len(u7) == 143
     round_trips, requests = _counts(saver)
-    assert sum(requests.values()) == listing_reads + N_THREADS  # it reads what it must touch, no more
+    assert sum(requests.values()) == listing_reads + N_THREADS * len(PER_THREAD[index_mode])  # what it must touch, no more
     both = list(saver.list_threads(filter={"user": "u7", "step": 1}, limit=10))
     assert both == [i for i in everything if _number(i) % 35 == 0][:10]
     # filter with limit and before: the subset, page by page, in order.
@@ -309,19 +279,18 @@ def test_list_threads_costs_the_page_not_the_store(saver, index_mode, quick_quer
     alone_cost = _counts(saver)
     assert alone == newest[:10]
     # DynamoDB: 1 Query of the listing partition + 10 Queries (Limit=1) of each
-    # thread's latest; manifest: 1 ListObjectsV2 + 10 GETs of the threads' heads.
+    # thread's latest beside its record; manifest: 1 ListObjectsV2 + 10 GETs of the threads' heads.
     assert alone_cost == {
-        "dynamodb": (2, {("dynamodb", "query"): 11}),
+        "dynamodb": (2, {("dynamodb", "query"): 11, ("dynamodb", "get_item"): 10}),
         "manifest": (2, {("s3", "list_objects_v2"): 1, ("s3", "get_object"): 10}),
     }[index_mode]
 
     # A large unrelated thread and many other threads, all created earlier.
-    with populating(index_mode):
-        clock.now = T0 + 500
-        grow_thread(saver, "big-unrelated", 300)
-        for i in range(150):
-            clock.now = T0 + i
-            _put(saver, config(f"other-{i:03d}"), {"n": i}, {"i": i})
+    clock.now = T0 + 500
+    grow_thread(saver, "big-unrelated", 300)
+    for i in range(150):
+        clock.now = T0 + i
+        _put(saver, config(f"other-{i:03d}"), {"n": i}, {"i": i})
     saver.stats.reset()
     crowded = list(saver.list_threads(limit=10))
     assert _counts(saver) == alone_cost
@@ -332,7 +301,7 @@ def test_list_threads_costs_the_page_not_the_store(saver, index_mode, quick_quer
     assert _ids(everything)[12] == "big-unrelated"
     round_trips, requests = _counts(saver)
     assert round_trips == 4
-    assert sum(requests.values()) == 2 + 163
+    assert sum(requests.values()) == 2 + 163 * len(PER_THREAD[index_mode])
 
     # The large thread on the page costs what a one-checkpoint thread does.
     saver.stats.reset()
@@ -342,7 +311,7 @@ def test_list_threads_costs_the_page_not_the_store(saver, index_mode, quick_quer
     assert page[0].metadata == {"source": "loop", "step": 299}
     # Nothing on a hot path ever lists live/ or scans the table.
     for op in requests:
-        assert op in {LISTING[index_mode], PER_THREAD[index_mode]}, op
+        assert op in {LISTING[index_mode], *PER_THREAD[index_mode]}, op
 
 
 def test_put_costs_one_request_more_only_when_it_creates_a_thread(saver, index_mode) -> None:

@@ -44,13 +44,13 @@ def test_throttled_deletes_are_retried_with_backoff() -> None:
     ctx = _ctx()
     item = {"pk": {"S": ctx.index.calls.pk("t")}, "sk": {"S": writes_sort_key("", "c1", "task", "r1")}, "token": {"S": "x"}}
     stored = [item]
-    # The tombstone batch goes through at once; the delete batch is refused twice.
-    refusals = iter([0, 2, 1, 0])
+    # The delete batch is refused twice.
+    refusals = iter([2, 1, 0])
 
     def respond(call: Call) -> Any:
         if call.operation == "query":
             return {"Items": list(stored)}
-        if call.operation in {"delete_objects", "put_item", "get_item"}:
+        if call.operation in {"delete_objects", "update_item", "get_item"}:
             return {}
         requests = call.params["RequestItems"]["t"]
         if next(refusals):
@@ -63,10 +63,10 @@ def test_throttled_deletes_are_retried_with_backoff() -> None:
     sleeps = [s.seconds for s in steps if isinstance(s, Sleep)]
     assert sleeps == [0.05, 0.1]
     ops = [s[0].operation for s in steps if isinstance(s, tuple)]
-    # Tombstones first (the thread's, then the namespace's), then objects, then items;
-    # a second pass finds nothing left.
+    # The thread's record moves to the next generation first (the switch: gone for
+    # readers and writers), then objects, then items; a second pass finds nothing left.
     assert ops == [
-        "get_item", "put_item", "query", "batch_write_item", "delete_objects",
+        "get_item", "update_item", "query", "delete_objects",
         "batch_write_item", "batch_write_item", "batch_write_item", "query",
     ]
 

@@ -9,19 +9,17 @@ write to an archived thread restores the thread first.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from s3_saver._archive import Archive
-from s3_saver._codec import BLOB_FORMAT, unpack
+from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, unpack
 from s3_saver._index.base import (
     ArchiveRef,
     CheckpointEntry,
     DepthHint,
     Holdings,
     Index,
-    IndexEntry,
     Key3,
     Prepared,
     ThreadRef,
@@ -47,12 +45,19 @@ class ArchiveIndex(Index):
             layout.blob_key(archive.thread_id, ns, ch, version, cid): unpack(body, BLOB_FORMAT, f"{self._where}: blob {ch}")
             for (ns, ch, version, cid), body in archive.blobs.items()
         }
+        self._records = {
+            layout.checkpoint_key(archive.thread_id, ns, cid): unpack(body, CHECKPOINT_FORMAT, f"{self._where}: checkpoint {cid}")
+            for (ns, cid), body in archive.records.items()
+        }
 
     def describe(self) -> str:
         return self._where
 
     def held_blobs(self) -> dict[str, dict[str, Any]]:
         return self._blobs
+
+    def held_records(self) -> dict[str, dict[str, Any]]:
+        return self._records
 
     # -- reads -----------------------------------------------------------------------
     def _visible(self, thread_id: str, ns: str | None) -> list[CheckpointEntry]:
@@ -132,6 +137,9 @@ class ArchiveIndex(Index):
     def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
         raise self._refuse("a write")
 
+    def unnote(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
+        raise self._refuse("a write")
+
     def threads(self, before: ThreadRef | None, page_size: int, cursor: Any) -> Op[tuple[list[Any], Any]]:
         raise self._refuse("listing threads")
 
@@ -153,28 +161,40 @@ class ArchiveIndex(Index):
     def restore(self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int) -> Op[None]:
         raise self._refuse("rebuild_index")
 
-    def delete_thread(self, thread_id: str, now: int, delete_objects: Callable[[list[IndexEntry]], Op[None]]) -> Op[None]:
+    def delete_thread(self, thread_id: str, now: int, release: Any) -> Op[None]:
         raise self._refuse("delete_thread")
 
-    def drop(self, thread_id: str, hide: Any, drop: Any, doomed: Any, delete_objects: Any) -> Op[None]:
+    def drop(self, thread_id: str, plan: Any, release: Any) -> Op[None]:
         raise self._refuse("prune")
 
-    def copy_thread(self, source: str, dest: str, copy_objects: Any, expired: Any, now: int) -> Op[None]:
+    def copy_thread(self, source: str, dest: str, entries: Any, writes: Any, now: int) -> Op[None]:
+        raise self._refuse("copy_thread")
+
+    def check_copy_target(self, source: str, dest: str) -> Op[Any]:
         raise self._refuse("copy_thread")
 
     def archive_of(self, thread_id: str) -> Op[Tombstone]:
         raise self._refuse("archive_thread")
 
-    def archive(self, thread_id: str, ref: ArchiveRef, archived: Any, delete_objects: Any, known: Any = None) -> Op[None]:
+    def mark_archive(self, thread_id: str, key: str) -> Op[str | None]:
+        raise self._refuse("archive_thread")
+
+    def snapshot(self, thread_id: str) -> Op[tuple[list[CheckpointEntry], Any]]:
+        raise self._refuse("archive_thread")
+
+    def switch_archive(self, thread_id: str, ref: ArchiveRef, snapshot: Any) -> Op[bool]:
+        raise self._refuse("archive_thread")
+
+    def finish_archive(self, thread_id: str, ref: ArchiveRef, release: Any) -> Op[None]:
         raise self._refuse("archive_thread")
 
     def unarchive(self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]) -> Op[None]:
         raise self._refuse("restore_thread")
 
-    def intend_archive(self, thread_id: str, key: str) -> Op[None]:
-        raise self._refuse("archive_thread")
+    def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:
+        raise self._refuse("a write")
 
-    def forget_archive(self, thread_id: str, key: str) -> Op[None]:
+    def forget_archive(self, thread_id: str, key: str) -> Op[bool]:
         raise self._refuse("restore_thread")
 
     def holdings(self, thread_id: str) -> Op[Holdings]:

@@ -39,7 +39,24 @@ SPECIAL_PART = "s"
 ENTRY_BUDGET = 400 * 1024 - 8 * 1024
 
 Key3 = tuple[str, str, str]  # (thread_id, checkpoint_ns, checkpoint_id)
-Loc = dict[str, tuple[Any, str, int, int]]
+# channel -> a reference to the object that holds the value of its version:
+# (version, source checkpoint id, IN_CHECKPOINT_OBJECT | IN_BLOB_OBJECT, put time[, tag]).
+# The tag (see ``_keys``) is there only when the object was written tagged.
+Ref = tuple[Any, ...]
+Loc = dict[str, Ref]
+
+
+def ref_tag(ref: Ref) -> str:
+    return ref[4] if len(ref) > 4 else ""
+
+
+def make_ref(version: Any, source: str, kind: int, put_at: int, tag: str = "") -> Ref:
+    return (version, source, kind, put_at, tag) if tag else (version, source, kind, put_at)
+
+
+def retag(ref: Ref, tag: str) -> Ref:
+    """The same reference to the copy of its object written under ``tag``."""
+    return make_ref(ref[0], ref[1], ref[2], ref[3], tag)
 # How many ancestors a walk from this checkpoint probably reads (None: no idea);
 # a backend that reads the chain in pieces reads that many at once.
 DepthHint = Callable[["CheckpointEntry"], "int | None"]
@@ -53,7 +70,7 @@ class CheckpointEntry:
     ns: str
     checkpoint_id: str
     parent_id: str | None
-    # channel -> (version, source checkpoint id, IN_CHECKPOINT_OBJECT | IN_BLOB_OBJECT, put time)
+    # channel -> the reference to its value's object (see ``Ref``)
     loc: Loc
     body: bytes | None = None
     metadata: tuple[str, bytes] | None = None
@@ -68,6 +85,8 @@ class CheckpointEntry:
     # only because checkpoints that stay read through it: values they point at
     # (``loc``), or the writes a DeltaChannel replays. Never listed or returned.
     hidden: bool = False
+    # The tag of its checkpoint object's key ("" for a put's own write; see ``_keys``).
+    tag: str = ""
 
     @property
     def key(self) -> Key3:
@@ -92,8 +111,10 @@ class WritesEntry:
 
 @dataclass
 class Tombstone:
-    """Left by ``delete_thread``: everything of the thread (``ns`` None) or of one
-    namespace written before generation ``gen`` is deleted.
+    """The thread's record (``ns`` None): everything of the thread written before
+    generation ``gen`` is deleted (``delete_thread`` moves it on), and where the
+    thread lives (its archive, the marks of operations under way). With ``ns``:
+    a namespace's tombstone, which earlier versions' deletes wrote (still honoured).
 
     Entries carry the generation they were written in, so an entry that a run
     in flight committed after the delete started is recognised as deleted too.
@@ -111,6 +132,11 @@ class Tombstone:
     # archive object a restore left to delete.
     archive: ArchiveRef | None = None
     stale_archive: str | None = None
+    # DynamoDB: an archive under way (the key of the object it writes): the
+    # archive switches only if no commit came meanwhile (a commit takes the
+    # mark off); and a restore under way (an archive's cleanup stops).
+    archiving: str | None = None
+    restoring: str | None = None
 
 
 @dataclass
@@ -133,6 +159,9 @@ class ArchiveRef:
     latest: CheckpointEntry | None = None
     checkpoints: int = 0  # how many it holds
     live_bytes: int = 0  # what its objects weighed live
+    # The runs it holds checkpoints of: a delete of the archived thread removes
+    # their hints without reading the archive.
+    runs: list[str] = field(default_factory=list)
 
 
 class Archived(ThreadArchivedError):
@@ -151,6 +180,36 @@ class Archived(ThreadArchivedError):
 
 
 IndexEntry = CheckpointEntry | WritesEntry | Tombstone
+
+
+class Fenced(Exception):
+    """A commit the thread's record refused: it was deleted since the writer
+    read it (``gen``), archived, being archived (a DynamoDB mark the writer may
+    take off), or the writer's run was deleted. ``record`` is the record as the
+    index holds it; the operation decides (``_ops.put``)."""
+
+    def __init__(self, record: Tombstone) -> None:
+        super().__init__(f"thread {record.thread_id!r}: the commit was refused by the thread's record")
+        self.record = record
+
+
+class ParentGone(Exception):
+    """A checkpoint commit whose parent entry left the index (pruned, deleted by
+    delete_for_runs) or was written anew (restored, under another tag) since the
+    writer read it: the values it carries from the parent may be gone, so it
+    stores them itself and commits again."""
+# Called by an index once entries are out of it: ``release(gone, staying)``
+# deletes the objects ``gone`` names that nothing in ``staying`` names (``_reach``).
+Release = Callable[[list[Any], list[Any]], "Op[None]"]
+
+
+@dataclass
+class Cut:
+    """What prune or delete_for_runs takes out of a thread: checkpoints to hide
+    (newer ones read through them) and checkpoints to drop, with their writes."""
+
+    hide: list[CheckpointEntry] = field(default_factory=list)
+    drop: list[CheckpointEntry] = field(default_factory=list)
 
 
 @dataclass
@@ -223,6 +282,12 @@ class Index(ABC):
         reads them from here instead of the bucket."""
         return {}
 
+    def held_records(self) -> dict[str, dict[str, Any]]:
+        """Checkpoint objects the index holds itself by key, decoded: an archive's
+        objects of checkpoints it has no entry of (values a pruned or expired
+        ancestor stored, which later checkpoints still read)."""
+        return {}
+
     # -- setup ---------------------------------------------------------------------
     @abstractmethod
     def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:
@@ -238,9 +303,14 @@ class Index(ABC):
         it is not, list it as created then (a root namespace's checkpoint)."""
 
     @abstractmethod
-    def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
-        """The commit point of ``put``. May raise ThreadDeletedError when the
-        index can tell that the thread was deleted since ``prepare``.
+    def commit_checkpoint(
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None
+    ) -> Op[None]:
+        """The commit point of ``put``, fenced: atomically with the write, the
+        thread's record must still be in ``entry.gen``, not archived nor being
+        archived, and ``entry.run_id`` not deleted (else ``Fenced``); with
+        ``parent_tag`` (the entry carries values from its parent), the parent's
+        entry must still be in the index with that tag (else ``ParentGone``).
         ``created``: the thread is new; record when (``note`` lists it)."""
 
     @abstractmethod
@@ -251,11 +321,18 @@ class Index(ABC):
         failed finds nothing."""
 
     @abstractmethod
+    def unnote(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
+        """Take back what ``note`` (and a manifest ``prepare``) wrote for a commit
+        that was refused: the listing entry of ``created`` (only if the thread
+        is listed as created then: a refused commit's listing never counted)
+        and the (run, thread) hint."""
+
+    @abstractmethod
     def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
         """The commit point of ``put_writes``: regular parts first-wins, special
         parts last-wins, in the order the index commits them. A retried request
-        that meets its own commit counts as written. May raise ThreadDeletedError
-        like ``commit_checkpoint``."""
+        that meets its own commit counts as written. Fenced by the thread's
+        record like ``commit_checkpoint`` (its generation and archive state)."""
 
     # -- reads ---------------------------------------------------------------------
     @abstractmethod
@@ -333,84 +410,82 @@ class Index(ABC):
         or delete says is deleted; list the thread (as created at ``created``)
         unless it is listed."""
 
-    # -- delete and copy -------------------------------------------------------------
+    # -- delete, prune and copy ------------------------------------------------------
     @abstractmethod
-    def delete_thread(
-        self, thread_id: str, now: int, delete_objects: Callable[[list[IndexEntry]], Op[None]]
-    ) -> Op[None]:
-        """Make the thread gone for readers and writers at once, then call
-        ``delete_objects`` with the entries whose objects go, before their
-        entries do. Cut short anywhere, a call again finishes it."""
+    def delete_thread(self, thread_id: str, now: int, release: Release) -> Op[None]:
+        """Make the thread gone for readers and writers in one write (its record's
+        next generation), then ``release`` what its entries name, before the
+        entries go. Cut short anywhere, a call again finishes it. What stays is
+        one small record (the generation, when it was deleted)."""
 
     @abstractmethod
-    def drop(
-        self,
-        thread_id: str,
-        hide: list[CheckpointEntry],
-        drop: list[CheckpointEntry],
-        doomed: list[IndexEntry],
-        delete_objects: Callable[[list[IndexEntry]], Op[None]],
-    ) -> Op[None]:
-        """Take checkpoints out of a thread (prune, delete_for_runs): ``hide``
-        stay for the checkpoints that read through them (``hidden``), ``drop``
-        go with their writes, and then the objects of ``doomed`` (the entries,
-        trimmed to what nothing kept refers to) through ``delete_objects``.
-        Entries go before objects: cut short, nothing kept points at a missing
-        object."""
+    def drop(self, thread_id: str, plan: Callable[[list[CheckpointEntry]], Op[Cut]], release: Release) -> Op[None]:
+        """Take checkpoints out of a thread (prune, delete_for_runs): read every
+        checkpoint (hidden and expired ones included) with its writes, ask
+        ``plan`` what to hide and what to drop, change the index fenced like a
+        commit (decided again when a commit lands first), then ``release`` what
+        the dropped ones name and nothing still in the index names."""
 
     @abstractmethod
     def copy_thread(
-        self,
-        source: str,
-        dest: str,
-        copy_objects: Callable[[list[IndexEntry]], Op[None]],
-        expired: Callable[[CheckpointEntry], bool],
-        now: int,
+        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int
     ) -> Op[None]:
-        """Copy the live entries of ``source`` to the empty thread ``dest``: all
-        their objects first (``copy_objects``), then exactly those entries; list
-        ``dest`` as created ``now``."""
+        """Install a copy of ``source`` (its objects written already, under ``dest``)
+        into ``dest``, listed as created ``now``; refuses (ConfigurationError) a
+        ``dest`` with checkpoints of its own (an earlier copy of ``source`` is not)."""
+
+    @abstractmethod
+    def check_copy_target(self, source: str, dest: str) -> Op[Any]:
+        """Refuse (ConfigurationError) a copy into ``dest`` before anything is written."""
 
     # -- archive -----------------------------------------------------------------------
     @abstractmethod
     def archive_of(self, thread_id: str) -> Op[Tombstone]:
-        """The thread's own record: ``archive`` (None: live) and ``stale_archive``."""
+        """The thread's own record: ``archive`` (None: live), ``stale_archive``, marks."""
 
     @abstractmethod
-    def archive(
-        self,
-        thread_id: str,
-        ref: ArchiveRef,
-        archived: list[CheckpointEntry] | None,
-        delete_objects: Callable[[list[Any]], Op[None]],
-        known: list[CheckpointEntry] | None = None,
-    ) -> Op[None]:
-        """Switch the thread to its archive object (the commit point: from then on
-        every read goes there), then remove the live entries ``archived`` (with
-        their writes) after their objects. ``archived`` None: the switch happened
-        before (a cleanup cut short): remove what is left of ``known`` (the
-        archive's entries, when it could be read), else up to ``ref.newest``.
-        A write committed after the switch stays, parked until the restore.
-        The switch needs ``intend_archive(ref.key)`` first, and takes that mark off.
-        Raises ThreadArchivedError when the thread is archived in another object,
-        or the mark is another's."""
+    def mark_archive(self, thread_id: str, key: str) -> Op[str | None]:
+        """Record, before anything is read or written, the archive object ``key``
+        an archive of the thread is about to write: a commit from now on makes
+        ``switch_archive`` fail. Returns the key of an earlier mark it replaced
+        (an archive cut short, or racing: its object is the caller's to delete).
+        Raises ThreadArchivedError when the thread is archived or being restored."""
+
+    @abstractmethod
+    def snapshot(self, thread_id: str) -> Op[tuple[list[CheckpointEntry], Any]]:
+        """Every checkpoint of the thread (hidden and expired ones included) with
+        its writes, and what ``switch_archive`` needs to know they are still all."""
+
+    @abstractmethod
+    def switch_archive(self, thread_id: str, ref: ArchiveRef, snapshot: Any) -> Op[bool]:
+        """The archive's commit point: the thread reads from ``ref`` from now on,
+        if the mark of ``ref.key`` is still there and nothing was committed since
+        ``snapshot``; False (nothing changed) otherwise."""
+
+    @abstractmethod
+    def finish_archive(self, thread_id: str, ref: ArchiveRef, release: Release) -> Op[None]:
+        """Remove what is left of the live thread archived in ``ref`` (entries, and
+        the objects they name), unless a restore began. A call again finishes it."""
 
     @abstractmethod
     def unarchive(
         self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]
-    ) -> Op[None]:
-        """Install the entries read back from ``ref`` (their objects are written)
-        and take the archive marker out, in that order (the commit point), with
-        ``ref``'s object left to delete (``stale_archive``); writes parked under
-        the marker stay."""
+    ) -> Op[bool]:
+        """Install the entries read back from ``ref`` (their objects are written,
+        under a tag no cleanup deletes) and take the archive out, in that order
+        (the commit point), with ``ref``'s object left to delete (``stale_archive``).
+        False: another restore switched first (what this one wrote may be named
+        by nothing)."""
 
     @abstractmethod
-    def intend_archive(self, thread_id: str, key: str) -> Op[None]:
-        """Record, before it is written, the archive object ``key`` as one to delete
-        (``stale_archive``) unless ``archive`` makes it the thread's archive: a call
-        cut short and not repeated as is (the thread changed) leaves nothing behind.
-        Raises ThreadArchivedError when the thread is archived, or another archive
-        object waits for deletion."""
+    def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:
+        """Take an archive's mark off (a commit found it): that archive does not switch."""
+
+    @abstractmethod
+    def forget_archive(self, thread_id: str, key: str) -> Op[bool]:
+        """Drop ``key`` from ``stale_archive`` (before its object is deleted): False
+        when it is not there (nothing to delete: in manifest mode that slot is
+        also an archive's mark, which another call may have switched to)."""
 
     # -- audit -------------------------------------------------------------------------
     @abstractmethod
@@ -419,6 +494,3 @@ class Index(ABC):
         archived included, and the index's own objects; a damaged index raises
         (``CorruptObjectError``, ``MissingObjectError``)."""
 
-    @abstractmethod
-    def forget_archive(self, thread_id: str, key: str) -> Op[None]:
-        """The archive object ``key`` is deleted: drop it from ``stale_archive``."""

@@ -1,45 +1,54 @@
-"""The DynamoDB index's side of archival: the markers that send readers to an archive.
+"""The DynamoDB index's side of archival: the thread's record says where it lives.
 
-An archived thread keeps, in its partition, only tombstone items: its own item
-and one per namespace, each carrying the archive's reference (``archive``).
-Newest first, a namespace's tombstone is the first item of the namespace, so
-the reads that already meet it (latest, get, history, the ancestor walk) find
-the marker without one more request, and a writer finds it on the thread's item
-that ``prepare`` reads. A namespace's marker switches it whole: before, its
-items are read; after, the archive.
+An archived thread is one attribute of its record (``archive``, the archive
+object's reference). Every read takes the record in its first round trip, so
+that one write switches every namespace at once, whatever their number.
+
+Archive (read-decide-act, fenced at the commit): ``mark_archive`` puts the
+archive object's key on the record first (``archiving``); every commit checks
+the record and takes such a mark off, so ``switch_archive``, which needs the
+mark still there, fails if anything was committed after the thread was read
+for the archive. After the switch, ``finish_archive`` removes the live items
+in transactions that need the record to still name this archive and no restore
+to be under way: a restore (``unarchive``) puts its own mark (``restoring``)
+first, so a cleanup still running can never delete an item the restore wrote.
+Its objects never collide either: a restore writes under a fresh tag.
 
 Mixed into ``DynamoIndex`` (``DynamoArchive``), as ``dynamo_lifecycle`` is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from s3_saver._archive import encode_ref
-from s3_saver._index.base import ArchiveRef, CheckpointEntry, Tombstone, WritesEntry
+from s3_saver._index.base import ArchiveRef, CheckpointEntry, Release, Tombstone, WritesEntry
 from s3_saver._index.dynamo_items import (
     ARCHIVE,
+    ARCHIVING,
     GEN,
     PARTITION_KEY,
+    RESTORING,
     SORT_KEY,
     STALE_ARCHIVE,
+    TAG,
     DynamoCalls,
     Link,
     _thread_item,
 )
-from s3_saver._protocol import Op, raise_failure, request, request_one
+from s3_saver._keys import new_token
+from s3_saver._protocol import Op, raise_failure, request_one
 from s3_saver.errors import CONDITION_FAILED_CODES, ThreadArchivedError, error_code
 
-_TRANSACTION_MAX = 100  # TransactWriteItems takes at most 100 actions
-_MAX_SWITCHES = 3
+_TRANSACTION_ACTIONS = 99  # and the record's check: 100 per transaction
+_ITEM_ATTRIBUTES = (PARTITION_KEY, SORT_KEY, "loc", "token", GEN, TAG)
 
 
 class DynamoArchive:
-    """Archive markers for ``DynamoIndex``."""
+    """The archive reference on the thread's record, for ``DynamoIndex``."""
 
-    # From DynamoIndex: its calls and table, and write_batches / entries helpers.
+    # From DynamoIndex: its calls and table, write_batches, transact and _contents.
     calls: DynamoCalls
     table: str
 
@@ -47,201 +56,175 @@ class DynamoArchive:
         found = yield from request_one(self.calls.get_tombstone(thread_id))
         return _thread_item(self.calls, found)
 
-    def archive(
-        self,
-        thread_id: str,
-        ref: ArchiveRef,
-        archived: list[CheckpointEntry] | None,
-        delete_objects: Callable[[list[Any]], Op[None]],
-        known: list[CheckpointEntry] | None = None,
-    ) -> Op[None]:
+    def mark_archive(self, thread_id: str, key: str) -> Op[str | None]:
+        # An earlier archive's mark (cut short, or racing this one) is taken
+        # over: its object is the caller's to delete.
+        result = yield from self._update(
+            thread_id,
+            "SET #m = :k",
+            "attribute_not_exists(#a) AND attribute_not_exists(#r)",
+            {"#m": ARCHIVING, "#a": ARCHIVE, "#r": RESTORING},
+            {":k": {"S": key}},
+            ReturnValues="ALL_OLD",
+        )
+        if result is None:
+            raise _busy(thread_id, (yield from self.archive_of(thread_id)), f"table {self.table}")
+        return result.get("Attributes", {}).get(ARCHIVING, {}).get("S")
+
+    def snapshot(self, thread_id: str) -> Op[tuple[list[CheckpointEntry], Any]]:
+        record, entries = yield from self._contents(thread_id)  # type: ignore[attr-defined]
+        return entries, record
+
+    def switch_archive(self, thread_id: str, ref: ArchiveRef, snapshot: Any) -> Op[bool]:
+        # The commit point: from here on every read goes to the archive.
+        result = yield from self._update(
+            thread_id,
+            "SET #a = :ref REMOVE #m",
+            "#m = :k AND attribute_not_exists(#a)",
+            {"#a": ARCHIVE, "#m": ARCHIVING},
+            {":ref": {"B": encode_ref(ref)}, ":k": {"S": ref.key}},
+        )
+        if result is not None:
+            return True
+        # Refused, or applied and its answer lost (the retry then meets its own
+        # switch): the record says which.
+        record = yield from self.archive_of(thread_id)
+        return record.archive is not None and record.archive.key == ref.key
+
+    def finish_archive(self, thread_id: str, ref: ArchiveRef, release: Release) -> Op[None]:
         calls = self.calls
-        if archived is not None:
-            packed = {"B": encode_ref(ref)}
-            names = {"#a": ARCHIVE, "#s": STALE_ARCHIVE}
-            # The thread's item refuses a second archive, and one whose object is not
-            # the one intend_archive recorded (another call's came since); applied
-            # already, it holds (a re-sent request).
-            thread = {
-                "TableName": self.table,
-                "Key": calls.tombstone_key(thread_id),
-                "UpdateExpression": "SET #a = :ref REMOVE #s",
-                "ConditionExpression": "#a = :ref OR (attribute_not_exists(#a) AND #s = :key)",
-                "ExpressionAttributeNames": names,
-                "ExpressionAttributeValues": {":ref": packed, ":key": {"S": ref.key}},
-            }
-            markers = [
-                {
-                    "TableName": self.table,
-                    "Key": calls.tombstone_key(thread_id, ns),
-                    "UpdateExpression": "SET #a = :ref",
-                    "ExpressionAttributeNames": {"#a": ARCHIVE},
-                    "ExpressionAttributeValues": {":ref": packed},
-                }
-                for ns in sorted(ref.newest)
-            ]
-            # The commit point: from here on every namespace reads from the archive.
-            yield from self._transact([{"Update": u} for u in [thread, *markers]], thread_id)
-        # What goes: exactly the archived items (a write's by its token: one that
-        # replaced it under the marker, a last-wins slot, stays), or without the
-        # list (a cold archive, a cleanup cut short) the items up to the newest
-        # checkpoint archived in each namespace (a checkpoint parked since is newer).
-        chosen = archived if archived is not None else known
-        checkpoints = {(e.ns, e.checkpoint_id) for e in chosen} if chosen is not None else None
-        writes = {(w.ns, w.checkpoint_id, w.task_id, w.part, w.token) for e in chosen or () for w in e.writes or ()}
-
-        def goes(entry: CheckpointEntry | WritesEntry) -> bool:
-            if checkpoints is None:
-                return entry.checkpoint_id <= ref.newest.get(entry.ns, "")
-            if isinstance(entry, WritesEntry):
-                return (entry.ns, entry.checkpoint_id, entry.task_id, entry.part, entry.token) in writes
-            return (entry.ns, entry.checkpoint_id) in checkpoints
-
-        doomed: list[Any] = []
-        keys: list[dict[str, Any]] = []
+        items: list[dict[str, Any]] = []
+        entries: list[Any] = []
         start: dict[str, Any] | None = None
         while True:
-            page = yield from request_one(
-                calls.query(thread_id, start_key=start, projection=(PARTITION_KEY, SORT_KEY, "loc", "token", GEN))
-            )
+            page = yield from request_one(calls.query(thread_id, start_key=start, projection=_ITEM_ATTRIBUTES))
             for raw in page.get("Items", []):
                 item = calls.parse(raw)
-                entry = item.entry if isinstance(item, Link) else item
-                if isinstance(entry, (CheckpointEntry, WritesEntry)) and goes(entry):
-                    keys.append(_key(raw))
-                    if not isinstance(item, Link):
-                        doomed.append(entry)
+                if isinstance(item, (CheckpointEntry, WritesEntry, Link)) or (isinstance(item, Tombstone) and item.ns is not None):
+                    items.append({k: raw[k] for k in (PARTITION_KEY, SORT_KEY)})
+                if isinstance(item, (CheckpointEntry, WritesEntry)):
+                    entries.append(item)
             start = page.get("LastEvaluatedKey")
             if start is None:
                 break
-        # Objects before the items that point at them, as every delete does.
-        yield from delete_objects(doomed)
-        yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in keys], f"archived entries of thread {thread_id!r}")  # type: ignore[attr-defined]
+        # Objects before the items that name them (a call again finds them), items
+        # only while the record still names this archive and no restore began.
+        yield from release(entries, [])
+        fence = {
+            "ConditionCheck": {
+                "TableName": self.table,
+                "Key": calls.tombstone_key(thread_id),
+                "ConditionExpression": "#a = :ref AND attribute_not_exists(#r)",
+                "ExpressionAttributeNames": {"#a": ARCHIVE, "#r": RESTORING},
+                "ExpressionAttributeValues": {":ref": {"B": encode_ref(ref)}},
+            }
+        }
+        for i in range(0, len(items), _TRANSACTION_ACTIONS):
+            deletes = [{"Delete": {"TableName": self.table, "Key": k}} for k in items[i : i + _TRANSACTION_ACTIONS]]
+            if (yield from self.transact([*deletes, fence], f"archived items of thread {thread_id!r}")):  # type: ignore[attr-defined]
+                return  # restored (or being restored) meanwhile: its items are the restore's
 
     def unarchive(
         self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]
-    ) -> Op[None]:
+    ) -> Op[bool]:
+        """The restore's mark first (``restoring``: a token of this call, taking
+        over any earlier restore's; an archive's cleanup stops at it), then the
+        entries, unseen while the record names the archive, in transactions that
+        need the mark to still be this call's, then the switch, which needs it
+        too. So the entries readers see after a switch are all one restore's: a
+        restore that was taken over writes no more and does not switch."""
         calls = self.calls
-        namespaces = sorted(ref.newest)
-        for _ in range(_MAX_SWITCHES):
-            thread_raw, *tombs = yield from request(
-                calls.get_tombstone(thread_id), *(calls.get_tombstone(thread_id, ns) for ns in namespaces)
-            )
-            thread = _thread_item(calls, thread_raw)
-            if thread.archive is None or thread.archive.key != ref.key:
-                if thread.archive is None:
-                    return  # restored already (a call again after the switch)
-                raise ThreadArchivedError(
-                    f"thread {thread_id!r} was archived again in {thread.archive.key} meanwhile (table {self.table})",
-                    thread_id,
-                    thread.archive.storage_class,
-                    thread.archive.key,
-                )
-            # The entries first, written under the markers (no reader sees them
-            # yet), in the thread's generation.
-            items = [calls.checkpoint_item(replace(e, gen=thread.gen)) for e in entries]
-            items += [calls.link_item(replace(e, gen=thread.gen)) for e in entries]
-            items += [calls.writes_item(replace(w, gen=thread.gen)) for w in writes]
-            yield from self.write_batches([{"PutRequest": {"Item": i}} for i in items], f"entries of thread {thread_id!r}")  # type: ignore[attr-defined]
-            # Then the markers go (the commit point): a namespace's tombstone of a
-            # real delete keeps its generation, a marker alone is removed (an empty
-            # tombstone would cost "latest" a round trip). The archive object is
-            # left to delete, on the thread's item.
-            switch: list[dict[str, Any]] = [
-                {
-                    "Update": {
-                        "TableName": self.table,
-                        "Key": calls.tombstone_key(thread_id),
-                        "UpdateExpression": "REMOVE #a SET #s = :key",
-                        "ExpressionAttributeNames": {"#a": ARCHIVE, "#s": STALE_ARCHIVE},
-                        "ExpressionAttributeValues": {":key": {"S": ref.key}},
-                    }
-                }
-            ]
-            for ns, raw in zip(namespaces, tombs):
-                key = calls.tombstone_key(thread_id, ns)
-                if _thread_item(calls, raw).gen:
-                    update = {"TableName": self.table, "Key": key, "UpdateExpression": "REMOVE #a"}
-                    switch.append({"Update": {**update, "ExpressionAttributeNames": {"#a": ARCHIVE}}})
-                else:
-                    condition = {"ConditionExpression": "attribute_not_exists(#g)", "ExpressionAttributeNames": {"#g": GEN}}
-                    switch.append({"Delete": {"TableName": self.table, "Key": key, **condition}})
-            if (yield from self._transact(switch, thread_id, lost_ok=True)):
-                return
-        raise ThreadArchivedError(
-            f"restoring thread {thread_id!r}: its tombstones in table {self.table} kept changing (a delete running?)",
-            thread_id,
-            ref.storage_class,
-            ref.key,
+        token = new_token(8)
+        marked = yield from self._update(
+            thread_id, "SET #r = :t", "#a = :ref", {"#r": RESTORING, "#a": ARCHIVE},
+            {":t": {"S": token}, ":ref": {"B": encode_ref(ref)}}, ReturnValues="ALL_NEW",
         )
+        if marked is None:
+            record = yield from self.archive_of(thread_id)
+            if record.archive is None:
+                return False  # restored already (another call, or this one's switch answered with a failure)
+            raise ThreadArchivedError(
+                f"thread {thread_id!r} was archived again in {record.archive.key} meanwhile (table {self.table})",
+                thread_id,
+                record.archive.storage_class,
+                record.archive.key,
+            )
+        gen = int(marked["Attributes"].get(GEN, {}).get("N", "0"))
+        ours = {
+            "ConditionCheck": {
+                "TableName": self.table,
+                "Key": calls.tombstone_key(thread_id),
+                "ConditionExpression": "#r = :t",
+                "ExpressionAttributeNames": {"#r": RESTORING},
+                "ExpressionAttributeValues": {":t": {"S": token}},
+            }
+        }
+        # Writes and links first, checkpoint items last: whole checkpoints either way.
+        items = [calls.writes_item(replace(w, gen=gen)) for w in writes]
+        items += [calls.link_item(replace(e, gen=gen)) for e in entries]
+        items += [calls.checkpoint_item(replace(e, gen=gen)) for e in entries]
+        for i in range(0, len(items), _TRANSACTION_ACTIONS):
+            puts = [{"Put": {"TableName": self.table, "Item": item}} for item in items[i : i + _TRANSACTION_ACTIONS]]
+            if (yield from self.transact([*puts, ours], f"entries of thread {thread_id!r}")):  # type: ignore[attr-defined]
+                return False  # another restore took over: it writes every entry again
+        # Then the switch (the commit point): the archive object is left to delete.
+        switched = yield from self._update(
+            thread_id, "REMOVE #a, #r SET #s = :key", "#a = :ref AND #r = :t",
+            {"#a": ARCHIVE, "#r": RESTORING, "#s": STALE_ARCHIVE},
+            {":key": {"S": ref.key}, ":ref": {"B": encode_ref(ref)}, ":t": {"S": token}},
+        )
+        return switched is not None
 
-    def intend_archive(self, thread_id: str, key: str) -> Op[None]:
+    def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:
+        """A commit found an archive under way: take its mark off (its switch then
+        fails). Its object, if written, is left to delete (``stale_archive``) when
+        no other one waits there: an archive cut short leaves nothing behind."""
+        moved = yield from self._update(
+            thread_id, "REMOVE #m SET #s = :k", "#m = :k AND attribute_not_exists(#s)",
+            {"#m": ARCHIVING, "#s": STALE_ARCHIVE}, {":k": {"S": key}},
+        )
+        if moved is None:
+            yield from self._update(thread_id, "REMOVE #m", "#m = :k", {"#m": ARCHIVING}, {":k": {"S": key}})
+
+    def forget_archive(self, thread_id: str, key: str) -> Op[bool]:
+        forgot = yield from self._update(thread_id, "REMOVE #s", "#s = :key", {"#s": STALE_ARCHIVE}, {":key": {"S": key}})
+        return forgot is not None
+
+    def _update(
+        self,
+        thread_id: str,
+        update: str,
+        condition: str,
+        names: dict[str, str],
+        values: dict[str, Any],
+        **options: Any,
+    ) -> Op[dict[str, Any] | None]:
+        """A conditional UpdateItem of the thread's record: its answer, or None when
+        the condition did not hold."""
         call = self.calls._call(
             "update_item",
             {
                 "TableName": self.table,
                 "Key": self.calls.tombstone_key(thread_id),
-                "UpdateExpression": "SET #s = :key",
-                "ConditionExpression": "attribute_not_exists(#a) AND (attribute_not_exists(#s) OR #s = :key)",
-                "ExpressionAttributeNames": {"#a": ARCHIVE, "#s": STALE_ARCHIVE},
-                "ExpressionAttributeValues": {":key": {"S": key}},
+                "UpdateExpression": update,
+                "ConditionExpression": condition,
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": values,
+                **options,
             },
         )
         (result,) = yield (call,)
         if isinstance(result, BaseException):
-            if error_code(result) not in CONDITION_FAILED_CODES:
-                raise_failure(call, result)
-            found = yield from self.archive_of(thread_id)
-            raise _busy(thread_id, found, f"table {self.table}")
-
-    def forget_archive(self, thread_id: str, key: str) -> Op[None]:
-        call = self.calls._call(
-            "update_item",
-            {
-                "TableName": self.table,
-                "Key": self.calls.tombstone_key(thread_id),
-                "UpdateExpression": "REMOVE #s",
-                "ConditionExpression": "#s = :key",
-                "ExpressionAttributeNames": {"#s": STALE_ARCHIVE},
-                "ExpressionAttributeValues": {":key": {"S": key}},
-            },
-        )
-        (result,) = yield (call,)
-        if isinstance(result, BaseException) and error_code(result) not in CONDITION_FAILED_CODES:
+            if error_code(result) in CONDITION_FAILED_CODES:
+                return None
             raise_failure(call, result)
-
-    def _transact(self, actions: list[dict[str, Any]], thread_id: str, lost_ok: bool = False) -> Op[bool]:
-        """TransactWriteItems in chunks of 100 (the first holds the thread's item,
-        whose condition decides); False when a condition failed and ``lost_ok``."""
-        chunks = [actions[i : i + _TRANSACTION_MAX] for i in range(0, len(actions), _TRANSACTION_MAX)]
-        for chunk in chunks:
-            call = self.calls._call("transact_write_items", {"TransactItems": chunk})
-            (result,) = yield (call,)
-            if isinstance(result, BaseException):
-                if error_code(result) == "TransactionCanceledException" and _cancelled_by_condition(result):
-                    if lost_ok:
-                        return False
-                    found = yield from self.archive_of(thread_id)
-                    raise _busy(thread_id, found, f"table {self.table}")
-                raise_failure(call, result)
-        return True
+        return result
 
 
 def _busy(thread_id: str, found: Tombstone, where: str) -> ThreadArchivedError:
-    """Why an archive cannot go on: the thread is archived, or another call's archive
-    object (an archive under way, or a restore's old one) waits for deletion."""
+    """Why an archive cannot go on: the thread is archived, or being restored."""
     if found.archive is not None:
         why = f"it is archived in {found.archive.key}"
     else:
-        why = f"another archive or restore of it is under way (archive object {found.stale_archive}); call again"
+        why = "a restore of it is under way; call again"
     return ThreadArchivedError(f"cannot archive thread {thread_id!r}: {why} ({where})", thread_id)
-
-
-def _cancelled_by_condition(exc: BaseException) -> bool:
-    reasons = [r.get("Code") for r in (getattr(exc, "response", {}) or {}).get("CancellationReasons", [])]
-    return "ConditionalCheckFailed" in reasons
-
-
-def _key(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: item[k] for k in (PARTITION_KEY, SORT_KEY)}
-

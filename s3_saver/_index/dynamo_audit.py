@@ -30,26 +30,18 @@ class DynamoHoldings:
 
         yield from self._each_page(thread_id, take)
         held = Holdings(found=bool(items))
-        thread_gen, ns_gen, archived = 0, {}, False
-        for item in items:
-            if isinstance(item, Tombstone):
-                if item.ns is None:
-                    thread_gen = item.gen
-                    if item.archive is not None:
-                        held.live.append(item.archive)
-                        archived = True
-                    if item.stale_archive:
-                        held.kept_keys.add(item.stale_archive)
-                else:
-                    ns_gen[item.ns] = item.gen
+        record = next((i for i in items if isinstance(i, Tombstone) and i.ns is None), Tombstone(thread_id, None, 0))
+        floor = {i.ns: i.gen for i in items if isinstance(i, Tombstone) and i.ns is not None}
+        if record.archive is not None:
+            held.live.append(record.archive)
+        # An archive object to delete, or one an archive under way is writing.
+        held.kept_keys.update(k for k in (record.stale_archive, record.archiving) if k)
         for item in items:
             # Links are twins of checkpoint items: no object of their own.
             if isinstance(item, (CheckpointEntry, WritesEntry)):
-                # A tombstoned generation's objects are the delete's to remove
-                # (it finishes when called again), never a reader's to follow.
-                deleted = item.gen < max(thread_gen, ns_gen.get(item.ns, 0))
-                # Archived, readers follow the archive: the live items left are
-                # the archive's cleanup to finish (its objects may be gone
-                # already) or writes parked until the restore.
-                (held.kept if deleted or archived else held.live).append(item)
+                # A deleted generation's objects are the delete's to remove (it
+                # finishes when called again), never a reader's to follow; an
+                # archived thread's live items are its cleanup's to finish.
+                deleted = item.gen < max(record.gen, floor.get(item.ns, 0))
+                (held.kept if deleted or record.archive is not None else held.live).append(item)
         return held

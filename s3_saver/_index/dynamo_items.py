@@ -19,7 +19,7 @@ from s3_saver._archive import decode_ref, encode_ref
 from s3_saver._codec import attr_size, from_attrs, to_attrs
 from s3_saver._index.base import ENTRY_BUDGET as ITEM_BUDGET
 from s3_saver._index.base import Archived, CheckpointEntry, IndexEntry, Tombstone, WritesEntry
-from s3_saver._keys import KeyLayout
+from s3_saver._keys import KeyLayout, new_token
 from s3_saver._protocol import Call
 from s3_saver.errors import CorruptObjectError, Where
 
@@ -50,6 +50,8 @@ GEN = "gen"
 # the checkpoints that read through it.
 RUN = "run"
 HIDDEN = "hidden"
+# On checkpoint items written tagged (restore, import, copy): the tag of its object's key.
+TAG = "tag"
 # On the thread's tombstone item: when the thread was listed; the runs deleted from it.
 CREATED = "created"
 DEAD_RUNS = "dead_runs"
@@ -58,6 +60,11 @@ DEAD_RUNS = "dead_runs"
 ARCHIVE = "archive"
 # On the thread's item: an archive object a restore (or delete) still has to remove.
 STALE_ARCHIVE = "stale_archive"
+# On the thread's item: an archive under way (the key of the object it writes),
+# which any commit takes off (the archive then does not switch); a restore
+# under way, which stops an archive's cleanup.
+ARCHIVING = "archiving"
+RESTORING = "restoring"
 
 
 @dataclass
@@ -104,6 +111,7 @@ class DynamoCalls:
             GEN: entry.gen or None,
             RUN: entry.run_id,
             HIDDEN: True if entry.hidden else None,
+            TAG: entry.tag or None,
         }
         # The checkpoint object rides along when it fits, so reads skip S3; else
         # the metadata alone, so list(filter=) still never fetches S3 objects.
@@ -147,6 +155,63 @@ class DynamoCalls:
         }
         return to_attrs(values)
 
+    # -- the fences a commit carries (see ``DynamoIndex.commit_checkpoint``) ---------
+    def fence(self, thread_id: str, gen: int, run_id: str | None = None) -> dict[str, Any]:
+        """A transaction's check of the thread's record: not deleted since the
+        writer learned ``gen``, not archived, no archive under way, and the
+        writer's run not deleted. Refused, it hands the record back."""
+        names = {"#g": GEN, "#a": ARCHIVE, "#m": ARCHIVING}
+        values: dict[str, Any] = {":g": {"N": str(gen)}}
+        conditions = ["attribute_not_exists(#a)", "attribute_not_exists(#m)"]
+        # A thread never deleted has no generation on its record (or no record).
+        conditions.append("#g = :g" if gen else "(attribute_not_exists(#g) OR #g = :g)")
+        if run_id is not None:
+            conditions.append("NOT contains(#d, :r)")
+            names["#d"] = DEAD_RUNS
+            values[":r"] = {"S": run_id}
+        return {
+            "ConditionCheck": {
+                "TableName": self.table,
+                "Key": self.tombstone_key(thread_id),
+                "ConditionExpression": " AND ".join(conditions),
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": values,
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+
+    def parent_fence(self, thread_id: str, ns: str, parent_id: str, tag: str) -> dict[str, Any]:
+        """A transaction's check that the parent's item is still in the index, as
+        the writer read it (the same tag): what the child carries from it is there."""
+        names = {"#k": PARTITION_KEY, "#t": TAG}
+        check: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": self.key_of(thread_id, ns, parent_id),
+            "ConditionExpression": "attribute_exists(#k) AND " + ("#t = :t" if tag else "attribute_not_exists(#t)"),
+            "ExpressionAttributeNames": names,
+        }
+        if tag:
+            check["ExpressionAttributeValues"] = {":t": {"S": tag}}
+        return {"ConditionCheck": check}
+
+    def put_part(self, entry: WritesEntry, replaces: str | None) -> dict[str, Any]:
+        """A transaction's put of a pending-writes part: into an empty slot, or
+        over exactly the part of token ``replaces``. Refused, it hands the slot's
+        item back."""
+        if replaces is None:
+            condition = {"ConditionExpression": "attribute_not_exists(#k)", "ExpressionAttributeNames": {"#k": PARTITION_KEY}}
+        else:
+            condition = {
+                "ConditionExpression": "#t = :t",
+                "ExpressionAttributeNames": {"#t": "token"},
+                "ExpressionAttributeValues": {":t": {"S": replaces}},
+            }
+        item = {"TableName": self.table, "Item": self.writes_item(entry), "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
+        return {"Put": {**item, **condition}}
+
+    def transact(self, actions: list[dict[str, Any]]) -> Call:
+        return _transaction(self, actions)
+
     def parse(self, raw: dict[str, Any]) -> IndexEntry | Link | None:
         """The entry an item describes; None for an item of another key prefix."""
         item = from_attrs(raw)
@@ -171,6 +236,7 @@ class DynamoCalls:
                     gen=gen,
                     run_id=item.get(RUN),
                     hidden=bool(item.get(HIDDEN)),
+                    tag=item.get(TAG, ""),
                 )
                 return entry if key.kind == "checkpoint" else Link(entry)
             if key.kind == "writes":
@@ -190,7 +256,16 @@ class DynamoCalls:
             where = f"index item {item[PARTITION_KEY]!r}/{item[SORT_KEY]!r} in table {self.table}"
             archive = decode_ref(thread_id, item[ARCHIVE], where) if ARCHIVE in item else None
             return Tombstone(
-                thread_id, ns, gen, item.get("deleted_at", 0), item.get(CREATED, 0), dead, archive, item.get(STALE_ARCHIVE)
+                thread_id,
+                ns,
+                gen,
+                item.get("deleted_at", 0),
+                item.get(CREATED, 0),
+                dead,
+                archive,
+                item.get(STALE_ARCHIVE),
+                item.get(ARCHIVING),
+                item.get(RESTORING),
             )
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(
@@ -213,6 +288,9 @@ class DynamoCalls:
             }
         )
 
+    def run_key(self, run_id: str, thread_id: str) -> dict[str, Any]:
+        return self.run_item(run_id, thread_id)
+
     def run_item(self, run_id: str, thread_id: str) -> dict[str, Any]:
         return to_attrs({PARTITION_KEY: self.layout.listing_partition("runs"), SORT_KEY: _keys.run_sort_key(run_id, thread_id)})
 
@@ -229,7 +307,7 @@ class DynamoCalls:
             "ExpressionAttributeValues": {":t": {"N": str(created)}},
         }
         put = {"TableName": self.table, "Item": self.listing_item(created, thread_id)}
-        return self._call("transact_write_items", {"TransactItems": [{"Update": update}, {"Put": put}]})
+        return _transaction(self, [{"Update": update}, {"Put": put}])
 
     def bury_runs(self, thread_id: str, run_ids: list[str]) -> Call:
         return self._call(
@@ -238,23 +316,74 @@ class DynamoCalls:
                 "TableName": self.table,
                 "Key": self.tombstone_key(thread_id),
                 "UpdateExpression": f"ADD #{DEAD_RUNS} :r",
-                "ExpressionAttributeNames": {f"#{DEAD_RUNS}": DEAD_RUNS},
+                # An archived thread keeps its runs (delete_for_runs refuses it).
+                "ConditionExpression": "attribute_not_exists(#a)",
+                "ExpressionAttributeNames": {f"#{DEAD_RUNS}": DEAD_RUNS, "#a": ARCHIVE},
                 "ExpressionAttributeValues": {":r": {"SS": sorted(run_ids)}},
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             },
         )
 
-    def unlist_thread(self, created: int, thread_id: str) -> Call:
+    def bury_thread(self, thread_id: str, gen: int, now: int, stale: str | None, archiving: str | None) -> Call:
+        """``delete_thread``'s switch: the thread's record moves to generation
+        ``gen`` (every item below it is deleted for readers and writers), with no
+        archive, marks or deleted runs left; the archive object (``stale``) waits
+        on it until deleted. Its creation time stays until it is unlisted."""
+        names = {"#g": GEN, "#d": "deleted_at", "#a": ARCHIVE, "#m": ARCHIVING, "#r": RESTORING, "#x": DEAD_RUNS}
+        values: dict[str, Any] = {":g": {"N": str(gen)}, ":t": {"N": str(now)}}
+        update = "SET #g = :g, #d = :t"
+        if stale is not None:
+            update += ", #s = :s"
+            names["#s"] = STALE_ARCHIVE
+            values[":s"] = {"S": stale}
+        update += " REMOVE #a, #m, #r, #x"
+        return self._call(
+            "update_item",
+            {
+                "TableName": self.table,
+                "Key": self.tombstone_key(thread_id),
+                "UpdateExpression": update,
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": values,
+            },
+        )
+
+    def hide(self, entry: CheckpointEntry) -> dict[str, Any]:
+        """A transaction's action marking a checkpoint hidden (prune), if it is still there."""
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": self.key_of(*entry.key),
+                "UpdateExpression": "SET #h = :t",
+                "ConditionExpression": "attribute_exists(#k)",
+                "ExpressionAttributeNames": {"#h": HIDDEN, "#k": PARTITION_KEY},
+                "ExpressionAttributeValues": {":t": {"BOOL": True}},
+            }
+        }
+
+    def link_key(self, entry: CheckpointEntry) -> dict[str, Any]:
+        return to_attrs({PARTITION_KEY: self.pk(entry.thread_id), SORT_KEY: _keys.link_sort_key(entry.ns, entry.checkpoint_id)})
+
+    def writes_key(self, entry: WritesEntry) -> dict[str, Any]:
+        sk = _keys.writes_sort_key(entry.ns, entry.checkpoint_id, entry.task_id, entry.part)
+        return to_attrs({PARTITION_KEY: self.pk(entry.thread_id), SORT_KEY: sk})
+
+    def unlist_thread(self, created: int, thread_id: str, only_if_listed_at: bool = False) -> Call:
         """Takes the thread out of the listing and its creation time off its item
-        (a run that starts it afresh lists it again), in one request."""
+        (a run that starts it afresh lists it again), in one request;
+        ``only_if_listed_at``: only if the item says it was listed at ``created``."""
         listed = self.listing_item(created, thread_id)
-        update = {
+        update: dict[str, Any] = {
             "TableName": self.table,
             "Key": self.tombstone_key(thread_id),
             "UpdateExpression": f"REMOVE #{CREATED}",
             "ExpressionAttributeNames": {f"#{CREATED}": CREATED},
         }
+        if only_if_listed_at:
+            update["ConditionExpression"] = f"#{CREATED} = :t"
+            update["ExpressionAttributeValues"] = {":t": {"N": str(created)}}
         delete = {"TableName": self.table, "Key": {k: listed[k] for k in (PARTITION_KEY, SORT_KEY)}}
-        return self._call("transact_write_items", {"TransactItems": [{"Delete": delete}, {"Update": update}]})
+        return _transaction(self, [{"Delete": delete}, {"Update": update}])
 
     def query_listing(self, after: str | None, limit: int, start_key: dict[str, Any] | None) -> Call:
         params: dict[str, Any] = {
@@ -392,6 +521,13 @@ class DynamoCalls:
                 "TimeToLiveSpecification": {"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
             },
         )
+
+
+def _transaction(calls: DynamoCalls, actions: list[dict[str, Any]]) -> Call:
+    """A TransactWriteItems with a token of its own: the call sent again (a retry
+    after a lost answer) is applied once (DynamoDB's idempotency window is 10
+    minutes), and botocore draws no ``uuid.uuid4`` to make one (see ``no_uuid4``)."""
+    return calls._call("transact_write_items", {"TransactItems": actions, "ClientRequestToken": new_token()})
 
 
 # -- a tombstone GetItem's answer --------------------------------------------------

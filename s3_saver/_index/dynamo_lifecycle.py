@@ -19,8 +19,9 @@ from s3_saver._index.base import (
     ArchiveRef,
     Archived,
     CheckpointEntry,
-    IndexEntry,
+    Cut,
     Key3,
+    Release,
     ThreadRef,
     Tombstone,
     WritesEntry,
@@ -33,15 +34,16 @@ from s3_saver._index.dynamo_items import (
     SORT_KEY,
     TABLE_ATTRIBUTE_DEFINITIONS,
     TABLE_KEY_SCHEMA,
+    TAG,
     TTL_ATTRIBUTE,
     DynamoCalls,
     Link,
     _live,
     _thread_item,
 )
-from s3_saver._codec import to_attrs
 from s3_saver._protocol import Op, Sleep, gather, raise_failure, request, request_one
 from s3_saver.errors import (
+    CONDITION_FAILED_CODES,
     TABLE_MISSING,
     TABLE_RACING_CODES,
     ConfigurationError,
@@ -51,9 +53,13 @@ from s3_saver.errors import (
     error_code,
 )
 
-# Passes of a delete over the thread: the second finds items that writers which
-# read no tombstone yet committed during the first; a third is for good measure.
+# Passes of a delete over the thread: a second one finds what a pass left (a
+# page written during the first); a third is for good measure.
 _MAX_DELETE_PASSES = 3
+# A transaction's actions besides the thread's record check (100 at most).
+_TRANSACTION_ACTIONS = 99
+# What a delete or an archive's cleanup reads of each item: enough to name its objects.
+_ENTRY_ATTRIBUTES = (PARTITION_KEY, SORT_KEY, "loc", "token", GEN, TAG, RUN, "parent")
 _POLL_SECONDS = 0.5
 _POLL_LIMIT = 600
 
@@ -99,24 +105,25 @@ class DynamoLifecycle:
 
     # -- a thread as a whole: contents, listing, runs, restore -------------------------
     def contents(self, thread_id: str) -> Op[list[CheckpointEntry]]:
-        checkpoints: list[CheckpointEntry] = []
-        writes: list[WritesEntry] = []
-        deleted: dict[str, int] = {}
+        _, entries = yield from self._contents(thread_id)
+        return entries
+
+    def _contents(self, thread_id: str) -> Op[tuple[Tombstone, list[CheckpointEntry]]]:
+        """The thread's record and every checkpoint of its generation (hidden and
+        expired ones included) with its writes; raises Archived for an archived thread."""
+        items: list[Any] = []
 
         def take(raws: list[dict[str, Any]]) -> Op[None]:
             yield from ()
-            for raw in raws:
-                item = self.calls.parse(raw)
-                if isinstance(item, Tombstone):
-                    if item.ns is not None:
-                        deleted[item.ns] = _live(item, thread_id).gen  # newest first: before its namespace's items
-                elif isinstance(item, CheckpointEntry) and item.gen >= deleted.get(item.ns, 0):
-                    checkpoints.append(item)
-                elif isinstance(item, WritesEntry) and item.gen >= deleted.get(item.ns, 0):
-                    writes.append(item)
+            items.extend(self.calls.parse(raw) for raw in raws)
 
         yield from self._each_page(thread_id, take)
-        return _attach(checkpoints, writes)
+        record = next((i for i in items if isinstance(i, Tombstone) and i.ns is None), Tombstone(thread_id, None, 0))
+        _live(record, thread_id)
+        # Namespaces' tombstones are what earlier versions' deletes left.
+        floor = {i.ns: i.gen for i in items if isinstance(i, Tombstone) and i.ns is not None}
+        kept = [i for i in items if isinstance(i, (CheckpointEntry, WritesEntry)) and i.gen >= max(record.gen, floor.get(i.ns, 0))]
+        return record, _attach([i for i in kept if isinstance(i, CheckpointEntry)], [i for i in kept if isinstance(i, WritesEntry)])
 
     def threads(
         self, before: ThreadRef | None, page_size: int, cursor: Any
@@ -149,7 +156,13 @@ class DynamoLifecycle:
         return found
 
     def bury_runs(self, thread_id: str, run_ids: list[str]) -> Op[None]:
-        yield from request(self.calls.bury_runs(thread_id, run_ids))
+        call = self.calls.bury_runs(thread_id, run_ids)
+        (result,) = yield (call,)
+        if isinstance(result, BaseException):
+            if error_code(result) not in CONDITION_FAILED_CODES:
+                raise_failure(call, result)
+            record = (yield from self.archive_of(thread_id))  # type: ignore[attr-defined]
+            _live(record, thread_id)
 
     def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:
         keys = [{k: v for k, v in self.calls.run_item(r, t).items()} for r, t in pairs]
@@ -159,7 +172,8 @@ class DynamoLifecycle:
         """A table scan: the only operation that reads every partition."""
         entries: dict[Key3, CheckpointEntry] = {}
         writes: list[WritesEntry] = []
-        deleted: dict[tuple[str, str], int] = {}
+        floor: dict[tuple[str, str | None], int] = {}
+        archived: set[str] = set()
         start: dict[str, Any] | None = None
         while True:
             page = yield from request_one(self.calls.scan(start))
@@ -169,90 +183,100 @@ class DynamoLifecycle:
                     entries[item.key] = item
                 elif isinstance(item, WritesEntry):
                     writes.append(item)
-                elif isinstance(item, Tombstone) and item.ns is not None:
-                    deleted[(item.thread_id, item.ns)] = item.gen
+                elif isinstance(item, Tombstone):
+                    floor[(item.thread_id, item.ns)] = item.gen
+                    if item.ns is None and item.archive is not None:
+                        archived.add(item.thread_id)  # read through its archive
             start = page.get("LastEvaluatedKey")
             if start is None:
                 break
-        live = {k: e for k, e in entries.items() if e.gen >= deleted.get(k[:2], 0) and not e.hidden}
+
+        def deleted(t: str, ns: str, gen: int) -> bool:
+            return gen < max(floor.get((t, None), 0), floor.get((t, ns), 0))
+
+        live = {
+            k: e for k, e in entries.items()
+            if not e.hidden and e.thread_id not in archived and not deleted(e.thread_id, e.ns, e.gen)
+        }
         for w in writes:
             owner = live.get((w.thread_id, w.ns, w.checkpoint_id))
-            if owner is not None:
+            if owner is not None and not deleted(w.thread_id, w.ns, w.gen):
                 owner.writes.append(w)  # type: ignore[union-attr]
         return list(live.values())
 
     def restore(
         self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int
     ) -> Op[None]:
-        # Entries keep generation 0: where a tombstone survived the loss of the
-        # rest of the index, what it deleted stays deleted.
-        items = [self.calls.checkpoint_item(e) for e in entries] + [self.calls.link_item(e) for e in entries]
-        items += [self.calls.writes_item(w) for w in writes]
-        yield from self.write_batches([{"PutRequest": {"Item": i}} for i in items], f"entries of thread {thread_id!r}")
+        # Entries keep the generation they come with (0 for a rebuild): where a
+        # record survived the loss of the rest of the index, what it deleted
+        # stays deleted.
+        yield from self._write_whole(thread_id, entries, writes, {}, f"entries of thread {thread_id!r}")
         yield from self.note(thread_id, created, None)
 
-    # -- delete and copy ---------------------------------------------------------------
-    def delete_thread(
-        self, thread_id: str, now: int, delete_objects: Callable[[list[IndexEntry]], Op[None]]
+    def _write_whole(
+        self,
+        thread_id: str,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        extra: dict[str, Any],
+        what: str,
     ) -> Op[None]:
-        """The thread's tombstone first (writers refuse an older history), then per
-        namespace its tombstone before any of its objects or items (readers ignore
-        older generations), then objects, then items. Items of the new generation
-        (the id used again meanwhile) are never touched. Tombstones stay: they keep
-        a late write of the old run invisible."""
+        """Write a history's items so that one cut short shows only whole
+        checkpoints: every writes item and link first, then the checkpoint items,
+        newest first (the latest state shows first)."""
+        calls = self.calls
+        newest_first = sorted(entries, key=lambda e: (e.ns, e.checkpoint_id), reverse=True)
+        first = [calls.writes_item(w) for w in sorted(writes, key=lambda w: (w.ns, w.checkpoint_id), reverse=True)]
+        first += [calls.link_item(e) for e in newest_first]
+        for items in (first, [calls.checkpoint_item(e) for e in newest_first]):
+            yield from self.write_batches([{"PutRequest": {"Item": {**i, **extra}}} for i in items], what)
+
+    # -- delete, prune and copy ---------------------------------------------------------
+    def delete_thread(self, thread_id: str, now: int, release: Release) -> Op[None]:
+        """One write of the thread's record is the switch: the next generation
+        (readers ignore every item below it, writers' commits name the old one
+        and are refused), archive and marks off. Then what is left goes: the
+        archive object, the older generations' objects before their items, the
+        thread's listing and run hints. Only the record stays (its generation
+        and when it was deleted). Cut short anywhere, a call again finishes it."""
         calls = self.calls
         found, first = yield from request(
             calls.get_tombstone(thread_id), calls.query(thread_id, limit=1, projection=(PARTITION_KEY, SORT_KEY))
         )
         if "Item" not in found and not first.get("Items"):
             return  # nothing was ever stored: leave no trace
-        thread = _thread_item(calls, found)
-        gen = thread.gen + 1
-        archive = thread.archive
-        # The tombstone keeps the creation time until the listing entry is gone,
-        # so that a delete cut short still knows which one to remove; and the
-        # archive object, until it is deleted.
-        stale = archive.key if archive is not None else thread.stale_archive
-        tomb = Tombstone(thread_id, None, gen, now, thread.created, stale_archive=stale)
-        yield from request(calls.put(calls.tombstone_item(tomb)))
-        if archive is not None:
-            # The archive's namespaces read as deleted (their markers replaced) before its object goes.
-            tombs = [Tombstone(thread_id, ns, gen, now) for ns in sorted(archive.newest)]
-            yield from self.write_batches(
-                [{"PutRequest": {"Item": calls.tombstone_item(t)}} for t in tombs], f"tombstones of thread {thread_id!r}"
-            )
+        record = _thread_item(calls, found)
+        gen = record.gen + 1
+        stale = record.archive.key if record.archive is not None else record.stale_archive
+        yield from request(calls.bury_thread(thread_id, gen, now, stale, record.archiving))
+        if record.archiving is not None:
+            yield from release([ArchiveRef(record.archiving, "", 0, 0, {})], [])
         if stale is not None:
-            yield from delete_objects([ArchiveRef(stale, "", 0, 0, {})])
+            yield from release([ArchiveRef(stale, "", 0, 0, {})], [])
             yield from self.forget_archive(thread_id, stale)  # type: ignore[attr-defined]
-        if thread.created:
-            yield from request(calls.unlist_thread(thread.created, thread_id))
-        buried: set[str] = set()
+        # The records that find the thread go first (while what names them is
+        # still there: a delete cut short and called again finds them).
+        if record.created:
+            yield from request(calls.unlist_thread(record.created, thread_id))
+        if record.archive is not None:
+            yield from self.forget_runs([(r, thread_id) for r in record.archive.runs])  # type: ignore[attr-defined]
         for _ in range(_MAX_DELETE_PASSES):
-            deleted_any = False
+            found_any = False
             start: dict[str, Any] | None = None
             while True:
                 page = yield from request_one(
-                    calls.query(
-                        thread_id,
-                        newest_first=False,
-                        start_key=start,
-                        projection=(PARTITION_KEY, SORT_KEY, "loc", "token", GEN),
-                    )
+                    calls.query(thread_id, newest_first=False, start_key=start, projection=_ENTRY_ATTRIBUTES)
                 )
                 raws = [r for r in page.get("Items", []) if _is_older(calls.parse(r), gen)]
                 if raws:
-                    deleted_any = True
-                    entries = [calls.parse(r) for r in raws]
-                    namespaces = sorted({e.ns for e in entries} - buried)  # type: ignore[union-attr]
-                    if namespaces:
-                        # Readers see these namespaces as gone before anything of them is.
-                        tombs = [Tombstone(thread_id, ns, gen, now) for ns in namespaces]
-                        yield from self.write_batches(
-                            [{"PutRequest": {"Item": calls.tombstone_item(t)}} for t in tombs],
-                            f"tombstones of thread {thread_id!r}",
-                        )
-                        buried.update(namespaces)
-                    yield from delete_objects([e for e in entries if not isinstance(e, Link)])  # type: ignore[misc]
+                    found_any = True
+                    parsed = [calls.parse(r) for r in raws]
+                    runs = sorted({e.run_id for e in parsed if isinstance(e, CheckpointEntry) and e.run_id is not None})
+                    # Run hints and objects before the items that name them: a call again finds them.
+                    yield from gather(
+                        self.forget_runs([(r, thread_id) for r in runs]),  # type: ignore[attr-defined]
+                        release([e for e in parsed if isinstance(e, (CheckpointEntry, WritesEntry))], []),
+                    )
                     yield from self.write_batches(
                         [{"DeleteRequest": {"Key": {k: r[k] for k in (PARTITION_KEY, SORT_KEY)}}} for r in raws],
                         f"deletes of thread {thread_id!r}",
@@ -260,117 +284,83 @@ class DynamoLifecycle:
                 start = page.get("LastEvaluatedKey")
                 if start is None:
                     break
-            if not deleted_any:
-                return
+            if not found_any:
+                break
 
-    def drop(
-        self,
-        thread_id: str,
-        hide: list[CheckpointEntry],
-        drop: list[CheckpointEntry],
-        doomed: list[IndexEntry],
-        delete_objects: Callable[[list[IndexEntry]], Op[None]],
-    ) -> Op[None]:
-        """Hidden items are written again with the mark (readers skip them from
-        then on), then the dropped items and their writes go, then the objects
-        (a cut here leaves unreferenced objects only: see ``gc`` in the README)."""
+    def drop(self, thread_id: str, plan: Callable[[list[CheckpointEntry]], Op[Cut]], release: Release) -> Op[None]:
+        """Hidden marks and dropped items change in transactions checked against
+        the thread's record (an archive under way loses its mark, an archived or
+        deleted thread stops the prune), then the index is read again and the
+        objects only the dropped checkpoints named go. A commit needs its
+        parent's item (``parent_fence``): once the drop is in, nothing new reads
+        through what went, and what committed before is in the second read."""
         calls = self.calls
-        hidden = [replace(e, hidden=True) for e in hide]
-        yield from self.write_batches(
-            [{"PutRequest": {"Item": calls.checkpoint_item(e)}} for e in hidden], f"hidden checkpoints of thread {thread_id!r}"
-        )
-        keys = [calls.key_of(*e.key) for e in drop]
-        keys += [{k: v for k, v in calls.link_item(e).items() if k in (PARTITION_KEY, SORT_KEY)} for e in drop]
-        for e in drop:
-            keys += [
-                to_attrs({PARTITION_KEY: calls.pk(thread_id), SORT_KEY: _keys.writes_sort_key(w.ns, w.checkpoint_id, w.task_id, w.part)})
-                for w in e.writes or ()
-            ]
-        yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in keys], f"dropped checkpoints of thread {thread_id!r}")
-        yield from delete_objects(doomed)
+        record, entries = yield from self._contents(thread_id)
+        cut = yield from plan(entries)
+        if not cut.hide and not cut.drop:
+            return
+        actions = [calls.hide(e) for e in cut.hide]
+        for e in cut.drop:
+            keys = [calls.key_of(*e.key), calls.link_key(e)] + [calls.writes_key(w) for w in e.writes or ()]
+            actions += [{"Delete": {"TableName": self.table, "Key": k}} for k in keys]
+        while actions:
+            chunk = actions[:_TRANSACTION_ACTIONS]
+            refused = yield from self.transact([*chunk, calls.fence(thread_id, record.gen)], f"prune of thread {thread_id!r}")  # type: ignore[attr-defined]
+            if not refused:
+                actions = actions[len(chunk) :]
+                continue
+            code, item = refused[-1]
+            if code == "ConditionalCheckFailed":
+                now = calls.parse(item) if item else None
+                if isinstance(now, Tombstone) and now.archiving is not None and now.archive is None and now.gen == record.gen:
+                    yield from self.cancel_archiving(thread_id, now.archiving)  # type: ignore[attr-defined]
+                    continue
+                _live(now if isinstance(now, Tombstone) else Tombstone(thread_id, None, 0), thread_id)
+                return  # deleted meanwhile: nothing of this generation is read any more
+            # A checkpoint to hide went meanwhile (another prune): hide the others.
+            gone = {i for i, (code, _) in enumerate(refused[:-1]) if code == "ConditionalCheckFailed"}
+            actions = [a for i, a in enumerate(chunk) if i not in gone] + actions[len(chunk) :]
+        _, staying = yield from self._contents(thread_id)
+        yield from release(cut.drop, staying)
 
     def copy_thread(
-        self,
-        source: str,
-        dest: str,
-        copy_objects: Callable[[list[IndexEntry]], Op[None]],
-        expired: Callable[[CheckpointEntry], bool],
-        now: int,
+        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int
     ) -> Op[None]:
+        """Write the entries of a copy (objects copied already) into ``dest``, marked
+        as copies of ``source``: a copy cut short is completed by a call again,
+        and anything else in ``dest`` is its own history, which a copy refuses."""
         calls = self.calls
-        source_pk, dest_pk = calls.pk(source), calls.pk(dest)
-        # The target may hold only what an interrupted copy from this same source
-        # wrote (copies are marked): copying again completes it. Anything else is
-        # the target's own history, which a copy must not mix with. Tombstones of
-        # a deleted target do not count; its delete generation goes on the copies.
-        page, tomb, source_item = yield from request(
-            calls.query(dest, limit=1, not_copied_from=source_pk), calls.get_tombstone(dest), calls.get_tombstone(source)
+        record = yield from self.check_copy_target(source, dest)
+        # A copy cut short leaves whole checkpoints, newest first (their objects
+        # were copied before any item); the next call writes them all again.
+        yield from self._write_whole(
+            dest,
+            [replace(e, gen=record.gen) for e in entries],
+            [replace(w, gen=record.gen) for w in writes],
+            {COPIED_FROM: {"S": calls.pk(source)}},
+            f"copies into thread {dest!r}",
         )
-        _live(_thread_item(calls, source_item), source)  # an archived source is restored first
-        while not page.get("Items") and "LastEvaluatedKey" in page:
-            page = yield from request_one(
-                calls.query(dest, not_copied_from=source_pk, start_key=page["LastEvaluatedKey"])
-            )
-        if page.get("Items"):
-            raise ConfigurationError(
-                f"thread {dest!r} already has checkpoints of its own in table {self.table}; copy_thread "
-                "copies into an empty thread (delete_thread it first)"
-            )
-        dest_gen = _live(_thread_item(calls, tomb), dest).gen
+        runs = sorted({e.run_id for e in entries if e.run_id is not None})
+        yield from gather(self.note(dest, now, None), *(self.note(dest, None, r) for r in runs))  # type: ignore[attr-defined]
 
-        # Exactly the items whose objects the first pass copied get copied: an item
-        # committed to the source meanwhile is left out, never copied without its
-        # objects. Deleted and expired checkpoints (and their writes) are skipped.
-        copied: set[str] = set()
-        deleted: dict[str, int] = {}
-        kept: set[tuple[str, str]] = set()
-        runs: set[str] = set()  # the copy's runs, for delete_for_runs to find it too
-
-        def choose_and_copy(raws: list[dict[str, Any]]) -> Op[None]:
-            chosen: list[IndexEntry] = []
-            for raw in raws:
-                entry = calls.parse(raw)
-                if isinstance(entry, Tombstone):
-                    if entry.ns is not None:
-                        deleted[entry.ns] = _live(entry, source).gen  # newest first: before its namespace's items
-                    continue
-                if isinstance(entry, CheckpointEntry):
-                    if entry.gen < deleted.get(entry.ns, 0) or expired(entry):
-                        continue
-                    kept.add((entry.ns, entry.checkpoint_id))
-                    if entry.run_id is not None:
-                        runs.add(entry.run_id)
-                elif isinstance(entry, Link):
-                    # Links sort below every namespace: their checkpoints were seen.
-                    if entry.entry.key[1:] in kept:
-                        copied.add(raw[SORT_KEY]["S"])
-                    continue
-                elif not isinstance(entry, WritesEntry) or (entry.ns, entry.checkpoint_id) not in kept:
-                    continue  # newest first, a checkpoint's item comes before its writes
-                copied.add(raw[SORT_KEY]["S"])
-                chosen.append(entry)
-            yield from copy_objects(chosen)
-
-        def write_items(raws: list[dict[str, Any]]) -> Op[None]:
-            copies = []
-            for raw in raws:
-                if raw[SORT_KEY]["S"] not in copied:
-                    continue
-                item = {**raw, PARTITION_KEY: {"S": dest_pk}, COPIED_FROM: {"S": source_pk}}
-                item.pop(GEN, None)
-                if dest_gen:
-                    item[GEN] = {"N": str(dest_gen)}
-                copies.append(item)
-            yield from self.write_batches([{"PutRequest": {"Item": i}} for i in copies], f"copies into thread {dest!r}")
-
-        # Every object before the first index item, as for every write: the target
-        # shows nothing until all its objects exist.
-        projection = (PARTITION_KEY, SORT_KEY, "loc", "token", GEN, TTL_ATTRIBUTE, RUN)
-        yield from self._each_page(source, choose_and_copy, projection=projection)
-        # Newest first: a copy cut short here leaves the target's latest state
-        # right (and its history short) until copy_thread is called again.
-        yield from self._each_page(source, write_items)
-        yield from gather(self.note(dest, now, None), *(self.note(dest, None, r) for r in sorted(runs)))
+    def check_copy_target(self, source: str, dest: str) -> Op[Tombstone]:
+        """The target's record; refuses a target archived, or holding checkpoints of
+        its own (copies of ``source`` an earlier call left are not its own)."""
+        calls = self.calls
+        page, found = yield from request(calls.query(dest, not_copied_from=calls.pk(source)), calls.get_tombstone(dest))
+        record = _thread_item(calls, found)
+        if record.archive is not None:
+            raise ConfigurationError(f"thread {dest!r} is archived (table {self.table}); copy_thread copies into an empty thread")
+        while True:
+            own = [i for i in map(calls.parse, page.get("Items", [])) if i is not None and i.gen >= record.gen]  # type: ignore[union-attr]
+            if own:
+                raise ConfigurationError(
+                    f"thread {dest!r} already has checkpoints of its own in table {self.table}; copy_thread "
+                    "copies into an empty thread (delete_thread it first)"
+                )
+            if "LastEvaluatedKey" not in page:
+                return record
+            page = yield from request_one(calls.query(dest, not_copied_from=calls.pk(source), start_key=page["LastEvaluatedKey"]))
 
     def _each_page(
         self,
@@ -409,8 +399,11 @@ def _attach(checkpoints: list[CheckpointEntry], writes: list[WritesEntry]) -> li
     return checkpoints
 
 
-def _is_older(entry: IndexEntry | Link | None, gen: int) -> bool:
-    """A checkpoint, link or writes item of a generation the delete removes."""
+def _is_older(entry: Any, gen: int) -> bool:
+    """A checkpoint, link or writes item of a generation the delete removes, or a
+    namespace's tombstone (earlier versions' deletes wrote them)."""
+    if isinstance(entry, Tombstone):
+        return entry.ns is not None
     return isinstance(entry, (CheckpointEntry, WritesEntry, Link)) and entry.gen < gen
 
 

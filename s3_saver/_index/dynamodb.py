@@ -1,8 +1,10 @@
 """The DynamoDB index backend: every index operation as Query/GetItem/PutItem/batch calls.
 
-Newest first, a namespace's tombstone comes before its items and each checkpoint
-item before its own writes (see ``_keys``), so "latest" is one ``Query`` with
-``Limit=1`` and a history page is one ``Query``.
+Newest first, each checkpoint item comes before its own writes (see ``_keys``),
+so "latest" is one ``Query`` with ``Limit=1`` and a history page is one
+``Query``; every read sends a GetItem of the thread's record in the same round
+trip (archived? deleted below which generation?). Every commit is one
+transaction checked against that record (see ``DynamoCalls.fence``).
 
 This module holds a checkpoint's own path: commit a checkpoint and its writes,
 read the latest, one checkpoint, a history page or an ancestor chain, and the
@@ -14,6 +16,7 @@ role each.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,31 +26,41 @@ from s3_saver._index.base import (
     REGULAR_PART,
     CheckpointEntry,
     DepthHint,
+    Fenced,
     Index,
     Key3,
+    ParentGone,
     Prepared,
     Tombstone,
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._index.dynamo_items import PARTITION_KEY, DynamoCalls, Link, _live, _live_gen, _thread_item
+from s3_saver._index.dynamo_items import DynamoCalls, Link, _live_gen, _thread_item
 from s3_saver._index.dynamo_audit import DynamoHoldings
 from s3_saver._index.dynamo_archive import DynamoArchive
 from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Op, Sleep, backoff, gather, raise_failure, request, request_one
-from s3_saver.errors import CONDITION_FAILED_CODES, S3SaverError, Where, error_code
+from s3_saver.errors import S3SaverError, Where, error_code
 
 BATCH_GET_MAX = 100  # BatchGetItem accepts at most 100 keys per request
 BATCH_WRITE_MAX = 25  # BatchWriteItem accepts at most 25 requests
 _MAX_BATCH_ATTEMPTS = 10
+_MAX_TRANSACTION_ATTEMPTS = 10
+_MAX_WRITE_ROUNDS = 8
+CONDITION_FAILED = "ConditionalCheckFailed"
+# Cancellation reasons worth sending a transaction again for ("None": an action
+# that did not fail; the others are transient).
+_RETRIED_REASONS = frozenset({"None", "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
+_JITTER = random.SystemRandom()  # never the random module's shared state (see _keys.new_token)
 
 
 @dataclass
 class _HistoryCursor:
     start: dict[str, Any] | None = None
     held: CheckpointEntry | None = None  # its writes may go on in the next page
-    deleted: dict[str, int] = field(default_factory=dict)
+    floor: int = 0  # the thread's generation: items below it are deleted
+    deleted: dict[str, int] = field(default_factory=dict)  # earlier versions' namespace tombstones
     first: bool = True
 
 
@@ -78,10 +91,25 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
             thread.archive,
         )
 
-    def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
-        # The item and its link (what the ancestor walk reads) in one request.
-        items = [self.calls.checkpoint_item(entry), self.calls.link_item(entry)]
-        yield from self.write_batches([{"PutRequest": {"Item": i}} for i in items], f"checkpoint {entry.checkpoint_id}")
+    def commit_checkpoint(
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None
+    ) -> Op[None]:
+        """One transaction: the item and its link (what the ancestor walk reads),
+        checked against the thread's record (``DynamoCalls.fence``) and, when the
+        entry carries values from its parent (``parent_tag``: the parent's tag
+        as the writer read it), against the parent's item: the commit point."""
+        calls = self.calls
+        actions = [
+            {"Put": {"TableName": self.table, "Item": calls.checkpoint_item(entry)}},
+            {"Put": {"TableName": self.table, "Item": calls.link_item(entry)}},
+            calls.fence(entry.thread_id, entry.gen, entry.run_id),
+        ]
+        if parent_tag is not None and entry.parent_id is not None:
+            actions.append(calls.parent_fence(entry.thread_id, entry.ns, entry.parent_id, parent_tag))
+        refused = yield from self.transact(actions, f"checkpoint {entry.checkpoint_id} of thread {entry.thread_id!r}")
+        if refused:
+            self._fenced(entry.thread_id, refused[2])
+            raise ParentGone()
 
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
         calls = []
@@ -96,51 +124,112 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
             if isinstance(result, BaseException) and not _listed_first(result):
                 raise_failure(call, result)
 
-    def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
-        calls = []
-        for entry in entries:
-            item = self.calls.writes_item(entry)
-            if entry.part.startswith(REGULAR_PART):
-                # First committed wins; the stored item is handed back when we lose.
-                options = {
-                    "ConditionExpression": f"attribute_not_exists({PARTITION_KEY})",
-                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-                }
-            else:
-                options = {"ReturnValues": "ALL_OLD"}  # last committed wins; the old item comes back
-            calls.append(self.calls.put(item, **options))
+    def unnote(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
+        calls = [self.calls.delete(self.calls.run_key(run_id, thread_id))] if run_id is not None else []
+        if created is not None:
+            calls.append(self.calls.unlist_thread(created, thread_id, only_if_listed_at=True))
+        if not calls:
+            return
         results = yield tuple(calls)
+        for call, result in zip(calls, results):
+            if isinstance(result, BaseException) and not _listed_first(result):
+                raise_failure(call, result)
+
+    def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
+        """One transaction of every part, checked against the thread's record.
+
+        A part is put only if its slot is empty: the first committed regular
+        part wins; a special channel's part replaces exactly the part it found
+        (the transaction is sent again with that token as its condition), so
+        the part it replaced is known (``WritesOutcome.unused``). A part whose
+        slot holds this call's own token was applied by an earlier attempt."""
+        calls = self.calls
         outcome = WritesOutcome()
-        for call, result, entry in zip(calls, results, entries):
-            if isinstance(result, BaseException):
-                if error_code(result) not in CONDITION_FAILED_CODES:
-                    raise_failure(call, result)
-                winner = (getattr(result, "response", {}) or {}).get("Item", {}).get("token", {}).get("S")
-                if winner != entry.token:  # else: our own write, applied by an earlier attempt
-                    outcome.unused.append((entry, entry.token))
-                continue
-            replaced = result.get("Attributes", {}).get("token", {}).get("S")
-            if replaced is not None and replaced != entry.token:
-                outcome.unused.append((entry, replaced))
-        return outcome
+        thread_id = entries[0].thread_id
+        # Per part: the token it must replace (None: the slot must be empty).
+        pending: dict[int, str | None] = dict.fromkeys(range(len(entries)))
+        for _ in range(_MAX_WRITE_ROUNDS):
+            order = list(pending)
+            if not order:
+                return outcome
+            actions = [calls.put_part(entries[i], pending[i]) for i in order]
+            actions.append(calls.fence(thread_id, entries[0].gen))
+            refused = yield from self.transact(actions, f"pending writes of thread {thread_id!r}")
+            if not refused:
+                outcome.unused += [(entries[i], pending[i]) for i in order if pending[i] is not None]
+                return outcome
+            self._fenced(thread_id, refused[-1])
+            for i, (code, item) in zip(order, refused):
+                if code != CONDITION_FAILED:
+                    continue
+                entry, found = entries[i], (item or {}).get("token", {}).get("S")
+                if found == entry.token:
+                    # Our own part, applied by an attempt whose answer was lost.
+                    if pending[i] is not None:
+                        outcome.unused.append((entry, pending[i]))
+                    del pending[i]
+                elif entry.part.startswith(REGULAR_PART):
+                    outcome.unused.append((entry, entry.token))  # first committed wins
+                    del pending[i]
+                else:
+                    pending[i] = found  # last committed wins: replace what is there now
+        raise S3SaverError(
+            f"DynamoDB table {self.table}: the pending writes of thread {thread_id!r} kept changing under "
+            f"other writers; gave up after {_MAX_WRITE_ROUNDS} rounds"
+        )
+
+    def transact(self, actions: list[dict[str, Any]], what: str) -> Op[list[tuple[str, Any]]]:
+        """TransactWriteItems: [] once applied; the cancellation reasons (code,
+        item), one per action, when a condition refused it. A conflict with
+        another transaction on the same items is sent again after a backoff."""
+        for attempt in range(1, _MAX_TRANSACTION_ATTEMPTS + 1):
+            call = self.calls.transact(actions)
+            (result,) = yield (call,)
+            if not isinstance(result, BaseException):
+                return []
+            reasons = _reasons(result)
+            codes = {code for code, _ in reasons}
+            if error_code(result) != "TransactionCanceledException" or not reasons:
+                raise_failure(call, result)
+            if CONDITION_FAILED in codes:
+                return reasons
+            if not codes <= _RETRIED_REASONS:
+                raise_failure(call, result)
+            yield Sleep(_JITTER.uniform(0, backoff(attempt)))
+        raise S3SaverError(
+            f"DynamoDB table {self.table}: {what} kept conflicting with other transactions; "
+            f"gave up after {_MAX_TRANSACTION_ATTEMPTS} attempts"
+        )
+
+    def _fenced(self, thread_id: str, reason: tuple[str, Any]) -> None:
+        """Raise Fenced when the thread's record refused the transaction."""
+        code, item = reason
+        if code == CONDITION_FAILED:
+            record = self.calls.parse(item) if item else None
+            raise Fenced(record if isinstance(record, Tombstone) else Tombstone(thread_id, None, 0))
 
     # -- reads -------------------------------------------------------------------------
     def latest(self, thread_id: str, ns: str) -> Op[CheckpointEntry | None]:
-        """One Query with Limit=1. Writes stored before their checkpoint (a newer
-        id with no checkpoint item yet) can come first: the range narrows below
-        that id. A deleted namespace has its tombstone on top: the search goes on
-        below it, for items written since (a thread id used again)."""
+        """One Query with Limit=1, beside the thread's record (one round trip):
+        the record says whether the thread is archived and which generation a
+        delete left (items of an older one are the delete's to remove, never
+        read). Writes stored before their checkpoint (a newer id with no
+        checkpoint item yet) can come first: the range narrows below that id."""
         calls = self.calls
         prefix = _keys.ns_sort_prefix(ns)
         upper: str | None = None
         start: dict[str, Any] | None = None
-        min_gen = 0
+        floor: int | None = None  # the thread's generation, once its record is read
         while True:
             if upper is None:
-                call = calls.query(thread_id, begins_with=prefix, limit=1, start_key=start, min_gen=min_gen)
+                call = calls.query(thread_id, begins_with=prefix, limit=1, start_key=start, min_gen=floor or 0)
             else:
-                call = calls.query(thread_id, between=(prefix, upper), limit=1, start_key=start, min_gen=min_gen)
-            page = yield from request_one(call)
+                call = calls.query(thread_id, between=(prefix, upper), limit=1, start_key=start, min_gen=floor or 0)
+            if floor is None:
+                page, record = yield from request(call, calls.get_tombstone(thread_id))
+                floor = _live_gen(calls, record, thread_id)
+            else:
+                page = yield from request_one(call)
             items = page.get("Items", [])
             if not items:
                 # With a generation filter, an evaluated item that did not pass
@@ -150,30 +239,33 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
                     return None
                 continue
             entry = calls.parse(items[0])
-            if isinstance(entry, CheckpointEntry) and entry.hidden:
+            if isinstance(entry, Tombstone):
+                # A namespace's tombstone, as earlier versions wrote them (they sort first).
+                floor, start = max(floor, entry.gen), calls.tombstone_key(thread_id, ns)
+            elif entry is None or entry.gen < floor:  # type: ignore[union-attr]
+                # Deleted (a delete still to finish): read on above the record's generation.
+                start = None
+            elif isinstance(entry, CheckpointEntry) and entry.hidden:
                 # Kept by prune for newer checkpoints, which come first: only a
                 # prune of a newer one cut short leaves it on top.
                 upper, start = _keys.checkpoint_sort_prefix(ns, entry.checkpoint_id), None
-                continue
-            if isinstance(entry, CheckpointEntry):
+            elif isinstance(entry, CheckpointEntry):
                 entry.writes = None  # read with the values, in the next wave
                 return entry
-            if isinstance(entry, Tombstone):
-                min_gen, start = _live(entry, thread_id).gen, calls.tombstone_key(thread_id, ns)
             else:
                 assert isinstance(entry, WritesEntry)
                 upper, start = _keys.checkpoint_sort_prefix(ns, entry.checkpoint_id), None
 
     def get(self, thread_id: str, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
         calls = self.calls
-        # The item, its writes and the namespace's tombstone in one wave.
+        # The item, its writes and the thread's record in one wave.
         writes_query = calls.query(
             thread_id, begins_with=_keys.writes_sort_prefix(ns, checkpoint_id), newest_first=False
         )
-        found, page, tomb = yield from request(
-            calls.get_checkpoint(thread_id, ns, checkpoint_id), writes_query, calls.get_tombstone(thread_id, ns)
+        found, page, record = yield from request(
+            calls.get_checkpoint(thread_id, ns, checkpoint_id), writes_query, calls.get_tombstone(thread_id)
         )
-        deleted = _live_gen(calls, tomb, thread_id)  # first: an archived namespace has no items
+        deleted = _live_gen(calls, record, thread_id)  # first: an archived thread's items are not read
         entry = calls.parse(found["Item"]) if "Item" in found else None
         if not isinstance(entry, CheckpointEntry) or entry.hidden or entry.gen < deleted:
             return None
@@ -228,15 +320,16 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
             call = calls.query(thread_id, limit=page_size, start_key=state.start)
         elif before_id is not None:
             # `before` is a key condition: everything below the before id's items.
-            # That range ends below the namespace's tombstone: read it beside the first page.
             upper = _keys.checkpoint_sort_prefix(ns, before_id)
             prefix = _keys.ns_sort_prefix(ns)
             call = calls.query(thread_id, between=(prefix, upper), limit=page_size, start_key=state.start)
         else:
             call = calls.query(thread_id, begins_with=_keys.ns_sort_prefix(ns), limit=page_size, start_key=state.start)
-        if state.first and ns is not None and before_id is not None:
-            page, tomb = yield from request(call, calls.get_tombstone(thread_id, ns))
-            state.deleted[ns] = _live_gen(calls, tomb, thread_id)
+        if state.first:
+            # The thread's record beside the first page: archived, or the
+            # generation below which items are a delete's to remove.
+            page, record = yield from request(call, calls.get_tombstone(thread_id))
+            state.floor = _live_gen(calls, record, thread_id)
         else:
             page = yield from request_one(call)
         state.first = False
@@ -244,10 +337,10 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
         for raw in page.get("Items", []):
             item = calls.parse(raw)
             if isinstance(item, Tombstone):
-                if item.ns is not None:
-                    state.deleted[item.ns] = _live(item, thread_id).gen
+                if item.ns is not None:  # a namespace's tombstone, as earlier versions wrote them
+                    state.deleted[item.ns] = item.gen
                 continue
-            if item is None or isinstance(item, Link) or item.gen < state.deleted.get(item.ns, 0):
+            if item is None or isinstance(item, Link) or item.gen < max(state.floor, state.deleted.get(item.ns, 0)):
                 continue
             if isinstance(item, CheckpointEntry):
                 if state.held is not None:
@@ -273,8 +366,8 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
         calls = self.calls
         upper = _keys.link_sort_key(ns, checkpoint_id)
         query = calls.query(thread_id, between=(_keys.link_ns_prefix(ns), upper))
-        page, tomb = yield from request(query, calls.get_tombstone(thread_id, ns))
-        deleted = _live_gen(calls, tomb, thread_id)
+        page, record = yield from request(query, calls.get_tombstone(thread_id))
+        deleted = _live_gen(calls, record, thread_id)
         links = [item.entry for item in map(calls.parse, page.get("Items", [])) if isinstance(item, Link)]
         if not links or links[0].checkpoint_id != checkpoint_id:
             return (yield from self._ancestors_by_items(thread_id, ns, checkpoint_id, channels))
@@ -375,6 +468,12 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
             pending = [left for result in results for left in take(result)]
         if pending:
             raise S3SaverError(f"DynamoDB table {self.table} kept refusing {len(pending)} {what} (throttled)")
+
+
+def _reasons(exc: BaseException) -> list[tuple[str, Any]]:
+    """A cancelled transaction's reasons: (code, the item as stored or None), per action."""
+    reasons = (getattr(exc, "response", {}) or {}).get("CancellationReasons") or []
+    return [(r.get("Code") or "None", r.get("Item")) for r in reasons]
 
 
 def _listed_first(exc: BaseException) -> bool:

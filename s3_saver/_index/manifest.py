@@ -25,7 +25,7 @@ import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from s3_saver._index.base import (
@@ -33,9 +33,12 @@ from s3_saver._index.base import (
     Archived,
     CheckpointEntry,
     DepthHint,
+    Fenced,
     Index,
     Key3,
+    ParentGone,
     Prepared,
+    Tombstone,
     WritesEntry,
     WritesOutcome,
 )
@@ -60,14 +63,13 @@ from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
-    RunDeletedError,
     S3SaverError,
-    ThreadDeletedError,
     classify,
     error_code,
 )
 
 _SWAP_BACKOFF_MAX = 0.5  # seconds
+_JITTER = random.SystemRandom()  # never the random module's shared state (see _keys.new_token)
 _CACHE_HEADS = 512
 _CACHE_SEGMENTS = 256
 
@@ -132,37 +134,69 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         self._remember(new)
         return True
 
-    def _update(self, thread_id: str, change: Callable[[Head], Head | None], start: Head | None = None) -> Op[Head]:
+    def _update(
+        self,
+        thread_id: str,
+        change: Callable[[Head], Head | None],
+        start: Head | None = None,
+        check: Callable[[Head], Op[None]] | None = None,
+    ) -> Op[Head]:
         """Compare-and-swap the head with ``change`` until it holds.
 
         ``change`` gets the head as read and returns the new one, or None when it
         holds already: a swap that was applied but answered with a failure (a
-        reset) is found again on the next read and not applied twice.
+        reset) is found again on the next read and not applied twice. ``check``
+        runs first on each head read (it may read segments, and raise).
+
+        Segments written for this swap (a seal planned ahead by ``prepare``, or
+        one made here) that the head did not take are deleted: no head will
+        ever name them.
         """
         head = start
         with self._lock:
             ahead = self._sealed.pop(thread_id, None)
-        for attempt in range(_MAX_SWAPS):
-            if head is None:
-                head = yield from self._read_head(thread_id)
-            new = change(head)
-            if new is None:
-                return head
-            if ahead is None or not _apply_seal(new, ahead):
-                if len(new.entries) > HARD_SEAL_AT:
-                    plan = _plan_seal(self.layout, new)
-                    # Objects first: a segment exists before the head that refers to it.
-                    yield from put_immutable(self.s3, dict(plan.objects))
-                    _apply_seal(new, plan)
-            if (yield from self._swap(head, new)):
-                return new
-            head = None
-            # Other writers: spread the retries (full jitter, capped).
-            yield Sleep(random.uniform(0, min(_SWAP_BACKOFF_MAX, 0.01 * 2**attempt)))
-        raise S3SaverError(
-            f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
-            f"other writers; gave up after {_MAX_SWAPS} attempts"
-        )
+        plans = [ahead] if ahead is not None else []
+        try:
+            for attempt in range(_MAX_SWAPS):
+                if head is None:
+                    head = yield from self._read_head(thread_id)
+                if check is not None:
+                    yield from check(head)
+                new = change(head)
+                if new is None:
+                    return head
+                if ahead is None or not _apply_seal(new, ahead):
+                    if len(new.entries) > HARD_SEAL_AT:
+                        plan = _plan_seal(self.layout, new)
+                        plans.append(plan)
+                        # Objects first: a segment exists before the head that refers to it.
+                        yield from put_immutable(self.s3, dict(plan.objects))
+                        _apply_seal(new, plan)
+                if (yield from self._swap(head, new)):
+                    head = new
+                    return new
+                head = None
+                # Other writers: spread the retries (full jitter, capped).
+                yield Sleep(_JITTER.uniform(0, min(_SWAP_BACKOFF_MAX, 0.01 * 2**attempt)))
+            raise S3SaverError(
+                f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
+                f"other writers; gave up after {_MAX_SWAPS} attempts"
+            )
+        finally:
+            if plans:
+                yield from self._drop_unused(thread_id, plans, head)
+
+    def _drop_unused(self, thread_id: str, plans: list[_SealPlan], head: Head | None) -> Op[None]:
+        """Delete the segments of ``plans`` that ``head`` (the last one this
+        update read or wrote; None: read it) does not name."""
+        if head is None:
+            head = yield from self._read_head(thread_id)
+        named = {(r.number, r.token) for r in head.segments + head.retired + head.graveyard_segments}
+        unused = [
+            key for plan in plans for ref, (key, _) in zip(plan.refs, plan.objects) if (ref.number, ref.token) not in named
+        ]
+        if unused:
+            yield from request(self.s3.delete_many(unused))
 
     def _remember(self, head: Head) -> None:
         with self._lock:
@@ -176,21 +210,30 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
             return self._heads.get(thread_id)
 
     # -- segments ------------------------------------------------------------------------
-    def _load_segments(self, thread_id: str, refs: list[SegmentRef]) -> Op[list[Segment]]:
-        """Sealed segments (cached: they never change), all fetched in one wave."""
+    def _load_segments(self, thread_id: str, refs: list[SegmentRef], buried: bool = False) -> Op[list[Segment]]:
+        """Sealed segments (cached: they never change), all fetched in one wave.
+
+        ``buried``: segments in a graveyard, deleted after the objects they list
+        (a cleanup cut short between that delete and the head's swap leaves the
+        head naming them): one that is gone lists nothing left to delete."""
         keys = [self.layout.segment_key(thread_id, r.number, r.token) for r in refs]
         with self._lock:
             missing = [k for k in keys if k not in self._segments]
         if missing:
-            results = yield from request(*(self.s3.get(k) for k in missing))
+            calls = [self.s3.get(k) for k in missing]
+            results = yield tuple(calls)
             with self._lock:
-                for key, result in zip(missing, results):
+                for key, call, result in zip(missing, calls, results):
+                    if isinstance(result, BaseException):
+                        if buried and classify(result, "get_object") == OBJECT_MISSING:
+                            continue
+                        raise_failure(call, result)
                     where = f"s3://{self.s3.bucket}/{key}"
                     self._segments[key] = decode_segment(thread_id, result["Body"], where)
                     while len(self._segments) > _CACHE_SEGMENTS:
                         self._segments.popitem(last=False)
         with self._lock:
-            return [self._segments[k] for k in keys]
+            return [self._segments[k] for k in keys if not buried or k in self._segments]
 
     def _find(self, head: Head, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
         """A checkpoint with its writes, from the head or the segments whose id range
@@ -238,14 +281,23 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         parent = (yield from self._find(head, ns, parent_id)) if parent_id is not None else None
         return Prepared(head.gen, parent, bool(head.created), listing, frozenset(head.dead_runs), head.archive)
 
-    def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
+    def commit_checkpoint(
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None
+    ) -> Op[None]:
+        """One swap of the head: the commit point. Refused (``Fenced``) when the
+        head says the thread was deleted since the writer read it, is archived,
+        or the writer's run was deleted; ``ParentGone`` when the entry carries
+        values from its parent (``parent_tag``: its tag as the writer read it)
+        and the parent left the index or was written anew since."""
+
+        def check(head: Head) -> Op[None]:
+            _fence(head, entry.gen, entry.run_id)
+            if parent_tag is not None and entry.parent_id is not None:
+                parent = yield from self._find(head, entry.ns, entry.parent_id)
+                if parent is None or parent.tag != parent_tag:
+                    raise ParentGone()
+
         def change(head: Head) -> Head | None:
-            _refuse_older(head, entry.gen, entry.thread_id, entry.checkpoint_id)
-            if entry.run_id in head.dead_runs:
-                raise RunDeletedError(
-                    f"run {entry.run_id!r} of thread {entry.thread_id!r} was deleted (delete_for_runs) "
-                    f"while it ran; its checkpoint {entry.checkpoint_id!r} is refused ({self.describe()})"
-                )
             old = _in(head.entries, entry.ns, entry.checkpoint_id)
             if old is not None and old.loc == entry.loc and old.parent_id == entry.parent_id:
                 return None  # our own swap, applied by an earlier attempt
@@ -256,7 +308,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
             # entry must carry; another writer's entry (a race) does not count.
             return replace(head, entries=[*rest, stored], copied_from=None, created=head.created or created or 0)
 
-        yield from self._update(entry.thread_id, change, self._cached(entry.thread_id))
+        yield from self._update(entry.thread_id, change, self._cached(entry.thread_id), check)
 
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
         """The run hint; a put's listing object went with ``prepare``, the listing
@@ -266,12 +318,27 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
             keys.append(self.layout.run_key(run_id, thread_id))
         yield from put_immutable(self.s3, {k: b"" for k in keys})
 
+    def unnote(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
+        # A listing object counts only when the head names its time: a refused
+        # commit's never did, and goes whatever the head says.
+        keys = [self.layout.listing_key(created, thread_id)] if created is not None else []
+        if run_id is not None:
+            keys.append(self.layout.run_key(run_id, thread_id))
+        head = self._cached(thread_id)
+        if head is not None and created is not None and head.created == created:
+            keys = keys[1:]
+        if keys:
+            yield from request(self.s3.delete_many(keys))
+
     def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
         thread_id = entries[0].thread_id
         outcome = WritesOutcome()
 
+        def check(head: Head) -> Op[None]:
+            yield from ()
+            _fence(head, entries[0].gen, None)
+
         def change(head: Head) -> Head | None:
-            _refuse_older(head, entries[0].gen, thread_id, entries[0].checkpoint_id)
             outcome.unused.clear()
             writes = list(head.writes)
             changed = False
@@ -290,7 +357,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
                 changed = True
             return replace(head, writes=writes) if changed else None
 
-        yield from self._update(thread_id, change, self._cached(thread_id))
+        yield from self._update(thread_id, change, self._cached(thread_id), check)
         return outcome
 
     # -- reads ---------------------------------------------------------------------------
@@ -339,26 +406,35 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
     def history(
         self, thread_id: str, ns: str | None, before_id: str | None, page_size: int | None, cursor: Any
     ) -> Op[tuple[list[CheckpointEntry], Any]]:
-        """The head's checkpoints first, then one sealed segment per page, newest first."""
+        """Pages in one order, whatever the head or a segment holds: newest first
+        by (namespace, id) as a DynamoDB partition reads, one namespace's alone
+        with ``ns``. Each page reads the segment that may hold the greatest entry
+        not yet returned, and returns every entry no unread segment can top."""
         if cursor is None:
             head = yield from self._live_head(thread_id)
-            page = [_with_writes(e, head.writes) for e in head.entries]
-            refs = list(head.segments)
+            state = _Merge(
+                head,
+                [_with_writes(e, head.writes) for e in head.entries],
+                [r for r in head.segments if _may_hold(r, ns, before_id)],
+            )
         else:
-            head, refs = cursor
-            # Segments whose checkpoints are all at or above `before` hold nothing here.
-            while refs and before_id is not None and refs[-1].min_id >= before_id:
-                refs.pop()
-            if not refs:
-                return [], None
-            ((entries, writes),) = yield from self._load_segments(thread_id, [refs.pop()])
-            page = [_with_writes(e, writes + head.writes) for e in entries]
-        page = [
-            e for e in page
+            state = cursor
+            if state.refs:
+                ref = max(state.refs, key=lambda r: _bound(r, ns))
+                state.refs.remove(ref)
+                ((entries, writes),) = yield from self._load_segments(thread_id, [ref])
+                state.pool += [_with_writes(e, writes + state.head.writes) for e in entries]
+        state.pool = [
+            e for e in state.pool
             if not e.hidden and (ns is None or e.ns == ns) and (before_id is None or e.checkpoint_id < before_id)
         ]
-        page.sort(key=lambda e: (e.ns, e.checkpoint_id), reverse=True)
-        return page, ((head, refs) if refs else None)
+        state.pool.sort(key=lambda e: (e.ns, e.checkpoint_id), reverse=True)
+        bound = max((_bound(r, ns) for r in state.refs), default=None)
+        cut = len(state.pool) if bound is None else next(
+            (i for i, e in enumerate(state.pool) if (e.ns, e.checkpoint_id) <= bound), len(state.pool)
+        )
+        page, state.pool = state.pool[:cut], state.pool[cut:]
+        return page, (state if state.refs or state.pool else None)
 
     def _load_into(
         self, known: dict[str, CheckpointEntry], head: Head, refs: list[SegmentRef], ns: str, below: str
@@ -418,13 +494,49 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
 
 
 # -- helpers ---------------------------------------------------------------------------
-def _refuse_older(head: Head, gen: int, thread_id: str, checkpoint_id: str) -> None:
-    if gen < head.gen:
-        raise ThreadDeletedError(
-            f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
-            "(manifest index); a run in flight cannot continue it. Start the thread afresh "
-            "(invoke without a checkpoint_id) to use the id again."
-        )
+@dataclass
+class _Merge:
+    """A history read under way: the head it began with, entries read and not
+    yet returned, and the segments not read yet."""
+
+    head: Head
+    pool: list[CheckpointEntry]
+    refs: list[SegmentRef]
+
+
+_TOP = ("\U0010ffff", "\U0010ffff")  # above every (namespace, id): ids cannot hold U+10FFFF
+
+
+def _bound(ref: SegmentRef, ns: str | None) -> tuple[str, str]:
+    """The greatest (namespace, id) a segment may hold, of ``ns`` when given
+    (unknown for refs written before ``top`` was: anything)."""
+    if ref.top is None:
+        return _TOP
+    if ns is not None and ref.top[0] > ns:
+        return (ns, ref.max_id)
+    return ref.top
+
+
+def _may_hold(ref: SegmentRef, ns: str | None, before_id: str | None) -> bool:
+    """Whether a segment may hold an entry of ``ns`` (any: None) below ``before_id``."""
+    if before_id is not None and ref.min_id >= before_id:
+        return False
+    return ns is None or ref.top is None or ref.top[0] >= ns
+
+
+def _fence(head: Head, gen: int, run_id: str | None) -> None:
+    """A commit's check of the head (the thread's record): not deleted since the
+    writer learned ``gen``, not archived, the writer's run not deleted."""
+    if head.archive is not None or gen != head.gen or (run_id is not None and run_id in head.dead_runs):
+        raise Fenced(record_of(head))
+
+
+def record_of(head: Head) -> Tombstone:
+    """The head as the thread's record (what ``Fenced`` and ``archive_of`` hand back)."""
+    return Tombstone(
+        head.thread_id, None, head.gen, head.deleted_at, head.created, frozenset(head.dead_runs),
+        head.archive, head.stale_archive,
+    )
 
 
 def _pop_wave(refs: list[SegmentRef], at_least: int, checkpoints: int) -> list[SegmentRef]:

@@ -1,115 +1,114 @@
 """The manifest index's side of archival: the head's ``archive`` reference.
 
-Archiving is one head swap: the reference goes in, the archived entries and
-segments go to the graveyard (their objects are deleted after, by the
-graveyard's usual clearing), so readers switch from the live objects to the
-archive at once. Restoring is one swap back: the archive's entries (sealed
-again into segments as the head needs) come in with the reference out, and the
-archive object goes to ``stale_archive`` until it is deleted. A write that
-raced the archive's swap stays in the head, parked: readers see the archive
-until the restore brings both together.
+Archiving is read-decide-act fenced at the commit: the archive object's key is
+recorded in the head first (``stale_archive``: an object to delete unless the
+archive switches to it), the thread is read (``snapshot``: the entries and the
+exact head they came from), and the switch is one compare-and-swap of exactly
+that head (``IfMatch`` its ETag): any commit since the read changed the head,
+and the switch fails. The archived entries and segments go to the graveyard,
+whose objects are deleted after (``finish_archive``). Restoring is one swap
+back: the archive's entries, written under a fresh tag, come in with the
+reference out, and the archive object waits in ``stale_archive`` until deleted.
 
 Mixed into ``ManifestIndex`` (``ManifestArchive``), as ``manifest_lifecycle`` is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._index.base import ArchiveRef, CheckpointEntry, Tombstone, WritesEntry
+from s3_saver._index.base import SPECIAL_PART, ArchiveRef, CheckpointEntry, Release, Tombstone, WritesEntry
 from s3_saver._index.manifest_doc import Head, _tips
 from s3_saver._protocol import Op
 from s3_saver.errors import ThreadArchivedError
 
 
-class _Changed(Exception):
-    """The thread's sealed history changed since it was read for the archive."""
-
-
 class ManifestArchive:
     """The archive reference in the head, for ``ManifestIndex``."""
 
-    # From ManifestIndex: _read_head, _cached, _update, _clear_graveyard, describe.
+    # From ManifestIndex: _read_head, _live_head, _cached, _swap, _update,
+    # _contents, _clear_graveyard, describe.
 
     def archive_of(self, thread_id: str) -> Op[Tombstone]:
         head = yield from self._read_head(thread_id)  # type: ignore[attr-defined]
-        return Tombstone(thread_id, None, head.gen, created=head.created, archive=head.archive, stale_archive=head.stale_archive)
+        return Tombstone(
+            thread_id, None, head.gen, created=head.created, dead_runs=frozenset(head.dead_runs),
+            archive=head.archive, stale_archive=head.stale_archive,
+        )
 
-    def archive(
-        self,
-        thread_id: str,
-        ref: ArchiveRef,
-        archived: list[CheckpointEntry] | None,
-        delete_objects: Callable[[list[Any]], Op[None]],
-        known: list[CheckpointEntry] | None = None,
-    ) -> Op[None]:
-        # The graveyard knows exactly what goes: ``known`` is not needed here.
-        if archived is None:
+    def mark_archive(self, thread_id: str, key: str) -> Op[str | None]:
+        previous: list[str | None] = [None]
+
+        def mark(h: Head) -> Head | None:
+            if h.archive is not None:
+                raise _busy(thread_id, h, self.describe())  # type: ignore[attr-defined]
+            previous[0] = h.stale_archive if h.stale_archive != key else None
+            return None if h.stale_archive == key else replace(h, stale_archive=key)
+
+        yield from self._update(thread_id, mark, self._cached(thread_id))  # type: ignore[attr-defined]
+        return previous[0]
+
+    def snapshot(self, thread_id: str) -> Op[tuple[list[CheckpointEntry], Any]]:
+        # Right after mark_archive, this process's last head is the one its mark
+        # wrote (no GET): a commit since then makes the switch's swap fail anyway.
+        head = self._cached(thread_id)  # type: ignore[attr-defined]
+        if head is None or head.archive is not None:
+            head = yield from self._live_head(thread_id)  # type: ignore[attr-defined]
+        return (yield from self._contents(head)), head  # type: ignore[attr-defined]
+
+    def switch_archive(self, thread_id: str, ref: ArchiveRef, snapshot: Any) -> Op[bool]:
+        head: Head = snapshot
+        if head.archive is not None or head.stale_archive != ref.key:
+            return False  # the head was read before the mark, or another call's mark came
+        new = replace(
+            head,
+            entries=[],
+            writes=[],
+            segments=[],
+            graveyard=[*head.graveyard, *head.entries, *head.writes],
+            graveyard_segments=[*head.graveyard_segments, *head.segments],
+            archive=ref,
+            stale_archive=None,  # the object is the archive now
+        )
+        # The commit point: the head the archive was read from, or nothing.
+        if (yield from self._swap(head, new)):  # type: ignore[attr-defined]
+            return True
+        # Refused, or applied and its answer lost (the retry then meets its own
+        # swap): the head says which.
+        now = yield from self._read_head(thread_id)  # type: ignore[attr-defined]
+        return now.archive is not None and now.archive.key == ref.key
+
+    def finish_archive(self, thread_id: str, ref: ArchiveRef, release: Release) -> Op[None]:
+        # The head this process switched, when it did (a stale one fails its swap and is read again).
+        head = self._cached(thread_id)  # type: ignore[attr-defined]
+        if head is None or head.archive is None or head.archive.key != ref.key:
             head = yield from self._read_head(thread_id)  # type: ignore[attr-defined]
-            if head.archive is not None and head.archive.key == ref.key:
-                yield from self._clear_graveyard(head, delete_objects, unlist=False)  # type: ignore[attr-defined]
-            return
-        read = self._cached(thread_id)  # type: ignore[attr-defined]  # the head ``contents`` was read from
-        keys = {(e.ns, e.checkpoint_id) for e in archived}
-        writes = {_write_key(w) for e in archived for w in e.writes or ()}
-
-        def switch(h: Head) -> Head | None:
-            if h.archive is not None and h.archive.key == ref.key:
-                return None  # our own swap, applied by an earlier attempt
-            if h.archive is not None or h.stale_archive != ref.key:
-                raise self._busy(thread_id, h)  # archived, or intend_archive's mark is another call's
-            if read is None or h.segments != read.segments:
-                raise _Changed()
-            return replace(
-                h,
-                # What came since the read stays, parked under the reference.
-                entries=[e for e in h.entries if (e.ns, e.checkpoint_id) not in keys],
-                writes=[w for w in h.writes if _write_key(w) not in writes],
-                segments=[],
-                graveyard=[
-                    *h.graveyard,
-                    *(e for e in h.entries if (e.ns, e.checkpoint_id) in keys),
-                    *(w for w in h.writes if _write_key(w) in writes),
-                ],
-                graveyard_segments=[*h.graveyard_segments, *h.segments],
-                archive=ref,
-                stale_archive=None,  # intend_archive's mark: the object is the archive now
-            )
-
-        try:
-            # The commit point: from this swap on, every read goes to the archive.
-            head = yield from self._update(thread_id, switch, read)  # type: ignore[attr-defined]
-        except _Changed:
-            # The archive written for this attempt is referenced by nothing: it goes.
-            yield from delete_objects([ref])
-            yield from self.forget_archive(thread_id, ref.key)
-            raise ThreadArchivedError(
-                f"thread {thread_id!r} was written to while it was being archived ({self.describe()}); "  # type: ignore[attr-defined]
-                "nothing was archived: call archive_thread again",
-                thread_id,
-            ) from None
-        yield from self._clear_graveyard(head, delete_objects, unlist=False)  # type: ignore[attr-defined]
+        if head.archive is not None and head.archive.key == ref.key:
+            yield from self._clear_graveyard(head, release, unlist=False)  # type: ignore[attr-defined]
 
     def unarchive(
         self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]
-    ) -> Op[None]:
+    ) -> Op[bool]:
+        switched = [False]
+
         def install(h: Head) -> Head | None:
+            switched[0] = False
             if h.archive is None:
-                return None  # restored already (a call again after the swap)
+                return None  # restored already (another call, or this one's swap answered with a failure)
             if h.archive.key != ref.key:
                 raise ThreadArchivedError(
                     f"thread {thread_id!r} was archived again in {h.archive.key} meanwhile ({self.describe()})",  # type: ignore[attr-defined]
                     thread_id,
                 )
-            # Writes parked under the reference come after the archive's own
-            # (a rebuilt index may hold the archive's entries again: once is enough).
-            own = {(e.ns, e.checkpoint_id) for e in entries}
-            own_writes = {_write_key(w) for w in writes}
             # Bodies only where "latest" reads them, as a head that grew write by write
             # has them: the segments sealed from these stay as small as before the archive.
+            # What an earlier version parked under the reference (commits did not
+            # check it then) was committed after the archive: it comes after.
+            own = {(e.ns, e.checkpoint_id) for e in entries}
             tips = _tips(entries)
+            switched[0] = True
+            restored = [replace(w, gen=h.gen, body=w.body if (w.ns, w.checkpoint_id) in tips else None) for w in writes]
             return replace(
                 h,
                 entries=[
@@ -117,36 +116,42 @@ class ManifestArchive:
                     for e in entries
                 ]
                 + [e for e in h.entries if (e.ns, e.checkpoint_id) not in own],
-                writes=[replace(w, gen=h.gen, body=w.body if (w.ns, w.checkpoint_id) in tips else None) for w in writes]
-                + [w for w in h.writes if _write_key(w) not in own_writes],
+                writes=_after(restored, h.writes),
                 segments=[],
                 archive=None,
                 stale_archive=ref.key,
             )
 
-        yield from self._update(thread_id, install, self._cached(thread_id))  # type: ignore[attr-defined]
+        yield from self._update(thread_id, install)  # type: ignore[attr-defined]
+        return switched[0]
 
-    def intend_archive(self, thread_id: str, key: str) -> Op[None]:
-        def intend(h: Head) -> Head | None:
-            if h.archive is not None or h.stale_archive not in (None, key):
-                raise self._busy(thread_id, h)
-            return None if h.stale_archive == key else replace(h, stale_archive=key)
+    def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:
+        """Nothing to take off: a manifest commit changes the head, which is enough
+        to fail an archive's switch."""
+        yield from ()
 
-        yield from self._update(thread_id, intend, self._cached(thread_id))  # type: ignore[attr-defined]
+    def forget_archive(self, thread_id: str, key: str) -> Op[bool]:
+        forgot = [False]
 
-    def _busy(self, thread_id: str, h: Head) -> ThreadArchivedError:
-        if h.archive is not None:
-            why = f"it is archived in {h.archive.key}"
-        else:
-            why = f"another archive or restore of it is under way (archive object {h.stale_archive}); call again"
-        return ThreadArchivedError(f"cannot archive thread {thread_id!r}: {why} ({self.describe()})", thread_id)  # type: ignore[attr-defined]
-
-    def forget_archive(self, thread_id: str, key: str) -> Op[None]:
         def forget(h: Head) -> Head | None:
-            return replace(h, stale_archive=None) if h.stale_archive == key else None
+            forgot[0] = h.stale_archive == key
+            return replace(h, stale_archive=None) if forgot[0] else None
 
-        yield from self._update(thread_id, forget, self._cached(thread_id))  # type: ignore[attr-defined]
+        head = yield from self._update(thread_id, forget)  # type: ignore[attr-defined]
+        # (A swap applied and answered with a failure reads as "not there" on the retry.)
+        return forgot[0] or (head.stale_archive != key and head.archive is None)
 
 
-def _write_key(w: WritesEntry) -> tuple[str, str, str, str, str]:
-    return (w.ns, w.checkpoint_id, w.task_id, w.part, w.token)
+def _after(first: list[WritesEntry], then: list[WritesEntry]) -> list[WritesEntry]:
+    """Pending-write parts committed in this order, one per slot: a regular
+    part's first commit wins, a special channel's last (as ``commit_writes``)."""
+    slots: dict[tuple[str, str, str, str], WritesEntry] = {}
+    for w in [*first, *then]:
+        slot = (w.ns, w.checkpoint_id, w.task_id, w.part)
+        if slot not in slots or w.part.startswith(SPECIAL_PART):
+            slots[slot] = w
+    return list(slots.values())
+
+
+def _busy(thread_id: str, h: Head, where: str) -> ThreadArchivedError:
+    return ThreadArchivedError(f"cannot archive thread {thread_id!r}: it is archived in {h.archive.key} ({where})", thread_id)  # type: ignore[union-attr]

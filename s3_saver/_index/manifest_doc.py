@@ -44,6 +44,17 @@ class SegmentRef:
     min_id: str
     max_id: str
     count: int
+    # Its greatest (namespace, checkpoint id): history merges head and segments
+    # in one order without reading a segment that holds nothing above (None in
+    # segments sealed before it was recorded: read them first).
+    top: tuple[str, str] | None = None
+
+    def row(self) -> list[Any]:
+        return [self.number, self.token, self.min_id, self.max_id, self.count, *(self.top or ())]
+
+    @classmethod
+    def of(cls, row: list[Any]) -> SegmentRef:
+        return cls(*row[:5], top=(row[5], row[6]) if len(row) > 6 else None)
 
 
 @dataclass
@@ -86,13 +97,13 @@ def encode_head(head: Head) -> bytes:
             "deleted_at": head.deleted_at,
             "entries": _encode_entries(head.entries, BODY_IN_HEAD_MAX, tips),
             "writes": [_encode_write(w, BODY_IN_HEAD_MAX if (w.ns, w.checkpoint_id) in tips else 0) for w in head.writes],
-            "segments": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.segments],
+            "segments": [r.row() for r in head.segments],
             "graveyard": _encode_entries([e for e in head.graveyard if isinstance(e, CheckpointEntry)], 0, None),
             "graveyard_writes": [_encode_write(w, 0) for w in head.graveyard if isinstance(w, WritesEntry)],
-            "graveyard_segments": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.graveyard_segments],
+            "graveyard_segments": [r.row() for r in head.graveyard_segments],
             "copied_from": head.copied_from,
             "created": head.created,
-            "retired": [[r.number, r.token, r.min_id, r.max_id, r.count] for r in head.retired],
+            "retired": [r.row() for r in head.retired],
             "dead_runs": head.dead_runs,
             "archive": encode_ref(head.archive) if head.archive is not None else None,
             "stale_archive": head.stale_archive,
@@ -109,15 +120,15 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         deleted_at=doc["deleted_at"],
         entries=_decode_entries(thread_id, doc["entries"]),
         writes=[_decode_write(thread_id, w) for w in doc["writes"]],
-        segments=[SegmentRef(*r) for r in doc["segments"]],
+        segments=[SegmentRef.of(r) for r in doc["segments"]],
         graveyard=[
             *_decode_entries(thread_id, doc["graveyard"]),
             *(_decode_write(thread_id, w) for w in doc["graveyard_writes"]),
         ],
-        graveyard_segments=[SegmentRef(*r) for r in doc["graveyard_segments"]],
+        graveyard_segments=[SegmentRef.of(r) for r in doc["graveyard_segments"]],
         copied_from=doc["copied_from"],
         created=doc.get("created", 0),
-        retired=[SegmentRef(*r) for r in doc.get("retired", [])],
+        retired=[SegmentRef.of(r) for r in doc.get("retired", [])],
         dead_runs=list(doc.get("dead_runs", [])),
         archive=decode_ref(thread_id, doc["archive"], where) if doc.get("archive") is not None else None,
         stale_archive=doc.get("stale_archive"),
@@ -153,7 +164,7 @@ def _tips(entries: list[CheckpointEntry]) -> set[tuple[str, str]]:
     keep = set()
     for ns, tip in newest.items():
         keep.add((ns, tip.checkpoint_id))
-        keep.update((ns, src) for _, src, kind, _ in tip.loc.values() if kind == IN_CHECKPOINT_OBJECT)
+        keep.update((ns, ref[1]) for ref in tip.loc.values() if ref[2] == IN_CHECKPOINT_OBJECT)
     return keep
 
 
@@ -174,7 +185,8 @@ def _encode_entries(
         meta = list(e.metadata) if e.metadata is not None and len(e.metadata[1]) <= META_MAX else None
         keep = bodies_for is None or (e.ns, e.checkpoint_id) in bodies_for
         body = e.body if keep and e.body is not None and len(e.body) <= body_max else None
-        out.append([e.ns, e.checkpoint_id, e.parent_id, e.gen, e.expires_at, meta, body, loc, e.run_id, e.hidden])
+        row = [e.ns, e.checkpoint_id, e.parent_id, e.gen, e.expires_at, meta, body, loc, e.run_id, e.hidden]
+        out.append([*row, e.tag] if e.tag else row)
     return out
 
 
@@ -182,9 +194,11 @@ def _decode_entries(thread_id: str, rows: list[list[Any]]) -> list[CheckpointEnt
     locs: dict[tuple[str, str], Loc] = {}
     out = []
     for row in rows:
-        # Rows written before run ids and prune's hidden mark have 8 fields.
+        # Rows written before run ids and prune's hidden mark have 8 fields; a
+        # tagged checkpoint's row has 11 (see ``_keys``).
         ns, cid, parent_id, gen, expires_at, meta, body, loc = row[:8]
         run_id, hidden = row[8:10] if len(row) >= 10 else (None, False)
+        tag = row[10] if len(row) > 10 else ""
         if loc[0] == _FULL:
             full = {ch: tuple(v) for ch, v in loc[1].items()}
         else:
@@ -204,6 +218,7 @@ def _decode_entries(thread_id: str, rows: list[list[Any]]) -> list[CheckpointEnt
             writes=[],
             run_id=run_id,
             hidden=hidden,
+            tag=tag,
         )
         out.append(entry)
     return out

@@ -11,15 +11,14 @@ apart so that each module holds one role; ``ManifestIndex`` mixes
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._index.base import CheckpointEntry, IndexEntry, ThreadRef, WritesEntry
+from s3_saver._index.base import ArchiveRef, Archived, CheckpointEntry, Cut, Release, ThreadRef, WritesEntry
 from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes
 from s3_saver._index.manifest_seal import KEEP_IN_HEAD, _MAX_SWAPS, _apply_seal, _plan_seal
-from s3_saver._keys import KeyLayout, decode
+from s3_saver._keys import KeyLayout, decode, new_token
 from s3_saver._protocol import Op, gather, raise_failure, request
 from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import (
@@ -43,7 +42,7 @@ class ManifestLifecycle:
     # -- setup ---------------------------------------------------------------------------
     def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:
         """Check that the store honours conditional writes: the manifest relies on them."""
-        key = f"{self.layout.manifest_root}.setup-probe/{uuid.uuid4().hex}"
+        key = f"{self.layout.manifest_root}.setup-probe/{new_token()}"
         (first,) = yield (self.s3.put_new(key, b"1"),)
         if isinstance(first, BaseException):
             raise_failure(self.s3.put_new(key, b"1"), first)
@@ -112,6 +111,8 @@ class ManifestLifecycle:
 
     def bury_runs(self, thread_id: str, run_ids: list[str]) -> Op[None]:
         def bury(h: Head) -> Head | None:
+            if h.archive is not None:
+                raise Archived(thread_id, h.archive)  # an archived thread keeps its runs
             new = [r for r in run_ids if r not in h.dead_runs]
             return replace(h, dead_runs=[*h.dead_runs, *new]) if new else None
 
@@ -158,12 +159,11 @@ class ManifestLifecycle:
         yield from self._install(head, install)
 
     # -- delete, prune and copy ----------------------------------------------------------
-    def delete_thread(
-        self, thread_id: str, now: int, delete_objects: Callable[[list[IndexEntry]], Op[None]]
-    ) -> Op[None]:
+    def delete_thread(self, thread_id: str, now: int, release: Release) -> Op[None]:
         """One swap makes the thread gone (the next generation, no entries); its old
         entries and segments wait in the head's graveyard until their objects are
-        deleted, so a delete cut short is finished by the next one."""
+        deleted, so a delete cut short is finished by the next one. What stays is
+        the head alone: the generation and when it was deleted."""
         head = yield from self._read_head(thread_id)
         if head.etag is None:
             return  # nothing was ever stored: leave no trace
@@ -183,29 +183,41 @@ class ManifestLifecycle:
                 stale_archive=h.archive.key if h.archive is not None else h.stale_archive,
             )
 
+        archived_runs = head.archive.runs if head.archive is not None else []
         head = yield from self._update(thread_id, bury, head)
-        cleared = yield from self._clear_graveyard(head, delete_objects, unlist=True)
+        runs = {e.run_id for e in head.graveyard if isinstance(e, CheckpointEntry) and e.run_id is not None}
+        runs.update(archived_runs)
+        for entries, _ in (yield from self._load_segments(thread_id, head.graveyard_segments, buried=True)):
+            runs.update(e.run_id for e in entries if e.run_id is not None)
+        # The run hints go first, while the graveyard still names their runs (a
+        # delete cut short finds them again). The listing goes once the head says
+        # the thread is not listed (a run that started it afresh meanwhile keeps it).
+        yield from _delete_keys(self.s3, [self.layout.run_key(r, thread_id) for r in sorted(runs)])
+        cleared = yield from self._clear_graveyard(head, release, unlist=True)
         if head.created and not cleared.created:
             yield from _delete_keys(self.s3, [self.layout.listing_key(head.created, thread_id)])
 
-    def drop(
-        self,
-        thread_id: str,
-        hide: list[CheckpointEntry],
-        drop: list[CheckpointEntry],
-        doomed: list[IndexEntry],
-        delete_objects: Callable[[list[IndexEntry]], Op[None]],
-    ) -> Op[None]:
+    def drop(self, thread_id: str, plan: Callable[[list[CheckpointEntry]], Op[Cut]], release: Release) -> Op[None]:
         """One swap installs the thread's history without the dropped checkpoints
-        (in new segments and head; the old segments retire), with ``doomed`` in
-        the graveyard until their objects are deleted."""
-        hidden = {(e.ns, e.checkpoint_id) for e in hide}
-        dropped = {(e.ns, e.checkpoint_id) for e in drop}
-        head = self._cached(thread_id)  # as the caller read it; a lost swap reads it again
+        (in new segments and head; the old segments retire), the dropped ones in
+        the graveyard until their objects are deleted. ``plan`` decides on the
+        very head the swap replaces: when another writer swaps first, the head
+        is read again and ``plan`` asked again. A commit needs its parent in the
+        head (``commit_checkpoint``): once the drop is in, nothing new reads
+        through what went."""
+        # The head this process last read or wrote first (delete_for_runs' mark just
+        # swapped it): if another writer swapped since, this swap fails and the
+        # head is read again, and planned again.
+        head = self._cached(thread_id)
         for _ in range(_MAX_SWAPS):
-            if head is None:
-                head = yield from self._read_head(thread_id)
+            if head is None or head.archive is not None:
+                head = yield from self._live_head(thread_id)
             entries = yield from self._contents(head)
+            cut = yield from plan(entries)
+            if not cut.hide and not cut.drop:
+                return
+            hidden = {(e.ns, e.checkpoint_id) for e in cut.hide}
+            dropped = {(e.ns, e.checkpoint_id) for e in cut.drop}
             known = {(e.ns, e.checkpoint_id) for e in entries}
             new = replace(
                 head,
@@ -219,94 +231,79 @@ class ManifestLifecycle:
                 + [w for w in head.writes if (w.ns, w.checkpoint_id) not in known],
                 segments=[],
                 retired=[*head.retired, *head.segments],
-                graveyard=[*head.graveyard, *doomed],
+                graveyard=[*head.graveyard, *(replace(e, writes=[]) for e in cut.drop), *(w for e in cut.drop for w in e.writes or ())],
             )
-            plan = _plan_seal(self.layout, new) if len(new.entries) > KEEP_IN_HEAD else None
-            if plan is not None:
+            plan_seal = _plan_seal(self.layout, new) if len(new.entries) > KEEP_IN_HEAD else None
+            if plan_seal is not None:
                 # Objects first: the segments exist before the head that refers to them.
-                yield from put_immutable(self.s3, dict(plan.objects))
-                _apply_seal(new, plan)
+                yield from put_immutable(self.s3, dict(plan_seal.objects))
+                _apply_seal(new, plan_seal)
             if (yield from self._swap(head, new)):
-                yield from self._clear_graveyard(new, delete_objects, unlist=False)
+                yield from self._clear_graveyard(new, release, unlist=False)
                 return
-            if plan is not None:
-                yield from _delete_keys(self.s3, [k for k, _ in plan.objects])  # another writer came first
+            if plan_seal is not None:
+                yield from _delete_keys(self.s3, [k for k, _ in plan_seal.objects])  # another writer came first
             head = None
         raise S3SaverError(
             f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
             f"other writers; prune gave up after {_MAX_SWAPS} attempts (nothing was removed)"
         )
 
-    def _clear_graveyard(
-        self, head: Head, delete_objects: Callable[[list[IndexEntry]], Op[None]], unlist: bool
-    ) -> Op[Head]:
-        """Delete what ``head``'s graveyard holds (its entries' objects, the objects
-        of every entry in its buried segments, retired segments), then take that
-        out of the head. ``unlist``: the thread's listing time goes too, unless
-        the thread was written to again meanwhile."""
+    def _clear_graveyard(self, head: Head, release: Release, unlist: bool) -> Op[Head]:
+        """Delete what ``head``'s graveyard holds (the objects its entries, and the
+        entries of its buried segments, name and no entry the head still holds
+        names; retired segments), then take that out of the head. ``unlist``:
+        the thread's listing time goes too, unless it was written to again."""
         thread_id = head.thread_id
-        buried_entries: list[IndexEntry] = list(head.graveyard)
-        for entries, writes in (yield from self._load_segments(thread_id, head.graveyard_segments)):
-            buried_entries += [*entries, *writes]
+        buried: list[Any] = list(head.graveyard)
+        for entries, writes in (yield from self._load_segments(thread_id, head.graveyard_segments, buried=True)):
+            buried += [*entries, *writes]
+        staying = yield from self._contents(head)
 
         def segment_keys(refs: list[SegmentRef]) -> list[str]:
             return [self.layout.segment_key(thread_id, r.number, r.token) for r in refs]
 
         # A buried segment goes after the objects it lists (a call again needs
         # it to find them); a retired one lists nothing that goes.
-        stale = [head.stale_archive] if head.stale_archive is not None else []
-        yield from gather(delete_objects(buried_entries), _delete_keys(self.s3, segment_keys(head.retired) + stale))
+        stale = [ArchiveRef(head.stale_archive, "", 0, 0, {})] if head.stale_archive is not None and unlist else []
+        yield from gather(release([*buried, *stale], staying), _delete_keys(self.s3, segment_keys(head.retired)))
         yield from _delete_keys(self.s3, segment_keys(head.graveyard_segments))
-        buried = {_grave_key(e) for e in head.graveyard}
+        gone = {_grave_key(e) for e in head.graveyard}
 
         def clear(h: Head) -> Head | None:
             unlisted = unlist and h.created and not h.entries
-            gone = h.stale_archive is not None and h.stale_archive == head.stale_archive
-            if not h.graveyard and not h.graveyard_segments and not h.retired and not unlisted and not gone:
+            dropped_stale = bool(stale) and h.stale_archive == head.stale_archive
+            if not h.graveyard and not h.graveyard_segments and not h.retired and not unlisted and not dropped_stale:
                 return None
             # Only what this call removed: another may have buried more meanwhile.
             return replace(
                 h,
-                graveyard=[e for e in h.graveyard if _grave_key(e) not in buried],
+                graveyard=[e for e in h.graveyard if _grave_key(e) not in gone],
                 graveyard_segments=[r for r in h.graveyard_segments if r not in head.graveyard_segments],
                 retired=[r for r in h.retired if r not in head.retired],
                 created=0 if unlisted else h.created,
-                stale_archive=None if gone else h.stale_archive,
+                stale_archive=None if dropped_stale else h.stale_archive,
             )
 
         return (yield from self._update(thread_id, clear, head))
 
     def copy_thread(
-        self,
-        source: str,
-        dest: str,
-        copy_objects: Callable[[list[IndexEntry]], Op[None]],
-        expired: Callable[[CheckpointEntry], bool],
-        now: int,
+        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int
     ) -> Op[None]:
-        """Objects, then the target's segments, then its head in one swap: a copy
-        cut short leaves the target as it was (a call again does it all)."""
-        src = yield from self._live_head(source)
-        target = yield from self._read_head(dest)
-        if target.archive is not None:
-            raise ConfigurationError(f"thread {dest!r} is archived ({self.describe()}); copy_thread copies into an empty thread")
-        # A target that holds only an earlier copy of this source is brought up to date.
-        if (target.entries or target.segments) and target.copied_from != source:
-            raise ConfigurationError(
-                f"thread {dest!r} already has checkpoints of its own ({self.describe()}); copy_thread "
-                "copies into an empty thread (delete_thread it first)"
-            )
-        entries = [e for e in (yield from self._contents(src)) if not expired(e)]
-        writes = [w for e in entries for w in e.writes or ()]
-        yield from copy_objects([*entries, *writes])
+        """Write the entries of a copy (objects copied already) into ``dest``'s head
+        in one swap: a copy cut short leaves the target as it was. The swap checks
+        the target again (the head as ``check_copy_target`` read it, or newer)."""
+        target = self._cached(dest)
+        if target is None:
+            target = yield from self.check_copy_target(source, dest)
 
         def install(h: Head) -> Head | None:
             if (h.entries or h.segments) and h.copied_from != source:
                 raise ConfigurationError(f"thread {dest!r} got checkpoints of its own while being copied into")
             return replace(
                 h,
-                entries=[replace(e, thread_id=dest, gen=h.gen, writes=[]) for e in entries],
-                writes=[replace(w, thread_id=dest, gen=h.gen) for w in writes],
+                entries=[replace(e, gen=h.gen, writes=[]) for e in entries],
+                writes=[replace(w, gen=h.gen) for w in writes],
                 segments=[],
                 copied_from=source,
                 created=h.created or now,
@@ -316,6 +313,19 @@ class ManifestLifecycle:
         # The copy's runs, for delete_for_runs to find it too.
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
         yield from gather(*(self.note(dest, None, r) for r in runs))
+
+    def check_copy_target(self, source: str, dest: str) -> Op[Head]:
+        """The target's head; refuses a target archived, or holding checkpoints of
+        its own (an earlier copy of ``source`` is brought up to date)."""
+        target = yield from self._read_head(dest)
+        if target.archive is not None:
+            raise ConfigurationError(f"thread {dest!r} is archived ({self.describe()}); copy_thread copies into an empty thread")
+        if (target.entries or target.segments) and target.copied_from != source:
+            raise ConfigurationError(
+                f"thread {dest!r} already has checkpoints of its own ({self.describe()}); copy_thread "
+                "copies into an empty thread (delete_thread it first)"
+            )
+        return target
 
     def _install(self, head: Head, install: Callable[[Head], Head | None]) -> Op[None]:
         """Swap in a whole history (restore, copy), list the thread if it was not,

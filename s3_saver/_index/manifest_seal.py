@@ -10,12 +10,11 @@ imports it.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 from s3_saver._index.base import WritesEntry
 from s3_saver._index.manifest_doc import Head, SegmentRef, encode_segment
-from s3_saver._keys import KeyLayout
+from s3_saver._keys import KeyLayout, new_token
 
 # A writer that has seen the head hold more checkpoints than SEAL_AT seals the
 # oldest into a segment beside its next head read (no extra round trip); a head
@@ -51,9 +50,10 @@ def _plan_seal(layout: KeyLayout, head: Head) -> _SealPlan:
         ids = {(e.ns, e.checkpoint_id) for e in chunk}
         writes = [w for w in head.writes if (w.ns, w.checkpoint_id) in ids]
         plan.writes.update(_write_key(w) for w in writes)
-        token = uuid.uuid4().hex[:16]
+        token = new_token(8)
         cids = [e.checkpoint_id for e in chunk]
-        plan.refs.append(SegmentRef(number, token, min(cids), max(cids), len(chunk)))
+        top = max((e.ns, e.checkpoint_id) for e in chunk)
+        plan.refs.append(SegmentRef(number, token, min(cids), max(cids), len(chunk), top))
         plan.objects.append((layout.segment_key(head.thread_id, number, token), encode_segment(chunk, writes)))
         number += 1
     return plan

@@ -1,22 +1,24 @@
 """archive_thread, restore_thread, export/import and archive_idle.
 
-Archive: read the thread's whole history (its index, then every object it
-refers to), write it as one archive object (``IfNoneMatch``; its key is its
-content's hash, so an archive written again after a crash lands on the same
-key), switch the index to it (the commit point), then remove the live objects
-and entries. Restore: read the archive, write every object back under the keys
-it had, install the entries and take the marker out (the commit point), then
-delete the archive object. Cut short anywhere, the thread reads from exactly
-one place, and a call again finishes the job:
+Archive (read-decide-act, fenced at the commit): mark the thread with the key
+of the archive object about to be written (``Index.mark_archive``), read its
+whole history (``Index.snapshot``: every entry and every object they name,
+``_reach.closure``), write it as one archive object, and switch the index to
+it (``Index.switch_archive``, the commit point) only if nothing was committed
+since the read; then remove the live entries and objects
+(``Index.finish_archive``). Restore: finish that cleanup if it was cut short,
+read the archive, write every object again under a fresh tag, install the
+entries and take the archive out (the commit point), then delete the archive
+object. Cut short anywhere, the thread reads from exactly one place, and a
+call again finishes the job:
 
-* before the switch, the live thread is read (an archive object may exist
-  already: the next call writes the same key, or, the thread changed, deletes
-  it: its key was recorded first, ``Index.intend_archive``);
-* after it, the archive is read, and ``archive_thread`` again removes what is
-  left of the live thread (``Index.archive`` with no entries);
-* a restore cut short before its switch left objects that hold what the
-  archive holds (written again, compared as records, by the next call); after
-  it, the archive object waits in the index (``stale_archive``) until deleted.
+* before the switch, the live thread is read; the mark names the archive
+  object, which the next call (or a delete) deletes;
+* after it, the archive is read, and ``archive_thread`` (or a restore, or a
+  write, which restores first) again removes what is left of the live thread;
+* a restore cut short before its switch left objects under a tag no entry
+  names (collect_garbage's); after it, the archive object waits in the index
+  (``stale_archive``) until deleted.
 """
 
 from __future__ import annotations
@@ -32,29 +34,33 @@ from s3_saver._archive import (
     archive_metadata,
     check_class,
     decode_archive,
-    digest,
     encode_archive,
     latest_of,
     newest_of,
 )
-from s3_saver._codec import plain, same_record, squeeze
-from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry
+from s3_saver._codec import plain, squeeze
+from s3_saver._index.base import Archived, ArchiveRef, CheckpointEntry, retag
+from s3_saver._keys import ObjectKey, new_tag, new_token
+from s3_saver._reach import closure, moved, own_object
 from s3_saver._ops import threads
 from s3_saver._ops.archived import RESTORE_DONE, archive_body, cold_error, read_archive
 from s3_saver._ops.context import Context, target
-from s3_saver._ops.delete import delete_keys, object_keys
-from s3_saver._protocol import Op, drain, gather, raise_failure, request
+from s3_saver._ops.delete import delete_keys, deleter
+from s3_saver._protocol import Op, Sleep, drain, gather, raise_failure, request
 from s3_saver._s3 import put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,
     ConfigurationError,
+    MissingObjectError,
     S3SaverError,
     ThreadArchivedError,
     error_code,
 )
 
 _WAVE = 100  # objects read or written per round trip
+_EXPORT_ATTEMPTS = 3
+_RESTORE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8)
 _TIERS = ("Standard", "Bulk", "Expedited")
 
 
@@ -89,31 +95,51 @@ def archive_thread(ctx: Context, thread_id: str, storage_class: str) -> Op[Archi
     thread_id = _thread(thread_id)
     check_class(storage_class, ARCHIVE_CLASSES, "storage_class")
     own = yield from ctx.index.archive_of(thread_id)
+    if own.archive is not None:
+        # Archived already: finish removing the live thread, if a call was cut short.
+        yield from ctx.index.finish_archive(thread_id, own.archive, deleter(ctx, thread_id))
+        return _status(thread_id, "archived", own.archive)
     if own.stale_archive is not None:
         yield from _remove_stale(ctx, thread_id, own.stale_archive)
-    if own.archive is not None:
-        # Archived already: finish removing the live thread, if a call was cut short:
-        # what the archive holds, when it can be read (a write parked since stays).
-        data, _ = yield from archive_body(ctx, own.archive)
-        known = decode_archive(data, f"s3://{ctx.s3.bucket}/{own.archive.key}").entries if data else None
-        yield from ctx.index.archive(thread_id, own.archive, None, _deleter(ctx, thread_id), known)
-        return _status(thread_id, "archived", own.archive)
-    entries = [e for e in (yield from ctx.index.contents(thread_id)) if not ctx.expired(e)]
+    # Read-decide-act, fenced at the commit: the archive object's key is marked
+    # before the thread is read, and the switch happens only if nothing was
+    # committed since the read (a commit fails it). A key of its own per call:
+    # an archive cut short leaves an object the next call (or delete) removes.
+    key = ctx.layout.archive_key(thread_id, new_token(20))
+    earlier = yield from ctx.index.mark_archive(thread_id, key)
+    if earlier is not None and earlier != key:
+        yield from delete_keys(ctx, [earlier], f"thread {thread_id!r}")  # an archive cut short, or racing this one
+    entries, snapshot = yield from ctx.index.snapshot(thread_id)
+    entries = [e for e in entries if not ctx.expired(e)]
     if not entries:
+        yield from _unmark(ctx, thread_id, key)
         raise ConfigurationError(f"thread {thread_id!r} has no checkpoints to archive ({ctx.index.describe()})")
     archive, live_bytes = yield from _collect(ctx, thread_id, entries, own.created or ctx.now())
     data = encode_archive(archive)
-    key = ctx.layout.archive_key(thread_id, digest(data))
     newest = newest_of(archive.entries)
-    # The key goes into the index first: if this call is cut short and the thread
-    # changes before the next, that call deletes this object (it writes another key).
-    yield from ctx.index.intend_archive(thread_id, key)
     yield from _put_archive(ctx, key, data, storage_class, archive_metadata(newest))
-    ref = ArchiveRef(key, storage_class, len(data), ctx.now(), newest, latest_of(archive), len(entries), live_bytes)
+    runs = sorted({e.run_id for e in entries if e.run_id is not None})
+    ref = ArchiveRef(key, storage_class, len(data), ctx.now(), newest, latest_of(archive), len(entries), live_bytes, runs)
     ctx.locs.forget_thread(thread_id)
-    yield from ctx.index.archive(thread_id, ref, entries, _deleter(ctx, thread_id))
+    if not (yield from ctx.index.switch_archive(thread_id, ref, snapshot)):
+        # A commit came after the read (or another call's archive took over):
+        # this archive holds less than the thread, and goes.
+        yield from delete_keys(ctx, [key], f"thread {thread_id!r}")
+        yield from _unmark(ctx, thread_id, key)
+        raise ThreadArchivedError(
+            f"thread {thread_id!r} was written to while it was being archived ({ctx.index.describe()}); "
+            "nothing was archived: call archive_thread again",
+            thread_id,
+        )
+    yield from ctx.index.finish_archive(thread_id, ref, deleter(ctx, thread_id))
     ctx.locs.forget_thread(thread_id)
     return _status(thread_id, "archived", ref)
+
+
+def _unmark(ctx: Context, thread_id: str, key: str) -> Op[None]:
+    """Take this call's mark off (the archive did not happen)."""
+    yield from ctx.index.cancel_archiving(thread_id, key)
+    yield from ctx.index.forget_archive(thread_id, key)
 
 
 def _status(thread_id: str, state: str, ref: ArchiveRef) -> ArchiveStatus:
@@ -121,43 +147,40 @@ def _status(thread_id: str, state: str, ref: ArchiveRef) -> ArchiveStatus:
 
 
 def _collect(ctx: Context, thread_id: str, entries: list[CheckpointEntry], created: int) -> Op[tuple[Archive, int]]:
-    """The archive of ``entries``: every object they own, read in waves
-    (what the index carries already is not read again)."""
+    """The archive of ``entries``: every object they name (``_reach.closure``),
+    read in waves (bodies the index carries are not read again), under its
+    logical name: tags go (an install writes every object anew)."""
     layout = ctx.layout
-    wanted: dict[str, Any] = {}
+    needed = closure(entries)
+    have: dict[ObjectKey, bytes] = {}
     for e in entries:
-        if e.body is None:
-            wanted[layout.checkpoint_key(thread_id, e.ns, e.checkpoint_id)] = e
-        for ch, (version, src, kind, _) in e.loc.items():
-            if kind == IN_BLOB_OBJECT and src == e.checkpoint_id:
-                wanted[layout.blob_key(thread_id, e.ns, ch, version, src)] = (e.ns, ch, version, src)
-        for w in e.writes or ():
-            if w.body is None:
-                wanted[layout.writes_key(thread_id, w.ns, w.checkpoint_id, w.task_id, w.part, w.token)] = w
-    bodies: dict[int, bytes] = {}
-    blobs: dict[tuple[str, str, Any, str], bytes] = {}
-    keys = list(wanted)
-    for i in range(0, len(keys), _WAVE):
-        chunk = keys[i : i + _WAVE]
-        results = yield from request(*(ctx.s3.get(k) for k in chunk))
-        for k, result in zip(chunk, results):
-            if isinstance(wanted[k], tuple):
-                blobs[wanted[k]] = result["Body"]
-            else:
-                bodies[id(wanted[k])] = result["Body"]
-    live_bytes = sum(len(b) for b in bodies.values()) + sum(len(b) for b in blobs.values())
+        if e.body is not None:
+            have[own_object(e)] = e.body
+        have.update((own_object(w), w.body) for w in e.writes or () if w.body is not None)
+    wanted = [o for o in needed if o not in have]
+    for i in range(0, len(wanted), _WAVE):
+        chunk = wanted[i : i + _WAVE]
+        results = yield from request(*(ctx.s3.get(layout.object_key(o)) for o in chunk))
+        have.update((o, result["Body"]) for o, result in zip(chunk, results))
+    live_bytes = sum(len(have[o]) for o in needed)
+    where = f"thread {thread_id!r}"
     out = []
     for e in sorted(entries, key=lambda e: (e.checkpoint_id, e.ns)):  # parents first
-        body = e.body if e.body is not None else bodies[id(e)]
-        writes = []
-        for w in e.writes or ():
-            wbody = w.body if w.body is not None else bodies[id(w)]
-            live_bytes += len(wbody) if w.body is not None else 0
-            writes.append(replace(w, body=plain(wbody, f"pending write of {e.checkpoint_id}"), gen=0, expires_at=None))
-        live_bytes += len(body) if e.body is not None else 0
-        out.append(replace(e, body=plain(body, f"checkpoint {e.checkpoint_id}"), writes=writes, gen=0, expires_at=None))
-    where = f"blob of thread {thread_id!r}"
-    return Archive(thread_id, created, out, {k: plain(b, where) for k, b in blobs.items()}), live_bytes
+        writes = [
+            replace(w, body=plain(have[own_object(w)], f"pending write of {e.checkpoint_id}"), gen=0, expires_at=None)
+            for w in e.writes or ()
+        ]
+        body = plain(have[own_object(e)], f"checkpoint {e.checkpoint_id} of {where}")
+        loc = {ch: retag(ref, "") for ch, ref in e.loc.items()}
+        out.append(replace(e, body=body, writes=writes, gen=0, expires_at=None, tag="", loc=loc))
+    archive = Archive(thread_id, created, out)
+    own = {(e.ns, e.checkpoint_id) for e in entries}
+    for o in needed:
+        if o.kind == "blob":
+            archive.blobs[(o.ns, o.channel, o.version, o.checkpoint_id)] = plain(have[o], f"blob of {where}")
+        elif o.kind == "checkpoint" and (o.ns, o.checkpoint_id) not in own:
+            archive.records[(o.ns, o.checkpoint_id)] = plain(have[o], f"checkpoint {o.checkpoint_id} of {where}")
+    return archive, live_bytes
 
 
 def _put_archive(ctx: Context, key: str, data: bytes, storage_class: str, metadata: dict[str, str]) -> Op[None]:
@@ -172,13 +195,6 @@ def _put_archive(ctx: Context, key: str, data: bytes, storage_class: str, metada
         if code not in CONDITIONAL_CONFLICT_CODES:
             raise_failure(call, result)
     raise S3SaverError(f"s3://{ctx.s3.bucket}/{key}: concurrent writes of the same archive kept conflicting")
-
-
-def _deleter(ctx: Context, thread_id: str) -> Any:
-    def delete_objects(entries: list[Any]) -> Op[None]:
-        yield from delete_keys(ctx, sorted(set(object_keys(ctx, entries))), f"thread {thread_id!r}")
-
-    return delete_objects
 
 
 # -- restore, export, import ----------------------------------------------------------------
@@ -198,7 +214,7 @@ def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[Arc
     if data is None:
         return (yield from _request_restore(ctx, thread_id, ref, head, days, tier))
     archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}")
-    live_bytes = yield from _install(ctx, thread_id, archive, ref)
+    live_bytes = yield from install(ctx, thread_id, archive, ref)
     return ArchiveStatus(thread_id, "live", ref.storage_class, ref.key, ref.size, len(archive.entries), live_bytes)
 
 
@@ -219,9 +235,16 @@ def _request_restore(
 
 def restore_before_write(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[None]:
     """A write to an archived thread: bring it back first (ThreadArchivedError
-    when its class cannot be read at once)."""
-    data = yield from read_archive(ctx, thread_id, ref)
-    yield from _install(ctx, thread_id, decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}"), ref)
+    when its class cannot be read at once). Another writer restoring it at the
+    same time may finish first and delete the archive object: then it is live."""
+    try:
+        data = yield from read_archive(ctx, thread_id, ref)
+    except MissingObjectError:
+        own = yield from ctx.index.archive_of(thread_id)
+        if own.archive is not None and own.archive.key == ref.key:
+            raise
+        return
+    yield from install(ctx, thread_id, decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}"), ref)
 
 
 def export_thread(ctx: Context, thread_id: str) -> Op[bytes]:
@@ -229,11 +252,23 @@ def export_thread(ctx: Context, thread_id: str) -> Op[bytes]:
     own = yield from ctx.index.archive_of(thread_id)
     if own.archive is not None:
         return (yield from read_archive(ctx, thread_id, own.archive))  # the archive is the export
-    entries = [e for e in (yield from ctx.index.contents(thread_id)) if not ctx.expired(e)]
-    if not entries:
-        raise ConfigurationError(f"thread {thread_id!r} has no checkpoints to export ({ctx.index.describe()})")
-    archive, _ = yield from _collect(ctx, thread_id, entries, own.created or ctx.now())
-    return encode_archive(archive)
+    for attempt in range(_EXPORT_ATTEMPTS):
+        try:
+            entries = [e for e in (yield from ctx.index.contents(thread_id)) if not ctx.expired(e)]
+        except Archived as archived:
+            return (yield from read_archive(ctx, thread_id, archived.ref))  # archived since the first read
+        if not entries:
+            raise ConfigurationError(f"thread {thread_id!r} has no checkpoints to export ({ctx.index.describe()})")
+        try:
+            archive, _ = yield from _collect(ctx, thread_id, entries, own.created or ctx.now())
+        except MissingObjectError:
+            # A prune took checkpoints out after the index was read (and deleted
+            # their objects): read it again.
+            if attempt == _EXPORT_ATTEMPTS - 1:
+                raise
+            continue
+        return encode_archive(archive)
+    raise AssertionError("unreachable")
 
 
 def import_thread(ctx: Context, data: bytes, thread_id: str | None) -> Op[str]:
@@ -248,41 +283,59 @@ def import_thread(ctx: Context, data: bytes, thread_id: str | None) -> Op[str]:
             "an empty thread (delete_thread it first, or pass thread_id=...)"
         )
     archive.entries = [replace(e, gen=own.gen) for e in archive.entries]
-    yield from _install(ctx, dest, archive, None)
+    yield from install(ctx, dest, archive)
     return dest
 
 
-def _install(ctx: Context, thread_id: str, archive: Archive, ref: ArchiveRef | None) -> Op[int]:
+def install(
+    ctx: Context, thread_id: str, archive: Archive, ref: ArchiveRef | None = None, copied_from: str | None = None
+) -> Op[int]:
     """Write the archive's objects under ``thread_id``, then its index entries:
-    with ``ref``, in place of the thread's archive marker (restore), else into
-    the empty thread (import). Returns the bytes written."""
+    with ``ref``, in place of the thread's archive (restore: the archive's
+    cleanup is finished first), as a copy of thread ``copied_from``, or into
+    the empty thread (import). Returns the bytes written.
+
+    Every object is written under keys no earlier call wrote (``_reach.moved``):
+    a cleanup or a garbage collection still running can never delete them."""
     layout = ctx.layout
+    if ref is not None:
+        yield from ctx.index.finish_archive(thread_id, ref, deleter(ctx, thread_id))
+    tag = new_tag()
+    entries, writes = moved(archive.entries, thread_id, tag)
     objects: dict[str, bytes] = {}
-    for e in archive.entries:
-        objects[layout.checkpoint_key(thread_id, e.ns, e.checkpoint_id)] = squeeze(e.body or b"")
-        for w in e.writes or ():
-            objects[layout.writes_key(thread_id, w.ns, w.checkpoint_id, w.task_id, w.part, w.token)] = squeeze(w.body or b"")
+    for e in entries:
+        objects[layout.object_key(own_object(e))] = squeeze(e.body or b"")
+    for w in writes:
+        objects[layout.object_key(own_object(w))] = squeeze(w.body or b"")
     for (ns, ch, version, cid), body in archive.blobs.items():
-        objects[layout.blob_key(thread_id, ns, ch, version, cid)] = squeeze(body)
+        objects[layout.blob_key(thread_id, ns, ch, version, cid, tag)] = squeeze(body)
+    for (ns, cid), body in archive.records.items():
+        objects[layout.checkpoint_key(thread_id, ns, cid, tag)] = squeeze(body)
     keys = list(objects)
     for i in range(0, len(keys), _WAVE):
-        # An object left by a cut-short archive or restore holds the same record
-        # (maybe compressed by another zlib): that counts as written.
-        yield from put_immutable(ctx.s3, {k: objects[k] for k in keys[i : i + _WAVE]}, same=same_record)
+        yield from put_immutable(ctx.s3, {k: objects[k] for k in keys[i : i + _WAVE]})
     expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
-    entries = [
-        replace(e, thread_id=thread_id, body=squeeze(e.body or b""), writes=[], expires_at=expires_at)
-        for e in archive.entries
-    ]
-    writes = [
-        replace(w, thread_id=thread_id, body=squeeze(w.body or b""), expires_at=expires_at)
-        for e in archive.entries
-        for w in e.writes or ()
-    ]
+    writes = [replace(w, body=squeeze(w.body or b""), expires_at=expires_at) for w in writes]
+    entries = [replace(e, body=squeeze(e.body or b""), expires_at=expires_at) for e in entries]
     ctx.locs.forget_thread(thread_id)
     if ref is not None:
-        yield from ctx.index.unarchive(thread_id, ref, entries, writes)  # the commit point
-        yield from _remove_stale(ctx, thread_id, ref.key)
+        if not (yield from ctx.index.unarchive(thread_id, ref, entries, writes)):  # the commit point
+            # Another restore switched first, or took over (a step's put and
+            # put_writes both restore): what this call wrote and no entry names goes.
+            # No entry can come to name it: only this call writes under its tag, and
+            # a restore that took over writes every entry again before it switches.
+            try:
+                staying = yield from ctx.index.contents(thread_id)
+            except Archived:
+                staying = []
+            yield from deleter(ctx, thread_id)([*entries, *writes], staying)
+            # The archive object is the winner's to delete, once switched (if it is
+            # cut short, the archive is all there is). Give it a moment to switch.
+            yield from _wait_restored(ctx, thread_id, ref)
+        else:
+            yield from _remove_stale(ctx, thread_id, ref.key)
+    elif copied_from is not None:
+        yield from ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now())
     else:
         yield from ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now())
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
@@ -291,9 +344,23 @@ def _install(ctx: Context, thread_id: str, archive: Archive, ref: ArchiveRef | N
     return sum(len(b) for b in objects.values())
 
 
+def _wait_restored(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[None]:
+    """Wait (about 1.5 s at most) until another call's restore of ``ref`` switched:
+    a write that then goes on finds the thread live instead of taking the
+    restore over (two writers of one step restore at once)."""
+    for pause in _RESTORE_WAITS:
+        own = yield from ctx.index.archive_of(thread_id)
+        if own.archive is None or own.archive.key != ref.key:
+            return
+        yield Sleep(pause)
+
+
 def _remove_stale(ctx: Context, thread_id: str, key: str) -> Op[None]:
-    yield from delete_keys(ctx, [key], f"thread {thread_id!r}")
-    yield from ctx.index.forget_archive(thread_id, key)
+    """Delete an archive object the index holds as one to delete: its mark first,
+    and the object only if the mark was still there. In manifest mode that mark
+    is also an archive's, under way: one that has switched to it since keeps it."""
+    if (yield from ctx.index.forget_archive(thread_id, key)):
+        yield from delete_keys(ctx, [key], f"thread {thread_id!r}")
 
 
 # -- the operator's schedule ----------------------------------------------------------------

@@ -23,7 +23,7 @@ from s3_saver._index.archive import ArchiveIndex
 from s3_saver._index.base import ArchiveRef, Archived
 from s3_saver._ops.context import Context, LocCache
 from s3_saver._protocol import Op, T, raise_failure, request_one
-from s3_saver.errors import ThreadArchivedError, error_code
+from s3_saver.errors import MissingObjectError, ThreadArchivedError, error_code
 
 # S3's answer to a GET of an object in a class that must be restored first.
 _NOT_READABLE_CODES = frozenset({"InvalidObjectState"})
@@ -31,12 +31,22 @@ RESTORE_DONE = 'ongoing-request="false"'
 
 
 def or_archive(ctx: Context, make: Callable[[Context], Op[T]]) -> Op[T]:
-    """Run the read ``make(ctx)``; for an archived thread, again against its archive."""
-    try:
-        return (yield from make(ctx))
-    except Archived as archived:
-        actx = yield from archive_context(ctx, archived.thread_id, archived.ref)
-        return (yield from make(actx))
+    """Run the read ``make(ctx)``; for an archived thread, again against its archive.
+
+    A restore that finished since the index was read deletes the archive object
+    (the thread is live again): the read then goes to the index again."""
+    for attempt in range(2):
+        try:
+            return (yield from make(ctx))
+        except Archived as archived:
+            try:
+                actx = yield from archive_context(ctx, archived.thread_id, archived.ref)
+            except MissingObjectError:
+                if attempt:
+                    raise
+                continue
+            return (yield from make(actx))
+    raise AssertionError("unreachable")
 
 
 def archive_context(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[Context]:

@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry, Holdings
+from s3_saver._index.base import ArchiveRef, CheckpointEntry, Holdings
 from s3_saver._keys import KeyLayout, decode
 from s3_saver._ops.context import Context, target
-from s3_saver._ops.delete import delete_keys, object_keys
+from s3_saver._ops.delete import delete_keys
+from s3_saver._reach import closure, closure_keys, own_object
 from s3_saver._protocol import Op, raise_failure, request_one
 from s3_saver.errors import (
     OBJECT_MISSING,
@@ -251,37 +252,25 @@ def _expired(ctx: Context, entry: Any) -> bool:
 
 
 def _referenced(ctx: Context, thread_id: str, held: Holdings) -> set[str]:
-    """Every object the index names, in any state: none of them is garbage."""
-    entries = held.live + held.kept
-    return (
-        held.index_keys | held.kept_keys | set(object_keys(ctx, entries, thread_id)) | _loc_keys(ctx, thread_id, entries)
-    )
+    """Every object the index names, in any state (``_reach.closure``: hidden,
+    expired, kept for an operation to finish): none of them is garbage."""
+    return held.index_keys | held.kept_keys | closure_keys(ctx.layout, held.live + held.kept, thread_id)
 
 
 def _needed(ctx: Context, thread_id: str, held: Holdings) -> dict[str, str]:
-    """Objects that must exist, each with what refers to it."""
+    """Objects that must exist, each with what refers to it: what the entries a
+    reader may follow name (an expired entry's objects are a lifecycle rule's)."""
     needed: dict[str, str] = {key: "the manifest" for key in held.index_keys}
     for entry in (e for e in held.live if not _expired(ctx, e)):
+        if isinstance(entry, ArchiveRef):
+            needed.setdefault(entry.key, _name(entry))
+            continue
         what = _name(entry)
-        for key in object_keys(ctx, [entry], thread_id):
-            needed.setdefault(key, what)
-        for key in _loc_keys(ctx, thread_id, [entry]):
-            needed.setdefault(key, f"{what} (an unchanged value it reads)")
+        own = ctx.layout.object_key(own_object(entry), thread_id)
+        for o in closure([entry]):
+            key = ctx.layout.object_key(o, thread_id)
+            needed.setdefault(key, what if key == own else f"{what} (a value it reads)")
     return needed
-
-
-def _loc_keys(ctx: Context, thread_id: str, entries: list[Any]) -> set[str]:
-    """The objects checkpoints read their values from, wherever written: a value's
-    own object, or the checkpoint object of an ancestor that held it inline (its
-    entry may be gone: hidden, pruned, or expired before the child)."""
-    layout = ctx.layout
-    return {
-        layout.blob_key(thread_id, e.ns, ch, version, src) if kind == IN_BLOB_OBJECT else layout.checkpoint_key(thread_id, e.ns, src)
-        for e in entries
-        if isinstance(e, CheckpointEntry)
-        for ch, (version, src, kind, _) in e.loc.items()
-        if kind == IN_BLOB_OBJECT or src != e.checkpoint_id
-    }
 
 
 def _name(entry: Any) -> str:
@@ -368,13 +357,7 @@ def _thread_of(layout: KeyLayout, root: str, key: str) -> str | None:
             o = layout.parse_object_key(key)
             if o is None:
                 return None
-            if o.kind == "checkpoint":
-                again = layout.checkpoint_key(o.thread_id, o.ns, o.checkpoint_id)
-            elif o.kind == "blob":
-                again = layout.blob_key(o.thread_id, o.ns, o.channel, o.version, o.checkpoint_id)
-            else:
-                again = layout.writes_key(o.thread_id, o.ns, o.checkpoint_id, o.task_id, o.part, o.token)
-            return o.thread_id if again == key else None
+            return o.thread_id if layout.object_key(o) == key else None
         if root == layout.archive_root:
             thread_id = layout.thread_of_archive(key)
             return thread_id if thread_id is not None and key.startswith(layout.archive_dir(thread_id)) else None

@@ -16,8 +16,9 @@ from s3_saver._replica import ReplicaReads
 from s3_saver._s3 import S3Calls
 from s3_saver.errors import ConfigurationError
 
-# What put needs to know of a parent: its loc map and its delete generation.
-Known = tuple[Loc, int]
+# What put needs to know of a parent: its loc map, its delete generation and the
+# tag of its object (the commit checks the parent is still there as known).
+Known = tuple[Loc, int, str]
 
 
 class LocCache:

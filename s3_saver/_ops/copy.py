@@ -1,11 +1,26 @@
-"""copy_thread: server-side copies of every object, then the index entries under the new thread."""
+"""copy_thread: the source's entries read, every object they name copied server-side
+under the target thread and a fresh tag, then the entries written under the target.
+
+What is copied is ``_reach.closure`` of the source's entries (the objects of
+pruned or expired ancestors a copied checkpoint reads included), so the copy
+reads exactly as the source. Objects go before the first index entry, and under
+keys no earlier call used (``_reach.moved``): a copy cut short and called again
+never reuses an object a garbage collection may be deleting. An archived
+source is copied from its archive.
+"""
 
 from __future__ import annotations
 
-from s3_saver._index.base import IndexEntry
+from dataclasses import replace
+
+from s3_saver._archive import decode_archive
+from s3_saver._index.base import Archived
+from s3_saver._keys import new_tag
+from s3_saver._ops.archive import install
+from s3_saver._ops.archived import read_archive
 from s3_saver._ops.context import Context, target
-from s3_saver._ops.delete import object_keys
 from s3_saver._protocol import Op
+from s3_saver._reach import closure, moved, own_object
 from s3_saver._s3 import copy_immutable
 from s3_saver.errors import ConfigurationError
 
@@ -15,11 +30,24 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
     dest, _, _ = target({"configurable": {"thread_id": target_thread_id}})
     if source == dest:
         raise ConfigurationError("copy_thread needs two different thread ids")
-
-    def copy_objects(entries: list[IndexEntry]) -> Op[None]:
-        # Objects hold no thread id (the key does): copied server-side, never
-        # over an existing key (see copy_immutable).
-        pairs = dict(zip(object_keys(ctx, entries), object_keys(ctx, entries, dest)))
-        yield from copy_immutable(ctx.s3, pairs)
-
-    yield from ctx.index.copy_thread(source, dest, copy_objects, ctx.expired, ctx.now())
+    yield from ctx.index.check_copy_target(source, dest)
+    try:
+        entries = [e for e in (yield from ctx.index.contents(source)) if not ctx.expired(e)]
+    except Archived as archived:
+        data = yield from read_archive(ctx, source, archived.ref)
+        yield from install(ctx, dest, decode_archive(data, f"s3://{ctx.s3.bucket}/{archived.ref.key}"), copied_from=source)
+        return
+    tag = new_tag()
+    copies, writes = moved(entries, dest, tag)
+    layout = ctx.layout
+    pairs = {
+        layout.object_key(o): layout.object_key(replace(o, thread_id=dest, tag=tag))
+        for o in closure(entries)
+        if o.kind != "writes"
+    }
+    old_writes = [w for e in entries for w in e.writes or ()]
+    pairs.update((layout.object_key(own_object(w)), layout.object_key(own_object(n))) for w, n in zip(old_writes, writes))
+    yield from copy_immutable(ctx.s3, pairs)
+    ctx.locs.forget_thread(dest)
+    yield from ctx.index.copy_thread(source, dest, copies, writes, ctx.now())
+    ctx.locs.forget_thread(dest)

@@ -10,11 +10,11 @@ run that starts afresh.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry, IndexEntry, WritesEntry
+from s3_saver._index.base import Release
 from s3_saver._ops.context import Context, target
+from s3_saver._reach import released
 from s3_saver._protocol import Op, request
 from s3_saver._s3 import DELETE_BATCH
 from s3_saver.errors import S3SaverError
@@ -23,11 +23,7 @@ from s3_saver.errors import S3SaverError
 def delete_thread(ctx: Context, thread_id: str) -> Op[None]:
     thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
     ctx.locs.forget_thread(thread_id)
-
-    def delete_objects(entries: list[IndexEntry]) -> Op[None]:
-        yield from delete_keys(ctx, sorted(set(object_keys(ctx, entries))), f"thread {thread_id!r}")
-
-    yield from ctx.index.delete_thread(thread_id, ctx.now(), delete_objects)
+    yield from ctx.index.delete_thread(thread_id, ctx.now(), deleter(ctx, thread_id))
     ctx.locs.forget_thread(thread_id)
 
 
@@ -46,18 +42,12 @@ def delete_keys(ctx: Context, keys: list[str], what: str) -> Op[None]:
         )
 
 
-def object_keys(ctx: Context, entries: list[Any], thread_id: str | None = None) -> Iterator[str]:
-    """Keys of the objects that index ``entries`` own (under ``thread_id`` if given)."""
-    for entry in entries:
-        if isinstance(entry, ArchiveRef):
-            yield entry.key  # an archive object (a deleted thread's, or one a restore left)
-            continue
-        t = entry.thread_id if thread_id is None else thread_id
-        if isinstance(entry, CheckpointEntry):
-            ns, cid = entry.ns, entry.checkpoint_id
-            yield ctx.layout.checkpoint_key(t, ns, cid)
-            for ch, (version, src, kind, _) in entry.loc.items():
-                if kind == IN_BLOB_OBJECT and src == cid:  # a blob this checkpoint wrote
-                    yield ctx.layout.blob_key(t, ns, ch, version, cid)
-        elif isinstance(entry, WritesEntry):
-            yield ctx.layout.writes_key(t, entry.ns, entry.checkpoint_id, entry.task_id, entry.part, entry.token)
+def deleter(ctx: Context, thread_id: str) -> Release:
+    """What an index calls once entries are out of it: delete every object they
+    name (``_reach.closure``, archive objects included) that no entry staying
+    in the index names."""
+
+    def release(gone: list[Any], staying: list[Any]) -> Op[None]:
+        yield from delete_keys(ctx, released(ctx.layout, gone, staying), f"thread {thread_id!r}")
+
+    return release

@@ -13,19 +13,26 @@ So the checkpoints those reads go through stay too, hidden (``hidden``: never
 listed or returned, read only through the ones that stay): exactly the
 ancestors back to each delta channel's snapshot, with their writes, and the
 checkpoints whose objects hold values that stay. Everything else of what goes
-(entries, writes, objects) is deleted, entries before objects
-(``Index.drop``): a prune cut short leaves every kept checkpoint readable, and
-running it again finishes it.
+is deleted: entries first (``Index.drop``), then the objects they name that no
+entry still in the index names (``_reach``: a value a kept checkpoint reads from
+a dropped one's object stays). A prune cut short leaves every kept checkpoint
+readable; running it again finishes what the index still holds (objects a cut
+left unreferenced are collect_garbage's).
+
+A run may commit while this runs: its commit needs its parent's entry in the
+index (a condition of the commit), so once the drop is in, no new checkpoint
+can read through what was dropped, and the objects are chosen by reading the
+index again after the drop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from s3_saver._index.base import IN_BLOB_OBJECT, IN_CHECKPOINT_OBJECT, CheckpointEntry, IndexEntry, Key3
+from s3_saver._index.base import IN_CHECKPOINT_OBJECT, CheckpointEntry, Cut, Key3
 from s3_saver._ops.context import Context, target
-from s3_saver._ops.delete import delete_keys, delete_thread, object_keys
+from s3_saver._ops.delete import delete_thread, deleter
 from s3_saver._ops.resolve import Resolver
 from s3_saver._protocol import Op, gather
 from s3_saver.errors import ConfigurationError
@@ -48,17 +55,18 @@ def prune(ctx: Context, thread_ids: Sequence[str], strategy: str, keep_last: int
     for thread_id in threads:
         target({"configurable": {"thread_id": thread_id}})  # refuse bad ids before anything goes
 
+    def newest(entries: list[CheckpointEntry]) -> set[Key3]:
+        by_ns: dict[str, list[CheckpointEntry]] = {}
+        for entry in sorted(entries, key=lambda e: e.checkpoint_id, reverse=True):
+            if not entry.hidden and not ctx.expired(entry):
+                by_ns.setdefault(entry.ns, []).append(entry)
+        return {e.key for per_ns in by_ns.values() for e in per_ns[: keep_last or 1]}
+
     def one(thread_id: str) -> Op[None]:
         if strategy == "delete":
             yield from delete_thread(ctx, thread_id)
-            return
-        entries = yield from ctx.index.contents(thread_id)
-        newest: dict[str, list[CheckpointEntry]] = {}
-        for entry in sorted(entries, key=lambda e: e.checkpoint_id, reverse=True):
-            if not entry.hidden and not ctx.expired(entry):
-                newest.setdefault(entry.ns, []).append(entry)
-        kept = {e.key for per_ns in newest.values() for e in per_ns[: keep_last or 1]}
-        yield from _take_out(ctx, thread_id, entries, kept)
+        else:
+            yield from _take_out(ctx, thread_id, newest)
 
     for i in range(0, len(threads), _THREADS_AT_ONCE):
         yield from gather(*(one(t) for t in threads[i : i + _THREADS_AT_ONCE]))
@@ -74,58 +82,48 @@ def delete_for_runs(ctx: Context, run_ids: Sequence[str]) -> Op[None]:
     threads = sorted({t for ts in found.values() for t in ts})
     gone = set(runs)
 
+    def others(entries: list[CheckpointEntry]) -> set[Key3]:
+        return {e.key for e in entries if not e.hidden and e.run_id not in gone}
+
     def one(thread_id: str) -> Op[None]:
-        entries = yield from ctx.index.contents(thread_id)
-        here = sorted({e.run_id for e in entries if e.run_id in gone and not e.hidden})  # type: ignore[misc]
-        if here:
-            # First, so that a run still in flight cannot commit a checkpoint that
-            # points at what goes next (its put raises RunDeletedError).
-            yield from ctx.index.bury_runs(thread_id, here)
-            kept = {e.key for e in entries if not e.hidden and e.run_id not in gone}
-            yield from _take_out(ctx, thread_id, entries, kept)
+        # Marked first (read-decide-act is fenced at the commit): from here on a
+        # commit of these runs is refused (RunDeletedError), so the read that
+        # follows sees every checkpoint they will ever have on this thread.
+        yield from ctx.index.bury_runs(thread_id, sorted(gone))
+        yield from _take_out(ctx, thread_id, others)
 
     for i in range(0, len(threads), _THREADS_AT_ONCE):
         yield from gather(*(one(t) for t in threads[i : i + _THREADS_AT_ONCE]))
     yield from ctx.index.forget_runs([(r, t) for r, ts in found.items() for t in ts])
 
 
-def _take_out(ctx: Context, thread_id: str, entries: list[CheckpointEntry], kept: set[Key3]) -> Op[None]:
-    """Keep ``kept`` (and hide what they read through); drop the rest."""
-    by_key = {e.key: e for e in entries}
-    chain = yield from _delta_chains(ctx, by_key, [by_key[k] for k in kept])
-    # Objects of the checkpoints that are read (kept ones, and the delta chains'
-    # seeds) hold values; so do the blob objects their loc names.
-    read = kept | chain
-    sources: set[Key3] = set()
-    blobs: set[str] = set()
-    for key in read:
-        e = by_key[key]
-        for ch, (version, src, kind, _) in e.loc.items():
-            if kind == IN_CHECKPOINT_OBJECT and src != e.checkpoint_id:
-                sources.add((thread_id, e.ns, src))
-            elif kind == IN_BLOB_OBJECT:
-                blobs.add(ctx.layout.blob_key(thread_id, e.ns, ch, version, src))
-    stay = read | {k for k in sources if k in by_key}
-    hide = [e for e in entries if e.key in stay and e.key not in kept and not e.hidden]
-    drop = [e for e in entries if e.key not in stay]
-    if not hide and not drop:
-        return
-    doomed: list[IndexEntry] = []
-    for e in drop:
-        # Its own blobs that nothing staying points at; its checkpoint object is
-        # never a source of one that stays (that one would stay too).
-        own = {
-            ch: v for ch, v in e.loc.items()
-            if v[2] == IN_BLOB_OBJECT and v[1] == e.checkpoint_id
-            and ctx.layout.blob_key(thread_id, e.ns, ch, v[0], v[1]) not in blobs
+def _take_out(ctx: Context, thread_id: str, keep: Callable[[list[CheckpointEntry]], set[Key3]]) -> Op[None]:
+    """Keep what ``keep`` picks (and hide what it reads through); drop the rest.
+
+    ``Index.drop`` reads the thread, asks ``plan`` what to take out of what it
+    read, and asks again if a commit lands before its change does: the decision
+    is always made on the thread the change applies to."""
+
+    def plan(entries: list[CheckpointEntry]) -> Op[Cut]:
+        by_key = {e.key: e for e in entries}
+        kept = keep(entries)
+        chain = yield from _delta_chains(ctx, by_key, [by_key[k] for k in kept])
+        read = kept | chain
+        # Checkpoints whose objects hold values of the ones read stay too, hidden:
+        # their entries carry those objects' bodies (a read needs no S3 GET).
+        sources = {
+            (thread_id, e.ns, ref[1])
+            for e in (by_key[k] for k in read)
+            for ref in e.loc.values()
+            if ref[2] == IN_CHECKPOINT_OBJECT and ref[1] != e.checkpoint_id
         }
-        doomed.append(CheckpointEntry(thread_id, e.ns, e.checkpoint_id, e.parent_id, own))
-        doomed.extend(e.writes or ())
+        stay = read | (sources & by_key.keys())
+        return Cut(
+            hide=[e for e in entries if e.key in stay and e.key not in kept and not e.hidden],
+            drop=[e for e in entries if e.key not in stay],
+        )
 
-    def delete_objects(items: list[IndexEntry]) -> Op[None]:
-        yield from delete_keys(ctx, sorted(set(object_keys(ctx, items))), f"thread {thread_id!r}")
-
-    yield from ctx.index.drop(thread_id, hide, drop, doomed, delete_objects)
+    yield from ctx.index.drop(thread_id, plan, deleter(ctx, thread_id))
     # A writer of this process continues from what it read: not from what went.
     ctx.locs.forget_thread(thread_id)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-import uuid
 from typing import Any
 
 import ormsgpack
@@ -26,18 +25,33 @@ from s3_saver._index.base import (
     SPECIAL_PART,
     ArchiveRef,
     CheckpointEntry,
+    Fenced,
     Loc,
+    ParentGone,
+    Tombstone,
     WritesEntry,
+    make_ref,
 )
 from s3_saver._ops.archive import restore_before_write
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
-from s3_saver._protocol import Op, T, gather
+from s3_saver._keys import new_token
+from s3_saver._protocol import Op, gather
 from s3_saver._s3 import put_immutable
-from s3_saver.errors import CheckpointTooLargeError, RunDeletedError, ThreadArchivedError, ThreadDeletedError
+from s3_saver.errors import (
+    CheckpointTooLargeError,
+    RunDeletedError,
+    S3SaverError,
+    ThreadArchivedError,
+    ThreadDeletedError,
+)
 
 # Room for keys, parent id and attribute names next to ``loc`` in the item.
 _LOC_HEADROOM = 16 * 1024
+# Commits refused by the thread's record and tried again (after a restore, an
+# archive's mark taken off...): each round has a reason that does not repeat
+# unless archives and restores keep racing the write.
+_MAX_FENCED = 6
 
 
 def put(
@@ -69,7 +83,7 @@ def put(
     carried = {ch: v for ch, v in checkpoint["channel_versions"].items() if ch not in new_versions}
     loc: Loc = {}
     # A first checkpoint has no parent: every channel is stored here.
-    known = ctx.locs.get((thread_id, ns, parent_id)) if parent_id else ({}, 0)
+    known = ctx.locs.get((thread_id, ns, parent_id)) if parent_id else ({}, 0, "")
     if known is not None:
         _carry(ctx, carried, known[0], values, now, loc, fresh)
 
@@ -91,9 +105,9 @@ def put(
     objects = {checkpoint_key: body}
     objects.update(_blob_objects(ctx, thread_id, ns, checkpoint_id, {ch: (fresh[ch], serialized[ch]) for ch in blobs}))
     for ch in inline:
-        loc[ch] = (fresh[ch], checkpoint_id, IN_CHECKPOINT_OBJECT, now)
+        loc[ch] = make_ref(fresh[ch], checkpoint_id, IN_CHECKPOINT_OBJECT, now)
     for ch in blobs:
-        loc[ch] = (fresh[ch], checkpoint_id, IN_BLOB_OBJECT, now)
+        loc[ch] = make_ref(fresh[ch], checkpoint_id, IN_BLOB_OBJECT, now)
 
     # The thread's tombstone is read beside the object writes (a deleted thread
     # stays deleted), and so is the parent's item when this process has not
@@ -110,37 +124,25 @@ def put(
         prepared = yield from ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, now if ns == "" else None)
     gen, parent = prepared.gen, prepared.parent
     if fetch_parent:
-        # A hidden parent was taken out by prune: its values may be gone.
-        known = (parent.loc, parent.gen) if parent is not None and not parent.hidden else None
+        # A hidden parent (kept by a prune for newer checkpoints) still holds what
+        # it names; the commit checks that it is still there.
+        known = (parent.loc, parent.gen, parent.tag) if parent is not None else None
+    # What a refused write takes back: its objects, and a listing object the
+    # manifest's prepare wrote beside them.
+    listed_early = prepared.listing if ctx.index.lists_in_prepare else None
     if gen and parent_id is not None and (known is None or known[1] < gen):
         # The parent was deleted after this run read it: refuse to continue the
         # deleted history, and take back what was just written.
-        yield from _take_back(ctx, list(objects))
-        raise ThreadDeletedError(
-            f"thread {thread_id!r} was deleted after its checkpoint {parent_id!r} was written "
-            f"({ctx.index.describe()}); a run in flight cannot continue it. Start the thread "
-            "afresh (invoke without a checkpoint_id) to use the id again."
-        )
+        yield from gather(_take_back(ctx, list(objects)), ctx.index.unnote(thread_id, listed_early, None))
+        raise _deleted(ctx, thread_id, parent_id)
     run_id = run_of(merged_metadata)
     if run_id is not None and run_id in prepared.dead_runs:
-        yield from _take_back(ctx, list(objects))
-        raise RunDeletedError(
-            f"run {run_id!r} of thread {thread_id!r} was deleted (delete_for_runs) while it ran; "
-            f"its checkpoint {checkpoint_id!r} is refused ({ctx.index.describe()})"
-        )
+        yield from gather(_take_back(ctx, list(objects)), ctx.index.unnote(thread_id, listed_early, None))
+        raise _run_deleted(ctx, thread_id, run_id, checkpoint_id)
     if fetch_parent:
         late: dict[str, Any] = {}
         _carry(ctx, carried, known[0] if known else {}, values, now, loc, late)
-        if late:
-            # Unchanged channels the parent does not account for (parent gone or
-            # unknown) or whose stored copy is past half the ttl: store them now,
-            # still before the index item.
-            late_blobs = {ch: (late[ch], ctx.serde.dumps_typed(values[ch])) for ch in late}
-            late_objects = _blob_objects(ctx, thread_id, ns, checkpoint_id, late_blobs)
-            yield from put_immutable(ctx.s3, late_objects)
-            objects.update(late_objects)
-            for ch in late:
-                loc[ch] = (late[ch], checkpoint_id, IN_BLOB_OBJECT, now)
+        yield from _store_late(ctx, thread_id, ns, checkpoint_id, late, values, now, loc, objects)
 
     entry = CheckpointEntry(
         thread_id=thread_id,
@@ -160,17 +162,111 @@ def put(
     # (again after a delete), or the next one when listing failed.
     created = prepared.listing if not prepared.listed else None
     run = entry.run_id if entry.run_id is not None and (entry.run_id, thread_id) not in ctx.noted else None
-    # The commit point: objects first, index entry last. The records that find
-    # the thread (listing, run) go beside it: hints, a failed commit's find nothing.
-    commit = _committed(ctx, ctx.index.commit_checkpoint(entry, created), list(objects))
-    if created is None and run is None:
-        yield from commit
+    for _ in range(_MAX_FENCED):
+        # What the entry carries from its parent must still be there at the commit:
+        # the commit checks that the parent's entry is in the index as read.
+        carries = any(ref[1] != checkpoint_id for ref in loc.values())
+        parent_tag = known[2] if carries and known is not None and parent_id is not None else None
+        # The commit point: objects first, index entry last. The records that find
+        # the thread (listing, run) go beside it: hints, a failed commit's find nothing.
+        commit = ctx.index.commit_checkpoint(entry, created, parent_tag)
+        try:
+            if created is None and run is None:
+                yield from commit
+            else:
+                yield from gather(commit, ctx.index.note(thread_id, None if ctx.index.lists_in_prepare else created, run))
+                if run is not None:
+                    ctx.noted.add((run, thread_id))
+            break
+        except ParentGone:
+            # Pruned (or written anew by a restore) since this run read it: what
+            # the parent's objects held is stored here, as for an unknown parent.
+            late = {ch: ref[0] for ch, ref in loc.items() if ref[1] != checkpoint_id and ch in values}
+            yield from _store_late(ctx, thread_id, ns, checkpoint_id, late, values, now, loc, objects)
+            known = None
+        except Fenced as fenced:
+            try:
+                yield from _fenced(ctx, fenced.record, entry, list(objects), created=parent_id is None)
+            except ThreadDeletedError:
+                # Refused for good: the records written beside the commit go too.
+                yield from ctx.index.unnote(thread_id, listed_early or created, run)
+                raise
     else:
-        yield from gather(commit, ctx.index.note(thread_id, None if ctx.index.lists_in_prepare else created, run))
-        if run is not None:
-            ctx.noted.add((run, thread_id))
-    ctx.locs.put((thread_id, ns, checkpoint_id), (loc, gen))
+        raise _busy(ctx, thread_id)
+    ctx.locs.put((thread_id, ns, checkpoint_id), (loc, entry.gen, ""))
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+
+def _store_late(
+    ctx: Context,
+    thread_id: str,
+    ns: str,
+    checkpoint_id: str,
+    late: dict[str, Any],
+    values: dict[str, Any],
+    now: int,
+    loc: Loc,
+    objects: dict[str, bytes],
+) -> Op[None]:
+    """Store unchanged channels the parent does not account for (parent gone or
+    unknown, or its copy past half the ttl) in blobs of this checkpoint, still
+    before the index entry."""
+    if not late:
+        return
+    late_blobs = {ch: (late[ch], ctx.serde.dumps_typed(values[ch])) for ch in late}
+    late_objects = _blob_objects(ctx, thread_id, ns, checkpoint_id, late_blobs)
+    yield from put_immutable(ctx.s3, late_objects)
+    objects.update(late_objects)
+    for ch in late:
+        loc[ch] = make_ref(late[ch], checkpoint_id, IN_BLOB_OBJECT, now)
+
+
+def _fenced(ctx: Context, record: Tombstone, entry: Any, objects: list[str], created: bool) -> Op[None]:
+    """What a writer does when the thread's record refused its commit, before it
+    tries again; raises when it must not. ``created``: the write starts the
+    thread (a checkpoint without parent), so a delete since its read only
+    moves it to the new generation."""
+    thread_id = entry.thread_id
+    if record.archive is not None:
+        # Archived after this write began: it is live again before the write goes on.
+        yield from _restore_first(ctx, thread_id, record.archive, objects)
+        return
+    run_id = getattr(entry, "run_id", None)
+    if run_id is not None and run_id in record.dead_runs:
+        yield from _take_back(ctx, objects)
+        raise _run_deleted(ctx, thread_id, run_id, entry.checkpoint_id)
+    if record.gen != entry.gen:
+        if created:
+            entry.gen = record.gen
+            return
+        yield from _take_back(ctx, objects)
+        raise _deleted(ctx, thread_id, entry.checkpoint_id)
+    if record.archiving is not None:
+        # An archive read the thread before this commit: its switch must not
+        # happen. Taking its mark off fails it (read-decide-act is fenced here).
+        yield from ctx.index.cancel_archiving(thread_id, record.archiving)
+
+
+def _deleted(ctx: Context, thread_id: str, checkpoint_id: str) -> ThreadDeletedError:
+    return ThreadDeletedError(
+        f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
+        f"({ctx.index.describe()}); a run in flight cannot continue it. Start the thread "
+        "afresh (invoke without a checkpoint_id) to use the id again."
+    )
+
+
+def _run_deleted(ctx: Context, thread_id: str, run_id: str, checkpoint_id: str) -> RunDeletedError:
+    return RunDeletedError(
+        f"run {run_id!r} of thread {thread_id!r} was deleted (delete_for_runs) while it ran; "
+        f"its checkpoint {checkpoint_id!r} is refused ({ctx.index.describe()})"
+    )
+
+
+def _busy(ctx: Context, thread_id: str) -> S3SaverError:
+    return S3SaverError(
+        f"thread {thread_id!r}: the commit kept being refused by archives and restores of the "
+        f"thread running at the same time ({ctx.index.describe()}); nothing was committed"
+    )
 
 
 def put_writes(
@@ -194,8 +290,9 @@ def put_writes(
     assert checkpoint_id is not None
     parts = _write_parts(ctx, writes)
     # One token per call: a retried request of this call meets its own object
-    # and its own index item, a task run again writes new ones.
-    token = uuid.uuid4().hex
+    # and its own index item, a task run again writes new ones. (Never drawn
+    # from uuid.uuid4, which a user's tests may patch: see _keys.new_token.)
+    token = new_token()
     objects: dict[str, bytes] = {}
     entries: list[WritesEntry] = []
     for part, rows in parts.items():
@@ -230,17 +327,24 @@ def put_writes(
     expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
     for entry in entries:
         entry.gen, entry.expires_at = gen, expires_at
-    # The commit point: objects first, index entries last.
-    outcome = yield from _committed(ctx, ctx.index.commit_writes(entries), list(objects))
+    for _ in range(_MAX_FENCED):
+        # The commit point: objects first, index entries last.
+        try:
+            outcome = yield from ctx.index.commit_writes(entries)
+            break
+        except Fenced as fenced:
+            # A delete since this call's read: the writes go with the thread (this
+            # call began before the delete ended).
+            yield from _fenced(ctx, fenced.record, entries[0], list(objects), created=False)
+    else:
+        raise _busy(ctx, thread_id)
     unused = [
         ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, token)
         for entry, token in outcome.unused
     ]
     if unused:
-        # Objects no index item points at any more (a lost first-wins race, an
-        # overwritten special slot). A reader that fetched the replaced item a
-        # moment ago reads its body from the item when it fits, as it nearly
-        # always does.
+        # Objects no index entry names any more (a lost first-wins race, a
+        # replaced special slot): what leaves the index is released.
         yield from _take_back(ctx, unused)
 
 
@@ -324,16 +428,6 @@ def _restore_first(ctx: Context, thread_id: str, ref: ArchiveRef, objects: list[
     try:
         yield from restore_before_write(ctx, thread_id, ref)
     except ThreadArchivedError:
-        yield from _take_back(ctx, objects)
-        raise
-
-
-def _committed(ctx: Context, commit: Op[T], objects: list[str]) -> Op[T]:
-    """Run a commit; when the index refuses it (the thread was deleted meanwhile),
-    take back the objects written for it."""
-    try:
-        return (yield from commit)
-    except ThreadDeletedError:
         yield from _take_back(ctx, objects)
         raise
 

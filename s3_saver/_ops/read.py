@@ -13,14 +13,27 @@ from s3_saver._ops.context import Context, target
 from s3_saver._ops.lagged import Tail, build_listed, newest_complete, nothing_yet
 from s3_saver._ops.resolve import Resolver, fetch_and_build
 from s3_saver._protocol import Emit, Op
+from s3_saver.errors import MissingObjectError
 
 # Resolve list results in chunks so a long history streams instead of loading at once.
 _LIST_CHUNK = 100
 _MAX_PAGE = 1000
 
 
+# Reads that meet an object the index named a moment before and that is gone
+# (an archive's or a prune's cleanup, a delete, finished between the two round
+# trips) read the index again: it says where the thread is now.
+_READ_ATTEMPTS = 3
+
+
 def get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None]:
-    return (yield from or_archive(ctx, lambda c: _get_tuple(c, config)))
+    for attempt in range(_READ_ATTEMPTS):
+        try:
+            return (yield from or_archive(ctx, lambda c: _get_tuple(c, config)))
+        except MissingObjectError:
+            if attempt == _READ_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None]:
@@ -56,7 +69,28 @@ def list_checkpoints(
     if config is None:
         yield from _list_all(ctx, filter, before_id, limit)
         return
-    yield from or_archive(ctx, lambda c: _list_thread(c, config, filter, before_id, limit))
+    # Read again from the index when an object it named went meanwhile (see
+    # _READ_ATTEMPTS): from the start if nothing was returned yet, else, within
+    # one namespace (newest first), after the last checkpoint returned.
+    one_ns = config["configurable"].get("checkpoint_ns") is not None
+    emitted = 0
+    for attempt in range(_READ_ATTEMPTS):
+        left = None if limit is None else limit - emitted
+        op = or_archive(ctx, lambda c: _list_thread(c, config, filter, before_id, left))
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    step = op.send(reply)
+                except StopIteration:
+                    return
+                if isinstance(step, Emit):
+                    emitted += 1
+                    before_id = step.value.config["configurable"]["checkpoint_id"]
+                reply = yield step
+        except MissingObjectError:
+            if attempt == _READ_ATTEMPTS - 1 or (emitted and not one_ns):
+                raise
 
 
 def _list_thread(
@@ -91,18 +125,18 @@ def _list_thread(
         for entry in candidates:
             resolver.add(entry)
         matched = yield from _filtered(resolver, candidates, filter)
-        if remaining is not None and tail is None:
+        if remaining is not None:
             matched = matched[:remaining]
-            remaining -= len(matched)
         for i in range(0, len(matched), _LIST_CHUNK):
             chunk = matched[i : i + _LIST_CHUNK]
             if tail is None:
                 built = yield from fetch_and_build(resolver, chunk)
             else:
+                # A replica's newest checkpoints may be passed over: what is built counts.
                 built = yield from build_listed(ctx, resolver, chunk, tail)
-                if remaining is not None:
-                    built = built[:remaining]
-                    remaining -= len(built)
+            if remaining is not None:
+                built = built[:remaining]
+                remaining -= len(built)
             for tup in built:
                 yield Emit(tup)
             if remaining == 0:

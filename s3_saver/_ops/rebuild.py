@@ -32,6 +32,7 @@ from s3_saver._index.base import (
     CheckpointEntry,
     Loc,
     WritesEntry,
+    make_ref,
 )
 from s3_saver._keys import ObjectKey
 from s3_saver._ops.context import Context, target
@@ -113,8 +114,9 @@ def _rebuild_archived(ctx: Context, thread_id: str, archive: tuple[str, int, str
         head = yield from request_one(ctx.s3.head(key))
         ref.newest = metadata_newest(head.get("Metadata", {})) or ref.newest
     yield from ctx.index.restore(thread_id, [], [], created)
-    yield from ctx.index.intend_archive(thread_id, key)
-    yield from ctx.index.archive(thread_id, ref, [], _no_objects)
+    yield from ctx.index.mark_archive(thread_id, key)
+    _, snapshot = yield from ctx.index.snapshot(thread_id)
+    yield from ctx.index.switch_archive(thread_id, ref, snapshot)
     ctx.locs.forget_thread(thread_id)
     return count
 
@@ -127,17 +129,24 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
         results = yield from request(*(ctx.s3.get(key) for _, key, _ in chunk))
         bodies.update((key, result["Body"]) for (_, key, _), result in zip(chunk, results))
 
-    # Every stored copy of (namespace, channel, version): (source checkpoint, kind, written at).
-    copies: dict[tuple[str, str, Any], list[tuple[str, int, int]]] = defaultdict(list)
-    records: list[tuple[ObjectKey, str, int, dict[str, Any]]] = []
+    # Every stored copy of (namespace, channel, version): (source checkpoint, kind,
+    # written at, tag). A checkpoint written again under a tag (a restore, an
+    # import, a copy: see _keys) has one object per tag: the newest is indexed.
+    copies: dict[tuple[str, str, Any], list[tuple[str, int, int, str]]] = defaultdict(list)
+    newest: dict[tuple[str, str], tuple[ObjectKey, str, int]] = {}
     for parsed, key, written in listed:
         if parsed.kind == "blob":
-            copies[(parsed.ns, parsed.channel, parsed.version)].append((parsed.checkpoint_id, IN_BLOB_OBJECT, written))
+            copies[(parsed.ns, parsed.channel, parsed.version)].append((parsed.checkpoint_id, IN_BLOB_OBJECT, written, parsed.tag))
         elif parsed.kind == "checkpoint":
-            record = unpack(bodies[key], CHECKPOINT_FORMAT, f"s3://{ctx.s3.bucket}/{key}")
-            records.append((parsed, key, written, record))
-            for channel, (version, *_) in record["values"].items():
-                copies[(parsed.ns, channel, version)].append((parsed.checkpoint_id, IN_CHECKPOINT_OBJECT, written))
+            held = newest.get((parsed.ns, parsed.checkpoint_id))
+            if held is None or (written, parsed.tag) > (held[2], held[0].tag):
+                newest[(parsed.ns, parsed.checkpoint_id)] = (parsed, key, written)
+    records: list[tuple[ObjectKey, str, int, dict[str, Any]]] = []
+    for parsed, key, written in newest.values():
+        record = unpack(bodies[key], CHECKPOINT_FORMAT, f"s3://{ctx.s3.bucket}/{key}")
+        records.append((parsed, key, written, record))
+        for channel, (version, *_) in record["values"].items():
+            copies[(parsed.ns, channel, version)].append((parsed.checkpoint_id, IN_CHECKPOINT_OBJECT, written, parsed.tag))
 
     versions: dict[tuple[str, str], dict[str, Any]] = {}
     decoded = []
@@ -156,9 +165,9 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
         metadata = loads(ctx.serde, typed(record["metadata"]), f"metadata of {where}")
         loc: Loc = {}
         for channel, version in checkpoint.get("channel_versions", {}).items():
-            found = _pick(copies.get((parsed.ns, channel, version), []), parsed.checkpoint_id, written)
+            found = _pick(copies.get((parsed.ns, channel, version), []), parsed.checkpoint_id, written, parsed.tag)
             if found is not None:
-                loc[channel] = (version, *found)
+                loc[channel] = make_ref(version, *found)
         entries.append(
             CheckpointEntry(
                 thread_id=thread_id,
@@ -170,6 +179,7 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
                 metadata=typed(record["metadata"]),
                 expires_at=written + ctx.ttl_seconds if ctx.ttl_seconds else None,
                 run_id=run_of(metadata),
+                tag=parsed.tag,
             )
         )
 
@@ -244,15 +254,14 @@ class _Completeness:
         return False
 
 
-def _no_objects(entries: list[Any]) -> Op[None]:
-    """Nothing live to delete: the marker goes over an index that has nothing of the thread."""
-    yield from ()
-
-
-def _pick(candidates: list[tuple[str, int, int]], checkpoint_id: str, written: int) -> tuple[str, int, int] | None:
-    """The copy a checkpoint points at: its own, else the newest written no later than it."""
+def _pick(
+    candidates: list[tuple[str, int, int, str]], checkpoint_id: str, written: int, tag: str
+) -> tuple[str, int, int, str] | None:
+    """The copy a checkpoint points at: its own (of its tag), else one written under
+    its tag (the same restore, import or copy), else the newest written no later than it."""
     own = [c for c in candidates if c[0] == checkpoint_id]
     if own:
-        return own[0]
-    earlier = [c for c in candidates if c[2] <= written]
-    return max(earlier or candidates, key=lambda c: (c[2], c[0]), default=None)
+        return max(own, key=lambda c: (c[3] == tag, c[2]))
+    same = [c for c in candidates if c[3] == tag]
+    earlier = [c for c in (same or candidates) if c[2] <= written]
+    return max(earlier or same or candidates, key=lambda c: (c[2], c[0]), default=None)

@@ -17,6 +17,7 @@ from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, loads
 from s3_saver._index.base import IN_BLOB_OBJECT, REGULAR_PART, CheckpointEntry, Key3, WritesEntry
 from s3_saver._ops.context import Context
 from s3_saver._protocol import Call, Op, gather, raise_failure
+from s3_saver._reach import own_object, ref_object
 from s3_saver.errors import DENIED, OBJECT_MISSING, AccessDeniedError, MissingObjectError, classify, error_code
 
 
@@ -25,8 +26,9 @@ class Resolver:
         self.ctx = ctx
         self.records: dict[Key3, dict[str, Any]] = {}
         self.entries: dict[Key3, CheckpointEntry] = {}
-        # Blobs an archive holds are read from it, never from the bucket.
+        # Objects an archive holds are read from it, never from the bucket.
         self.blobs: dict[str, dict[str, Any]] = dict(ctx.index.held_blobs())
+        self.held_records: dict[str, dict[str, Any]] = ctx.index.held_records()
         self.writes: dict[str, dict[str, Any]] = {}
         self._item_missing: set[Key3] = set()
         self._object_keys: dict[str, tuple[str, Any]] = {}
@@ -37,7 +39,7 @@ class Resolver:
         self.entries[key] = entry
         if entry.body is not None and key not in self.records:
             self.records[key] = unpack(entry.body, CHECKPOINT_FORMAT, f"index entry for {key}")
-        self.ctx.locs.put(key, (entry.loc, entry.gen))
+        self.ctx.locs.put(key, (entry.loc, entry.gen, entry.tag))
 
     # -- what is missing ---------------------------------------------------------------
     def _needs(self, targets: list[CheckpointEntry]) -> tuple[dict[str, tuple[str, Any]], list[Key3], list[CheckpointEntry]]:
@@ -49,20 +51,23 @@ class Resolver:
             t, ns = entry.thread_id, entry.ns
             own = entry.key
             if own not in self.records:
-                gets[ctx.layout.checkpoint_key(*own)] = ("checkpoint", own)
-            for ch, (version, src, kind, _) in entry.loc.items():
-                if kind == IN_BLOB_OBJECT:
-                    bkey = ctx.layout.blob_key(t, ns, ch, version, src)
+                gets[ctx.layout.object_key(own_object(entry))] = ("checkpoint", own)
+            for ch, ref in entry.loc.items():
+                if ref[2] == IN_BLOB_OBJECT:
+                    bkey = ctx.layout.object_key(ref_object(t, ns, ch, ref))
                     if bkey not in self.blobs:
                         gets[bkey] = ("blob", bkey)
                     continue
-                src_key = (t, ns, src)
+                src_key = (t, ns, ref[1])
                 if src_key in self.records:
                     continue
-                if src_key in self.entries or src_key in self._item_missing:
+                held = self.held_records.get(ctx.layout.object_key(ref_object(t, ns, ch, ref)))
+                if held is not None:
+                    self.records[src_key] = held
+                elif src_key in self.entries or src_key in self._item_missing:
                     # Its entry is known but too large to carry the object, or
                     # not found: the bucket has the object.
-                    gets[ctx.layout.checkpoint_key(*src_key)] = ("checkpoint", src_key)
+                    gets[ctx.layout.object_key(ref_object(t, ns, ch, ref))] = ("checkpoint", src_key)
                 else:
                     lookups[src_key] = None
             for w in entry.writes or ():
@@ -119,7 +124,7 @@ class Resolver:
 
     def fetch_records(self, entries: list[CheckpointEntry]) -> Op[None]:
         """GET the checkpoint objects of ``entries`` (for metadata their entries lack)."""
-        yield from self._fetch_objects({self.ctx.layout.checkpoint_key(*e.key): ("checkpoint", e.key) for e in entries})
+        yield from self._fetch_objects({self.ctx.layout.object_key(own_object(e)): ("checkpoint", e.key) for e in entries})
 
     # -- assembly ------------------------------------------------------------------------
     def metadata(self, entry: CheckpointEntry) -> Any | None:
@@ -154,12 +159,12 @@ class Resolver:
 
     def value(self, entry: CheckpointEntry, channel: str) -> Any:
         """The value of ``channel`` at ``entry`` (fetched by an earlier wave)."""
-        version, src, kind, _ = entry.loc[channel]
+        ref = entry.loc[channel]
         what = f"value of {channel!r} in {_describe(entry)}"
-        if kind == IN_BLOB_OBJECT:
-            blob = self.blobs[self.ctx.layout.blob_key(entry.thread_id, entry.ns, channel, version, src)]
+        if ref[2] == IN_BLOB_OBJECT:
+            blob = self.blobs[self.ctx.layout.object_key(ref_object(entry.thread_id, entry.ns, channel, ref))]
             return loads(self.ctx.serde, (blob["type"], blob["data"]), what)
-        _, type_, data = self.records[(entry.thread_id, entry.ns, src)]["values"][channel]
+        _, type_, data = self.records[(entry.thread_id, entry.ns, ref[1])]["values"][channel]
         return loads(self.ctx.serde, (type_, data), what)
 
     def pending_writes(self, entry: CheckpointEntry) -> list[PendingWrite]:
