@@ -1,0 +1,162 @@
+"""What is read back after a schedule, by a fresh saver, and every assertion on it.
+
+(a) every thread reads as some order of the schedule's operations says
+    (``model.linearize``), and the saver's reads agree with one another:
+    ``list`` order, ``get_tuple`` latest per namespace and by id,
+    ``list(before=, limit=, filter=)``;
+(b) ``audit(older_than=0)`` finds nothing missing and no broken index;
+(c) a deleted thread left nothing behind (the leftover check: the only place
+    that looks at keys, and only for the thread's id inside them);
+(d) ``collect_garbage(older_than=0)`` changes no read.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import timedelta
+from typing import Any
+
+from sim import model as M
+from sim.workload import SUB_NS, cfg
+
+NAMESPACES = ("", SUB_NS)
+TOMBSTONE_MAX_BYTES = 2048
+
+
+class Failure(AssertionError):
+    pass
+
+
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def read_thread(saver: Any, t: str) -> list[tuple[M.Key, dict]]:
+    return [M.norm(x) for x in saver.list(cfg(t, None))]
+
+
+def read_all(saver: Any, threads: list[str], problems: list[str]) -> dict[str, dict[M.Key, dict]] | None:
+    """Every thread's full list (with the order checked); None when a read raised."""
+    observed: dict[str, dict[M.Key, dict]] = {}
+    for t in threads:
+        try:
+            rows = read_thread(saver, t)
+        except Exception as exc:
+            problems.append(f"(a) list({t}) raised {_err(exc)}")
+            return None
+        keys = [k for k, _ in rows]
+        if keys != sorted(keys, reverse=True) or len(set(keys)) != len(keys):
+            problems.append(
+                f"(a) list({t}) order: expected namespaces descending, newest first in each, got "
+                + ", ".join((k[0] or "root") + "/" + k[1][-6:] for k in keys)
+            )
+        observed[t] = dict(rows)
+    return observed
+
+
+def consistent_reads(saver: Any, t: str, rows: dict[M.Key, dict], rng: random.Random, problems: list[str]) -> None:
+    """get_tuple and list with arguments, against the thread's full list."""
+    ordered = sorted(rows.items(), key=lambda kv: kv[0], reverse=True)
+
+    def check(what: str, got: list[tuple[M.Key, dict]], want: list[tuple[M.Key, dict]]) -> None:
+        if [k for k, _ in got] != [k for k, _ in want]:
+            problems.append(f"(a) {what} on {t}: got {_keys(got)}, the full list says {_keys(want)}")
+            return
+        for (k, a), (_, b) in zip(got, want):
+            if a != b:
+                problems.append(f"(a) {what} on {t} {k}: " + "; ".join(M.differences(a, b)))
+
+    try:
+        for ns in NAMESPACES:
+            in_ns = [kv for kv in ordered if kv[0][0] == ns]
+            latest = saver.get_tuple(cfg(t, ns))
+            check(f"get_tuple(ns={ns!r})", [] if latest is None else [M.norm(latest)], in_ns[:1])
+            if in_ns and ns != "":
+                check(f"list(ns={ns!r})", read_thread_ns(saver, t, ns), in_ns)
+        if not ordered:
+            return
+        for (ns, cid), _ in rng.sample(ordered, min(2, len(ordered))):
+            got = saver.get_tuple(cfg(t, ns, cid))
+            check(f"get_tuple(id={cid[-6:]})", [] if got is None else [M.norm(got)], [kv for kv in ordered if kv[0] == (ns, cid)])
+        (bns, bid), payload = rng.choice(ordered)
+        limit = rng.choice([1, 2, 3])
+        if rng.random() < 0.5:
+            got = [M.norm(x) for x in saver.list(cfg(t, None), before=cfg(t, None, bid), limit=limit)]
+            check(f"list(before={bid[-6:]}, limit={limit})", got, [kv for kv in ordered if kv[0][1] < bid][:limit])
+        else:
+            got = [M.norm(x) for x in saver.list(cfg(t, ""), before=cfg(t, "", bid), limit=limit)]
+            want = [kv for kv in ordered if kv[0][0] == "" and kv[0][1] < bid][:limit]
+            check(f"list(ns='', before={bid[-6:]}, limit={limit})", got, want)
+        flt = rng.choice([
+            {"run_id": payload["metadata"].get("run_id")},
+            {"tag": "x", "source": "loop"},
+            {"step": payload["metadata"].get("step")},
+        ])
+        flimit = rng.choice([None, 2])
+        got = [M.norm(x) for x in saver.list(cfg(t, None), filter=flt, limit=flimit)]
+        want = [kv for kv in ordered if all(kv[1]["metadata"].get(k, M._ABSENT) == v for k, v in flt.items())]
+        check(f"list(filter={flt}, limit={flimit})", got, want[:flimit] if flimit else want)
+    except Exception as exc:
+        problems.append(f"(a) a read of {t} raised {_err(exc)}")
+
+
+def _keys(rows: list[tuple[M.Key, dict]]) -> list[str]:
+    return [(k[0] or "root") + "/" + k[1][-6:] for k, _ in rows]
+
+
+def read_thread_ns(saver: Any, t: str, ns: str) -> list[tuple[M.Key, dict]]:
+    return [M.norm(x) for x in saver.list(cfg(t, ns))]
+
+
+def audit(saver: Any, problems: list[str], when: str) -> None:
+    try:
+        report = saver.audit(older_than=timedelta(0))
+    except Exception as exc:
+        problems.append(f"(b) audit {when} raised {_err(exc)}")
+        return
+    for p in report.missing + report.broken:
+        problems.append(f"(b) audit {when}: {p.kind} {p.thread_id} {p.key}: {p.detail[:200]}")
+
+
+def leftovers(world: Any, prefix: str, t: str) -> list[str]:
+    """(c) What a deleted thread left: at most one small index record."""
+    out = []
+    objects = world.objects_naming(prefix, t)
+    items = world.items_naming(prefix, t)
+    if world.mode == "manifest":
+        big = [o for o in objects if o[1] > TOMBSTONE_MAX_BYTES]
+        if len(objects) > 1 or big:
+            out.append(f"(c) deleted thread {t} left {len(objects)} objects (at most its head may stay): {objects[:6]}")
+    else:
+        if objects:
+            out.append(f"(c) deleted thread {t} left {len(objects)} objects in the bucket: {objects[:6]}")
+        sizes = [len(json.dumps(i, default=lambda b: "x" * len(b))) for i in items]  # B attributes: bytes
+        if len(items) > 1 or any(s > TOMBSTONE_MAX_BYTES for s in sizes):
+            shown = [{k: v.get("S", "...") for k, v in i.items() if k in ("pk", "sk")} for i in items[:6]]
+            out.append(f"(c) deleted thread {t} left {len(items)} index items (at most one small tombstone): {shown}")
+    return out
+
+
+def deleted_cleanly(history: list[Any], state: M.ModelState, t: str) -> bool:
+    """Whether the leftover check applies to ``t``: a delete_thread of it answered,
+    the model's final thread is empty, no operation on it was abandoned or cut
+    (a write cut short before its commit leaves objects by design: garbage for
+    collect_garbage), and no write to it that succeeded ran alongside or after
+    the delete (it may come after the delete: what it wrote is new, not left)."""
+    deletes = [
+        op for op in history
+        if isinstance(op.step.model, M.DeleteThread) and op.step.model.t == t and op.outcome and op.outcome[0] == "ok"
+    ]
+    if not deletes or not state.nothing(t):
+        return False
+    started = min(op.start for op in deletes if op.start is not None)
+    for op in history:
+        if t not in op.step.model.threads or op in deletes:
+            continue
+        if op.outcome is None or op.outcome[0] == "abandoned" or op.cuts:
+            return False
+        wrote = op.outcome[0] == "ok" and isinstance(op.step.model, (M.Put, M.PutWrites))
+        if wrote and (op.end is None or op.end >= started):
+            return False
+    return True

@@ -1,0 +1,171 @@
+"""Deterministic simulation: operations interleaved call by call, with faults, against a model.
+
+See tests/sim/__init__.py for the harness. In both index modes:
+
+* ``test_every_pair``: each operation pair of ``workload.PAIRS`` once (seeded faults;
+  budget 60 s, a soak repeats it);
+* ``test_exhaustive``: small pairs, every interleaving of their calls (no faults),
+  then one fault (lost reply, request not sent, cut then retried or abandoned) at
+  every call, up to a cap per pair, within the budget;
+* ``test_random``: seeded random schedules of 2-3 processes until the budget is spent;
+* ``test_replay``: one schedule from the environment (the command a failure prints).
+
+Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 60, exhaustive 20,
+random 40),
+``SIM_SEED`` (base seed; default: new each run, printed), ``SIM_KEEP_GOING=1``
+(run the whole budget and report every failure instead of stopping at the first),
+``SIM_FAILURES_FILE`` (append each failed schedule as a JSON line),
+``SIM_EXHAUSTIVE_CAP`` (schedules per pair and fault kind, default 12), ``SIM_CHECKS``
+(which of the checks a,b,c,d of tests/sim/check.py run; default all).
+``make soak SOAK_MINUTES=N`` splits N minutes across these and the stateful tests.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+
+from conftest import INDEX_MODES
+from sim import workload as W
+from sim.runner import Outcome, Spec, Tally, budget_seconds, run_schedule, summarize
+from sim.world import World
+
+KEEP_GOING = os.environ.get("SIM_KEEP_GOING") == "1"
+EXHAUSTIVE_PAIRS = (
+    ("run", "delete"),
+    ("writes", "archive"),
+    ("run", "prune"),
+    ("writes", "delete_runs"),
+    ("archive", "restore"),
+    ("run", "copy"),
+    ("run", "run"),
+    ("gc", "prune_archive"),
+    ("writes", "export_import"),
+    ("run", "gc"),
+)
+
+
+def _base_seed() -> int:
+    given = os.environ.get("SIM_SEED")
+    return int(given) if given else random.SystemRandom().randrange(10**6)
+
+
+@pytest.fixture
+def world(moto_endpoint: str, request) -> World:
+    return World(moto_endpoint, request.param)
+
+
+def _fail(tally: Tally, what: str) -> None:
+    summarize(tally.summary(what))
+    if tally.failures:
+        distinct: dict[str, Outcome] = {}
+        for out in tally.failures:
+            distinct.setdefault(out.name + " | " + out.problems[0][:80], out)
+        others = "\n".join(f"  {o.spec.replay()}  # {k}" for k, o in list(distinct.items())[1:12])
+        pytest.fail(
+            tally.failures[0].report()
+            + (f"\n\n{len(tally.failures)} schedules failed; other distinct ones:\n{others}" if len(tally.failures) > 1 else ""),
+            pytrace=False,
+        )
+
+
+def _run(world: World, spec: Spec, tally: Tally) -> Outcome:
+    out = run_schedule(world, spec)
+    tally.add(out)
+    return out
+
+
+@pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
+def test_every_pair(world: World) -> None:
+    """Each pair of ``workload.PAIRS`` once (in a soak: round after round, new seeds),
+    starting at a pair the base seed picks; stops when the budget (default 60 s) is
+    spent, saying how many pairs it covered."""
+    base = _base_seed()
+    tally = Tally()
+    soak = bool(os.environ.get("SOAK_MINUTES"))
+    deadline = time.monotonic() + budget_seconds(60)
+    pairs = W.PAIRS[base % len(W.PAIRS):] + W.PAIRS[: base % len(W.PAIRS)]
+    i = 0
+    stop = False
+    while not stop:
+        for pair in pairs:
+            out = _run(world, Spec(world.mode, "+".join(pair), base + i), tally)
+            i += 1
+            if (not out.ok and not KEEP_GOING) or time.monotonic() >= deadline:
+                stop = True
+                break
+        stop = stop or not soak
+    covered = min(i, len(pairs))
+    _fail(tally, f"{world.mode} every pair ({covered} of {len(pairs)} pairs, seeds {base}..{base + i - 1})")
+
+
+@pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
+def test_exhaustive(world: World) -> None:
+    """Per small pair: its interleavings (depth first over which process sends the
+    next call, no faults), then one fault (lost reply, not sent, cut then retried or
+    abandoned) at each call of one interleaving, in a seeded order; ``cap`` of each."""
+    budget = budget_seconds(20)
+    cap = int(os.environ.get("SIM_EXHAUSTIVE_CAP", "12"))
+    deadline = time.monotonic() + budget
+    base = _base_seed()
+    tally = Tally()
+
+    def spent(out: Outcome) -> bool:
+        return (not out.ok and not KEEP_GOING) or time.monotonic() >= deadline
+
+    for i, pair in enumerate(EXHAUSTIVE_PAIRS):
+        name = "+".join(pair)
+        path: list[int] | None = []
+        for _ in range(cap):
+            out = _run(world, Spec(world.mode, name, base + i, "none", path), tally)
+            if spent(out):
+                return _fail(tally, f"{world.mode} exhaustive (base seed {base}, {budget:.0f} s, cap {cap})")
+            path = out.next_path
+            if path is None:
+                break
+        out = _run(world, Spec(world.mode, name, base + i, "one", [-1, 0, 0]), tally)
+        if spent(out):
+            break
+        faults = [(k, f, r) for k in range(out.events) for f in (1, 2, 3, 4) for r in ((0, 1) if f >= 3 else (0,))]
+        random.Random(base + i).shuffle(faults)
+        for k, f, r in faults[:cap]:
+            out = _run(world, Spec(world.mode, name, base + i, "one", [k, f, r]), tally)
+            if spent(out):
+                return _fail(tally, f"{world.mode} exhaustive (base seed {base}, {budget:.0f} s, cap {cap})")
+    _fail(tally, f"{world.mode} exhaustive (base seed {base}, {budget:.0f} s, cap {cap})")
+
+
+@pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
+def test_random(world: World) -> None:
+    budget = budget_seconds(40)
+    deadline = time.monotonic() + budget
+    base = _base_seed()
+    tally = Tally()
+    i = 0
+    while time.monotonic() < deadline:
+        out = _run(world, Spec(world.mode, "random", base + i), tally)
+        i += 1
+        if not out.ok and not KEEP_GOING:
+            break
+    _fail(tally, f"{world.mode} random (seeds {base}..{base + i - 1}, {budget:.0f} s)")
+
+
+def test_replay(moto_endpoint: str) -> None:
+    if "SIM_SEED" not in os.environ or "SIM_SCENARIO" not in os.environ:
+        pytest.skip("replays one schedule: SIM_SEED=.. SIM_MODE=.. SIM_SCENARIO=.. [SIM_FAULTS=..] [SIM_PATH=..]")
+    path = os.environ.get("SIM_PATH")
+    spec = Spec(
+        os.environ.get("SIM_MODE", "dynamodb"),
+        os.environ["SIM_SCENARIO"],
+        int(os.environ["SIM_SEED"]),
+        os.environ.get("SIM_FAULTS", "random"),
+        None if path is None else ([] if path == "-" else [int(x) for x in path.split(",")]),
+    )
+    world = World(moto_endpoint, spec.mode)
+    out = run_schedule(world, spec)
+    print("\n".join(out.trace))
+    if not out.ok:
+        pytest.fail(out.report(), pytrace=False)
