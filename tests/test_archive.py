@@ -805,10 +805,11 @@ ARCHIVE_COSTS = {
     "dynamodb": {
         # The thread's record; the archive's mark on it (before anything is read); its
         # items; the archive object; the switch (the mark must still be there); its
-        # items again (by key, to delete); the live objects; the items (a transaction
-        # conditioned on the record: a restore's mark stops it).
-        "archive_thread": (8, {
-            "dynamodb:get_item": 1, "dynamodb:query": 2, "dynamodb:transact_write_items": 1,
+        # items again (by key, to delete) and then the record (a restore under way
+        # keeps them); the live objects; the items (a transaction conditioned on the
+        # record: a restore's mark stops it).
+        "archive_thread": (9, {
+            "dynamodb:get_item": 2, "dynamodb:query": 2, "dynamodb:transact_write_items": 1,
             "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:put_object": 1,
         }),
         # Archived already: the record, and what is left of the live thread (nothing).
@@ -818,15 +819,15 @@ ARCHIVE_COSTS = {
         "get_tuple warm": (1, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
         "list warm": (1, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
         # The record, the archive, what is left of the archive's cleanup, the restore's
-        # mark, the objects (a new tag), the items, the switch, the archive object, the
-        # record's note of it.
+        # mark, the objects (a new tag), the items (a transaction that needs the mark to
+        # be this restore's), the switch, the record's note of the archive, its object.
         "restore_thread": (9, {
-            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 1, "dynamodb:query": 1,
+            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 1, "dynamodb:query": 1,
             "dynamodb:update_item": 3, "s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 5,
         }),
         "restore_thread of a live thread": (1, {"dynamodb:get_item": 1}),
-        "archive_thread DEEP_ARCHIVE": (8, {
-            "dynamodb:get_item": 1, "dynamodb:query": 2, "dynamodb:transact_write_items": 1,
+        "archive_thread DEEP_ARCHIVE": (9, {
+            "dynamodb:get_item": 2, "dynamodb:query": 2, "dynamodb:transact_write_items": 1,
             "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:put_object": 1,
         }),
         "get_tuple DEEP_ARCHIVE (refused)": (2, {"dynamodb:get_item": 1, "dynamodb:query": 1, "s3:head_object": 1}),
@@ -834,7 +835,7 @@ ARCHIVE_COSTS = {
             "dynamodb:get_item": 1, "s3:head_object": 1, "s3:restore_object": 1,
         }),
         "restore_thread DEEP_ARCHIVE (done)": (10, {
-            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 1, "dynamodb:query": 1, "dynamodb:update_item": 3,
+            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 1, "dynamodb:query": 1, "dynamodb:update_item": 3,
             "s3:delete_objects": 1, "s3:get_object": 1, "s3:head_object": 1, "s3:put_object": 5,
         }),
     },

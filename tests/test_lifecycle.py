@@ -280,17 +280,24 @@ LIFECYCLE_COSTS = {
         # transactions of 99, one after the other, each checked against the thread's record
         # (an archive under way loses its mark, an archived or deleted thread stops the
         # prune); the thread read again (what the dropped ones name that nothing left names
-        # goes); their objects.
-        "prune keep_latest": (6, {"dynamodb:query": 2, "dynamodb:transact_write_items": 3, "s3:delete_objects": 1}),
+        # goes); their objects; the hints of the runs left with no checkpoint.
+        "prune keep_latest": (7, {
+            "dynamodb:batch_write_item": 1, "dynamodb:query": 2, "dynamodb:transact_write_items": 3,
+            "s3:delete_objects": 1,
+        }),
         # The run's hints, the run marked deleted on the thread's record (first: then the
         # thread is read), the thread, its 20 checkpoints with links and writes (one fenced
-        # transaction), the thread again, their objects, the hints.
-        "delete_for_runs (1 run of 5)": (7, {
-            "dynamodb:batch_write_item": 1, "dynamodb:query": 3, "dynamodb:transact_write_items": 1,
+        # transaction), the thread again, their objects, the hints looked up again (a copy
+        # made meanwhile is found), the hints.
+        "delete_for_runs (1 run of 5)": (8, {
+            "dynamodb:batch_write_item": 1, "dynamodb:query": 4, "dynamodb:transact_write_items": 1,
             "dynamodb:update_item": 1, "s3:delete_objects": 1,
         }),
-        "copy_thread": (7, {
-            "dynamodb:batch_write_item": 12, "dynamodb:get_item": 2, "dynamodb:query": 3,
+        # The target, the source, the objects (a new tag), the target again beside what an
+        # earlier copy left there, the items (writes and links, then checkpoints), the
+        # listing and hints, the source's deleted runs (read after the hints).
+        "copy_thread": (8, {
+            "dynamodb:batch_write_item": 12, "dynamodb:get_item": 3, "dynamodb:query": 4,
             "dynamodb:transact_write_items": 1, "s3:copy_object": 200,
             "dynamodb:put_item": 5,  # the hints of the copy's 5 runs
         }),
@@ -299,13 +306,14 @@ LIFECYCLE_COSTS = {
     },
     "manifest": {
         # The head, its segments, one swap (of that very head), the objects and retired
-        # segments, the swap that clears the graveyard.
-        "prune keep_latest": (4, {"s3:delete_objects": 2, "s3:get_object": 2, "s3:put_object": 2}),
+        # segments, the swap that clears the graveyard, the hints of runs left with no checkpoint.
+        "prune keep_latest": (5, {"s3:delete_objects": 3, "s3:get_object": 2, "s3:put_object": 2}),
         "delete_for_runs (1 run of 5)": (
-            9, {"s3:delete_objects": 3, "s3:get_object": 3, "s3:list_objects_v2": 1, "s3:put_object": 4}
+            10, {"s3:delete_objects": 3, "s3:get_object": 3, "s3:list_objects_v2": 2, "s3:put_object": 4}
         ),
-        # ... and the listing object and the hints of the copy's 5 runs.
-        "copy_thread": (8, {"s3:copy_object": 200, "s3:get_object": 4, "s3:put_object": 9}),
+        # ... and the listing object and the hints of the copy's 5 runs, and the source's head
+        # again (its deleted runs, read after the hints).
+        "copy_thread": (9, {"s3:copy_object": 200, "s3:get_object": 5, "s3:put_object": 9}),
         "list_threads(limit=3)": (2, {"s3:get_object": 3, "s3:list_objects_v2": 1}),
     },
 }

@@ -33,7 +33,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from conftest import TABLE, make_saver
+from conftest import make_saver
 from faults import FaultProxy
 from helpers import checkpoint, config
 

@@ -167,7 +167,7 @@ class ArchiveIndex(Index):
     def drop(self, thread_id: str, plan: Any, release: Any) -> Op[None]:
         raise self._refuse("prune")
 
-    def copy_thread(self, source: str, dest: str, entries: Any, writes: Any, now: int) -> Op[None]:
+    def copy_thread(self, source: str, dest: str, entries: Any, writes: Any, now: int, release: Any) -> Op[None]:
         raise self._refuse("copy_thread")
 
     def check_copy_target(self, source: str, dest: str) -> Op[Any]:
@@ -194,7 +194,7 @@ class ArchiveIndex(Index):
     def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:
         raise self._refuse("a write")
 
-    def forget_archive(self, thread_id: str, key: str) -> Op[bool]:
+    def forget_archive(self, thread_id: str, key: str) -> Op[None]:
         raise self._refuse("restore_thread")
 
     def holdings(self, thread_id: str) -> Op[Holdings]:

@@ -137,6 +137,8 @@ class Tombstone:
     # mark off); and a restore under way (an archive's cleanup stops).
     archiving: str | None = None
     restoring: str | None = None
+    # A delete's listing entry still to remove (the time it was listed at).
+    unlisting: int = 0
 
 
 @dataclass
@@ -428,11 +430,12 @@ class Index(ABC):
 
     @abstractmethod
     def copy_thread(
-        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int
+        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int, release: Release
     ) -> Op[None]:
         """Install a copy of ``source`` (its objects written already, under ``dest``)
         into ``dest``, listed as created ``now``; refuses (ConfigurationError) a
-        ``dest`` with checkpoints of its own (an earlier copy of ``source`` is not)."""
+        ``dest`` with checkpoints of its own (an earlier copy of ``source`` is not:
+        what it holds that this copy does not goes, through ``release``)."""
 
     @abstractmethod
     def check_copy_target(self, source: str, dest: str) -> Op[Any]:
@@ -482,10 +485,8 @@ class Index(ABC):
         """Take an archive's mark off (a commit found it): that archive does not switch."""
 
     @abstractmethod
-    def forget_archive(self, thread_id: str, key: str) -> Op[bool]:
-        """Drop ``key`` from ``stale_archive`` (before its object is deleted): False
-        when it is not there (nothing to delete: in manifest mode that slot is
-        also an archive's mark, which another call may have switched to)."""
+    def forget_archive(self, thread_id: str, key: str) -> Op[None]:
+        """Drop ``key`` from ``stale_archive`` (once its object is deleted), if it is there."""
 
     # -- audit -------------------------------------------------------------------------
     @abstractmethod

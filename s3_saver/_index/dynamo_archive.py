@@ -8,11 +8,11 @@ Archive (read-decide-act, fenced at the commit): ``mark_archive`` puts the
 archive object's key on the record first (``archiving``); every commit checks
 the record and takes such a mark off, so ``switch_archive``, which needs the
 mark still there, fails if anything was committed after the thread was read
-for the archive. After the switch, ``finish_archive`` removes the live items
-in transactions that need the record to still name this archive and no restore
-to be under way: a restore (``unarchive``) puts its own mark (``restoring``)
-first, so a cleanup still running can never delete an item the restore wrote.
-Its objects never collide either: a restore writes under a fresh tag.
+for the archive. After the switch, ``finish_archive`` removes the live objects
+and items, the items in transactions that need the record to still name this
+archive and no restore to be under way (a restore, ``unarchive``, puts its own
+mark, ``restoring``, first): a cleanup still running can never delete an item
+a restore wrote, nor its objects (a restore writes under a fresh tag).
 
 Mixed into ``DynamoIndex`` (``DynamoArchive``), as ``dynamo_lifecycle`` is.
 """
@@ -92,6 +92,13 @@ class DynamoArchive:
         return record.archive is not None and record.archive.key == ref.key
 
     def finish_archive(self, thread_id: str, ref: ArchiveRef, release: Release) -> Op[None]:
+        """The archived thread's live items and their objects go, objects first (a
+        call again finds them through the items). The items are read, then the
+        record: a restore marks it before it writes any item, so if the record
+        still names this archive and no restore then, every item read is an
+        archived one, and its objects may go (a restore writes its own under a
+        fresh tag). The items go in transactions that need the same of the
+        record: a restore that began since keeps the items it wrote."""
         calls = self.calls
         items: list[dict[str, Any]] = []
         entries: list[Any] = []
@@ -107,8 +114,11 @@ class DynamoArchive:
             start = page.get("LastEvaluatedKey")
             if start is None:
                 break
-        # Objects before the items that name them (a call again finds them), items
-        # only while the record still names this archive and no restore began.
+        if not items:
+            return
+        record = yield from self.archive_of(thread_id)
+        if record.archive is None or record.archive.key != ref.key or record.restoring is not None:
+            return  # restored, or being restored: what is left is the restore's
         yield from release(entries, [])
         fence = {
             "ConditionCheck": {
@@ -122,7 +132,7 @@ class DynamoArchive:
         for i in range(0, len(items), _TRANSACTION_ACTIONS):
             deletes = [{"Delete": {"TableName": self.table, "Key": k}} for k in items[i : i + _TRANSACTION_ACTIONS]]
             if (yield from self.transact([*deletes, fence], f"archived items of thread {thread_id!r}")):  # type: ignore[attr-defined]
-                return  # restored (or being restored) meanwhile: its items are the restore's
+                return  # a restore began: the items are its own now
 
     def unarchive(
         self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]
@@ -186,9 +196,8 @@ class DynamoArchive:
         if moved is None:
             yield from self._update(thread_id, "REMOVE #m", "#m = :k", {"#m": ARCHIVING}, {":k": {"S": key}})
 
-    def forget_archive(self, thread_id: str, key: str) -> Op[bool]:
-        forgot = yield from self._update(thread_id, "REMOVE #s", "#s = :key", {"#s": STALE_ARCHIVE}, {":key": {"S": key}})
-        return forgot is not None
+    def forget_archive(self, thread_id: str, key: str) -> Op[None]:
+        yield from self._update(thread_id, "REMOVE #s", "#s = :key", {"#s": STALE_ARCHIVE}, {":key": {"S": key}})
 
     def _update(
         self,

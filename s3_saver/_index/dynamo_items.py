@@ -21,7 +21,7 @@ from s3_saver._index.base import ENTRY_BUDGET as ITEM_BUDGET
 from s3_saver._index.base import Archived, CheckpointEntry, IndexEntry, Tombstone, WritesEntry
 from s3_saver._keys import KeyLayout, new_token
 from s3_saver._protocol import Call
-from s3_saver.errors import CorruptObjectError, Where
+from s3_saver.errors import CorruptObjectError, Where, error_code
 
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
@@ -65,6 +65,8 @@ STALE_ARCHIVE = "stale_archive"
 # under way, which stops an archive's cleanup.
 ARCHIVING = "archiving"
 RESTORING = "restoring"
+# On the thread's item: a delete's listing entry still to remove (when it was listed).
+UNLISTING = "unlisting"
 
 
 @dataclass
@@ -266,6 +268,7 @@ class DynamoCalls:
                 item.get(STALE_ARCHIVE),
                 item.get(ARCHIVING),
                 item.get(RESTORING),
+                item.get(UNLISTING, 0),
             )
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(
@@ -324,19 +327,26 @@ class DynamoCalls:
             },
         )
 
-    def bury_thread(self, thread_id: str, gen: int, now: int, stale: str | None, archiving: str | None) -> Call:
+    def bury_thread(self, thread_id: str, gen: int, now: int, stale: str | None, created: int) -> Call:
         """``delete_thread``'s switch: the thread's record moves to generation
         ``gen`` (every item below it is deleted for readers and writers), with no
-        archive, marks or deleted runs left; the archive object (``stale``) waits
-        on it until deleted. Its creation time stays until it is unlisted."""
-        names = {"#g": GEN, "#d": "deleted_at", "#a": ARCHIVE, "#m": ARCHIVING, "#r": RESTORING, "#x": DEAD_RUNS}
+        archive, marks or deleted runs left, and not listed (a run that starts it
+        afresh lists it anew); the archive object (``stale``) and the listing
+        entry (``unlisting``: when it was listed) wait on it until removed."""
+        names = {
+            "#g": GEN, "#d": "deleted_at", "#a": ARCHIVE, "#m": ARCHIVING, "#r": RESTORING, "#x": DEAD_RUNS, "#c": CREATED,
+        }
         values: dict[str, Any] = {":g": {"N": str(gen)}, ":t": {"N": str(now)}}
         update = "SET #g = :g, #d = :t"
         if stale is not None:
             update += ", #s = :s"
             names["#s"] = STALE_ARCHIVE
             values[":s"] = {"S": stale}
-        update += " REMOVE #a, #m, #r, #x"
+        if created:
+            update += ", #u = :u"
+            names["#u"] = UNLISTING
+            values[":u"] = {"N": str(created)}
+        update += " REMOVE #a, #m, #r, #x, #c"
         return self._call(
             "update_item",
             {
@@ -368,20 +378,20 @@ class DynamoCalls:
         sk = _keys.writes_sort_key(entry.ns, entry.checkpoint_id, entry.task_id, entry.part)
         return to_attrs({PARTITION_KEY: self.pk(entry.thread_id), SORT_KEY: sk})
 
-    def unlist_thread(self, created: int, thread_id: str, only_if_listed_at: bool = False) -> Call:
-        """Takes the thread out of the listing and its creation time off its item
-        (a run that starts it afresh lists it again), in one request;
-        ``only_if_listed_at``: only if the item says it was listed at ``created``."""
+    def unlist_thread(self, created: int, thread_id: str, pending: bool = False) -> Call:
+        """Takes the thread out of the listing, in one request: its listing entry
+        and, if the item says it was listed at ``created``, that time off the item
+        (``created``; ``pending``: a delete's ``unlisting``)."""
         listed = self.listing_item(created, thread_id)
+        attribute = UNLISTING if pending else CREATED
         update: dict[str, Any] = {
             "TableName": self.table,
             "Key": self.tombstone_key(thread_id),
-            "UpdateExpression": f"REMOVE #{CREATED}",
-            "ExpressionAttributeNames": {f"#{CREATED}": CREATED},
+            "UpdateExpression": "REMOVE #c",
+            "ConditionExpression": "#c = :t",
+            "ExpressionAttributeNames": {"#c": attribute},
+            "ExpressionAttributeValues": {":t": {"N": str(created)}},
         }
-        if only_if_listed_at:
-            update["ConditionExpression"] = f"#{CREATED} = :t"
-            update["ExpressionAttributeValues"] = {":t": {"N": str(created)}}
         delete = {"TableName": self.table, "Key": {k: listed[k] for k in (PARTITION_KEY, SORT_KEY)}}
         return _transaction(self, [{"Delete": delete}, {"Update": update}])
 
@@ -555,3 +565,11 @@ def _live(tomb: Tombstone, thread_id: str) -> Tombstone:
     if tomb.archive is not None:
         raise Archived(thread_id, tomb.archive)
     return tomb
+
+
+def _listed_first(exc: BaseException) -> bool:
+    """A listing transaction cancelled by its condition: another writer listed the thread."""
+    if error_code(exc) != "TransactionCanceledException":
+        return False
+    reasons = [r.get("Code") for r in (getattr(exc, "response", {}) or {}).get("CancellationReasons", [])]
+    return "ConditionalCheckFailed" in reasons and all(r in ("None", "ConditionalCheckFailed") for r in reasons)

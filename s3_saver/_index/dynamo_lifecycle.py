@@ -38,6 +38,7 @@ from s3_saver._index.dynamo_items import (
     TTL_ATTRIBUTE,
     DynamoCalls,
     Link,
+    _listed_first,
     _live,
     _thread_item,
 )
@@ -248,7 +249,7 @@ class DynamoLifecycle:
         record = _thread_item(calls, found)
         gen = record.gen + 1
         stale = record.archive.key if record.archive is not None else record.stale_archive
-        yield from request(calls.bury_thread(thread_id, gen, now, stale, record.archiving))
+        yield from request(calls.bury_thread(thread_id, gen, now, stale, record.created or record.unlisting))
         if record.archiving is not None:
             yield from release([ArchiveRef(record.archiving, "", 0, 0, {})], [])
         if stale is not None:
@@ -256,8 +257,11 @@ class DynamoLifecycle:
             yield from self.forget_archive(thread_id, stale)  # type: ignore[attr-defined]
         # The records that find the thread go first (while what names them is
         # still there: a delete cut short and called again finds them).
-        if record.created:
-            yield from request(calls.unlist_thread(record.created, thread_id))
+        unlisting = record.created or record.unlisting
+        if unlisting:
+            (unlisted,) = yield (calls.unlist_thread(unlisting, thread_id, pending=True),)
+            if isinstance(unlisted, BaseException) and not _listed_first(unlisted):
+                raise_failure(calls.unlist_thread(unlisting, thread_id, pending=True), unlisted)
         if record.archive is not None:
             yield from self.forget_runs([(r, thread_id) for r in record.archive.runs])  # type: ignore[attr-defined]
         for _ in range(_MAX_DELETE_PASSES):
@@ -324,13 +328,15 @@ class DynamoLifecycle:
         yield from release(cut.drop, staying)
 
     def copy_thread(
-        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int
+        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int, release: Release
     ) -> Op[None]:
         """Write the entries of a copy (objects copied already) into ``dest``, marked
         as copies of ``source``: a copy cut short is completed by a call again,
         and anything else in ``dest`` is its own history, which a copy refuses."""
         calls = self.calls
-        record = yield from self.check_copy_target(source, dest)
+        # The target checked again (nothing of its own came since), beside what an
+        # earlier copy cut short left in it (copies of ``source``).
+        record, (_, earlier) = yield from gather(self.check_copy_target(source, dest), self._contents(dest))
         # A copy cut short leaves whole checkpoints, newest first (their objects
         # were copied before any item); the next call writes them all again.
         yield from self._write_whole(
@@ -340,6 +346,19 @@ class DynamoLifecycle:
             {COPIED_FROM: {"S": calls.pk(source)}},
             f"copies into thread {dest!r}",
         )
+        # ... and what an earlier attempt copied that the source holds no more
+        # (pruned, its run deleted since) goes: the copy equals the source as read.
+        kept = {e.key for e in entries}
+        kept_writes = {(w.ns, w.checkpoint_id, w.task_id, w.part) for w in writes}
+        stale = [e for e in earlier if e.key not in kept]
+        stale_writes = [
+            w for e in earlier for w in e.writes or () if (w.ns, w.checkpoint_id, w.task_id, w.part) not in kept_writes
+        ]
+        if stale or stale_writes:
+            keys = [k for e in stale for k in (calls.key_of(*e.key), calls.link_key(e))]
+            keys += [calls.writes_key(w) for w in stale_writes]
+            yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in keys], f"stale copies in thread {dest!r}")
+            yield from release([*stale, *stale_writes], [*entries, *writes])
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
         yield from gather(self.note(dest, now, None), *(self.note(dest, None, r) for r in runs))  # type: ignore[attr-defined]
 

@@ -35,7 +35,7 @@ from s3_saver._index.base import (
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._index.dynamo_items import DynamoCalls, Link, _live_gen, _thread_item
+from s3_saver._index.dynamo_items import DynamoCalls, Link, _listed_first, _live_gen, _thread_item
 from s3_saver._index.dynamo_audit import DynamoHoldings
 from s3_saver._index.dynamo_archive import DynamoArchive
 from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
@@ -127,7 +127,7 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
     def unnote(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
         calls = [self.calls.delete(self.calls.run_key(run_id, thread_id))] if run_id is not None else []
         if created is not None:
-            calls.append(self.calls.unlist_thread(created, thread_id, only_if_listed_at=True))
+            calls.append(self.calls.unlist_thread(created, thread_id))
         if not calls:
             return
         results = yield tuple(calls)
@@ -474,14 +474,6 @@ def _reasons(exc: BaseException) -> list[tuple[str, Any]]:
     """A cancelled transaction's reasons: (code, the item as stored or None), per action."""
     reasons = (getattr(exc, "response", {}) or {}).get("CancellationReasons") or []
     return [(r.get("Code") or "None", r.get("Item")) for r in reasons]
-
-
-def _listed_first(exc: BaseException) -> bool:
-    """A listing transaction cancelled by its condition: another writer listed the thread."""
-    if error_code(exc) != "TransactionCanceledException":
-        return False
-    reasons = [r.get("Code") for r in (getattr(exc, "response", {}) or {}).get("CancellationReasons", [])]
-    return "ConditionalCheckFailed" in reasons and all(r in ("None", "ConditionalCheckFailed") for r in reasons)
 
 
 def _writes_in(calls: DynamoCalls, page: dict[str, Any]) -> list[WritesEntry]:

@@ -38,13 +38,13 @@ from s3_saver._index.base import (
     Key3,
     ParentGone,
     Prepared,
-    Tombstone,
     WritesEntry,
     WritesOutcome,
 )
 from s3_saver._index.manifest_doc import (
     Head,
     SegmentRef,
+    record_of,
     _in,
     _newest,
     _with_writes,
@@ -156,6 +156,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         with self._lock:
             ahead = self._sealed.pop(thread_id, None)
         plans = [ahead] if ahead is not None else []
+        closed = False
         try:
             for attempt in range(_MAX_SWAPS):
                 if head is None:
@@ -182,8 +183,11 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
                 f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
                 f"other writers; gave up after {_MAX_SWAPS} attempts"
             )
+        except GeneratorExit:
+            closed = True  # cut short (the driver closed it): no request can be made now
+            raise
         finally:
-            if plans:
+            if plans and not closed:
                 yield from self._drop_unused(thread_id, plans, head)
 
     def _drop_unused(self, thread_id: str, plans: list[_SealPlan], head: Head | None) -> Op[None]:
@@ -529,14 +533,6 @@ def _fence(head: Head, gen: int, run_id: str | None) -> None:
     writer learned ``gen``, not archived, the writer's run not deleted."""
     if head.archive is not None or gen != head.gen or (run_id is not None and run_id in head.dead_runs):
         raise Fenced(record_of(head))
-
-
-def record_of(head: Head) -> Tombstone:
-    """The head as the thread's record (what ``Fenced`` and ``archive_of`` hand back)."""
-    return Tombstone(
-        head.thread_id, None, head.gen, head.deleted_at, head.created, frozenset(head.dead_runs),
-        head.archive, head.stale_archive,
-    )
 
 
 def _pop_wave(refs: list[SegmentRef], at_least: int, checkpoints: int) -> list[SegmentRef]:

@@ -1,11 +1,11 @@
 """The manifest index's side of archival: the head's ``archive`` reference.
 
 Archiving is read-decide-act fenced at the commit: the archive object's key is
-recorded in the head first (``stale_archive``: an object to delete unless the
-archive switches to it), the thread is read (``snapshot``: the entries and the
-exact head they came from), and the switch is one compare-and-swap of exactly
-that head (``IfMatch`` its ETag): any commit since the read changed the head,
-and the switch fails. The archived entries and segments go to the graveyard,
+recorded in the head first (``archiving``: the next archive, or a delete, finds
+the object of one cut short), the thread is read (``snapshot``: the entries and
+the exact head they came from), and the switch is one compare-and-swap of
+exactly that head (``IfMatch`` its ETag): any commit since the read changed the
+head, and the switch fails. The archived entries and segments go to the graveyard,
 whose objects are deleted after (``finish_archive``). Restoring is one swap
 back: the archive's entries, written under a fresh tag, come in with the
 reference out, and the archive object waits in ``stale_archive`` until deleted.
@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._index.base import SPECIAL_PART, ArchiveRef, CheckpointEntry, Release, Tombstone, WritesEntry
-from s3_saver._index.manifest_doc import Head, _tips
+from s3_saver._index.manifest_doc import Head, _tips, record_of
 from s3_saver._protocol import Op
 from s3_saver.errors import ThreadArchivedError
 
@@ -32,10 +32,7 @@ class ManifestArchive:
 
     def archive_of(self, thread_id: str) -> Op[Tombstone]:
         head = yield from self._read_head(thread_id)  # type: ignore[attr-defined]
-        return Tombstone(
-            thread_id, None, head.gen, created=head.created, dead_runs=frozenset(head.dead_runs),
-            archive=head.archive, stale_archive=head.stale_archive,
-        )
+        return record_of(head)
 
     def mark_archive(self, thread_id: str, key: str) -> Op[str | None]:
         previous: list[str | None] = [None]
@@ -43,8 +40,8 @@ class ManifestArchive:
         def mark(h: Head) -> Head | None:
             if h.archive is not None:
                 raise _busy(thread_id, h, self.describe())  # type: ignore[attr-defined]
-            previous[0] = h.stale_archive if h.stale_archive != key else None
-            return None if h.stale_archive == key else replace(h, stale_archive=key)
+            previous[0] = h.archiving if h.archiving != key else None
+            return None if h.archiving == key else replace(h, archiving=key)
 
         yield from self._update(thread_id, mark, self._cached(thread_id))  # type: ignore[attr-defined]
         return previous[0]
@@ -59,7 +56,7 @@ class ManifestArchive:
 
     def switch_archive(self, thread_id: str, ref: ArchiveRef, snapshot: Any) -> Op[bool]:
         head: Head = snapshot
-        if head.archive is not None or head.stale_archive != ref.key:
+        if head.archive is not None or head.archiving != ref.key:
             return False  # the head was read before the mark, or another call's mark came
         new = replace(
             head,
@@ -69,7 +66,7 @@ class ManifestArchive:
             graveyard=[*head.graveyard, *head.entries, *head.writes],
             graveyard_segments=[*head.graveyard_segments, *head.segments],
             archive=ref,
-            stale_archive=None,  # the object is the archive now
+            archiving=None,  # the object is the archive now
         )
         # The commit point: the head the archive was read from, or nothing.
         if (yield from self._swap(head, new)):  # type: ignore[attr-defined]
@@ -126,20 +123,19 @@ class ManifestArchive:
         return switched[0]
 
     def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:
-        """Nothing to take off: a manifest commit changes the head, which is enough
-        to fail an archive's switch."""
-        yield from ()
+        """Take an archive's mark off (the archive that did not switch: a commit
+        needs no such thing here, its swap changes the head the switch needs)."""
 
-    def forget_archive(self, thread_id: str, key: str) -> Op[bool]:
-        forgot = [False]
+        def cancel(h: Head) -> Head | None:
+            return replace(h, archiving=None) if h.archiving == key else None
 
+        yield from self._update(thread_id, cancel)  # type: ignore[attr-defined]
+
+    def forget_archive(self, thread_id: str, key: str) -> Op[None]:
         def forget(h: Head) -> Head | None:
-            forgot[0] = h.stale_archive == key
-            return replace(h, stale_archive=None) if forgot[0] else None
+            return replace(h, stale_archive=None) if h.stale_archive == key else None
 
-        head = yield from self._update(thread_id, forget)  # type: ignore[attr-defined]
-        # (A swap applied and answered with a failure reads as "not there" on the retry.)
-        return forgot[0] or (head.stale_archive != key and head.archive is None)
+        yield from self._update(thread_id, forget)  # type: ignore[attr-defined]
 
 
 def _after(first: list[WritesEntry], then: list[WritesEntry]) -> list[WritesEntry]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from s3_saver._archive import decode_ref, encode_ref
 from s3_saver._codec import pack, unpack
-from s3_saver._index.base import IN_CHECKPOINT_OBJECT, ArchiveRef, CheckpointEntry, Loc, WritesEntry
+from s3_saver._index.base import IN_CHECKPOINT_OBJECT, ArchiveRef, CheckpointEntry, Loc, Tombstone, WritesEntry
 
 HEAD_FORMAT = "s3_saver.manifest-head/1"
 SEGMENT_FORMAT = "s3_saver.manifest-segment/1"
@@ -84,6 +84,10 @@ class Head:
     archive: ArchiveRef | None = None
     # An archive object a restore or delete still has to remove.
     stale_archive: str | None = None
+    # A delete's listing object still to remove (the time it was listed at).
+    unlisting: int = 0
+    # An archive under way: the key of the object it writes (its switch needs it).
+    archiving: str | None = None
     etag: str | None = None  # of the stored head this was read from (None: no head)
 
 
@@ -107,6 +111,8 @@ def encode_head(head: Head) -> bytes:
             "dead_runs": head.dead_runs,
             "archive": encode_ref(head.archive) if head.archive is not None else None,
             "stale_archive": head.stale_archive,
+            "unlisting": head.unlisting,
+            "archiving": head.archiving,
         }
     )
 
@@ -132,6 +138,8 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         dead_runs=list(doc.get("dead_runs", [])),
         archive=decode_ref(thread_id, doc["archive"], where) if doc.get("archive") is not None else None,
         stale_archive=doc.get("stale_archive"),
+        unlisting=doc.get("unlisting", 0),
+        archiving=doc.get("archiving"),
         etag=etag,
     )
 
@@ -246,3 +254,11 @@ def _newest(entries: list[CheckpointEntry], ns: str) -> CheckpointEntry | None:
 def _with_writes(entry: CheckpointEntry, writes: list[WritesEntry]) -> CheckpointEntry:
     own = [w for w in writes if w.checkpoint_id == entry.checkpoint_id and w.ns == entry.ns]
     return replace(entry, writes=own)
+
+
+def record_of(head: Head) -> Tombstone:
+    """The head as the thread's record (what ``Fenced`` and ``archive_of`` hand back)."""
+    return Tombstone(
+        head.thread_id, None, head.gen, head.deleted_at, head.created, frozenset(head.dead_runs),
+        head.archive, head.stale_archive, head.archiving, None, head.unlisting,
+    )

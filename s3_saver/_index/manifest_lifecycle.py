@@ -168,7 +168,10 @@ class ManifestLifecycle:
         if head.etag is None:
             return  # nothing was ever stored: leave no trace
 
+        marked: list[str | None] = [None]
+
         def bury(h: Head) -> Head | None:
+            marked[0] = h.archiving
             return Head(
                 thread_id,
                 version=h.version,
@@ -177,25 +180,28 @@ class ManifestLifecycle:
                 graveyard=[*h.graveyard, *h.entries, *h.writes],
                 graveyard_segments=[*h.graveyard_segments, *h.segments],
                 retired=h.retired,
-                # Kept until the graveyard is cleared, to find the listing entry.
-                created=h.created,
+                # Not listed from now on (a run that starts it afresh lists it anew);
+                # its listing object is removed once the head says where it is.
+                unlisting=h.created or h.unlisting,
                 # An archived thread's archive goes with the rest.
                 stale_archive=h.archive.key if h.archive is not None else h.stale_archive,
             )
 
         archived_runs = head.archive.runs if head.archive is not None else []
         head = yield from self._update(thread_id, bury, head)
+        if marked[0] is not None:
+            # An archive under way (its switch now fails) or cut short: its object goes.
+            yield from release([ArchiveRef(marked[0], "", 0, 0, {})], [])
         runs = {e.run_id for e in head.graveyard if isinstance(e, CheckpointEntry) and e.run_id is not None}
         runs.update(archived_runs)
         for entries, _ in (yield from self._load_segments(thread_id, head.graveyard_segments, buried=True)):
             runs.update(e.run_id for e in entries if e.run_id is not None)
-        # The run hints go first, while the graveyard still names their runs (a
-        # delete cut short finds them again). The listing goes once the head says
-        # the thread is not listed (a run that started it afresh meanwhile keeps it).
-        yield from _delete_keys(self.s3, [self.layout.run_key(r, thread_id) for r in sorted(runs)])
-        cleared = yield from self._clear_graveyard(head, release, unlist=True)
-        if head.created and not cleared.created:
-            yield from _delete_keys(self.s3, [self.layout.listing_key(head.created, thread_id)])
+        # The records that find the thread go first, while the head still names them
+        # (the graveyard's runs, ``unlisting``): a delete cut short finds them again.
+        hints = [self.layout.run_key(r, thread_id) for r in sorted(runs)]
+        listing = [self.layout.listing_key(head.unlisting, thread_id)] if head.unlisting else []
+        yield from _delete_keys(self.s3, hints + listing)
+        yield from self._clear_graveyard(head, release, unlist=True)
 
     def drop(self, thread_id: str, plan: Callable[[list[CheckpointEntry]], Op[Cut]], release: Release) -> Op[None]:
         """One swap installs the thread's history without the dropped checkpoints
@@ -252,8 +258,9 @@ class ManifestLifecycle:
     def _clear_graveyard(self, head: Head, release: Release, unlist: bool) -> Op[Head]:
         """Delete what ``head``'s graveyard holds (the objects its entries, and the
         entries of its buried segments, name and no entry the head still holds
-        names; retired segments), then take that out of the head. ``unlist``:
-        the thread's listing time goes too, unless it was written to again."""
+        names; retired segments), then take that out of the head. ``unlist``
+        (a delete): the stale archive goes too, and ``unlisting`` (the caller
+        removed that listing object)."""
         thread_id = head.thread_id
         buried: list[Any] = list(head.graveyard)
         for entries, writes in (yield from self._load_segments(thread_id, head.graveyard_segments, buried=True)):
@@ -271,7 +278,7 @@ class ManifestLifecycle:
         gone = {_grave_key(e) for e in head.graveyard}
 
         def clear(h: Head) -> Head | None:
-            unlisted = unlist and h.created and not h.entries
+            unlisted = unlist and bool(head.unlisting) and h.unlisting == head.unlisting
             dropped_stale = bool(stale) and h.stale_archive == head.stale_archive
             if not h.graveyard and not h.graveyard_segments and not h.retired and not unlisted and not dropped_stale:
                 return None
@@ -281,14 +288,14 @@ class ManifestLifecycle:
                 graveyard=[e for e in h.graveyard if _grave_key(e) not in gone],
                 graveyard_segments=[r for r in h.graveyard_segments if r not in head.graveyard_segments],
                 retired=[r for r in h.retired if r not in head.retired],
-                created=0 if unlisted else h.created,
+                unlisting=0 if unlisted else h.unlisting,
                 stale_archive=None if dropped_stale else h.stale_archive,
             )
 
         return (yield from self._update(thread_id, clear, head))
 
     def copy_thread(
-        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int
+        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int, release: Release
     ) -> Op[None]:
         """Write the entries of a copy (objects copied already) into ``dest``'s head
         in one swap: a copy cut short leaves the target as it was. The swap checks
@@ -309,7 +316,11 @@ class ManifestLifecycle:
                 created=h.created or now,
             )
 
-        yield from self._install(target, install)
+        earlier = yield from self._contents(target)  # what a copy cut short and called again left
+        installed = yield from self._install(target, install)
+        if earlier and installed.copied_from == source:
+            # An earlier copy's entries (under its own tag) gave way to these.
+            yield from release(earlier, [*entries, *writes])
         # The copy's runs, for delete_for_runs to find it too.
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
         yield from gather(*(self.note(dest, None, r) for r in runs))
@@ -327,7 +338,7 @@ class ManifestLifecycle:
             )
         return target
 
-    def _install(self, head: Head, install: Callable[[Head], Head | None]) -> Op[None]:
+    def _install(self, head: Head, install: Callable[[Head], Head | None]) -> Op[Head]:
         """Swap in a whole history (restore, copy), list the thread if it was not,
         and delete the segments ``head`` referred to (an earlier copy's, the lost
         index's): nothing refers to them any more."""
@@ -337,6 +348,7 @@ class ManifestLifecycle:
             yield from self.note(thread_id, installed.created, None)
         old = [r for r in head.segments if r not in installed.segments]
         yield from _delete_keys(self.s3, [self.layout.segment_key(thread_id, r.number, r.token) for r in old])
+        return installed
 
 
 # -- helpers ---------------------------------------------------------------------------

@@ -335,7 +335,7 @@ def install(
         else:
             yield from _remove_stale(ctx, thread_id, ref.key)
     elif copied_from is not None:
-        yield from ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now())
+        yield from ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now(), deleter(ctx, thread_id))
     else:
         yield from ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now())
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
@@ -351,16 +351,19 @@ def _wait_restored(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[None]:
     for pause in _RESTORE_WAITS:
         own = yield from ctx.index.archive_of(thread_id)
         if own.archive is None or own.archive.key != ref.key:
+            if own.stale_archive == ref.key:
+                # Switched: the archive object goes (the winner may have been cut short).
+                yield from _remove_stale(ctx, thread_id, ref.key)
             return
         yield Sleep(pause)
 
 
 def _remove_stale(ctx: Context, thread_id: str, key: str) -> Op[None]:
-    """Delete an archive object the index holds as one to delete: its mark first,
-    and the object only if the mark was still there. In manifest mode that mark
-    is also an archive's, under way: one that has switched to it since keeps it."""
-    if (yield from ctx.index.forget_archive(thread_id, key)):
-        yield from delete_keys(ctx, [key], f"thread {thread_id!r}")
+    """Delete an archive object the index holds as one to delete, then its mark
+    (cut between the two, the next call deletes it again: a key never comes
+    back as an archive, each archive writes one of its own)."""
+    yield from delete_keys(ctx, [key], f"thread {thread_id!r}")
+    yield from ctx.index.forget_archive(thread_id, key)
 
 
 # -- the operator's schedule ----------------------------------------------------------------

@@ -14,11 +14,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from s3_saver._archive import decode_archive
-from s3_saver._index.base import Archived
+from s3_saver._index.base import Archived, CheckpointEntry
 from s3_saver._keys import new_tag
 from s3_saver._ops.archive import install
 from s3_saver._ops.archived import read_archive
 from s3_saver._ops.context import Context, target
+from s3_saver._ops.delete import deleter
+from s3_saver._ops.prune import take_out_runs
 from s3_saver._protocol import Op
 from s3_saver._reach import closure, moved, own_object
 from s3_saver._s3 import copy_immutable
@@ -35,7 +37,9 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
         entries = [e for e in (yield from ctx.index.contents(source)) if not ctx.expired(e)]
     except Archived as archived:
         data = yield from read_archive(ctx, source, archived.ref)
-        yield from install(ctx, dest, decode_archive(data, f"s3://{ctx.s3.bucket}/{archived.ref.key}"), copied_from=source)
+        archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{archived.ref.key}")
+        yield from install(ctx, dest, archive, copied_from=source)
+        yield from _no_deleted_runs(ctx, source, dest, archive.entries)
         return
     tag = new_tag()
     copies, writes = moved(entries, dest, tag)
@@ -49,5 +53,20 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
     pairs.update((layout.object_key(own_object(w)), layout.object_key(own_object(n))) for w, n in zip(old_writes, writes))
     yield from copy_immutable(ctx.s3, pairs)
     ctx.locs.forget_thread(dest)
-    yield from ctx.index.copy_thread(source, dest, copies, writes, ctx.now())
+    yield from ctx.index.copy_thread(source, dest, copies, writes, ctx.now(), deleter(ctx, dest))
     ctx.locs.forget_thread(dest)
+    yield from _no_deleted_runs(ctx, source, dest, entries)
+
+
+def _no_deleted_runs(ctx: Context, source: str, dest: str, entries: list[CheckpointEntry]) -> Op[None]:
+    """A delete_for_runs of a copied run may have marked the source after this
+    copy read it, and looked up the run's threads before the copy's hints were
+    written: the source's deleted runs, read after those hints, say which runs
+    the copy must not keep (see _ops.prune.delete_for_runs)."""
+    runs = {e.run_id for e in entries if e.run_id is not None}
+    if not runs:
+        return
+    record = yield from ctx.index.archive_of(source)
+    dead = sorted(runs & record.dead_runs)
+    if dead:
+        yield from take_out_runs(ctx, dest, dead)

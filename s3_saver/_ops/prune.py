@@ -40,6 +40,7 @@ from s3_saver.errors import ConfigurationError
 STRATEGIES = ("keep_latest", "delete")
 # Threads handled side by side: their round trips share waves.
 _THREADS_AT_ONCE = 16
+_RUN_LOOKUPS = 3
 _DELTA_COUNTERS = "counters_since_delta_snapshot"
 
 
@@ -77,24 +78,35 @@ def delete_for_runs(ctx: Context, run_ids: Sequence[str]) -> Op[None]:
     if not runs:
         return
     # The run hints name the threads; each thread's own index says which of its
-    # checkpoints the runs wrote.
-    found = yield from ctx.index.runs(runs)
-    threads = sorted({t for ts in found.values() for t in ts})
+    # checkpoints the runs wrote. Looked up again once the threads found are
+    # marked: a copy_thread that read a source before its mark notes the copy's
+    # hints first and reads the source's deleted runs after (see _ops.copy), so
+    # either this finds the copy or the copy finds the mark.
+    done: set[str] = set()
+    found: dict[str, list[str]] = {}
+    for _ in range(_RUN_LOOKUPS):
+        found = yield from ctx.index.runs(runs)
+        threads = sorted({t for ts in found.values() for t in ts} - done)
+        if not threads:
+            break
+        for i in range(0, len(threads), _THREADS_AT_ONCE):
+            yield from gather(*(take_out_runs(ctx, t, runs) for t in threads[i : i + _THREADS_AT_ONCE]))
+        done.update(threads)
+    yield from ctx.index.forget_runs([(r, t) for r, ts in found.items() for t in ts])
+
+
+def take_out_runs(ctx: Context, thread_id: str, runs: Sequence[str]) -> Op[None]:
+    """delete_for_runs on one thread: the runs marked deleted first (read-decide-act
+    is fenced at the commit: from here on a commit of these runs is refused with
+    RunDeletedError, so the read that follows sees every checkpoint they will
+    ever have on this thread), then their checkpoints taken out."""
     gone = set(runs)
 
     def others(entries: list[CheckpointEntry]) -> set[Key3]:
         return {e.key for e in entries if not e.hidden and e.run_id not in gone}
 
-    def one(thread_id: str) -> Op[None]:
-        # Marked first (read-decide-act is fenced at the commit): from here on a
-        # commit of these runs is refused (RunDeletedError), so the read that
-        # follows sees every checkpoint they will ever have on this thread.
-        yield from ctx.index.bury_runs(thread_id, sorted(gone))
-        yield from _take_out(ctx, thread_id, others)
-
-    for i in range(0, len(threads), _THREADS_AT_ONCE):
-        yield from gather(*(one(t) for t in threads[i : i + _THREADS_AT_ONCE]))
-    yield from ctx.index.forget_runs([(r, t) for r, ts in found.items() for t in ts])
+    yield from ctx.index.bury_runs(thread_id, sorted(gone))
+    yield from _take_out(ctx, thread_id, others)
 
 
 def _take_out(ctx: Context, thread_id: str, keep: Callable[[list[CheckpointEntry]], set[Key3]]) -> Op[None]:
@@ -103,6 +115,8 @@ def _take_out(ctx: Context, thread_id: str, keep: Callable[[list[CheckpointEntry
     ``Index.drop`` reads the thread, asks ``plan`` what to take out of what it
     read, and asks again if a commit lands before its change does: the decision
     is always made on the thread the change applies to."""
+
+    decided: list[tuple[list[CheckpointEntry], Cut]] = []
 
     def plan(entries: list[CheckpointEntry]) -> Op[Cut]:
         by_key = {e.key: e for e in entries}
@@ -118,12 +132,22 @@ def _take_out(ctx: Context, thread_id: str, keep: Callable[[list[CheckpointEntry
             if ref[2] == IN_CHECKPOINT_OBJECT and ref[1] != e.checkpoint_id
         }
         stay = read | (sources & by_key.keys())
-        return Cut(
+        cut = Cut(
             hide=[e for e in entries if e.key in stay and e.key not in kept and not e.hidden],
             drop=[e for e in entries if e.key not in stay],
         )
+        decided.append((entries, cut))
+        return cut
 
     yield from ctx.index.drop(thread_id, plan, deleter(ctx, thread_id))
+    if decided:
+        # The hints of runs left with no checkpoint here go too: a delete of the
+        # thread finds the hints to remove through its checkpoints' runs.
+        entries, cut = decided[-1]
+        dropped = {e.key for e in cut.drop}
+        left = {e.run_id for e in entries if e.key not in dropped}
+        gone = sorted({e.run_id for e in cut.drop if e.run_id is not None} - left)
+        yield from ctx.index.forget_runs([(r, thread_id) for r in gone])
     # A writer of this process continues from what it read: not from what went.
     ctx.locs.forget_thread(thread_id)
 
