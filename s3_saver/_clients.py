@@ -8,6 +8,7 @@ talks to another store than ``graph.invoke``.
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 from typing import Any
@@ -100,12 +101,12 @@ class Clients:
     def make_sync(self, service: str) -> Any:
         if self.given.get(service) is not None:
             return no_uuid4(self.given[service])
-        import boto3
-
-        session = self.boto3_session or boto3.session.Session()
-        client = session.client(
-            service, region_name=self.region_name, endpoint_url=self.endpoints[service], config=self.config
-        )
+        kwargs = {"region_name": self.region_name, "endpoint_url": self.endpoints[service], "config": self.config}
+        if self.boto3_session is not None:
+            client = self.boto3_session.client(service, **kwargs)
+        else:
+            with _DEFAULT_LOCK:  # a boto3 Session is not thread-safe; savers may be built on any thread
+                client = _default_session().client(service, **kwargs)
         self._learn_region(service, client.meta.region_name)
         return no_uuid4(client)
 
@@ -142,6 +143,23 @@ class Clients:
     def _learn_region(self, service: str, region: str | None) -> None:
         if self.where.regions.get(service) is None:
             self.where.regions[service] = region
+
+
+_DEFAULT_LOCK = threading.Lock()
+_DEFAULT_SESSION: Any = None
+
+
+def _default_session() -> Any:
+    """One boto3 session per process for the savers given no session or clients, as
+    ``boto3.client()`` has: a new session loads the service models and resolves the
+    credentials again, ~30 ms a client, which a Lambda handler that builds its saver
+    per invocation would pay every time. Called under ``_DEFAULT_LOCK``."""
+    global _DEFAULT_SESSION
+    if _DEFAULT_SESSION is None:
+        import boto3
+
+        _DEFAULT_SESSION = boto3.session.Session()
+    return _DEFAULT_SESSION
 
 
 def _import_aioboto3() -> Any:
