@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from langgraph.checkpoint.base import Checkpoint
@@ -50,3 +51,27 @@ def concat(state: list, writes: list) -> list:
     for w in writes:
         out.extend(w)
     return out
+
+
+def long_form() -> bool:
+    """``make test-all`` (``TEST_ALL=1``) and ``make soak``: the long forms of the
+    sampled tests (every cut, the whole SeaweedFS matrix); ``make test`` samples them."""
+    return os.environ.get("TEST_ALL") == "1" or bool(os.environ.get("SOAK_MINUTES"))
+
+
+def cut_points(total: int, most: int = 6) -> list[int]:
+    """Where a test that cuts an operation short cuts it, of ``total`` round trips.
+
+    ``make test-all``: after every round trip. ``make test``: at most ``most`` of
+    them, spread evenly, always the first two and the last two (before anything is
+    written, after the first write, before and after the commit point). The
+    simulation (tests/test_simulation.py) cuts the operation generators at other
+    calls on every run; these end-to-end cases through LangGraph sample, to keep
+    ``make test`` short.
+    """
+    if total <= most or long_form():
+        return list(range(total))
+    edges = {0, 1, total - 2, total - 1}
+    inner = most - len(edges)
+    step = (total - 3) / (inner + 1)
+    return sorted(edges | {1 + round(step * (k + 1)) for k in range(inner)})

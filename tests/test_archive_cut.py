@@ -17,7 +17,7 @@ from langgraph.checkpoint.base import WRITES_IDX_MAP
 from langgraph.checkpoint.memory import InMemorySaver
 
 from conftest import BUCKET, make_saver
-from helpers import checkpoint, grow_thread
+from helpers import checkpoint, cut_points, grow_thread
 from s3_saver import ThreadArchivedError
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._index.manifest_seal import SEAL_AT
@@ -184,7 +184,7 @@ def test_archive_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
     print(f"\n{index_mode}: archive_thread takes {total} round trips")
     assert total >= 4
 
-    for cut in range(total):
+    for cut in cut_points(total):
         _empty(endpoint, writer)
         thread_id = f"t{cut}"
         _rich_thread(writer, thread_id)
@@ -230,7 +230,7 @@ def test_restore_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
     _run((ref,), "ref", range(TURNS + 1))
     expected_after = _graph_values(ref, "ref")
 
-    for cut in range(total):
+    for cut in cut_points(total):
         _empty(endpoint, writer)
         thread_id = f"t{cut}"
         _rich_thread(writer, thread_id)
@@ -284,7 +284,7 @@ def test_a_write_restoring_an_archived_thread_cut_short_loses_and_doubles_nothin
     assert _values(writer, "twin") == with_turn
     counter.close()
 
-    for cut in range(total):
+    for cut in cut_points(total):
         _empty(endpoint, writer)
         thread_id = f"t{cut}"
         writer.import_thread(exported, thread_id=thread_id)
@@ -453,7 +453,7 @@ def test_a_pending_write_racing_the_archive_survives_a_cut_and_the_call_again(
     print(f"\n{index_mode}: archive_thread raced by a pending write takes {total} round trips")
 
     left_behind = []
-    for cut in range(total):
+    for cut in cut_points(total):
         _empty(endpoint, writer)
         thread_id = f"t{cut}"
         latest = prepare(thread_id)
@@ -510,7 +510,7 @@ def test_an_archive_cut_short_then_written_to_then_archived_again_leaves_one_arc
     counter.close()
 
     left_behind = []
-    for cut in range(total):
+    for cut in cut_points(total):
         _empty(endpoint, writer)
         thread_id = f"t{cut}"
         _run((_graph(writer),), thread_id, range(TURNS))

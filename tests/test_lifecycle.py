@@ -14,7 +14,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
 from conftest import BUCKET, make_saver
-from helpers import checkpoint, concat, config
+from helpers import checkpoint, concat, config, cut_points
 from s3_saver import ConfigurationError, S3SaverError
 from s3_saver._drivers.sync import SyncDriver
 
@@ -184,7 +184,7 @@ def test_prune_cut_short_at_any_round_trip_keeps_what_it_keeps(endpoint, index_m
     assert total >= 3
     expected = _values(ref, "twin")[:2]
 
-    for cut in range(total):
+    for cut in cut_points(total):
         thread_id = f"t{cut}"
         _run((_graph(writer),), thread_id, range(6))
         pruner = make_saver(endpoint, index_mode)
@@ -326,7 +326,7 @@ def test_lifecycle_costs_grow_with_what_they_touch_not_with_the_store(endpoint, 
     saver = make_saver(endpoint, index_mode)
     saver.setup()
     alone = _costs(saver, "")
-    _thread_of_runs(saver, "large-unrelated", length=400, runs=8)
+    _thread_of_runs(saver, "large-unrelated", length=200, runs=8)
     beside = _costs(saver, "-2")
     print(f"\n{index_mode}: " + "\n".join(f"{k}: {v}" for k, v in alone.items()))
     assert beside == alone

@@ -23,7 +23,7 @@ from s3_saver._keys import encode
 from s3_saver._ops.threads import ThreadInfo
 
 T0 = 1_800_000_000  # 2027-01-15: creation times are T0 + a few seconds
-N_THREADS = 1000
+N_THREADS = 500  # five listing pages of 100, the last exactly full
 
 # What one page of k threads costs: the listing read (DynamoDB Query of the
 # listing partition / S3 ListObjectsV2 of listing/threads/) in the first round
@@ -153,16 +153,16 @@ def _walk(saver, limit: int, **kwargs) -> list[list[ThreadInfo]]:
         assert len(pages) <= 1000, "pagination does not end"
 
 
-# -- 1. 1,000 threads: order, content, pages, filter --------------------------------
+# -- 1. 500 threads: order, content, pages, filter --------------------------------
 def _populate(saver, index_mode: str) -> dict[int, ThreadInfo]:
-    """1,000 threads created at distinct seconds, in an order unrelated to their
+    """500 threads created at distinct seconds, in an order unrelated to their
     ids; every 5th gets a second checkpoint whose metadata differs from the first
     one's (a listing that read the first checkpoint would show it)."""
     clock = Clock(saver)
     expected: dict[int, ThreadInfo] = {}
     for i in range(N_THREADS):
         thread_id = f"thread-{i:04d}"
-        created = T0 + (i * 337) % N_THREADS  # a permutation of 0..999: ids do not give the order
+        created = T0 + (i * 337) % N_THREADS  # a permutation of 0..499: ids do not give the order
         clock.now = created
         user = "u7" if i % 7 == 0 else f"u{i % 7}"
         if i % 5 == 0:
@@ -182,11 +182,11 @@ def _number(info: ThreadInfo) -> int:
     return int(info.thread_id.removeprefix("thread-"))
 
 
-def test_thousand_threads_order_pages_filter_and_costs(saver, index_mode, quick_queries) -> None:
+def test_five_hundred_threads_order_pages_filter_and_costs(saver, index_mode, quick_queries) -> None:
     expected = _populate(saver, index_mode)
     everything = _order(list(expected.values()))
     assert [i.created_at.timestamp() for i in everything] == [T0 + k for k in range(N_THREADS - 1, -1, -1)]
-    assert _ids(everything)[:2] == ["thread-0727", "thread-0454"]  # 727 * 337 % 1000 == 999, 454 * 337 % 1000 == 998
+    assert _ids(everything)[:2] == ["thread-0227", "thread-0454"]  # 227 * 337 % 500 == 499, 454 * 337 % 500 == 498
 
     # The whole listing: every thread once, newest first, with its latest checkpoint.
     got = list(saver.list_threads())
@@ -194,18 +194,18 @@ def test_thousand_threads_order_pages_filter_and_costs(saver, index_mode, quick_
     assert got == everything
     assert all(isinstance(i, ThreadInfo) for i in got)
     assert got[0].config == {
-        "configurable": {"thread_id": "thread-0727", "checkpoint_ns": "", "checkpoint_id": got[0].checkpoint_id}
+        "configurable": {"thread_id": "thread-0227", "checkpoint_ns": "", "checkpoint_id": got[0].checkpoint_id}
     }
     # Pages of 100 listing entries, each listing read followed by the 100 threads' reads.
     listing_reads = requests[LISTING[index_mode]] - (N_THREADS if index_mode == "dynamodb" else 0)
     # (moto ends an exactly full last page without a LastEvaluatedKey; DynamoDB
     # may hand one back, which costs one more, empty, listing Query.)
-    assert listing_reads == 10
-    assert round_trips == 2 * 10
+    assert listing_reads == 5
+    assert round_trips == 2 * 5
     assert sum(requests.values()) == listing_reads + N_THREADS * len(PER_THREAD[index_mode])
     assert set(requests) == {LISTING[index_mode], *PER_THREAD[index_mode]}
 
-    # limit=N and before=<last ThreadInfo>: all 1,000 exactly once, in order, and
+    # limit=N and before=<last ThreadInfo>: all 500 exactly once, in order, and
     # each page costs its listing read and one read per thread, in 2 round trips.
     pages = []
     before = None
@@ -218,14 +218,14 @@ def test_thousand_threads_order_pages_filter_and_costs(saver, index_mode, quick_
         assert cost == _page_cost(index_mode, len(page)), (len(pages), cost)
         pages.append(page)
         before = page[-1]
-    assert [len(p) for p in pages] == [37] * 27 + [1]
+    assert [len(p) for p in pages] == [37] * 13 + [19]
     assert [i for p in pages for i in p] == everything
 
     # before= a thread id or a config naming a thread: the same page as before= its
     # ThreadInfo, for one more read (the thread's creation time) in one more round trip.
-    middle = everything[499]
+    middle = everything[249]
     by_info = list(saver.list_threads(limit=10, before=middle))
-    assert by_info == everything[500:510]
+    assert by_info == everything[250:260]
     assert _counts(saver) == _page_cost(index_mode, 10)
     lookup = ("dynamodb", "get_item") if index_mode == "dynamodb" else ("s3", "get_object")
     assert list(saver.list_threads(limit=10, before=middle.thread_id)) == by_info
@@ -236,20 +236,20 @@ def test_thousand_threads_order_pages_filter_and_costs(saver, index_mode, quick_
     assert list(saver.list_threads(before=everything[-1])) == []
 
     # filter= matches the latest checkpoint's metadata, never an older one's: every
-    # 7th thread (143), whose first checkpoint (for every 35th) said otherwise, and
+    # 7th thread (72), whose first checkpoint (for every 35th) said otherwise, and
     # not every 5th, whose first checkpoint said "u7".
     saver.stats.reset()
     u7 = list(saver.list_threads(filter={"user": "u7"}))
     assert u7 == [i for i in everything if _number(i) % 7 == 0]
-    assert len(u7) == 143
+    assert len(u7) == 72
     round_trips, requests = _counts(saver)
     assert sum(requests.values()) == listing_reads + N_THREADS * len(PER_THREAD[index_mode])  # what it must touch, no more
     both = list(saver.list_threads(filter={"user": "u7", "step": 1}, limit=10))
     assert both == [i for i in everything if _number(i) % 35 == 0][:10]
     # filter with limit and before: the subset, page by page, in order.
     assert list(saver.list_threads(filter={"user": "u7"}, limit=50)) == u7[:50]
-    assert list(saver.list_threads(filter={"user": "u7"}, limit=50, before=u7[49])) == u7[50:100]
-    assert list(saver.list_threads(filter={"user": "u7"}, limit=50, before=u7[129])) == u7[130:]
+    assert list(saver.list_threads(filter={"user": "u7"}, limit=30, before=u7[29])) == u7[30:60]
+    assert list(saver.list_threads(filter={"user": "u7"}, limit=30, before=u7[59])) == u7[60:]
     assert list(saver.list_threads(filter={"step": 1}, limit=5, before=everything[0])) == [
         i for i in everything[1:] if _number(i) % 5 == 0
     ][:5]

@@ -10,8 +10,8 @@ See tests/sim/__init__.py for the harness. In both index modes:
 * ``test_random``: seeded random schedules of 2-3 processes until the budget is spent;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
-Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 60, exhaustive 20,
-random 40),
+Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 60, exhaustive 10,
+random 15),
 ``SIM_SEED`` (base seed; default: new each run, printed), ``SIM_KEEP_GOING=1``
 (run the whole budget and report every failure instead of stopping at the first),
 ``SIM_FAILURES_FILE`` (append each failed schedule as a JSON line),
@@ -107,7 +107,7 @@ def test_exhaustive(world: World) -> None:
     """Per small pair: its interleavings (depth first over which process sends the
     next call, no faults), then one fault (lost reply, not sent, cut then retried or
     abandoned) at each call of one interleaving, in a seeded order; ``cap`` of each."""
-    budget = budget_seconds(20)
+    budget = budget_seconds(10)
     cap = int(os.environ.get("SIM_EXHAUSTIVE_CAP", "12"))
     deadline = time.monotonic() + budget
     base = _base_seed()
@@ -140,7 +140,7 @@ def test_exhaustive(world: World) -> None:
 
 @pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
 def test_random(world: World) -> None:
-    budget = budget_seconds(40)
+    budget = budget_seconds(15)
     deadline = time.monotonic() + budget
     base = _base_seed()
     tally = Tally()

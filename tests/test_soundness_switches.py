@@ -5,13 +5,12 @@ deleted thread leaves in the bucket and the table."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from typing import Any
 
 import pytest
 from conftest import make_saver
-from helpers import config
+from helpers import config, long_form
 from soundness_support import Cut, chain, fresh, leftovers, reset
 
 from s3_saver import MissingObjectError, ThreadArchivedError
@@ -100,14 +99,14 @@ def _cases(endpoint: str, mode: str, monkeypatch, prepare, call, check, every: b
     the same call again from another process; ``check(thread_id)`` says what is
     wrong (or None). ``every=False``: moto takes a second or two per transaction of
     100 actions, so only the cuts right after a transaction (a switch) are tried,
-    unless SOUNDNESS_ALL_CUTS=1."""
+    but in ``make test-all``."""
     reset(endpoint, mode)
     setup = make_saver(endpoint, mode)
     prepare(setup, "twin")
     ops = _operations(lambda: call(fresh(endpoint, mode), "twin"), monkeypatch)
     total = len(ops)
     cuts = list(range(total))
-    if not every and not os.environ.get("SOUNDNESS_ALL_CUTS") and "transact_write_items" in ops:
+    if not every and not long_form() and "transact_write_items" in ops:
         cuts = [k for k in cuts if k and ops[k - 1] == "transact_write_items"]
     bad = []
     for cut in cuts:
