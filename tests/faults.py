@@ -15,7 +15,10 @@ decides whether to inject a fault and which one:
 * ``reset_after``: forwarded, the upstream applies it, then the client's connection
   is reset without an answer;
 * ``hold``: forwarded, then the answer waits ``hold_seconds`` (past the client's
-  read timeout) before it is sent.
+  read timeout) before it is sent;
+* ``reset_mid_body`` (not in ``ALL_KINDS``: ask for it): forwarded, then the answer's
+  head (with the full ``Content-Length``) and half of its body are sent and the
+  connection is reset: a connection dropped while a GetObject body is read.
 
 Knobs (attributes, changeable at run time): ``enabled``, ``rate``, ``kinds``,
 ``operations`` (a predicate on :class:`Req`, e.g. :func:`writes_only`),
@@ -24,7 +27,7 @@ call's first attempt only, read from the SDK's ``amz-sdk-request`` header, so th
 "every write is reset once after it was applied" can be asked for). A fault kind that does not apply
 to a request's service (an S3 error on a DynamoDB call) is never drawn for it.
 ``pause_when`` (a predicate) makes the proxy forward the matching request, then
-hold its answer, set ``paused`` and wait for ``release`` (used to kill a writer
+(if the upstream applied it: a 2xx answer) hold its answer, set ``paused`` and wait for ``release`` (used to kill a writer
 between its object write and its commit). Counters: ``requests``, ``faults``
 (by kind), ``ops`` (by operation).
 
@@ -53,6 +56,7 @@ S3_KINDS = ("s3_500", "s3_503")
 DDB_KINDS = ("ddb_throttle", "ddb_provisioned", "ddb_500")
 NET_KINDS = ("reset_before", "reset_after", "hold")
 ALL_KINDS = S3_KINDS + DDB_KINDS + NET_KINDS
+BODY_KINDS = ("reset_mid_body",)
 
 _DDB_ERRORS = {
     "ddb_throttle": (400, "ThrottlingException", "Rate of requests exceeds the allowed throughput."),
@@ -192,7 +196,7 @@ class FaultProxy:
                 return None
             applicable = [
                 k for k in self.kinds
-                if k in NET_KINDS or (k in S3_KINDS) == (req.service == "s3")
+                if k in NET_KINDS + BODY_KINDS or (k in S3_KINDS) == (req.service == "s3")
             ]
             if not applicable or self.rng.random() >= self.rate:
                 return None
@@ -240,7 +244,9 @@ class FaultProxy:
                     pass
                 self.close_connection = True
 
-            def _send(self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes) -> None:
+            def _send(
+                self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes, cut: bool = False
+            ) -> None:
                 lines = [f"HTTP/1.1 {status} {reason}"]
                 lines += [f"{k}: {v}" for k, v in headers if k.lower() not in _HOP_BY_HOP]
                 if self.command == "HEAD":
@@ -252,6 +258,10 @@ class FaultProxy:
                 has_body = self.command != "HEAD" and status not in (204, 304)
                 head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
                 try:
+                    if cut and has_body and len(data) > 1:
+                        self.wfile.write(head + data[: len(data) // 2])
+                        self.wfile.flush()
+                        return self._reset()
                     self.wfile.write(head + data if has_body else head)
                     self.wfile.flush()
                 except OSError:
@@ -297,11 +307,14 @@ class FaultProxy:
                     return self._reset()
                 if kind == "hold":
                     proxy._stop.wait(proxy.hold_seconds)
-                if proxy.pause_when is not None and proxy.pause_when(req) and not proxy.paused.is_set():
+                # Only an applied request pauses (the object is stored): moto may answer a
+                # request 500 under concurrency, and the caller's retry is the one to hold.
+                applied = 200 <= status < 300
+                if proxy.pause_when is not None and applied and proxy.pause_when(req) and not proxy.paused.is_set():
                     proxy.paused.set()
                     proxy.release.wait(30)
                     return self._reset()
-                self._send(status, reason, headers, data)
+                self._send(status, reason, headers, data, cut=kind == "reset_mid_body")
 
             def _forward(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=60)

@@ -189,7 +189,10 @@ def test_gc_never_deletes_a_write_in_flight(endpoint, index_mode) -> None:
         thread.start()
         # Generous: the machine may be loaded by the other worker's subprocesses.
         assert proxy.paused.wait(60), done
-        in_flight_key = next(k for k in keys(endpoint, "live/t/") if cp["id"] in k and "/checkpoints/" in k)
+        stored_keys = keys(endpoint, "live/t/")
+        in_flight = [k for k in stored_keys if cp["id"] in k and "/checkpoints/" in k]
+        assert len(in_flight) == 1, (cp["id"], stored_keys)
+        in_flight_key = in_flight[0]
 
         report = collector.collect_garbage()  # the default grace period
         assert in_flight_key in {p.key for p in report.in_flight}

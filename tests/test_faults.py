@@ -41,7 +41,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from conftest import make_saver, seaweedfs_saver
 from fault_graph import INTERRUPT, build, plain, resume_input, run_steps, step_input
-from faults import DDB_KINDS, S3_KINDS, FaultProxy, Req, object_puts_and_commits
+from faults import BODY_KINDS, DDB_KINDS, NET_KINDS, S3_KINDS, FaultProxy, Req, object_puts_and_commits
 from s3_saver import S3Saver, S3SaverError
 
 HERE = Path(__file__).parent
@@ -298,7 +298,7 @@ def moto_savers(endpoint: str, proxy: FaultProxy, mode: str):
 MODE_KINDS = [
     (mode, kind)
     for mode in ("dynamodb", "manifest")
-    for kind in (*S3_KINDS, *(DDB_KINDS if mode == "dynamodb" else ()), "reset_before", "reset_after", "hold")
+    for kind in (*S3_KINDS, *(DDB_KINDS if mode == "dynamodb" else ()), *NET_KINDS, *BODY_KINDS)
 ]
 KIND_CASES = [pytest.param(m, d, k, id=f"{m}-{d}-{k}") for m, k in MODE_KINDS for d in ("sync", "async")]
 # The default run (kept near 90 s: botocore's retry backoff, not the saver, sets the pace)
@@ -388,8 +388,8 @@ def test_reset_after_every_write_long(endpoint, moto_proxy, mode, driver, seed):
 
 # -- 8 concurrent writers on one thread, 20 % faults ---------------------------------------
 MIX = {
-    "dynamodb": ["s3_500", "s3_503", "ddb_throttle", "ddb_500", "reset_before", "reset_after"],
-    "manifest": ["s3_500", "s3_503", "reset_before", "reset_after"],
+    "dynamodb": ["s3_500", "s3_503", "ddb_throttle", "ddb_500", "reset_before", "reset_after", "reset_mid_body"],
+    "manifest": ["s3_500", "s3_503", "reset_before", "reset_after", "reset_mid_body"],
 }
 
 

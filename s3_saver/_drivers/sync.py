@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+import urllib3
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError
 
 from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, client_key, site_of
@@ -64,12 +65,21 @@ class SyncDriver:
             client = self._client(call.service, site_of(call))
             response = getattr(client, call.operation)(**call.params)
             if call.operation == "get_object":
-                with response["Body"] as body:
+                # StreamingBody.read, not the raw stream its ``with`` hands out: botocore
+                # wraps a connection dropped mid-body (urllib3's ProtocolError) as a
+                # BotoCoreError there, so the body read is retried like the request.
+                body = response["Body"]
+                try:
                     response["Body"] = body.read()
+                finally:
+                    body.close()
         except (ClientError, BotoCoreError) as exc:
             # AWS answers and botocore failures (connection, timeout, credentials)
             # alike go back to the operation, which decides (errors.classify).
             return exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            # Below botocore, should a path not wrap it: the same failure as above.
+            return ConnectionClosedError(endpoint_url=f"{call.describe()}: {type(exc).__name__}: {exc}")
         return response
 
     def _client(self, service: str, site: str = PRIMARY) -> Any:
