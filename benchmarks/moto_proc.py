@@ -6,12 +6,21 @@ closes the pipe), so a crashed benchmark never leaves a server behind.
 
 from __future__ import annotations
 
+import os
 import sys
 
 
 def main() -> None:
     import logging
     import socket
+
+    # The test session's fixes to moto (atomic conditional writes, DynamoDB requests
+    # serialised, TransactWriteItems without a whole-table copy): the saver's commits
+    # are transactions, and moto's own copy loses writes and breaks under concurrency.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from moto_fixes import atomic_conditional_writes
+
+    atomic_conditional_writes()
 
     from moto.moto_server import werkzeug_app
     from moto.server import ThreadedMotoServer

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import threading
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
+
+from moto_fixes import atomic_conditional_writes
 
 # Fake credentials: the tests only ever talk to 127.0.0.1.
 for _name, _value in {
@@ -29,122 +29,11 @@ BUCKET = "checkpoints"
 TABLE = "checkpoints-index"
 
 
-def _atomic_conditional_writes() -> None:
-    """Make moto's conditional PutObject/DeleteObject atomic, as S3's are.
-
-    moto checks ``If-Match``/``If-None-Match`` and stores the object in two steps
-    with no lock between them, and its server answers each request on a thread of
-    its own: two writers swapping the same head ETag can both get 200, and the
-    second silently overwrites the first (a lost update S3 never allows). It was
-    seen as one checkpoint missing after test_many_puts_while_segments_seal
-    under CPU load. One lock around the check and the store closes that window."""
-    from moto.s3.responses import S3Response
-
-    if getattr(S3Response, "_s3_saver_atomic", False):
-        return
-    lock = threading.RLock()
-
-    def serialised(method):
-        @functools.wraps(method)
-        def wrapper(self, *args, **kwargs):
-            with lock:
-                return method(self, *args, **kwargs)
-
-        return wrapper
-
-    S3Response.put_object = serialised(S3Response.put_object)
-    S3Response.delete_object = serialised(S3Response.delete_object)
-    S3Response._s3_saver_atomic = True
-    _serialised_dynamodb(serialised)
-
-
-def _serialised_dynamodb(serialised) -> None:
-    """Make each moto DynamoDB request atomic with respect to the others, as
-    DynamoDB's are.
-
-    moto's ``transact_write_items`` deep-copies every table it touches and, when
-    a condition fails, assigns the copy back: a write another request thread
-    applied in between is lost (DynamoDB never does that). The saver's commits
-    are transactions whose conditions fail in ordinary races (a retried attempt
-    meeting its own write, a fence), so without this a concurrent test could
-    see a committed checkpoint vanish (issue 21, item 6). Serialising the
-    DynamoDB requests of the one moto server closes that window."""
-    from moto.dynamodb.models import DynamoDBBackend
-    from moto.dynamodb.responses import DynamoHandler
-
-    if getattr(DynamoHandler, "_s3_saver_atomic", False):
-        return
-    DynamoHandler.call_action = serialised(DynamoHandler.call_action)
-    DynamoHandler._s3_saver_atomic = True
-    DynamoDBBackend.transact_write_items = _transact_write_items
-
-
-def _transact_write_items(backend, transact_items):
-    """moto's TransactWriteItems without its snapshot of every table touched.
-
-    moto deep-copies each table a transaction touches (to roll back when a
-    condition fails): every transaction costs the whole table, and a thread of
-    a thousand checkpoints (every commit is a transaction) timed out. Under the
-    lock above nothing else runs meanwhile, so the same semantics need no copy:
-    every condition is checked first (against the items as they are, with
-    ReturnValuesOnConditionCheckFailure), and only if all hold are the actions
-    applied, exactly as moto applies them."""
-    from moto.dynamodb.exceptions import (
-        MultipleTransactionsException,
-        TooManyTransactionsException,
-        TransactionCanceledException,
-    )
-    from moto.dynamodb.comparisons import get_filter_expression as condition
-
-    if len(transact_items) > 100:
-        raise TooManyTransactionsException()
-    seen = set()
-    errors = []
-    actions = []
-    for item in transact_items:
-        if len(item) > 1:
-            from moto.dynamodb.exceptions import TransactWriteSingleOpException
-
-            raise TransactWriteSingleOpException
-        op_type, op = next(iter(item.items()))
-        table = backend.get_table(op["TableName"])
-        if op_type == "Put":
-            key = {table.hash_key_attr: op["Item"][table.hash_key_attr]}
-            if table.range_key_attr is not None:
-                key[table.range_key_attr] = op["Item"][table.range_key_attr]
-        else:
-            key = op["Key"]
-        marker = (op["TableName"], str(dict(sorted(key.items()))))
-        if marker in seen:
-            raise MultipleTransactionsException()
-        seen.add(marker)
-        current = backend.get_item(op["TableName"], key)
-        expression = op.get("ConditionExpression")
-        if expression is not None and not condition(
-            expression, op.get("ExpressionAttributeNames"), op.get("ExpressionAttributeValues")
-        ).expr(current):
-            old = current.to_json()["Attributes"] if current and op.get("ReturnValuesOnConditionCheckFailure") == "ALL_OLD" else None
-            errors.append(("ConditionalCheckFailed", "The conditional request failed", old))
-        else:
-            errors.append((None, None, None))
-        actions.append((op_type, op, key))
-    if any(code is not None for code, _, _ in errors):
-        raise TransactionCanceledException(errors)
-    for op_type, op, key in actions:
-        names, values = op.get("ExpressionAttributeNames"), op.get("ExpressionAttributeValues")
-        if op_type == "Put":
-            backend.put_item(op["TableName"], op["Item"], expression_attribute_names=names, expression_attribute_values=values)
-        elif op_type == "Delete":
-            backend.delete_item(op["TableName"], key, expression_attribute_names=names, expression_attribute_values=values)
-        elif op_type == "Update":
-            backend.update_item(op["TableName"], key, op["UpdateExpression"], names, values)
-
-
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
-    _atomic_conditional_writes()
+    atomic_conditional_writes()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
