@@ -18,6 +18,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from conftest import BUCKET, make_saver
 from helpers import checkpoint, cut_points, grow_thread
+from soundness_support import fresh
 from s3_saver import ThreadArchivedError
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._index.manifest_seal import SEAL_AT
@@ -52,24 +53,6 @@ class _Cut:
             return real(driver, calls)
 
         monkeypatch.setattr(SyncDriver, "_wave", wave)
-
-
-_CLIENTS: dict[str, dict[str, Any]] = {}
-
-
-def _fresh(endpoint: str, mode: str):
-    """A new saver, as in another process: none of the caches of the others. Its boto3
-    clients (which hold no state of the saver's) are shared, to save their creation."""
-    clients = _CLIENTS.get(endpoint)
-    if clients is None:
-        from botocore.config import Config
-
-        config = Config(max_pool_connections=32)
-        clients = _CLIENTS[endpoint] = {
-            f"{service}_client": boto3.client(service, endpoint_url=endpoint, region_name="us-east-1", config=config)
-            for service in ("s3", "dynamodb")
-        }
-    return make_saver(endpoint, mode, **clients)
 
 
 def _empty(endpoint: str, writer) -> None:
@@ -113,7 +96,7 @@ def _latest(saver, thread_id: str) -> tuple:
 def _view(endpoint: str, mode: str, thread_id: str) -> tuple:
     """The thread as a fresh process (nothing cached) reads it: get_state_history,
     list (all namespaces, pending writes) and get_tuple of each namespace."""
-    reader = _fresh(endpoint, mode)
+    reader = fresh(endpoint, mode)
     try:
         return _history(reader, thread_id), _raw(reader, thread_id), _latest(reader, thread_id)
     finally:
@@ -134,7 +117,7 @@ def _brief(values: list[dict]) -> list[tuple]:
 
 
 def _fresh_values(endpoint: str, mode: str, thread_id: str) -> list[dict]:
-    reader = _fresh(endpoint, mode)
+    reader = fresh(endpoint, mode)
     try:
         return _values(reader, thread_id)
     finally:
@@ -179,7 +162,7 @@ def test_archive_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
     writer = make_saver(endpoint, index_mode)
     writer.setup()
     _rich_thread(writer, "twin")
-    counter = _fresh(endpoint, index_mode)  # as the cut cases' archiver: cold
+    counter = fresh(endpoint, index_mode)  # as the cut cases' archiver: cold
     total = _waves(counter, lambda: counter.archive_thread("twin"))
     print(f"\n{index_mode}: archive_thread takes {total} round trips")
     assert total >= 4
@@ -190,7 +173,7 @@ def test_archive_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
         _rich_thread(writer, thread_id)
         before = _view(endpoint, index_mode, thread_id)
         assert len(before[0]) == 4 * TURNS and len(before[1]) == 4 * TURNS + 3
-        archiver = _fresh(endpoint, index_mode)
+        archiver = fresh(endpoint, index_mode)
         _cut_short(monkeypatch, cut, lambda: archiver.archive_thread(thread_id))
         assert _view(endpoint, index_mode, thread_id) == before, cut
         left = archiver.audit([thread_id], older_than=timedelta(0))
@@ -222,7 +205,7 @@ def test_restore_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
     writer.setup()
     _rich_thread(writer, "twin")
     writer.archive_thread("twin")
-    counter = _fresh(endpoint, index_mode)  # as the cut cases' restorer: cold
+    counter = fresh(endpoint, index_mode)  # as the cut cases' restorer: cold
     total = _waves(counter, lambda: counter.restore_thread("twin"))
     print(f"\n{index_mode}: restore_thread takes {total} round trips")
     assert total >= 3
@@ -238,7 +221,7 @@ def test_restore_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
         live = _objects(endpoint, f"live/{thread_id}/")
         writer.archive_thread(thread_id)
         assert _view(endpoint, index_mode, thread_id) == before
-        restorer = _fresh(endpoint, index_mode)
+        restorer = fresh(endpoint, index_mode)
         _cut_short(monkeypatch, cut, lambda: restorer.restore_thread(thread_id))
         assert _view(endpoint, index_mode, thread_id) == before, cut
 
@@ -253,7 +236,7 @@ def test_restore_cut_after_any_round_trip_reads_whole_and_completes(endpoint, in
         assert _view(endpoint, index_mode, thread_id) == before, cut
         assert restorer.restore_thread(thread_id).state == "live"  # a live thread is left as it is
         # The graph goes on, in another process.
-        other = _fresh(endpoint, index_mode)
+        other = fresh(endpoint, index_mode)
         _run((_graph(other),), thread_id, range(TURNS, TURNS + 1))
         assert _values(other, thread_id) == expected_after, cut
         history = _view(endpoint, index_mode, thread_id)[0]
@@ -278,7 +261,7 @@ def test_a_write_restoring_an_archived_thread_cut_short_loses_and_doubles_nothin
     # Each case's thread is this one, imported (one request per object, not a graph run).
     exported = writer.export_thread("twin")
     writer.archive_thread("twin")
-    counter = _fresh(endpoint, index_mode)  # as the cut cases' invoker: cold
+    counter = fresh(endpoint, index_mode)  # as the cut cases' invoker: cold
     total = _waves(counter, lambda: _run((_graph(counter),), "twin", range(turns, turns + 1)))
     print(f"\n{index_mode}: a turn on an archived thread takes {total} round trips")
     assert _values(writer, "twin") == with_turn
@@ -292,7 +275,7 @@ def test_a_write_restoring_an_archived_thread_cut_short_loses_and_doubles_nothin
         if cut == 0:  # the same bytes each time
             assert _values(writer, thread_id) == before
         writer.archive_thread(thread_id)
-        invoker = _fresh(endpoint, index_mode)
+        invoker = fresh(endpoint, index_mode)
         with monkeypatch.context() as patch:
             cutter = _Cut(patch, cut)
             try:
@@ -300,7 +283,7 @@ def test_a_write_restoring_an_archived_thread_cut_short_loses_and_doubles_nothin
             except ConnectionError:
                 pass
             # LangGraph's puts run on a pool: the turn may take fewer round trips than the twin's.
-        reader = _fresh(endpoint, index_mode)
+        reader = fresh(endpoint, index_mode)
         seen = _values(reader, thread_id)
         # The old history whole, under the new turn's first checkpoints that committed.
         state = (cut, "cut" if cutter.fired else "not cut", len(seen))
@@ -311,7 +294,7 @@ def test_a_write_restoring_an_archived_thread_cut_short_loses_and_doubles_nothin
         # The next invoke (another process) finishes the turn: the run cut short goes on
         # from its last checkpoint (its tasks' committed writes count), or the turn
         # starts again when none of it committed; when all of it did, the next turn runs.
-        resumer = _fresh(endpoint, index_mode)
+        resumer = fresh(endpoint, index_mode)
         graph = _graph(resumer)
         if len(seen) == len(before):
             _run((graph,), thread_id, range(turns, turns + 1))
@@ -322,8 +305,8 @@ def test_a_write_restoring_an_archived_thread_cut_short_loses_and_doubles_nothin
         # Each checkpoint once, none missing, in a fresh process and in the reader that
         # read before (warm caches).
         done = with_turn if len(seen) < len(with_turn) else expected
-        fresh = _fresh_values(endpoint, index_mode, thread_id)
-        assert fresh == done, (state, "fresh reader", _brief(fresh))
+        cold = _fresh_values(endpoint, index_mode, thread_id)
+        assert cold == done, (state, "fresh reader", _brief(cold))
         warm = _values(reader, thread_id)
         assert warm == done, (state, "warm reader", _brief(warm))
         # A restore may leave its archive object to delete: restore_thread clears it.
@@ -381,7 +364,7 @@ def test_a_checkpoint_racing_the_archive_is_never_lost(endpoint, index_mode, mon
     before = _view(endpoint, index_mode, "t")
     assert [v for _, v, *_ in before[0]] == with_race[4:]
 
-    archiver, racer = _fresh(endpoint, index_mode), _fresh(endpoint, index_mode)
+    archiver, racer = fresh(endpoint, index_mode), fresh(endpoint, index_mode)
     with monkeypatch.context() as patch:
         fired = _race_at_archive_put(patch, lambda: _run((_graph(racer),), "t", range(turns, turns + 1)))
         with pytest.raises(ThreadArchivedError, match="written to while it was being archived"):
@@ -441,8 +424,8 @@ def test_a_pending_write_racing_the_archive_survives_a_cut_and_the_call_again(
         racer.put_writes(latest, [late[1:]], late[0], "path")
 
     latest = prepare("twin")
-    racer = _fresh(endpoint, index_mode)
-    archiver = _fresh(endpoint, index_mode)
+    racer = fresh(endpoint, index_mode)
+    archiver = fresh(endpoint, index_mode)
     with monkeypatch.context() as patch:
         fired = _race_at_archive_put(patch, lambda: race(latest, racer))
         archiver.stats.reset()
@@ -460,7 +443,7 @@ def test_a_pending_write_racing_the_archive_survives_a_cut_and_the_call_again(
         before = _view(endpoint, index_mode, thread_id)
         assert before[1][0][4] == []  # the newest checkpoint: no pending writes yet
         with_late = [*before[1][:1][0][:4], [late]]
-        archiver = _fresh(endpoint, index_mode)
+        archiver = fresh(endpoint, index_mode)
         with monkeypatch.context() as patch:
             fired = _race_at_archive_put(patch, lambda: race(latest, racer))
             cutter = _Cut(patch, cut, only=archiver._sync)
@@ -505,7 +488,7 @@ def test_an_archive_cut_short_then_written_to_then_archived_again_leaves_one_arc
     _run((ref,), "ref", range(TURNS + 1))
     expected = _graph_values(ref, "ref")
     _run((_graph(writer),), "twin", range(TURNS))
-    counter = _fresh(endpoint, index_mode)
+    counter = fresh(endpoint, index_mode)
     total = _waves(counter, lambda: counter.archive_thread("twin"))
     counter.close()
 
@@ -514,9 +497,9 @@ def test_an_archive_cut_short_then_written_to_then_archived_again_leaves_one_arc
         _empty(endpoint, writer)
         thread_id = f"t{cut}"
         _run((_graph(writer),), thread_id, range(TURNS))
-        archiver = _fresh(endpoint, index_mode)
+        archiver = fresh(endpoint, index_mode)
         _cut_short(monkeypatch, cut, lambda: archiver.archive_thread(thread_id))
-        user = _fresh(endpoint, index_mode)
+        user = fresh(endpoint, index_mode)
         _run((_graph(user),), thread_id, range(TURNS, TURNS + 1))
         assert _fresh_values(endpoint, index_mode, thread_id) == expected, cut
 
