@@ -179,9 +179,13 @@ class Promotion:
         replica: The region reads now fall over to.
         checked: True when the former primary answered and everything its index
             holds was found in the new primary (False: it was unreachable).
-        rebuilt: Checkpoints indexed by the rebuild (None: no rebuild ran).
-        incomplete: Checkpoints the rebuild left out because their objects have
-            not all arrived (``thread/ns/checkpoint_id``).
+        rebuilt: Checkpoints indexed by a rebuild from the bucket (None: the
+            promoted region's index was settled instead, see :meth:`S3Saver.promote`).
+        incomplete: Checkpoints left out of the promoted region's index because
+            their objects never all arrived there (``thread/ns/checkpoint_id``).
+        incomplete_writes: Pending writes left out for the same reason, or
+            because the other region's run of the same task won
+            (``thread/ns/checkpoint_id/task_id``).
     """
 
     primary: str
@@ -189,6 +193,7 @@ class Promotion:
     checked: bool
     rebuilt: int | None
     incomplete: tuple[str, ...] = ()
+    incomplete_writes: tuple[str, ...] = ()
 
 
 def checkpoint_time(checkpoint_id: str) -> float | None:

@@ -79,8 +79,19 @@ class S3Calls:
             params["MaxKeys"] = max_keys
         return self._call("list_objects_v2", params)
 
-    def get(self, key: str) -> Call:
-        return self._call("get_object", {"Bucket": self.bucket, "Key": key})
+    def get(self, key: str, version_id: str | None = None) -> Call:
+        params = {"Bucket": self.bucket, "Key": key}
+        if version_id is not None:
+            params["VersionId"] = version_id
+        return self._call("get_object", params)
+
+    def versions(self, key: str, marker: tuple[str, str] | None = None) -> Call:
+        """One page of the versions of ``key`` (and of keys it is a prefix of),
+        newest first (admin: a failback reads the old region's own manifest heads)."""
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": key}
+        if marker is not None:
+            params["KeyMarker"], params["VersionIdMarker"] = marker
+        return self._call("list_object_versions", params)
 
     def copy(self, source_key: str, key: str) -> Call:
         # IfNoneMatch="*" as for every write: a copy never replaces an object.

@@ -178,6 +178,7 @@ class S3Saver(
             given={"s3": s3_client, "dynamodb": dynamodb_client},
             boto3_session=boto3_session,
             aioboto3_session=aioboto3_session,
+            global_table=bool(replica is not None and replica.global_table),
             **common,
         )
         sites = {PRIMARY: primary}
@@ -188,9 +189,20 @@ class S3Saver(
             sites[REPLICA], reader_ctx = replica_site(replica, table, **common)
             self._route = Route(primary, sites[REPLICA], replica, policy)
             self._reader_ctx = self._route.as_reader(reader_ctx)
+            if replica.global_table:
+                # Both regions write one global table: after a failover, the
+                # region left brings back items whose objects never replicated
+                # here. Reads here pass them over, as a replica's reads do.
+                self._base_ctx = self._route.as_reader(self._base_ctx, role=PRIMARY)
             self.stats.site(REPLICA)  # counted from the first call on
         self._sites = sites
         self._given_clients = [c for site in sites.values() for c in site.given]
+        # With a replica, what is not a routed read (writes, admin calls) gets
+        # the primary's share of the policy too: a write cannot go over, and
+        # its caller hears PrimaryUnavailableError within failover_after (plus
+        # one read timeout) rather than after every retry of every round trip.
+        if self._route is not None:
+            policy = self._route.fast
         self._sync = SyncDriver(lambda service, site: sites[site].clients.make_sync(service), self.stats, max_concurrency, policy)
         self._async = AsyncDriver(lambda service, site: sites[site].clients.make_async(service), self.stats, policy)
 

@@ -40,26 +40,38 @@ class Regions:
 
     def promote(self, *, rebuild: bool | None = None, force: bool = False) -> Promotion:
         """Make the replica region the one written to (failover), or the old
-        primary again (failback, from a saver that promoted before).
+        primary again (failback, from a saver that promoted before or one
+        configured with the regions swapped).
 
         Steps: when the region written to so far still answers, check that
         every checkpoint and pending write it holds has reached the replica
-        (else raise); rebuild the replica's index from its bucket when
-        replication does not keep one there (DynamoDB mode without a global
-        table), or when a manifest region takes over from one that answers (so
-        its own writes stay beside the ones that came back); then swap the
-        roles in this saver: writes go to the promoted region, and reads fall
-        over to the other. Other processes follow once configured the same way
-        (see the README's runbook).
+        (else raise). Then make the promoted region's index whole for every
+        process (an operator's call: it lists the bucket):
+
+        * the region left answers (a failback): the two indexes are merged
+          into the promoted one: every entry of the region left, then the
+          promoted region's own entries it lacks; per task of a checkpoint,
+          one region's pending writes only (the region left's);
+        * it does not (a failover), manifest mode: entries whose objects never
+          arrived leave the index; a global table: they are only reported (its
+          items are both regions'), and savers built with
+          ``Replica(global_table=True)`` read past them;
+        * it does not, DynamoDB without a global table: the table is rebuilt
+          from the bucket (only complete checkpoints).
+
+        Then the roles swap in this saver: writes go to the promoted region,
+        and reads fall over to the other. Other processes follow once
+        configured the same way (see the README's runbooks).
 
         Args:
-            rebuild: Rebuild the promoted region's index from its bucket (None:
-                as above). Only checkpoints whose objects have all arrived are indexed.
+            rebuild: Rebuild the promoted region's index from its bucket
+                instead (None: only as above). Indexes every complete
+                checkpoint, committed or not: nothing else can say.
             force: Promote although the region left holds writes the promoted
                 one lacks (they stay there; :meth:`verify` reports them).
 
         Returns:
-            What was checked and rebuilt (:class:`Promotion`).
+            What was checked, rebuilt or left out (:class:`Promotion`).
 
         Raises:
             ReplicationLagError: The region left still answers and holds writes
@@ -144,9 +156,8 @@ class Regions:
 
     def _promotion(self, rebuild: bool | None, force: bool) -> Any:
         route = self._need_route("promote")
-        return replication.promote(
-            self._ctx, route.as_writer(self._other_ctx), rebuild, force, self._indexed(), merge=self.table is None
-        )
+        shared = bool(self.table and self.replica and self.replica.global_table)
+        return replication.promote(self._ctx, route.as_writer(self._other_ctx), rebuild, force, self._indexed(), shared)
 
     def _verification(self, thread_ids: Iterable[str] | None) -> Any:
         self._need_route("verify")
@@ -183,5 +194,6 @@ def replica_site(replica: Replica, table: str | None, **common: Any) -> tuple[Si
         given={"s3": replica.s3_client, "dynamodb": replica.dynamodb_client},
         boto3_session=replica.boto3_session,
         aioboto3_session=replica.aioboto3_session,
+        global_table=replica.global_table,
         **common,
     )

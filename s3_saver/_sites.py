@@ -74,11 +74,19 @@ def make_site(
     layout: KeyLayout,
     storage_class: str | None,
     settings: dict[str, Any],
+    global_table: bool = False,
 ) -> tuple[Site, Context]:
-    """A region's site (clients made lazily) and its operations' context."""
+    """A region's site (clients made lazily) and its operations' context
+    (``global_table``: its table is one of a global table's replicas)."""
     where = Where(bucket, table, site=key)
     s3_calls = S3Calls(bucket, where, layout.root, storage_class)
-    index = DynamoIndex(table, layout, where) if table else ManifestIndex(s3_calls, layout)
+    index: DynamoIndex | ManifestIndex
+    if table:
+        index = DynamoIndex(table, layout, where)
+        # Both regions write it: each writes item names the region that committed it.
+        index.calls.site = bucket if global_table else None
+    else:
+        index = ManifestIndex(s3_calls, layout)
     clients = Clients(
         where=where,
         region_name=region_name,

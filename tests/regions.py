@@ -33,6 +33,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -462,6 +463,7 @@ class Event:
     content_type: str | None = None
     item: dict[str, Any] | None = None
     version_id: str | None = None  # the source version (objects and delete markers)
+    at: float = field(default_factory=time.monotonic)  # when captured: a table item's write time
 
     @property
     def ident(self) -> tuple[str, str]:
@@ -545,7 +547,9 @@ class Replicator:
 
     A reverse replicator (``reversed()``) shares what each one wrote, so that neither
     captures the other's deliveries as new changes (S3 marks them REPLICA and does not
-    send them back either).
+    send them back either). Paired, table items resolve as a global table does, last
+    writer wins: an item event is not applied over a write of that item the other side
+    captured later (the target's own newer write stays).
     """
 
     def __init__(
@@ -576,6 +580,8 @@ class Replicator:
         self._items: dict[str, dict[str, Any]] = {}
         self._key_names: list[str] | None = None
         self._newest: dict[tuple[str, str], int] = {}
+        # Per table item: when this side captured its newest write (see _apply).
+        self._item_at: dict[tuple[str, str], float] = {}
         self._lock = threading.RLock()
         self.peer: Replicator | None = None
 
@@ -716,6 +722,8 @@ class Replicator:
         for ident in sorted(set(self._items) - set(current)):
             events.append(Event(DELETE_ITEM, json.loads(ident), next(self._seq)))
         self._items = current
+        for event in events:
+            self._item_at[event.ident] = event.at
         return events
 
     # -- delivery --------------------------------------------------------------------
@@ -778,6 +786,11 @@ class Replicator:
         for event in events:
             ident = event.ident
             if keep_version_order and self._newest.get(ident, 0) > event.seq:
+                self.superseded.append(event)
+                continue
+            if self.peer is not None and event.kind in (ITEM, DELETE_ITEM) and self.peer._item_at.get(ident, 0) > event.at:
+                # A global table resolves a conflict by last writer wins: the
+                # target's own later write of the item stays.
                 self.superseded.append(event)
                 continue
             self._write(event)

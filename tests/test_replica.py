@@ -632,6 +632,67 @@ def _lagging(regions: Any, mode: str, hold: Any, *, resume: bool = False, **read
     return Lagging(reader, primary, order, states)
 
 
+def _fresh_on_replica(regions: Any, mode: str) -> S3Saver:
+    """A new process configured as the failover runbook's step 3 says: the replica
+    region as its primary, the old one (down) as its Replica (a global table's)."""
+    replica = None
+    if mode == "dynamodb-global":
+        replica = Replica(regions.primary.bucket, region_name=regions.primary.region, endpoint_url=regions.proxy.url, global_table=True)
+    saver = S3Saver(
+        regions.replica.bucket,
+        table=regions.replica.table if mode != "manifest" else None,
+        region_name=regions.replica.region,
+        endpoint_url=regions.moto,
+        replica=replica,
+    )
+    regions.savers.append(saver)
+    return saver
+
+
+def test_global_table_latest_passes_over_a_parent_whose_item_never_arrived(regions) -> None:
+    """Issue 22, item 2: the newest checkpoint is incomplete (an object missing) and its
+    parent's item never arrives: the newest complete one older than the parent answers,
+    before promote (read over) and after it (a fresh process on the promoted region)."""
+
+    def hold(event: Any, order: list[str]) -> bool:
+        key = _item_key(event)
+        if key is not None:
+            return key.kind in ("checkpoint", "link") and key.checkpoint_id == order[-2]
+        parsed = _object_key(event)  # the newest's large value (its checkpoint may ride in its item)
+        return parsed is not None and parsed.kind == "blob" and parsed.checkpoint_id == order[-1]
+
+    lag = _lagging(regions, "dynamodb-global", hold)
+    found = lag.reader.get_tuple(_config("gap"))
+    assert _cid(found) == lag.order[-3] and _check_tuple(found, lag.primary, "latest") == "all writes"
+    assert lag.reader.last_read.stale and set(lag.reader.last_read.skipped) == set(lag.order[-2:])
+    promotion = lag.reader.promote()
+    assert f"gap//{lag.order[-1]}" in promotion.incomplete
+    fresh = _fresh_on_replica(regions, "dynamodb-global")
+    assert _cid(fresh.get_tuple(_config("gap"))) == lag.order[-3]
+    assert [_cid(t) for t in fresh.list(_config("gap"))] == lag.order[-3::-1]
+
+
+def test_promote_rebuild_keeps_a_checkpoint_whose_parent_object_never_arrived(regions) -> None:
+    """Issue 22, item 3: DynamoDB without a global table. The newest checkpoint's own
+    step set channels that never hold a value (``branch:to:*``); its parent's object
+    never arrived. The checkpoint is complete: the rebuild indexes it, and the thread
+    resumes from it (not from an older one)."""
+
+    def hold(event: Any, order: list[str]) -> bool:
+        parsed = _object_key(event)
+        return parsed is not None and parsed.kind == "checkpoint" and parsed.checkpoint_id == order[-2]
+
+    lag = _lagging(regions, "dynamodb", hold)
+    newest = lag.primary[lag.order[-1]]
+    assert any(ch.startswith("branch:to:") for ch in newest.checkpoint["channel_versions"])
+    promotion = lag.reader.promote()
+    assert promotion.rebuilt is not None and f"gap//{lag.order[-1]}" not in promotion.incomplete
+    assert promotion.incomplete == ()  # the parent left no object: nothing of it to index
+    for reader in (lag.reader, _fresh_on_replica(regions, "dynamodb")):
+        found = reader.get_tuple(_config("gap"))
+        assert _cid(found) == lag.order[-1] and _check_tuple(found, lag.primary, "latest") == "all writes"
+
+
 @pytest.mark.xfail(strict=True, reason="BUG: a global table's replica serves a history with a hole (a checkpoint item not replicated yet)")
 def test_global_table_history_missing_a_checkpoint_item_is_not_served_whole(regions) -> None:
     # The item (and link item) of the second checkpoint has not arrived; all objects have.
@@ -845,10 +906,13 @@ def test_promote_refuses_while_replication_lags_and_force_leaves_them_for_verify
     # force=True: the replica region is written to from now on; what never arrived stays
     # in the old primary, which verify() (seen from the new primary) reports as replica_only.
     promotion = saver.promote(force=True)
-    assert promotion.checked and promotion.incomplete == ()
-    # Rebuilt from the bucket (a manifest region that takes over from one that answers,
-    # or a table not replicated): the checkpoints that had replicated, all complete.
-    assert promotion.rebuilt == (None if mode == "dynamodb-global" else checkpoints)
+    assert promotion.checked and promotion.rebuilt is None
+    # Settled from both indexes (the old primary answers): every entry committed
+    # there whose objects arrived; those whose objects did not are named.
+    assert set(promotion.incomplete) == {f"{t}/{ns}/{cid}" for t, ns, cid, kind, _ in lagging if kind == "checkpoint"}
+    lagging_writes = {f"{t}/{ns}/{cid}/{task}" for t, ns, cid, kind, task in lagging if kind == "writes"}
+    assert set(promotion.incomplete_writes) <= lagging_writes
+    assert len(list(saver.list(_config("talk")))) == checkpoints
     assert (saver.bucket, saver.region_name) == (regions.replica.bucket, regions.replica.region)
     assert promotion.primary == f"s3://{regions.replica.bucket} ({regions.replica.region})"
     after = saver.verify(["talk", "late"])
@@ -934,12 +998,18 @@ def test_replica_configuration_errors(endpoint: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ("sync", "async"))
-@pytest.mark.parametrize("mode", ("manifest", "dynamodb"))
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_setup_replica_creates_the_replica_bucket_and_table(endpoint: str, mode: str, kind: str) -> None:
     import boto3
 
-    table = "fresh-index" if mode == "dynamodb" else None
-    replica = Replica("fresh-replica", region_name="eu-west-1", endpoint_url=endpoint, table="eu-index" if table else None)
+    table = "fresh-index" if mode != "manifest" else None
+    replica = Replica(
+        "fresh-replica",
+        region_name="eu-west-1",
+        endpoint_url=endpoint,
+        table="eu-index" if table else None,
+        global_table=mode == "dynamodb-global",  # the table a global table's replica would be
+    )
     saver = S3Saver("fresh-primary", table=table, region_name="us-east-1", endpoint_url=endpoint, replica=replica)
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="eu-west-1")
     dynamodb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="eu-west-1")
@@ -966,7 +1036,7 @@ def test_setup_replica_creates_the_replica_bucket_and_table(endpoint: str, mode:
             assert made["KeySchema"] == want["KeySchema"]
         # The region set up can take over: promote (nothing to compare), then a write there.
         promotion = saver.promote()
-        assert promotion.checked and promotion.rebuilt == 0
+        assert promotion.checked and promotion.rebuilt is None and promotion.incomplete == ()
         _graph(saver).invoke(FIRST, _config("there"))
         assert s3.list_objects_v2(Bucket="fresh-replica")["KeyCount"] > 0
     finally:

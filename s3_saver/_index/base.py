@@ -107,6 +107,10 @@ class WritesEntry:
     body: bytes | None = None
     gen: int = 0
     expires_at: int | None = None
+    # DynamoDB: the bucket of the region that committed the part. A global
+    # table merges both regions' items after a failover (last writer wins per
+    # part), so one task's parts can come from two regions: see ``one_line``.
+    site: str | None = None
 
 
 @dataclass
@@ -374,6 +378,13 @@ class Index(ABC):
         """Every checkpoint of the thread, hidden ones included, with its writes
         (prune and delete_for_runs)."""
 
+    def own_contents(self, thread_id: str) -> Op[list[CheckpointEntry] | None]:
+        """``contents`` as this region's index last committed it itself, when
+        another region's index replicated over it since (a manifest head, after
+        a failback); None: what it holds is its own (a table keeps every item)."""
+        return None
+        yield  # pragma: no cover - makes this a generator
+
     @abstractmethod
     def threads(
         self, before: ThreadRef | None, page_size: int, cursor: Any
@@ -495,3 +506,24 @@ class Index(ABC):
         archived included, and the index's own objects; a damaged index raises
         (``CorruptObjectError``, ``MissingObjectError``)."""
 
+
+def one_line(writes: list[WritesEntry], site: str) -> list[WritesEntry]:
+    """The pending writes of one checkpoint, one region's line per task.
+
+    After a failover both regions can have run the same task of the same
+    checkpoint (the old one before the outage, its writes never replicated;
+    the promoted one after). A global table then holds parts of both, and a
+    task whose writes came from two runs would read as a state no run made.
+    Per (namespace, checkpoint, task), only the parts of one region stay: the
+    reading region's own (the one written to), else those of the region whose
+    part comes first. Writes without a site (the manifest, whose head is one
+    region's) pass as they are.
+    """
+    sites: dict[tuple[str, str, str], set[str]] = {}
+    for w in writes:
+        if w.site is not None:
+            sites.setdefault((w.ns, w.checkpoint_id, w.task_id), set()).add(w.site)
+    mixed = {task: (site if site in found else min(found)) for task, found in sites.items() if len(found) > 1}
+    if not mixed:
+        return writes
+    return [w for w in writes if mixed.get((w.ns, w.checkpoint_id, w.task_id), w.site) == w.site]

@@ -52,6 +52,8 @@ RUN = "run"
 HIDDEN = "hidden"
 # On checkpoint items written tagged (restore, import, copy): the tag of its object's key.
 TAG = "tag"
+# On writes items, with a global table's replica: the bucket of the region that committed it.
+SITE = "site"
 # On the thread's tombstone item: when the thread was listed; the runs deleted from it.
 CREATED = "created"
 DEAD_RUNS = "dead_runs"
@@ -93,6 +95,8 @@ class DynamoCalls:
         self.table = table
         self.layout = layout
         self.where = where
+        # Set for a global table (see base.one_line): writes items name their region.
+        self.site: str | None = None
 
     def _call(self, operation: str, params: dict[str, Any]) -> Call:
         return Call("dynamodb", operation, params, self.where)
@@ -139,6 +143,8 @@ class DynamoCalls:
             "token": entry.token,
             TTL_ATTRIBUTE: entry.expires_at,
             GEN: entry.gen or None,
+            # Which region committed it (see base.one_line); a restore keeps the original's.
+            SITE: entry.site or self.site,
         }
         if entry.body is not None and attr_size(values) + len(entry.body) + 8 <= ITEM_BUDGET:
             values["body"] = entry.body
@@ -252,6 +258,7 @@ class DynamoCalls:
                     item.get("body"),
                     gen,
                     item.get(TTL_ATTRIBUTE),
+                    site=item.get(SITE),
                 )
             ns = key.ns if key.kind == "ns_tombstone" else None
             dead = frozenset(item.get(DEAD_RUNS, ()))

@@ -211,7 +211,25 @@ class DynamoLifecycle:
         # Entries keep the generation they come with (0 for a rebuild): where a
         # record survived the loss of the rest of the index, what it deleted
         # stays deleted.
-        yield from self._write_whole(thread_id, entries, writes, {}, f"entries of thread {thread_id!r}")
+        try:
+            before = yield from self.contents(thread_id)
+        except Archived:
+            before = []
+        what = f"entries of thread {thread_id!r}"
+        yield from self._write_whole(thread_id, entries, writes, {}, what)
+        # Replaced, not added to: what the thread held and the new history lacks
+        # goes, after the new is in (a cut short leaves extra items, never a hole).
+        calls = self.calls
+        kept = {e.key for e in entries}
+        slots = {(w.ns, w.checkpoint_id, w.task_id, w.part) for w in writes}
+        gone = [k for e in before if e.key not in kept for k in (calls.key_of(*e.key), calls.link_key(e))]
+        gone += [
+            calls.writes_key(w)
+            for e in before
+            for w in e.writes or ()
+            if (w.ns, w.checkpoint_id, w.task_id, w.part) not in slots
+        ]
+        yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in gone], what)
         yield from self.note(thread_id, created, None)
 
     def _write_whole(

@@ -120,7 +120,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
 
     def _swap(self, old: Head, new: Head) -> Op[bool]:
         """Replace the head ``old`` was read as with ``new``; False: another writer was first."""
-        new.version = old.version + 1
+        new.version, new.site = old.version + 1, self.s3.bucket
         key = self.layout.manifest_head_key(old.thread_id)
         call = self.s3.put_swap(key, encode_head(new), old.etag)
         (result,) = yield (call,)

@@ -88,6 +88,9 @@ class Head:
     unlisting: int = 0
     # An archive under way: the key of the object it writes (its switch needs it).
     archiving: str | None = None
+    # The bucket it was written to: after a failback, a region's own last head
+    # is told from the other region's heads replicated over it (_ops/settle).
+    site: str | None = None
     etag: str | None = None  # of the stored head this was read from (None: no head)
 
 
@@ -113,6 +116,7 @@ def encode_head(head: Head) -> bytes:
             "stale_archive": head.stale_archive,
             "unlisting": head.unlisting,
             "archiving": head.archiving,
+            "site": head.site,
         }
     )
 
@@ -138,6 +142,7 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         dead_runs=list(doc.get("dead_runs", [])),
         archive=decode_ref(thread_id, doc["archive"], where) if doc.get("archive") is not None else None,
         stale_archive=doc.get("stale_archive"),
+        site=doc.get("site"),
         unlisting=doc.get("unlisting", 0),
         archiving=doc.get("archiving"),
         etag=etag,

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._index.base import ArchiveRef, Archived, CheckpointEntry, Cut, Release, ThreadRef, WritesEntry
-from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes
+from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes, decode_head
 from s3_saver._index.manifest_seal import KEEP_IN_HEAD, _MAX_SWAPS, _apply_seal, _plan_seal
 from s3_saver._keys import KeyLayout, decode, new_token
 from s3_saver._protocol import Op, gather, raise_failure, request
@@ -28,6 +28,10 @@ from s3_saver.errors import (
     S3SaverError,
     error_code,
 )
+
+
+# Stored versions of a head read per round trip (own_contents).
+_VERSION_WAVE = 20
 
 
 class ManifestLifecycle:
@@ -61,6 +65,54 @@ class ManifestLifecycle:
     # -- a thread as a whole: contents, listing, runs, restore ---------------------------
     def contents(self, thread_id: str) -> Op[list[CheckpointEntry]]:
         head = yield from self._live_head(thread_id)
+        return (yield from self._contents(head))
+
+    def own_contents(self, thread_id: str) -> Op[list[CheckpointEntry] | None]:
+        """``contents`` as this region last wrote the head itself, when another
+        region's head replicated over it since (a failback); None: it did not.
+
+        Admin: the head's stored versions (a versioned bucket), newest first by
+        time, read a wave at a time until one written here turns up: a region's
+        own versions are older than the copies that replaced them.
+        """
+        key = self.layout.manifest_head_key(thread_id)
+        listed: list[tuple[Any, str, bool]] = []
+        marker: tuple[str, str] | None = None
+        while True:
+            (page,) = yield from request(self.s3.versions(key, marker))
+            listed += [
+                (v["LastModified"], v["VersionId"], bool(v.get("IsLatest"))) for v in page.get("Versions", []) if v["Key"] == key
+            ]
+            if not page.get("IsTruncated"):
+                break
+            marker = (page["NextKeyMarker"], page["NextVersionIdMarker"])
+        listed.sort(reverse=True)
+        heads: list[Head] = []
+        found_at: Any = None
+        for i in range(0, len(listed), _VERSION_WAVE):
+            wave = listed[i : i + _VERSION_WAVE]
+            if found_at is not None:
+                # Listings time versions to the second: the newest own one may
+                # share its second with versions in the next wave.
+                wave = [v for v in wave if v[0] >= found_at]
+                if not wave:
+                    break
+            calls = [self.s3.get(key, version) for _, version, _ in wave]
+            for (modified, _, latest), call, result in zip(wave, calls, (yield from request(*calls))):
+                if isinstance(result, BaseException):
+                    raise_failure(call, result)
+                head = decode_head(thread_id, result["Body"], f"s3://{self.s3.bucket}/{key}", result["ETag"])
+                if latest and head.site in (None, self.s3.bucket):
+                    return None  # the current head is this region's own (or older than sites)
+                heads.append(head)
+                if head.site == self.s3.bucket and found_at is None:
+                    found_at = modified
+        own = [h for h in heads if h.site == self.s3.bucket]
+        if not own:
+            return None
+        head = max(own, key=lambda h: h.version)
+        if head.archive is not None:
+            raise Archived(thread_id, head.archive)
         return (yield from self._contents(head))
 
     def _contents(self, head: Head) -> Op[list[CheckpointEntry]]:

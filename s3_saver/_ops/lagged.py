@@ -31,7 +31,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 from s3_saver._index.base import CheckpointEntry
 from s3_saver._ops.context import Context
 from s3_saver._ops.resolve import Resolver, fetch_and_build
-from s3_saver._protocol import Op, T
+from s3_saver._protocol import PRIMARY, Op, T
 from s3_saver.errors import MissingObjectError, ReplicationLagError
 
 # A replica behind by more checkpoints than this answers with an error, not a walk.
@@ -74,6 +74,12 @@ def newest_complete(ctx: Context, entry: CheckpointEntry, by_id: bool) -> Op[Che
                 raise lag_error(ctx, what, exc) from exc
             skipped.append(entry.checkpoint_id)
             parent = yield from ctx.index.get(thread_id, ns, entry.parent_id)
+            if parent is None:
+                # The parent's item has not arrived (a global table replicates
+                # item by item), or never will (the outage ate it): the newest
+                # checkpoint older than it stands in.
+                skipped.append(entry.parent_id)
+                parent = yield from _older(ctx, thread_id, ns, entry.parent_id)
             if parent is None or ctx.expired(parent):
                 raise lag_error(ctx, f"{what} (and its parent {entry.parent_id})", exc) from exc
             entry = parent
@@ -84,6 +90,18 @@ def newest_complete(ctx: Context, entry: CheckpointEntry, by_id: bool) -> Op[Che
             raise lag_error(ctx, f"pending writes of checkpoint {entry.checkpoint_id} (the replica's index shows fewer)")
         reads.tell(entry.checkpoint_id, newest, skipped, behind)
         return found
+
+
+def _older(ctx: Context, thread_id: str, ns: str, before_id: str) -> Op[CheckpointEntry | None]:
+    """The newest checkpoint of (thread, ns) older than ``before_id``, if any."""
+    cursor = None
+    while True:
+        page, cursor = yield from ctx.index.history(thread_id, ns, before_id, 4, cursor)
+        for entry in page:
+            if entry.ns == ns and entry.checkpoint_id < before_id and not entry.hidden:
+                return entry
+        if cursor is None:
+            return None
 
 
 def nothing_yet(ctx: Context, thread_id: str, ns: str) -> None:
@@ -120,7 +138,10 @@ def build_listed(ctx: Context, resolver: Resolver, chunk: list[CheckpointEntry],
                 (found,) = yield from fetch_and_build(_fresh(ctx, entry), [entry])
             except MissingObjectError as exc:
                 what = f"checkpoint {entry.checkpoint_id} of thread {entry.thread_id!r}"
-                if tail.started or ctx.replica is None or ctx.replica.on_lag == "raise":
+                written_to = ctx.replica is not None and ctx.replica.site == PRIMARY
+                if (tail.started and not written_to) or ctx.replica is None or ctx.replica.on_lag == "raise":
+                    # A replica's hole fills as replication goes on; in the region
+                    # written to, nothing will come: what never arrived is passed over.
                     raise lag_error(ctx, what + " (inside the history)", exc) from exc
                 tail.skipped.append(entry.checkpoint_id)
                 continue

@@ -100,6 +100,9 @@ def put(
         "metadata": list(ctx.serde.dumps_typed(merged_metadata)),
         "values": {ch: [fresh[ch], *serialized[ch]] for ch in inline},
         "blobs": {ch: fresh[ch] for ch in blobs},
+        # The channels holding a value here (stored here or earlier): a rebuild
+        # from a replica bucket tells a missing value from one never set by it.
+        "valued": sorted(values),
     }
     body = pack(record)
     objects = {checkpoint_key: body}

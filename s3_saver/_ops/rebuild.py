@@ -149,13 +149,15 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
             copies[(parsed.ns, channel, version)].append((parsed.checkpoint_id, IN_CHECKPOINT_OBJECT, written, parsed.tag))
 
     versions: dict[tuple[str, str], dict[str, Any]] = {}
+    updated: dict[tuple[str, str], Any] = {}
     decoded = []
     for parsed, key, written, record in records:
         where = f"checkpoint {parsed.checkpoint_id} of thread {thread_id!r}"
         checkpoint = loads(ctx.serde, typed(record["checkpoint"]), where)
         versions[(parsed.ns, parsed.checkpoint_id)] = checkpoint.get("channel_versions", {})
+        updated[(parsed.ns, parsed.checkpoint_id)] = checkpoint.get("updated_channels")
         decoded.append((parsed, key, written, record, checkpoint, where))
-    complete = _Completeness(records, versions, copies)
+    complete = _Completeness(records, versions, updated, copies)
 
     entries = []
     for parsed, key, written, record, checkpoint, where in decoded:
@@ -217,29 +219,35 @@ class _Completeness:
     """Whether every object a checkpoint reads is in the bucket listing.
 
     Its own object is (it was read); its blobs are named by its record. A
-    channel version with no stored copy anywhere is fine only when it never had
-    a value: the checkpoint that gave the channel that version (its parent has
-    another, or it has no parent) stored none. When that checkpoint cannot be
-    told (its parent's object has not arrived either), the checkpoint counts as
-    incomplete: left out is safe, served partial is not.
+    channel version with no stored copy anywhere is fine only when it holds no
+    value there: the record names the channels that do (``valued``). Records
+    written before it was recorded are judged by who set the version: the checkpoint that gave the channel that version (its parent has
+    another, its own ``updated_channels`` names the channel, or it has no
+    parent) stored none. When that checkpoint cannot be told (its parent's
+    object has not arrived either, and it does not say), the checkpoint counts
+    as incomplete: left out is safe, served partial is not.
     """
 
     def __init__(
         self,
         records: list[tuple[ObjectKey, str, int, dict[str, Any]]],
         versions: dict[tuple[str, str], dict[str, Any]],
+        updated: dict[tuple[str, str], Any],
         copies: dict[tuple[str, str, Any], list[tuple[str, int, int]]],
     ) -> None:
         self.records = {(p.ns, p.checkpoint_id): r for p, _, _, r in records}
-        self.versions, self.copies = versions, copies
+        self.versions, self.updated, self.copies = versions, updated, copies
 
     def __call__(self, ns: str, checkpoint_id: str) -> bool:
         record = self.records[(ns, checkpoint_id)]
         for channel, version in record.get("blobs", {}).items():
             if (checkpoint_id, IN_BLOB_OBJECT) not in {c[:2] for c in self.copies.get((ns, channel, version), [])}:
                 return False
+        valued = record.get("valued")  # absent in objects written before it was recorded
         for channel, version in self.versions[(ns, checkpoint_id)].items():
-            if not self.copies.get((ns, channel, version)) and not self._never_valued(ns, channel, version):
+            if self.copies.get((ns, channel, version)):
+                continue
+            if channel in valued if valued is not None else not self._never_valued(ns, channel, version):
                 return False
         return True
 
@@ -248,7 +256,14 @@ class _Completeness:
         for cid in holders:
             parent = self.records[(ns, cid)].get("parent_checkpoint_id")
             before = self.versions.get((ns, parent)) if parent is not None else {}
-            if before is not None and before.get(channel, _ABSENT) != version:
+            # The parent's object missing too: the checkpoint says itself which
+            # channels its step updated (LangGraph's ``updated_channels``).
+            gave = (
+                before.get(channel, _ABSENT) != version
+                if before is not None
+                else channel in (self.updated.get((ns, cid)) or ())
+            )
+            if gave:
                 record = self.records[(ns, cid)]
                 return channel not in record.get("values", {}) and channel not in record.get("blobs", {})
         return False

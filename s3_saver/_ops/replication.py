@@ -25,11 +25,11 @@ from typing import Any
 from s3_saver._index.base import Archived, CheckpointEntry
 from s3_saver._ops.context import Context
 from s3_saver._ops.rebuild import rebuild_index
-from s3_saver._protocol import Op, gather, request_one
+from s3_saver._ops.settle import object_keys, settle
+from s3_saver._ops.settle import thread_ids as listed_threads
+from s3_saver._protocol import Op, gather
 from s3_saver._replica import Promotion, ReplicationGap, ReplicationReport
-from s3_saver.errors import ReplicationLagError, ResourceMissingError, StoreUnavailableError
-
-_LISTING_PAGE = 100
+from s3_saver.errors import ReplicationLagError, StoreUnavailableError
 
 
 def verify(ctx: Context, other: Context, thread_ids: Iterable[str] | None, other_indexed: bool) -> Op[ReplicationReport]:
@@ -37,7 +37,7 @@ def verify(ctx: Context, other: Context, thread_ids: Iterable[str] | None, other
     if thread_ids is None:
         # Threads either index lists: the other's too when it has one (after a
         # failover, the old primary's table), even if replication does not keep it.
-        found = yield from gather(_thread_ids(ctx), _thread_ids(other, missing_ok=True))
+        found = yield from gather(listed_threads(ctx), listed_threads(other, missing_ok=True))
         thread_ids = sorted(set(found[0]) | set(found[1]))
     unreplicated: list[ReplicationGap] = []
     replica_only: list[ReplicationGap] = []
@@ -47,8 +47,8 @@ def verify(ctx: Context, other: Context, thread_ids: Iterable[str] | None, other
         mine, theirs, my_keys, their_keys = yield from gather(
             _contents(ctx, thread_id),
             _contents(other, thread_id) if other_indexed else _nothing(),
-            _object_keys(ctx, thread_id),
-            _object_keys(other, thread_id),
+            object_keys(ctx, thread_id),
+            object_keys(other, thread_id),
         )
         unreplicated += _gaps(ctx, mine, theirs if other_indexed else None, my_keys, their_keys)
         replica_only += _gaps(ctx, theirs, mine if other_indexed else None, their_keys, my_keys)
@@ -56,20 +56,22 @@ def verify(ctx: Context, other: Context, thread_ids: Iterable[str] | None, other
 
 
 def promote(
-    ctx: Context, other: Context, rebuild: bool | None, force: bool, indexed: bool, *, merge: bool
+    ctx: Context, other: Context, rebuild: bool | None, force: bool, indexed: bool, shared: bool
 ) -> Op[Promotion]:
     """Make ``other`` the region written to (the caller swaps the roles after).
 
     ``indexed``: replication keeps an index in ``other`` (manifest heads, a
-    global table); without one its index is rebuilt from its bucket.
-    ``merge``: rebuild it anyway when ``ctx`` answers (manifest mode: a head
-    that came back by replication must not hide the region's own writes).
+    global table). Its index is then settled (``_ops/settle``): with ``ctx``
+    answering, the union of both indexes' committed entries; without, its own
+    entries whose objects all arrived. Without one (DynamoDB, no global table)
+    and ``ctx`` down, nothing there holds an index: it is rebuilt from the bucket.
+    ``shared``: one index both regions write (a global table): with ``ctx``
+    down, what is not whole is only reported (see ``settle``).
     """
-    # Rebuilt or not decides what is compared: a rebuilt index needs the objects only.
-    rebuilds_if_reachable = rebuild if rebuild is not None else (not indexed or merge)
     checked = True
     try:
-        report = yield from verify(ctx, other, None, indexed and not rebuilds_if_reachable)
+        # Objects only: the index there is settled from both indexes below.
+        report = yield from verify(ctx, other, None, False)
     except StoreUnavailableError:
         # The outage this promotion is for: nothing to compare with.
         checked, report = False, None
@@ -81,29 +83,39 @@ def promote(
             "replication and promote again, or promote(force=True) to leave them (verify() reports them after)"
         )
     if rebuild is None:
-        rebuild = rebuilds_if_reachable if checked else not indexed
-    rebuilt: int | None = None
-    incomplete: list[str] = []
+        rebuild = not indexed and not checked
     if rebuild:
+        # No index to prove what was committed: every complete checkpoint (see the README).
+        incomplete: list[str] = []
         rebuilt = yield from rebuild_index(other, None, incomplete)
-    return Promotion(_describe(other), _describe(ctx), checked, rebuilt, tuple(incomplete))
+        return Promotion(_describe(other), _describe(ctx), checked, rebuilt, tuple(incomplete))
+    settled = yield from settle(other, ctx if checked else None, write=checked or not shared)
+    return Promotion(
+        _describe(other), _describe(ctx), checked, None, tuple(settled.checkpoints), tuple(settled.writes)
+    )
 
 
 def _gaps(
     ctx: Context,
     entries: list[CheckpointEntry],
     other: list[CheckpointEntry] | None,
-    keys: set[str],
-    other_keys: set[str],
+    keys: dict[str, str],
+    other_keys: dict[str, str],
 ) -> list[ReplicationGap]:
     """What one region holds that the other lacks: objects (every object of
     the thread's, committed or superseded: a write the other region never got
     is reported even when a newer one took its slot), and index entries when
-    the other index is compared (``other`` not None)."""
+    the other index is compared (``other`` not None).
+
+    A pending-writes part is keyed by the call's token: the same task's writes
+    made in both regions (the same bytes) differ only by it, and are the same."""
+    their_parts = {_part_of(ctx, key, etag) for key, etag in other_keys.items()}
     found: dict[tuple[str, str, str, str, str | None], set[str]] = {}
-    for key in keys - other_keys:
+    for key in keys.keys() - other_keys.keys():
         parsed = ctx.layout.parse_object_key(key)
         if parsed is None:
+            continue
+        if parsed.kind == "writes" and _part_of(ctx, key, keys[key]) in their_parts:
             continue
         if parsed.kind == "writes":
             ident = (parsed.thread_id, parsed.ns, parsed.checkpoint_id, "writes", parsed.task_id)
@@ -131,7 +143,15 @@ def _order(item: tuple[tuple[str, str, str, str, str | None], set[str]]) -> tupl
 
 
 def _writes_id(w: Any) -> tuple[str, ...]:
-    return (w.ns, w.checkpoint_id, w.task_id, w.part, w.token)
+    return (w.ns, w.checkpoint_id, w.task_id, w.part)  # see _gaps: not the token
+
+
+def _part_of(ctx: Context, key: str, etag: str) -> tuple[Any, ...] | None:
+    """A pending-writes part as its slot and content (ETag: the bytes' MD5)."""
+    parsed = ctx.layout.parse_object_key(key)
+    if parsed is None or parsed.kind != "writes":
+        return None
+    return (parsed.ns, parsed.checkpoint_id, parsed.task_id, parsed.part, etag)
 
 
 def _describe(ctx: Context) -> str:
@@ -144,34 +164,8 @@ def _nothing() -> Op[list[Any]]:
     yield  # pragma: no cover - makes this a generator
 
 
-def _thread_ids(ctx: Context, missing_ok: bool = False) -> Op[list[str]]:
-    ids: list[str] = []
-    cursor: Any = None
-    while True:
-        try:
-            page, cursor = yield from ctx.index.threads(None, _LISTING_PAGE, cursor)
-        except ResourceMissingError:
-            if missing_ok:
-                return ids  # no table there (yet): a rebuild fills it at promote()
-            raise
-        ids += [ref.thread_id for ref, _ in page]
-        if cursor is None:
-            return ids
-
-
 def _contents(ctx: Context, thread_id: str) -> Op[list[CheckpointEntry]]:
     try:
         return (yield from ctx.index.contents(thread_id))
     except Archived:
         return []  # one archive object: its key is compared with the objects
-
-
-def _object_keys(ctx: Context, thread_id: str) -> Op[set[str]]:
-    keys: set[str] = set()
-    token: str | None = None
-    while True:
-        page = yield from request_one(ctx.s3.list_keys(ctx.layout.thread_dir(thread_id), token))
-        keys.update(obj["Key"] for obj in page.get("Contents", []))
-        token = page.get("NextContinuationToken")
-        if not token:
-            return keys

@@ -14,7 +14,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, PendingWrite, writes_sort_key
 
 from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
-from s3_saver._index.base import IN_BLOB_OBJECT, REGULAR_PART, CheckpointEntry, Key3, WritesEntry
+from s3_saver._index.base import IN_BLOB_OBJECT, REGULAR_PART, CheckpointEntry, Key3, WritesEntry, one_line
 from s3_saver._ops.context import Context
 from s3_saver._protocol import Call, Op, gather, raise_failure
 from s3_saver._reach import own_object, ref_object
@@ -70,7 +70,7 @@ class Resolver:
                     gets[ctx.layout.object_key(ref_object(t, ns, ch, ref))] = ("checkpoint", src_key)
                 else:
                     lookups[src_key] = None
-            for w in entry.writes or ():
+            for w in one_line(entry.writes or [], ctx.s3.bucket):
                 if w.body is None:
                     wkey = _writes_key(ctx, w)
                     if wkey not in self.writes:
@@ -176,7 +176,7 @@ class Resolver:
         deleted thread that had a checkpoint of the same id.
         """
         parts = []
-        for w in entry.writes or ():
+        for w in one_line(entry.writes or [], self.ctx.s3.bucket):
             if w.gen < entry.gen:
                 continue
             if w.body is not None:

@@ -1,0 +1,174 @@
+"""settle: a promoted region's index made whole, from what indexes committed.
+
+``promote`` leaves the region it makes the one written to with an index every
+process can read as it is, in both directions:
+
+* **failover** (the region left does not answer): the promoted region's own
+  index, as replication brought it (a manifest head, a global table's items),
+  can name checkpoints and pending writes whose objects never arrived (the
+  outage ate them). Those entries go: each thread keeps exactly the committed
+  entries whose objects are all there, so a fresh process reads its latest
+  and its whole history without waiting for anything.
+* **failback** (both answer): the region written to so far (the *authority*)
+  holds the thread's line as it went on; the region promoted back holds,
+  besides what came back by replication, what it committed itself before the
+  outage and never replicated. Its index becomes the union: every entry of
+  the authority, then the region's own entries the authority lacks (readable
+  by id, a branch of the thread: ``verify`` reports them).
+
+Only committed data is indexed: an entry comes from an index (never from an
+object alone, so a write that raised at the outage, its object written and its
+commit not, stays unreadable), and an entry is kept only when every object its
+closure names is in the bucket (``_reach``). Pending writes are kept per task:
+for each (namespace, checkpoint, task), the parts of one region only, the
+authority's when it has any (both regions may have run the task of one
+interrupted checkpoint; a mix of the two runs is a state neither made).
+
+A manifest head is one object that replication replaces whole: after a
+failback the promoted-back region's head is the authority's, replicated over
+its own. Its own last head is still a version of that key in the (versioned)
+bucket: each head names the bucket it was written to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from s3_saver._index.base import Archived, CheckpointEntry, WritesEntry, one_line
+from s3_saver._ops.context import Context
+from s3_saver._ops.delete import delete_thread
+from s3_saver._protocol import Op, gather, request_one
+from s3_saver._reach import named_by
+from s3_saver.errors import ResourceMissingError
+
+_LISTING_PAGE = 100
+
+
+@dataclass
+class Settled:
+    """What ``settle`` left out: ``thread/ns/checkpoint_id`` of checkpoints, and
+    ``thread/ns/checkpoint_id/task_id`` of pending writes."""
+
+    checkpoints: list[str] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)
+
+
+def settle(target: Context, authority: Context | None, *, write: bool = True) -> Op[Settled]:
+    """Make ``target``'s index whole (see the module's docstring); ``authority``:
+    the region written to until now, when it answers (a failback). ``write``
+    False: only say what is not whole (a global table's failover: its items
+    are the other region's too, and a delete here would replicate there and
+    take that region's own writes; reads pass them over instead)."""
+    settled = Settled()
+    found = yield from gather(thread_ids(target), thread_ids(authority, True) if authority else _none())
+    for thread_id in sorted(set(found[0]) | set(found[1])):
+        yield from _settle_thread(target, authority, thread_id, settled, write)
+    return settled
+
+
+def _settle_thread(
+    target: Context, authority: Context | None, thread_id: str, settled: Settled, write: bool
+) -> Op[None]:
+    try:
+        theirs, keys, created = yield from gather(
+            _committed_here(target, authority, thread_id),
+            object_keys(target, thread_id),
+            target.index.created(thread_id),
+        )
+        mine: list[CheckpointEntry] = []
+        if authority is not None:
+            record, mine, their_record = yield from gather(
+                authority.index.archive_of(thread_id),
+                authority.index.contents(thread_id),
+                target.index.archive_of(thread_id),
+            )
+            if record.gen > their_record.gen and not mine:
+                # Deleted where it went on: deleted here too (a deleted thread stays deleted).
+                yield from delete_thread(target, thread_id)
+                return
+            created = created or (yield from authority.index.created(thread_id))
+    except Archived:
+        return  # one archive object: replication copies it whole, and its marker with the index
+    present = set(keys)
+
+    def whole(entry: CheckpointEntry | WritesEntry) -> bool:
+        return all(target.layout.object_key(o) in present for o in named_by(entry))
+
+    entries: dict[tuple[str, str, str], CheckpointEntry] = {}
+    for entry in [*mine, *theirs]:
+        if entry.key in entries:
+            continue
+        if whole(entry):
+            entries[entry.key] = entry
+        elif not entry.hidden:
+            settled.checkpoints.append(f"{thread_id}/{entry.ns}/{entry.checkpoint_id}")
+    # One region's parts per task: the authority's, else the target's own. A
+    # global table holds both regions' parts in each (see one_line).
+    site = (authority or target).s3.bucket
+    lines: dict[tuple[str, str, str], list[WritesEntry]] = {}
+    for source in (mine, theirs):
+        here: dict[tuple[str, str, str], list[WritesEntry]] = {}
+        for w in one_line([w for entry in source for w in entry.writes or ()], site):
+            here.setdefault((w.ns, w.checkpoint_id, w.task_id), []).append(w)
+        for task, parts in here.items():
+            if task in lines:
+                continue
+            if all(whole(w) for w in parts):
+                lines[task] = parts
+            else:
+                settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
+    writes = [w for (ns, cid, _), parts in lines.items() if (thread_id, ns, cid) in entries for w in parts]
+    if not write or (authority is None and _ids(theirs, [w for e in theirs for w in e.writes or ()]) == _ids(entries.values(), writes)):
+        return  # whole already, or only told
+    kept = [replace(e, writes=[]) for e in entries.values()]
+    yield from target.index.restore(thread_id, kept, writes, created or target.now())
+    target.locs.forget_thread(thread_id)
+
+
+def _ids(entries: Iterable[CheckpointEntry], writes: Iterable[WritesEntry]) -> tuple[set, set]:
+    return {e.key for e in entries}, {(w.ns, w.checkpoint_id, w.task_id, w.part, w.token) for w in writes}
+
+
+def _committed_here(target: Context, authority: Context | None, thread_id: str) -> Op[list[CheckpointEntry]]:
+    """What ``target``'s own index committed for the thread: its index as it is,
+    or (a failback, manifest) its own last head, which replication replaced."""
+    if authority is not None:
+        own = yield from target.index.own_contents(thread_id)
+        if own is not None:
+            return own
+    return (yield from target.index.contents(thread_id))
+
+
+def _none() -> Op[list[str]]:
+    return []
+    yield  # pragma: no cover - makes this a generator
+
+
+def thread_ids(ctx: Context, missing_ok: bool = False) -> Op[list[str]]:
+    """Every thread the index lists (``missing_ok``: none when it has no table yet)."""
+    ids: list[str] = []
+    cursor = None
+    while True:
+        try:
+            page, cursor = yield from ctx.index.threads(None, _LISTING_PAGE, cursor)
+        except ResourceMissingError:
+            if missing_ok:
+                return ids
+            raise
+        ids += [ref.thread_id for ref, _ in page]
+        if cursor is None:
+            return ids
+
+
+def object_keys(ctx: Context, thread_id: str) -> Op[dict[str, str]]:
+    """Every object key under the thread, with its ETag (admin: a listing)."""
+    keys: dict[str, str] = {}
+    token: str | None = None
+    while True:
+        page = yield from request_one(ctx.s3.list_keys(ctx.layout.thread_dir(thread_id), token))
+        keys.update((obj["Key"], obj.get("ETag", "")) for obj in page.get("Contents", []))
+        token = page.get("NextContinuationToken")
+        if not token:
+            return keys
+

@@ -1,0 +1,349 @@
+"""A real outage, as an operator lives it (issue 22): every thread comes back whole.
+
+Two regions on 127.0.0.1 (tests/regions.py). Several threads of an agent with
+interrupts run on the primary (the old region, O) while replication copies
+what they write to the replica region (P) object by object (and item by item,
+for a global table), shuffled, with lag. At a random moment O goes down
+(connections refused, or accepted and never answered) in the middle of a step
+whose index commit never happens: its objects stay in O, uncommitted. Then the
+README's runbooks, step by step:
+
+1. ``promote()`` from a saver configured as the application was;
+2. fresh processes configured with P as their primary (with O as their
+   ``Replica``, and without one) read every thread: the latest state and the
+   whole history, each checkpoint one that O committed;
+3. every thread continues in P (interrupts resumed there: the same tasks of
+   the same checkpoints write again);
+4. O comes back; O's stale replication queue is refused, or applied (what a
+   refusal cannot hold back: a global table's items always, and the immutable
+   objects; a manifest head is what the runbook's refusal is for);
+5. P's writes replicate back; ``promote()`` from a saver configured with P as
+   primary makes O the one written to again;
+6. a fresh process configured as at first reads every thread as P left it:
+   P's line wins whole (pending writes of one task are never mixed from both
+   regions), and nothing O's index never committed is readable.
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from helpers import long_form
+from regions import REPLICA_BUCKET, REPLICA_REGION, Replicator, saver_client_config, saver_retry
+from s3_saver import Replica, S3Saver, StoreUnavailableError
+
+MODES = ("manifest", "dynamodb", "dynamodb-global")
+OUTAGES = ("refuse", "hang")
+STALE = ("refused", "applied")
+THREADS = 5
+
+
+class State(TypedDict):
+    msgs: Annotated[list, operator.add]
+    side: Annotated[list, operator.add]
+    approved: str
+
+
+def _graph(saver: Any):
+    def draft(state: State) -> dict:
+        return {"msgs": [f"draft {len(state['msgs'])}"]}
+
+    def attach(state: State) -> dict:
+        return {"msgs": ["x" * 70_000]}  # a value in an object of its own
+
+    def side(state: State) -> dict:
+        # Beside `ask`: its writes stay pending on the checkpoint `ask` interrupts.
+        return {"side": [f"side {len(state['msgs'])}"]}
+
+    def ask(state: State) -> dict:
+        answer = interrupt("approve?")
+        return {"approved": answer, "msgs": [f"approved by {answer}"]}
+
+    builder = StateGraph(State)
+    for name, node in (("draft", draft), ("attach", attach), ("side", side), ("ask", ask)):
+        builder.add_node(name, node)
+    builder.add_edge(START, "draft")
+    builder.add_edge("draft", "attach")
+    builder.add_edge("attach", "side")
+    builder.add_edge("attach", "ask")
+    builder.add_edge("side", END)
+    builder.add_edge("ask", END)
+    return builder.compile(checkpointer=saver)
+
+
+def _config(thread_id: str, checkpoint_id: str | None = None) -> dict:
+    configurable = {"thread_id": thread_id, "checkpoint_ns": ""}
+    if checkpoint_id:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+def _advance(graph: Any, thread_id: str, who: str) -> None:
+    """One step of a thread: answer its interrupt, or start a new turn. Every
+    write is committed when it returns (what was committed is read right after)."""
+    config = _config(thread_id)
+    if graph.get_state(config).next == ("ask",):
+        graph.invoke(Command(resume=who), config, durability="sync")
+    else:
+        graph.invoke({"msgs": [f"{who} says hi"], "side": [], "approved": ""}, config, durability="sync")
+
+
+def _kw(outage: str) -> dict:
+    # A region that never answers costs a read timeout per attempt: one attempt.
+    return {"recheck_after": 3600, "failover_after": 1.0 if outage == "hang" else 3.0}
+
+
+def _old_saver(regions: Any, mode: str, outage: str, *, setup: bool = True) -> S3Saver:
+    """Configured as the application was: O (behind the proxy) primary, P its replica."""
+    index_mode = "manifest" if mode == "manifest" else "dynamodb"
+    return regions.make_saver(index_mode, global_table=mode == "dynamodb-global", setup=setup, **_kw(outage))
+
+
+def _new_saver(regions: Any, mode: str, outage: str, *, replica: bool = True) -> S3Saver:
+    """Configured as runbook step 3 says: P primary, O (behind the proxy) its replica."""
+    from regions import PRIMARY_BUCKET, PRIMARY_REGION
+
+    kw: dict[str, Any] = {}
+    if replica:
+        kw["replica"] = Replica(
+            PRIMARY_BUCKET,
+            region_name=PRIMARY_REGION,
+            endpoint_url=regions.proxy.url,
+            global_table=mode == "dynamodb-global",
+            **_kw(outage),
+        )
+    saver = S3Saver(
+        REPLICA_BUCKET,
+        table=regions.replica.table if mode != "manifest" else None,
+        region_name=REPLICA_REGION,
+        endpoint_url=regions.moto,
+        client_config=saver_client_config(),
+        retry=saver_retry(),
+        **kw,
+    )
+    regions.savers.append(saver)
+    return saver
+
+
+def _fail_commits(saver: S3Saver) -> None:
+    """The next index commits of ``saver`` never happen (its objects are written):
+    what an outage does between a write's two requests."""
+    index = saver._ctx.index
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailableError("the region went down before the index commit")
+        yield  # pragma: no cover - a generator, as the index's methods are
+
+    index.commit_checkpoint = refused
+    index.commit_writes = refused
+
+
+def _snapshot(saver: S3Saver, thread_id: str) -> dict[str, Any]:
+    """Every checkpoint of a thread as ``saver`` reads it: id -> (checkpoint's
+    channel values, parent, pending writes as a set)."""
+    out = {}
+    for t in saver.list(_config(thread_id)):
+        cid = t.config["configurable"]["checkpoint_id"]
+        parent = t.parent_config["configurable"]["checkpoint_id"] if t.parent_config else None
+        writes = frozenset((task, channel, repr(value)) for task, channel, value in t.pending_writes or ())
+        out[cid] = (repr(sorted(t.checkpoint["channel_values"].items())), parent, writes)
+    return out
+
+
+def _by_task(writes: frozenset) -> dict[str, frozenset]:
+    out: dict[str, set] = {}
+    for task, channel, value in writes:
+        out.setdefault(task, set()).add((channel, value))
+    return {task: frozenset(parts) for task, parts in out.items()}
+
+
+def _cases() -> list[tuple[str, str, str]]:
+    every = [(m, o, s) for m in MODES for o in OUTAGES for s in STALE]
+    if long_form():
+        return every
+    # make test: each mode under both outages, the stale queue alternating (6 of 12).
+    return [(m, o, STALE[(i + j) % 2]) for i, m in enumerate(MODES) for j, o in enumerate(OUTAGES)]
+
+
+@pytest.mark.parametrize(("mode", "outage", "stale"), _cases())
+def test_outage_promote_continue_failback(regions, mode: str, outage: str, stale: str) -> None:
+    rng = random.Random(f"{mode}/{outage}/{stale}")
+    global_table = mode == "dynamodb-global"
+    old = _old_saver(regions, mode, outage)
+    replicator, reverse = regions.replicator, regions.reverse
+    if global_table:
+        regions.create_replica_table()
+    elif mode == "dynamodb":
+        old.setup_replica()  # an empty table there, for promote() to rebuild
+        replicator = Replicator.between(regions.primary, regions.replica, tables=False)
+        reverse = replicator.reversed()
+    threads = [f"t{i}" for i in range(THREADS)]
+    graph = _graph(old)
+
+    # --- O runs the threads; replication lags, shuffled -------------------------------
+    committed: dict[str, dict[str, Any]] = {t: {} for t in threads}
+    for step in range(THREADS * 3):
+        thread_id = threads[step] if step < THREADS else rng.choice(threads)
+        _advance(graph, thread_id, "primary")
+        committed[thread_id].update(_snapshot(old, thread_id))
+        replicator.capture()
+        replicator.deliver(rng.randint(0, len(replicator.pending)), rng)
+
+    # --- The outage, in the middle of a step: objects written, no index commit ---------
+    cut = rng.choice(threads)
+    before = set(regions.primary.keys())
+    _fail_commits(old)
+    with pytest.raises(StoreUnavailableError):
+        _advance(graph, cut, "primary")
+    uncommitted = set(regions.primary.keys()) - before
+    assert uncommitted, "the cut step wrote no object"
+    layout = old._ctx.layout
+    cut_ids = {p.checkpoint_id for p in map(layout.parse_object_key, uncommitted) if p is not None}
+    # Without a global table no index replicates: promote rebuilds from objects,
+    # and nothing there tells a committed write from one the outage cut (README).
+    provable = mode != "dynamodb"
+    replicator.capture()
+    replicator.deliver(rng.randint(0, len(replicator.pending)), rng)
+    getattr(regions.proxy, outage)()
+
+    # --- 1. Promote, from a saver configured as the application was --------------------
+    promotion = _old_saver(regions, mode, outage, setup=False).promote()
+    assert not promotion.checked
+
+    # --- 2. Fresh processes with P as primary read every thread whole -----------------
+    fresh = _new_saver(regions, mode, outage)
+    readers = [fresh]
+    if not global_table:
+        # Promote left the index whole: a process without a Replica reads it too.
+        # (A global table's items are both regions': promote leaves them, and
+        # every process, configured with its Replica, passes over what never arrived.)
+        readers.append(_new_saver(regions, mode, outage, replica=False))
+    for reader in readers:
+        for thread_id in threads:
+            seen = _snapshot(reader, thread_id)
+            for cid, (values, parent, writes) in seen.items():
+                if not provable and cid in cut_ids:
+                    continue
+                assert cid in committed[thread_id], f"{thread_id}: {cid} was never committed in O"
+                known_values, known_parent, known_writes = committed[thread_id][cid]
+                assert (values, parent) == (known_values, known_parent), f"{thread_id}/{cid} differs"
+                assert writes <= known_writes or not provable, f"{thread_id}/{cid}: pending writes O never committed"
+            state = _graph(reader).get_state(_config(thread_id))
+            if seen:
+                assert state.config["configurable"]["checkpoint_id"] == max(seen)
+            history = list(_graph(reader).get_state_history(_config(thread_id)))
+            assert [s.config["configurable"]["checkpoint_id"] for s in history] == sorted(seen, reverse=True)
+
+    # --- 3. Every thread continues in P ------------------------------------------------
+    new_graph = _graph(fresh)
+    for thread_id in threads:
+        _advance(new_graph, thread_id, "replica")
+        _advance(new_graph, thread_id, "replica")
+    in_p = {t: _snapshot(fresh, t) for t in threads}
+    latest_p = {t: new_graph.get_state(_config(t)) for t in threads}
+
+    # --- 4. O is back: its stale queue refused or applied; P's writes replicate back ---
+    regions.proxy.up()
+    reverse.capture()  # P's writes are newer than O's stale ones (a global table: last writer wins)
+    if stale == "applied":
+        replicator.deliver(where=lambda e: not (mode == "manifest" and _is_head(e.key)))
+    else:
+        # A global table's items replicate anyway: S3's refusal holds back objects only.
+        replicator.drop_pending(where=lambda e: not (global_table and e.kind in ("item", "delete-item")))
+        replicator.deliver()
+    if global_table:
+        # O's stale items are in P's table now, their objects maybe not: P still
+        # serves every thread, as it left it (the application runs on until failback).
+        during = _new_saver(regions, mode, outage)
+        for thread_id in threads:
+            state = _graph(during).get_state(_config(thread_id))
+            assert state.config == latest_p[thread_id].config, thread_id
+            ids = [s.config["configurable"]["checkpoint_id"] for s in _graph(during).get_state_history(_config(thread_id))]
+            assert set(in_p[thread_id]) <= set(ids), thread_id
+    reverse.run()
+
+    # --- 5. Failback -------------------------------------------------------------------
+    back = _new_saver(regions, mode, outage).promote()
+    assert back.checked
+
+    # --- 6. A fresh process configured as at first reads what P left ------------------
+    final = _old_saver(regions, mode, outage, setup=False)
+    final_graph = _graph(final)
+    for thread_id in threads:
+        state = final_graph.get_state(_config(thread_id))
+        assert (state.values, state.next, state.config) == (
+            latest_p[thread_id].values,
+            latest_p[thread_id].next,
+            latest_p[thread_id].config,
+        ), thread_id
+        seen = _snapshot(final, thread_id)
+        for cid, (values, parent, writes) in in_p[thread_id].items():
+            assert cid in seen and seen[cid][:2] == (values, parent), f"{thread_id}/{cid}: not as P left it"
+            # Per task, P's run of it whole; a task P never ran there: O's, as O committed it.
+            theirs = committed[thread_id].get(cid, (None, None, frozenset()))[2]
+            mine, now = _by_task(writes), _by_task(seen[cid][2])
+            for task, parts in now.items():
+                expected = mine.get(task, _by_task(theirs).get(task))
+                if global_table and task in mine and parts == _by_task(theirs).get(task):
+                    # A global table lags item by item: P may have read a task's
+                    # parts in part (README); the rest came after, all O's.
+                    expected = parts if mine[task] <= parts else expected
+                assert parts == expected, f"{thread_id}/{cid}: task {task} mixed"
+            assert set(mine) <= set(now), f"{thread_id}/{cid}: P's writes lost"
+        for cid, (values, parent, writes) in seen.items():
+            if cid not in in_p[thread_id]:
+                # O's own, never replicated: as O committed it.
+                assert committed[thread_id].get(cid) == (values, parent, writes), f"{thread_id}/{cid}"
+        if provable:
+            for cid in cut_ids & set(seen):
+                assert cid in in_p[thread_id] or cid in committed[thread_id], f"{thread_id}: uncommitted {cid} readable"
+        list(final_graph.get_state_history(_config(thread_id)))
+    # verify: P's writes all came back; what O alone holds is what never replicated.
+    replicator.run()  # replication from O again (a global table: the settle's deletes too)
+    report = final.verify()
+    assert report.replica_only == (), report.replica_only
+    for gap in report.unreplicated:
+        own = gap.checkpoint_id in committed[gap.thread_id] and gap.checkpoint_id not in in_p[gap.thread_id]
+        assert own or gap.checkpoint_id in cut_ids or gap.kind == "writes", gap
+    # And the thread goes on in O.
+    _advance(final_graph, cut, "primary again")
+
+
+def _is_head(key: Any) -> bool:
+    from s3_saver._keys import KeyLayout
+
+    return isinstance(key, str) and KeyLayout("").parse_object_key(key) is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_verify_counts_the_same_writes_made_in_both_regions_once(regions, mode: str) -> None:
+    """The same task's writes, made in each region (a resume run in both), are the
+    same bytes under two tokens: verify reports neither as missing."""
+    old = _old_saver(regions, mode, "refuse")
+    if mode != "manifest":
+        regions.create_replica_table()
+    replicator = regions.replicator if mode != "dynamodb" else Replicator.between(regions.primary, regions.replica, tables=False)
+    config = old.put(_config("same"), _checkpoint(), {"source": "loop", "step": 0}, {"a": "1"})
+    replicator.run()
+    if mode == "dynamodb":  # no table replicates: the same entry, written there by hand
+        _new_saver(regions, mode, "refuse", replica=False).put(_config("same"), _checkpoint(config), {"source": "loop", "step": 0}, {"a": "1"})
+    writes = [("a", "from the task"), ("__interrupt__", "why")]
+    old.put_writes(config, writes, "task-1")
+    _new_saver(regions, mode, "refuse", replica=False).put_writes(config, writes, "task-1")
+    assert len([k for k in regions.primary.keys() if "/writes/" in k]) == 2
+    assert len([k for k in regions.replica.keys() if "/writes/" in k]) == 2
+    report = old.verify(["same"])
+    assert report.in_sync, report
+
+
+def _checkpoint(config: dict | None = None) -> dict:
+    from helpers import checkpoint
+
+    cid = config["configurable"]["checkpoint_id"] if config else None
+    return checkpoint({"a": "value"}, {"a": "1"}, cid)
