@@ -32,7 +32,8 @@ test-all: $(STAMP) $(INFRA_STAMP)
 # and the stateful property test (tests/test_stateful.py) with a large budget, the
 # minutes split across their eight tests (two workers: each gets SOAK_MINUTES/4),
 # then the longer fault-injection variants of tests/test_faults.py (-m faults), then
-# the cut-short tests cutting after every round trip (make test samples the cuts).
+# the cut-short tests cutting after every round trip (make test samples the cuts) and
+# the outage drill in every mode, outage kind and stale queue (tests/test_outage.py).
 # SIM_SEED=N fixes the base seed; a failure prints the command that replays it.
 SOAK_MINUTES ?= 10
 
@@ -42,7 +43,8 @@ soak: $(STAMP)
 	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SHARES=4 SIM_KEEP_GOING=1 $(BIN)/python -m pytest -p no:cacheprovider -s \
 		tests/test_simulation.py tests/test_stateful.py -k 'not replay' $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -p no:cacheprovider -m faults tests/test_faults.py $(PYTEST_ARGS)
-	TEST_ALL=1 $(BIN)/python -m pytest -p no:cacheprovider tests/test_archive_cut.py tests/test_soundness_switches.py $(PYTEST_ARGS)
+	TEST_ALL=1 $(BIN)/python -m pytest -p no:cacheprovider tests/test_archive_cut.py tests/test_soundness_switches.py \
+		tests/test_outage.py $(PYTEST_ARGS)
 
 # `make bench` (benchmarks/): the peer, langgraph-checkpoint-aws, lives in its own
 # virtualenv (it needs a newer boto3 than aioboto3's pins allow), with the same
