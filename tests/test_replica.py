@@ -28,7 +28,7 @@ from langgraph.channels.delta import DeltaChannel
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from helpers import concat
+from helpers import concat, long_form
 from s3_saver import ConfigurationError, PrimaryUnavailableError, Replica, ReplicationLagError, S3Saver
 
 # Modes whose replica can serve reads before promote() (the index is replicated).
@@ -318,7 +318,8 @@ def test_dynamodb_without_a_global_table_reads_wait_for_promote(regions) -> None
 
 # --- 2. Lag: objects arriving one by one, in random orders: never a partial checkpoint ----------
 
-LAG_SEEDS = int(os.environ.get("S3_SAVER_LAG_SEEDS", "16"))  # orders per mode
+# Orders per mode: make test-all and make soak run twice as many.
+LAG_SEEDS = int(os.environ.get("S3_SAVER_LAG_SEEDS", "16" if long_form() else "8"))
 # One summary line per mode is appended here ("" : none).
 LAG_STATS = os.environ.get("S3_SAVER_LAG_STATS", "")
 # Known bugs, each reproduced by a strict xfail below: in these modes the property test
