@@ -41,7 +41,9 @@ from s3_saver import Replica, S3Saver, StoreUnavailableError
 MODES = ("manifest", "dynamodb", "dynamodb-global")
 OUTAGES = ("refuse", "hang")
 STALE = ("refused", "applied")
-THREADS = 5
+# make test-all and make soak: 5 threads of 3 steps each; make test: 4 of 2.
+THREADS = 5 if long_form() else 4
+STEPS = THREADS * (3 if long_form() else 2)
 
 
 class State(TypedDict):
@@ -190,7 +192,7 @@ def test_outage_promote_continue_failback(regions, mode: str, outage: str, stale
 
     # --- O runs the threads; replication lags, shuffled -------------------------------
     committed: dict[str, dict[str, Any]] = {t: {} for t in threads}
-    for step in range(THREADS * 3):
+    for step in range(STEPS):
         thread_id = threads[step] if step < THREADS else rng.choice(threads)
         _advance(graph, thread_id, "primary")
         committed[thread_id].update(_snapshot(old, thread_id))
