@@ -254,7 +254,8 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
 
     # -- writes --------------------------------------------------------------------------
     def prepare(self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None) -> Op[Prepared]:
-        """Reads the head. When the head this process saw last was due for sealing,
+        """Reads the head, unless this process holds it (see below). When the
+        head this process saw last was due for sealing,
         its oldest checkpoints go into a segment in the same round trip (they
         never change), for the commit to refer to: puts stay at two round trips.
 
@@ -271,14 +272,26 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         listing = list_at if list_at is not None and ns == "" and maybe_new else None
         if listing is not None:
             objects.append((self.layout.listing_key(listing, thread_id), b""))
-        head_call = self.s3.get(self.layout.manifest_head_key(thread_id))
-        results = yield (head_call, *(self.s3.put_new(k, b) for k, b in objects))
-        head = self._take_head(thread_id, head_call, results[0])
-        sealed = results[1 : 1 + len(plan.objects)] if plan else []
+        # The head this process last read or wrote stands in for a read: the
+        # commit swaps it by its ETag, so a head changed since (another writer)
+        # fails that swap, and the commit reads the head then and checks again
+        # what was decided here (the fences, the parent: ``_update``'s check).
+        # Read first only without one, or when it lacks the parent (it is older).
+        head = cached if cached is not None and cached.etag is not None else None
+        if head is not None and parent_id is not None and (yield from self._find(head, ns, parent_id)) is None:
+            head = None
+        calls = () if head is not None else (self.s3.get(self.layout.manifest_head_key(thread_id)),)
+        wave = (*calls, *(self.s3.put_new(k, b) for k, b in objects))
+        results = (yield wave) if wave else []
+        if calls:
+            head = self._take_head(thread_id, calls[0], results[0])
+            results = results[1:]
+        assert head is not None
+        sealed = results[: len(plan.objects)] if plan else []
         if plan is not None and not any(isinstance(r, BaseException) for r in sealed):
             with self._lock:
                 self._sealed[thread_id] = plan  # written: a commit may now refer to it
-        if listing is not None and isinstance(results[-1], BaseException):
+        if listing is not None and results and isinstance(results[-1], BaseException):
             # 412: a retried attempt of this very write put it there already.
             if error_code(results[-1]) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
                 raise_failure(self.s3.put_new(*objects[-1]), results[-1])
