@@ -113,6 +113,9 @@ def _settle_thread(
             here.setdefault((w.ns, w.checkpoint_id, w.task_id), []).append(w)
         for task, parts in here.items():
             if task in lines:
+                if {w.token for w in parts} - {w.token for w in lines[task]}:
+                    # The other region's run of the task: the authority's won, whole.
+                    settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
                 continue
             if all(whole(w) for w in parts):
                 lines[task] = parts
