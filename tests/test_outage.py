@@ -313,7 +313,10 @@ def test_outage_promote_continue_failback(regions, mode: str, outage: str, stale
     report = final.verify()
     assert report.replica_only == (), report.replica_only
     for gap in report.unreplicated:
-        own = gap.checkpoint_id in committed[gap.thread_id] and gap.checkpoint_id not in in_p[gap.thread_id]
+        # O's own (a checkpoint P made is never one): with a global table P may have
+        # read it all the same, from its item, which carries the body (its object
+        # is the one that never arrived).
+        own = gap.checkpoint_id in committed[gap.thread_id]
         assert own or gap.checkpoint_id in cut_ids or gap.kind == "writes", gap
     # And the thread goes on in O.
     _advance(final_graph, cut, "primary again")

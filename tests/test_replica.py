@@ -694,6 +694,31 @@ def test_promote_rebuild_keeps_a_checkpoint_whose_parent_object_never_arrived(re
         assert _cid(found) == lag.order[-1] and _check_tuple(found, lag.primary, "latest") == "all writes"
 
 
+def test_manifest_promote_settles_and_lists_a_thread_whose_listing_object_never_arrived(regions) -> None:
+    """The head of a thread arrived; its listing object (a second object, replicated
+    apart) and its first checkpoint's object did not. Promote finds the thread by its
+    head, drops the checkpoint whose object is missing, and lists the thread again: a
+    fresh process without a Replica lists it and reads its latest and whole history.
+    (Found by the outage drill: the head named a checkpoint no promote had looked at.)"""
+    from s3_saver._keys import KeyLayout
+
+    def hold(event: Any, order: list[str]) -> bool:
+        parsed = _object_key(event)
+        if parsed is not None:
+            return parsed.kind == "checkpoint" and parsed.checkpoint_id == order[0]
+        return event.kind == "object" and KeyLayout("").threads_root in event.key  # the listing object
+
+    lag = _lagging(regions, "manifest", hold)
+    assert [t.thread_id for t in lag.reader.list_threads()] == []  # not listed in the replica
+    promotion = lag.reader.promote()
+    assert promotion.incomplete == (f"gap//{lag.order[0]}",)
+    fresh = S3Saver(regions.replica.bucket, region_name=regions.replica.region, endpoint_url=regions.moto)
+    regions.savers.append(fresh)
+    assert [t.thread_id for t in fresh.list_threads()] == ["gap"]
+    assert _cid(fresh.get_tuple(_config("gap"))) == lag.order[-1]
+    assert [_cid(t) for t in fresh.list(_config("gap"))] == lag.order[:0:-1]
+
+
 @pytest.mark.xfail(strict=True, reason="BUG: a global table's replica serves a history with a hole (a checkpoint item not replicated yet)")
 def test_global_table_history_missing_a_checkpoint_item_is_not_served_whole(regions) -> None:
     # The item (and link item) of the second checkpoint has not arrived; all objects have.

@@ -37,6 +37,8 @@ SPECIAL_PART = "s"
 # to fit a DynamoDB item (400 KB, less room for keys and attribute names)
 # whichever index is used, so a thread can move between index modes.
 ENTRY_BUDGET = 400 * 1024 - 8 * 1024
+# Threads per page when an admin operation walks the whole listing.
+_LISTING_PAGE = 100
 
 Key3 = tuple[str, str, str]  # (thread_id, checkpoint_ns, checkpoint_id)
 # channel -> a reference to the object that holds the value of its version:
@@ -392,6 +394,18 @@ class Index(ABC):
         """One page of the thread listing, newest thread first, below ``before``,
         each thread with its latest root checkpoint (None: it has none; its
         writes may be unloaded); returns the next cursor (None at the end)."""
+
+    def thread_ids(self) -> Op[dict[str, bool]]:
+        """Every thread this index holds, listed or not (admin: promote and verify),
+        each with True when ``threads`` lists it. A table lists each thread in the
+        commit that first writes it: its listing is the answer."""
+        ids: dict[str, bool] = {}
+        cursor = None
+        while True:
+            page, cursor = yield from self.threads(None, _LISTING_PAGE, cursor)
+            ids.update((ref.thread_id, True) for ref, _ in page)
+            if cursor is None:
+                return ids
 
     @abstractmethod
     def created(self, thread_id: str) -> Op[int | None]:

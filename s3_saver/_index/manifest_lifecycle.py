@@ -143,6 +143,28 @@ class ManifestLifecycle:
         ]
         return out, page[0].get("NextContinuationToken")
 
+    def thread_ids(self) -> Op[dict[str, bool]]:
+        """The heads, not only the listing: a thread's listing object and its head
+        are two objects, and replication can bring the head alone (promote relists
+        it). Two listings of keys, no head read; a listing object counts here
+        whatever its time (``threads`` checks that against the head)."""
+        heads, listed = yield from gather(
+            self._keys(self.layout.manifest_root, self.layout.thread_of_head),
+            self._keys(self.layout.threads_root, lambda k: (p := self.layout.parse_listing_key(k)) and p[1]),
+        )
+        listed_set = set(listed)
+        return {t: t in listed_set for t in heads}
+
+    def _keys(self, prefix: str, parse: Callable[[str], str | None]) -> Op[list[str]]:
+        found: list[str] = []
+        token: str | None = None
+        while True:
+            page = yield from request(self.s3.list_keys(prefix, token))
+            found += [t for o in page[0].get("Contents", []) if (t := parse(o["Key"]))]
+            token = page[0].get("NextContinuationToken")
+            if not token:
+                return found
+
     def created(self, thread_id: str) -> Op[int | None]:
         head = yield from self._read_head(thread_id)
         return head.created or None
@@ -175,16 +197,8 @@ class ManifestLifecycle:
 
     def all_threads(self) -> Op[list[CheckpointEntry]]:
         """Lists the manifests (the admin path), then reads every head and segment."""
-        threads: list[str] = []
-        token: str | None = None
-        while True:
-            page = yield from request(self.s3.list_keys(self.layout.manifest_root, token))
-            threads += [t for o in page[0].get("Contents", []) if (t := self.layout.thread_of_head(o["Key"]))]
-            token = page[0].get("NextContinuationToken")
-            if not token:
-                break
         out: list[CheckpointEntry] = []
-        for thread_id in threads:
+        for thread_id in (yield from self.thread_ids()):  # every head
             head = yield from self._read_head(thread_id)
             if head.archive is None:  # archived threads are read through their archives
                 out += [e for e in (yield from self._contents(head)) if not e.hidden]

@@ -42,9 +42,6 @@ from s3_saver._protocol import Op, gather, request_one
 from s3_saver._reach import named_by
 from s3_saver.errors import ResourceMissingError
 
-_LISTING_PAGE = 100
-
-
 @dataclass
 class Settled:
     """What ``settle`` left out: ``thread/ns/checkpoint_id`` of checkpoints, and
@@ -61,9 +58,13 @@ def settle(target: Context, authority: Context | None, *, write: bool = True) ->
     are the other region's too, and a delete here would replicate there and
     take that region's own writes; reads pass them over instead)."""
     settled = Settled()
-    found = yield from gather(thread_ids(target), thread_ids(authority, True) if authority else _none())
-    for thread_id in sorted(set(found[0]) | set(found[1])):
+    here, there = yield from gather(thread_ids(target), thread_ids(authority, True) if authority else _none())
+    for thread_id in sorted(set(here) | set(there)):
         yield from _settle_thread(target, authority, thread_id, settled, write)
+        if write and not here.get(thread_id, True):
+            # Its head came without its listing object (replication copies them
+            # apart): listed again, as the head's time says.
+            yield from target.index.note(thread_id, (yield from target.index.created(thread_id)), None)
     return settled
 
 
@@ -143,25 +144,20 @@ def _committed_here(target: Context, authority: Context | None, thread_id: str) 
     return (yield from target.index.contents(thread_id))
 
 
-def _none() -> Op[list[str]]:
-    return []
+def _none() -> Op[dict[str, bool]]:
+    return {}
     yield  # pragma: no cover - makes this a generator
 
 
-def thread_ids(ctx: Context, missing_ok: bool = False) -> Op[list[str]]:
-    """Every thread the index lists (``missing_ok``: none when it has no table yet)."""
-    ids: list[str] = []
-    cursor = None
-    while True:
-        try:
-            page, cursor = yield from ctx.index.threads(None, _LISTING_PAGE, cursor)
-        except ResourceMissingError:
-            if missing_ok:
-                return ids
-            raise
-        ids += [ref.thread_id for ref, _ in page]
-        if cursor is None:
-            return ids
+def thread_ids(ctx: Context, missing_ok: bool = False) -> Op[dict[str, bool]]:
+    """Every thread the index holds, each with whether it is listed
+    (``missing_ok``: none when it has no table yet)."""
+    try:
+        return (yield from ctx.index.thread_ids())
+    except ResourceMissingError:
+        if missing_ok:
+            return {}
+        raise
 
 
 def object_keys(ctx: Context, thread_id: str) -> Op[dict[str, str]]:
