@@ -125,7 +125,9 @@ class ArchiveIndex(Index):
     def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:
         raise self._refuse("setup")
 
-    def prepare(self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None) -> Op[Prepared]:
+    def prepare(
+        self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None, gen: int | None = None
+    ) -> Op[Prepared]:
         raise self._refuse("a write")
 
     def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:

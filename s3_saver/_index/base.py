@@ -304,11 +304,16 @@ class Index(ABC):
 
     # -- writes --------------------------------------------------------------------
     @abstractmethod
-    def prepare(self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None) -> Op[Prepared]:
+    def prepare(
+        self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None, gen: int | None = None
+    ) -> Op[Prepared]:
         """What a writer reads beside its object writes: the thread's delete
         generation, the entry of ``parent_id`` as stored (None when not asked
         for, or not found) and whether the thread is listed; ``list_at``: when
-        it is not, list it as created then (a root namespace's checkpoint)."""
+        it is not, list it as created then (a root namespace's checkpoint).
+        ``gen``: the generation of the checkpoint the write extends, known to
+        this process (and, with ``list_at``, the thread known listed in it):
+        an index whose commit fences on the generation need read nothing."""
 
     @abstractmethod
     def commit_checkpoint(

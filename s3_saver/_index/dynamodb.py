@@ -73,7 +73,15 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
         return f"DynamoDB table {self.table}"
 
     # -- writes --------------------------------------------------------------------------
-    def prepare(self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None) -> Op[Prepared]:
+    def prepare(
+        self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None, gen: int | None = None
+    ) -> Op[Prepared]:
+        if gen is not None and parent_id is None:
+            # Deleted-stays-deleted without a read: the commit's fence (the thread's
+            # record at generation ``gen``, no archive, no mark, the run alive)
+            # refuses what a read here would have, and hands the record back
+            # (``put._fenced`` decides then). A write costs its objects and the commit.
+            return Prepared(gen, None, True, None)
         calls = [self.calls.get_tombstone(thread_id)]
         if parent_id is not None:
             calls.append(self.calls.get_checkpoint(thread_id, ns, parent_id))

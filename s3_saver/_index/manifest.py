@@ -253,8 +253,11 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         return None
 
     # -- writes --------------------------------------------------------------------------
-    def prepare(self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None) -> Op[Prepared]:
-        """Reads the head, unless this process holds it (see below). When the
+    def prepare(
+        self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None, gen: int | None = None
+    ) -> Op[Prepared]:
+        """Reads the head, unless this process holds it (see below; the head it
+        holds says more than ``gen``: the commit swaps exactly it). When the
         head this process saw last was due for sealing,
         its oldest checkpoints go into a segment in the same round trip (they
         never change), for the commit to refer to: puts stay at two round trips.

@@ -27,8 +27,8 @@ class LocCache:
     A checkpoint item never changes, so an entry never goes stale while its
     thread exists; ``put`` uses it to point unchanged channels at the object
     that already holds them without reading the parent item first. A delete
-    in another process is caught by the tombstone ``put`` reads beside its
-    object writes, not by this cache.
+    in another process is caught by the commit's fence on the generation
+    kept here (or by the thread's record, read when it is not known).
     """
 
     def __init__(self, size: int = 4096) -> None:
@@ -57,18 +57,19 @@ class LocCache:
 
 
 class Noted:
-    """The (run, thread) hints this process has written: each is written once."""
+    """Hints this process has written or seen written, each written once: the
+    (run, thread) pairs, and the (thread, generation) pairs listed."""
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
-        self._data: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._data: OrderedDict[tuple[str, Any], None] = OrderedDict()
         self._lock = threading.Lock()
 
-    def __contains__(self, pair: tuple[str, str]) -> bool:
+    def __contains__(self, pair: tuple[str, Any]) -> bool:
         with self._lock:
             return pair in self._data
 
-    def add(self, pair: tuple[str, str]) -> None:
+    def add(self, pair: tuple[str, Any]) -> None:
         with self._lock:
             self._data[pair] = None
             while len(self._data) > self._size:
@@ -109,6 +110,7 @@ class Context:
     ttl_seconds: int | None
     locs: LocCache = field(default_factory=LocCache)
     noted: Noted = field(default_factory=Noted)
+    listed: Noted = field(default_factory=Noted)
     archives: Archives = field(default_factory=Archives)
     # Set for a replica region's reads: lag-safe (``_ops/lagged.py``).
     replica: ReplicaReads | None = None

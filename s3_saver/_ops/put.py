@@ -112,20 +112,29 @@ def put(
     for ch in blobs:
         loc[ch] = make_ref(fresh[ch], checkpoint_id, IN_BLOB_OBJECT, now)
 
-    # The thread's tombstone is read beside the object writes (a deleted thread
+    # The thread's record is read beside the object writes (a deleted thread
     # stays deleted), and so is the parent's item when this process has not
-    # seen it (cold start, another writer): the common case costs no extra trip.
+    # seen it (cold start, another writer). A parent this process knows carries
+    # the generation the write extends (an item never changes): the commit's
+    # fence checks it, so nothing is read (for the root namespace, once the
+    # process has seen the thread listed in that generation).
     fetch_parent = known is None
+    list_at = now if ns == "" else None
+    extends = known[1] if not fetch_parent and parent_id is not None else None
+    if extends is not None and list_at is not None and (thread_id, extends) not in ctx.listed:
+        extends = None
     _, prepared = yield from gather(
         put_immutable(ctx.s3, objects),
-        ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, now if ns == "" else None),
+        ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at, extends),
     )
     if prepared.archive is not None:
         # The user came back to an archived thread: it is live again before this
         # checkpoint goes on it (objects first, as ever: this one's are written).
         yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
-        prepared = yield from ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, now if ns == "" else None)
+        prepared = yield from ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at)
     gen, parent = prepared.gen, prepared.parent
+    if prepared.listed:
+        ctx.listed.add((thread_id, gen))
     if fetch_parent:
         # A hidden parent (kept by a prune for newer checkpoints) still holds what
         # it names; the commit checks that it is still there.
@@ -180,6 +189,8 @@ def put(
                 yield from gather(commit, ctx.index.note(thread_id, None if ctx.index.lists_in_prepare else created, run))
                 if run is not None:
                     ctx.noted.add((run, thread_id))
+                if created is not None:
+                    ctx.listed.add((thread_id, entry.gen))
             break
         except ParentGone:
             # Pruned (or written anew by a restore) since this run read it: what
@@ -315,12 +326,15 @@ def put_writes(
         entries.append(WritesEntry(thread_id, ns, checkpoint_id, task_id, part, token, body))
     if not entries:
         return
-    _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None))
+    # A checkpoint this process wrote or read carries its generation: the
+    # commit's fence checks it, nothing is read first (see put).
+    known = ctx.locs.get((thread_id, ns, checkpoint_id))
+    extends = known[1] if known is not None else None
+    _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None, None, extends))
     if prepared.archive is not None:
         yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
         prepared = yield from ctx.index.prepare(thread_id, ns, None)
     gen = prepared.gen
-    known = ctx.locs.get((thread_id, ns, checkpoint_id))
     if gen and known is not None and known[1] < gen:
         yield from _take_back(ctx, list(objects))
         raise ThreadDeletedError(
