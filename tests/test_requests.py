@@ -228,3 +228,31 @@ def test_source_item_not_visible_falls_back_to_its_object(endpoint, dynamo_saver
     assert got.checkpoint["channel_values"] == {"counter": 2, "doc": "a document"}
     assert round_trips == 3 and requests[("s3", "get_object")] == 1
     fresh.close()
+
+
+def test_dynamodb_commit_checks_the_record_and_the_parents_link_not_its_body(endpoint, monkeypatch) -> None:
+    """A transaction bills each check by the size of the item it reads: the commit of
+    a checkpoint that carries values from its parent checks the parent's link item
+    (no body), beside the thread's record, and reads nothing before it."""
+    from s3_saver._drivers.sync import SyncDriver
+    from s3_saver._keys import link_sort_key
+
+    saver = make_saver(endpoint, "dynamodb")
+    saver.setup()
+    last = grow_thread(saver, "t", 3)
+    version = saver.get_next_version(last_version(saver, last), None)
+    sent: list = []
+    real = SyncDriver._wave
+
+    def wave(driver, calls):
+        sent.extend(calls)
+        return real(driver, calls)
+
+    monkeypatch.setattr(SyncDriver, "_wave", wave)
+    saver.put(last, checkpoint({"counter": -1, "doc": "a document"}, {"counter": version, "doc": "1"}), {}, {"counter": version})
+    assert [c.operation for c in sent] == ["put_object", "transact_write_items"]
+    checks = [a["ConditionCheck"]["Key"]["sk"]["S"] for a in sent[1].params["TransactItems"] if "ConditionCheck" in a]
+    parent = last["configurable"]["checkpoint_id"]
+    assert len(checks) == 2 and link_sort_key("", parent) in checks
+    assert checkpoint_sort_key("", parent) not in checks
+    saver.close()

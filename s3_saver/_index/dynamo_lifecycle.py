@@ -314,7 +314,8 @@ class DynamoLifecycle:
         the thread's record (an archive under way loses its mark, an archived or
         deleted thread stops the prune), then the index is read again and the
         objects only the dropped checkpoints named go. A commit needs its
-        parent's item (``parent_fence``): once the drop is in, nothing new reads
+        parent's link item (``parent_fence``; each goes with its checkpoint's
+        item, before the second read): once the drop is in, nothing new reads
         through what went, and what committed before is in the second read."""
         calls = self.calls
         record, entries = yield from self._contents(thread_id)
