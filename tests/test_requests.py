@@ -256,3 +256,23 @@ def test_dynamodb_commit_checks_the_record_and_the_parents_link_not_its_body(end
     assert len(checks) == 2 and link_sort_key("", parent) in checks
     assert checkpoint_sort_key("", parent) not in checks
     saver.close()
+
+
+def test_writes_sent_before_their_checkpoints_put_read_nothing_first(saver, index_mode) -> None:
+    """LangGraph sends a step's writes while the put of their checkpoint may still
+    be under way: the thread's generation this process knows stands in for the
+    checkpoint's, so the writes cost their object and the commit, as in the steady
+    state, and the put that follows too."""
+    last = grow_thread(saver, "t", 3)
+    version = saver.get_next_version(last_version(saver, last), None)
+    ahead = checkpoint({"counter": -1, "doc": "a document"}, {"counter": version, "doc": "1"})
+    saver.stats.reset()
+    saver.put_writes(config("t", checkpoint_id=ahead["id"]), [("counter", 1)], "task-1", "path")
+    if index_mode == "dynamodb":
+        expected = {("s3", "put_object"): 1, ("dynamodb", "transact_write_items"): 1}
+    else:
+        expected = {("s3", "put_object"): 2}  # the object, the head's swap
+    assert _counts(saver) == (2, expected)
+    stored = saver.put(last, ahead, {"source": "loop", "step": 3}, {"counter": version})
+    assert _counts(saver) == (2, expected)
+    assert saver.get_tuple(stored).pending_writes == [("task-1", "counter", 1)]

@@ -34,6 +34,8 @@ class LocCache:
     def __init__(self, size: int = 4096) -> None:
         self._size = size
         self._data: OrderedDict[tuple[str, str, str], Known] = OrderedDict()
+        # Per thread, the generation of the checkpoint last put here (its newest).
+        self._gens: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: tuple[str, str, str]) -> Known | None:
@@ -47,13 +49,22 @@ class LocCache:
         with self._lock:
             self._data[key] = known
             self._data.move_to_end(key)
-            while len(self._data) > self._size:
-                self._data.popitem(last=False)
+            self._gens[key[0]] = known[1]
+            self._gens.move_to_end(key[0])
+            for data in (self._data, self._gens):
+                while len(data) > self._size:
+                    data.popitem(last=False)
+
+    def thread_gen(self, thread_id: str) -> int | None:
+        """The generation of the thread's checkpoint this process put or read last."""
+        with self._lock:
+            return self._gens.get(thread_id)
 
     def forget_thread(self, thread_id: str) -> None:
         with self._lock:
             for key in [k for k in self._data if k[0] == thread_id]:
                 del self._data[key]
+            self._gens.pop(thread_id, None)
 
 
 class Noted:

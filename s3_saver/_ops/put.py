@@ -327,9 +327,13 @@ def put_writes(
     if not entries:
         return
     # A checkpoint this process wrote or read carries its generation: the
-    # commit's fence checks it, nothing is read first (see put).
+    # commit's fence checks it, nothing is read first (see put). LangGraph sends
+    # a step's writes while the put of their checkpoint may still be under way:
+    # then the thread's generation as this process last saw it stands in, and a
+    # refusal that names a newer one is taken as the checkpoint's (as a read
+    # of the record here would have been).
     known = ctx.locs.get((thread_id, ns, checkpoint_id))
-    extends = known[1] if known is not None else None
+    extends = known[1] if known is not None else ctx.locs.thread_gen(thread_id)
     _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None, None, extends))
     if prepared.archive is not None:
         yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
@@ -350,9 +354,11 @@ def put_writes(
             outcome = yield from ctx.index.commit_writes(entries)
             break
         except Fenced as fenced:
-            # A delete since this call's read: the writes go with the thread (this
-            # call began before the delete ended).
-            yield from _fenced(ctx, fenced.record, entries[0], list(objects), created=False)
+            # A delete since the generation this call extends: the writes go with
+            # the checkpoint they were made on.
+            yield from _fenced(ctx, fenced.record, entries[0], list(objects), created=known is None)
+            for entry in entries:
+                entry.gen = entries[0].gen
     else:
         raise _busy(ctx, thread_id)
     unused = [
