@@ -276,3 +276,40 @@ def test_writes_sent_before_their_checkpoints_put_read_nothing_first(saver, inde
     stored = saver.put(last, ahead, {"source": "loop", "step": 3}, {"counter": version})
     assert _counts(saver) == (2, expected)
     assert saver.get_tuple(stored).pending_writes == [("task-1", "counter", 1)]
+
+
+def test_manifest_history_reads_sealed_checkpoints_from_their_segments(endpoint, monkeypatch) -> None:
+    """A segment carries the bodies of the checkpoints and writes it seals, from what
+    the sealing process committed, also after another writer's swap made it read
+    the head back (a head holds only the newest bodies): a full history GETs the
+    head, the segments, and the objects of the checkpoints still in the head only."""
+    from s3_saver._drivers.sync import SyncDriver
+    from s3_saver._index.manifest_seal import SEAL_AT
+
+    writer, other = make_saver(endpoint, "manifest"), make_saver(endpoint, "manifest")
+    writer.setup()
+    stored, version = config("t"), None
+    for step in range(130):
+        version = writer.get_next_version(version, None)
+        versions = {"counter": version, "doc": "1"}
+        cp = checkpoint({"counter": step, "doc": "a document"}, versions)
+        stored = writer.put(stored, cp, {"source": "loop", "step": step}, {"counter": version} if step else versions)
+        writer.put_writes(stored, [("counter", step)], f"task-{step}", "path")
+        if step in (30, 80):
+            other.put_writes(stored, [("doc", "x")], "other-task", "path")  # the writer's next swap loses
+    gets: list[str] = []
+    real = SyncDriver._wave
+
+    def wave(driver, calls):
+        gets.extend(c.params["Key"] for c in calls if c.operation == "get_object")
+        return real(driver, calls)
+
+    reader = make_saver(endpoint, "manifest")
+    monkeypatch.setattr(SyncDriver, "_wave", wave)
+    history = list(reader.list(config("t")))
+    assert len(history) == 130 and history[-1].pending_writes == [("task-0", "counter", 0)]
+    objects = [k for k in gets if "/checkpoints/" in k or "/writes/" in k]
+    assert len(objects) <= 2 * SEAL_AT, len(objects)  # the head's checkpoints and their writes
+    assert len([k for k in gets if "/segments/" in k]) >= 2
+    for s in (writer, other, reader):
+        s.close()

@@ -55,7 +55,7 @@ from s3_saver._index.manifest_doc import (
 from s3_saver._index.manifest_archive import ManifestArchive
 from s3_saver._index.manifest_audit import ManifestHoldings
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
-from s3_saver._index.manifest_seal import HARD_SEAL_AT, SEAL_AT, _MAX_SWAPS, _apply_seal, _plan_seal, _SealPlan
+from s3_saver._index.manifest_seal import HARD_SEAL_AT, SEAL_AT, _MAX_SWAPS, Bodies, _apply_seal, _plan_seal, _SealPlan
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Op, Sleep, raise_failure, request
 from s3_saver._s3 import S3Calls, put_immutable
@@ -89,6 +89,8 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         self._segments: OrderedDict[str, Segment] = OrderedDict()
         # Segments written ahead by prepare(), waiting for the commit that refers to them.
         self._sealed: dict[str, _SealPlan] = {}
+        # What this process committed, for the segments it seals (manifest_seal.Bodies).
+        self.bodies = Bodies()
         self._lock = threading.Lock()
 
     def describe(self) -> str:
@@ -168,7 +170,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
                     return head
                 if ahead is None or not _apply_seal(new, ahead):
                     if len(new.entries) > HARD_SEAL_AT:
-                        plan = _plan_seal(self.layout, new)
+                        plan = _plan_seal(self.layout, new, self.bodies.fill)
                         plans.append(plan)
                         # Objects first: a segment exists before the head that refers to it.
                         yield from put_immutable(self.s3, dict(plan.objects))
@@ -269,7 +271,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         or it predates listings) is listed by a later write of a process that
         has seen its head."""
         cached = self._cached(thread_id)
-        plan = _plan_seal(self.layout, cached) if cached is not None and len(cached.entries) > SEAL_AT else None
+        plan = _plan_seal(self.layout, cached, self.bodies.fill) if cached is not None and len(cached.entries) > SEAL_AT else None
         objects = list(plan.objects) if plan else []
         maybe_new = not cached.created if cached is not None else parent_id is None
         listing = list_at if list_at is not None and ns == "" and maybe_new else None
@@ -329,6 +331,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
             return replace(head, entries=[*rest, stored], copied_from=None, created=head.created or created or 0)
 
         yield from self._update(entry.thread_id, change, self._cached(entry.thread_id), check)
+        self.bodies.keep(entry)
 
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
         """The run hint; a put's listing object went with ``prepare``, the listing
@@ -378,6 +381,10 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
             return replace(head, writes=writes) if changed else None
 
         yield from self._update(thread_id, change, self._cached(thread_id), check)
+        lost = {token for entry, token in outcome.unused if token == entry.token}
+        for entry in entries:
+            if entry.token not in lost:
+                self.bodies.keep(entry)
         return outcome
 
     # -- reads ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 from s3_saver._index.base import ArchiveRef, Archived, CheckpointEntry, Cut, Release, ThreadRef, WritesEntry
 from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes, decode_head
-from s3_saver._index.manifest_seal import KEEP_IN_HEAD, _MAX_SWAPS, _apply_seal, _plan_seal
+from s3_saver._index.manifest_seal import KEEP_IN_HEAD, _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
 from s3_saver._keys import KeyLayout, decode, new_token
 from s3_saver._protocol import Op, gather, raise_failure, request
 from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
@@ -42,6 +42,7 @@ class ManifestLifecycle:
     # _load_segments and _latest_in.
     s3: S3Calls
     layout: KeyLayout
+    bodies: Bodies
 
     # -- setup ---------------------------------------------------------------------------
     def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:
@@ -305,7 +306,7 @@ class ManifestLifecycle:
                 retired=[*head.retired, *head.segments],
                 graveyard=[*head.graveyard, *(replace(e, writes=[]) for e in cut.drop), *(w for e in cut.drop for w in e.writes or ())],
             )
-            plan_seal = _plan_seal(self.layout, new) if len(new.entries) > KEEP_IN_HEAD else None
+            plan_seal = _plan_seal(self.layout, new, self.bodies.fill) if len(new.entries) > KEEP_IN_HEAD else None
             if plan_seal is not None:
                 # Objects first: the segments exist before the head that refers to them.
                 yield from put_immutable(self.s3, dict(plan_seal.objects))

@@ -10,10 +10,14 @@ imports it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
-from s3_saver._index.base import WritesEntry
-from s3_saver._index.manifest_doc import Head, SegmentRef, encode_segment
+from s3_saver._index.base import CheckpointEntry, WritesEntry
+from s3_saver._index.manifest_doc import BODY_IN_SEGMENT_MAX, Head, SegmentRef, encode_segment
 from s3_saver._keys import KeyLayout, new_token
 
 # A writer that has seen the head hold more checkpoints than SEAL_AT seals the
@@ -29,6 +33,47 @@ SEGMENT_MAX = 64
 _MAX_SWAPS = 24
 
 
+class Bodies:
+    """The bodies of the checkpoints and writes parts this process committed to a
+    head, by entry, up to ``limit`` bytes (oldest out first). A head keeps the
+    bodies of only what "latest" reads, and a head read back after another
+    writer's swap has lost the rest: a seal takes them from here, so the segments
+    it writes carry them and a history reads no object per checkpoint. A body
+    is the immutable object's bytes under a key no other content ever takes."""
+
+    def __init__(self, limit: int = 16 * 1024 * 1024) -> None:
+        self._limit, self._size = limit, 0
+        self._data: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def keep(self, entry: CheckpointEntry | WritesEntry) -> None:
+        if entry.body is None or len(entry.body) > BODY_IN_SEGMENT_MAX:
+            return
+        key = _body_key(entry)
+        with self._lock:
+            if key in self._data:
+                return
+            self._data[key] = entry.body
+            self._size += len(entry.body)
+            while self._size > self._limit:
+                _, old = self._data.popitem(last=False)
+                self._size -= len(old)
+
+    def fill(self, entry: Any) -> Any:
+        """``entry`` with its body, when it lacks one this process holds."""
+        if entry.body is not None:
+            return entry
+        with self._lock:
+            body = self._data.get(_body_key(entry))
+        return entry if body is None else replace(entry, body=body)
+
+
+def _body_key(entry: CheckpointEntry | WritesEntry) -> tuple[Any, ...]:
+    if isinstance(entry, CheckpointEntry):
+        return ("c", entry.thread_id, entry.ns, entry.checkpoint_id)
+    return ("w", entry.thread_id, *_write_key(entry))
+
+
 @dataclass
 class _SealPlan:
     """Segments holding the oldest checkpoints of a head, and what they hold."""
@@ -39,9 +84,10 @@ class _SealPlan:
     objects: list[tuple[str, bytes]]
 
 
-def _plan_seal(layout: KeyLayout, head: Head) -> _SealPlan:
+def _plan_seal(layout: KeyLayout, head: Head, fill: Callable[[Any], Any] | None = None) -> _SealPlan:
     """Segments of at most SEGMENT_MAX checkpoints for all but the newest
-    KEEP_IN_HEAD checkpoints of ``head``, with their writes."""
+    KEEP_IN_HEAD checkpoints of ``head``, with their writes (and the bodies
+    ``fill`` gives those that have none in the head: ``Bodies.fill``)."""
     sealed = head.entries[:-KEEP_IN_HEAD]
     number = head.segments[-1].number + 1 if head.segments else 0
     plan = _SealPlan({(e.ns, e.checkpoint_id) for e in sealed}, set(), [], [])
@@ -54,6 +100,8 @@ def _plan_seal(layout: KeyLayout, head: Head) -> _SealPlan:
         cids = [e.checkpoint_id for e in chunk]
         top = max((e.ns, e.checkpoint_id) for e in chunk)
         plan.refs.append(SegmentRef(number, token, min(cids), max(cids), len(chunk), top))
+        if fill is not None:
+            chunk, writes = [fill(e) for e in chunk], [fill(w) for w in writes]
         plan.objects.append((layout.segment_key(head.thread_id, number, token), encode_segment(chunk, writes)))
         number += 1
     return plan
