@@ -205,6 +205,32 @@ def test_a_late_write_that_missed_the_tombstone_is_refused_or_invisible(endpoint
         s.close()
 
 
+def test_writes_sent_ahead_of_their_checkpoint_across_a_delete_leave_the_thread_deleted(endpoint, index_mode) -> None:
+    """LangGraph sends a step's writes while its checkpoint's put is under way; here
+    another process deletes the thread between the two. The writes commit under
+    the generation the thread has then (as a read of its record would have given
+    them: nothing tells they belong to the deleted history), the put is refused,
+    and nothing of either is readable; the next delete takes their objects."""
+    writer = make_saver(endpoint, index_mode)
+    writer.setup()
+    last = grow_thread(writer, "t", 3)
+    version = writer.get_next_version(writer.get_tuple(last).checkpoint["channel_versions"]["counter"], None)
+    ahead = checkpoint({"counter": 9, "doc": "a document"}, {"counter": version, "doc": "1"})
+    make_saver(endpoint, index_mode).delete_thread("t")
+    writer.put_writes(config("t", checkpoint_id=ahead["id"]), [("counter", 1)], "task-1", "path")
+    with pytest.raises(ThreadDeletedError):
+        writer.put(last, ahead, {"source": "loop", "step": 3}, {"counter": version})
+    reader = make_saver(endpoint, index_mode)
+    assert reader.get_tuple(config("t")) is None and _state(reader, "t", None) == []
+    assert reader.get_tuple(config("t", checkpoint_id=ahead["id"])) is None
+    assert [t for t in reader.list(None) if t.config["configurable"]["thread_id"] == "t"] == []
+    assert "t" not in [t.thread_id for t in reader.list_threads()]
+    reader.delete_thread("t")
+    assert _objects(endpoint, "live/t/") == []
+    for s in (writer, reader):
+        s.close()
+
+
 # -- 3. copy --------------------------------------------------------------------------------
 def test_copy_takes_exactly_the_items_whose_objects_it_copied(endpoint, saver, index_mode, monkeypatch) -> None:
     _rich_thread(saver, "src")
