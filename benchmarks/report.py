@@ -70,6 +70,16 @@ def per_1000_steps(run: dict[str, Any]) -> float | None:
     return run["phases"]["write"]["cost"] / steps * 1000 if steps else None
 
 
+def per_1000_steps_with_year(run: dict[str, Any]) -> float | None:
+    """Write-phase requests plus a year of keeping what they stored (as it is,
+    right before the delete phase), per 1,000 steps: what a step costs a team
+    that keeps its threads."""
+    k = per_1000_steps(run)
+    if k is None:
+        return None
+    return k + storage_cost(run["stored"].get("before_delete", {})) * 12 / run["steps"] * 1000
+
+
 def _check(run: dict[str, Any], phase: str | None = None) -> str:
     ver = run.get("verification")
     if ver is None:
@@ -431,12 +441,17 @@ def _render(doc: dict[str, Any]) -> str:
                " served one at a time (benchmarks/README.md).")
 
     rows = []
+    # The cheapest published peer (in whichever driver mode it ran), for the ratio column.
+    peers = [per_1000_steps_with_year(runs[f"{p}/{mode}"]) for mode in _modes(doc) for p in savers
+             if p != MEMORY and not p.startswith(S3) and runs.get(f"{p}/{mode}", {}).get("ok")]
+    best = min((v for v in peers if v), default=None)
     for mode in _modes(doc):
         for sk in savers:
             run = runs.get(f"{sk}/{mode}")
             if not run or not run.get("ok"):
                 continue
             t = totals(run)
+            year = per_1000_steps_with_year(run) if sk != MEMORY else None
             sb = run["stored"].get("before_delete", {})
             sa = run["stored"].get("after_delete", {})
             stored = sb.get("s3_bytes", 0) + sb.get("ddb_bytes", 0) + sb.get("memory_bytes", 0)
@@ -448,17 +463,22 @@ def _render(doc: dict[str, Any]) -> str:
                          if sk != MEMORY else f"({_kb(stored)})",
                          f"{storage_cost(sb) * 1e6:.0f}" if sk != MEMORY else "",
                          f"{left[0]}/{left[1]}", f"{(k or 0):.4f}", _split_per_1000(run),
+                         f"{year:.4f}" if year is not None else "",
+                         f"{year / best:.2f}x" if year is not None and best else "",
                          f"{run['phases']['write']['wall']:.2f}",
                          f"{t['wall']:.2f}", _check(run) if sk != MEMORY else "ref"])
     out.append("")
     out.append("== Whole workload ==")
     out.append(_table(["mode", "saver", "steps", "requests", "RT", "up KB", "down KB", "stored S3/DDB KB",
                        "storage micro$/month", "left after delete obj/items", "$ per 1k steps",
-                       "of which S3/DDB", "write s", "total s", "check"], rows, "llrrrrrrrrrrrrl"))
+                       "of which S3/DDB", "+ a year kept", "vs best peer", "write s", "total s", "check"], rows,
+                      "llrrrrrrrrrrrrrrl"))
     out.append("steps = checkpoints written in the write phase (LangGraph super-steps); $ per 1k steps = write-phase"
                " request cost / steps x 1000; stored = right before the delete phase (storage at $0.023/GB-month"
                " S3 Standard, $0.25/GB-month DynamoDB). S3Saver(manifest) has no table: S3 requests only"
-               " (PUT $0.005/1k, GET $0.0004/1k).")
+               " (PUT $0.005/1k, GET $0.0004/1k). + a year kept = $ per 1k steps plus 12 months of the stored bytes"
+               " per 1k steps (kept live as they are; archive_thread makes it cheaper: year table); vs best peer ="
+               " that over the cheapest published peer's.")
 
     out += cross_region_table(doc)
 
