@@ -46,12 +46,21 @@ soak: $(STAMP)
 	TEST_ALL=1 $(BIN)/python -m pytest -p no:cacheprovider tests/test_archive_cut.py tests/test_soundness_switches.py \
 		tests/test_outage.py $(PYTEST_ARGS)
 
-# `make bench` (benchmarks/): the peer, langgraph-checkpoint-aws, lives in its own
-# virtualenv (it needs a newer boto3 than aioboto3's pins allow), with the same
-# langgraph versions as $(VENV). BENCH_ARGS passes options, e.g. BENCH_ARGS="--turns 50".
+# `make bench` (benchmarks/): the published peers (benchmarks/peers.py) live in two
+# virtualenvs of their own, with the same langgraph versions as $(VENV):
+# langgraph-checkpoint-aws needs a newer boto3 than aioboto3's pins allow, so it and
+# langgraph-checkpoint-dynamodb (plain boto3) are in PEER_VENV, the aioboto3/aiobotocore
+# ones in PEER_AIO_VENV (langgraph-checkpoint-amazon-dynamodb imports under the same
+# module name as langgraph-checkpoint-dynamodb: they cannot share a venv either).
+# The stamps name the versions, so bumping a pin reinstalls.
+# BENCH_ARGS passes options, e.g. BENCH_ARGS="--turns 50".
 PEER_VENV := benchmarks/.venv-peer
-PEER_PKG := langgraph-checkpoint-aws==1.2.6
-PEER_STAMP := $(PEER_VENV)/.installed-$(subst ==,-,$(PEER_PKG))
+PEER_PKG := langgraph-checkpoint-aws==1.2.6 langgraph-checkpoint-dynamodb==0.1.0
+PEER_STAMP := $(PEER_VENV)/.installed-$(subst ==,-,$(subst $() ,_,$(PEER_PKG)))
+PEER_AIO_VENV := benchmarks/.venv-peer-aio
+PEER_AIO_PKG := langgraph-checkpoint-s3==0.1.3 langgraph-checkpoint-amazon-dynamodb==0.1.3 \
+	langgraph-checkpoint-objectstorage[s3]==0.1.15
+PEER_AIO_STAMP := $(PEER_AIO_VENV)/.installed-$(subst [,-,$(subst ],,$(subst ==,-,$(subst $() ,_,$(strip $(PEER_AIO_PKG))))))
 
 .PHONY: bench
 
@@ -60,7 +69,13 @@ $(PEER_STAMP): $(STAMP)
 	$(BIN)/uv pip install -q --python $(PEER_VENV)/bin/python $(PEER_PKG) $$($(BIN)/python -m benchmarks.pins)
 	touch $(PEER_STAMP)
 
-bench: $(STAMP) $(PEER_STAMP)
+$(PEER_AIO_STAMP): $(STAMP)
+	$(BIN)/uv venv -q --allow-existing --python $(PYTHON) $(PEER_AIO_VENV)
+	$(BIN)/uv pip install -q --python $(PEER_AIO_VENV)/bin/python $(foreach p,$(PEER_AIO_PKG),'$(p)') \
+		$$($(BIN)/python -m benchmarks.pins)
+	touch '$(PEER_AIO_STAMP)'
+
+bench: $(STAMP) $(PEER_STAMP) $(PEER_AIO_STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 # infra/ lint tools live in their own virtualenv: checkov pins an older boto3 than

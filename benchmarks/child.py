@@ -13,8 +13,8 @@ not through the proxy. Writes JSON: the call intervals, phase wall times,
 fingerprints and stored bytes; the parent matches the proxy's requests to the
 calls.
 
-Runs in the main venv (S3Saver, InMemorySaver) and in the peer's venv
-(langgraph-checkpoint-aws), so it imports only what every venv has.
+Runs in the main venv (S3Saver, InMemorySaver) and in the peers' venvs
+(benchmarks/peers.py), so it imports only what every venv has.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from benchmarks import _guard
 _guard.install()
 
 from benchmarks import costs  # noqa: E402
+from benchmarks.peers import PEERS  # noqa: E402
 from benchmarks.metered import MeteredSaver, Recorder  # noqa: E402
 
 
@@ -48,7 +49,24 @@ class Target:
         self.table = f"bench-{name}"
         self.replica_bucket = f"{self.bucket[:55]}-replica"  # the failover drill's (child.run_failover)
 
-    def build(self, endpoint: str) -> Any:
+    # Kinds whose async saver must be constructed inside the running event loop
+    # (run_workload builds them there in async mode; build(..., in_loop=True)).
+    ASYNC_IN_LOOP = ("peer-s3", "peer-objstore")
+
+    @property
+    def has_bucket(self) -> bool:
+        return self.kind not in ("memory", "peer-ddb", "peer-ddb-amazon")
+
+    @property
+    def tables(self) -> list[str]:
+        """The DynamoDB tables this kind writes (scanned for stored bytes)."""
+        if self.kind in ("s3", "peer", "peer-gzip", "peer-ddb-amazon"):
+            return [self.table]
+        if self.kind == "peer-ddb":
+            return [self.table, f"{self.table}-writes"]
+        return []
+
+    def build(self, endpoint: str, in_loop: bool = False) -> Any:
         if self.kind == "memory":
             from langgraph.checkpoint.memory import InMemorySaver
 
@@ -70,33 +88,96 @@ class Target:
                 s3_offload_config={"bucket_name": self.bucket, "endpoint_url": endpoint},
                 enable_checkpoint_compression=self.kind == "peer-gzip",
             )
+        if self.kind == "peer-s3":
+            # langgraph-checkpoint-s3: a boto3 client it is given (sync); in async mode
+            # AsyncS3CheckpointSaver, which opens an aioboto3 client per call from the
+            # session it is given (here one that adds the endpoint) and must be built
+            # inside the running loop (it keeps asyncio.get_running_loop()).
+            if in_loop:
+                import aioboto3
+                from langgraph_checkpoint_s3 import AsyncS3CheckpointSaver
+
+                class Session(aioboto3.Session):  # type: ignore[misc]
+                    def client(self, *args: Any, **kwargs: Any) -> Any:
+                        kwargs.setdefault("endpoint_url", endpoint)
+                        return super().client(*args, **kwargs)
+
+                return AsyncS3CheckpointSaver(self.bucket, session=Session(region_name="us-east-1"))
+            import boto3
+            from langgraph_checkpoint_s3 import S3CheckpointSaver
+
+            return S3CheckpointSaver(self.bucket, s3_client=boto3.client("s3", endpoint_url=endpoint,
+                                                                        region_name="us-east-1"))
+        if self.kind == "peer-ddb-amazon":
+            # langgraph-checkpoint-amazon-dynamodb: one table (PK/SK); its constructor
+            # checks the table exists (DescribeTable), setup() creates it (deploy=True).
+            from langgraph_checkpoint_dynamodb import DynamoDBConfig, DynamoDBSaver, DynamoDBTableConfig
+
+            return DynamoDBSaver(DynamoDBConfig(table_config=DynamoDBTableConfig(table_name=self.table),
+                                                region_name="us-east-1", endpoint_url=endpoint))
+        if self.kind == "peer-objstore":
+            # langgraph-checkpoint-objectstorage[s3]: an s3fs filesystem from the URI, its
+            # storage options naming the endpoint; in async mode an asynchronous s3fs
+            # built inside the running loop (s3fs's way for async code).
+            from langgraph_checkpoint_objectstorage import ObjectStorageSaver
+
+            opts: dict[str, Any] = {"asynchronous": True} if in_loop else {}
+            return ObjectStorageSaver.from_conn_string(f"s3://{self.bucket}/checkpoints", endpoint_url=endpoint,
+                                                       client_kwargs={"region_name": "us-east-1"}, **opts)
+        if self.kind == "peer-ddb":
+            # langgraph-checkpoint-dynamodb: a checkpoints table and a writes table
+            # (created by setup() with the keys its README gives).
+            from langgraph_checkpoint_dynamodb.saver import DynamoDBSaver  # its __init__ exports nothing
+
+            return DynamoDBSaver(client_config={"endpoint_url": endpoint, "region_name": "us-east-1"},
+                                 checkpoints_table_name=self.tables[0], writes_table_name=self.tables[1])
         raise ValueError(self.kind)
 
     def setup(self) -> Any:
         """Create the storage (straight at moto) and return a saver that also talks straight to moto."""
-        direct = self.build(self.moto)
-        if self.kind in ("s3", "s3-manifest"):
-            direct.setup()
-        elif self.kind in ("peer", "peer-gzip"):
+        if self.kind == "peer-ddb-amazon":
+            # The package's own table creation (its deploy=True path).
+            from langgraph_checkpoint_dynamodb import DynamoDBConfig, DynamoDBSaver, DynamoDBTableConfig
+
+            return DynamoDBSaver(DynamoDBConfig(table_config=DynamoDBTableConfig(table_name=self.table),
+                                                region_name="us-east-1", endpoint_url=self.moto), deploy=True)
+        if self.kind in ("peer", "peer-gzip", "peer-ddb"):
+            self._create_tables()
+        if self.kind in ("peer", "peer-gzip", "peer-s3", "peer-objstore"):
             import boto3
 
-            ddb = boto3.client("dynamodb", endpoint_url=self.moto, region_name="us-east-1")
-            try:
-                ddb.create_table(
-                    TableName=self.table,
-                    KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
-                    AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"},
-                                          {"AttributeName": "SK", "AttributeType": "S"}],
-                    BillingMode="PAY_PER_REQUEST",
-                )
-            except ddb.exceptions.ResourceInUseException:
-                pass
             s3 = boto3.client("s3", endpoint_url=self.moto, region_name="us-east-1")
             try:
                 s3.create_bucket(Bucket=self.bucket)
             except s3.exceptions.BucketAlreadyOwnedByYou:
                 pass
+        direct = self.build(self.moto)
+        if self.kind in ("s3", "s3-manifest"):
+            direct.setup()
         return direct
+
+    def _create_tables(self) -> None:
+        import boto3
+
+        # (table, partition key, sort key): langgraph-checkpoint-aws's PK/SK table;
+        # langgraph-checkpoint-dynamodb's two tables as its README's Terraform has them.
+        if self.kind == "peer-ddb":
+            schema = [(self.tables[0], "thread_id", "checkpoint_id"),
+                      (self.tables[1], "thread_id_checkpoint_id_checkpoint_ns", "task_id_idx")]
+        else:
+            schema = [(self.table, "PK", "SK")]
+        ddb = boto3.client("dynamodb", endpoint_url=self.moto, region_name="us-east-1")
+        for table, pk, sk in schema:
+            try:
+                ddb.create_table(
+                    TableName=table,
+                    KeySchema=[{"AttributeName": pk, "KeyType": "HASH"}, {"AttributeName": sk, "KeyType": "RANGE"}],
+                    AttributeDefinitions=[{"AttributeName": pk, "AttributeType": "S"},
+                                          {"AttributeName": sk, "AttributeType": "S"}],
+                    BillingMode="PAY_PER_REQUEST",
+                )
+            except ddb.exceptions.ResourceInUseException:
+                pass
 
     def stored(self, inner: Any) -> dict[str, Any]:
         """Bytes and objects/items held right now (read straight from moto)."""
@@ -108,16 +189,16 @@ class Target:
         s3 = boto3.client("s3", endpoint_url=self.moto, region_name="us-east-1")
         s3_bytes = s3_objects = 0
         some_keys = []  # in the JSON: what a delete leaves behind
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket) if self.has_bucket else []:
             for obj in page.get("Contents", []):
                 s3_bytes += obj["Size"]
                 s3_objects += 1
                 if len(some_keys) < 10:
                     some_keys.append(f"{obj['Key']} ({obj['Size']} B)")
         ddb_bytes = ddb_items = 0
-        if self.kind != "s3-manifest":
-            ddb = boto3.client("dynamodb", endpoint_url=self.moto, region_name="us-east-1")
-            for page in ddb.get_paginator("scan").paginate(TableName=self.table):
+        ddb = boto3.client("dynamodb", endpoint_url=self.moto, region_name="us-east-1")
+        for table in self.tables:
+            for page in ddb.get_paginator("scan").paginate(TableName=table):
                 for item in page.get("Items", []):
                     ddb_bytes += costs.item_size(item)
                     ddb_items += 1
@@ -191,25 +272,45 @@ def run_workload(target: Target, mode: str, turns: int) -> dict[str, Any]:
 
     recorder = Recorder()
     direct = target.setup()
-    inner = target.build(target.proxy)
-    saver = MeteredSaver(inner, recorder)
-    wl = Workload(build_graph(saver), saver, recorder, f"bench-{mode}", turns)
     stored: dict[str, Any] = {}
-    wl.before_delete = lambda: stored.update(before_delete=target.stored(inner))
-    if mode == "sync":
-        results = wl.run_sync()
-    else:
-        async def go() -> dict[str, Any]:
-            try:
-                return await wl.run_async()
-            finally:
-                await _aclose(inner)
+    made: dict[str, Any] = {}
 
-        results = asyncio.run(go())
-    stored["after_delete"] = target.stored(inner)
-    _close(inner)
+    def make(in_loop: bool = False) -> Workload:
+        inner = made["inner"] = target.build(target.proxy, in_loop=in_loop)
+        saver = MeteredSaver(inner, recorder)
+        wl = made["wl"] = Workload(build_graph(saver), saver, recorder, f"bench-{mode}", turns)
+        wl.before_delete = lambda: stored.update(before_delete=target.stored(inner))
+        return wl
+
+    # A saver that fails (an exception out of the graph or a saver call) ends the run
+    # there: the calls, timings and results so far are kept, with the error and the
+    # phase it happened in; the runner reports it (and the phases not reached) in the
+    # check column instead of dropping the saver.
+    failure: dict[str, Any] = {}
+    try:
+        if mode == "sync":
+            results = make().run_sync()
+        else:
+            async def go() -> dict[str, Any]:
+                wl = make(in_loop=target.kind in Target.ASYNC_IN_LOOP)
+                try:
+                    return await wl.run_async()
+                finally:
+                    await _aclose(made["inner"])
+
+            results = asyncio.run(go())
+    except Exception as exc:
+        failure = {"workload_error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}", "failed_phase": recorder.phase,
+                   "workload_traceback": traceback.format_exc()}
+        results = made["wl"].results if "wl" in made else {}
+        if "before_delete" not in stored:  # what the thread holds where it stopped
+            stored["before_delete"] = target.stored(made.get("inner"))
+            failure["stored_at_failure"] = True
+    stored["after_delete"] = target.stored(made.get("inner"))
+    _close(made.get("inner"))
     _close(direct)
-    return {"calls": recorder.to_json(), "timings": wl.timings, "results": results, "stored": stored}
+    timings = made["wl"].timings if "wl" in made else {}
+    return {"calls": recorder.to_json(), "timings": timings, "results": results, "stored": stored, **failure}
 
 
 # -- archival (S3Saver) -------------------------------------------------------------------------
@@ -572,7 +673,7 @@ def run_scaling(target: Target, lengths: list[int], grown: dict[str, Any] | None
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--saver", required=True, choices=["memory", "s3", "s3-manifest", "peer", "peer-gzip"])
+    ap.add_argument("--saver", required=True, choices=["memory", "s3", "s3-manifest", *PEERS])
     ap.add_argument("--name", required=True)
     ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling", "grow", "archive", "failover"])
     ap.add_argument("--proxy", required=True)

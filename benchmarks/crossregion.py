@@ -44,6 +44,10 @@ CONFIGS: dict[str, list[tuple[str, bool, bool]]] = {
     "s3-manifest": [("S3 replication (the manifest is in the bucket)", True, False)],
     "peer": [("DynamoDB global table (+ S3 replication of the offload bucket)", True, True)],
     "peer-gzip": [("DynamoDB global table (+ S3 replication of the offload bucket)", True, True)],
+    "peer-s3": [("S3 replication", True, False)],
+    "peer-objstore": [("S3 replication", True, False)],
+    "peer-ddb-amazon": [("DynamoDB global table", False, True)],
+    "peer-ddb": [("DynamoDB global tables (both)", False, True)],
 }
 SINGLE = "single region"
 
@@ -108,7 +112,7 @@ def model(doc: dict[str, Any]) -> dict[str, Any]:
     for mode in _modes(doc):
         for key, configs in CONFIGS.items():
             run = doc["runs"].get(f"{key}/{mode}")
-            if not (run and run.get("ok")):
+            if not (run and run.get("ok")) or run.get("workload_error"):  # a saver that failed: no rows
                 continue
             single = row(run, SINGLE, False, False)
             if single is None:

@@ -13,6 +13,7 @@ requests it makes.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -38,6 +39,15 @@ class Recorder:
 
     def to_json(self) -> list[dict[str, Any]]:
         return [asdict(c) for c in self.calls]
+
+
+def _takes_task_path(method: Any) -> bool:
+    """Whether a saver's put_writes/aput_writes takes ``task_path`` (LangGraph passes it
+    only to those that do; an older saver's signature lacks it)."""
+    try:
+        return "task_path" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return True
 
 
 class MeteredSaver(BaseCheckpointSaver):
@@ -94,6 +104,8 @@ class MeteredSaver(BaseCheckpointSaver):
         return self._run("put", self.inner.put, config, checkpoint, metadata, new_versions)
 
     def put_writes(self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = "") -> None:
+        if not _takes_task_path(self.inner.put_writes):  # as LangGraph calls such a saver
+            return self._run("put_writes", self.inner.put_writes, config, writes, task_id)
         return self._run("put_writes", self.inner.put_writes, config, writes, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
@@ -136,6 +148,8 @@ class MeteredSaver(BaseCheckpointSaver):
         return await self._arun("put", self.inner.aput, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = "") -> None:
+        if not _takes_task_path(self.inner.aput_writes):
+            return await self._arun("put_writes", self.inner.aput_writes, config, writes, task_id)
         return await self._arun("put_writes", self.inner.aput_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from benchmarks import costs, crossregion, yearcost
+from benchmarks import costs, crossregion, peers, yearcost
 from benchmarks.workload import PHASES
 
 S3 = "s3"
@@ -43,8 +43,14 @@ def _label(doc: dict[str, Any], key: str) -> str:
 
 
 def _short(doc: dict[str, Any], key: str) -> str:
-    return {S3: "S3Saver", PEER: "peer", MEMORY: "InMemory", "s3-manifest": "S3Saver(manifest)",
-            PEER_GZIP: "peer+gzip"}.get(key, key)
+    if peers.is_peer(key):
+        return peers.PEERS[key].short
+    return {S3: "S3Saver", MEMORY: "InMemory", "s3-manifest": "S3Saver(manifest)"}.get(key, key)
+
+
+def peer_keys(doc: dict[str, Any]) -> list[str]:
+    """The published peers this run measured, in the runner's order."""
+    return [s["key"] for s in doc["savers"] if s["available"] and peers.is_peer(s["key"])]
 
 
 def _modes(doc: dict[str, Any]) -> list[str]:
@@ -81,6 +87,14 @@ def per_1000_steps_with_year(run: dict[str, Any]) -> float | None:
 
 
 def _check(run: dict[str, Any], phase: str | None = None) -> str:
+    failed = run.get("workload_error")
+    if failed:  # the saver raised: the phases before it are checked, the rest did not run
+        if phase is None:
+            return f"FAILED in {run.get('failed_phase')}: {failed[:160]}"
+        if phase == run.get("failed_phase"):
+            return "FAILED"
+        if phase not in (run.get("results") or {}):
+            return "not run"
     ver = run.get("verification")
     if ver is None:
         return "ref" if run.get("is_reference") else "?"
@@ -411,6 +425,12 @@ def _render(doc: dict[str, Any]) -> str:
         if not run.get("ok"):
             out.append(f"  FAILED {key}: {run.get('error')}")
     for key, run in runs.items():
+        if run.get("workload_error"):
+            out.append(f"  SAVER FAILED {key} in {run.get('failed_phase')}: {run['workload_error'][:300]}")
+        elif run.get("verification") and any(run["verification"].values()):
+            first = next(d for d in run["verification"].values() if d)
+            out.append(f"  RESULTS DIFFER FROM InMemorySaver {key}: {first[:300]}")
+    for key, run in runs.items():
         if run.get("cost_check"):
             out.append(f"  COST MODEL CHECK FAILED {key}: {run['cost_check']}")
     for key, run in runs.items():
@@ -441,10 +461,15 @@ def _render(doc: dict[str, Any]) -> str:
                " served one at a time (benchmarks/README.md).")
 
     rows = []
-    # The cheapest published peer (in whichever driver mode it ran), for the ratio column.
-    peers = [per_1000_steps_with_year(runs[f"{p}/{mode}"]) for mode in _modes(doc) for p in savers
-             if p != MEMORY and not p.startswith(S3) and runs.get(f"{p}/{mode}", {}).get("ok")]
-    best = min((v for v in peers if v), default=None)
+    # The cheapest published peer (in whichever driver mode it ran) among those whose
+    # results equal InMemorySaver's in every phase, for the ratio column.
+    best_key, best = None, None
+    for mode in _modes(doc):
+        for p in peer_keys(doc):
+            run = runs.get(f"{p}/{mode}")
+            v = per_1000_steps_with_year(run) if peers.correct(run) else None
+            if v and (best is None or v < best):
+                best_key, best = f"{_short(doc, p)} {mode}", v
     for mode in _modes(doc):
         for sk in savers:
             run = runs.get(f"{sk}/{mode}")
@@ -465,7 +490,7 @@ def _render(doc: dict[str, Any]) -> str:
                          f"{left[0]}/{left[1]}", f"{(k or 0):.4f}", _split_per_1000(run),
                          f"{year:.4f}" if year is not None else "",
                          f"{year / best:.2f}x" if year is not None and best else "",
-                         f"{run['phases']['write']['wall']:.2f}",
+                         f"{run['phases']['write']['wall'] or 0:.2f}",
                          f"{t['wall']:.2f}", _check(run) if sk != MEMORY else "ref"])
     out.append("")
     out.append("== Whole workload ==")
@@ -478,7 +503,9 @@ def _render(doc: dict[str, Any]) -> str:
                " S3 Standard, $0.25/GB-month DynamoDB). S3Saver(manifest) has no table: S3 requests only"
                " (PUT $0.005/1k, GET $0.0004/1k). + a year kept = $ per 1k steps plus 12 months of the stored bytes"
                " per 1k steps (kept live as they are; archive_thread makes it cheaper: year table); vs best peer ="
-               " that over the cheapest published peer's.")
+               " that over the cheapest published peer's whose check is ok"
+               + (f" ({best_key}: {best:.4f})" if best_key else " (none passed)")
+               + ". A saver that FAILED: its numbers up to the failure (stored = where it stopped).")
 
     out += cross_region_table(doc)
 
@@ -560,8 +587,12 @@ def _render(doc: dict[str, Any]) -> str:
         rows = [[t["mode"], _short(doc, t.get("saver", S3)), t["target"], t["s3"], t["peer"], t["ratio"], t["limit"],
                  "" if t["met"] is None else "met" if t["met"] else "MISSED"] for t in tg]
         out.append("")
-        out.append("== Targets (S3Saver, each index mode, vs the peer, same run) ==")
+        out.append("== Targets (S3Saver, each index mode, vs each published peer whose check is ok, same run) ==")
         out.append(_table(["mode", "saver", "target", "value", "peer", "ratio", "limit", ""], rows, "lllrrrrl"))
+        left = sorted({f"{_short(doc, p)} {m}" for m in _modes(doc) for p in peer_keys(doc)
+                       if runs.get(f"{p}/{m}") and not peers.correct(runs[f"{p}/{m}"])})
+        if left:
+            out.append(f"Not compared (failed, or results differ from InMemorySaver's): {', '.join(left)}.")
     out += archival_tables(doc)
     out += failover_table(doc)
     text = "\n".join(out)
@@ -572,7 +603,8 @@ def _render(doc: dict[str, Any]) -> str:
 
 
 def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target, S3Saver against each correct peer configuration of the same run."""
+    """Each target, S3Saver against each correct peer configuration of the same run
+    (every published peer whose results equal InMemorySaver's in every phase)."""
     out = []
     runs = doc["runs"]
     for mode, ours in [(m, k) for m in _modes(doc) for k in (S3, S3_MANIFEST)]:
@@ -582,13 +614,12 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
         rl = s3["phases"]["read_latest"]["round_trips"]
         out.append({"mode": mode, "saver": ours, "peer_key": None, "target": "read latest: round trips", "s3": rl,
                     "peer": "", "ratio": "", "limit": "<= 2", "met": rl <= 2})
-        for peer_key in (PEER, PEER_GZIP):
+        for peer_key in peer_keys(doc):
             peer = runs.get(f"{peer_key}/{mode}")
-            if not (peer and peer.get("ok")):
+            if not peers.correct(peer):  # failed, or results differ from InMemorySaver's
                 continue
             ts, tp = totals(s3), totals(peer)
-            correct = not any((peer.get("verification") or {}).values())
-            who = _short(doc, peer_key) + ("" if correct else " (results differ from InMemorySaver)")
+            who = _short(doc, peer_key)
 
             def ratio(name: str, a: float, b: float, limit: float, fmt: str = "{:g}") -> None:
                 r = a / b if b else float("inf")

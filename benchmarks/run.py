@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _guard, costs, crossregion, report, yearcost
+from benchmarks import _guard, costs, crossregion, peers, report, yearcost
 from benchmarks.proxy import LatencyProxy, Request
 from benchmarks.workload import PHASES
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_PEER_PYTHON = ROOT / "benchmarks" / ".venv-peer" / "bin" / "python"
+DEFAULT_PEER_AIO_PYTHON = ROOT / "benchmarks" / ".venv-peer-aio" / "bin" / "python"
 
 
 @dataclass
@@ -284,19 +285,21 @@ def discover(args: argparse.Namespace) -> list[Saver]:
                             "" if ok else f"manifest index mode not available: {msg}"))
     if "memory" in wanted:
         savers.append(Saver("memory", "InMemorySaver (no I/O)", sys.executable))
-    if "peer" in wanted or "peer-gzip" in wanted:
-        py = str(args.peer_python)
-        ok, msg = probe(py, "import langgraph_checkpoint_aws, importlib.metadata as m; "
-                        "print(m.version('langgraph-checkpoint-aws'))") if Path(py).exists() else (
+    # The published peers (benchmarks/peers.py), each in its venv. peer-gzip is the aws
+    # package's own compression option (off by default), first mode only to keep
+    # `make bench` within its time budget.
+    venvs = {"peer": str(args.peer_python), "peer-aio": str(args.peer_aio_python)}
+    for key, peer in peers.PEERS.items():
+        if key not in wanted:
+            continue
+        py = venvs[peer.venv]
+        ok, msg = probe(py, f"import {peer.module}, importlib.metadata as m; "
+                        f"print(m.version('{peer.package}'))") if Path(py).exists() else (
             False, f"{py} missing (make bench creates it)")
-        name = f"DynamoDBSaver+S3 (langgraph-checkpoint-aws {msg})" if ok else "DynamoDBSaver+S3 (langgraph-checkpoint-aws)"
-        if "peer" in wanted:
-            savers.append(Saver("peer", name, py, ok, "" if ok else msg))
-        if "peer-gzip" in wanted:
-            # The peer's own compression option (off by default), first mode only
-            # to keep `make bench` within its time budget.
-            savers.append(Saver("peer-gzip", f"{name}, enable_checkpoint_compression=True", py, ok,
-                                "" if ok else msg))
+        savers.append(Saver(key, peers.label(key, msg if ok else None), py, ok, "" if ok else msg))
+    unknown = [w for w in wanted if w and w not in ("s3", "s3-manifest", "memory") and not peers.is_peer(w)]
+    if unknown:
+        raise SystemExit(f"unknown saver(s): {', '.join(unknown)}")
     return savers
 
 
@@ -307,7 +310,7 @@ def scaling_lengths(key: str, args: argparse.Namespace) -> list[int]:
     s3, peer = [10, args.long_thread], [10, args.peer_long_thread]
     if key in ("s3", "s3-manifest"):
         return s3
-    if key in ("peer", "peer-gzip"):
+    if peers.is_peer(key):
         return peer
     return sorted(set(s3 + peer))
 
@@ -376,6 +379,8 @@ def run_child(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyP
         Path(out).unlink(missing_ok=True)
     data["process_wall"] = time.monotonic() - t0
     status = "ok" if data.get("ok") else f"FAILED: {data.get('error')}"
+    if data.get("workload_error"):  # the child ran; the saver raised (kept, reported in the tables)
+        status = f"the saver FAILED in {data.get('failed_phase')}: {data['workload_error'][:300]}"
     print(f"  {saver.label:<50} {mode:<8} {data['process_wall']:6.1f}s  {status}", file=log, flush=True)
     if not data.get("ok") and data.get("traceback"):
         print(data["traceback"], file=log)
@@ -424,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, default=20, help="agent turns on one thread (default 20)")
     ap.add_argument("--latency-ms", type=float, default=15.0, help="injected per-request latency (default 15)")
-    ap.add_argument("--savers", default="s3,s3-manifest,memory,peer,peer-gzip")
+    ap.add_argument("--savers", default=",".join(["s3", "s3-manifest", "memory", *peers.PEERS]),
+                    help="comma-separated saver keys (default: all; the peers are in benchmarks/peers.py)")
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--no-scaling", action="store_true", help="skip the long-thread / wide-checkpoint calls")
     ap.add_argument("--long-thread", type=int, default=10_000,
@@ -438,7 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cold-start", action="store_true")
     ap.add_argument("--cold-start-repeats", type=int, default=3)
     ap.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON),
-                    help="python of the venv with langgraph-checkpoint-aws")
+                    help="python of the venv with langgraph-checkpoint-aws and langgraph-checkpoint-dynamodb")
+    ap.add_argument("--peer-aio-python", default=str(DEFAULT_PEER_AIO_PYTHON),
+                    help="python of the venv with the aioboto3-based peers (langgraph-checkpoint-s3, "
+                         "-amazon-dynamodb, -objectstorage[s3])")
     ap.add_argument("--child-timeout", type=float, default=420.0)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--render", metavar="JSON", help="only print the tables of an earlier run's JSON")
@@ -465,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         order = sorted((s for s in savers if s.available), key=lambda s: s.key != "memory")
         # Every workload run, then every scaling run, whose long threads are grown
         # ahead all at once (grow_threads) while nothing is being measured.
-        jobs = [(s, m) for s in order for m in (modes[:1] if s.key == "peer-gzip" else modes)]
+        jobs = [(s, m) for s in order for m in (peers.run_modes(s.key, modes) if peers.is_peer(s.key) else modes)]
         scaling = [] if args.no_scaling else [s for s in order if s.key != "peer-gzip"]
         # Archival: S3Saver's own feature, each index mode once (benchmarks/yearcost.py prices it).
         jobs += [] if args.no_archive else [(s, "archive") for s in order if s.key in ("s3", "s3-manifest")]
@@ -509,6 +518,11 @@ def main(argv: list[str] | None = None) -> int:
                     run["methods"] = {p: per_method([c for c in calls if c.phase == p]) for p in PHASES}
                     run["results"] = data["results"]
                     run["stored"] = data["stored"]
+                    if data.get("workload_error"):  # the saver failed: kept, reported in the check column
+                        for k in ("workload_error", "failed_phase", "stored_at_failure"):
+                            run[k] = data.get(k)
+                        if data.get("workload_traceback"):
+                            print(data["workload_traceback"], file=log)
                     run["steps"] = sum(1 for c in calls if c.phase == "write" and c.method == "put")
             runs[f"{saver.key}/{mode}"] = run
         for f in (grown or {}).values():

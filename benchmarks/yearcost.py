@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks import costs
+from benchmarks import costs, peers
 
 HOT_DAYS = 30
 YEAR_DAYS = 365
@@ -175,9 +175,12 @@ def model(doc: dict[str, Any]) -> dict[str, Any]:
             rows.append({"saver": key, "label": label, "scenario": scenario, **_total(c), "lifecycle_glacier_ir": alt})
     if not threads:
         return {}
-    for key, label in PEERS:
+    # Every peer whose sync run passed its check (the first two under their old labels).
+    labels = dict(PEERS)
+    for key in [s["key"] for s in doc["savers"] if peers.is_peer(s["key"])]:
         run = runs.get(f"{key}/sync")
-        if run and run.get("ok"):
+        label = labels.get(key) or f"{peers.PEERS[key].short} ({peers.PEERS[key].package})"
+        if peers.correct(run):
             stored = run["stored"]["before_delete"]
             threads[key] = {"s3_bytes": stored.get("s3_bytes", 0), "ddb_bytes": stored.get("ddb_bytes", 0),
                             "live_bytes": stored.get("s3_bytes", 0) + stored.get("ddb_bytes", 0)}
