@@ -6,7 +6,10 @@ An operation is a generator. It yields one of:
   together and sends back a list with, per call, the response dict or the
   exception the call raised (not raised: the operation decides);
 * :class:`Emit` -- a result for the caller of an iterating method (``list``);
-* :class:`Sleep` -- wait before the next step (table creation polling).
+* :class:`Sleep` -- wait before the next step (table creation polling);
+* :class:`Wait` -- wait until another operation of this process sets a
+  :class:`Signal` (or a time passes): a commit waiting for the head swap that
+  carries it (the manifest index's group commit).
 
 Its return value is the method's result. Operations never import boto.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -72,7 +75,49 @@ class Sleep:
     seconds: float
 
 
-Instruction = tuple[Call, ...] | Emit | Sleep
+class Signal:
+    """Set once, by one operation; awaited by others, in threads (the sync
+    driver) or on event loops (the async one), whichever the waiter runs on."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._wakers: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            wakers, self._wakers = self._wakers, []
+        for wake in wakers:
+            try:
+                wake()
+            except RuntimeError:
+                pass  # its event loop closed: nobody waits there any more
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> None:
+        self._event.wait(timeout)
+
+    def subscribe(self, wake: Callable[[], None]) -> bool:
+        """Call ``wake`` (from any thread) when set; False, and no call: set already."""
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._wakers.append(wake)
+            return True
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Wait until ``signal`` is set, or ``timeout`` seconds passed; the reply is None."""
+
+    signal: Signal
+    timeout: float
+
+
+Instruction = tuple[Call, ...] | Emit | Sleep | Wait
 Op = Generator[Instruction, Any, T]
 
 
@@ -173,7 +218,8 @@ def gather(*ops: Op[Any]) -> Op[list[Any]]:
 
     This is how an index lookup and the S3 GETs that do not depend on it share a
     wave. A ``Sleep`` of one operation pauses all of them (only throttled retries
-    sleep). Operations that emit are not supported here.
+    sleep); a ``Wait`` is made after the wave the others sent. Operations that
+    emit are not supported here.
     """
     results: list[Any] = [None] * len(ops)
     replies: dict[int, Any] = dict.fromkeys(range(len(ops)))
@@ -182,6 +228,7 @@ def gather(*ops: Op[Any]) -> Op[list[Any]]:
         wave: list[Call] = []
         spans: list[tuple[int, int, int]] = []
         sleep = 0.0
+        waits: list[Wait] = []
         for i in list(active):
             try:
                 step = ops[i].send(replies[i])
@@ -192,6 +239,9 @@ def gather(*ops: Op[Any]) -> Op[list[Any]]:
             if isinstance(step, Sleep):
                 sleep = max(sleep, step.seconds)
                 spans.append((i, -1, 0))
+            elif isinstance(step, Wait):
+                waits.append(step)
+                spans.append((i, -1, 0))
             elif isinstance(step, Emit):
                 raise TypeError("gather() runs operations that do not emit")
             else:
@@ -200,6 +250,8 @@ def gather(*ops: Op[Any]) -> Op[list[Any]]:
         if sleep:
             yield Sleep(sleep)
         answers: list[Any] = (yield tuple(wave)) if wave else []
+        for wait in waits:
+            yield wait
         for i, start, size in spans:
             replies[i] = None if start < 0 else answers[start : start + size]
     return results

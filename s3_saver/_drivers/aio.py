@@ -16,7 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedErro
 
 from s3_saver._clients import no_uuid4
 from s3_saver._retry import RetryPolicy, resilient
-from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, client_key, site_of
+from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, Wait, client_key, site_of
 
 ClientContextFactory = Callable[[str, str], Any]  # (service, site) -> async context manager of a client
 
@@ -31,30 +31,49 @@ class AsyncDriver:
     async def run(self, op: Op[T], policy: RetryPolicy | None = None) -> T:
         op = resilient(op, policy or self._policy)
         reply: Any = None
-        while True:
-            try:
-                step = op.send(reply)
-            except StopIteration as stop:
-                return stop.value
-            reply = await self._step(step)
+        try:
+            while True:
+                try:
+                    step = op.send(reply)
+                except StopIteration as stop:
+                    return stop.value
+                reply = await self._step(step)
+        finally:
+            op.close()  # as the sync driver does: a cancelled task hands on at once
 
     async def iterate(self, op: Op[Any], policy: RetryPolicy | None = None) -> AsyncIterator[Any]:
         op = resilient(op, policy or self._policy)
         reply: Any = None
-        while True:
-            try:
-                step = op.send(reply)
-            except StopIteration:
-                return
-            if isinstance(step, Emit):
-                reply = None
-                yield step.value
-            else:
-                reply = await self._step(step)
+        try:
+            while True:
+                try:
+                    step = op.send(reply)
+                except StopIteration:
+                    return
+                if isinstance(step, Emit):
+                    reply = None
+                    yield step.value
+                else:
+                    reply = await self._step(step)
+        finally:
+            op.close()
 
     async def _step(self, step: Any) -> Any:
         if isinstance(step, Sleep):
             await asyncio.sleep(step.seconds)
+            return None
+        if isinstance(step, Wait):
+            loop = asyncio.get_running_loop()
+            woken = loop.create_future()
+
+            def wake() -> None:  # from whichever thread sets the signal
+                loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
+
+            if step.signal.subscribe(wake):
+                try:
+                    await asyncio.wait_for(woken, step.timeout)
+                except asyncio.TimeoutError:
+                    pass
             return None
         if isinstance(step, Emit):
             return None

@@ -12,7 +12,7 @@ import urllib3
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError
 
 from s3_saver._retry import RetryPolicy, resilient
-from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, client_key, site_of
+from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, Wait, client_key, site_of
 
 ClientFactory = Callable[[str, str], Any]  # (service, site) -> client
 
@@ -41,18 +41,26 @@ class SyncDriver:
         """Yield the operation's Emit values; return its return value."""
         op = resilient(op, policy or self._policy)
         reply: Any = None
-        while True:
-            try:
-                step = op.send(reply)
-            except StopIteration as stop:
-                return stop.value
-            reply = None
-            if isinstance(step, Emit):
-                yield step.value
-            elif isinstance(step, Sleep):
-                time.sleep(step.seconds)
-            else:
-                reply = self._wave(step)
+        try:
+            while True:
+                try:
+                    step = op.send(reply)
+                except StopIteration as stop:
+                    return stop.value
+                reply = None
+                if isinstance(step, Emit):
+                    yield step.value
+                elif isinstance(step, Sleep):
+                    time.sleep(step.seconds)
+                elif isinstance(step, Wait):
+                    step.signal.wait(step.timeout)
+                else:
+                    reply = self._wave(step)
+        finally:
+            # An operation left behind (an exception, an abandoned iteration) is
+            # closed now, not when collected: its ``finally`` blocks hand on
+            # what others of this process wait for (a group commit's lead).
+            op.close()
 
     def _wave(self, calls: tuple[Call, ...]) -> list[Any]:
         self._stats.record(calls)

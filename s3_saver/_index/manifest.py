@@ -54,6 +54,7 @@ from s3_saver._index.manifest_doc import (
 )
 from s3_saver._index.manifest_archive import ManifestArchive
 from s3_saver._index.manifest_audit import ManifestHoldings
+from s3_saver._index.manifest_group import GroupCommit
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
 from s3_saver._index.manifest_seal import HARD_SEAL_AT, SEAL_AT, _MAX_SWAPS, Bodies, _apply_seal, _plan_seal, _SealPlan
 from s3_saver._keys import KeyLayout
@@ -92,6 +93,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         # What this process committed, for the segments it seals (manifest_seal.Bodies).
         self.bodies = Bodies()
         self._lock = threading.Lock()
+        self._group = GroupCommit(threading.Lock())
 
     def describe(self) -> str:
         return f"manifest index in s3://{self.s3.bucket}/{self.layout.manifest_root}"
@@ -191,6 +193,16 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         finally:
             if plans and not closed:
                 yield from self._drop_unused(thread_id, plans, head)
+
+    def _commit(self, thread_id: str, change: Callable[[Head], Head | None], check: Callable[[Head], Op[None]]) -> Op[None]:
+        """A writer's commit: one swap with the other commits this process makes
+        to the thread's head at the same time (``manifest_group``), on the head
+        this process holds (its ETag stands in for a read)."""
+
+        def update(change: Callable[[Head], Head | None], check: Callable[[Head], Op[None]]) -> Op[Head]:
+            return self._update(thread_id, change, self._cached(thread_id), check)
+
+        yield from self._group.commit(thread_id, change, check, update)
 
     def _drop_unused(self, thread_id: str, plans: list[_SealPlan], head: Head | None) -> Op[None]:
         """Delete the segments of ``plans`` that ``head`` (the last one this
@@ -330,7 +342,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
             # entry must carry; another writer's entry (a race) does not count.
             return replace(head, entries=[*rest, stored], copied_from=None, created=head.created or created or 0)
 
-        yield from self._update(entry.thread_id, change, self._cached(entry.thread_id), check)
+        yield from self._commit(entry.thread_id, change, check)
         self.bodies.keep(entry)
 
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
@@ -380,7 +392,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
                 changed = True
             return replace(head, writes=writes) if changed else None
 
-        yield from self._update(thread_id, change, self._cached(thread_id), check)
+        yield from self._commit(thread_id, change, check)
         lost = {token for entry, token in outcome.unused if token == entry.token}
         for entry in entries:
             if entry.token not in lost:
