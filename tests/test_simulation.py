@@ -45,6 +45,7 @@ EXHAUSTIVE_PAIRS = (
     ("gc", "prune_archive"),
     ("writes", "export_import"),
     ("run", "gc"),
+    ("fanout", "delete"),
 )
 
 

@@ -125,6 +125,8 @@ def run_schedule(world: World, spec: Spec) -> Outcome:
     plan = fault_plan(rng, spec.faults)
     scheduler = Scheduler(world, chooser, plan)
     processes = [Process(pid=i, steps=steps, prefix=prefix) for i, steps in enumerate(scenario.processes)]
+    for i, j in scenario.shares.items():
+        processes[i].share = processes[j]
     try:
         history = scheduler.run(processes)
     finally:

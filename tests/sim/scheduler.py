@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 
-from s3_saver._protocol import Emit, Sleep
+from s3_saver._protocol import Emit, Sleep, Wait
 from s3_saver._retry import RetryPolicy, resilient
 
 from sim.world import HarnessError, World, capture
@@ -192,6 +192,10 @@ class OpRunner:
         self.done = False
         self.value: Any = None
         self.error: BaseException | None = None
+        # A Wait not over yet: another operation of the same saver (a group
+        # commit's lead) sets it; or the scheduler lets the wait run out.
+        self.blocked: Wait | None = None
+        self.waits = 0
         self._advance(None)
 
     def _advance(self, reply: Any) -> None:
@@ -209,6 +213,12 @@ class OpRunner:
                 self.emitted.append(step.value)
             elif isinstance(step, Sleep):
                 continue
+            elif isinstance(step, Wait):
+                self.waits += 1
+                if step.signal.is_set():
+                    continue
+                self.blocked = step
+                return
             elif isinstance(step, tuple):
                 if not step:
                     reply = []
@@ -217,6 +227,11 @@ class OpRunner:
                 return
             else:
                 raise HarnessError(f"unknown instruction {step!r}")
+
+    def unblock(self) -> None:
+        """The Wait is over (its signal set, or it ran out): the operation goes on."""
+        self.blocked = None
+        self._advance(None)
 
     def complete(self, i: int, result: Any) -> None:
         self.results[i] = result
@@ -245,6 +260,9 @@ class Process:
     dead: bool = False
     cuts: int = 0
     history: list[LogicalOp] = field(default_factory=list)
+    # Runs on the saver of this process (one process, concurrent calls: a fan-out's
+    # put and put_writes), until a cut makes it retry on a fresh one.
+    share: Process | None = None
 
 
 def _summary(result: Any) -> str:
@@ -274,6 +292,10 @@ class Scheduler:
             if p.current is None:
                 p.current = LogicalOp(p.pid, p.position, step)
                 p.history.append(p.current)
+            if p.saver is None and p.share is not None:
+                if p.share.saver is None:
+                    p.share.saver = self.world.saver(p.share.prefix)
+                p.saver = p.share.saver
             if p.saver is None:
                 p.saver = self.world.saver(p.prefix)
             p.current.attempts += 1
@@ -307,6 +329,8 @@ class Scheduler:
             p.dead = True
 
     def _finish(self, p: Process, runner: OpRunner) -> None:
+        if runner.waits:
+            self.trace.append(f"{self.tick:4d} {p.current.label}: waited {runner.waits}x for a commit of its process")
         if runner.error is not None:
             self._answer(p, ("raised", runner.error))
         else:
@@ -334,9 +358,19 @@ class Scheduler:
         for p in processes:
             self._begin(p)
         while True:
-            runnable = [p for p in processes if p.runner is not None]
+            if self._wake(processes):
+                continue
+            runnable = [p for p in processes if p.runner is not None and p.runner.blocked is None]
             if not runnable:
-                break
+                waiting = [p for p in processes if p.runner is not None]
+                if not waiting:
+                    break
+                # Every operation waits for another: a wait runs out (the drivers'
+                # timeout), and that one goes on alone.
+                p = waiting[self.chooser.choose("op", [1.0] * len(waiting))]
+                self.trace.append(f"{self.tick:4d} {p.current.label}: its wait ran out")
+                self._unblock(p)
+                continue
             p = runnable[self.chooser.choose("op", [1.0] * len(runnable))]
             runner = p.runner
             assert runner is not None and p.current is not None
@@ -366,6 +400,22 @@ class Scheduler:
                 self._finish(p, runner)
                 self._begin(p)
         return [op for p in processes for op in p.history]
+
+    def _wake(self, processes: list[Process]) -> bool:
+        """Go on with the first operation whose Wait's signal was set."""
+        for p in processes:
+            if p.runner is not None and p.runner.blocked is not None and p.runner.blocked.signal.is_set():
+                self._unblock(p)
+                return True
+        return False
+
+    def _unblock(self, p: Process) -> None:
+        runner = p.runner
+        assert runner is not None
+        runner.unblock()
+        if runner.done:
+            self._finish(p, runner)
+            self._begin(p)
 
     def _fault(self, p: Process, call: Any) -> str:
         plan = self.faults

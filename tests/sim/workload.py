@@ -210,6 +210,8 @@ class Scenario:
     archiving: set[str] = field(default_factory=set)
     deleting: set[str] = field(default_factory=set)
     archives: dict[str, int] = field(default_factory=dict)  # archive_thread steps per thread
+    # Process index -> the index of the process whose saver it runs on (a fan-out's calls).
+    shares: dict[int, int] = field(default_factory=dict)
 
 
 class Workshop:
@@ -259,6 +261,17 @@ class Workshop:
         self.sc.setup.append(SetupAction("prune(keep_last=1)", lambda s: s.prune([t], keep_last=1), M.Prune([t], 1)))
 
     # -- processes --------------------------------------------------------------
+    def fanout(self, t: str) -> list[list[Step]]:
+        """One process's concurrent calls, as LangGraph makes them in a step of
+        parallel branches: the checkpoint's put, and the put_writes of two or
+        three of its tasks (sent together: writes may come before their put).
+        The manifest index commits them in shared head swaps (group commit)."""
+        b, rng = self.b, self.rng
+        base = self.base(t)
+        made, put = put_step(b, t, "", self.runs[3], base[-1] if base else None, fork=not base)
+        tasks = [[writes_step(b, made, rng.choice([None, None, RESUME, INTERRUPT]))] for _ in range(rng.choice([2, 3]))]
+        return [[put], *tasks]
+
     def proc(self, kind: str, t: str, slot: int) -> list[Step]:
         b, rng = self.b, self.rng
         if kind == "run":  # a run continues the thread: put, its writes, maybe another put
@@ -324,9 +337,9 @@ class Workshop:
 
 PROCESS_KINDS = (
     "run", "fork", "subput", "writes", "prune", "delete_runs", "archive", "restore", "archive_restore",
-    "export_import", "copy", "gc", "delete", "read", "prune_archive", "prune_copy", "prune_export",
+    "export_import", "copy", "gc", "delete", "read", "prune_archive", "prune_copy", "prune_export", "fanout",
 )
-WRITERS = ("run", "writes")
+WRITERS = ("run", "writes", "fanout")
 ADMIN = ("prune", "delete_runs", "archive", "restore", "export_import", "copy", "gc", "delete")
 # The pairs every mode must cover (a "long" pair grows the thread past the manifest's seal).
 PAIRS: tuple[tuple[str, str], ...] = (
@@ -361,7 +374,15 @@ def build(rng: random.Random, prefix: str, next_version: Callable[[Any], str], k
     if rng.random() < 0.2 and not long:
         w.grow(w.thread("B"), 2, sub=False)
     w.end_setup()
-    w.sc.processes = [w.proc(k, t, i) for i, k in enumerate(kinds)]
+    for i, k in enumerate(kinds):
+        if k == "fanout":
+            first = len(w.sc.processes)
+            for j, steps in enumerate(w.fanout(t)):
+                if j:
+                    w.sc.shares[first + j] = first
+                w.sc.processes.append(steps)
+        else:
+            w.sc.processes.append(w.proc(k, t, i))
     if "delete_runs" in kinds:
         w.sc.deleting |= set(w.sc.threads)  # a run may hold checkpoints in every thread
     return w.sc
