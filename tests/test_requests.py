@@ -6,6 +6,8 @@ requests that do not grow with the thread's length; no ListObjects anywhere.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conftest import make_saver
@@ -313,3 +315,53 @@ def test_manifest_history_reads_sealed_checkpoints_from_their_segments(endpoint,
     assert len([k for k in gets if "/segments/" in k]) >= 2
     for s in (writer, other, reader):
         s.close()
+
+
+def test_manifest_segments_compress_their_bodies_together_and_old_segments_still_read(endpoint, monkeypatch) -> None:
+    """A segment's bodies repeat one another (each checkpoint's copy of a growing
+    list holds the previous one): one zstd frame over the plain bodies stores a
+    fraction of the bodies compressed one by one. A segment in the format before
+    (zlib-compressed msgpack, bodies as stored) reads as before."""
+    import boto3
+
+    from s3_saver._codec import pack, squeeze
+    from s3_saver._index.manifest_doc import (
+        BODY_IN_SEGMENT_MAX,
+        SEGMENT_FORMAT,
+        _encode_entries,
+        _encode_write,
+        decode_segment,
+    )
+
+    writer = make_saver(endpoint, "manifest", inline_threshold=64 * 1024)
+    writer.setup()
+    stored, version, messages = config("t"), None, []
+    for step in range(70):
+        version = writer.get_next_version(version, None)
+        messages = [*messages, f"message {step}: " + " ".join(f"w{(step * 7 + i) % 97}" for i in range(60))]
+        cp = checkpoint({"messages": messages}, {"messages": version})
+        stored = writer.put(stored, cp, {"source": "loop", "step": step}, {"messages": version})
+        writer.put_writes(stored, [("messages", [f"reply {step}"])], f"task-{step}", "path")
+    expected = [(t.checkpoint["id"], t.checkpoint["channel_values"], t.pending_writes) for t in writer.list(config("t"))]
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=writer.bucket)["Contents"] if "/segments/" in o["Key"]]
+    assert keys
+    for key in keys:
+        data = client.get_object(Bucket=writer.bucket, Key=key)["Body"].read()
+        assert data[:4] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+        entries, writes = decode_segment("t", data, key)
+        assert all(e.body is not None for e in entries)
+        one_by_one = sum(len(squeeze(e.body)) for e in entries) + sum(len(squeeze(w.body)) for w in writes)
+        assert len(data) * 3 < one_by_one, (len(data), one_by_one)
+        # The same segment as the format before wrote it.
+        old = pack({
+            "format": SEGMENT_FORMAT,
+            "entries": _encode_entries([replace(e, body=squeeze(e.body)) for e in entries], BODY_IN_SEGMENT_MAX, None),
+            "writes": [_encode_write(replace(w, body=squeeze(w.body)), BODY_IN_SEGMENT_MAX) for w in writes],
+        })
+        client.put_object(Bucket=writer.bucket, Key=key, Body=old)
+    reader = make_saver(endpoint, "manifest")
+    got = [(t.checkpoint["id"], t.checkpoint["channel_values"], t.pending_writes) for t in reader.list(config("t"))]
+    assert got == expected and len(got) == 70
+    writer.close()
+    reader.close()
