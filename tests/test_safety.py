@@ -394,3 +394,53 @@ def test_ids_without_room_for_later_keys_are_refused_at_the_first_checkpoint(end
     sub = saver.put(config(long, f"node:{uuid.uuid4()}"), checkpoint({"c": 1}, {"c": "1"}), {}, {"c": "1"})
     saver.put_writes(sub, [("c", 3)], str(uuid.uuid4()))
     assert saver.get_tuple(sub).pending_writes[0][1:] == ("c", 3)
+
+
+@pytest.mark.parametrize("operation", ["prune", "delete_for_runs"])
+def test_a_history_rewrite_whose_index_writes_answers_are_lost_leaves_the_kept_history_whole(
+    endpoint, saver, index_mode, operation
+) -> None:
+    """Every index write of a prune or delete_for_runs lands and its answer is lost
+    (a read timeout: the call is sent again and meets its own write). Found by the
+    simulation (delete_runs+long, manifest): the swap installing the rewritten
+    history's new segments was taken for a lost race, its segments were deleted,
+    and the head that had landed named them: the kept history was unreadable."""
+    from botocore.exceptions import ReadTimeoutError
+
+    stored, version = config("t"), None
+    for step in range(60):  # past the manifest's seal: the rewrite writes segments
+        version = saver.get_next_version(version, None)
+        versions = {"counter": version, "doc": "1"}
+        cp = checkpoint({"counter": step, "doc": "a document"}, versions)
+        run = "old-run" if step < 20 else "new-run"
+        stored = saver.put(stored, cp, {"source": "loop", "step": step, "run_id": run}, {"counter": version} if step else versions)
+    before = [t.checkpoint["channel_values"]["counter"] for t in saver.list(config("t"))]
+    real, lost = SyncDriver._wave, set()
+
+    def wave(driver, calls):
+        results = real(driver, calls)
+        out = []
+        for call, result in zip(calls, results):
+            index_write = (call.service == "dynamodb" and "write" in call.operation or call.operation == "update_item") or (
+                call.operation == "put_object" and call.params["Key"].endswith("/head")
+            )
+            if index_write and id(call) not in lost and not isinstance(result, BaseException):
+                lost.add(id(call))
+                result = ReadTimeoutError(endpoint_url=f"{call.describe()}: its answer was lost")
+            out.append(result)
+        return out
+
+    SyncDriver._wave = wave
+    try:
+        if operation == "prune":
+            saver.prune(["t"], keep_last=30)
+        else:
+            saver.delete_for_runs(["old-run"])
+    finally:
+        SyncDriver._wave = real
+    assert lost
+    reader = make_saver(endpoint, index_mode)
+    after = [t.checkpoint["channel_values"]["counter"] for t in reader.list(config("t"))]
+    assert after == before[:30] if operation == "prune" else before[:40], after
+    assert reader.get_tuple(config("t")).checkpoint["channel_values"] == {"counter": 59, "doc": "a document"}
+    reader.close()

@@ -288,6 +288,10 @@ class ManifestLifecycle:
             entries = yield from self._contents(head)
             cut = yield from plan(entries)
             if not cut.hide and not cut.drop:
+                if head.graveyard or head.retired:
+                    # A drop whose swap landed and whose clearing did not (cut
+                    # short, or its answer lost): rolled forward here.
+                    yield from self._clear_graveyard(head, release, unlist=False)
                 return
             hidden = {(e.ns, e.checkpoint_id) for e in cut.hide}
             dropped = {(e.ns, e.checkpoint_id) for e in cut.drop}
@@ -314,9 +318,17 @@ class ManifestLifecycle:
             if (yield from self._swap(head, new)):
                 yield from self._clear_graveyard(new, release, unlist=False)
                 return
+            # Another writer came first, or this swap landed and its answer was
+            # lost (the retried PUT then meets it: 412): the head tells which.
+            # The segments written for it go only when no head names them.
+            head = yield from self._live_head(thread_id)
             if plan_seal is not None:
-                yield from _delete_keys(self.s3, [k for k, _ in plan_seal.objects])  # another writer came first
-            head = None
+                ours = {(r.number, r.token) for r in plan_seal.refs}
+                if ours & {(r.number, r.token) for r in head.segments + head.retired + head.graveyard_segments}:
+                    if ours & {(r.number, r.token) for r in head.segments}:
+                        yield from self._clear_graveyard(head, release, unlist=False)
+                    return
+                yield from _delete_keys(self.s3, [k for k, _ in plan_seal.objects])
         raise S3SaverError(
             f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
             f"other writers; prune gave up after {_MAX_SWAPS} attempts (nothing was removed)"
