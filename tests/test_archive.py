@@ -840,16 +840,17 @@ ARCHIVE_COSTS = {
         }),
     },
     "manifest": {
-        # The head; the mark swap; the segments (none); the archive; the switch swap (of
-        # exactly the head read); the live objects; the graveyard cleared.
-        "archive_thread": (7, {"s3:delete_objects": 1, "s3:get_object": 2, "s3:put_object": 4}),
+        # The head (it carries every body: no object is read); the mark swap; the
+        # archive; the switch swap (of exactly the head read); the live objects; the
+        # graveyard cleared.
+        "archive_thread": (6, {"s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 4}),
         "archive_thread again": (1, {"s3:get_object": 1}),
         "get_tuple cold": (2, {"s3:get_object": 2}),
         "get_tuple warm": (1, {"s3:get_object": 1}),
         "list warm": (1, {"s3:get_object": 1}),
         "restore_thread": (8, {"s3:delete_objects": 1, "s3:get_object": 4, "s3:put_object": 7}),
         "restore_thread of a live thread": (1, {"s3:get_object": 1}),
-        "archive_thread DEEP_ARCHIVE": (7, {"s3:delete_objects": 1, "s3:get_object": 2, "s3:put_object": 4}),
+        "archive_thread DEEP_ARCHIVE": (6, {"s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 4}),
         "get_tuple DEEP_ARCHIVE (refused)": (2, {"s3:get_object": 1, "s3:head_object": 1}),
         "restore_thread DEEP_ARCHIVE (requested)": (3, {"s3:get_object": 1, "s3:head_object": 1, "s3:restore_object": 1}),
         "restore_thread DEEP_ARCHIVE (done)": (9, {

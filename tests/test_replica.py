@@ -515,8 +515,13 @@ def test_lag_every_read_is_a_complete_checkpoint_the_primary_had(regions, mode: 
         os.makedirs(os.path.dirname(LAG_STATS) or ".", exist_ok=True)
         with open(LAG_STATS, "a") as out:
             out.write(summary + "\n")
-    # The orders did make the replica lag: stale answers and lag errors were both met.
-    assert latest_reads.total("stale") and latest_reads.total("error") + history_reads.total("error"), summary
+    # The orders did make the replica lag: stale answers were met, and lag errors
+    # too with a table. The manifest's head carries the bodies of its checkpoints
+    # (manifest_bodies): its reader misses no checkpoint object, only large values,
+    # and serves an older checkpoint then (stale), never an error.
+    assert latest_reads.total("stale"), summary
+    if mode != "manifest":
+        assert latest_reads.total("error") + history_reads.total("error"), summary
 
 
 def _read_latest(

@@ -107,9 +107,9 @@ EXACT_COSTS = {
         # holding the unchanged channel: one GET.
         "get_tuple latest": (1, {("s3", "get_object"): 1}),
         "get_tuple by id": (1, {("s3", "get_object"): 1}),
-        # The head lists them; the four older checkpoints and the two writes parts of
-        # the second newest are GETs of their objects, in one wave.
-        "list limit=5": (2, {("s3", "get_object"): 7}),
+        # The head lists them and carries the bodies of the older ones too, in its
+        # frame (manifest_bodies): one GET.
+        "list limit=5": (1, {("s3", "get_object"): 1}),
     },
 }
 
@@ -131,10 +131,11 @@ def test_full_history_reads_only_the_index(saver, index_mode) -> None:
         assert requests == {("dynamodb", "query"): round_trips, ("dynamodb", "get_item"): 1}
         assert round_trips <= 2
     else:
-        # The head and one sealed segment per page; the checkpoint objects the head
-        # does not carry whole (all but the newest) in one wave per page.
-        assert set(requests) == {("s3", "get_object")} and requests[("s3", "get_object")] <= 50 + 2
-        assert round_trips <= 4
+        # The head and the sealed segment: they carry every body (manifest_bodies);
+        # the first checkpoint's object holds the unchanged channel every page
+        # reads, before the page that loads its segment.
+        assert requests == {("s3", "get_object"): 3}, requests
+        assert round_trips == 3
 
 
 @pytest.mark.parametrize("length", [1, 40])
@@ -311,22 +312,29 @@ def test_manifest_history_reads_sealed_checkpoints_from_their_segments(endpoint,
     history = list(reader.list(config("t")))
     assert len(history) == 130 and history[-1].pending_writes == [("task-0", "counter", 0)]
     objects = [k for k in gets if "/checkpoints/" in k or "/writes/" in k]
-    assert len(objects) <= 2 * SEAL_AT, len(objects)  # the head's checkpoints and their writes
+    # The head's frame and the segments carry every body; the first checkpoint
+    # holds the unchanged "doc", read before the page that loads its segment.
+    assert len(objects) <= 1, objects
     assert len([k for k in gets if "/segments/" in k]) >= 2
     for s in (writer, other, reader):
         s.close()
 
 
-def test_manifest_segments_compress_their_bodies_together_and_old_segments_still_read(endpoint, monkeypatch) -> None:
-    """A segment's bodies repeat one another (each checkpoint's copy of a growing
-    list holds the previous one): one zstd frame over the plain bodies stores a
-    fraction of the bodies compressed one by one. A segment in the format before
-    (zlib-compressed msgpack, bodies as stored) reads as before."""
+def test_manifest_documents_carry_bodies_compressed_together_and_read_the_formats_before(endpoint) -> None:
+    """A segment's bodies, and the head's beyond what "latest" reads, repeat one
+    another (each checkpoint's copy of a growing list holds the previous one): one
+    zstd frame over the plain bodies stores a fraction of the bodies compressed one
+    by one. A segment in the format before (bodies in its rows) reads as before;
+    a head without the frame (a writer of an earlier version rewrote it) reads its
+    checkpoints' objects, as before."""
     import boto3
+    import ormsgpack
 
-    from s3_saver._codec import pack, squeeze
+    from s3_saver._codec import pack, plain, squeeze
+    from s3_saver._index import manifest_bodies
     from s3_saver._index.manifest_doc import (
         BODY_IN_SEGMENT_MAX,
+        HEAD_FORMAT,
         SEGMENT_FORMAT,
         _encode_entries,
         _encode_write,
@@ -348,18 +356,23 @@ def test_manifest_segments_compress_their_bodies_together_and_old_segments_still
     assert keys
     for key in keys:
         data = client.get_object(Bucket=writer.bucket, Key=key)["Body"].read()
-        assert data[:4] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+        assert manifest_bodies.FIELD in ormsgpack.unpackb(plain(data, key))
         entries, writes = decode_segment("t", data, key)
-        assert all(e.body is not None for e in entries)
+        assert all(e.body is not None for e in entries) and all(w.body is not None for w in writes)
         one_by_one = sum(len(squeeze(e.body)) for e in entries) + sum(len(squeeze(w.body)) for w in writes)
         assert len(data) * 3 < one_by_one, (len(data), one_by_one)
-        # The same segment as the format before wrote it.
+        # The same segment as the format before wrote it: bodies in its rows.
         old = pack({
             "format": SEGMENT_FORMAT,
             "entries": _encode_entries([replace(e, body=squeeze(e.body)) for e in entries], BODY_IN_SEGMENT_MAX, None),
             "writes": [_encode_write(replace(w, body=squeeze(w.body)), BODY_IN_SEGMENT_MAX) for w in writes],
         })
         client.put_object(Bucket=writer.bucket, Key=key, Body=old)
+    head_key = next(o["Key"] for o in client.list_objects_v2(Bucket=writer.bucket)["Contents"] if o["Key"].endswith("/head"))
+    doc = ormsgpack.unpackb(plain(client.get_object(Bucket=writer.bucket, Key=head_key)["Body"].read(), head_key))
+    assert doc["format"] == HEAD_FORMAT and manifest_bodies.FIELD in doc
+    del doc[manifest_bodies.FIELD]
+    client.put_object(Bucket=writer.bucket, Key=head_key, Body=pack(doc))
     reader = make_saver(endpoint, "manifest")
     got = [(t.checkpoint["id"], t.checkpoint["channel_values"], t.pending_writes) for t in reader.list(config("t"))]
     assert got == expected and len(got) == 70

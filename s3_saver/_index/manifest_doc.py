@@ -17,12 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import ormsgpack
-
-from s3_saver._archive import _zstd, decode_ref, encode_ref
-from s3_saver._codec import pack, plain, unpack
+from s3_saver._archive import decode_ref, encode_ref
+from s3_saver._codec import pack, unpack
+from s3_saver._index import manifest_bodies as bodies
 from s3_saver._index.base import IN_CHECKPOINT_OBJECT, ArchiveRef, CheckpointEntry, Loc, Tombstone, WritesEntry
-from s3_saver.errors import CorruptObjectError
 
 HEAD_FORMAT = "s3_saver.manifest-head/1"
 SEGMENT_FORMAT = "s3_saver.manifest-segment/1"
@@ -38,12 +36,6 @@ BODY_IN_SEGMENT_MAX = 64 * 1024
 META_MAX = 16 * 1024
 
 _FULL, _DELTA = 0, 1
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # a msgpack map or a zlib stream never starts so
-_SEGMENT_ZSTD_LEVEL = 3  # level 19 saves another 10% at 20x the CPU of a seal
-_NO_LIMIT = 1 << 62
-# A segment holds at most SEGMENT_MAX checkpoints with their writes, bodies of
-# at most BODY_IN_SEGMENT_MAX compressed each: far below this, plain.
-_SEGMENT_MAX_BYTES = 1 << 30
 
 
 @dataclass
@@ -105,40 +97,50 @@ class Head:
 
 def encode_head(head: Head) -> bytes:
     tips = _tips(head.entries)
-    return pack(
-        {
-            "format": HEAD_FORMAT,
-            "version": head.version,
-            "gen": head.gen,
-            "deleted_at": head.deleted_at,
-            "entries": _encode_entries(head.entries, BODY_IN_HEAD_MAX, tips),
-            "writes": [_encode_write(w, BODY_IN_HEAD_MAX if (w.ns, w.checkpoint_id) in tips else 0) for w in head.writes],
-            "segments": [r.row() for r in head.segments],
-            "graveyard": _encode_entries([e for e in head.graveyard if isinstance(e, CheckpointEntry)], 0, None),
-            "graveyard_writes": [_encode_write(w, 0) for w in head.graveyard if isinstance(w, WritesEntry)],
-            "graveyard_segments": [r.row() for r in head.graveyard_segments],
-            "copied_from": head.copied_from,
-            "created": head.created,
-            "retired": [r.row() for r in head.retired],
-            "dead_runs": head.dead_runs,
-            "archive": encode_ref(head.archive) if head.archive is not None else None,
-            "stale_archive": head.stale_archive,
-            "unlisting": head.unlisting,
-            "archiving": head.archiving,
-            "site": head.site,
-        }
-    )
+    in_rows = {(e.ns, e.checkpoint_id) for e in head.entries if (e.ns, e.checkpoint_id) in tips
+               and e.body is not None and len(e.body) <= BODY_IN_HEAD_MAX}
+    doc = {
+        "format": HEAD_FORMAT,
+        "version": head.version,
+        "gen": head.gen,
+        "deleted_at": head.deleted_at,
+        "entries": _encode_entries(head.entries, BODY_IN_HEAD_MAX, tips),
+        "writes": [_encode_write(w, BODY_IN_HEAD_MAX if (w.ns, w.checkpoint_id) in tips else 0) for w in head.writes],
+        "segments": [r.row() for r in head.segments],
+        "graveyard": _encode_entries([e for e in head.graveyard if isinstance(e, CheckpointEntry)], 0, None),
+        "graveyard_writes": [_encode_write(w, 0) for w in head.graveyard if isinstance(w, WritesEntry)],
+        "graveyard_segments": [r.row() for r in head.graveyard_segments],
+        "copied_from": head.copied_from,
+        "created": head.created,
+        "retired": [r.row() for r in head.retired],
+        "dead_runs": head.dead_runs,
+        "archive": encode_ref(head.archive) if head.archive is not None else None,
+        "stale_archive": head.stale_archive,
+        "unlisting": head.unlisting,
+        "archiving": head.archiving,
+        "site": head.site,
+    }
+    frame = bodies.pack_head(head.entries, head.writes, in_rows)
+    if frame is not None:
+        doc[bodies.FIELD] = frame
+    return pack(doc)
 
 
 def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> Head:
     doc = unpack(data, HEAD_FORMAT, where)
+    entries, writes = bodies.fill(
+        _decode_entries(thread_id, doc["entries"]),
+        [_decode_write(thread_id, w) for w in doc["writes"]],
+        doc.get(bodies.FIELD),
+        where,
+    )
     return Head(
         thread_id=thread_id,
         version=doc["version"],
         gen=doc["gen"],
         deleted_at=doc["deleted_at"],
-        entries=_decode_entries(thread_id, doc["entries"]),
-        writes=[_decode_write(thread_id, w) for w in doc["writes"]],
+        entries=entries,
+        writes=writes,
         segments=[SegmentRef.of(r) for r in doc["segments"]],
         graveyard=[
             *_decode_entries(thread_id, doc["graveyard"]),
@@ -159,41 +161,23 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
 
 
 def encode_segment(entries: list[CheckpointEntry], writes: list[WritesEntry]) -> bytes:
-    """A segment is written once, and the bodies it holds repeat one another (each
-    checkpoint's copy of a message list holds the one before): kept plain and
-    compressed together as one zstd frame, they take about a sixth of the bytes of
-    the same bodies compressed one by one (the objects' own zlib), in storage, in
-    replication and in every history read. A body read back is the plain record,
-    which every reader of a body takes (``_codec.unpack``, ``same_record``)."""
-    fits = [_plain_body(e) for e in entries]
-    doc = ormsgpack.packb(
-        {
-            "format": SEGMENT_FORMAT,
-            "entries": _encode_entries(fits, _NO_LIMIT, None),
-            "writes": [_encode_write(_plain_body(w), _NO_LIMIT) for w in writes],
-        }
-    )
-    return _zstd().ZstdCompressor(level=_SEGMENT_ZSTD_LEVEL, write_content_size=True).compress(doc)
-
-
-def _plain_body(entry: Any) -> Any:
-    """The entry with its body plain, or without it when too large for a segment."""
-    if entry.body is None:
-        return entry
-    if len(entry.body) > BODY_IN_SEGMENT_MAX:
-        return replace(entry, body=None)
-    return replace(entry, body=plain(entry.body, f"body of {entry.checkpoint_id}"))
+    """Rows without bodies, and every body in one frame (``manifest_bodies``)."""
+    doc = {
+        "format": SEGMENT_FORMAT,
+        "entries": _encode_entries(entries, 0, None),
+        "writes": [_encode_write(w, 0) for w in writes],
+    }
+    frame = bodies.pack(entries, writes)
+    if frame is not None:
+        doc[bodies.FIELD] = frame
+    return pack(doc)
 
 
 def decode_segment(thread_id: str, data: bytes, where: str) -> tuple[list[CheckpointEntry], list[WritesEntry]]:
-    if data[:4] == _ZSTD_MAGIC:
-        try:
-            data = _zstd().ZstdDecompressor().decompress(data, max_output_size=_SEGMENT_MAX_BYTES)
-        except Exception as exc:  # zstandard.ZstdError, imported lazily
-            raise CorruptObjectError(f"{where}: not a zstd frame of a manifest segment ({exc})") from exc
-    # Segments written before this format were zlib-compressed msgpack: unpack reads those.
     doc = unpack(data, SEGMENT_FORMAT, where)
-    return _decode_entries(thread_id, doc["entries"]), [_decode_write(thread_id, w) for w in doc["writes"]]
+    # Segments written before frames carry their bodies in their rows.
+    entries, writes = _decode_entries(thread_id, doc["entries"]), [_decode_write(thread_id, w) for w in doc["writes"]]
+    return bodies.fill(entries, writes, doc.get(bodies.FIELD), where)
 
 
 # -- entries ------------------------------------------------------------------------
