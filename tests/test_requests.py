@@ -282,12 +282,11 @@ def test_writes_sent_before_their_checkpoints_put_read_nothing_first(saver, inde
 
 
 def test_manifest_history_reads_sealed_checkpoints_from_their_segments(endpoint, monkeypatch) -> None:
-    """A segment carries the bodies of the checkpoints and writes it seals, from what
-    the sealing process committed, also after another writer's swap made it read
-    the head back (a head holds only the newest bodies): a full history GETs the
-    head, the segments, and the objects of the checkpoints still in the head only."""
+    """A segment carries the bodies of the checkpoints and writes it seals, also
+    after another writer's swap made the sealing process read the head back: a
+    full history GETs the head and the segments (the head's frame carries the
+    bodies of its own checkpoints)."""
     from s3_saver._drivers.sync import SyncDriver
-    from s3_saver._index.manifest_seal import SEAL_AT
 
     writer, other = make_saver(endpoint, "manifest"), make_saver(endpoint, "manifest")
     writer.setup()
