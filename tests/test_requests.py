@@ -377,3 +377,27 @@ def test_manifest_documents_carry_bodies_compressed_together_and_read_the_format
     assert got == expected and len(got) == 70
     writer.close()
     reader.close()
+
+
+def test_manifest_head_frame_keeps_the_newest_bodies_within_its_budget() -> None:
+    """Bodies that do not compress (a msgpack map byte, then random bytes) fill the head's frame fast: it
+    keeps the newest checkpoints' bodies that fit HEAD_FRAME_MAX compressed, and
+    their writes; the older ones are read from their objects."""
+    import os
+
+    from s3_saver._index import manifest_bodies
+    from s3_saver._index.base import CheckpointEntry, WritesEntry
+
+    entries = [
+        CheckpointEntry("t", "", f"c{i:03d}", None, {}, body=b"\x81" + os.urandom(8_000)) for i in range(40)
+    ]
+    writes = [WritesEntry("t", "", e.checkpoint_id, "task", "r0", "tok", b"\x81" + os.urandom(500)) for e in entries]
+    frame = manifest_bodies.pack_head(entries, writes, {("", "c039")})
+    assert frame is not None and len(frame) <= manifest_bodies.HEAD_FRAME_MAX
+    bare = [replace(e, body=None) for e in entries]
+    filled, filled_writes = manifest_bodies.fill(bare, [replace(w, body=None) for w in writes], frame, "test")
+    carried = [e.checkpoint_id for e in filled if e.body is not None]
+    assert 3 <= len(carried) < 39 and "c039" not in carried  # c039's body is in the rows
+    assert carried == [f"c{i:03d}" for i in range(39 - len(carried), 39)]  # the newest
+    assert {w.checkpoint_id for w in filled_writes if w.body is not None} == set(carried)
+    assert all(e.body == o.body for e, o in zip(filled, entries) if e.body is not None)

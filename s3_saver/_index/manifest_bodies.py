@@ -46,7 +46,7 @@ _WriteKey = tuple[str, str, str, str, str]
 def pack(entries: list[CheckpointEntry], writes: list[WritesEntry]) -> bytes | None:
     """One frame of the bodies of ``entries`` and ``writes`` (None: none to carry)."""
     rows = [[e.ns, e.checkpoint_id, plain(e.body, e.checkpoint_id)] for e in entries if _fits(e)]
-    wrows = [[*_write_key(w), plain(w.body, w.checkpoint_id)] for w in writes if _fits(w)]
+    wrows = [[*write_key(w), plain(w.body, w.checkpoint_id)] for w in writes if _fits(w)]
     if not rows and not wrows:
         return None
     return _zstd().ZstdCompressor(level=_LEVEL, write_content_size=True).compress(ormsgpack.packb([rows, wrows]))
@@ -63,7 +63,7 @@ def pack_head(
         frame = pack(kept, [w for w in writes if (w.ns, w.checkpoint_id) in ids])
         if frame is None or len(frame) <= HEAD_FRAME_MAX:
             return frame
-        kept = kept[len(kept) // 2 + 1 :] if len(kept) > 1 else []  # entries are oldest first
+        kept = kept[(len(kept) + 1) // 2 :]  # entries are oldest first: the newest half stays
     return None
 
 
@@ -84,7 +84,7 @@ def fill(
         for e in entries
     ]
     writes = [
-        replace(w, body=wbodies[_write_key(w)]) if w.body is None and _write_key(w) in wbodies else w for w in writes
+        replace(w, body=wbodies[write_key(w)]) if w.body is None and write_key(w) in wbodies else w for w in writes
     ]
     return entries, writes
 
@@ -93,5 +93,6 @@ def _fits(entry: Any) -> bool:
     return entry.body is not None and len(entry.body) <= BODY_MAX
 
 
-def _write_key(w: WritesEntry) -> _WriteKey:
+def write_key(w: WritesEntry) -> _WriteKey:
+    """A writes part's identity in a document (its token tells a replaced part)."""
     return (w.ns, w.checkpoint_id, w.task_id, w.part, w.token)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from s3_saver._index.base import CheckpointEntry, WritesEntry
+from s3_saver._index.manifest_bodies import write_key as _write_key
 from s3_saver._index.manifest_doc import BODY_IN_SEGMENT_MAX, Head, SegmentRef, encode_segment
 from s3_saver._keys import KeyLayout, new_token
 
@@ -122,7 +123,3 @@ def _apply_seal(head: Head, plan: _SealPlan) -> bool:
     head.writes = [w for w in head.writes if _write_key(w) not in plan.writes]
     head.segments = [*head.segments, *plan.refs]
     return True
-
-
-def _write_key(w: WritesEntry) -> tuple[str, str, str, str, str]:
-    return (w.ns, w.checkpoint_id, w.task_id, w.part, w.token)
