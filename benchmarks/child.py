@@ -7,9 +7,10 @@ calls on long threads and wide checkpoints; ``grow`` grows the long threads
 ahead of ``scaling`` (the runner grows every saver's at once); ``archive``
 (S3Saver only) archives the workload's thread, reads it cold and restores it;
 ``failover`` (S3Saver with a replica region) takes the primary down, reads from
-the replica, promotes it and resumes the thread there. Data a run needs but
-does not measure (tables, buckets, the long threads) goes straight to moto,
-not through the proxy. Writes JSON: the call intervals, phase wall times,
+the replica, promotes it and resumes the thread there; ``longconv`` and
+``longconv-read`` write and read the long conversation (``benchmarks/longconv.py``).
+Data a run needs but does not measure (tables, buckets, the long threads) goes
+straight to moto, not through the proxy. Writes JSON: the call intervals, phase wall times,
 fingerprints and stored bytes; the parent matches the proxy's requests to the
 calls.
 
@@ -675,7 +676,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--saver", required=True, choices=["memory", "s3", "s3-manifest", *PEERS])
     ap.add_argument("--name", required=True)
-    ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling", "grow", "archive", "failover"])
+    ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling", "grow", "archive", "failover",
+                                                      "longconv", "longconv-read"])
     ap.add_argument("--proxy", required=True)
     ap.add_argument("--moto", required=True)
     ap.add_argument("--turns", type=int, default=20)
@@ -693,6 +695,10 @@ def main() -> None:
             data = run_archive(target, args.turns)
         elif args.mode == "failover":
             data = run_failover(target)
+        elif args.mode.startswith("longconv"):  # the long conversation (benchmarks/longconv.py)
+            from benchmarks import longconv
+
+            data = longconv.run(target, args.mode, args.turns)
         elif args.mode == "scaling":
             grown = json.loads(open(args.grown).read()) if args.grown else None
             data = run_scaling(target, lengths, grown)

@@ -82,6 +82,9 @@ class Request:
     # The region the request was signed for (SigV4 credential scope): the failover
     # drill tells the primary's requests (us-east-1) from the replica's.
     region: str = ""
+    # DynamoDB items a read returned (the long conversation's "objects fetched":
+    # S3 GETs + these; benchmarks/longconv.py).
+    items_read: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -287,6 +290,19 @@ def dynamo_replicated(operation: str, body: dict[str, Any], pre: dict[str, Any])
     return len(writes), float(sum(costs.write_units(b) for b, _ in writes)), sum(n for _, n in writes)
 
 
+def dynamo_items_read(operation: str, response: dict[str, Any]) -> int:
+    """Items a DynamoDB read handed back (a Query's or Scan's before its filter)."""
+    if operation == "GetItem":
+        return 1 if response.get("Item") else 0
+    if operation in ("Query", "Scan"):
+        return max(len(response.get("Items", [])), int(response.get("ScannedCount", 0)))
+    if operation == "BatchGetItem":
+        return sum(len(items) for items in response.get("Responses", {}).values())
+    if operation == "TransactGetItems":
+        return sum(1 for r in response.get("Responses", []) if r.get("Item"))
+    return 0
+
+
 # S3 writes that store an object (S3 replication copies each as one PUT in the replica).
 S3_OBJECT_WRITES = frozenset({"PutObject", "CopyObject", "CompleteMultipartUpload", "PostObject"})
 
@@ -363,6 +379,7 @@ class LatencyProxy:
                 status, reason, resp_headers, data = self._forward(body)
                 read_u = write_u = 0.0
                 replicated = (0, 0.0, 0)
+                items = 0
                 if target and status == 200:
                     try:
                         dynamo_post(operation, req_json, proxy._side, self.headers.get("Authorization", ""), pre)
@@ -370,6 +387,7 @@ class LatencyProxy:
                         read_u, write_u = dynamo_capacity(
                             operation, req_json, resp_json, proxy._side, "", pre)
                         replicated = dynamo_replicated(operation, req_json, pre)
+                        items = dynamo_items_read(operation, resp_json)
                     except Exception:
                         pass
                 object_bytes = objects_written = 0
@@ -406,7 +424,8 @@ class LatencyProxy:
                     cost = costs.ddb_cost(read_u, write_u)
                 rec = Request(t_start, t_end, service, operation, self.command, status, len(body), len(data),
                               read_u, write_u, cost, storage_class, object_bytes, objects_written, *replicated,
-                              region=next(iter(_SCOPE.findall(self.headers.get("Authorization", ""))), ""))
+                              region=next(iter(_SCOPE.findall(self.headers.get("Authorization", ""))), ""),
+                              items_read=items)
                 with proxy._lock:
                     proxy.records.append(rec)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from benchmarks import costs, crossregion, peers, yearcost
+from benchmarks import costs, crossregion, longconv_report, peers, yearcost
 from benchmarks.workload import PHASES
 
 S3 = "s3"
@@ -415,7 +415,9 @@ def render(doc: dict[str, Any], markdown: bool = False) -> str:
 def _render(doc: dict[str, Any]) -> str:
     out: list[str] = []
     st = doc["settings"]
-    out.append(f"s3_saver benchmark: {st['turns']} turns on one thread, {st['latency_ms']:g} ms injected per "
+    what = (f"the long conversation alone, {st.get('longconv_turns')} turns" if st.get("longconv_only")
+            else f"{st['turns']} turns on one thread")
+    out.append(f"s3_saver benchmark: {what}, {st['latency_ms']:g} ms injected per "
                f"request, moto on 127.0.0.1, Python {st['python']}")
     for s in doc["savers"]:
         if not s["available"]:
@@ -436,7 +438,11 @@ def _render(doc: dict[str, Any]) -> str:
     for key, run in runs.items():
         for problem in archival_problems(run):
             out.append(f"  ARCHIVAL CHECK FAILED {key}: {problem}")
+        for problem in longconv_report.problems(run):
+            out.append(f"  LONG CONVERSATION FAILED {key}: {problem}")
     savers = [s["key"] for s in doc["savers"] if s["available"]]
+    if st.get("longconv_only"):  # python -m benchmarks --longconv-only: its tables alone
+        return _headings(out + longconv_report.tables(doc))
 
     for mode in _modes(doc):
         rows = []
@@ -595,6 +601,11 @@ def _render(doc: dict[str, Any]) -> str:
             out.append(f"Not compared (failed, or results differ from InMemorySaver's): {', '.join(left)}.")
     out += archival_tables(doc)
     out += failover_table(doc)
+    out += longconv_report.tables(doc)
+    return _headings(out)
+
+
+def _headings(out: list[str]) -> str:
     text = "\n".join(out)
     if MARKDOWN:
         text = "\n".join(f"#### {line[3:-3]}" if line.startswith("== ") and line.endswith(" ==") else line

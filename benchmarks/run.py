@@ -19,11 +19,12 @@ import tempfile
 import time
 from bisect import bisect_right
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _guard, costs, crossregion, peers, report, yearcost
+from benchmarks import _guard, costs, crossregion, longconv, longconv_report, peers, report, yearcost
 from benchmarks.proxy import LatencyProxy, Request
 from benchmarks.workload import PHASES
 
@@ -109,6 +110,9 @@ def summarize(calls: list[CallStats]) -> dict[str, Any]:
         "ddb_replicated_writes": sum(r.replicated_writes for r in reqs),
         "ddb_replicated_units": sum(r.replicated_units for r in reqs),
         "ddb_replicated_bytes": sum(r.replicated_bytes for r in reqs),
+        # Objects a read fetched (the long conversation's latest read): S3 GETs answered, DynamoDB items.
+        "s3_objects_read": sum(1 for r in reqs if r.operation == "GetObject" and r.status == 200),
+        "ddb_items_read": sum(getattr(r, "items_read", 0) for r in reqs),
         "errors": [c.error for c in calls if c.error],
         "http_errors": sum(1 for r in reqs if r.status >= 400),
         "operations": dict(sorted(ops.items())),
@@ -317,10 +321,12 @@ def scaling_lengths(key: str, args: argparse.Namespace) -> list[int]:
 
 def child_cmd(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str,
               out: str) -> list[str]:
-    # The grow run fills the scaling run's bucket and table (same --name).
-    name = f"{saver.key}-{'scaling' if mode == 'grow' else mode}"
+    # The grow run fills the scaling run's bucket and table (same --name); longconv-read
+    # reads the thread longconv wrote.
+    name = f"{saver.key}-{ {'grow': 'scaling', 'longconv-read': 'longconv'}.get(mode, mode)}"
+    turns = args.longconv_turns if mode in longconv.MODES else args.turns
     return [saver.python, "-m", "benchmarks.child", "--saver", saver.key, "--name", name,
-            "--mode", mode, "--proxy", proxy.url, "--moto", moto, "--turns", str(args.turns), "--out", out,
+            "--mode", mode, "--proxy", proxy.url, "--moto", moto, "--turns", str(turns), "--out", out,
             "--lengths", ",".join(map(str, scaling_lengths(saver.key, args)))]
 
 
@@ -362,19 +368,45 @@ def grow_threads(savers: list[Saver], args: argparse.Namespace, proxy: LatencyPr
     return files
 
 
-def run_child(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str,
-              log: Any, grown: str | None = None) -> tuple[dict[str, Any], list[Request]]:
+def longconv_writes(savers: list[Saver], args: argparse.Namespace, moto: str,
+                    log: Any) -> dict[str, tuple[dict[str, Any], list[Request]]]:
+    """Every saver's long conversation written at once, each through a proxy of its own.
+
+    One after another, 200 turns through the 15 ms proxy (40-130 s per saver) would add
+    about 10 minutes to ``make bench``. Each child gets a LatencyProxy of its own (same
+    moto, same latency), so every request is still metered and belongs to one saver; the
+    counts and bytes do not depend on the overlap, wall times would (moto serves one
+    request at a time), and the tables show none. The reads run after, one at a time.
+    """
+    port = int(moto.rsplit(":", 1)[1])
+
+    def one(saver: Saver) -> tuple[dict[str, Any], list[Request]]:
+        proxy = LatencyProxy(port, args.latency_ms / 1000).start()
+        try:
+            # All at once, each takes longer than alone (moto serves one request at a time).
+            return run_child(saver, "longconv", args, proxy, moto, log, timeout=3 * args.child_timeout)
+        finally:
+            proxy.stop()
+
+    with ThreadPoolExecutor(max_workers=max(1, len(savers))) as pool:
+        return dict(zip([s.key for s in savers], pool.map(one, savers)))
+
+
+def run_child(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str, log: Any,
+              grown: str | None = None, extra: list[str] | None = None,
+              timeout: float | None = None) -> tuple[dict[str, Any], list[Request]]:
     proxy.take()
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = tmp.name
-    cmd = child_cmd(saver, mode, args, proxy, moto, out) + (["--grown", grown] if grown else [])
+    cmd = child_cmd(saver, mode, args, proxy, moto, out) + (["--grown", grown] if grown else []) + (extra or [])
     t0 = time.monotonic()
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=args.child_timeout)
+        p = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                           timeout=timeout or args.child_timeout)
         data = json.loads(Path(out).read_text()) if Path(out).stat().st_size else {
             "ok": False, "error": f"exit {p.returncode}: {p.stderr.strip()[-500:]}"}
     except subprocess.TimeoutExpired:
-        data = {"ok": False, "error": f"timed out after {args.child_timeout}s"}
+        data = {"ok": False, "error": f"timed out after {timeout or args.child_timeout}s"}
     finally:
         Path(out).unlink(missing_ok=True)
     data["process_wall"] = time.monotonic() - t0
@@ -442,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-failover", action="store_true",
                     help="skip the failover drill (S3Saver with a replica region, both index modes)")
     ap.add_argument("--no-cold-start", action="store_true")
+    ap.add_argument("--longconv-turns", type=int, default=longconv.DEFAULT_TURNS,
+                    help=f"long conversation: turns of 1 KB in + 1 KB out (default {longconv.DEFAULT_TURNS})")
+    ap.add_argument("--no-longconv", action="store_true", help="skip the long conversation")
+    ap.add_argument("--longconv-only", action="store_true",
+                    help="run the long conversation alone (no workload, scaling, archive, failover, cold start); "
+                         "its tables, in longconv-latest.* under --out")
     ap.add_argument("--cold-start-repeats", type=int, default=3)
     ap.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON),
                     help="python of the venv with langgraph-checkpoint-aws and langgraph-checkpoint-dynamodb")
@@ -452,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--render", metavar="JSON", help="only print the tables of an earlier run's JSON")
     args = ap.parse_args(argv)
+    if args.longconv_only:
+        args.no_scaling = args.no_archive = args.no_failover = args.no_cold_start = True
+        args.modes = ""
     if args.render:
         doc = json.loads(Path(args.render).read_text())
         print(report.render(doc))
@@ -487,12 +528,28 @@ def main(argv: list[str] | None = None) -> int:
                 jobs += [(s, "failover") for s in order if s.key in ("s3", "s3-manifest")]
             else:
                 print(f"  failover drill skipped: no replica support in s3_saver ({msg})", file=log)
+        # The long conversation: each saver but the reference writes it, then a fresh
+        # process reads its latest checkpoint (benchmarks/longconv.py).
+        if not args.no_longconv:
+            jobs += [(s, m) for s in order if s.key != "memory" for m in longconv.MODES]
         grown: dict[str, str] | None = None
+        written: dict[str, Any] | None = None
         for saver, mode in jobs + [(s, "scaling") for s in scaling]:
             if mode == "scaling" and grown is None:
                 grown = grow_threads(scaling, args, proxy, moto, log)
-            data, records = run_child(saver, mode, args, proxy, moto, log,
-                                      grown.get(saver.key) if grown and mode == "scaling" else None)
+            if mode == "longconv" and written is None:
+                written = longconv_writes([s for s, m in jobs if m == "longconv"], args, moto, log)
+            extra = None
+            if mode == "longconv-read":  # checked against the turns the write got through
+                lc = runs.get(f"{saver.key}/longconv", {}).get("longconv", {})
+                if not lc.get("points"):
+                    continue  # nothing was written to read
+                extra = ["--turns", str(lc["failed_turn"] - 1 if lc.get("error") else lc["turns"])]
+            if mode == "longconv" and written is not None:
+                data, records = written.pop(saver.key)
+            else:
+                data, records = run_child(saver, mode, args, proxy, moto, log,
+                                          grown.get(saver.key) if grown and mode == "scaling" else None, extra)
             run: dict[str, Any] = {"ok": data.get("ok", False), "error": data.get("error"),
                                    "process_wall": data["process_wall"]}
             if data.get("ok"):
@@ -500,7 +557,14 @@ def main(argv: list[str] | None = None) -> int:
                 run["unattributed_requests"] = Counter(
                     f"{r.service}:{r.operation}" for r in orphans)
                 run["call_log"] = [call_detail(c) for c in calls]
-                if mode == "archive":
+                if mode in longconv.MODES:
+                    # Per phase (a stretch of turns, a read); the write's call log is left out (1,000 calls).
+                    run["longconv"] = data["longconv"]
+                    run["phases"] = {p: summarize([c for c in calls if c.phase == p])
+                                     for p in dict.fromkeys(c.phase for c in calls)}
+                    if mode == "longconv":
+                        del run["call_log"]
+                elif mode == "archive":
                     run["archival"] = archival(calls)
                     run["archive"] = data["archive"]
                 elif mode == "failover":
@@ -568,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": {"turns": args.turns, "latency_ms": args.latency_ms, "modes": args.modes,
-                     "python": sys.version.split()[0]},
+                     "python": sys.version.split()[0], "longconv_turns": args.longconv_turns,
+                     "longconv_only": args.longconv_only},
         "savers": [{"key": s.key, "label": s.label, "available": s.available, "note": s.note} for s in savers],
         "runs": runs,
         "cold_start": cold,
@@ -577,18 +642,22 @@ def main(argv: list[str] | None = None) -> int:
     doc["targets"] = report.targets(doc)
     doc["year_cost"] = yearcost.model(doc)
     doc["cross_region"] = crossregion.model(doc)
+    doc["longconv"] = longconv_report.model(doc)
     text = report.render(doc)
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for name in (f"bench-{stamp}.json", "latest.json"):
+    # A long-conversation-only run is partial: it must not replace the full run's latest.*.
+    pre = "longconv-" if args.longconv_only else ""
+    for name in (f"{pre}bench-{stamp}.json", f"{pre}latest.json"):
         (out / name).write_text(json.dumps(doc, indent=1, default=str))
-    (out / "latest.txt").write_text(text + "\n")
-    (out / "latest.md").write_text(report.render(doc, markdown=True) + "\n")
-    print(f"\nwrote {out / 'latest.json'}, latest.txt and latest.md in {doc['elapsed']:.0f}s", file=log)
+    (out / f"{pre}latest.txt").write_text(text + "\n")
+    (out / f"{pre}latest.md").write_text(report.render(doc, markdown=True) + "\n")
+    print(f"\nwrote {out / f'{pre}latest.json'}, .txt and .md in {doc['elapsed']:.0f}s", file=log)
     # A published peer that fails is a result (reported in the tables), not a failed benchmark.
-    return 0 if all(r.get("ok") for k, r in runs.items() if not peers.is_peer(k.split("/")[0])) else 1
+    ours = {k: r for k, r in runs.items() if not peers.is_peer(k.split("/")[0])}
+    return 0 if all(r.get("ok") and not longconv_report.problems(r) for r in ours.values()) else 1
 
 
 if __name__ == "__main__":
