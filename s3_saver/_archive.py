@@ -29,7 +29,7 @@ from typing import Any
 import ormsgpack
 
 from s3_saver._codec import CHECKPOINT_FORMAT, pack, plain, unpack
-from s3_saver._index.base import ArchiveRef, CheckpointEntry, WritesEntry
+from s3_saver._index.base import ArchiveRef, CheckpointEntry, WritesEntry, as_ref
 from s3_saver.errors import ConfigurationError, CorruptObjectError
 
 ARCHIVE_FORMAT = "s3_saver.archive/2"
@@ -146,7 +146,7 @@ def decode_archive(data: bytes, where: str) -> Archive:
             ns=ns,
             checkpoint_id=cid,
             parent_id=parent_id,
-            loc={ch: tuple(v) for ch, v in loc.items()},  # type: ignore[misc]
+            loc={ch: as_ref(v) for ch, v in loc.items()},
             body=bytes(body),
             metadata=(record["metadata"][0], bytes(record["metadata"][1])),
             writes=[],
@@ -167,7 +167,7 @@ def decode_archive(data: bytes, where: str) -> Archive:
 def summary(entry: CheckpointEntry, where: str) -> CheckpointEntry:
     """The entry with its record stripped of values: what the thread listing shows."""
     record = unpack(plain(entry.body or b"", where), CHECKPOINT_FORMAT, where)
-    slim = pack({**record, "values": {}, "blobs": {}})
+    slim = pack({**record, "values": {}, "blobs": {}, "pieces": {}, "chains": {}})
     return CheckpointEntry(
         entry.thread_id, entry.ns, entry.checkpoint_id, entry.parent_id, {}, slim, entry.metadata, writes=[], run_id=entry.run_id
     )

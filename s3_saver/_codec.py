@@ -18,6 +18,13 @@ from s3_saver.errors import CorruptObjectError, SerializationError
 CHECKPOINT_FORMAT = "s3_saver.checkpoint/1"
 BLOB_FORMAT = "s3_saver.blob/1"
 WRITES_FORMAT = "s3_saver.writes/2"  # /2: one task's part, no clock sequence
+# A checkpoint object that holds pieces of list values stored as deltas, and a
+# piece in an object of its own (see ``_pieces``): new names, so a version that
+# predates deltas refuses them by name instead of reading a piece as a value.
+CHECKPOINT_PIECES_FORMAT = "s3_saver.checkpoint/2"
+PIECE_FORMAT = "s3_saver.piece/1"
+# What a reader of each format also reads.
+_ALSO = {CHECKPOINT_FORMAT: (CHECKPOINT_PIECES_FORMAT,), BLOB_FORMAT: (PIECE_FORMAT,)}
 
 Typed = tuple[str, bytes]
 
@@ -64,7 +71,8 @@ def unpack(data: bytes, expected_format: str, where: str) -> dict[str, Any]:
         record = ormsgpack.unpackb(data)
     except (ormsgpack.MsgpackDecodeError, ValueError, zlib.error) as exc:
         raise CorruptObjectError(f"{where}: not a msgpack document ({exc})") from exc
-    if not isinstance(record, dict) or record.get("format") != expected_format:
+    found = record.get("format") if isinstance(record, dict) else None
+    if found != expected_format and found not in _ALSO.get(expected_format, ()):
         found = record.get("format") if isinstance(record, dict) else type(record).__name__
         raise CorruptObjectError(f"{where}: expected format {expected_format!r}, found {found!r}")
     return record

@@ -39,6 +39,8 @@ def check_options(options: dict[str, Any]) -> None:
         refuse("ttl", "a datetime.timedelta of at least one second, or None")
     if options["retry"] is not None and not isinstance(options["retry"], RetryPolicy):
         refuse("retry", "an s3_saver.RetryPolicy or None")
+    if not isinstance(options["list_deltas"], bool):
+        refuse("list_deltas", "True or False")
     for name, least in (("inline_threshold", 0), ("max_concurrency", 1)):
         value = options[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:

@@ -4,7 +4,8 @@ An object is needed while any index entry names it, whatever state the entry
 is in (live, hidden by a prune, expired but present, parked) and whoever wrote
 the object: a checkpoint names its own object and, through ``loc``, the object
 holding each channel's value (a blob, or the checkpoint object of the ancestor
-that stored the value inline, which may have been pruned since); a pending-write
+that stored the value inline, which may have been pruned since), and for a
+list stored as a delta every object holding one of its pieces; a pending-write
 entry names its part's object. Prune, delete_for_runs, archive, export, copy,
 restore, delete, audit and garbage collection all decide with this function and
 nothing else: what an operation deletes is what the entries it removes name
@@ -18,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry, Ref, WritesEntry, ref_tag, retag
+from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry, Ref, WritesEntry, ref_pieces, ref_tag, retag
 from s3_saver._keys import KeyLayout, ObjectKey, new_token
 
 
@@ -44,7 +45,14 @@ def named_by(entry: Any) -> Iterator[ObjectKey]:
     if isinstance(entry, CheckpointEntry):
         yield own_object(entry)
         for channel, ref in entry.loc.items():
-            yield ref_object(entry.thread_id, entry.ns, channel, ref)
+            # A delta names every piece it reads: a base is kept while any
+            # kept version reads it, and goes with the last one.
+            for i, piece in enumerate(ref_pieces(ref)):
+                yield ref_object(entry.thread_id, entry.ns, channel, piece)
+                if i and piece[2] == IN_BLOB_OBJECT:
+                    # A piece in a blob keeps its checkpoint's object: its record
+                    # says which pieces come before (a rebuild reads it there).
+                    yield ObjectKey("checkpoint", entry.thread_id, entry.ns, piece[1], tag=ref_tag(piece))
     elif isinstance(entry, WritesEntry):
         yield own_object(entry)
 

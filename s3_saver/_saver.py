@@ -106,6 +106,13 @@ class S3Saver(
         inline_threshold: Values up to this many serialized bytes are stored inside
             the checkpoint object (and so its index item); larger values get their
             own object.
+        list_deltas: Store a list value that extends its parent's (an
+            ``add_messages`` or ``operator.add`` channel) as the new elements
+            plus a reference to the pieces it extends, so a conversation's
+            storage grows linearly, not quadratically (see the README's
+            "Lists stored as deltas"). False stores every version whole: each
+            checkpoint then reads no piece from its ancestors' objects, which
+            only matters to a replica whose objects may arrive far apart.
         max_concurrency: Threads the sync driver uses to send one wave of requests.
         storage_class: The S3 storage class of the live objects (checkpoints,
             values, pending writes), e.g. ``"INTELLIGENT_TIERING"`` for threads
@@ -142,6 +149,7 @@ class S3Saver(
         serde: SerializerProtocol | None = None,
         ttl: timedelta | None = None,
         inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+        list_deltas: bool = True,
         max_concurrency: int = 16,
         retry: RetryPolicy | None = None,
         storage_class: str | None = None,
@@ -164,6 +172,7 @@ class S3Saver(
             "settings": {
                 "serde": self.serde,
                 "inline_threshold": inline_threshold,
+                "list_deltas": list_deltas,
                 "ttl_seconds": int(ttl.total_seconds()) if ttl else None,
             },
         }

@@ -42,8 +42,11 @@ _LISTING_PAGE = 100
 
 Key3 = tuple[str, str, str]  # (thread_id, checkpoint_ns, checkpoint_id)
 # channel -> a reference to the object that holds the value of its version:
-# (version, source checkpoint id, IN_CHECKPOINT_OBJECT | IN_BLOB_OBJECT, put time[, tag]).
+# (version, source checkpoint id, IN_CHECKPOINT_OBJECT | IN_BLOB_OBJECT, put time[, tag[, pieces]]).
 # The tag (see ``_keys``) is there only when the object was written tagged.
+# ``pieces``: the value is a list stored as a delta (see ``_pieces``); the refs
+# of the earlier pieces it reads, keyframe first (each a ref without pieces,
+# put time 0), and the reference's own object holds the last piece.
 Ref = tuple[Any, ...]
 Loc = dict[str, Ref]
 
@@ -52,13 +55,34 @@ def ref_tag(ref: Ref) -> str:
     return ref[4] if len(ref) > 4 else ""
 
 
-def make_ref(version: Any, source: str, kind: int, put_at: int, tag: str = "") -> Ref:
+def make_ref(version: Any, source: str, kind: int, put_at: int, tag: str = "", pieces: tuple[Ref, ...] = ()) -> Ref:
+    if pieces:
+        return (version, source, kind, put_at, tag, tuple(pieces))
     return (version, source, kind, put_at, tag) if tag else (version, source, kind, put_at)
 
 
+def ref_pieces(ref: Ref) -> tuple[Ref, ...]:
+    """Every stored object the value reads, in order: a whole value is one; a
+    delta's earlier pieces (keyframe first), then its own."""
+    if len(ref) > 5:
+        return (*ref[5], make_ref(ref[0], ref[1], ref[2], ref[3], ref[4]))
+    return (ref,)
+
+
+def as_ref(value: Any) -> Ref:
+    """A reference as decoded from msgpack (lists) made a tuple again, pieces included."""
+    if len(value) > 5:
+        return (*value[:5], tuple(tuple(p) for p in value[5]))
+    return tuple(value)
+
+
 def retag(ref: Ref, tag: str) -> Ref:
-    """The same reference to the copy of its object written under ``tag``."""
-    return make_ref(ref[0], ref[1], ref[2], ref[3], tag)
+    """The same reference to the copy of its objects written under ``tag`` (a
+    thread's objects are copied together, the pieces of its deltas too)."""
+    pieces = tuple(make_ref(p[0], p[1], p[2], p[3], tag) for p in ref[5]) if len(ref) > 5 else ()
+    return make_ref(ref[0], ref[1], ref[2], ref[3], tag, pieces)
+
+
 # How many ancestors a walk from this checkpoint probably reads (None: no idea);
 # a backend that reads the chain in pieces reads that many at once.
 DepthHint = Callable[["CheckpointEntry"], "int | None"]

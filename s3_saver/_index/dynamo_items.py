@@ -16,9 +16,9 @@ import ormsgpack
 
 from s3_saver import _keys
 from s3_saver._archive import decode_ref, encode_ref
-from s3_saver._codec import attr_size, from_attrs, to_attrs
+from s3_saver._codec import attr_size, from_attrs, plain, squeeze, to_attrs
 from s3_saver._index.base import ENTRY_BUDGET as ITEM_BUDGET
-from s3_saver._index.base import Archived, CheckpointEntry, IndexEntry, Tombstone, WritesEntry
+from s3_saver._index.base import Archived, CheckpointEntry, IndexEntry, Tombstone, WritesEntry, as_ref
 from s3_saver._keys import KeyLayout, new_token
 from s3_saver._protocol import Call
 from s3_saver.errors import CorruptObjectError, Where, error_code
@@ -107,6 +107,10 @@ class DynamoCalls:
 
     def checkpoint_item(self, entry: CheckpointEntry) -> dict[str, Any]:
         loc = ormsgpack.packb({ch: list(v) for ch, v in entry.loc.items()})
+        if any(len(v) > 5 for v in entry.loc.values()):
+            # The refs of a delta's pieces repeat one another (versions, ids):
+            # compressed, as no version that predates pieces could read them anyway.
+            loc = squeeze(loc)
         values: dict[str, Any] = {
             PARTITION_KEY: self.pk(entry.thread_id),
             SORT_KEY: _keys.checkpoint_sort_key(entry.ns, entry.checkpoint_id),
@@ -239,7 +243,7 @@ class DynamoCalls:
             key = _keys.parse_sort_key(item[SORT_KEY])
             gen = item.get(GEN, 0)
             if key.kind in ("checkpoint", "link"):
-                loc = {ch: tuple(v) for ch, v in ormsgpack.unpackb(item["loc"]).items()}
+                loc = {ch: as_ref(v) for ch, v in ormsgpack.unpackb(plain(item["loc"], f"loc of item {item[SORT_KEY]}")).items()}
                 meta = ormsgpack.unpackb(item["meta"]) if "meta" in item else None
                 entry = CheckpointEntry(
                     thread_id=thread_id,

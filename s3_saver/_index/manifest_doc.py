@@ -20,7 +20,16 @@ from typing import Any
 from s3_saver._archive import decode_ref, encode_ref
 from s3_saver._codec import pack, unpack
 from s3_saver._index import manifest_bodies as bodies
-from s3_saver._index.base import IN_CHECKPOINT_OBJECT, ArchiveRef, CheckpointEntry, Loc, Tombstone, WritesEntry
+from s3_saver._index.base import (
+    IN_CHECKPOINT_OBJECT,
+    ArchiveRef,
+    CheckpointEntry,
+    Loc,
+    Tombstone,
+    WritesEntry,
+    as_ref,
+    ref_pieces,
+)
 
 HEAD_FORMAT = "s3_saver.manifest-head/1"
 SEGMENT_FORMAT = "s3_saver.manifest-segment/1"
@@ -193,7 +202,7 @@ def _tips(entries: list[CheckpointEntry]) -> set[tuple[str, str]]:
     keep = set()
     for ns, tip in newest.items():
         keep.add((ns, tip.checkpoint_id))
-        keep.update((ns, ref[1]) for ref in tip.loc.values() if ref[2] == IN_CHECKPOINT_OBJECT)
+        keep.update((ns, p[1]) for ref in tip.loc.values() for p in ref_pieces(ref) if p[2] == IN_CHECKPOINT_OBJECT)
     return keep
 
 
@@ -229,10 +238,10 @@ def _decode_entries(thread_id: str, rows: list[list[Any]]) -> list[CheckpointEnt
         run_id, hidden = row[8:10] if len(row) >= 10 else (None, False)
         tag = row[10] if len(row) > 10 else ""
         if loc[0] == _FULL:
-            full = {ch: tuple(v) for ch, v in loc[1].items()}
+            full = {ch: as_ref(v) for ch, v in loc[1].items()}
         else:
             full = {ch: v for ch, v in locs[(ns, parent_id)].items() if ch not in loc[2]}
-            full.update({ch: tuple(v) for ch, v in loc[1].items()})
+            full.update({ch: as_ref(v) for ch, v in loc[1].items()})
         locs[(ns, cid)] = full
         entry = CheckpointEntry(
             thread_id=thread_id,

@@ -12,6 +12,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from s3_saver._index.base import CheckpointEntry, Index, Loc
 from s3_saver._keys import KeyLayout
+from s3_saver._pieces import HeldLists
 from s3_saver._replica import ReplicaReads
 from s3_saver._s3 import S3Calls
 from s3_saver.errors import ConfigurationError
@@ -119,10 +120,14 @@ class Context:
     serde: SerializerProtocol
     inline_threshold: int
     ttl_seconds: int | None
+    # Lists that extend their parent's value are stored as deltas (see ``_pieces``).
+    list_deltas: bool = True
     locs: LocCache = field(default_factory=LocCache)
     noted: Noted = field(default_factory=Noted)
     listed: Noted = field(default_factory=Noted)
     archives: Archives = field(default_factory=Archives)
+    # List values last written or read, the bases of deltas (see ``_pieces``).
+    lists: HeldLists = field(default_factory=HeldLists)
     # Set for a replica region's reads: lag-safe (``_ops/lagged.py``).
     replica: ReplicaReads | None = None
 

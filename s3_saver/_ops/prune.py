@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from s3_saver._index.base import IN_CHECKPOINT_OBJECT, CheckpointEntry, Cut, Key3
+from s3_saver._index.base import IN_CHECKPOINT_OBJECT, CheckpointEntry, Cut, Key3, ref_pieces
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_thread, deleter
 from s3_saver._ops.resolve import Resolver
@@ -126,10 +126,11 @@ def _take_out(ctx: Context, thread_id: str, keep: Callable[[list[CheckpointEntry
         # Checkpoints whose objects hold values of the ones read stay too, hidden:
         # their entries carry those objects' bodies (a read needs no S3 GET).
         sources = {
-            (thread_id, e.ns, ref[1])
+            (thread_id, e.ns, p[1])
             for e in (by_key[k] for k in read)
             for ref in e.loc.values()
-            if ref[2] == IN_CHECKPOINT_OBJECT and ref[1] != e.checkpoint_id
+            for p in ref_pieces(ref)
+            if p[2] == IN_CHECKPOINT_OBJECT and p[1] != e.checkpoint_id
         }
         stay = read | (sources & by_key.keys())
         cut = Cut(

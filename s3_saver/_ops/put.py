@@ -16,11 +16,10 @@ from langgraph.checkpoint.base import (
 )
 
 from s3_saver import _keys
-from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, pack
+from s3_saver._codec import BLOB_FORMAT, WRITES_FORMAT, pack
 from s3_saver._index.base import (
     ENTRY_BUDGET,
     IN_BLOB_OBJECT,
-    IN_CHECKPOINT_OBJECT,
     REGULAR_PART,
     SPECIAL_PART,
     ArchiveRef,
@@ -31,10 +30,12 @@ from s3_saver._index.base import (
     Tombstone,
     WritesEntry,
     make_ref,
+    ref_pieces,
 )
 from s3_saver._ops.archive import restore_before_write
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
+from s3_saver._ops.stage import LOC_HEADROOM, held_key, stage
 from s3_saver._keys import new_token
 from s3_saver._protocol import Op, gather
 from s3_saver._s3 import put_immutable
@@ -46,8 +47,6 @@ from s3_saver.errors import (
     ThreadDeletedError,
 )
 
-# Room for keys, parent id and attribute names next to ``loc`` in the item.
-_LOC_HEADROOM = 16 * 1024
 # Commits refused by the thread's record and tried again (after a restore, an
 # archive's mark taken off...): each round has a reason that does not repeat
 # unless archives and restores keep racing the write.
@@ -68,10 +67,9 @@ def put(
     # Every key is built (and length-checked) before the first byte is written,
     # with room for the keys the thread's pending writes and subgraphs need.
     ctx.layout.check_room(thread_id, ns, checkpoint_id)
-    checkpoint_key = ctx.layout.checkpoint_key(thread_id, ns, checkpoint_id)
     _keys.checkpoint_sort_key(ns, checkpoint_id)
     loc_estimate = len(ormsgpack.packb({ch: [v, checkpoint_id, 1, now] for ch, v in checkpoint["channel_versions"].items()}))
-    if loc_estimate + _LOC_HEADROOM > ENTRY_BUDGET:
+    if loc_estimate + LOC_HEADROOM > ENTRY_BUDGET:
         raise CheckpointTooLargeError(
             f"checkpoint {checkpoint_id} has {len(checkpoint['channel_versions'])} channels; "
             f"their index entry (~{loc_estimate} bytes) exceeds the 400 KB an entry may take"
@@ -87,30 +85,28 @@ def put(
     if known is not None:
         _carry(ctx, carried, known[0], values, now, loc, fresh)
 
-    serialized = {ch: ctx.serde.dumps_typed(values[ch]) for ch in fresh}
     merged_metadata = get_checkpoint_metadata(config, metadata)
-    inline, blobs = _split(ctx, serialized, loc_estimate)
-    record = {
+    head = {
         # The thread and namespace are in the key, not the body, so copy_thread
         # can copy objects server-side.
-        "format": CHECKPOINT_FORMAT,
         "checkpoint_id": checkpoint_id,
         "parent_checkpoint_id": parent_id,
         "checkpoint": list(ctx.serde.dumps_typed({k: v for k, v in checkpoint.items() if k != "channel_values"})),
         "metadata": list(ctx.serde.dumps_typed(merged_metadata)),
-        "values": {ch: [fresh[ch], *serialized[ch]] for ch in inline},
-        "blobs": {ch: fresh[ch] for ch in blobs},
         # The channels holding a value here (stored here or earlier): a rebuild
         # from a replica bucket tells a missing value from one never set by it.
         "valued": sorted(values),
     }
-    body = pack(record)
-    objects = {checkpoint_key: body}
-    objects.update(_blob_objects(ctx, thread_id, ns, checkpoint_id, {ch: (fresh[ch], serialized[ch]) for ch in blobs}))
-    for ch in inline:
-        loc[ch] = make_ref(fresh[ch], checkpoint_id, IN_CHECKPOINT_OBJECT, now)
-    for ch in blobs:
-        loc[ch] = make_ref(fresh[ch], checkpoint_id, IN_BLOB_OBJECT, now)
+    carried_deltas = sorted(ch for ch, ref in loc.items() if len(ref) > 5)
+    if carried_deltas:
+        # A rebuild then never takes a piece whose checkpoint's record is
+        # missing (not replicated yet) for a whole value.
+        head["carried"] = carried_deltas
+    # A list that extends the parent's value is stored as a delta of it (the
+    # parent's refs are known here, its value held: see _pieces).
+    staged = stage(ctx, thread_id, ns, checkpoint_id, head, fresh, values, known[0] if known else None, now, loc_estimate)
+    record, body, objects = staged.record, staged.body, staged.objects
+    loc.update(staged.loc)
 
     # The thread's record is read beside the object writes (a deleted thread
     # stays deleted), and so is the parent's item when this process has not
@@ -169,15 +165,17 @@ def put(
         expires_at=now + ctx.ttl_seconds if ctx.ttl_seconds else None,
         gen=gen,
         run_id=run_id,
+        tag=staged.tag,
     )
     # A root checkpoint of a thread that is not listed lists it: its first one
     # (again after a delete), or the next one when listing failed.
     created = prepared.listing if not prepared.listed else None
     run = entry.run_id if entry.run_id is not None and (entry.run_id, thread_id) not in ctx.noted else None
     for _ in range(_MAX_FENCED):
-        # What the entry carries from its parent must still be there at the commit:
-        # the commit checks that the parent's entry is in the index as read.
-        carries = any(ref[1] != checkpoint_id for ref in loc.values())
+        # What the entry carries from its parent (values, and the earlier pieces
+        # of its deltas) must still be there at the commit: the commit checks
+        # that the parent's entry is in the index as read.
+        carries = any(p[1] != checkpoint_id for ref in loc.values() for p in ref_pieces(ref))
         parent_tag = known[2] if carries and known is not None and parent_id is not None else None
         # The commit point: objects first, index entry last. The records that find
         # the thread (listing, run) go beside it: hints, a failed commit's find nothing.
@@ -195,8 +193,22 @@ def put(
         except ParentGone:
             # Pruned (or written anew by a restore) since this run read it: what
             # the parent's objects held is stored here, as for an unknown parent.
-            late = {ch: ref[0] for ch, ref in loc.items() if ref[1] != checkpoint_id and ch in values}
-            yield from _store_late(ctx, thread_id, ns, checkpoint_id, late, values, now, loc, objects)
+            if staged.deltas:
+                # A delta reads pieces the parent's prune may release: the
+                # checkpoint is written again whole, under a tag of its own (the
+                # object just written is immutable), and the first one goes.
+                first, tag = list(objects), new_token()
+                every = {ch: v for ch, v in {**carried, **fresh}.items() if ch in values}
+                alone = {k: v for k, v in head.items() if k != "carried"}
+                staged = stage(ctx, thread_id, ns, checkpoint_id, alone, every, values, None, now, loc_estimate, tag)
+                objects = staged.objects
+                yield from put_immutable(ctx.s3, objects)
+                loc = entry.loc = dict(staged.loc)
+                entry.body, entry.tag = staged.body, tag
+                yield from _take_back(ctx, first)
+            else:
+                late = {ch: ref[0] for ch, ref in loc.items() if ref[1] != checkpoint_id and ch in values}
+                yield from _store_late(ctx, thread_id, ns, checkpoint_id, late, values, now, loc, objects)
             known = None
         except Fenced as fenced:
             try:
@@ -207,7 +219,10 @@ def put(
                 raise
     else:
         raise _busy(ctx, thread_id)
-    ctx.locs.put((thread_id, ns, checkpoint_id), (loc, entry.gen, ""))
+    ctx.locs.put((thread_id, ns, checkpoint_id), (loc, entry.gen, entry.tag))
+    for ch, held in staged.held.items():
+        if ch in loc:
+            ctx.lists.put(held_key(thread_id, ns, ch, loc[ch]), held)
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
 
@@ -396,26 +411,6 @@ def _carry(
             loc[ch] = known
         elif ch in values:
             fresh[ch] = version
-
-
-def _split(
-    ctx: Context, serialized: dict[str, tuple[str, bytes]], loc_estimate: int
-) -> tuple[list[str], list[str]]:
-    """Which fresh values go inside the checkpoint object, which into blob objects.
-
-    Small values ride in the checkpoint object (and so in its index item); the
-    largest move out until the item fits DynamoDB's limit.
-    """
-    inline = sorted((ch for ch, (_, b) in serialized.items() if len(b) <= ctx.inline_threshold),
-                    key=lambda ch: len(serialized[ch][1]))
-    blobs = [ch for ch in serialized if ch not in inline]
-    room = ENTRY_BUDGET - loc_estimate - _LOC_HEADROOM
-    total = sum(len(serialized[ch][1]) + len(ch) + 48 for ch in inline)
-    while inline and total > room:
-        ch = inline.pop()
-        total -= len(serialized[ch][1]) + len(ch) + 48
-        blobs.append(ch)
-    return inline, blobs
 
 
 def _blob_objects(

@@ -31,6 +31,7 @@ from s3_saver._index.base import (
     ArchiveRef,
     CheckpointEntry,
     Loc,
+    Ref,
     WritesEntry,
     make_ref,
 )
@@ -145,7 +146,7 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
     for parsed, key, written in newest.values():
         record = unpack(bodies[key], CHECKPOINT_FORMAT, f"s3://{ctx.s3.bucket}/{key}")
         records.append((parsed, key, written, record))
-        for channel, (version, *_) in record["values"].items():
+        for channel, (version, *_) in [*record["values"].items(), *record.get("pieces", {}).items()]:
             copies[(parsed.ns, channel, version)].append((parsed.checkpoint_id, IN_CHECKPOINT_OBJECT, written, parsed.tag))
 
     versions: dict[tuple[str, str], dict[str, Any]] = {}
@@ -169,7 +170,16 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
         for channel, version in checkpoint.get("channel_versions", {}).items():
             found = _pick(copies.get((parsed.ns, channel, version), []), parsed.checkpoint_id, written, parsed.tag)
             if found is not None:
-                loc[channel] = make_ref(version, *found)
+                pieces = _chain(complete.records, copies, parsed.ns, channel, found, channel in record.get("carried", ()))
+                if pieces is None:
+                    loc = None
+                    break
+                loc[channel] = make_ref(version, *found, pieces)
+        if loc is None:
+            # A piece its value reads is not in the bucket: left out, never served partial.
+            if incomplete is not None:
+                incomplete.append(f"{thread_id}/{parsed.ns}/{parsed.checkpoint_id}")
+            continue
         entries.append(
             CheckpointEntry(
                 thread_id=thread_id,
@@ -213,6 +223,37 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
     yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
     ctx.locs.forget_thread(thread_id)
     return len(entries)
+
+
+def _chain(
+    records: dict[tuple[str, str], dict[str, Any]],
+    copies: dict[tuple[str, str, Any], list[tuple[str, int, int, str]]],
+    ns: str,
+    channel: str,
+    found: tuple[str, int, int, str],
+    carried_delta: bool,
+) -> tuple[Ref, ...] | None:
+    """The earlier pieces of the copy ``found`` when its record says it is a
+    delta (its "chains"), each as the copy of its (version, checkpoint) written
+    under the same tag where there is one; () for a whole value; None when the
+    source's record or a piece is missing. ``carried_delta``: the checkpoint's
+    record says it carries that channel's value as a delta."""
+    source, _, _, tag = found
+    record = records.get((ns, source))
+    if record is None:
+        # Only a blob can be picked without its checkpoint's record: a whole
+        # value, unless the checkpoint says it carries a delta (its source's
+        # record has not arrived yet; a piece in a blob keeps its record, see
+        # ``_reach.named_by``).
+        return None if carried_delta else ()
+    out = []
+    for version, piece_source in record.get("chains", {}).get(channel, ()):
+        candidates = [c for c in copies.get((ns, channel, version), []) if c[0] == piece_source]
+        if not candidates:
+            return None
+        best = max(candidates, key=lambda c: (c[3] == tag, c[2]))
+        out.append(make_ref(version, best[0], best[1], 0, best[3]))
+    return tuple(out)
 
 
 class _Completeness:

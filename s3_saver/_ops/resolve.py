@@ -14,11 +14,21 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, PendingWrite, writes_sort_key
 
 from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
-from s3_saver._index.base import IN_BLOB_OBJECT, REGULAR_PART, CheckpointEntry, Key3, WritesEntry, one_line
+from s3_saver._index.base import IN_BLOB_OBJECT, REGULAR_PART, CheckpointEntry, Key3, Ref, WritesEntry, one_line, ref_pieces
 from s3_saver._ops.context import Context
+from s3_saver._ops.stage import held_key
+from s3_saver._pieces import SPLITTABLE, Held, array_header, body_of, join
 from s3_saver._protocol import Call, Op, gather, raise_failure
 from s3_saver._reach import own_object, ref_object
-from s3_saver.errors import DENIED, OBJECT_MISSING, AccessDeniedError, MissingObjectError, classify, error_code
+from s3_saver.errors import (
+    DENIED,
+    OBJECT_MISSING,
+    AccessDeniedError,
+    CorruptObjectError,
+    MissingObjectError,
+    classify,
+    error_code,
+)
 
 
 class Resolver:
@@ -52,7 +62,8 @@ class Resolver:
             own = entry.key
             if own not in self.records:
                 gets[ctx.layout.object_key(own_object(entry))] = ("checkpoint", own)
-            for ch, ref in entry.loc.items():
+            # Every piece a value reads (one for a whole value), in this wave.
+            for ch, ref in ((ch, p) for ch, r in entry.loc.items() for p in ref_pieces(r)):
                 if ref[2] == IN_BLOB_OBJECT:
                     bkey = ctx.layout.object_key(ref_object(t, ns, ch, ref))
                     if bkey not in self.blobs:
@@ -161,11 +172,42 @@ class Resolver:
         """The value of ``channel`` at ``entry`` (fetched by an earlier wave)."""
         ref = entry.loc[channel]
         what = f"value of {channel!r} in {_describe(entry)}"
+        pieces = [self._stored(entry, channel, p, what) for p in ref_pieces(ref)]
+        type_, count, data = pieces[-1]
+        if count is not None:
+            # A delta: the list's header, then its keyframe's elements and
+            # every piece's, byte for byte as the serializer wrote the whole.
+            try:
+                data = join(count, [d if c is not None else body_of(d) for _, c, d in pieces])
+            except ValueError as exc:
+                raise CorruptObjectError(f"{what}: {exc}") from exc
+        self._hold(entry, channel, ref, type_, data, [len(d) if c is not None else None for _, c, d in pieces])
+        return loads(self.ctx.serde, (type_, data), what)
+
+    def _stored(self, entry: CheckpointEntry, channel: str, ref: Ref, what: str) -> tuple[str, int | None, bytes]:
+        """(type, element count, bytes) of one stored piece; count None: a whole value."""
         if ref[2] == IN_BLOB_OBJECT:
             blob = self.blobs[self.ctx.layout.object_key(ref_object(entry.thread_id, entry.ns, channel, ref))]
-            return loads(self.ctx.serde, (blob["type"], blob["data"]), what)
-        _, type_, data = self.records[(entry.thread_id, entry.ns, ref[1])]["values"][channel]
-        return loads(self.ctx.serde, (type_, data), what)
+            return blob["type"], blob.get("count"), blob["data"]
+        record = self.records[(entry.thread_id, entry.ns, ref[1])]
+        piece = record.get("pieces", {}).get(channel)
+        if piece is not None:
+            return piece[1], piece[2], piece[3]
+        held = record["values"].get(channel)
+        if held is None:
+            raise CorruptObjectError(f"{what}: checkpoint {ref[1]} holds no value of it")
+        return held[1], None, held[2]
+
+    def _hold(self, entry: CheckpointEntry, channel: str, ref: Ref, type_: str, data: bytes, sizes: list[int | None]) -> None:
+        """Remember a list value read here: the next put of the thread stores its
+        extension as a delta (a Lambda reads the thread, then writes to it)."""
+        found = array_header(data) if type_ == SPLITTABLE else None
+        if found is None or self.ctx.replica is not None:
+            return
+        if sizes[0] is None:
+            sizes[0] = len(data) - found[1] - sum(s or 0 for s in sizes[1:])
+        held = Held(type_, found[0], data, found[1], tuple(s or 0 for s in sizes), ref[3])
+        self.ctx.lists.put(held_key(entry.thread_id, entry.ns, channel, ref), held)
 
     def pending_writes(self, entry: CheckpointEntry) -> list[PendingWrite]:
         """The entry's pending writes in ``writes_sort_key`` order.

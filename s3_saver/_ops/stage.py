@@ -1,0 +1,175 @@
+"""What a checkpoint stores: its record, its blob objects, and the refs to them.
+
+A fresh channel's value is stored whole, or, when it is a list that extends the
+value its parent stored, as a piece of a delta chain (``_pieces``): the record
+(and the index entry that carries it) names the earlier pieces in the
+channel's ``loc`` ref, so every operation that follows refs follows the chain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, CHECKPOINT_PIECES_FORMAT, PIECE_FORMAT, pack
+from s3_saver._index.base import ENTRY_BUDGET, IN_BLOB_OBJECT, IN_CHECKPOINT_OBJECT, Loc, Ref, make_ref, ref_pieces, ref_tag
+from s3_saver._ops.context import Context
+from s3_saver._pieces import SPLITTABLE, Held, array_header, extends, keep
+
+# Room for keys, parent id and attribute names next to ``loc`` in the item.
+LOC_HEADROOM = 16 * 1024
+
+
+@dataclass
+class Delta:
+    """A fresh channel stored as a piece: the list's element count, the earlier
+    pieces it reads (refs, keyframe first) and where its own bytes start."""
+
+    count: int
+    earlier: tuple[Ref, ...]
+    start: int
+    header: int  # the length of the list's header (its elements start there)
+
+
+@dataclass
+class Staged:
+    record: dict[str, Any]
+    body: bytes
+    objects: dict[str, bytes]
+    # The refs of the channels stored here.
+    loc: Loc
+    # What the process remembers of each list value once the commit is in.
+    held: dict[str, Held] = field(default_factory=dict)
+    # The tag of every object written here (see ``_keys``).
+    tag: str = ""
+
+    @property
+    def deltas(self) -> bool:
+        return any(len(ref) > 5 for ref in self.loc.values())
+
+
+def held_key(thread_id: str, ns: str, channel: str, ref: Ref) -> tuple[Any, ...]:
+    """The stored value a ref names (its last piece's object: versions alone may
+    repeat across forks when a graph numbers them itself)."""
+    return (thread_id, ns, channel, ref[0], ref[1], ref[2], ref_tag(ref))
+
+
+def stage(
+    ctx: Context,
+    thread_id: str,
+    ns: str,
+    checkpoint_id: str,
+    head: dict[str, Any],
+    fresh: dict[str, Any],
+    values: dict[str, Any],
+    parent_loc: Loc | None,
+    now: int,
+    loc_estimate: int,
+    tag: str = "",
+) -> Staged:
+    """The objects that store ``fresh`` channels (and the record), and their refs.
+
+    ``head``: the record's fields other than its values (checkpoint, metadata...).
+    ``parent_loc``: the parent's refs, when a list may be stored as a delta of
+    the parent's value (None: everything whole).
+    """
+    serialized = {ch: ctx.serde.dumps_typed(values[ch]) for ch in fresh}
+    held: dict[str, Held] = {}
+    deltas: dict[str, Delta] = {}
+    for ch, (type_, data) in serialized.items():
+        if type_ != SPLITTABLE or array_header(data) is None:
+            continue
+        base = _delta_base(ctx, thread_id, ns, ch, parent_loc, type_, data, now)
+        if base is None:
+            count, start = array_header(data)  # type: ignore[misc]
+            held[ch] = Held(type_, count, data, start, (len(data) - start,), now)
+            continue
+        delta, parent_held = base
+        deltas[ch] = delta
+        k = len(delta.earlier)
+        held[ch] = Held(type_, delta.count, data, delta.header, (*parent_held.sizes[:k], len(data) - delta.start), parent_held.oldest)
+    stored = {ch: (t, d[deltas[ch].start:] if ch in deltas else d) for ch, (t, d) in serialized.items()}
+    inline, blobs = split(ctx, stored, loc_estimate)
+    record = {
+        **head,
+        "format": CHECKPOINT_PIECES_FORMAT if deltas else CHECKPOINT_FORMAT,
+        "values": {ch: [fresh[ch], *stored[ch]] for ch in inline if ch not in deltas},
+        "blobs": {ch: fresh[ch] for ch in blobs},
+    }
+    if deltas:
+        record["pieces"] = {ch: [fresh[ch], stored[ch][0], deltas[ch].count, stored[ch][1]] for ch in inline if ch in deltas}
+        # The earlier pieces by (version, checkpoint): a rebuild from the bucket
+        # alone finds their objects as it finds any value's.
+        record["chains"] = {ch: [[p[0], p[1]] for p in d.earlier] for ch, d in deltas.items()}
+    body = pack(record)
+    if deltas and not tag:
+        # Whether a list is stored whole or as a delta depends on what the
+        # writing process holds: a put retried by a fresh process stores it
+        # whole. Each form has keys of its own (a tag from the record's bytes),
+        # so neither meets the other's immutable objects; the commit that
+        # lands last names one of them, and the other is garbage.
+        tag = hashlib.sha256(body).hexdigest()[:8]
+    objects = {ctx.layout.checkpoint_key(thread_id, ns, checkpoint_id, tag): body}
+    for ch in blobs:
+        key = ctx.layout.blob_key(thread_id, ns, ch, fresh[ch], checkpoint_id, tag)
+        t, data = stored[ch]
+        if ch in deltas:
+            doc = {"format": PIECE_FORMAT, "channel": ch, "version": fresh[ch], "type": t, "count": deltas[ch].count, "data": data}
+        else:
+            doc = {"format": BLOB_FORMAT, "channel": ch, "version": fresh[ch], "type": t, "data": data}
+        objects[key] = pack(doc)
+    loc: Loc = {}
+    for ch in serialized:
+        kind = IN_BLOB_OBJECT if ch in blobs else IN_CHECKPOINT_OBJECT
+        if ch in deltas:
+            # The ref's put time is its oldest piece's: a ttl stores the value
+            # again once any piece it reads is half a ttl old (see put._carry).
+            loc[ch] = make_ref(fresh[ch], checkpoint_id, kind, held[ch].oldest, tag, deltas[ch].earlier)
+        else:
+            loc[ch] = make_ref(fresh[ch], checkpoint_id, kind, now, tag)
+    return Staged(record, body, objects, loc, held, tag)
+
+
+def _delta_base(
+    ctx: Context, thread_id: str, ns: str, ch: str, parent_loc: Loc | None, type_: str, data: bytes, now: int
+) -> tuple[Delta, Held] | None:
+    """The delta that stores ``data`` after the parent's value of ``ch``, or None
+    when it is stored whole: no parent value held here, not an extension of it,
+    a piece past half the ttl, or a chain that the tiers say to merge whole."""
+    ref = parent_loc.get(ch) if parent_loc is not None and ctx.list_deltas else None
+    if ref is None:
+        return None
+    held = ctx.lists.get(held_key(thread_id, ns, ch, ref))
+    if held is None or held.type != type_ or len(ref_pieces(ref)) != len(held.sizes):
+        return None
+    if ctx.ttl_seconds and held.oldest < now - ctx.ttl_seconds // 2:
+        return None
+    found = extends(held, data)
+    if found is None:
+        return None
+    count, start = found
+    base_end = start + len(held.data) - held.start
+    k = keep(list(held.sizes), len(data) - base_end)
+    if k == 0:
+        return None
+    earlier = tuple(make_ref(p[0], p[1], p[2], 0, ref_tag(p)) for p in ref_pieces(ref)[:k])
+    return Delta(count, earlier, start + sum(held.sizes[:k]), start), held
+
+
+def split(ctx: Context, stored: dict[str, tuple[str, bytes]], loc_estimate: int) -> tuple[list[str], list[str]]:
+    """Which fresh values go inside the checkpoint object, which into blob objects.
+
+    Small values ride in the checkpoint object (and so in its index item); the
+    largest move out until the item fits DynamoDB's limit.
+    """
+    inline = sorted((ch for ch, (_, b) in stored.items() if len(b) <= ctx.inline_threshold),
+                    key=lambda ch: len(stored[ch][1]))
+    blobs = [ch for ch in stored if ch not in inline]
+    room = ENTRY_BUDGET - loc_estimate - LOC_HEADROOM
+    total = sum(len(stored[ch][1]) + len(ch) + 48 for ch in inline)
+    while inline and total > room:
+        ch = inline.pop()
+        total -= len(stored[ch][1]) + len(ch) + 48
+        blobs.append(ch)
+    return inline, blobs

@@ -1,0 +1,339 @@
+"""Append-only lists stored as deltas (issue 24): linear storage, exact values.
+
+A conversation's message list is stored as a keyframe and pieces; every read
+must return exactly what the whole list would (InMemorySaver fed the same
+graph is the reference), in both index modes, through edits, removals, forks
+from old checkpoints, subgraphs, fresh processes and custom serializers, and
+every operation that decides what a thread needs must follow the pieces.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import random
+from typing import Annotated, Any, TypedDict
+
+import boto3
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+
+from conftest import BUCKET, make_saver
+from s3_saver._codec import CHECKPOINT_PIECES_FORMAT, PIECE_FORMAT, unpack
+from s3_saver._pieces import MAX_PIECES, array_header, header, keep
+
+
+class State(TypedDict):
+    messages: Annotated[list, add_messages]
+
+
+def text(seed: str, size: int = 1000) -> str:
+    """Incompressible text of ``size`` characters."""
+    return base64.b64encode(random.Random(seed).randbytes(size)).decode()[:size]
+
+
+def _agent(state: State) -> dict[str, Any]:
+    n = len(state["messages"])
+    return {"messages": [AIMessage(id=f"ai-{n}", content=text(f"ai-{n}"))]}
+
+
+def chat(checkpointer: Any) -> Any:
+    builder = StateGraph(State)
+    builder.add_node("agent", _agent)
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def human(turn: int, size: int = 1000) -> dict[str, Any]:
+    return {"messages": [HumanMessage(id=f"h-{turn}", content=text(f"h-{turn}", size))]}
+
+
+def cfg(thread_id: str, **more: Any) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id, **more}}
+
+
+def bucket_objects(endpoint: str) -> dict[str, int]:
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    out: dict[str, int] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        out.update((o["Key"], o["Size"]) for o in page.get("Contents", []))
+    return out
+
+
+def records(endpoint: str) -> list[dict[str, Any]]:
+    """Every checkpoint and blob object's record in the bucket."""
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    out = []
+    for key in bucket_objects(endpoint):
+        if "/checkpoints/" in key or "/blobs/" in key:
+            body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+            out.append(unpack(body, "s3_saver.checkpoint/1" if "/checkpoints/" in key else "s3_saver.blob/1", key))
+    return out
+
+
+def same_history(graph: Any, reference: Any, config: dict[str, Any]) -> None:
+    got = [(s.values, s.next, s.metadata.get("step")) for s in graph.get_state_history(config)]
+    want = [(s.values, s.next, s.metadata.get("step")) for s in reference.get_state_history(config)]
+    assert got == want
+
+
+# -- the pieces' arithmetic -------------------------------------------------------
+def test_array_headers_are_rebuilt_byte_for_byte():
+    import ormsgpack
+
+    for n in (0, 1, 15, 16, 65535, 65536):
+        data = ormsgpack.packb(list(range(n)))
+        assert array_header(data) == (n, len(header(n)))
+        assert data.startswith(header(n))
+    assert array_header(b"\x81\xa1a\x01") is None  # a map, not a list
+    assert array_header(b"\xdc\x00\x01\x01") is None  # a long header for a short list: not rebuilt
+
+
+def test_chains_stay_short_and_bytes_linear():
+    """The tiers: a version reads a few pieces, each element is written a few times."""
+    for n in (50, 200, 800):
+        sizes: list[int] = []
+        written = longest = 0
+        for _ in range(n):
+            k = keep(sizes, 1000)
+            piece = 1000 + sum(sizes[k:])
+            sizes = [*sizes[:k], piece]
+            written += piece
+            longest = max(longest, len(sizes))
+        assert longest <= 2 * math.log2(n)
+        assert written <= 1000 * n * 0.8 * math.log2(n)
+    assert keep([1000] * (MAX_PIECES - 1) + [10**9], 1) in (0, MAX_PIECES - 1)
+
+
+# -- a conversation on real servers ------------------------------------------------
+def test_a_conversation_is_stored_linearly_and_read_back_exactly(endpoint, index_mode):
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    graph, reference = chat(saver), chat(InMemorySaver())
+    config = cfg("conversation")
+    sizes = {}
+    for turn in range(40):
+        graph.invoke(human(turn), config)
+        reference.invoke(human(turn), config)
+        if turn + 1 in (20, 40):
+            sizes[turn + 1] = sum(bucket_objects(endpoint).values())
+    # Whole lists would grow ~4x from 20 to 40 turns (quadratic); pieces ~2x.
+    assert sizes[40] / sizes[20] < 2.6, sizes
+    assert any(r["format"] == CHECKPOINT_PIECES_FORMAT for r in records(endpoint))
+    fresh = chat(make_saver(endpoint, index_mode))
+    assert fresh.get_state(config).values == reference.get_state(config).values
+    same_history(fresh, reference, config)
+    # The latest read: one wave for every piece (objects ≤ 2 log2(turns)).
+    cold = make_saver(endpoint, index_mode)
+    cold.get_tuple(config)
+    fetched = sum(n for (_, op), n in cold.stats.requests.items() if op in ("GetObject", "BatchGetItem"))
+    assert fetched <= 2 * math.log2(40)
+    assert cold.stats.round_trips <= 2
+
+
+def test_a_process_that_reads_then_writes_stores_deltas(endpoint, index_mode):
+    """A Lambda: every turn a new process reads the thread, then writes to it."""
+    config = cfg("lambda")
+    reference = chat(InMemorySaver())
+    for turn in range(24):
+        saver = make_saver(endpoint, index_mode)
+        if turn == 0:
+            saver.setup()
+        chat(saver).invoke(human(turn), config)
+        reference.invoke(human(turn), config)
+        saver.close()
+    pieces = [r for r in records(endpoint) if r["format"] == CHECKPOINT_PIECES_FORMAT or r["format"] == PIECE_FORMAT]
+    assert len(pieces) >= 20
+    fresh = chat(make_saver(endpoint, index_mode))
+    same_history(fresh, reference, config)
+
+
+def test_edits_and_removals_store_the_list_whole_then_deltas_again(endpoint, index_mode):
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    graph, reference = chat(saver), chat(InMemorySaver())
+    config = cfg("edits")
+    for turn in range(6):
+        graph.invoke(human(turn), config)
+        reference.invoke(human(turn), config)
+    for g in (graph, reference):
+        # An edit of an early message (same id), then a removal, then appends.
+        g.update_state(config, {"messages": [HumanMessage(id="h-1", content="edited " + text("edit"))]})
+        g.update_state(config, {"messages": [RemoveMessage(id="ai-1")]})
+    for turn in range(6, 10):
+        graph.invoke(human(turn), config)
+        reference.invoke(human(turn), config)
+    same_history(chat(make_saver(endpoint, index_mode)), reference, config)
+    assert graph.get_state(config).values["messages"][1].content.startswith("edited ")
+
+
+def test_a_fork_from_an_old_checkpoint_reads_its_own_branch(endpoint, index_mode):
+    """The delta's base is the parent, not the thread's newest checkpoint."""
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    graph, reference = chat(saver), chat(InMemorySaver())
+    config = cfg("fork")
+    for turn in range(8):
+        graph.invoke(human(turn), config)
+        reference.invoke(human(turn), config)
+    ids = [s.config["configurable"]["checkpoint_id"] for s in graph.get_state_history(config)]
+    ref_ids = [s.config["configurable"]["checkpoint_id"] for s in reference.get_state_history(config)]
+    old, ref_old = ids[9], ref_ids[9]
+    for turn in range(100, 104):
+        # Each turn continues the fork (its newest checkpoint), not the main line.
+        graph.invoke(human(turn), cfg("fork", checkpoint_id=old))
+        reference.invoke(human(turn), cfg("fork", checkpoint_id=ref_old))
+        old = graph.get_state(config).config["configurable"]["checkpoint_id"]
+        ref_old = reference.get_state(config).config["configurable"]["checkpoint_id"]
+    fresh = chat(make_saver(endpoint, index_mode))
+    assert fresh.get_state(config).values == reference.get_state(config).values
+    same_history(fresh, reference, config)
+
+
+class _Inner(TypedDict):
+    messages: Annotated[list, add_messages]
+
+
+def _subgraph() -> Any:
+    builder = StateGraph(_Inner)
+
+    def inner(state: _Inner) -> dict[str, Any]:
+        n = len(state["messages"])
+        return {"messages": [AIMessage(id=f"inner-{n}", content=text(f"inner-{n}"))]}
+
+    builder.add_node("inner", inner)
+    builder.add_edge(START, "inner")
+    builder.add_edge("inner", END)
+    return builder.compile()
+
+
+def test_subgraph_messages_are_stored_as_deltas_in_their_namespace(endpoint, index_mode):
+    def outer(checkpointer: Any) -> Any:
+        builder = StateGraph(State)
+        builder.add_node("sub", _subgraph())
+        builder.add_node("agent", _agent)
+        builder.add_edge(START, "sub")
+        builder.add_edge("sub", "agent")
+        builder.add_edge("agent", END)
+        return builder.compile(checkpointer=checkpointer)
+
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    graph, reference = outer(saver), outer(InMemorySaver())
+    config = cfg("subgraphs")
+    for turn in range(8):
+        graph.invoke(human(turn), config)
+        reference.invoke(human(turn), config)
+    fresh = outer(make_saver(endpoint, index_mode))
+    assert fresh.get_state(config, subgraphs=True).values == reference.get_state(config, subgraphs=True).values
+    same_history(fresh, reference, config)
+
+
+class _Counting(JsonPlusSerializer):
+    """A user's serializer that keeps the msgpack tag (its lists are split)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads = 0
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        self.loads += 1
+        return super().loads_typed(data)
+
+
+class _Tagged(JsonPlusSerializer):
+    """A user's serializer with a tag of its own: its values are stored whole."""
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        type_, data = super().dumps_typed(obj)
+        return f"mine+{type_}", data[::-1]
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        type_, raw = data
+        assert type_.startswith("mine+")
+        return super().loads_typed((type_[5:], raw[::-1]))
+
+
+@pytest.mark.parametrize("serde", [_Counting, _Tagged])
+def test_a_custom_serializer_reads_back_what_it_wrote(endpoint, index_mode, serde):
+    saver = make_saver(endpoint, index_mode, serde=serde())
+    saver.setup()
+    graph, reference = chat(saver), chat(InMemorySaver())
+    config = cfg("serde")
+    for turn in range(10):
+        graph.invoke(human(turn), config)
+        reference.invoke(human(turn), config)
+    fresh_serde = serde()
+    same_history(chat(make_saver(endpoint, index_mode, serde=fresh_serde)), reference, config)
+    split = any(r["format"] == CHECKPOINT_PIECES_FORMAT for r in records(endpoint))
+    assert split == (serde is _Counting)
+
+
+# -- every operation that decides what a thread needs follows the pieces -----------
+def _conversation(endpoint: str, index_mode: str, thread_id: str, turns: int) -> tuple[Any, Any]:
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    graph, reference = chat(saver), chat(InMemorySaver())
+    for turn in range(turns):
+        graph.invoke(human(turn, 300), cfg(thread_id))
+        reference.invoke(human(turn, 300), cfg(thread_id))
+    return saver, reference
+
+
+def _clean(saver: Any) -> None:
+    """Nothing missing and nothing left over: what a thread needs is exactly what is stored."""
+    report = saver.audit(older_than=__import__("datetime").timedelta(0))
+    assert report.problems == [] and report.garbage == [], (report.problems, report.garbage)
+
+
+def test_prune_keeps_every_piece_the_kept_versions_read(endpoint, index_mode):
+    saver, reference = _conversation(endpoint, index_mode, "pruned", 24)
+    latest = reference.get_state(cfg("pruned")).values
+    saver.prune(["pruned"], strategy="keep_latest")
+    fresh = make_saver(endpoint, index_mode)
+    assert chat(fresh).get_state(cfg("pruned")).values == latest
+    _clean(fresh)
+    # The thread goes on after its history went: deltas of the kept version.
+    chat(saver).invoke(human(99, 300), cfg("pruned"))
+    reference.invoke(human(99, 300), cfg("pruned"))
+    assert chat(make_saver(endpoint, index_mode)).get_state(cfg("pruned")).values == reference.get_state(cfg("pruned")).values
+    _clean(fresh)
+
+
+def test_copy_export_archive_and_rebuild_carry_the_pieces(endpoint, index_mode):
+    saver, reference = _conversation(endpoint, index_mode, "source", 16)
+    saver.copy_thread("source", "copy")
+    imported = saver.import_thread(saver.export_thread("source"), thread_id="imported")
+    saver.delete_thread("source")
+    for thread_id in ("copy", "imported"):
+        graph = chat(make_saver(endpoint, index_mode))
+        got = [s.values for s in graph.get_state_history(cfg(thread_id))]
+        assert got == [s.values for s in reference.get_state_history(cfg("source"))]
+    assert imported == "imported"
+    # A thread goes cold as one object and comes back whole.
+    saver.archive_thread("copy")
+    assert chat(make_saver(endpoint, index_mode)).get_state(cfg("copy")).values == reference.get_state(cfg("source")).values
+    saver.restore_thread("copy")
+    same = chat(make_saver(endpoint, index_mode))
+    assert [s.values for s in same.get_state_history(cfg("copy"))] == [
+        s.values for s in reference.get_state_history(cfg("source"))
+    ]
+    _clean(make_saver(endpoint, index_mode))
+    # From the bucket alone: the index's chains rebuilt from the records.
+    from test_rebuild import _lose_the_index
+
+    _lose_the_index(endpoint, index_mode)
+    admin = make_saver(endpoint, index_mode)
+    admin.rebuild_index()
+    rebuilt = chat(make_saver(endpoint, index_mode))
+    assert [s.values for s in rebuilt.get_state_history(cfg("imported"))] == [
+        s.values for s in reference.get_state_history(cfg("source"))
+    ]
+    saver.delete_thread("imported")
+    saver.delete_thread("copy")
+    assert not [k for k in bucket_objects(endpoint) if k.startswith("live/")]
