@@ -337,3 +337,91 @@ def test_copy_export_archive_and_rebuild_carry_the_pieces(endpoint, index_mode):
     saver.delete_thread("imported")
     saver.delete_thread("copy")
     assert not [k for k in bucket_objects(endpoint) if k.startswith("live/")]
+
+
+def test_a_commit_whose_parent_was_pruned_meanwhile_is_written_again_whole(endpoint, index_mode):
+    """The writer holds its parent (c2) and stores a delta reading c1's and c2's
+    pieces; another process prunes c2 before the commit. The commit is refused
+    (its parent left), and the checkpoint is written again whole under a tag of
+    its own: it reads back exactly, and the first objects are taken back."""
+    from helpers import checkpoint, config
+
+    writer, other = make_saver(endpoint, index_mode), make_saver(endpoint, index_mode)
+    writer.setup()
+    messages = [text(f"m{i}", 2000) for i in range(3)]
+    version = writer.get_next_version(None, None)
+    c1 = writer.put(config("gone"), checkpoint({"messages": messages[:1]}, {"messages": version}), {"step": 1}, {"messages": version})
+    v2 = writer.get_next_version(version, None)
+    c2 = writer.put(c1, checkpoint({"messages": messages[:2]}, {"messages": v2}), {"step": 2}, {"messages": v2})
+    # A newer branch from c1: the latest, so keep_latest keeps c1 and drops c2.
+    other.get_tuple(c1)
+    branch = other.put(c1, checkpoint({"messages": messages[:1] + ["other"]}, {"messages": v2}), {"step": 2}, {"messages": v2})
+    other.prune(["gone"], strategy="keep_latest")
+    assert other.get_tuple(c2) is None
+    v3 = writer.get_next_version(v2, None)
+    c3 = writer.put(c2, checkpoint({"messages": messages}, {"messages": v3}), {"step": 3}, {"messages": v3})
+    fresh = make_saver(endpoint, index_mode)
+    assert fresh.get_tuple(c3).checkpoint["channel_values"]["messages"] == messages
+    assert fresh.get_tuple(branch).checkpoint["channel_values"]["messages"] == messages[:1] + ["other"]
+    # One object of c3 is left: the one written again (a random tag), not the delta's.
+    c3_id = c3["configurable"]["checkpoint_id"]
+    (only,) = [k for k in bucket_objects(endpoint) if f"/checkpoints/{c3_id}" in k]
+    assert len(only.rpartition("@")[2]) == 32, only
+    _clean(fresh)
+
+
+def test_list_deltas_false_stores_every_version_whole(endpoint, index_mode):
+    saver = make_saver(endpoint, index_mode, list_deltas=False)
+    saver.setup()
+    graph, reference = chat(saver), chat(InMemorySaver())
+    for turn in range(8):
+        graph.invoke(human(turn, 300), cfg("whole"))
+        reference.invoke(human(turn, 300), cfg("whole"))
+    assert not any(r["format"] in (CHECKPOINT_PIECES_FORMAT, PIECE_FORMAT) for r in records(endpoint))
+    same_history(chat(make_saver(endpoint, index_mode)), reference, cfg("whole"))
+    with pytest.raises(Exception, match="list_deltas"):
+        make_saver(endpoint, index_mode, list_deltas="yes")
+
+
+async def test_an_async_conversation_stores_deltas_and_reads_back(endpoint, index_mode):
+    saver = make_saver(endpoint, index_mode)
+    await saver.asetup()
+    graph, reference = chat(saver), chat(InMemorySaver())
+    for turn in range(10):
+        await graph.ainvoke(human(turn, 500), cfg("async"))
+        reference.invoke(human(turn, 500), cfg("async"))
+    assert any(r["format"] == CHECKPOINT_PIECES_FORMAT for r in records(endpoint))
+    fresh = chat(make_saver(endpoint, index_mode))
+    got = [s.values async for s in fresh.aget_state_history(cfg("async"))]
+    assert got == [s.values for s in reference.get_state_history(cfg("async"))]
+    await saver.aclose()
+
+
+def test_a_put_retried_by_a_fresh_process_keeps_the_form_committed_first(endpoint, index_mode):
+    """c2 is committed as a delta and c3 is built on its pieces; the same put of
+    c2 retried by a process that holds nothing (it would store the list whole)
+    keeps the form committed first: c3, its copies and its rebuild read right."""
+    from helpers import checkpoint, config
+    from test_rebuild import _lose_the_index
+
+    writer = make_saver(endpoint, index_mode)
+    writer.setup()
+    m = [text(f"m{i}", 1500) for i in range(3)]
+    v1 = writer.get_next_version(None, None)
+    c1 = writer.put(config("forms"), checkpoint({"messages": m[:1]}, {"messages": v1}), {"step": 1}, {"messages": v1})
+    v2 = writer.get_next_version(v1, None)
+    cp2 = checkpoint({"messages": m[:2]}, {"messages": v2})
+    c2 = writer.put(c1, cp2, {"step": 2}, {"messages": v2})
+    v3 = writer.get_next_version(v2, None)
+    c3 = writer.put(c2, checkpoint({"messages": m}, {"messages": v3}), {"step": 3}, {"messages": v3})
+    make_saver(endpoint, index_mode).put(c1, cp2, {"step": 2}, {"messages": v2})
+    fresh = make_saver(endpoint, index_mode)
+    assert fresh.get_tuple(c3).checkpoint["channel_values"]["messages"] == m
+    assert [t.checkpoint["channel_values"]["messages"] for t in fresh.list(config("forms"))] == [m, m[:2], m[:1]]
+    fresh.copy_thread("forms", "copied")
+    assert fresh.get_tuple(config("copied")).checkpoint["channel_values"]["messages"] == m
+    _clean(fresh)
+    _lose_the_index(endpoint, index_mode)
+    make_saver(endpoint, index_mode).rebuild_index()
+    rebuilt = make_saver(endpoint, index_mode)
+    assert [t.checkpoint["channel_values"]["messages"] for t in rebuilt.list(config("forms"))] == [m, m[:2], m[:1]]

@@ -38,6 +38,7 @@ from s3_saver._ops.delete import delete_keys
 from s3_saver._ops.stage import LOC_HEADROOM, held_key, stage
 from s3_saver._keys import new_token
 from s3_saver._protocol import Op, gather
+from s3_saver._reach import closure_keys
 from s3_saver._s3 import put_immutable
 from s3_saver.errors import (
     CheckpointTooLargeError,
@@ -119,9 +120,17 @@ def put(
     extends = known[1] if not fetch_parent and parent_id is not None else None
     if extends is not None and list_at is not None and (thread_id, extends) not in ctx.listed:
         extends = None
-    _, prepared = yield from gather(
+    # A process that does not know the parent (cold) also looks for this
+    # checkpoint's entry when it stores a list another process may have stored
+    # as a delta (see below): in this wave, unless the index answers from what
+    # prepare reads (the manifest's head), at no request.
+    own = (thread_id, ns, checkpoint_id)
+    other_form = fetch_parent and parent_id is not None and bool(staged.held)
+    ahead = other_form and not ctx.index.local_lookups
+    _, prepared, *looked = yield from gather(
         put_immutable(ctx.s3, objects),
         ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at, extends),
+        *([ctx.index.entries([own])] if ahead else []),
     )
     if prepared.archive is not None:
         # The user came back to an archived thread: it is live again before this
@@ -149,8 +158,21 @@ def put(
         raise _run_deleted(ctx, thread_id, run_id, checkpoint_id)
     if fetch_parent:
         late: dict[str, Any] = {}
-        _carry(ctx, carried, known[0] if known else {}, values, now, loc, late)
+        # A value the parent holds as a delta is stored again whole: the record
+        # is written already, and a rebuild reads in its "carried" which
+        # channels are deltas (a piece is never taken for a whole value).
+        wholes = {ch: ref for ch, ref in known[0].items() if len(ref) <= 5} if known else {}
+        _carry(ctx, carried, wholes, values, now, loc, late)
         yield from _store_late(ctx, thread_id, ns, checkpoint_id, late, values, now, loc, objects)
+        # Another form of this checkpoint may be committed already: a put of it
+        # whose answer was lost, by a process that stored a list as a delta.
+        # The first form committed stays (a later checkpoint may read its pieces).
+        found = looked[0] if looked else (yield from ctx.index.entries([own])) if other_form else {}
+        first = found.get(own)
+        if first is not None and first.gen == gen and first.tag != staged.tag and not first.hidden and not ctx.expired(first):
+            yield from _take_back(ctx, sorted(set(objects) - closure_keys(ctx.layout, [first])))
+            ctx.locs.put(first.key, (first.loc, first.gen, first.tag))
+            return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
     entry = CheckpointEntry(
         thread_id=thread_id,
@@ -194,6 +216,11 @@ def put(
             # Pruned (or written anew by a restore) since this run read it: what
             # the parent's objects held is stored here, as for an unknown parent.
             if staged.deltas:
+                landed = (yield from ctx.index.entries([own])).get(own)
+                if landed is not None and landed.tag == entry.tag and landed.gen == entry.gen:
+                    # This commit landed before (its answer was lost) and the
+                    # parent went after it: a later checkpoint may read its pieces.
+                    break
                 # A delta reads pieces the parent's prune may release: the
                 # checkpoint is written again whole, under a tag of its own (the
                 # object just written is immutable), and the first one goes.

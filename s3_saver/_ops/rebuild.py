@@ -170,11 +170,14 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
         for channel, version in checkpoint.get("channel_versions", {}).items():
             found = _pick(copies.get((parsed.ns, channel, version), []), parsed.checkpoint_id, written, parsed.tag)
             if found is not None:
-                pieces = _chain(complete.records, copies, parsed.ns, channel, found, channel in record.get("carried", ()))
-                if pieces is None:
+                chain = _chain(complete.records, copies, parsed.ns, channel, found, channel in record.get("carried", ()))
+                if chain is None:
                     loc = None
                     break
-                loc[channel] = make_ref(version, *found, pieces)
+                pieces, oldest = chain
+                # A delta's put time is its oldest piece's (a ttl stores it again
+                # once that is half a ttl old, before a lifecycle rule takes it).
+                loc[channel] = make_ref(version, found[0], found[1], min(found[2], oldest), found[3], pieces)
         if loc is None:
             # A piece its value reads is not in the bucket: left out, never served partial.
             if incomplete is not None:
@@ -232,10 +235,11 @@ def _chain(
     channel: str,
     found: tuple[str, int, int, str],
     carried_delta: bool,
-) -> tuple[Ref, ...] | None:
+) -> tuple[tuple[Ref, ...], int] | None:
     """The earlier pieces of the copy ``found`` when its record says it is a
     delta (its "chains"), each as the copy of its (version, checkpoint) written
-    under the same tag where there is one; () for a whole value; None when the
+    under the same tag where there is one, and the oldest piece's write time;
+    () for a whole value; None when the
     source's record or a piece is missing. ``carried_delta``: the checkpoint's
     record says it carries that channel's value as a delta."""
     source, _, _, tag = found
@@ -245,15 +249,16 @@ def _chain(
         # value, unless the checkpoint says it carries a delta (its source's
         # record has not arrived yet; a piece in a blob keeps its record, see
         # ``_reach.named_by``).
-        return None if carried_delta else ()
-    out = []
+        return None if carried_delta else ((), found[2])
+    out, oldest = [], found[2]
     for version, piece_source in record.get("chains", {}).get(channel, ()):
         candidates = [c for c in copies.get((ns, channel, version), []) if c[0] == piece_source]
         if not candidates:
             return None
         best = max(candidates, key=lambda c: (c[3] == tag, c[2]))
         out.append(make_ref(version, best[0], best[1], 0, best[3]))
-    return tuple(out)
+        oldest = min(oldest, best[2])
+    return tuple(out), oldest
 
 
 class _Completeness:

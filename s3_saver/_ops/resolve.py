@@ -14,7 +14,17 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, PendingWrite, writes_sort_key
 
 from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
-from s3_saver._index.base import IN_BLOB_OBJECT, REGULAR_PART, CheckpointEntry, Key3, Ref, WritesEntry, one_line, ref_pieces
+from s3_saver._index.base import (
+    IN_BLOB_OBJECT,
+    REGULAR_PART,
+    CheckpointEntry,
+    Key3,
+    Ref,
+    WritesEntry,
+    one_line,
+    ref_pieces,
+    ref_tag,
+)
 from s3_saver._ops.context import Context
 from s3_saver._ops.stage import held_key
 from s3_saver._pieces import SPLITTABLE, Held, array_header, body_of, join
@@ -34,7 +44,10 @@ from s3_saver.errors import (
 class Resolver:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.records: dict[Key3, dict[str, Any]] = {}
+        # By (thread, namespace, checkpoint, tag): two forms of one checkpoint
+        # (a list whole, or as a delta: see stage) are two objects, and a ref
+        # names the one it reads; an index entry's body is the form it names.
+        self.records: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         self.entries: dict[Key3, CheckpointEntry] = {}
         # Objects an archive holds are read from it, never from the bucket.
         self.blobs: dict[str, dict[str, Any]] = dict(ctx.index.held_blobs())
@@ -47,8 +60,8 @@ class Resolver:
     def add(self, entry: CheckpointEntry) -> None:
         key = entry.key
         self.entries[key] = entry
-        if entry.body is not None and key not in self.records:
-            self.records[key] = unpack(entry.body, CHECKPOINT_FORMAT, f"index entry for {key}")
+        if entry.body is not None and self.key(entry) not in self.records:
+            self.records[self.key(entry)] = unpack(entry.body, CHECKPOINT_FORMAT, f"index entry for {key}")
         self.ctx.locs.put(key, (entry.loc, entry.gen, entry.tag))
 
     # -- what is missing ---------------------------------------------------------------
@@ -59,7 +72,7 @@ class Resolver:
         lookups: dict[Key3, None] = {}
         for entry in targets:
             t, ns = entry.thread_id, entry.ns
-            own = entry.key
+            own = self.key(entry)
             if own not in self.records:
                 gets[ctx.layout.object_key(own_object(entry))] = ("checkpoint", own)
             # Every piece a value reads (one for a whole value), in this wave.
@@ -69,18 +82,19 @@ class Resolver:
                     if bkey not in self.blobs:
                         gets[bkey] = ("blob", bkey)
                     continue
-                src_key = (t, ns, ref[1])
+                src = (t, ns, ref[1])
+                src_key = (*src, ref_tag(ref))
                 if src_key in self.records:
                     continue
                 held = self.held_records.get(ctx.layout.object_key(ref_object(t, ns, ch, ref)))
                 if held is not None:
                     self.records[src_key] = held
-                elif src_key in self.entries or src_key in self._item_missing:
+                elif src in self.entries or src in self._item_missing:
                     # Its entry is known but too large to carry the object, or
                     # not found: the bucket has the object.
                     gets[ctx.layout.object_key(ref_object(t, ns, ch, ref))] = ("checkpoint", src_key)
                 else:
-                    lookups[src_key] = None
+                    lookups[src] = None
             for w in one_line(entry.writes or [], ctx.s3.bucket):
                 if w.body is None:
                     wkey = _writes_key(ctx, w)
@@ -135,12 +149,20 @@ class Resolver:
 
     def fetch_records(self, entries: list[CheckpointEntry]) -> Op[None]:
         """GET the checkpoint objects of ``entries`` (for metadata their entries lack)."""
-        yield from self._fetch_objects({self.ctx.layout.object_key(own_object(e)): ("checkpoint", e.key) for e in entries})
+        yield from self._fetch_objects({self.ctx.layout.object_key(own_object(e)): ("checkpoint", self.key(e)) for e in entries})
+
+    @staticmethod
+    def key(entry: CheckpointEntry) -> tuple[str, str, str, str]:
+        """Where ``records`` holds the entry's own record."""
+        return (entry.thread_id, entry.ns, entry.checkpoint_id, entry.tag)
+
+    def record(self, entry: CheckpointEntry) -> dict[str, Any] | None:
+        return self.records.get(self.key(entry))
 
     # -- assembly ------------------------------------------------------------------------
     def metadata(self, entry: CheckpointEntry) -> Any | None:
         """The entry's metadata, or None when only the S3 object holds it."""
-        record = self.records.get((entry.thread_id, entry.ns, entry.checkpoint_id))
+        record = self.record(entry)
         what = f"metadata of {_describe(entry)}"
         if record is not None:
             return loads(self.ctx.serde, typed(record["metadata"]), what)
@@ -151,7 +173,7 @@ class Resolver:
     def build(self, entry: CheckpointEntry) -> CheckpointTuple:
         serde = self.ctx.serde
         t, ns, cid = entry.thread_id, entry.ns, entry.checkpoint_id
-        record = self.records[(t, ns, cid)]
+        record = self.records[self.key(entry)]
         checkpoint = loads(serde, typed(record["checkpoint"]), _describe(entry))
         checkpoint["channel_values"] = {ch: self.value(entry, ch) for ch in entry.loc}
         config: RunnableConfig = {"configurable": {"thread_id": t, "checkpoint_ns": ns, "checkpoint_id": cid}}
@@ -173,30 +195,36 @@ class Resolver:
         ref = entry.loc[channel]
         what = f"value of {channel!r} in {_describe(entry)}"
         pieces = [self._stored(entry, channel, p, what) for p in ref_pieces(ref)]
-        type_, count, data = pieces[-1]
+        type_, count, data, _ = pieces[-1]
         if count is not None:
             # A delta: the list's header, then its keyframe's elements and
             # every piece's, byte for byte as the serializer wrote the whole.
             try:
-                data = join(count, [d if c is not None else body_of(d) for _, c, d in pieces])
+                bodies = [d if c is not None else body_of(d) for _, c, d, _ in pieces]
             except ValueError as exc:
                 raise CorruptObjectError(f"{what}: {exc}") from exc
-        self._hold(entry, channel, ref, type_, data, [len(d) if c is not None else None for _, c, d in pieces])
+            at = 0
+            for body, (_, c, _, offset) in zip(bodies, pieces):
+                if c is not None and offset != at:
+                    raise CorruptObjectError(f"{what}: a piece starts at byte {offset} of the list, its chain ends at {at}")
+                at += len(body)
+            data = join(count, bodies)
+        self._hold(entry, channel, ref, type_, data, [len(d) if c is not None else None for _, c, d, _ in pieces])
         return loads(self.ctx.serde, (type_, data), what)
 
-    def _stored(self, entry: CheckpointEntry, channel: str, ref: Ref, what: str) -> tuple[str, int | None, bytes]:
-        """(type, element count, bytes) of one stored piece; count None: a whole value."""
+    def _stored(self, entry: CheckpointEntry, channel: str, ref: Ref, what: str) -> tuple[str, int | None, bytes, int]:
+        """(type, element count, bytes, offset) of one stored piece; count None: a whole value."""
         if ref[2] == IN_BLOB_OBJECT:
             blob = self.blobs[self.ctx.layout.object_key(ref_object(entry.thread_id, entry.ns, channel, ref))]
-            return blob["type"], blob.get("count"), blob["data"]
-        record = self.records[(entry.thread_id, entry.ns, ref[1])]
+            return blob["type"], blob.get("count"), blob["data"], blob.get("offset", 0)
+        record = self.records[(entry.thread_id, entry.ns, ref[1], ref_tag(ref))]
         piece = record.get("pieces", {}).get(channel)
         if piece is not None:
-            return piece[1], piece[2], piece[3]
+            return piece[1], piece[2], piece[3], piece[4]
         held = record["values"].get(channel)
         if held is None:
             raise CorruptObjectError(f"{what}: checkpoint {ref[1]} holds no value of it")
-        return held[1], None, held[2]
+        return held[1], None, held[2], 0
 
     def _hold(self, entry: CheckpointEntry, channel: str, ref: Ref, type_: str, data: bytes, sizes: list[int | None]) -> None:
         """Remember a list value read here: the next put of the thread stores its

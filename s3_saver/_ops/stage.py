@@ -31,6 +31,11 @@ class Delta:
     start: int
     header: int  # the length of the list's header (its elements start there)
 
+    @property
+    def offset(self) -> int:
+        """Where the piece's bytes start among the elements' (a read checks it)."""
+        return self.start - self.header
+
 
 @dataclass
 class Staged:
@@ -98,7 +103,9 @@ def stage(
         "blobs": {ch: fresh[ch] for ch in blobs},
     }
     if deltas:
-        record["pieces"] = {ch: [fresh[ch], stored[ch][0], deltas[ch].count, stored[ch][1]] for ch in inline if ch in deltas}
+        record["pieces"] = {
+            ch: [fresh[ch], stored[ch][0], deltas[ch].count, stored[ch][1], deltas[ch].offset] for ch in inline if ch in deltas
+        }
         # The earlier pieces by (version, checkpoint): a rebuild from the bucket
         # alone finds their objects as it finds any value's.
         record["chains"] = {ch: [[p[0], p[1]] for p in d.earlier] for ch, d in deltas.items()}
@@ -115,7 +122,10 @@ def stage(
         key = ctx.layout.blob_key(thread_id, ns, ch, fresh[ch], checkpoint_id, tag)
         t, data = stored[ch]
         if ch in deltas:
-            doc = {"format": PIECE_FORMAT, "channel": ch, "version": fresh[ch], "type": t, "count": deltas[ch].count, "data": data}
+            doc = {
+                "format": PIECE_FORMAT, "channel": ch, "version": fresh[ch], "type": t,
+                "count": deltas[ch].count, "data": data, "offset": deltas[ch].offset,
+            }
         else:
             doc = {"format": BLOB_FORMAT, "channel": ch, "version": fresh[ch], "type": t, "data": data}
         objects[key] = pack(doc)

@@ -74,7 +74,7 @@ def list_threads(ctx: Context, filter: dict[str, Any] | None, limit: int | None,
         for _, entry in live:
             resolver.add(entry)
         # The checkpoint's time is in its object: read the ones whose index entry lacks it.
-        unread = [e for _, e in live if e.key not in resolver.records]
+        unread = [e for _, e in live if resolver.record(e) is None]
         if unread:
             yield from resolver.fetch_records(unread)
         for ref, entry in live:
@@ -82,7 +82,7 @@ def list_threads(ctx: Context, filter: dict[str, Any] | None, limit: int | None,
             if not _matches(metadata, filter):
                 continue
             seen.add(ref.thread_id)  # listed twice only after a race to list it: once here
-            record = resolver.records[entry.key]
+            record = resolver.records[resolver.key(entry)]
             checkpoint = loads(ctx.serde, typed(record["checkpoint"]), f"checkpoint {entry.checkpoint_id}")
             yield Emit(
                 ThreadInfo(
