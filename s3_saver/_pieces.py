@@ -30,7 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-# The size tiers: pieces of up to 1 KB are tier 0, then each tier is MERGE times larger.
+# The size tiers: pieces below MERGE KB are tier 0, then each tier is MERGE times larger.
 MERGE = 4
 _TIER_UNIT = 1024
 # A chain longer than this is stored whole (a keyframe) whatever the tiers say.

@@ -425,3 +425,19 @@ def test_a_put_retried_by_a_fresh_process_keeps_the_form_committed_first(endpoin
     make_saver(endpoint, index_mode).rebuild_index()
     rebuilt = make_saver(endpoint, index_mode)
     assert [t.checkpoint["channel_values"]["messages"] for t in rebuilt.list(config("forms"))] == [m, m[:2], m[:1]]
+
+
+def test_the_latest_read_keeps_its_round_trips(endpoint, index_mode):
+    """Pieces held by checkpoints sealed out of the manifest's head stay in the
+    head (pinned): the latest state is one GET, as when the list was whole; the
+    DynamoDB index reads them in the second round trip, as it read values."""
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    graph, reference = chat(saver), chat(InMemorySaver())
+    for turn in range(40):  # 120 checkpoints: the manifest seals all but the newest
+        graph.invoke(human(turn, 200), cfg("rt"))
+        reference.invoke(human(turn, 200), cfg("rt"))
+    cold = make_saver(endpoint, index_mode)
+    state = chat(cold).get_state(cfg("rt"))
+    assert state.values == reference.get_state(cfg("rt")).values
+    assert cold.stats.round_trips == (1 if index_mode == "manifest" else 2)

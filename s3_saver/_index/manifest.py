@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from s3_saver._codec import CHECKPOINT_FORMAT, unpack
 from s3_saver._index.base import (
     REGULAR_PART,
     Archived,
@@ -77,6 +78,19 @@ _CACHE_SEGMENTS = 256
 Segment = tuple[list[CheckpointEntry], list[WritesEntry]]
 
 
+class _Pinned:
+    """Checkpoint records a cached head pins (``Head.pinned``), by object key."""
+
+    def __init__(self, index: ManifestIndex) -> None:
+        self._index = index
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        o = self._index.layout.parse_object_key(key)
+        head = self._index._cached(o.thread_id) if o is not None and o.kind == "checkpoint" else None
+        body = head.pinned.get((o.ns, o.checkpoint_id, o.tag)) if head is not None and o is not None else None
+        return None if body is None else unpack(body, CHECKPOINT_FORMAT, f"{key}, pinned in its thread's head")
+
+
 class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index):
     local_lookups = True
     lists_in_prepare = True
@@ -97,6 +111,11 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
 
     def describe(self) -> str:
         return f"manifest index in s3://{self.s3.bucket}/{self.layout.manifest_root}"
+
+    def held_records(self) -> _Pinned:  # type: ignore[override]
+        """The pinned bodies of the heads this process holds (read as they are
+        when the resolver asks: it asks after its first wave read the head)."""
+        return _Pinned(self)
 
     # -- the head ------------------------------------------------------------------------
     def _read_head(self, thread_id: str) -> Op[Head]:

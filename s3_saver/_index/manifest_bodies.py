@@ -31,6 +31,9 @@ from s3_saver._index.base import CheckpointEntry, WritesEntry
 from s3_saver.errors import CorruptObjectError
 
 FIELD = "zbodies"
+# The head's field of pinned bodies (see ``manifest_doc.Head.pinned``); older
+# versions ignore it.
+PINNED = "zpinned"
 # A body larger than this (stored) is read from its object: a segment or a head
 # never grows by one large value.
 BODY_MAX = 64 * 1024
@@ -65,6 +68,28 @@ def pack_head(
             return frame
         kept = kept[(len(kept) + 1) // 2 :]  # entries are oldest first: the newest half stays
     return None
+
+
+def pack_pinned(pinned: dict[tuple[str, str, str], bytes]) -> bytes | None:
+    """The head's pinned bodies in one frame, the largest left out until it fits
+    HEAD_FRAME_MAX (a read then GETs those objects)."""
+    rows = sorted(([*key, plain(body, key[1])] for key, body in pinned.items()), key=lambda r: len(r[3]))
+    while rows:
+        frame = _zstd().ZstdCompressor(level=_LEVEL, write_content_size=True).compress(ormsgpack.packb(rows))
+        if len(frame) <= HEAD_FRAME_MAX:
+            return frame
+        rows.pop()
+    return None
+
+
+def unpack_pinned(frame: bytes | None, where: str) -> dict[tuple[str, str, str], bytes]:
+    if not frame:
+        return {}
+    try:
+        rows = ormsgpack.unpackb(_zstd().ZstdDecompressor().decompress(frame, max_output_size=_PLAIN_MAX))
+    except Exception as exc:  # zstandard.ZstdError (imported lazily), msgpack errors
+        raise CorruptObjectError(f"{where}: its pinned bodies are not a zstd frame of msgpack ({exc})") from exc
+    return {(ns, cid, tag): body for ns, cid, tag, body in rows}
 
 
 def fill(

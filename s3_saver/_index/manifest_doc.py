@@ -29,6 +29,7 @@ from s3_saver._index.base import (
     WritesEntry,
     as_ref,
     ref_pieces,
+    ref_tag,
 )
 
 HEAD_FORMAT = "s3_saver.manifest-head/1"
@@ -102,6 +103,10 @@ class Head:
     # is told from the other region's heads replicated over it (_ops/settle).
     site: str | None = None
     etag: str | None = None  # of the stored head this was read from (None: no head)
+    # Bodies of sealed checkpoints whose objects hold pieces the newest
+    # checkpoints read (lists stored as deltas, see ``_pieces``), by (namespace,
+    # id, tag): a read of the latest state finds them in the head it GETs.
+    pinned: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
 
 
 def encode_head(head: Head) -> bytes:
@@ -132,7 +137,27 @@ def encode_head(head: Head) -> bytes:
     frame = bodies.pack_head(head.entries, head.writes, in_rows)
     if frame is not None:
         doc[bodies.FIELD] = frame
+    needed = pieces_read(head.entries)
+    pinned = bodies.pack_pinned({k: b for k, b in head.pinned.items() if k in needed})
+    if pinned is not None:
+        doc[bodies.PINNED] = pinned
     return pack(doc)
+
+
+def pieces_read(entries: list[CheckpointEntry]) -> set[tuple[str, str, str]]:
+    """(namespace, id, tag) of the checkpoint objects holding pieces that the
+    newest checkpoint of each namespace reads (other than its own)."""
+    newest: dict[str, CheckpointEntry] = {}
+    for e in entries:
+        if not e.hidden and (e.ns not in newest or e.checkpoint_id > newest[e.ns].checkpoint_id):
+            newest[e.ns] = e
+    return {
+        (tip.ns, p[1], ref_tag(p))
+        for tip in newest.values()
+        for ref in tip.loc.values()
+        for p in ref_pieces(ref)
+        if p[2] == IN_CHECKPOINT_OBJECT and p[1] != tip.checkpoint_id
+    }
 
 
 def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> Head:
@@ -166,6 +191,7 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         unlisting=doc.get("unlisting", 0),
         archiving=doc.get("archiving"),
         etag=etag,
+        pinned=bodies.unpack_pinned(doc.get(bodies.PINNED), where),
     )
 
 

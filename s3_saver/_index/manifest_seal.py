@@ -18,7 +18,7 @@ from typing import Any
 
 from s3_saver._index.base import CheckpointEntry, WritesEntry
 from s3_saver._index.manifest_bodies import write_key as _write_key
-from s3_saver._index.manifest_doc import BODY_IN_SEGMENT_MAX, Head, SegmentRef, encode_segment
+from s3_saver._index.manifest_doc import BODY_IN_SEGMENT_MAX, Head, SegmentRef, encode_segment, pieces_read
 from s3_saver._keys import KeyLayout, new_token
 
 # A writer that has seen the head hold more checkpoints than SEAL_AT seals the
@@ -119,6 +119,15 @@ def _apply_seal(head: Head, plan: _SealPlan) -> bool:
     current = {_write_key(w) for w in head.writes if (w.ns, w.checkpoint_id) in plan.sealed}
     if current != plan.writes:
         return False
+    # Sealed checkpoints whose objects hold pieces the newest ones read keep
+    # their bodies in the head (a read of the latest state stays one GET).
+    needed = pieces_read(head.entries)
+    head.pinned = {k: b for k, b in head.pinned.items() if k in needed}
+    head.pinned.update(
+        ((e.ns, e.checkpoint_id, e.tag), e.body)
+        for e in head.entries
+        if (e.ns, e.checkpoint_id) in plan.sealed and e.body is not None and (e.ns, e.checkpoint_id, e.tag) in needed
+    )
     head.entries = [e for e in head.entries if (e.ns, e.checkpoint_id) not in plan.sealed]
     head.writes = [w for w in head.writes if _write_key(w) not in plan.writes]
     head.segments = [*head.segments, *plan.refs]
