@@ -82,6 +82,18 @@ def same_history(graph: Any, reference: Any, config: dict[str, Any]) -> None:
     assert got == want
 
 
+def converse(endpoint: str, index_mode: str, thread_id: str, turns: int, size: int = 1000, **kw: Any) -> tuple[Any, Any, Any]:
+    """A saver set up, and ``turns`` of a chat run on it and on InMemorySaver:
+    (saver, its graph, the reference graph)."""
+    saver = make_saver(endpoint, index_mode, **kw)
+    saver.setup()
+    graph, reference = chat(saver), chat(InMemorySaver())
+    for turn in range(turns):
+        graph.invoke(human(turn, size), cfg(thread_id))
+        reference.invoke(human(turn, size), cfg(thread_id))
+    return saver, graph, reference
+
+
 # -- the pieces' arithmetic -------------------------------------------------------
 def test_array_headers_are_rebuilt_byte_for_byte():
     import ormsgpack
@@ -154,13 +166,8 @@ def test_a_process_that_reads_then_writes_stores_deltas(endpoint, index_mode):
 
 
 def test_edits_and_removals_store_the_list_whole_then_deltas_again(endpoint, index_mode):
-    saver = make_saver(endpoint, index_mode)
-    saver.setup()
-    graph, reference = chat(saver), chat(InMemorySaver())
+    _, graph, reference = converse(endpoint, index_mode, "edits", 6)
     config = cfg("edits")
-    for turn in range(6):
-        graph.invoke(human(turn), config)
-        reference.invoke(human(turn), config)
     for g in (graph, reference):
         # An edit of an early message (same id), then a removal, then appends.
         g.update_state(config, {"messages": [HumanMessage(id="h-1", content="edited " + text("edit"))]})
@@ -174,13 +181,8 @@ def test_edits_and_removals_store_the_list_whole_then_deltas_again(endpoint, ind
 
 def test_a_fork_from_an_old_checkpoint_reads_its_own_branch(endpoint, index_mode):
     """The delta's base is the parent, not the thread's newest checkpoint."""
-    saver = make_saver(endpoint, index_mode)
-    saver.setup()
-    graph, reference = chat(saver), chat(InMemorySaver())
+    _, graph, reference = converse(endpoint, index_mode, "fork", 8)
     config = cfg("fork")
-    for turn in range(8):
-        graph.invoke(human(turn), config)
-        reference.invoke(human(turn), config)
     ids = [s.config["configurable"]["checkpoint_id"] for s in graph.get_state_history(config)]
     ref_ids = [s.config["configurable"]["checkpoint_id"] for s in reference.get_state_history(config)]
     old, ref_old = ids[9], ref_ids[9]
@@ -261,13 +263,8 @@ class _Tagged(JsonPlusSerializer):
 
 @pytest.mark.parametrize("serde", [_Counting, _Tagged])
 def test_a_custom_serializer_reads_back_what_it_wrote(endpoint, index_mode, serde):
-    saver = make_saver(endpoint, index_mode, serde=serde())
-    saver.setup()
-    graph, reference = chat(saver), chat(InMemorySaver())
+    _, _, reference = converse(endpoint, index_mode, "serde", 10, serde=serde())
     config = cfg("serde")
-    for turn in range(10):
-        graph.invoke(human(turn), config)
-        reference.invoke(human(turn), config)
     fresh_serde = serde()
     same_history(chat(make_saver(endpoint, index_mode, serde=fresh_serde)), reference, config)
     split = any(r["format"] == CHECKPOINT_PIECES_FORMAT for r in records(endpoint))
@@ -275,16 +272,6 @@ def test_a_custom_serializer_reads_back_what_it_wrote(endpoint, index_mode, serd
 
 
 # -- every operation that decides what a thread needs follows the pieces -----------
-def _conversation(endpoint: str, index_mode: str, thread_id: str, turns: int) -> tuple[Any, Any]:
-    saver = make_saver(endpoint, index_mode)
-    saver.setup()
-    graph, reference = chat(saver), chat(InMemorySaver())
-    for turn in range(turns):
-        graph.invoke(human(turn, 300), cfg(thread_id))
-        reference.invoke(human(turn, 300), cfg(thread_id))
-    return saver, reference
-
-
 def _clean(saver: Any) -> None:
     """Nothing missing and nothing left over: what a thread needs is exactly what is stored."""
     report = saver.audit(older_than=__import__("datetime").timedelta(0))
@@ -292,7 +279,7 @@ def _clean(saver: Any) -> None:
 
 
 def test_prune_keeps_every_piece_the_kept_versions_read(endpoint, index_mode):
-    saver, reference = _conversation(endpoint, index_mode, "pruned", 24)
+    saver, _, reference = converse(endpoint, index_mode, "pruned", 24, 300)
     latest = reference.get_state(cfg("pruned")).values
     saver.prune(["pruned"], strategy="keep_latest")
     fresh = make_saver(endpoint, index_mode)
@@ -306,7 +293,7 @@ def test_prune_keeps_every_piece_the_kept_versions_read(endpoint, index_mode):
 
 
 def test_copy_export_archive_and_rebuild_carry_the_pieces(endpoint, index_mode):
-    saver, reference = _conversation(endpoint, index_mode, "source", 16)
+    saver, _, reference = converse(endpoint, index_mode, "source", 16, 300)
     saver.copy_thread("source", "copy")
     imported = saver.import_thread(saver.export_thread("source"), thread_id="imported")
     saver.delete_thread("source")
@@ -371,12 +358,7 @@ def test_a_commit_whose_parent_was_pruned_meanwhile_is_written_again_whole(endpo
 
 
 def test_list_deltas_false_stores_every_version_whole(endpoint, index_mode):
-    saver = make_saver(endpoint, index_mode, list_deltas=False)
-    saver.setup()
-    graph, reference = chat(saver), chat(InMemorySaver())
-    for turn in range(8):
-        graph.invoke(human(turn, 300), cfg("whole"))
-        reference.invoke(human(turn, 300), cfg("whole"))
+    _, _, reference = converse(endpoint, index_mode, "whole", 8, 300, list_deltas=False)
     assert not any(r["format"] in (CHECKPOINT_PIECES_FORMAT, PIECE_FORMAT) for r in records(endpoint))
     same_history(chat(make_saver(endpoint, index_mode)), reference, cfg("whole"))
     with pytest.raises(Exception, match="list_deltas"):
@@ -431,12 +413,8 @@ def test_the_latest_read_keeps_its_round_trips(endpoint, index_mode):
     """Pieces held by checkpoints sealed out of the manifest's head stay in the
     head (pinned): the latest state is one GET, as when the list was whole; the
     DynamoDB index reads them in the second round trip, as it read values."""
-    saver = make_saver(endpoint, index_mode)
-    saver.setup()
-    graph, reference = chat(saver), chat(InMemorySaver())
-    for turn in range(40):  # 120 checkpoints: the manifest seals all but the newest
-        graph.invoke(human(turn, 200), cfg("rt"))
-        reference.invoke(human(turn, 200), cfg("rt"))
+    # 120 checkpoints: the manifest seals all but the newest.
+    _, _, reference = converse(endpoint, index_mode, "rt", 40, 200)
     cold = make_saver(endpoint, index_mode)
     state = chat(cold).get_state(cfg("rt"))
     assert state.values == reference.get_state(cfg("rt")).values
