@@ -103,9 +103,10 @@ class Head:
     # is told from the other region's heads replicated over it (_ops/settle).
     site: str | None = None
     etag: str | None = None  # of the stored head this was read from (None: no head)
-    # Bodies of sealed checkpoints whose objects hold pieces the newest
-    # checkpoints read (lists stored as deltas, see ``_pieces``), by (namespace,
-    # id, tag): a read of the latest state finds them in the head it GETs.
+    # Bodies of sealed checkpoints whose objects hold values the newest
+    # checkpoints read (unchanged channels, pieces of lists stored as deltas:
+    # see ``_pieces``), by (namespace, id, tag): a read of the latest state
+    # finds them in the head it GETs.
     pinned: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
 
 
@@ -145,8 +146,8 @@ def encode_head(head: Head) -> bytes:
 
 
 def pieces_read(entries: list[CheckpointEntry]) -> set[tuple[str, str, str]]:
-    """(namespace, id, tag) of the checkpoint objects holding pieces that the
-    newest checkpoint of each namespace reads (other than its own)."""
+    """(namespace, id, tag) of the checkpoint objects holding values or pieces
+    that the newest checkpoint of each namespace reads (other than its own)."""
     newest: dict[str, CheckpointEntry] = {}
     for e in entries:
         if not e.hidden and (e.ns not in newest or e.checkpoint_id > newest[e.ns].checkpoint_id):

@@ -119,8 +119,8 @@ def _apply_seal(head: Head, plan: _SealPlan) -> bool:
     current = {_write_key(w) for w in head.writes if (w.ns, w.checkpoint_id) in plan.sealed}
     if current != plan.writes:
         return False
-    # Sealed checkpoints whose objects hold pieces the newest ones read keep
-    # their bodies in the head (a read of the latest state stays one GET).
+    # Sealed checkpoints whose objects hold values or pieces the newest ones
+    # read keep their bodies in the head (a read of the latest state stays one GET).
     needed = pieces_read(head.entries)
     head.pinned = {k: b for k, b in head.pinned.items() if k in needed}
     head.pinned.update(
