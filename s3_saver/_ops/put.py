@@ -16,10 +16,9 @@ from langgraph.checkpoint.base import (
 )
 
 from s3_saver import _keys
-from s3_saver._codec import BLOB_FORMAT, WRITES_FORMAT, pack
+from s3_saver._codec import WRITES_FORMAT, pack
 from s3_saver._index.base import (
     ENTRY_BUDGET,
-    IN_BLOB_OBJECT,
     REGULAR_PART,
     SPECIAL_PART,
     ArchiveRef,
@@ -29,13 +28,12 @@ from s3_saver._index.base import (
     ParentGone,
     Tombstone,
     WritesEntry,
-    make_ref,
     ref_pieces,
 )
 from s3_saver._ops.archive import restore_before_write
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
-from s3_saver._ops.stage import LOC_HEADROOM, held_key, stage
+from s3_saver._ops.stage import LOC_HEADROOM, held_key, stage, store_late
 from s3_saver._keys import new_token
 from s3_saver._protocol import Op, gather
 from s3_saver._reach import closure_keys
@@ -163,7 +161,7 @@ def put(
         # channels are deltas (a piece is never taken for a whole value).
         wholes = {ch: ref for ch, ref in known[0].items() if len(ref) <= 5} if known else {}
         _carry(ctx, carried, wholes, values, now, loc, late)
-        yield from _store_late(ctx, thread_id, ns, checkpoint_id, late, values, now, loc, objects)
+        yield from store_late(ctx, thread_id, ns, checkpoint_id, late, values, now, loc, objects)
         # Another form of this checkpoint may be committed already: a put of it
         # whose answer was lost, by a process that stored a list as a delta.
         # The first form committed stays (a later checkpoint may read its pieces).
@@ -235,7 +233,7 @@ def put(
                 yield from _take_back(ctx, first)
             else:
                 late = {ch: ref[0] for ch, ref in loc.items() if ref[1] != checkpoint_id and ch in values}
-                yield from _store_late(ctx, thread_id, ns, checkpoint_id, late, values, now, loc, objects)
+                yield from store_late(ctx, thread_id, ns, checkpoint_id, late, values, now, loc, objects)
             known = None
         except Fenced as fenced:
             try:
@@ -251,30 +249,6 @@ def put(
         if ch in loc:
             ctx.lists.put(held_key(thread_id, ns, ch, loc[ch]), held)
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
-
-
-def _store_late(
-    ctx: Context,
-    thread_id: str,
-    ns: str,
-    checkpoint_id: str,
-    late: dict[str, Any],
-    values: dict[str, Any],
-    now: int,
-    loc: Loc,
-    objects: dict[str, bytes],
-) -> Op[None]:
-    """Store unchanged channels the parent does not account for (parent gone or
-    unknown, or its copy past half the ttl) in blobs of this checkpoint, still
-    before the index entry."""
-    if not late:
-        return
-    late_blobs = {ch: (late[ch], ctx.serde.dumps_typed(values[ch])) for ch in late}
-    late_objects = _blob_objects(ctx, thread_id, ns, checkpoint_id, late_blobs)
-    yield from put_immutable(ctx.s3, late_objects)
-    objects.update(late_objects)
-    for ch in late:
-        loc[ch] = make_ref(late[ch], checkpoint_id, IN_BLOB_OBJECT, now)
 
 
 def _fenced(ctx: Context, record: Tombstone, entry: Any, objects: list[str], created: bool) -> Op[None]:
@@ -438,17 +412,6 @@ def _carry(
             loc[ch] = known
         elif ch in values:
             fresh[ch] = version
-
-
-def _blob_objects(
-    ctx: Context, thread_id: str, ns: str, checkpoint_id: str, blobs: dict[str, tuple[Any, tuple[str, bytes]]]
-) -> dict[str, bytes]:
-    return {
-        ctx.layout.blob_key(thread_id, ns, ch, version, checkpoint_id): pack(
-            {"format": BLOB_FORMAT, "channel": ch, "version": version, "type": t, "data": data}
-        )
-        for ch, (version, (t, data)) in blobs.items()
-    }
 
 
 def _write_parts(ctx: Context, writes: Sequence[tuple[str, Any]]) -> dict[str, list[list[Any]]]:

@@ -1,4 +1,5 @@
-"""What a checkpoint stores: its record, its blob objects, and the refs to them.
+"""What a checkpoint stores: its record, its blob objects, and the refs to them
+(and the blobs a put adds for values its parent does not account for).
 
 A fresh channel's value is stored whole, or, when it is a list that extends the
 value its parent stored, as a piece of a delta chain (``_pieces``): the record
@@ -16,6 +17,8 @@ from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, CHECKPOINT_PIECES_FO
 from s3_saver._index.base import ENTRY_BUDGET, IN_BLOB_OBJECT, IN_CHECKPOINT_OBJECT, Loc, Ref, make_ref, ref_pieces, ref_tag
 from s3_saver._ops.context import Context
 from s3_saver._pieces import SPLITTABLE, Held, array_header, extends, keep
+from s3_saver._protocol import Op
+from s3_saver._s3 import put_immutable
 
 # Room for keys, parent id and attribute names next to ``loc`` in the item.
 LOC_HEADROOM = 16 * 1024
@@ -121,14 +124,8 @@ def stage(
     for ch in blobs:
         key = ctx.layout.blob_key(thread_id, ns, ch, fresh[ch], checkpoint_id, tag)
         t, data = stored[ch]
-        if ch in deltas:
-            doc = {
-                "format": PIECE_FORMAT, "channel": ch, "version": fresh[ch], "type": t,
-                "count": deltas[ch].count, "data": data, "offset": deltas[ch].offset,
-            }
-        else:
-            doc = {"format": BLOB_FORMAT, "channel": ch, "version": fresh[ch], "type": t, "data": data}
-        objects[key] = pack(doc)
+        delta = deltas.get(ch)
+        objects[key] = _blob(ch, fresh[ch], t, data, delta)
     loc: Loc = {}
     for ch in serialized:
         kind = IN_BLOB_OBJECT if ch in blobs else IN_CHECKPOINT_OBJECT
@@ -139,6 +136,43 @@ def stage(
         else:
             loc[ch] = make_ref(fresh[ch], checkpoint_id, kind, now, tag)
     return Staged(record, body, objects, loc, held, tag)
+
+
+def store_late(
+    ctx: Context,
+    thread_id: str,
+    ns: str,
+    checkpoint_id: str,
+    late: dict[str, Any],
+    values: dict[str, Any],
+    now: int,
+    loc: Loc,
+    objects: dict[str, bytes],
+) -> Op[None]:
+    """Store unchanged channels the parent does not account for (parent gone or
+    unknown, or its copy past half the ttl) in blobs of this checkpoint, still
+    before the index entry."""
+    if not late:
+        return
+    late_blobs = {ch: (late[ch], ctx.serde.dumps_typed(values[ch])) for ch in late}
+    late_objects = {
+        ctx.layout.blob_key(thread_id, ns, ch, version, checkpoint_id): _blob(ch, version, *typed)
+        for ch, (version, typed) in late_blobs.items()
+    }
+    yield from put_immutable(ctx.s3, late_objects)
+    objects.update(late_objects)
+    for ch in late:
+        loc[ch] = make_ref(late[ch], checkpoint_id, IN_BLOB_OBJECT, now)
+
+
+def _blob(channel: str, version: Any, type_: str, data: bytes, delta: Delta | None = None) -> bytes:
+    """A value's object of its own: whole, or a delta's piece (its count and offset)."""
+    if delta is None:
+        return pack({"format": BLOB_FORMAT, "channel": channel, "version": version, "type": type_, "data": data})
+    return pack({
+        "format": PIECE_FORMAT, "channel": channel, "version": version, "type": type_,
+        "count": delta.count, "data": data, "offset": delta.offset,
+    })
 
 
 def _delta_base(
