@@ -12,7 +12,6 @@ from typing import Any
 
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.types import Send
 from pydantic import BaseModel
 
 from s3_saver.errors import MigrationError
@@ -132,6 +131,10 @@ def _fields(value: Any) -> list[str] | None:
         return names + ["__pydantic_extra__"] if value.__pydantic_extra__ is not None else names
     if dataclasses.is_dataclass(value):
         return [f.name for f in dataclasses.fields(value) if f.compare]
+    # Imported here: langgraph.types pulls in langchain_core's tracers (a quarter of
+    # a second), which `import s3_saver` and every CLI start would pay for nothing.
+    from langgraph.types import Send
+
     if isinstance(value, Send):
         return [name for name in ("node", "arg", "timeout") if hasattr(value, name)]
     return None

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from moto_fixes import atomic_conditional_writes
+from moto_fixes import atomic_conditional_writes, fast_dispatch
 
 # Fake credentials: the tests only ever talk to 127.0.0.1.
 for _name, _value in {
@@ -34,6 +34,7 @@ def moto_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
     atomic_conditional_writes()
+    fast_dispatch()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
