@@ -9,19 +9,24 @@ Every fenced block of README.md and docs/**/*.md is checked by its language:
   async ones under two separate ``asyncio.run`` loops, with no "Unclosed client session"
   allowed.
 - ```json and ```yaml: parsed (``langgraph.json``, policies).
-- ```console: transcripts of the command line, captured against a moto server on the threads
-  tests/cli_support.py writes (their ids and times are of that run). They are not run here:
-  tests/test_cli.py runs every command and checks its output. What is checked here is that
-  every ``$ langgraph-s3-saver ...`` line parses with the command line's own parser (the
-  subcommand and each option exist), so a renamed option cannot stay in the docs.
+- ```console: transcripts of the command line (docs/reference/cli.md), captured against a moto
+  server on the threads tests/cli_support.py writes. They run here, in page order, on one
+  fresh store: each `$ langgraph-s3-saver ...` line (pipes included) in this process through
+  the command line's own entry point, with stdin and stdout pipes as in a script; its output
+  must equal the transcript's line for line once numbers, ids, times and the endpoint are
+  masked, and its exit code the `echo $?` that follows (else 0). What the store held when a
+  transcript was captured (the threads, a crashed write's object, a SQLite database to
+  migrate) is made just before the first command that shows it. A pipe into another
+  program (`| jq`) checks that the command line printed JSON; jq is not run. The progress
+  bar block is not a command.
 - ```bash: install and ``make`` commands only (asserted). Not run: they install packages or
   start the suite itself.
 - ```text: diagrams (the key layout). Not code.
 
 A fence with no language, or another language, fails: no block is skipped silently.
 EXPECTED_BLOCKS pins the number of blocks of each kind, so a renamed fence or a dropped
-example cannot make this file pass with less to run. The last test builds the site with
-``mkdocs build --strict`` (broken links, missing anchors, unresolvable API names fail).
+example cannot make this file pass with less to run. test_site_builds_strict builds the site
+with ``mkdocs build --strict`` (broken links, missing anchors, unresolvable API names fail).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import re
 import shlex
 import subprocess
@@ -55,6 +61,8 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)[^\n]*\n(?P<body>.*?
 # this count too: a block that stops being found must not pass as "nothing to run".
 EXPECTED_BLOCKS = {"python": 13, "json": 2, "yaml": 0, "console": 16, "bash": 5, "text": 3}
 LANGUAGES = set(EXPECTED_BLOCKS)
+# The command line's page: its console transcripts run, in page order (test_cli_transcripts_run).
+CLI_PAGE = "docs/reference/cli.md"
 
 
 @dataclass(frozen=True)
@@ -240,47 +248,30 @@ def test_bash_block_only_installs_or_makes(block: Block) -> None:
 # -- console ------------------------------------------------------------------------------
 
 
+def _pipeline(line: str) -> list[list[str]]:
+    """A shell line's commands, split at its pipes: [["langgraph-s3-saver", ...], ["jq", ...]]."""
+    commands: list[list[str]] = [[]]
+    for word in shlex.split(line):
+        if word == "|":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return commands
+
+
 def _cli_commands(block: Block) -> list[list[str]]:
-    """The argument lists of every `langgraph-s3-saver` run on a `$ ` line, pipes split."""
-    runs = []
-    for line in block.code.splitlines():
-        if not line.startswith("$ "):
-            continue
-        words = shlex.split(line[2:])
-        segment: list[str] = []
-        for word in [*words, "|"]:
-            if word != "|":
-                segment.append(word)
-                continue
-            if segment and segment[0] == "langgraph-s3-saver":
-                runs.append(segment[1:])
-            segment = []
-    return runs
+    """The argument lists of every `langgraph-s3-saver` run on a `$ ` line."""
+    lines = [line[2:] for line in block.code.splitlines() if line.startswith("$ ")]
+    return [words[1:] for line in lines for words in _pipeline(line) if words[0] == "langgraph-s3-saver"]
 
 
-def test_console_blocks_show_the_command_line() -> None:
-    assert all(_cli_commands(b) for b in _of("console") if "$ " in b.code)
-    assert sum(len(_cli_commands(b)) for b in _of("console")) >= 30
-
-
-@pytest.mark.parametrize("block", _of("console"), ids=lambda b: b.id)
-def test_console_commands_parse(block: Block, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from s3_saver.cli._app import cli
-
-    monkeypatch.setenv("CHECKPOINT_BUCKET", "my-checkpoints")
-    monkeypatch.chdir(tmp_path)
-    for args in _cli_commands(block):
-        # The files a transcript names (an export that `import` reads back) exist, empty:
-        # options that must name an existing file check that while parsing.
-        for word in args:
-            if re.fullmatch(r"[\w-]+\.\w+", word):
-                (tmp_path / word).touch()
-        # make_context parses and checks the options without running the command.
-        group = cli.make_context("langgraph-s3-saver", list(args))
-        rest = [*group._protected_args, *group.args]
-        name, command, sub_args = cli.resolve_command(group, rest)
-        assert command is not None, f"{block.id}: no subcommand {name!r}"
-        command.make_context(name, sub_args, parent=group)
+def test_console_blocks_are_transcripts_of_the_cli_page() -> None:
+    """Every console block with a `$ ` line is on the page whose transcripts run below; the
+    one block without is the progress bar as a terminal shows it (nothing to run)."""
+    with_commands = [b for b in _of("console") if "$ " in b.code]
+    assert {b.page for b in with_commands} == {CLI_PAGE}
+    assert all(_cli_commands(b) for b in with_commands)
+    assert [b.id for b in _of("console") if "$ " not in b.code and "━" not in b.code] == []
 
 
 # -- the site -----------------------------------------------------------------------------
@@ -295,7 +286,148 @@ def test_site_builds_strict(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=180,
-        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # material's notice is not a warning of ours
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "reference" / "api" / "index.html").read_text().count("S3Saver") > 10
+
+
+# -- console: the command line's transcripts, run --------------------------------------
+
+# Numbers, ids, times and endpoints differ from run to run; what a transcript shows is the
+# rest: which lines, columns, words and messages, in which order.
+_VOLATILE = [
+    (re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d+)?(\+00:00)?"), "<time>"),
+    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), "<id>"),
+    (re.compile(r"(?<![\w-])[0-9a-f]{32,}(?![\w-])"), "<hex>"),
+    (re.compile(r"http://127\.0\.0\.1:\d+"), "<endpoint>"),
+    (re.compile(r"\d[\d,]*(\.\d+)?"), "<n>"),
+    (re.compile(r"[ \t]+"), " "),
+]
+
+
+def _normalized(text: str) -> list[str]:
+    lines = []
+    for line in text.splitlines():
+        for pattern, replacement in _VOLATILE:
+            line = pattern.sub(replacement, line)
+        line = line.strip()
+        if line and set(line) != {"─"}:  # table rules are as wide as the widest row
+            lines.append(line)
+    return lines
+
+
+@dataclass
+class _Step:
+    line: str  # the command as shown, after `$ `
+    shown: str  # what the transcript shows it print
+    code: int  # its exit code: 0, or what a following `echo $?` shows
+
+
+def _steps(block: Block) -> list[_Step]:
+    steps: list[_Step] = []
+    for raw in block.code.splitlines():
+        if raw.startswith("$ echo $?"):
+            steps[-1].code = -1  # the next line is the code
+        elif raw.startswith("$ "):
+            steps.append(_Step(raw[2:], "", 0))
+        elif steps and steps[-1].code == -1:
+            steps[-1].code = int(raw)
+        elif steps:
+            steps[-1].shown += raw + "\n"
+    return steps
+
+
+def _cli(args: list[str], env: dict[str, str], stdin: bytes = b"") -> tuple[int, bytes, bytes]:
+    """The command line in this process, with pipes on every stream (nothing is a terminal)."""
+    from click.testing import CliRunner
+
+    from s3_saver.cli._app import run
+
+    runner = CliRunner()
+    with runner.isolation(input=stdin, env=env) as (out, err, _):
+        code = run(args, "langgraph-s3-saver")
+        return code, out.getvalue(), err.getvalue()
+
+
+def _populate(endpoint: str) -> None:
+    """The threads the transcripts were captured on: chat-ann answered and fanned out,
+    chat-bob and chat-cid waiting at the interrupt (runs <user>-1, ann-2).
+
+    The listing is newest first, by the second; threads created in the same second go by
+    id. Created in reverse order, they list as shown whether or not a second ends between."""
+    from cli_support import populate
+
+    from s3_saver import S3Saver
+
+    saver = S3Saver("my-checkpoints", table="langgraph-checkpoints", endpoint_url=endpoint, region_name="us-east-1")
+    populate(saver, users=("cid", "bob", "ann"))
+    saver.close()
+
+
+def _crashed_write(endpoint: str) -> None:
+    """An object a write left behind when it crashed before its commit."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    s3.put_object(Bucket="my-checkpoints", Key="live/chat-ann/=/checkpoints/1f0c2d3e-crashed-write", Body=b"x" * 812)
+
+
+def _sqlite_database(endpoint: str) -> None:
+    """checkpoints.db: three threads (legacy-1 among them) of another saver to migrate."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import START, StateGraph
+
+    builder = StateGraph(dict)
+    builder.add_node("count", lambda state: {"n": state.get("n", 0) + 1})
+    builder.add_edge(START, "count")
+    connection = sqlite3.connect("checkpoints.db", check_same_thread=False)  # graphs run nodes on a pool
+    graph = builder.compile(checkpointer=SqliteSaver(connection))
+    for thread in ("legacy-1", "legacy-2", "legacy-3"):
+        graph.invoke({"n": 0}, {"configurable": {"thread_id": thread}})
+    connection.close()
+
+
+# What the store held before a transcript's first command, as when it was captured.
+_BEFORE = {
+    "langgraph-s3-saver threads": _populate,
+    "langgraph-s3-saver verify": _crashed_write,
+    "langgraph-s3-saver migrate --from sqlite:///checkpoints.db": _sqlite_database,
+}
+
+
+def test_cli_transcripts_run(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every transcript of the command-line page, in page order, on one store."""
+    monkeypatch.chdir(tmp_path)  # export and import write and read files here
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1", "COLUMNS": None}
+    env.update(dict.fromkeys(("CHECKPOINT_BUCKET", "CHECKPOINT_TABLE", "CHECKPOINT_PREFIX", "AWS_DEFAULT_REGION")))
+    done = set()
+    ran = 0
+    for block in [b for b in _of("console") if b.page == CLI_PAGE]:
+        for step in _steps(block):
+            where = f"{block.id}: $ {step.line}"
+            if step.line.startswith("export "):
+                env.update(word.split("=", 1) for word in shlex.split(step.line)[1:])
+                continue
+            for prefix, prepare in _BEFORE.items():
+                if step.line.startswith(prefix) and prefix not in done:
+                    done.add(prefix)
+                    prepare(endpoint)
+            stdin, shown, codes = b"", b"", []
+            for words in _pipeline(step.line):
+                if words[0] != "langgraph-s3-saver":
+                    # A pipe into another program (jq): the command line's side is JSON.
+                    json.loads(stdin)
+                    break
+                code, out, err = _cli(words[1:], env, stdin)
+                codes.append(code)
+                shown += err
+                stdin = out
+            else:
+                shown += stdin
+                assert _normalized(shown.decode()) == _normalized(step.shown), where
+            assert codes and codes[-1] == step.code and set(codes[:-1]) <= {0}, f"{where}: exit {codes}"
+            ran += 1
+    assert done == set(_BEFORE) and ran >= 30, (done, ran)
