@@ -59,7 +59,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)[^\n]*\n(?P<body>.*?
 
 # The blocks of each kind in README.md and docs/. Adding or removing one means changing
 # this count too: a block that stops being found must not pass as "nothing to run".
-EXPECTED_BLOCKS = {"python": 13, "json": 2, "yaml": 0, "console": 16, "bash": 5, "text": 3}
+EXPECTED_BLOCKS = {"python": 13, "json": 3, "yaml": 0, "console": 16, "bash": 5, "text": 3}
 LANGUAGES = set(EXPECTED_BLOCKS)
 # The command line's page: its console transcripts run, in page order (test_cli_transcripts_run).
 CLI_PAGE = "docs/reference/cli.md"
@@ -236,6 +236,15 @@ def test_data_block_parses(block: Block) -> None:
     if "checkpointer" in document:  # langgraph.json: the saver's module and attribute
         module, _, attribute = document["checkpointer"]["path"].partition(":")
         assert module.startswith("s3_saver") and attribute, document
+    if "Statement" in document:  # an IAM policy: the template's, KMS aside
+        from infra_support import load_template
+
+        def actions(statements: list[dict[str, Any]]) -> dict[str, set[str]]:
+            named = {st["Sid"]: st["Action"] for st in statements if not st["Sid"].endswith("Encryption")}
+            return {sid: {action} if isinstance(action, str) else set(action) for sid, action in named.items()}
+
+        template = load_template()["Resources"]["SaverPolicy"]["Properties"]["PolicyDocument"]
+        assert actions(document["Statement"]) == actions(template["Statement"]), block.id
 
 
 @pytest.mark.parametrize("block", _of("bash"), ids=lambda b: b.id)
