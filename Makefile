@@ -18,6 +18,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# `make docs`: the documentation site (mkdocs.yml, docs/) into site/. --strict: a broken
+# link, a missing anchor or an API name mkdocstrings cannot resolve fails the build.
+.PHONY: docs
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -11,7 +11,7 @@ mode, under any thread id.
 On the wire: one header line, ``s3_saver.archive/<version> <codec>\\n``, then
 the compressed msgpack document. The header says how to read the rest without
 decompressing anything. The codec was chosen by measurement on the benchmark's
-conversations (see the README's "Archival"): the records of one thread repeat
+conversations (see docs/guides/archival.md): the records of one thread repeat
 one another (each version of a message list holds the previous one), which a
 compressor with a long window turns into a fraction of the bytes, where the
 live objects, compressed one by one, cannot share anything.

@@ -95,8 +95,9 @@ class S3Saver(
             themselves outside a named profile cannot be copied, and the first
             async call then asks for this argument.
         client_config: ``botocore.config.Config`` merged over the saver's defaults
-            (standard retry mode with 3 attempts in total, 2 s connect and 15 s read
-            timeouts); its ``retries`` and ``s3`` dicts are merged key by key.
+            (standard retry mode with 1 attempt in total, so that the saver's own
+            ``retry`` policy is the only one; 2 s connect and 5 s read timeouts per
+            attempt); its ``retries`` and ``s3`` dicts are merged key by key.
         serde: Serializer for checkpoints, metadata and values; its type tag is
             stored with every value.
         ttl: A thread untouched this long expires: every index item carries
@@ -109,8 +110,8 @@ class S3Saver(
         list_deltas: Store a list value that extends its parent's (an
             ``add_messages`` or ``operator.add`` channel) as the new elements
             plus a reference to the pieces it extends, so a conversation's
-            storage grows linearly, not quadratically (see the README's
-            "Lists stored as deltas"). False stores every version whole: each
+            storage grows linearly, not quadratically (see
+            docs/concepts/deltas.md). False stores every version whole: each
             checkpoint then reads no piece from its ancestors' objects, which
             only matters to a replica whose objects may arrive far apart.
         max_concurrency: Threads the sync driver uses to send one wave of requests.

@@ -1,0 +1,442 @@
+"""The README's and the documentation site's code blocks run as written, and the site builds.
+
+Every fenced block of README.md and docs/**/*.md is checked by its language:
+
+- ```python: a complete program. Each one runs in a fresh namespace with only
+  ``AWS_ENDPOINT_URL`` pointing at the moto server (the blocks never name an endpoint), on
+  an emptied moto, so a docs edit that breaks an example fails here. Blocks that define a
+  Lambda ``handler`` are invoked the way Lambda would: twice, with a context object, and for
+  async ones under two separate ``asyncio.run`` loops, with no "Unclosed client session"
+  allowed.
+- ```json and ```yaml: parsed (``langgraph.json``, policies).
+- ```console: transcripts of the command line (docs/reference/cli.md), captured against a moto
+  server on the threads tests/cli_support.py writes. They run here, in page order, on one
+  fresh store: each `$ langgraph-s3-saver ...` line (pipes included) in this process through
+  the command line's own entry point, with stdin and stdout pipes as in a script; its output
+  must equal the transcript's line for line once numbers, ids, times and the endpoint are
+  masked, and its exit code the `echo $?` that follows (else 0). What the store held when a
+  transcript was captured (the threads, a crashed write's object, a SQLite database to
+  migrate) is made just before the first command that shows it. A pipe into another
+  program (`| jq`) checks that the command line printed JSON; jq is not run. The progress
+  bar block is not a command.
+- ```bash: install and ``make`` commands only (asserted). Not run: they install packages or
+  start the suite itself.
+- ```text: diagrams (the key layout). Not code.
+
+A fence with no language, or another language, fails: no block is skipped silently.
+EXPECTED_BLOCKS pins the number of blocks of each kind, so a renamed fence or a dropped
+example cannot make this file pass with less to run. test_site_builds_strict builds the site
+with ``mkdocs build --strict`` (broken links, missing anchors, unresolvable API names fail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+# A fence may be indented (inside a list item); its closing fence has the same indentation.
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.DOTALL | re.MULTILINE)
+
+# The blocks of each kind in README.md and docs/. Adding or removing one means changing
+# this count too: a block that stops being found must not pass as "nothing to run".
+EXPECTED_BLOCKS = {"python": 13, "json": 3, "yaml": 0, "console": 16, "bash": 5, "text": 3}
+LANGUAGES = set(EXPECTED_BLOCKS)
+# The command line's page: its console transcripts run, in page order (test_cli_transcripts_run).
+CLI_PAGE = "docs/reference/cli.md"
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str  # relative to the repository, as in the test ids
+    line: int  # line of the block's first code line in its page
+    lang: str
+    code: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def _blocks() -> list[Block]:
+    found = []
+    for path in PAGES:
+        text = path.read_text(encoding="utf-8")
+        for m in FENCE.finditer(text):
+            line = text.count("\n", 0, m.start("body")) + 1
+            code = textwrap.dedent(m.group("body"))
+            found.append(Block(str(path.relative_to(REPO)), line, m.group("lang"), code))
+    return found
+
+
+BLOCKS = _blocks()
+
+
+def _of(lang: str) -> list[Block]:
+    return [b for b in BLOCKS if b.lang == lang]
+
+
+def _kind(code: str) -> str:
+    if "def handler(" not in code:
+        return "program"
+    if "async def main(" in code:
+        return "async handler"
+    if "interrupt(" in code and "Command(resume=" in code:
+        return "interrupt handler"
+    if "saver.deadline(" in code:
+        return "deadline handler"
+    return "unknown handler"
+
+
+def test_every_block_is_found_and_has_a_known_language() -> None:
+    langs = Counter(b.lang for b in BLOCKS)
+    unknown = [b.id for b in BLOCKS if b.lang not in LANGUAGES]
+    assert not unknown, f"fences without a language this test checks: {unknown}"
+    assert {lang: langs.get(lang, 0) for lang in LANGUAGES} == EXPECTED_BLOCKS
+    kinds = [_kind(b.code) for b in _of("python")]
+    for kind in ("interrupt handler", "async handler", "deadline handler"):
+        assert kind in kinds, kinds
+    for block in _of("python"):
+        assert "moto" not in block.code.lower() and "endpoint" not in block.code.lower(), block.id
+
+
+def test_every_fence_is_closed() -> None:
+    # An unclosed or mis-indented fence swallows the text after it, and FENCE finds nothing there.
+    for path in PAGES:
+        opening = [line for line in path.read_text(encoding="utf-8").splitlines() if line.lstrip().startswith("```")]
+        assert len(opening) % 2 == 0, f"{path.relative_to(REPO)}: an odd number of ``` lines"
+        assert len(opening) // 2 == sum(1 for b in BLOCKS if b.page == str(path.relative_to(REPO)))
+
+
+# -- python -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def aws_env(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Only the environment a user would have: the default names, one endpoint variable."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    for name in ("CHECKPOINT_BUCKET", "CHECKPOINT_TABLE", "CHECKPOINT_PREFIX", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    return endpoint
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextmanager
+def _no_unclosed_sessions(capfd: pytest.CaptureFixture[str]) -> Iterator[None]:
+    """Fail if aiohttp reports a session or connector left open (warning, log or stderr)."""
+    handler = _Records()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+            gc.collect()  # aiohttp reports from __del__
+    finally:
+        logger.removeHandler(handler)
+    reports = [str(w.message) for w in caught] + handler.messages + [capfd.readouterr().err]
+    leaks = [r for r in reports if "Unclosed" in r]
+    assert not leaks, leaks
+
+
+def _exec_block(block: Block) -> dict[str, Any]:
+    # Padding keeps the page's line numbers in tracebacks; dont_inherit keeps this file's
+    # `from __future__ import annotations` out of the block, as in a user's own file.
+    compiled = compile("\n" * (block.line - 1) + block.code, str(REPO / block.page), "exec", dont_inherit=True)
+    namespace: dict[str, Any] = {"__name__": f"docs_block_{block.id}"}
+    exec(compiled, namespace)
+    return namespace
+
+
+class _LambdaContext:
+    """The part of Lambda's context object the handlers use: 5 minutes left."""
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 300_000
+
+
+def _check_interrupt_handler(handler: Any) -> None:
+    first = handler({"thread_id": "order-7", "request": "refund 40 EUR"}, _LambdaContext())
+    assert first == {"waiting": True, "question": "Approve refund 40 EUR?", "decision": None}
+    second = handler({"thread_id": "order-7", "resume": "approved"}, _LambdaContext())
+    assert second == {"waiting": False, "question": None, "decision": "approved"}
+
+
+def _check_async_handler(handler: Any) -> None:
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()  # a Lambda runtime calls the handler outside any loop
+    first = handler({"thread_id": "chat-1", "note": "hello"}, _LambdaContext())
+    second = handler({"thread_id": "chat-1", "note": "again"}, _LambdaContext())
+    assert first == {"notes": ["hello", "seen 1 note(s)"]}
+    assert second == {"notes": ["hello", "seen 1 note(s)", "again", "seen 3 note(s)"]}
+
+
+def _check_deadline_handler(handler: Any) -> None:
+    assert handler({"thread_id": "visitor-1"}, _LambdaContext()) == {"visits": 1}
+    assert handler({"thread_id": "visitor-1"}, _LambdaContext()) == {"visits": 2}
+
+
+CHECKS = {
+    "interrupt handler": _check_interrupt_handler,
+    "async handler": _check_async_handler,
+    "deadline handler": _check_deadline_handler,
+}
+
+
+@pytest.mark.parametrize("block", _of("python"), ids=lambda b: b.id)
+def test_python_block_runs(block: Block, aws_env: str, capfd: pytest.CaptureFixture[str]) -> None:
+    kind = _kind(block.code)
+    assert kind != "unknown handler", f"a new handler pattern in {block.id}: add a check for it here"
+    with _no_unclosed_sessions(capfd):
+        namespace = _exec_block(block)
+        try:
+            if kind in CHECKS:
+                CHECKS[kind](namespace["handler"])
+        finally:
+            saver = namespace.get("saver")
+            if saver is not None:
+                saver.close()
+            namespace.clear()  # drop the saver, so unclosed async clients would be reported
+
+
+# -- json, yaml, bash ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", _of("json") + _of("yaml"), ids=lambda b: b.id)
+def test_data_block_parses(block: Block) -> None:
+    document = json.loads(block.code) if block.lang == "json" else yaml.safe_load(block.code)
+    assert isinstance(document, dict), block.id
+    if "checkpointer" in document:  # langgraph.json: the saver's module and attribute
+        module, _, attribute = document["checkpointer"]["path"].partition(":")
+        assert module.startswith("s3_saver") and attribute, document
+    if "Statement" in document:  # an IAM policy: the template's, KMS aside
+        from infra_support import load_template
+
+        def actions(statements: list[dict[str, Any]]) -> dict[str, set[str]]:
+            named = {st["Sid"]: st["Action"] for st in statements if not st["Sid"].endswith("Encryption")}
+            return {sid: {action} if isinstance(action, str) else set(action) for sid, action in named.items()}
+
+        template = load_template()["Resources"]["SaverPolicy"]["Properties"]["PolicyDocument"]
+        assert actions(document["Statement"]) == actions(template["Statement"]), block.id
+
+
+@pytest.mark.parametrize("block", _of("bash"), ids=lambda b: b.id)
+def test_bash_block_only_installs_or_makes(block: Block) -> None:
+    for line in block.code.splitlines():
+        command = line.split("#", 1)[0].strip()
+        assert command.startswith(("pip install ", "make ")), f"{block.id}: {line!r} is neither run nor an install"
+
+
+# -- console ------------------------------------------------------------------------------
+
+
+def _pipeline(line: str) -> list[list[str]]:
+    """A shell line's commands, split at its pipes: [["langgraph-s3-saver", ...], ["jq", ...]]."""
+    commands: list[list[str]] = [[]]
+    for word in shlex.split(line):
+        if word == "|":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return commands
+
+
+def _cli_commands(block: Block) -> list[list[str]]:
+    """The argument lists of every `langgraph-s3-saver` run on a `$ ` line."""
+    lines = [line[2:] for line in block.code.splitlines() if line.startswith("$ ")]
+    return [words[1:] for line in lines for words in _pipeline(line) if words[0] == "langgraph-s3-saver"]
+
+
+def test_console_blocks_are_transcripts_of_the_cli_page() -> None:
+    """Every console block with a `$ ` line is on the page whose transcripts run below; the
+    one block without is the progress bar as a terminal shows it (nothing to run)."""
+    with_commands = [b for b in _of("console") if "$ " in b.code]
+    assert {b.page for b in with_commands} == {CLI_PAGE}
+    assert all(_cli_commands(b) for b in with_commands)
+    assert [b.id for b in _of("console") if "$ " not in b.code and "━" not in b.code] == []
+
+
+# -- the site -----------------------------------------------------------------------------
+
+
+def test_site_builds_strict(tmp_path: Path) -> None:
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings_handlers.python")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # material's notice is not a warning of ours
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "site" / "reference" / "api" / "index.html").read_text().count("S3Saver") > 10
+
+
+# -- console: the command line's transcripts, run --------------------------------------
+
+# Numbers, ids, times and endpoints differ from run to run; what a transcript shows is the
+# rest: which lines, columns, words and messages, in which order.
+_VOLATILE = [
+    (re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d+)?(\+00:00)?"), "<time>"),
+    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), "<id>"),
+    (re.compile(r"(?<![\w-])[0-9a-f]{32,}(?![\w-])"), "<hex>"),
+    (re.compile(r"http://127\.0\.0\.1:\d+"), "<endpoint>"),
+    (re.compile(r"\d[\d,]*(\.\d+)?"), "<n>"),
+    (re.compile(r"[ \t]+"), " "),
+]
+
+
+def _normalized(text: str) -> list[str]:
+    lines = []
+    for line in text.splitlines():
+        for pattern, replacement in _VOLATILE:
+            line = pattern.sub(replacement, line)
+        line = line.strip()
+        if line and set(line) != {"─"}:  # table rules are as wide as the widest row
+            lines.append(line)
+    return lines
+
+
+@dataclass
+class _Step:
+    line: str  # the command as shown, after `$ `
+    shown: str  # what the transcript shows it print
+    code: int  # its exit code: 0, or what a following `echo $?` shows
+
+
+def _steps(block: Block) -> list[_Step]:
+    steps: list[_Step] = []
+    for raw in block.code.splitlines():
+        if raw.startswith("$ echo $?"):
+            steps[-1].code = -1  # the next line is the code
+        elif raw.startswith("$ "):
+            steps.append(_Step(raw[2:], "", 0))
+        elif steps and steps[-1].code == -1:
+            steps[-1].code = int(raw)
+        elif steps:
+            steps[-1].shown += raw + "\n"
+    return steps
+
+
+def _cli(args: list[str], env: dict[str, str], stdin: bytes = b"") -> tuple[int, bytes, bytes]:
+    """The command line in this process, with pipes on every stream (nothing is a terminal)."""
+    from click.testing import CliRunner
+
+    from s3_saver.cli._app import run
+
+    runner = CliRunner()
+    with runner.isolation(input=stdin, env=env) as (out, err, _):
+        code = run(args, "langgraph-s3-saver")
+        return code, out.getvalue(), err.getvalue()
+
+
+def _populate(endpoint: str) -> None:
+    """The threads the transcripts were captured on: chat-ann answered and fanned out,
+    chat-bob and chat-cid waiting at the interrupt (runs <user>-1, ann-2).
+
+    The listing is newest first, by the second; threads created in the same second go by
+    id. Created in reverse order, they list as shown whether or not a second ends between."""
+    from cli_support import populate
+
+    from s3_saver import S3Saver
+
+    saver = S3Saver("my-checkpoints", table="langgraph-checkpoints", endpoint_url=endpoint, region_name="us-east-1")
+    populate(saver, users=("cid", "bob", "ann"))
+    saver.close()
+
+
+def _crashed_write(endpoint: str) -> None:
+    """An object a write left behind when it crashed before its commit."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    s3.put_object(Bucket="my-checkpoints", Key="live/chat-ann/=/checkpoints/1f0c2d3e-crashed-write", Body=b"x" * 812)
+
+
+def _sqlite_database(endpoint: str) -> None:
+    """checkpoints.db: three threads (legacy-1 among them) of another saver to migrate."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import START, StateGraph
+
+    builder = StateGraph(dict)
+    builder.add_node("count", lambda state: {"n": state.get("n", 0) + 1})
+    builder.add_edge(START, "count")
+    connection = sqlite3.connect("checkpoints.db", check_same_thread=False)  # graphs run nodes on a pool
+    graph = builder.compile(checkpointer=SqliteSaver(connection))
+    for thread in ("legacy-1", "legacy-2", "legacy-3"):
+        graph.invoke({"n": 0}, {"configurable": {"thread_id": thread}})
+    connection.close()
+
+
+# What the store held before a transcript's first command, as when it was captured.
+_BEFORE = {
+    "langgraph-s3-saver threads": _populate,
+    "langgraph-s3-saver verify": _crashed_write,
+    "langgraph-s3-saver migrate --from sqlite:///checkpoints.db": _sqlite_database,
+}
+
+
+def test_cli_transcripts_run(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every transcript of the command-line page, in page order, on one store."""
+    monkeypatch.chdir(tmp_path)  # export and import write and read files here
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1", "COLUMNS": None}
+    env.update(dict.fromkeys(("CHECKPOINT_BUCKET", "CHECKPOINT_TABLE", "CHECKPOINT_PREFIX", "AWS_DEFAULT_REGION")))
+    done = set()
+    ran = 0
+    for block in [b for b in _of("console") if b.page == CLI_PAGE]:
+        for step in _steps(block):
+            where = f"{block.id}: $ {step.line}"
+            if step.line.startswith("export "):
+                env.update(word.split("=", 1) for word in shlex.split(step.line)[1:])
+                continue
+            for prefix, prepare in _BEFORE.items():
+                if step.line.startswith(prefix) and prefix not in done:
+                    done.add(prefix)
+                    prepare(endpoint)
+            stdin, shown, codes = b"", b"", []
+            for words in _pipeline(step.line):
+                if words[0] != "langgraph-s3-saver":
+                    # A pipe into another program (jq): the command line's side is JSON.
+                    json.loads(stdin)
+                    break
+                code, out, err = _cli(words[1:], env, stdin)
+                codes.append(code)
+                shown += err
+                stdin = out
+            else:
+                shown += stdin
+                assert _normalized(shown.decode()) == _normalized(step.shown), where
+            assert codes and codes[-1] == step.code and set(codes[:-1]) <= {0}, f"{where}: exit {codes}"
+            ran += 1
+    assert done == set(_BEFORE) and ran >= 30, (done, ran)
