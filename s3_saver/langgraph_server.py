@@ -65,9 +65,10 @@ __all__ = ["ServerSettings", "checkpointer", "saver_from_env", "settings_from_en
 # botocore's own rule for a region name (it refuses others when a client is made,
 # which would be at the first request): checked here so the server stops at start.
 _REGION = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
-# S3's bucket naming rules (letters, digits, dots, hyphens; 3-63; starts and ends
-# with a letter or digit). Names S3 would refuse are caught before the first request.
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+# A bucket name: S3's rules as loose as its legacy names in us-east-1 (capitals and
+# underscores, up to 255), which still work. It catches what never names a bucket
+# (an s3:// URL, a path, spaces) before the first request.
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{1,253}[A-Za-z0-9]$")
 # DynamoDB's table naming rules.
 _TABLE = re.compile(r"^[a-zA-Z0-9_.\-]{3,255}$")
 _TRUE = ("1", "true", "yes", "on")
@@ -154,7 +155,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSetting
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise ConfigurationError(
             f"CHECKPOINT_BUCKET={bucket!r} is not an S3 bucket name "
-            "(3-63 lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit)"
+            "(letters, digits, dots and hyphens, starting and ending with a letter or digit; "
+            "the name alone, without s3:// or a prefix: the prefix goes in CHECKPOINT_PREFIX)"
         )
     table = get("CHECKPOINT_TABLE")
     if table is not None and not _TABLE.match(table):

@@ -87,6 +87,8 @@ def test_settings_defaults_are_the_manifest_index_without_setup() -> None:
     settings = settings_from_env({"CHECKPOINT_BUCKET": "b-1", "CHECKPOINT_TABLE": "", "AWS_DEFAULT_REGION": "us-west-2"})
     assert settings == ServerSettings(bucket="b-1", region="us-west-2")
     assert saver_from_env({"CHECKPOINT_BUCKET": "b-1"}).table is None
+    # A legacy us-east-1 bucket name (capitals, underscores) still names a bucket.
+    assert settings_from_env({"CHECKPOINT_BUCKET": "Legacy_Bucket"}).bucket == "Legacy_Bucket"
 
 
 @pytest.mark.parametrize(
@@ -94,7 +96,8 @@ def test_settings_defaults_are_the_manifest_index_without_setup() -> None:
     [
         ({}, "CHECKPOINT_BUCKET is not set"),
         ({"CHECKPOINT_BUCKET": "  "}, "CHECKPOINT_BUCKET is not set"),
-        ({"CHECKPOINT_BUCKET": "My_Bucket"}, "CHECKPOINT_BUCKET='My_Bucket' is not an S3 bucket name"),
+        ({"CHECKPOINT_BUCKET": "s3://my-bucket"}, "CHECKPOINT_BUCKET='s3://my-bucket' is not an S3 bucket name"),
+        ({"CHECKPOINT_BUCKET": "my-bucket/agents"}, "CHECKPOINT_BUCKET='my-bucket/agents' is not an S3 bucket name"),
         ({"CHECKPOINT_TABLE": "t!"}, "CHECKPOINT_TABLE='t!' is not a DynamoDB table name"),
         ({"AWS_REGION": "us east 1"}, "AWS_REGION='us east 1' is not an AWS region name"),
         ({"AWS_DEFAULT_REGION": "-x"}, "AWS_DEFAULT_REGION='-x' is not an AWS region name"),
