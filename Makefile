@@ -23,7 +23,7 @@ demo: $(STAMP)
 .PHONY: docs
 
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

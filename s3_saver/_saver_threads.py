@@ -92,7 +92,8 @@ class ThreadLifecycle:
 
         Args:
             thread_ids: The threads to prune (a list: a bare string is refused).
-            strategy: ``"keep_latest"`` or ``"delete"``.
+            strategy: ``"keep_latest"`` or ``"delete"`` (``"delete_all"``, LangGraph
+                Server's name for it, is taken as ``"delete"``).
             keep_last: With ``keep_latest``, how many checkpoints to keep per namespace.
 
         Raises:

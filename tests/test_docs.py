@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import json
 import logging
 import os
@@ -234,8 +235,12 @@ def test_data_block_parses(block: Block) -> None:
     document = json.loads(block.code) if block.lang == "json" else yaml.safe_load(block.code)
     assert isinstance(document, dict), block.id
     if "checkpointer" in document:  # langgraph.json: the saver's module and attribute
-        module, _, attribute = document["checkpointer"]["path"].partition(":")
-        assert module.startswith("s3_saver") and attribute, document
+        # langgraph-api resolves a path without "/" by splitting at its last dot: the
+        # `module:attr` spelling does not load there.
+        path = document["checkpointer"]["path"]
+        module, _, attribute = path.rpartition(".")
+        assert ":" not in path and module.startswith("s3_saver"), document
+        assert callable(getattr(importlib.import_module(module), attribute)), document
     if "Statement" in document:  # an IAM policy: the template's, KMS aside
         from infra_support import load_template
 

@@ -136,6 +136,21 @@ async def test_aprune_and_adelete_for_runs(endpoint, index_mode) -> None:
     await saver.aclose()
 
 
+async def test_aprune_delete_all_is_delete(endpoint, index_mode) -> None:
+    """LangGraph Server (langgraph-api 0.16) calls ``aprune(ids, strategy="delete_all")``
+    for what the base class calls "delete": it removes the threads named, nothing else."""
+    saver = make_saver(endpoint, index_mode)
+    await saver.asetup()
+    graph = _graph(saver)
+    for thread_id in ("gone", "kept"):
+        await graph.ainvoke({"log": ["in"]}, {"configurable": {"thread_id": thread_id}})
+    kept = [s.config async for s in graph.aget_state_history({"configurable": {"thread_id": "kept"}})]
+    await saver.aprune(["gone"], strategy="delete_all")
+    assert [t async for t in saver.alist({"configurable": {"thread_id": "gone"}})] == []
+    assert [s.config async for s in graph.aget_state_history({"configurable": {"thread_id": "kept"}})] == kept
+    await saver.aclose()
+
+
 def test_delete_for_runs_removes_one_run_of_three_and_a_fork(endpoint, index_mode) -> None:
     saver = make_saver(endpoint, index_mode)
     saver.setup()

@@ -38,6 +38,9 @@ from s3_saver._protocol import Op, gather
 from s3_saver.errors import ConfigurationError
 
 STRATEGIES = ("keep_latest", "delete")
+# LangGraph Server (langgraph-api 0.16, its checkpointer gRPC service) names the
+# base class's "delete" "delete_all" when it calls a custom checkpointer's aprune.
+_SPELLINGS = {"delete_all": "delete"}
 # Threads handled side by side: their round trips share waves.
 _THREADS_AT_ONCE = 16
 _RUN_LOOKUPS = 3
@@ -46,6 +49,7 @@ _DELTA_COUNTERS = "counters_since_delta_snapshot"
 
 def prune(ctx: Context, thread_ids: Sequence[str], strategy: str, keep_last: int | None) -> Op[None]:
     threads = _ids(thread_ids, "thread_ids")
+    strategy = _SPELLINGS.get(strategy, strategy) if isinstance(strategy, str) else strategy
     if strategy not in STRATEGIES:
         raise ConfigurationError(f"unknown prune strategy {strategy!r}: use one of {', '.join(map(repr, STRATEGIES))}")
     if keep_last is not None:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import re
-import sys
 from datetime import timedelta
 from typing import Any
 
 import click
+
+from s3_saver._serde_spec import load_serde as _load_serde
+from s3_saver.errors import ConfigurationError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -74,43 +74,12 @@ class KeyValue(click.ParamType):
 
 
 def load_serde(spec: str) -> Any:
-    """The serializer named by ``MODULE:ATTR``: an object with ``dumps_typed``/``loads_typed``,
-    or a class or zero-argument factory that returns one (called here).
-
-    The current directory is importable, as with ``python -m``, so a project's own
-    module (``myapp.checkpoints:make_serde``) works from the console script too.
+    """The serializer named by ``MODULE:ATTR`` (see :func:`s3_saver._serde_spec.load_serde`).
 
     Raises:
         click.BadParameter: A spec that does not name such an object (a usage error).
     """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise click.BadParameter(f"{spec!r} is not MODULE:ATTR", param_hint="'--serde'")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="'--serde'") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as exc:
-            raise click.BadParameter(f"{module_name!r} has no attribute {attr!r}", param_hint="'--serde'") from exc
-    if isinstance(obj, type) or (callable(obj) and not _is_serde(obj)):
-        try:
-            obj = obj()
-        except Exception as exc:
-            raise click.BadParameter(f"{spec}() failed: {type(exc).__name__}: {exc}", param_hint="'--serde'") from exc
-    if not _is_serde(obj):
-        raise click.BadParameter(
-            f"{spec} is a {type(obj).__name__}, not a serializer (dumps_typed/loads_typed) or a factory of one",
-            param_hint="'--serde'",
-        )
-    return obj
-
-
-def _is_serde(obj: Any) -> bool:
-    return not isinstance(obj, type) and callable(getattr(obj, "dumps_typed", None)) and callable(
-        getattr(obj, "loads_typed", None)
-    )
+        return _load_serde(spec)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--serde'") from exc

@@ -1,0 +1,231 @@
+"""S3Saver for LangGraph Server, configured by environment variables.
+
+LangGraph Server (``langgraph dev``, ``langgraph up``, deployments; langgraph-api
+0.16) takes a custom checkpointer from ``langgraph.json``:
+
+```json
+{"checkpointer": {"path": "s3_saver.langgraph_server.checkpointer"}}
+```
+
+(or the same JSON in ``LANGGRAPH_CHECKPOINTER``). The path is the dotted import
+path of :func:`checkpointer`, dotted to the end: langgraph-api 0.16 imports a path
+without ``/`` as ``module.attribute``, so ``s3_saver.langgraph_server:checkpointer``
+does not load. :func:`checkpointer` is an async context manager factory: the server enters
+it once per event loop it runs graphs on, and leaves it at shutdown, which closes
+the saver's async clients. The server uses the saver's async methods only, so the
+``async`` extra (aioboto3) must be installed: ``pip install
+'langgraph-s3-saver[async]'``. It finds ``adelete_thread``, ``adelete_for_runs``,
+``acopy_thread`` and ``aprune`` on S3Saver, so deleting and copying threads,
+deleting runs (and rolling them back) and pruning reach the bucket and the index.
+
+The variables are the command line's (``langgraph-s3-saver``), so a shell set up
+like the server reaches the same store:
+
+- ``CHECKPOINT_BUCKET`` (required): the S3 bucket.
+- ``CHECKPOINT_TABLE``: the DynamoDB table of the index; unset or empty, the
+  index is the manifest in the bucket.
+- ``CHECKPOINT_PREFIX``: a key prefix in the bucket.
+- ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``): the region of the bucket and table.
+- ``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL_DYNAMODB``:
+  endpoints (moto, LocalStack, MinIO...); the last two override the first.
+- ``CHECKPOINT_SERDE``: ``MODULE:ATTR`` of the serializer the threads are
+  written with (an object, or a class or zero-argument factory of one), e.g.
+  ``langgraph.checkpoint.serde.encrypted:EncryptedSerializer.from_pycryptodome_aes``
+  (which reads ``LANGGRAPH_AES_KEY``); unset, S3Saver's default.
+- ``CHECKPOINT_SETUP``: ``1`` (or ``true``, ``yes``, ``on``) creates the bucket
+  and table when missing as the server starts; off by default, since a
+  deployment creates them ahead (``infra/``) and runs with narrower rights.
+
+Credentials come from boto3's usual chain (environment, profile, role). A
+variable with a wrong value stops the server at start with a
+:class:`~s3_saver.ConfigurationError` naming it.
+
+Example:
+    ```bash
+    CHECKPOINT_BUCKET=my-checkpoints CHECKPOINT_TABLE=langgraph-checkpoints \\
+    AWS_REGION=us-east-1 langgraph dev
+    ```
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from s3_saver._saver import S3Saver
+from s3_saver._serde_spec import load_serde
+from s3_saver.errors import ConfigurationError
+
+__all__ = ["ServerSettings", "checkpointer", "saver_from_env", "settings_from_env"]
+
+# botocore's own rule for a region name (it refuses others when a client is made,
+# which would be at the first request): checked here so the server stops at start.
+_REGION = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
+# A bucket name: S3's rules as loose as its legacy names in us-east-1 (capitals and
+# underscores, up to 255), which still work. It catches what never names a bucket
+# (an s3:// URL, a path, spaces) before the first request.
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{1,253}[A-Za-z0-9]$")
+# DynamoDB's table naming rules.
+_TABLE = re.compile(r"^[a-zA-Z0-9_.\-]{3,255}$")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The saver's settings as read from the environment (see the module docstring).
+
+    Attributes:
+        bucket: ``CHECKPOINT_BUCKET``.
+        table: ``CHECKPOINT_TABLE``; None: the manifest index.
+        prefix: ``CHECKPOINT_PREFIX``.
+        region: ``AWS_REGION`` or ``AWS_DEFAULT_REGION``.
+        endpoint_url: ``AWS_ENDPOINT_URL``.
+        s3_endpoint_url: ``AWS_ENDPOINT_URL_S3``.
+        dynamodb_endpoint_url: ``AWS_ENDPOINT_URL_DYNAMODB``.
+        serde: ``CHECKPOINT_SERDE`` (the ``MODULE:ATTR`` spec, loaded by :meth:`saver`).
+        setup: ``CHECKPOINT_SETUP``: create the bucket and table at start.
+    """
+
+    bucket: str
+    table: str | None = None
+    prefix: str = ""
+    region: str | None = None
+    endpoint_url: str | None = None
+    s3_endpoint_url: str | None = None
+    dynamodb_endpoint_url: str | None = None
+    serde: str | None = None
+    setup: bool = False
+
+    def saver(self) -> S3Saver:
+        """A new S3Saver with these settings (no network call; see :meth:`S3Saver.setup`).
+
+        Raises:
+            ConfigurationError: ``CHECKPOINT_SERDE`` names no serializer.
+        """
+        serde: Any = None
+        if self.serde:
+            try:
+                serde = load_serde(self.serde)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"CHECKPOINT_SERDE={self.serde!r}: {exc}") from exc
+        return S3Saver(
+            self.bucket,
+            table=self.table,
+            prefix=self.prefix,
+            region_name=self.region,
+            endpoint_url=self.endpoint_url,
+            s3_endpoint_url=self.s3_endpoint_url,
+            dynamodb_endpoint_url=self.dynamodb_endpoint_url,
+            serde=serde,
+        )
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSettings:
+    """Read and check the variables of the module docstring.
+
+    Args:
+        environ: The variables; ``os.environ`` by default.
+
+    Returns:
+        The settings.
+
+    Raises:
+        ConfigurationError: ``CHECKPOINT_BUCKET`` is missing, or a variable holds a
+            value that cannot work (the message names the variable and its value).
+    """
+    env = os.environ if environ is None else environ
+
+    def get(name: str) -> str | None:
+        # An empty variable counts as unset: `KEY=` in a .env file, or a
+        # deployment template's blank default.
+        value = env.get(name, "").strip()
+        return value or None
+
+    bucket = get("CHECKPOINT_BUCKET")
+    if bucket is None:
+        raise ConfigurationError(
+            "CHECKPOINT_BUCKET is not set: LangGraph Server's S3Saver needs the name of the S3 bucket "
+            "holding the checkpoints (and CHECKPOINT_TABLE for a DynamoDB index)"
+        )
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        raise ConfigurationError(
+            f"CHECKPOINT_BUCKET={bucket!r} is not an S3 bucket name "
+            "(letters, digits, dots and hyphens, starting and ending with a letter or digit; "
+            "the name alone, without s3:// or a prefix: the prefix goes in CHECKPOINT_PREFIX)"
+        )
+    table = get("CHECKPOINT_TABLE")
+    if table is not None and not _TABLE.match(table):
+        raise ConfigurationError(
+            f"CHECKPOINT_TABLE={table!r} is not a DynamoDB table name (3-255 letters, digits, '_', '-', '.'); "
+            "unset it for the manifest index in the bucket"
+        )
+    region_name, region = next(
+        ((name, value) for name in ("AWS_REGION", "AWS_DEFAULT_REGION") if (value := get(name))), ("", None)
+    )
+    if region is not None and not _REGION.match(region):
+        raise ConfigurationError(f"{region_name}={region!r} is not an AWS region name (e.g. us-east-1)")
+    endpoints = {}
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_DYNAMODB"):
+        value = get(name)
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ConfigurationError(f"{name}={value!r} is not an http:// or https:// URL")
+        endpoints[name] = value
+    serde = get("CHECKPOINT_SERDE")
+    if serde is not None and not re.fullmatch(r"[\w.]+:[\w.]+", serde):
+        raise ConfigurationError(f"CHECKPOINT_SERDE={serde!r} is not MODULE:ATTR (e.g. myapp.checkpoints:serde)")
+    setup = (get("CHECKPOINT_SETUP") or "").lower()
+    if setup not in _TRUE + _FALSE:
+        raise ConfigurationError(f"CHECKPOINT_SETUP={setup!r} is not a switch: use 1 or 0 (true/false, yes/no, on/off)")
+    return ServerSettings(
+        bucket=bucket,
+        table=table,
+        # The prefix keeps its spaces: it is part of every key, as given.
+        prefix=env.get("CHECKPOINT_PREFIX", ""),
+        region=region,
+        endpoint_url=endpoints["AWS_ENDPOINT_URL"],
+        s3_endpoint_url=endpoints["AWS_ENDPOINT_URL_S3"],
+        dynamodb_endpoint_url=endpoints["AWS_ENDPOINT_URL_DYNAMODB"],
+        serde=serde,
+        setup=setup in _TRUE,
+    )
+
+
+def saver_from_env(environ: Mapping[str, str] | None = None) -> S3Saver:
+    """An S3Saver built from the variables of the module docstring (``CHECKPOINT_SETUP``
+    aside: this makes no network call).
+
+    Raises:
+        ConfigurationError: A variable is missing or wrong (named in the message).
+    """
+    return settings_from_env(environ).saver()
+
+
+@asynccontextmanager
+async def checkpointer() -> AsyncIterator[S3Saver]:
+    """The checkpointer LangGraph Server enters: ``"s3_saver.langgraph_server.checkpointer"``.
+
+    Builds the saver from the environment, runs :meth:`S3Saver.asetup` when
+    ``CHECKPOINT_SETUP`` is on, yields it, and closes its async clients on exit.
+
+    Yields:
+        The saver.
+
+    Raises:
+        ConfigurationError: A variable is missing or wrong (named in the message).
+    """
+    settings = settings_from_env()
+    saver = settings.saver()
+    try:
+        if settings.setup:
+            await saver.asetup()
+        yield saver
+    finally:
+        await saver.aclose()
+        # The sync driver is idle under the server (it calls async methods only),
+        # but a user's code may have used the saver's sync side: release it too.
+        saver.close()

@@ -1,0 +1,488 @@
+"""LangGraph Server with S3Saver: s3_saver.langgraph_server's environment, and `langgraph dev`
+(langgraph-api's in-memory runtime) serving examples/langgraph_server against moto in both
+index modes, driven through langgraph-sdk.
+
+What reaches each of the saver's thread-wide methods in langgraph-api 0.16.7:
+
+- ``adelete_thread``: ``DELETE /threads/{id}``, and ``POST /threads/prune`` with the
+  strategy "delete" (the in-memory runtime deletes each thread; its "keep_latest" is 422);
+- ``acopy_thread``: ``POST /threads/{id}/copy``;
+- ``adelete_for_runs``: ``DELETE /threads/{id}/runs/{run_id}`` (the server's worker also
+  calls it for a run rolled back by ``multitask_strategy="rollback"``: not driven here);
+- ``aprune``: the server's checkpointer gRPC service (``Prune``, called by the server's
+  Go core in deployments, with "keep_latest" or "delete_all"): driven here in a process
+  configured as `langgraph dev` configures its own, against the same store.
+
+Each mode's server runs against a moto server of this module's own (the shared one is
+reset by other tests of the same worker) with buckets named for the test run, so two
+xdist workers can both start one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.schema import Command
+
+from conftest import INDEX_MODES
+from moto_fixes import atomic_conditional_writes
+from s3_saver import ConfigurationError, S3Saver
+from s3_saver.langgraph_server import ServerSettings, checkpointer, saver_from_env, settings_from_env
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "langgraph_server"
+BIN = Path(sys.executable).parent
+GRAPH = "refund"
+START_TIMEOUT = 60.0  # seconds; a start takes about 4 here
+CHECKPOINTER = json.loads((EXAMPLE / "langgraph.json").read_text())["checkpointer"]
+
+
+# -- the environment ---------------------------------------------------------------------
+def test_settings_from_env_reads_every_variable() -> None:
+    env = {
+        "CHECKPOINT_BUCKET": "my-checkpoints",
+        "CHECKPOINT_TABLE": "langgraph-checkpoints",
+        "CHECKPOINT_PREFIX": "agents/",
+        "AWS_REGION": "eu-west-1",
+        "AWS_DEFAULT_REGION": "us-east-1",  # AWS_REGION wins, as in boto3
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:4566",
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000",
+        "AWS_ENDPOINT_URL_DYNAMODB": "http://127.0.0.1:8000",
+        "CHECKPOINT_SERDE": "langgraph.checkpoint.serde.jsonplus:JsonPlusSerializer",
+        "CHECKPOINT_SETUP": "yes",
+    }
+    assert settings_from_env(env) == ServerSettings(
+        bucket="my-checkpoints",
+        table="langgraph-checkpoints",
+        prefix="agents/",
+        region="eu-west-1",
+        endpoint_url="http://127.0.0.1:4566",
+        s3_endpoint_url="http://127.0.0.1:9000",
+        dynamodb_endpoint_url="http://127.0.0.1:8000",
+        serde="langgraph.checkpoint.serde.jsonplus:JsonPlusSerializer",
+        setup=True,
+    )
+    saver = saver_from_env(env)
+    assert (saver.bucket, saver.table, saver.region_name) == ("my-checkpoints", "langgraph-checkpoints", "eu-west-1")
+    assert saver._location() == ("my-checkpoints", "agents/", "http://127.0.0.1:9000")
+    assert type(saver.serde).__name__ == "JsonPlusSerializer"
+
+
+def test_settings_defaults_are_the_manifest_index_without_setup() -> None:
+    settings = settings_from_env({"CHECKPOINT_BUCKET": "b-1", "CHECKPOINT_TABLE": "", "AWS_DEFAULT_REGION": "us-west-2"})
+    assert settings == ServerSettings(bucket="b-1", region="us-west-2")
+    assert saver_from_env({"CHECKPOINT_BUCKET": "b-1"}).table is None
+    # A legacy us-east-1 bucket name (capitals, underscores) still names a bucket.
+    assert settings_from_env({"CHECKPOINT_BUCKET": "Legacy_Bucket"}).bucket == "Legacy_Bucket"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "CHECKPOINT_BUCKET is not set"),
+        ({"CHECKPOINT_BUCKET": "  "}, "CHECKPOINT_BUCKET is not set"),
+        ({"CHECKPOINT_BUCKET": "s3://my-bucket"}, "CHECKPOINT_BUCKET='s3://my-bucket' is not an S3 bucket name"),
+        ({"CHECKPOINT_BUCKET": "my-bucket/agents"}, "CHECKPOINT_BUCKET='my-bucket/agents' is not an S3 bucket name"),
+        ({"CHECKPOINT_TABLE": "t!"}, "CHECKPOINT_TABLE='t!' is not a DynamoDB table name"),
+        ({"AWS_REGION": "us east 1"}, "AWS_REGION='us east 1' is not an AWS region name"),
+        ({"AWS_DEFAULT_REGION": "-x"}, "AWS_DEFAULT_REGION='-x' is not an AWS region name"),
+        ({"AWS_ENDPOINT_URL": "127.0.0.1:5000"}, "AWS_ENDPOINT_URL='127.0.0.1:5000' is not an http"),
+        ({"AWS_ENDPOINT_URL_S3": "s3.local"}, "AWS_ENDPOINT_URL_S3='s3.local' is not an http"),
+        ({"AWS_ENDPOINT_URL_DYNAMODB": "ftp://x"}, "AWS_ENDPOINT_URL_DYNAMODB='ftp://x' is not an http"),
+        ({"CHECKPOINT_SERDE": "myapp.serde"}, "CHECKPOINT_SERDE='myapp.serde' is not MODULE:ATTR"),
+        ({"CHECKPOINT_SETUP": "maybe"}, "CHECKPOINT_SETUP='maybe' is not a switch"),
+    ],
+)
+def test_a_wrong_variable_is_named(env: dict[str, str], message: str) -> None:
+    base = {} if "CHECKPOINT_BUCKET" in env or not env else {"CHECKPOINT_BUCKET": "b-1"}
+    with pytest.raises(ConfigurationError) as raised:
+        settings_from_env({**base, **env})
+    assert str(raised.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_such_module_here:serde", "cannot import 'no_such_module_here'"),
+        ("langgraph.checkpoint.serde.jsonplus:NoSuchName", "has no attribute 'NoSuchName'"),
+        ("json:dumps", "json:dumps() failed"),
+        ("os:sep", "is a str, not a serializer"),
+    ],
+)
+def test_a_serde_that_does_not_load_is_named(spec: str, message: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        saver_from_env({"CHECKPOINT_BUCKET": "b-1", "CHECKPOINT_SERDE": spec})
+    assert str(raised.value).startswith(f"CHECKPOINT_SERDE={spec!r}: ") and message in str(raised.value)
+
+
+def test_serde_factory_from_env_reads_its_own_variables(monkeypatch) -> None:
+    """The serializer of the CLI's test_serde_option: a factory reading LANGGRAPH_AES_KEY."""
+    monkeypatch.setenv("LANGGRAPH_AES_KEY", "k" * 32)
+    factory = "langgraph.checkpoint.serde.encrypted:EncryptedSerializer.from_pycryptodome_aes"
+    saver = saver_from_env({"CHECKPOINT_BUCKET": "b-1", "CHECKPOINT_SERDE": factory})
+    assert saver.serde.dumps_typed({"a": 1})[0] == "msgpack+aes"
+
+
+@pytest.mark.parametrize("index_mode", INDEX_MODES)
+async def test_checkpointer_sets_up_when_asked_and_closes(endpoint: str, index_mode: str, monkeypatch) -> None:
+    """What the server enters: CHECKPOINT_SETUP=1 creates the store, the saver works, and
+    leaving closes its async clients (a second entry on the same loop starts afresh)."""
+    table = "server-index" if index_mode == "dynamodb" else ""
+    for name, value in {
+        "CHECKPOINT_BUCKET": "server-bucket",
+        "CHECKPOINT_TABLE": table,
+        "AWS_ENDPOINT_URL": endpoint,
+        "CHECKPOINT_SETUP": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    config = {"configurable": {"thread_id": "t-1", "checkpoint_ns": ""}}
+    async with checkpointer() as saver:
+        assert isinstance(saver, S3Saver) and saver.table == (table or None)
+        stored = await saver.aput(config, _empty_checkpoint(), {"source": "input", "step": -1}, {})
+        assert saver._async._loops  # its clients live on this loop...
+    assert not saver._async._loops  # ...until the server leaves the context
+    monkeypatch.setenv("CHECKPOINT_SETUP", "0")
+    async with checkpointer() as again:
+        assert (await again.aget_tuple(config)).config == stored
+
+
+def _empty_checkpoint() -> dict:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    return empty_checkpoint()
+
+
+# -- langgraph dev -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def own_moto() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    atomic_conditional_writes()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@dataclass
+class Server:
+    """One `langgraph dev` and the store its S3Saver writes to."""
+
+    url: str
+    mode: str
+    env: dict[str, str]
+    bucket: str
+    table: str | None
+    moto: str
+    log: Path
+
+    def saver(self) -> S3Saver:
+        """A fresh saver on the server's store: reads what is stored, nothing cached."""
+        return S3Saver(self.bucket, table=self.table, endpoint_url=self.moto, region_name="us-east-1")
+
+    def keys(self) -> list[str]:
+        s3 = boto3.client("s3", endpoint_url=self.moto, region_name="us-east-1")
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+    def client(self):
+        return get_client(url=self.url, timeout=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _server_env(moto: str, bucket: str, table: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LANGSMITH_", "LANGCHAIN_", "LANGGRAPH_"))}
+    env.update(
+        AWS_ENDPOINT_URL=moto,
+        CHECKPOINT_BUCKET=bucket,
+        CHECKPOINT_TABLE=table or "",
+        CHECKPOINT_SETUP="1",
+        # Nothing but 127.0.0.1 is reachable: no tracing, no analytics, no version check.
+        LANGSMITH_TRACING="false",
+        LANGCHAIN_TRACING_V2="false",
+        LANGGRAPH_CLI_NO_ANALYTICS="1",
+        LANGGRAPH_NO_VERSION_CHECK="true",
+        NO_PROXY="127.0.0.1,localhost",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture(scope="module", params=INDEX_MODES)
+def server(request, own_moto: str, tmp_path_factory) -> Iterator[Server]:
+    """`langgraph dev` on the example app, in a copy of it (the server writes
+    .langgraph_api/ in its working directory), on a free port."""
+    mode = request.param
+    run = uuid.uuid4().hex[:8]
+    bucket = f"lgs-{mode}-{run}"
+    table = f"lgs-{mode}-{run}" if mode == "dynamodb" else None
+    app = tmp_path_factory.mktemp(f"langgraph-server-{mode}")
+    for name in ("langgraph.json", "graph.py"):
+        shutil.copy(EXAMPLE / name, app / name)
+    port = _free_port()
+    env = _server_env(own_moto, bucket, table)
+    log = app / "server.log"
+    command = [str(BIN / "langgraph"), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [*command, "--config", str(app / "langgraph.json")], cwd=app, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        url = _wait_ready(port, process, log)
+        yield Server(url=url, mode=mode, env=env, bucket=bucket, table=table, moto=own_moto, log=log)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    # The server closed the saver it entered, without an error on the way out.
+    assert "Traceback" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-4000:]
+
+
+def _wait_ready(port: int, process: subprocess.Popen, log: Path) -> str:
+    """The server's URL once it answers ``/ok``."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if process.poll() is not None:
+            pytest.fail(f"langgraph dev exited with {process.returncode}:\n{text[-4000:]}")
+        # langgraph dev moves to another port when its own was taken (by then, by another
+        # process: _free_port only found it free), and says which.
+        if moved := re.search(r"Port \d+ is already in use, using port (\d+) instead", text):
+            port = int(moved.group(1))
+        # Only once it says it started (after any such move): whatever took the port answers too.
+        if "Application started up" in text:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ok", timeout=2) as answer:
+                    if answer.status == 200:
+                        return f"http://127.0.0.1:{port}"
+            except OSError:
+                pass
+        time.sleep(0.2)
+    pytest.fail(f"langgraph dev not ready in {START_TIMEOUT:.0f} s:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+async def _interrupted(client) -> tuple[str, str]:
+    """A new thread run up to the graph's interrupt: (thread id, run id)."""
+    thread = await client.threads.create()
+    thread_id = thread["thread_id"]
+    values = await client.runs.wait(thread_id, GRAPH, input={"order": "A-7", "amount": 12.5})
+    assert values["__interrupt__"][0]["value"] == {
+        "question": "Approve this refund?",
+        "draft": "Refund 12.50 EUR for order A-7",
+    }
+    (run,) = await client.runs.list(thread_id)
+    return thread_id, run["run_id"]
+
+
+async def _finished(client) -> tuple[str, list[str]]:
+    """A new thread run to its interrupt and resumed with "approve": (thread id, [first run, resume run])."""
+    thread_id, first = await _interrupted(client)
+    values = await client.runs.wait(thread_id, GRAPH, command=Command(resume="approve"))
+    assert values["status"] == "refunded" and values["decision"] == "approve"
+    runs = {r["run_id"] for r in await client.runs.list(thread_id)}
+    (resume,) = runs - {first}
+    return thread_id, [first, resume]
+
+
+def _stored(saver: S3Saver, thread_id: str) -> list[tuple[str, str | None, dict]]:
+    """The thread's checkpoints as S3Saver lists them: (id, run id, values), newest first."""
+    return [
+        (t.config["configurable"]["checkpoint_id"], t.metadata.get("run_id"), t.checkpoint["channel_values"])
+        for t in saver.list({"configurable": {"thread_id": thread_id}})
+    ]
+
+
+async def _interrupt_resume_and_history_are_in_the_bucket(server: Server) -> None:
+    client = server.client()
+    thread_id, first_run = await _interrupted(client)
+    state = await client.threads.get_state(thread_id)
+    assert state["next"] == ["review"] and state["interrupts"][0]["value"]["draft"].startswith("Refund 12.50")
+    interrupted_at = state["checkpoint"]["checkpoint_id"]
+
+    values = await client.runs.wait(thread_id, GRAPH, command=Command(resume="approve"))
+    assert values["log"] == ["drafted: Refund 12.50 EUR for order A-7", "reviewed: approve", "settled: refunded"]
+    state = await client.threads.get_state(thread_id)
+    assert state["next"] == [] and state["values"] == values
+    history = await client.threads.get_history(thread_id, limit=100)
+    assert [h["metadata"]["step"] for h in history] == [3, 2, 1, 0, -1]
+    assert history[2]["checkpoint"]["checkpoint_id"] == interrupted_at
+
+    # The same history, read from the store by a saver of another process.
+    saver = server.saver()
+    stored = _stored(saver, thread_id)
+    assert [c[0] for c in stored] == [h["checkpoint"]["checkpoint_id"] for h in history]
+    assert {c[1] for c in stored[2:]} == {first_run} and stored[0][1] != first_run
+    assert stored[0][2] == values
+    latest = saver.get_tuple({"configurable": {"thread_id": thread_id}})
+    assert latest.checkpoint["id"] == state["checkpoint"]["checkpoint_id"]
+    # The interrupted checkpoint holds the interrupt and the resume among its pending writes.
+    at_interrupt = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": interrupted_at}})
+    assert {"__interrupt__", "__resume__"} <= {channel for _, channel, _ in at_interrupt.pending_writes}
+    # One object per checkpoint in the bucket (and in manifest mode, the thread's manifest).
+    keys = server.keys()
+    checkpoints = [k for k in keys if k.startswith(f"live/{thread_id}/=/checkpoints/")]
+    assert sorted(k.rsplit("/", 1)[1].split("@")[0] for k in checkpoints) == sorted(c[0] for c in stored)
+    manifests = [k for k in keys if k.startswith(f"manifests/{thread_id}/")]
+    assert bool(manifests) == (server.mode == "manifest"), manifests
+    saver.close()
+
+
+async def _copy_thread_copies_the_store(server: Server) -> None:
+    """POST /threads/{id}/copy reaches S3Saver.acopy_thread: the copy holds the same checkpoints."""
+    client = server.client()
+    source, _ = await _finished(client)
+    copy = await client.threads.copy(source)
+    target = copy["thread_id"]
+    saver = server.saver()
+    copied, original = _stored(saver, target), _stored(saver, source)
+    assert len(original) == 5 and copied == original
+    state = await client.threads.get_state(target)
+    assert state["values"]["status"] == "refunded" and state["checkpoint"]["thread_id"] == target
+    # The copy continues on its own: a state update lands in the copy, not the source.
+    await client.threads.update_state(target, {"status": "reopened"})
+    assert len(_stored(saver, target)) == 6 and _stored(saver, source) == original
+    saver.close()
+
+
+async def _delete_run_deletes_its_checkpoints(server: Server) -> None:
+    """DELETE /threads/{id}/runs/{run_id} reaches S3Saver.adelete_for_runs: the resume run's
+    checkpoints go, the first run's stay, and the thread is back at its interrupt."""
+    client = server.client()
+    thread_id, (first, resume) = await _finished(client)
+    saver = server.saver()
+    before = _stored(saver, thread_id)
+    await client.runs.delete(thread_id, resume)
+    after = _stored(saver, thread_id)
+    assert after == [c for c in before if c[1] == first] and len(after) == 3
+    state = await client.threads.get_state(thread_id)
+    assert state["checkpoint"]["checkpoint_id"] == after[0][0]
+    saver.close()
+
+
+async def _delete_and_prune_threads_delete_them_from_the_store(server: Server) -> None:
+    """DELETE /threads/{id} and POST /threads/prune (strategy "delete") reach
+    S3Saver.adelete_thread: the threads' checkpoints and objects are gone, others stay."""
+    client = server.client()
+    deleted, _ = await _interrupted(client)
+    pruned, _ = await _interrupted(client)
+    kept, _ = await _interrupted(client)
+    saver = server.saver()
+    kept_before = _stored(saver, kept)
+    await client.threads.delete(deleted)
+    assert await client.threads.prune([pruned], strategy="delete") == {"pruned_count": 1}
+    for thread_id in (deleted, pruned):
+        assert _stored(saver, thread_id) == []
+        assert saver.get_tuple({"configurable": {"thread_id": thread_id}}) is None
+        assert not [k for k in server.keys() if k.startswith(f"live/{thread_id}/")]
+    assert _stored(saver, kept) == kept_before
+    saver.close()
+
+
+# The server's checkpointer gRPC service, in a process configured as `langgraph dev`
+# configures its own (the in-memory runtime's settings, LANGGRAPH_CHECKPOINTER from the
+# example's langgraph.json): one Prune request per STRATEGY=THREAD_ID argument, through
+# langgraph-api's adapter, as the server's Go core sends them.
+_PRUNE = """
+import asyncio, sys
+from langgraph_api import _checkpointer
+from langgraph_api.grpc.servicers.checkpointer import CheckpointerServicerImpl
+from langgraph_grpc_common.proto import checkpointer_pb2
+
+class Context:
+    def code(self):
+        return None
+    def set_code(self, code):
+        pass
+    def set_details(self, details):
+        print(details, file=sys.stderr)
+
+async def main(requests):
+    await _checkpointer.start_checkpointer()
+    assert _checkpointer.get_checkpointer_capabilities().has_aprune
+    try:
+        for strategy, thread_id in requests:
+            request = checkpointer_pb2.PruneRequest(
+                thread_ids=[thread_id], strategy=checkpointer_pb2.PruneRequest.PruneStrategy.Value(strategy)
+            )
+            await CheckpointerServicerImpl().Prune(request, Context())
+    finally:
+        await _checkpointer.exit_checkpointer()
+
+asyncio.run(main([arg.split("=", 1) for arg in sys.argv[1:]]))
+"""
+
+
+async def _grpc_prune_reaches_aprune(server: Server, alongside: Awaitable[None]) -> None:
+    """Prune KEEP_LATEST keeps the thread's newest checkpoint; DELETE_ALL (which the server
+    passes to aprune as "delete_all") deletes the thread; a thread not named stays.
+
+    The process starts in seconds (langgraph-api imports): ``alongside`` runs meanwhile.
+    """
+    client = server.client()
+    (trimmed, _), (deleted, _), (untouched, _) = [await _interrupted(client) for _ in range(3)]
+    saver = server.saver()
+    before = {t: _stored(saver, t) for t in (trimmed, deleted, untouched)}
+    env = {
+        **server.env,
+        "MIGRATIONS_PATH": "__inmem",
+        "DATABASE_URI": ":memory:",
+        "REDIS_URI": "fake",
+        "LANGGRAPH_RUNTIME_EDITION": "inmem",
+        "LANGGRAPH_CHECKPOINTER": json.dumps(CHECKPOINTER),
+    }
+    requests = [f"KEEP_LATEST={trimmed}", f"DELETE_ALL={deleted}"]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _PRUNE, *requests, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        await alongside
+    finally:
+        _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode == 0, stderr.decode()[-4000:]
+
+    assert _stored(saver, trimmed) == before[trimmed][:1] and len(before[trimmed]) == 3
+    assert _stored(saver, deleted) == []
+    assert _stored(saver, untouched) == before[untouched]
+    state = await client.threads.get_state(trimmed)
+    assert state["checkpoint"]["checkpoint_id"] == before[trimmed][0][0] and state["next"] == ["review"]
+    # The kept checkpoint still holds its interrupt: the thread resumes as before the prune.
+    values = await client.runs.wait(trimmed, GRAPH, command=Command(resume="reject"))
+    assert values["status"] == "rejected" and len(_stored(saver, trimmed)) == 3
+    saver.close()
+
+
+async def test_langgraph_dev_keeps_its_threads_in_s3(server: Server) -> None:
+    """Every check on one server per index mode, in one test: the server takes seconds to
+    start, and one test stays on one xdist worker (separate tests would start it on both)."""
+
+    async def through_the_api() -> None:
+        await _interrupt_resume_and_history_are_in_the_bucket(server)
+        await _copy_thread_copies_the_store(server)
+        await _delete_run_deletes_its_checkpoints(server)
+        await _delete_and_prune_threads_delete_them_from_the_store(server)
+
+    await _grpc_prune_reaches_aprune(server, alongside=through_the_api())
