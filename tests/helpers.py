@@ -59,6 +59,26 @@ def long_form() -> bool:
     return os.environ.get("TEST_ALL") == "1" or bool(os.environ.get("SOAK_MINUTES"))
 
 
+# The calls that only read: a round trip made of them leaves the store as it was.
+READS = frozenset(
+    "get_object head_object list_objects_v2 head_bucket get_bucket_versioning"
+    " get_bucket_lifecycle_configuration get_bucket_replication get_item batch_get_item"
+    " query scan transact_get_items describe_table describe_time_to_live".split()
+)
+
+
+def store_changing_cuts(changes: list[bool]) -> list[int]:
+    """The cuts of a call whose round trip k changed the store iff ``changes[k]``.
+
+    Cut after k round trips, the store holds what rounds 0..k-1 wrote; when round
+    k-1 only read, that is what the cut after k-1 left. A call again from a fresh
+    process then meets the same store, so that cut tests nothing new: ``make test``
+    skips it, ``make test-all`` cuts after every round trip all the same."""
+    if long_form():
+        return list(range(len(changes)))
+    return [k for k in range(len(changes)) if k == 0 or changes[k - 1]]
+
+
 def cut_points(total: int, most: int = 6) -> list[int]:
     """Where a test that cuts an operation short cuts it, of ``total`` round trips.
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import make_saver
-from helpers import config, long_form
+from helpers import READS, config, long_form, store_changing_cuts
 from soundness_support import Cut, chain, fresh, leftovers, reset
 
 from s3_saver import MissingObjectError, ThreadArchivedError
@@ -78,13 +78,13 @@ def _exported(endpoint: str, mode: str) -> tuple[bytes, dict[str, Any]]:
     return data, before
 
 
-def _operations(call, monkeypatch) -> list[str]:
-    """The operation of each round trip ``call()`` takes."""
-    seen: list[str] = []
+def _operations(call, monkeypatch) -> list[tuple[str, bool]]:
+    """The operation of each round trip ``call()`` takes, and whether it changed the store."""
+    seen: list[tuple[str, bool]] = []
     real = SyncDriver._wave
 
     def wave(driver, calls):
-        seen.append(calls[0].operation)
+        seen.append((calls[0].operation, any(c.operation not in READS for c in calls)))
         return real(driver, calls)
 
     with monkeypatch.context() as patch:
@@ -103,9 +103,10 @@ def _cases(endpoint: str, mode: str, monkeypatch, prepare, call, check, every: b
     reset(endpoint, mode)
     setup = make_saver(endpoint, mode)
     prepare(setup, "twin")
-    ops = _operations(lambda: call(fresh(endpoint, mode), "twin"), monkeypatch)
+    waves = _operations(lambda: call(fresh(endpoint, mode), "twin"), monkeypatch)
+    ops = [op for op, _ in waves]
     total = len(ops)
-    cuts = list(range(total))
+    cuts = store_changing_cuts([changes for _, changes in waves])
     if not every and not long_form() and "transact_write_items" in ops:
         cuts = [k for k in cuts if k and ops[k - 1] == "transact_write_items"]
     bad = []
