@@ -175,7 +175,9 @@ def test_gc_never_deletes_a_write_in_flight(endpoint, index_mode) -> None:
     stored = grow_thread(collector, "t", 2)
     with FaultProxy(endpoint) as proxy:
         writer = make_saver(proxy.url, index_mode)
-        proxy.pause_when = lambda req: req.is_object_put and "/checkpoints/" in req.path
+        # The key's own "/checkpoints/", not the bucket's name in the path ("/checkpoints/live/..."):
+        # that matched the blob PUT sent beside it, which may land before the checkpoint's.
+        proxy.pause_when = lambda req: req.is_object_put and "/checkpoints/" in req.path.split("/live/", 1)[-1]
         cp = checkpoint({"counter": 99, "doc": "y" * 70_000}, {"counter": "9", "doc": "2"})
         done: list = []
 
