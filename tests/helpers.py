@@ -79,7 +79,7 @@ def store_changing_cuts(changes: list[bool]) -> list[int]:
     return [k for k in range(len(changes)) if k == 0 or changes[k - 1]]
 
 
-def cut_points(total: int, most: int = 6) -> list[int]:
+def cut_points(total: int, most: int = 5) -> list[int]:
     """Where a test that cuts an operation short cuts it, of ``total`` round trips.
 
     ``make test-all``: after every round trip. ``make test``: at most ``most`` of

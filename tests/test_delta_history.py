@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, TypedDict
 
+import pytest
 from conftest import make_saver
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
@@ -123,6 +124,7 @@ def _chain(saver, thread_id: str, depth: int, size: int, counters: bool = True) 
     return configs
 
 
+@pytest.mark.slow  # make test-all and CI (make test-slow): a cost invariant over deep histories
 def test_delta_history_round_trips_do_not_grow_with_depth_or_bytes(saver, endpoint, index_mode) -> None:
     """Chains of 300 KB ancestors, read by a cold process each (no cached segments)."""
     deep = _chain(saver, "deep", 100, 300_000)

@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 from infra_support import REPLICA_TEMPLATE, REPO, TEMPLATE, infra_tool, load_template
 
+# The linters live in a virtualenv of their own (checkov alone is ~500 MB to install): make
+# test-all and CI (make test-slow) install it and run these; make test does neither.
+pytestmark = pytest.mark.slow
+
 TIMEOUT = 300
 TEMPLATES = pytest.mark.parametrize("template", [TEMPLATE, REPLICA_TEMPLATE], ids=lambda p: p.name)
 

@@ -251,6 +251,7 @@ def saver_policy() -> dict[str, Any]:
     return stack.properties("SaverPolicy")["PolicyDocument"]
 
 
+@pytest.mark.slow  # make test-all and CI (make test-slow), with the infra linters
 def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str) -> None:
 
     s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
@@ -503,6 +504,7 @@ def _show(title: str, calls: list[Any], needed: dict[Request, set[str]]) -> None
     print("   s3 actions by sub-prefix:", {a: sorted(s) for a, s in sorted(where.items())})
 
 
+@pytest.mark.slow  # make test-all and CI (make test-slow): every public method in both regions, three times
 @pytest.mark.parametrize("mode", REPLICA_MODES)
 def test_replica_policies_allow_exactly_what_the_saver_does(regions: Any, mode: str) -> None:
     from botocore.config import Config

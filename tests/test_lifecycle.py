@@ -334,6 +334,7 @@ LIFECYCLE_COSTS = {
 }
 
 
+@pytest.mark.slow  # make test-all and CI (make test-slow): a cost invariant beside a large unrelated thread
 def test_lifecycle_costs_grow_with_what_they_touch_not_with_the_store(endpoint, index_mode) -> None:
     """prune, delete_for_runs and copy_thread on a 100-checkpoint thread cost the same
     with a large unrelated thread (and other threads) beside it: they read the

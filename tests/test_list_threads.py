@@ -187,6 +187,7 @@ def _number(info: ThreadInfo) -> int:
     return int(info.thread_id.removeprefix("thread-"))
 
 
+@pytest.mark.slow  # make test-all and CI (make test-slow): 500 threads; the smaller listing tests run in make test
 def test_five_hundred_threads_order_pages_filter_and_costs(saver, index_mode, quick_queries) -> None:
     expected = _populate(saver, index_mode)
     everything = _order(list(expected.values()))
@@ -270,6 +271,7 @@ def test_five_hundred_threads_order_pages_filter_and_costs(saver, index_mode, qu
 
 
 # -- 2. costs: the page, not the table or bucket -------------------------------------
+@pytest.mark.slow  # make test-all and CI (make test-slow): a cost invariant over a large store
 def test_list_threads_costs_the_page_not_the_store(saver, index_mode, quick_queries) -> None:
     clock = Clock(saver)
     newest = []

@@ -165,14 +165,16 @@ def _by_task(writes: frozenset) -> dict[str, frozenset]:
     return {task: frozenset(parts) for task, parts in out.items()}
 
 
-def _cases() -> list[tuple[str, str, str]]:
+def _cases() -> list[Any]:
     every = [(m, o, s) for m in MODES for o in OUTAGES for s in STALE]
     if long_form():
         return every
-    # make test: each mode, each outage kind and each stale queue at least once
-    # (4 of 12; make test-all and make soak run all).
-    return [("manifest", "hang", "applied"), ("manifest", "refuse", "refused"), ("dynamodb", "hang", "refused"),
-            ("dynamodb-global", "refuse", "applied")]
+    # Each mode, each outage kind and each stale queue at least once (4 of 12; make
+    # test-all and make soak run all): make test runs one per index mode, CI (make
+    # test-slow) the other two.
+    slow = pytest.mark.slow
+    return [pytest.param("manifest", "hang", "applied", marks=slow), ("manifest", "refuse", "refused"),
+            ("dynamodb", "hang", "refused"), pytest.param("dynamodb-global", "refuse", "applied", marks=slow)]
 
 
 @pytest.mark.parametrize(("mode", "outage", "stale"), _cases())

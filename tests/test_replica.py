@@ -423,7 +423,8 @@ def _index_newest(plain: S3Saver, thread_id: str) -> str | None:
     return entry.checkpoint_id if entry is not None else None
 
 
-@pytest.mark.parametrize("mode", READ_MODES)
+# The global table's case, the longest, runs in make test-all and CI (make test-slow).
+@pytest.mark.parametrize("mode", ("manifest", pytest.param("dynamodb-global", marks=pytest.mark.slow)))
 def test_lag_every_read_is_a_complete_checkpoint_the_primary_had(regions, mode: str) -> None:
     """Property test: the same events (a conversation on the primary, recorded there
     before anything replicates) delivered one at a time in LAG_SEEDS random orders (even

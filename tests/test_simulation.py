@@ -3,15 +3,15 @@
 See tests/sim/__init__.py for the harness. In both index modes:
 
 * ``test_every_pair``: each operation pair of ``workload.PAIRS`` once (seeded faults;
-  budget 60 s, a soak repeats it);
+  budget 60 s, a soak repeats it), in two halves (make test runs the first, CI both);
 * ``test_exhaustive``: small pairs, every interleaving of their calls (no faults),
   then one fault (lost reply, request not sent, cut then retried or abandoned) at
   every call, up to a cap per pair, within the budget;
 * ``test_random``: seeded random schedules of 2-3 processes until the budget is spent;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
-Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 60, exhaustive 10,
-random 15),
+Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 60, exhaustive 6
+(10 in make test-all), random 8 (15 in make test-all)),
 ``SIM_SEED`` (base seed; default: new each run, printed), ``SIM_KEEP_GOING=1``
 (run the whole budget and report every failure instead of stopping at the first),
 ``SIM_FAILURES_FILE`` (append each failed schedule as a JSON line),
@@ -79,16 +79,20 @@ def _run(world: World, spec: Spec, tally: Tally) -> Outcome:
     return out
 
 
+# The pairs in two halves: make test runs the even ones, CI (make test-slow) the odd
+# ones too, make test-all and make soak both.
+@pytest.mark.parametrize("half", (0, pytest.param(1, marks=pytest.mark.slow)))
 @pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
-def test_every_pair(world: World) -> None:
-    """Each pair of ``workload.PAIRS`` once (in a soak: round after round, new seeds),
-    starting at a pair the base seed picks; stops when the budget (default 60 s) is
-    spent, saying how many pairs it covered."""
+def test_every_pair(world: World, half: int) -> None:
+    """Each pair of its half of ``workload.PAIRS`` once (in a soak: round after round,
+    new seeds), starting at a pair the base seed picks; stops when the budget (default
+    60 s) is spent, saying how many pairs it covered."""
     base = _base_seed()
     tally = Tally()
     soak = bool(os.environ.get("SOAK_MINUTES"))
     deadline = time.monotonic() + budget_seconds(60)
-    pairs = W.PAIRS[base % len(W.PAIRS):] + W.PAIRS[: base % len(W.PAIRS)]
+    mine = W.PAIRS[half::2]
+    pairs = mine[base % len(mine):] + mine[: base % len(mine)]
     i = 0
     stop = False
     while not stop:
@@ -108,7 +112,7 @@ def test_exhaustive(world: World) -> None:
     """Per small pair: its interleavings (depth first over which process sends the
     next call, no faults), then one fault (lost reply, not sent, cut then retried or
     abandoned) at each call of one interleaving, in a seeded order; ``cap`` of each."""
-    budget = budget_seconds(10)
+    budget = budget_seconds(6, long=10)
     cap = int(os.environ.get("SIM_EXHAUSTIVE_CAP", "12"))
     deadline = time.monotonic() + budget
     base = _base_seed()
@@ -141,7 +145,7 @@ def test_exhaustive(world: World) -> None:
 
 @pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
 def test_random(world: World) -> None:
-    budget = budget_seconds(15)
+    budget = budget_seconds(8, long=15)
     deadline = time.monotonic() + budget
     base = _base_seed()
     tally = Tally()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
 from helpers import checkpoint, config
 
 
@@ -79,6 +80,7 @@ def test_item7_list_limit_is_exact_across_index_pages(saver) -> None:
     assert bad == [], f"(call, limit, returned, expected): {bad}"
 
 
+@pytest.mark.slow  # make test-all and CI (make test-slow): the issue's large case; the small cases of the same defect run in make test
 def test_item7_issue_case_1200_checkpoints_of_2_kb(dynamo_saver) -> None:
     """The reported case, DynamoDB: 1,200 checkpoints with 2 KB of metadata each;
     list(limit=1100) returns 1,099."""

@@ -9,7 +9,7 @@ fresh saver, or abandoned). After every step a fresh saver reads every thread,
 and some state of the model (tests/sim/model.py) must read the same; the audit
 must find nothing missing.
 
-Budget: ``SIM_STATEFUL_SECONDS`` (default 12 per mode; ``make soak`` gives it a
+Budget: ``SIM_STATEFUL_SECONDS`` (default 8 per mode, 12 in ``make test-all``; ``make soak`` gives it a
 share of ``SOAK_MINUTES``), in rounds of ``SIM_HYPOTHESIS_EXAMPLES`` examples
 (default 4) of at most ``SIM_HYPOTHESIS_STEPS`` steps (default 8). A failure is not
 shrunk unless ``SIM_HYPOTHESIS_SHRINK=1`` (on by default in a soak): shrinking takes minutes.
@@ -227,7 +227,7 @@ class SaverMachine(RuleBasedStateMachine):
 @pytest.mark.parametrize("mode", INDEX_MODES)
 def test_stateful(moto_endpoint: str, mode: str) -> None:
     machine = type(f"SaverMachine_{mode}", (SaverMachine,), {"world": World(moto_endpoint, mode)})
-    budget = float(os.environ.get("SIM_STATEFUL_SECONDS", 0)) or budget_seconds(12)
+    budget = float(os.environ.get("SIM_STATEFUL_SECONDS", 0)) or budget_seconds(8, long=12)
     examples = int(os.environ.get("SIM_HYPOTHESIS_EXAMPLES", "4"))
     steps = int(os.environ.get("SIM_HYPOTHESIS_STEPS", "8"))
     # Shrinking a failure can take minutes: on in a soak (or SIM_HYPOTHESIS_SHRINK=1).

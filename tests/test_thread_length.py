@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from conftest import make_saver
 from helpers import checkpoint, config, grow_thread
 
@@ -87,6 +88,7 @@ def _lengthen(saver, thread_id: str, total: int) -> None:
     saver._ctx.locs.forget_thread(thread_id)
 
 
+@pytest.mark.slow  # make test-all and CI (make test-slow): a cost invariant over long threads
 def test_costs_do_not_grow_with_thread_length(endpoint, index_mode) -> None:
     saver = make_saver(endpoint, index_mode)
     saver.setup()

@@ -262,11 +262,16 @@ def summarize(line: str) -> None:
 
 
 
-def budget_seconds(default: float) -> float:
+def budget_seconds(default: float, long: float | None = None) -> float:
+    """Seconds for one simulation test: ``default`` in make test, ``long`` (if given)
+    in make test-all, a share of ``SOAK_MINUTES`` in make soak; ``SIM_BUDGET_SECONDS``
+    overrides the first two."""
     minutes = os.environ.get("SOAK_MINUTES")
     if minutes:
-        # `make soak`: the minutes are split across the 4 mode-tests and the stateful ones.
+        # `make soak`: the minutes are split across the simulation and stateful tests (SOAK_SHARES per worker).
         return float(minutes) * 60 / float(os.environ.get("SOAK_SHARES", "4"))
+    if long is not None and os.environ.get("TEST_ALL") == "1":
+        default = long
     return float(os.environ.get("SIM_BUDGET_SECONDS", default))
 
 
