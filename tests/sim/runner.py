@@ -269,7 +269,7 @@ def budget_seconds(default: float, long: float | None = None) -> float:
     minutes = os.environ.get("SOAK_MINUTES")
     if minutes:
         # `make soak`: the minutes are split across the simulation and stateful tests (SOAK_SHARES per worker).
-        return float(minutes) * 60 / float(os.environ.get("SOAK_SHARES", "4"))
+        return float(minutes) * 60 / float(os.environ.get("SOAK_SHARES", "5"))
     if long is not None and os.environ.get("TEST_ALL") == "1":
         default = long
     return float(os.environ.get("SIM_BUDGET_SECONDS", default))
