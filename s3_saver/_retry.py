@@ -84,28 +84,36 @@ def resilient(op: Op[T], policy: RetryPolicy, clock: Callable[[], float] = time.
     """``op``, with the calls of each round trip that failed transiently sent again."""
     end = _DEADLINE.get()
     reply: Any = None
-    while True:
-        try:
-            step = op.send(reply)
-        except StopIteration as stop:
-            return stop.value
-        if not isinstance(step, tuple):
-            reply = yield step
-            continue
-        started = clock()
-        limit = end
-        if policy.budget is not None:
-            limit = min(end, started + policy.budget) if end is not None else started + policy.budget
-        results = list((yield step))
-        for attempt in range(1, policy.attempts):
-            failed = [i for i, (call, result) in enumerate(zip(step, results)) if transient(call, result)]
-            if not failed:
-                break
-            pause = _JITTER.uniform(0, min(policy.cap, policy.base * 2 ** (attempt - 1)))
-            if limit is not None and clock() + pause > limit:
-                break
-            yield Sleep(pause)
-            again = yield tuple(step[i] for i in failed)
-            for i, result in zip(failed, again):
-                results[i] = result
-        reply = results
+    try:
+        while True:
+            try:
+                step = op.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if not isinstance(step, tuple):
+                reply = yield step
+                continue
+            started = clock()
+            limit = end
+            if policy.budget is not None:
+                limit = min(end, started + policy.budget) if end is not None else started + policy.budget
+            results = list((yield step))
+            for attempt in range(1, policy.attempts):
+                failed = [i for i, (call, result) in enumerate(zip(step, results)) if transient(call, result)]
+                if not failed:
+                    break
+                pause = _JITTER.uniform(0, min(policy.cap, policy.base * 2 ** (attempt - 1)))
+                if limit is not None and clock() + pause > limit:
+                    break
+                yield Sleep(pause)
+                again = yield tuple(step[i] for i in failed)
+                for i, result in zip(failed, again):
+                    results[i] = result
+            reply = results
+    finally:
+        # Closed early (a cut, a cancelled task, an exception in the driver): close ``op``
+        # now. Its ``finally`` blocks hand on what other operations of this process wait
+        # for (a group commit's lead: tests/test_retry.py). Left to the garbage collector,
+        # a reference cycle (an exception it keeps) holds it while the process is idle,
+        # and the commits its lead took wait for it forever.
+        op.close()

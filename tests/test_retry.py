@@ -107,3 +107,58 @@ def test_policy_and_deadline_refuse_bad_values() -> None:
 
 def test_a_call_without_key_is_described() -> None:
     assert Call("dynamodb", "query", {"TableName": "t"}).describe().startswith("dynamodb.query")
+
+
+def test_a_closed_operation_closes_the_one_it_wraps() -> None:
+    """The drivers close an operation cut short (``iterate``'s ``finally``): the
+    operation inside the retry wrapper must be closed then too, not when collected.
+    Here something else still holds it, as a reference cycle would."""
+    closed: list[str] = []
+
+    def inner():
+        try:
+            yield Sleep(0)
+            yield Sleep(0)
+        finally:
+            closed.append("inner")
+
+    op = inner()
+    held = [op]  # a reference the garbage collector would have to break
+    wrapped = resilient(op, RetryPolicy())
+    assert isinstance(next(wrapped), Sleep)
+    wrapped.close()
+    assert closed == ["inner"] and held
+
+
+def test_a_group_commit_lead_cut_short_hands_on_at_once() -> None:
+    """Three commits of one process to one head: b and c queue behind a; a's swap
+    done, b leads and takes c. b is cut mid-swap (its driver closes it): c must lead
+    now, not wait for a lead that is gone (a put hung for good in a cut-short graph run)."""
+    import threading
+
+    from s3_saver._index.manifest_group import GroupCommit
+    from s3_saver._protocol import Wait
+
+    group = GroupCommit(threading.Lock())
+
+    def update(change, check):
+        yield Sleep(0)  # the swap's round trip
+
+    held = []  # each commit's operation, held elsewhere as a reference cycle would
+
+    def commit():
+        held.append(group.commit("t", lambda head: head, lambda head: iter(()), update))
+        return resilient(held[-1], RetryPolicy())
+
+    a, b, c = commit(), commit(), commit()
+    assert isinstance(next(a), Sleep)  # a leads, swapping
+    b_waits, c_waits = next(b), next(c)
+    assert isinstance(b_waits, Wait) and isinstance(c_waits, Wait)  # queued behind a
+    with pytest.raises(StopIteration):
+        a.send(None)  # a's swap done: b leads
+    assert b_waits.signal.is_set()
+    assert isinstance(b.send(None), Sleep)  # b swapping, c taken
+    assert not c_waits.signal.is_set()
+    b.close()  # cut short
+    assert c_waits.signal.is_set()  # handed on: c leads
+    assert isinstance(c.send(None), Sleep)
