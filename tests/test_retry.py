@@ -162,3 +162,31 @@ def test_a_group_commit_lead_cut_short_hands_on_at_once() -> None:
     b.close()  # cut short
     assert c_waits.signal.is_set()  # handed on: c leads
     assert isinstance(c.send(None), Sleep)
+
+
+def test_a_taken_commit_cut_short_is_never_handed_the_lead() -> None:
+    """b leads and takes c; c is cut while it waits, then b is cut mid-swap: nothing
+    is left in line, and the next commit leads at once (c handed the lead would hold
+    the thread: every later commit would wait for it)."""
+    import threading
+
+    from s3_saver._index.manifest_group import GroupCommit
+    from s3_saver._protocol import Wait
+
+    group = GroupCommit(threading.Lock())
+
+    def update(change, check):
+        yield Sleep(0)
+
+    def commit():
+        return resilient(group.commit("t", lambda head: head, lambda head: iter(()), update), RetryPolicy())
+
+    a, b, c = commit(), commit(), commit()
+    next(a)
+    next(b), next(c)
+    with pytest.raises(StopIteration):
+        a.send(None)
+    assert isinstance(b.send(None), Sleep)  # b swapping, c taken
+    c.close()
+    b.close()
+    assert isinstance(next(commit()), Sleep)  # leads at once, no Wait

@@ -32,7 +32,7 @@ from s3_saver._protocol import Op, Signal, Wait
 WAIT_FOR_LEAD = 1.0  # seconds; a swap takes one round trip, its retries a few
 BATCH_MAX = 64
 
-_QUEUED, _TAKEN, _LEAD, _ALONE, _DONE = "queued", "taken", "lead", "alone", "done"
+_QUEUED, _TAKEN, _LEAD, _ALONE, _DONE, _GONE = "queued", "taken", "lead", "alone", "done", "gone"
 
 Change = Callable[[Head], "Head | None"]
 Check = Callable[[Head], Op[None]]
@@ -88,6 +88,10 @@ class GroupCommit:
             with self._lock:
                 if me.state == _QUEUED:
                     queue.queue.remove(me)
+                elif me.state == _TAKEN:
+                    # Never back in line: handed the lead, nobody would run it, and every
+                    # later commit of this thread would wait WAIT_FOR_LEAD for it.
+                    me.state = _GONE
                 lead = me.state == _LEAD
             if lead:
                 self._hand_on(thread_id, queue, [])
@@ -115,7 +119,7 @@ class GroupCommit:
         lead (those it did not answer, cut short, go back first in line), or
         free the thread: nothing ever waits for a lead that is gone."""
         with self._lock:
-            back = [c for c in taken if c.state != _DONE]
+            back = [c for c in taken if c.state not in (_DONE, _GONE)]
             for c in back:
                 c.state = _QUEUED
             queue.queue[:0] = back
