@@ -695,10 +695,27 @@ def test_live_objects_are_written_in_the_saver_storage_class(endpoint, index_mod
     saver.close()
 
 
-@pytest.mark.parametrize("bad", ["NOPE", "GLACIER", "DEEP_ARCHIVE", "intelligent_tiering", 5])
+@pytest.mark.parametrize("bad", ["NOPE", "GLACIER", "DEEP_ARCHIVE", "REDUCED_REDUNDANCY", "intelligent_tiering", 5])
 def test_an_unknown_live_storage_class_is_refused(endpoint, index_mode, bad) -> None:
-    with pytest.raises(ConfigurationError, match="storage_class must be one of"):
+    with pytest.raises(ConfigurationError, match="use STANDARD or INTELLIGENT_TIERING for live objects") as refused:
         make_saver(endpoint, index_mode, storage_class=bad)
+    assert f"storage_class {bad!r} for the live objects of bucket 'checkpoints'" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("costly", "days"), [("STANDARD_IA", 30), ("ONEZONE_IA", 30), ("GLACIER_IR", 90)]
+)
+def test_a_live_class_that_bills_small_objects_as_128_kb_is_refused(endpoint, costly, days) -> None:
+    """Live objects are a few KB and replaced within days: a class with a minimum billable
+    size and duration would bill the benchmark's 20-turn thread (168 KB) as 12.8 MB."""
+    with pytest.raises(ConfigurationError) as refused:
+        make_saver(endpoint, storage_class=costly)
+    message = str(refused.value)
+    assert f"storage_class {costly!r}" in message and "bucket 'checkpoints'" in message
+    assert f"at least 128 KB and for at least {days} days" in message
+    assert "12.8 MB" in message and "archive_thread()" in message and "INTELLIGENT_TIERING" in message
+    for fine in ("STANDARD", "INTELLIGENT_TIERING"):
+        make_saver(endpoint, storage_class=fine).close()
 
 
 def test_archive_to_an_unknown_class_is_refused_and_changes_nothing(endpoint, index_mode) -> None:
