@@ -19,7 +19,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from langgraph.graph import END, START, StateGraph
 
-from conftest import BUCKET, make_saver
+from conftest import BUCKET, make_saver, seaweedfs_session
+from s3_saver import S3Saver
 
 CHECKSUMS = {
     "default": None,
@@ -84,3 +85,30 @@ def test_object_lock_bucket_takes_every_upload(endpoint, index_mode, checksums, 
         assert saver.stats.requests[("s3", "put_object")] > 0
     finally:
         saver.close()
+
+
+def test_seaweedfs_checks_the_content_md5_of_every_upload(seaweedfs_bucket) -> None:
+    """SeaweedFS takes an upload with no check even under Object Lock, but refuses a
+    Content-MD5 that does not match the body (BadDigest): with checksums off, every
+    PutObject of the saver carries one, and SeaweedFS accepts each."""
+    endpoint, bucket = seaweedfs_bucket
+    session = seaweedfs_session()
+    puts: list[dict[str, str]] = []
+    session.events.register(
+        "before-send.s3.PutObject", lambda request, **_: puts.append({k.lower(): v for k, v in request.headers.items()})
+    )
+    saver = S3Saver(
+        bucket, s3_endpoint_url=endpoint, region_name="us-east-1", boto3_session=session,
+        client_config=CHECKSUMS["when_required"],
+    )
+    try:
+        saver.setup()
+        graph = _graph(saver)
+        config = {"configurable": {"thread_id": "checked"}}
+        for turn in ("hello", "again"):
+            graph.invoke({"log": [turn]}, config)
+        assert graph.get_state(config).values["log"] == ["hello", "reply to hello", "again", "reply to again"]
+    finally:
+        saver.close()
+    assert len(puts) >= 4
+    assert all("content-md5" in headers and not any(h.startswith("x-amz-checksum-") for h in headers) for headers in puts)
