@@ -43,9 +43,20 @@ INSTANT_CLASSES = frozenset(
 )
 COLD_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
 ARCHIVE_CLASSES = INSTANT_CLASSES | COLD_CLASSES
-# Live objects are written often and read at once: no cold class, and not
-# REDUCED_REDUNDANCY (deprecated by AWS).
-LIVE_CLASSES = frozenset({"STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR"})
+# Live objects are small (a checkpoint, a value, a batch of writes: ~1.7 KB each in the
+# benchmark's conversation) and replaced or deleted within days (prune, archive, delete):
+# only the classes that bill a small object by its size and for the days it lived.
+# INTELLIGENT_TIERING bills an object under 128 KB at its frequent tier, unmonitored, with
+# no minimum duration.
+LIVE_CLASSES = frozenset({"STANDARD", "INTELLIGENT_TIERING"})
+# The instant classes refused for live objects: (minimum billable size in KB, minimum days).
+_SMALL_OBJECT_MINIMUMS = {"STANDARD_IA": (128, 30), "ONEZONE_IA": (128, 30), "GLACIER_IR": (128, 90)}
+_REFUSED_LIVE = {
+    "REDUCED_REDUNDANCY": "AWS no longer recommends it: it costs more than STANDARD and keeps fewer copies",
+    "EXPRESS_ONEZONE": "a directory bucket stores every object in it already: leave storage_class None",
+    "GLACIER": "a GET cannot read it until S3 restores it (minutes to hours)",
+    "DEEP_ARCHIVE": "a GET cannot read it until S3 restores it (hours)",
+}
 
 _ZSTD_LEVEL = 19
 _WINDOW_LOG = 27  # 128 MiB: the whole of nearly every thread is in reach of each match
@@ -75,6 +86,31 @@ def _decompress(data: bytes) -> bytes:
 
 _CODECS = {"zstd": (_compress, _decompress)}
 CODEC = "zstd"
+
+
+def check_live_class(storage_class: Any, bucket: str) -> str:
+    """``storage_class`` if it pays for small, short-lived objects, else a ConfigurationError
+    that says what the class would cost and what to use instead."""
+    if storage_class in LIVE_CLASSES:
+        return storage_class
+    instead = (
+        "use STANDARD or INTELLIGENT_TIERING for live objects (objects under 128 KB are billed at "
+        "its frequent tier, with no minimum duration), and archive_thread() for cold threads "
+        "(one object per thread)"
+    )
+    if storage_class in _SMALL_OBJECT_MINIMUMS:
+        size_kb, days = _SMALL_OBJECT_MINIMUMS[storage_class]
+        reason = (
+            f"it bills each object as at least {size_kb} KB and for at least {days} days; live objects "
+            f"are a few KB and are replaced or deleted within days (a 20-turn conversation: 100 objects, "
+            f"168 KB, billed as {100 * size_kb / 1000:.1f} MB, and each prune or archive pays the days "
+            "left as an early-deletion charge)"
+        )
+    else:
+        reason = _REFUSED_LIVE.get(storage_class, "it is not an S3 storage class the saver writes live objects in")
+    raise ConfigurationError(
+        f"storage_class {storage_class!r} for the live objects of bucket {bucket!r}: {reason}; {instead}"
+    )
 
 
 def check_class(storage_class: Any, allowed: frozenset[str], what: str) -> str:

@@ -8,6 +8,8 @@ talks to another store than ``graph.invoke``.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import threading
 import uuid
 
@@ -100,7 +102,7 @@ class Clients:
 
     def make_sync(self, service: str) -> Any:
         if self.given.get(service) is not None:
-            return no_uuid4(self.given[service])
+            return prepare(self.given[service])
         kwargs = {"region_name": self.region_name, "endpoint_url": self.endpoints[service], "config": self.config}
         if self.boto3_session is not None:
             client = self.boto3_session.client(service, **kwargs)
@@ -108,7 +110,7 @@ class Clients:
             with _DEFAULT_LOCK:  # a boto3 Session is not thread-safe; savers may be built on any thread
                 client = _default_session().client(service, **kwargs)
         self._learn_region(service, client.meta.region_name)
-        return no_uuid4(client)
+        return prepare(client)
 
     def make_async(self, service: str) -> Any:
         """An aioboto3 client (an async context manager) for the same store as the sync one.
@@ -213,6 +215,47 @@ def _session_with(aioboto3: Any, credentials: Any, profile: str | None, region: 
         aws_session_token=frozen.token,
         region_name=region,
     ))
+
+
+def prepare(client: Any) -> Any:
+    """A client of either driver, as the saver sends its requests: see ``no_uuid4`` and
+    ``_upload_integrity``."""
+    client.meta.events.register("before-call.s3.PutObject", _upload_integrity, unique_id="s3_saver-integrity")
+    return no_uuid4(client)
+
+
+def _upload_integrity(params: dict[str, Any], **kwargs: Any) -> None:
+    """Every PutObject the saver sends carries an integrity check: a Content-MD5 when
+    botocore sends no checksum of its own.
+
+    botocore 1.36+ sends a CRC32 on PutObject by default, but not with
+    ``request_checksum_calculation="when_required"`` (set for stores that refuse flexible
+    checksums). Without either header S3 stores a body damaged in transit as it came, and
+    an Object Lock bucket refuses the upload (InvalidRequest: "Content-MD5 OR
+    x-amz-checksum- HTTP header is required"). Content-MD5 is the header every S3-compatible
+    store accepts. Runs at ``before-call``, after botocore decided its checksum
+    (``context["checksum"]``) and before it applies it. S3 Express (directory buckets, which
+    have no Object Lock) refuses MD5: it is left as configured.
+    """
+    headers, context = params["headers"], params["context"]
+    if context.get("checksum", {}).get("request_algorithm"):
+        return
+    if context.get("endpoint_properties", {}).get("backend") == "S3Express":
+        return
+    if any(name.lower() == "content-md5" or name.lower().startswith("x-amz-checksum-") for name in headers):
+        return
+    body = params.get("body")
+    if isinstance(body, (bytes, bytearray)):
+        data = bytes(body)
+    elif hasattr(body, "seek") and hasattr(body, "tell"):
+        # botocore hands a streaming payload (the saver's bytes) over as a BytesIO.
+        start = body.tell()
+        data = body.read()
+        body.seek(start)
+    else:
+        return
+    digest = hashlib.md5(data, usedforsecurity=False).digest()
+    headers["Content-MD5"] = base64.b64encode(digest).decode("ascii")
 
 
 def no_uuid4(client: Any) -> Any:

@@ -56,9 +56,12 @@ class S3Calls:
     def head(self, key: str) -> Call:
         return self._call("head_object", {"Bucket": self.bucket, "Key": key})
 
-    def restore(self, key: str, days: int, tier: str) -> Call:
-        """Ask S3 for a readable copy of an object in a cold class, for ``days``."""
-        request = {"Days": days, "GlacierJobParameters": {"Tier": tier}}
+    def restore(self, key: str, days: int | None, tier: str) -> Call:
+        """Ask S3 for a readable copy of an object in a cold class, for ``days``; None: no
+        ``Days`` (an Intelligent-Tiering archive tier, where S3 refuses one)."""
+        request: dict[str, Any] = {"GlacierJobParameters": {"Tier": tier}}
+        if days is not None:
+            request["Days"] = days
         return self._call("restore_object", {"Bucket": self.bucket, "Key": key, "RestoreRequest": request})
 
     def put_swap(self, key: str, body: bytes, etag: str | None) -> Call:

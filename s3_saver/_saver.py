@@ -21,7 +21,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from s3_saver._archive import LIVE_CLASSES, check_class
+from s3_saver._archive import check_live_class
 from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._keys import KeyLayout
@@ -116,11 +116,15 @@ class S3Saver(
             only matters to a replica whose objects may arrive far apart.
         max_concurrency: Threads the sync driver uses to send one wave of requests.
         storage_class: The S3 storage class of the live objects (checkpoints,
-            values, pending writes), e.g. ``"INTELLIGENT_TIERING"`` for threads
-            read rarely after their first days; None: the bucket's default
-            (``STANDARD``). Manifests stay in the default class (they are
-            rewritten at every write). For threads kept for years, see
-            :meth:`archive_thread`.
+            values, pending writes): ``"STANDARD"`` or ``"INTELLIGENT_TIERING"``
+            (objects under 128 KB are billed at its frequent tier, with no minimum
+            duration); None: the bucket's default (``STANDARD``). Manifests stay
+            in the default class (they are rewritten at every write). The
+            infrequent-access classes are refused (``ConfigurationError``):
+            ``STANDARD_IA`` and ``ONEZONE_IA`` bill each object as at least
+            128 KB for at least 30 days, ``GLACIER_IR`` for 90, and live objects
+            are a few KB, replaced within days. For threads kept for years, see
+            :meth:`archive_thread` (one object per thread, in any class).
         retry: How calls that failed transiently (no answer, a timeout, a 5xx,
             throttling) are sent again, the same for sync and async: by default
             4 attempts with jittered backoff (0.1 s doubling, at most 2 s), no
@@ -178,7 +182,7 @@ class S3Saver(
             },
         }
         if storage_class is not None:
-            check_class(storage_class, LIVE_CLASSES, "storage_class")
+            check_live_class(storage_class, bucket)
         primary, self._base_ctx = make_site(
             PRIMARY,
             bucket,

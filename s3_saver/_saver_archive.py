@@ -67,15 +67,20 @@ class ThreadArchival:
         """Bring an archived thread back to live objects and index entries.
 
         An archive in an instant-access class is restored at once. One in
-        ``GLACIER`` or ``DEEP_ARCHIVE`` must first be restored by S3: the first
-        call sends ``RestoreObject`` and returns ``state == "restoring"``; call
-        again later (S3 takes minutes to 48 hours, by class and ``tier``) and it
-        returns ``"live"``. Afterwards every read equals what it was before the
-        archive, and the archive object is deleted. A live thread is left as it is.
+        ``GLACIER`` or ``DEEP_ARCHIVE``, or in an archive tier of
+        ``INTELLIGENT_TIERING`` (Archive Access, Deep Archive Access), must first
+        be restored by S3: the first call sends ``RestoreObject`` and returns
+        ``state == "restoring"``; call again later (S3 takes minutes to 48 hours,
+        by class and ``tier``) and it returns ``"live"``. Afterwards every read
+        equals what it was before the archive, and the archive object is
+        deleted. A live thread is left as it is.
 
         Args:
             thread_id: The thread.
-            days: How long S3 keeps the temporary readable copy of a cold archive.
+            days: How long S3 keeps the temporary readable copy of a ``GLACIER``
+                or ``DEEP_ARCHIVE`` archive. Not sent for an Intelligent-Tiering
+                archive tier (S3 refuses it there: the object moves back to the
+                Frequent Access tier for good).
             tier: ``"Standard"``, ``"Bulk"`` (cheapest, slowest) or ``"Expedited"``
                 (not for ``DEEP_ARCHIVE``).
 

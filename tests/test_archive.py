@@ -38,6 +38,7 @@ from typing import Annotated, Any, TypedDict
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.memory import InMemorySaver
@@ -516,6 +517,72 @@ def test_deep_archive_refuses_reads_and_writes_until_restored(endpoint, index_mo
     reader.close()
 
 
+def _archive_tier(monkeypatch, saver: S3Saver, key: str, tier: str | None) -> list[dict]:
+    """The RestoreRequests ``saver`` sends for ``key``. With ``tier``, S3's answers for an
+    INTELLIGENT_TIERING object its Archive Access or Deep Archive Access tier holds (moto has
+    no tiers): GetObject is refused, HeadObject carries ArchiveStatus, a RestoreObject with
+    Days is refused ("not allowed for objects in Intelligent-Tiering archive tiers")."""
+    sent: list[dict] = []
+    send = saver._sync._send
+    restoring = []
+
+    def answer(call: Any) -> Any:
+        if call.params.get("Key") != key:
+            return send(call)
+        if call.operation == "restore_object":
+            sent.append(call.params["RestoreRequest"])
+            if tier is None:
+                return send(call)
+            if "Days" in call.params["RestoreRequest"]:
+                return ClientError({"Error": {"Code": "InvalidArgument"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "RestoreObject")
+            restoring.append(True)
+            return {}
+        if tier is not None and call.operation == "get_object":
+            return ClientError({"Error": {"Code": "InvalidObjectState"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
+        if tier is not None and call.operation == "head_object":
+            head = dict(send(call), ArchiveStatus=tier)
+            return dict(head, Restore='ongoing-request="true"') if restoring else head
+        return send(call)
+
+    monkeypatch.setattr(saver._sync, "_send", answer)
+    return sent
+
+
+@pytest.mark.parametrize(
+    ("storage_class", "tier"),
+    [("GLACIER", None), ("INTELLIGENT_TIERING", "ARCHIVE_ACCESS"), ("INTELLIGENT_TIERING", "DEEP_ARCHIVE_ACCESS")],
+)
+def test_restore_sends_days_only_where_s3_takes_them(endpoint, index_mode, monkeypatch, storage_class, tier) -> None:
+    """GLACIER and DEEP_ARCHIVE restore a copy for ``days``; an Intelligent-Tiering archive
+    tier moves the object back to its Frequent Access tier, and S3 refuses Days there."""
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    grow_thread(saver, "t", 3)
+    before = list(saver.list(config("t")))
+    status = saver.archive_thread("t", storage_class=storage_class)
+    assert _head(endpoint, status.key)["StorageClass"] == storage_class
+
+    reader = make_saver(endpoint, index_mode)
+    sent = _archive_tier(monkeypatch, reader, status.key, tier)
+    if tier is not None:
+        with pytest.raises(ThreadArchivedError, match=rf"\(INTELLIGENT_TIERING, {tier} tier\).*restore_thread\('t'\)"):
+            reader.get_tuple(config("t"))
+    # moto finishes a GLACIER restore at once; a tier's restore is under way until undone below.
+    for _ in range(2 if tier else 1):  # a restore under way is asked for once
+        restoring = reader.restore_thread("t", days=7, tier="Bulk")
+        assert (restoring.state, restoring.storage_class) == ("restoring", storage_class)
+    expected = {"GlacierJobParameters": {"Tier": "Bulk"}}
+    assert sent == [expected if tier else dict(expected, Days=7)]
+
+    monkeypatch.undo()  # S3 finished: the object is readable (in its Frequent Access tier)
+    live = reader.restore_thread("t")
+    assert (live.state, live.key) == ("live", status.key)
+    assert not _objects(endpoint, "archive/")
+    assert list(make_saver(endpoint, index_mode).list(config("t"))) == before
+    saver.close()
+    reader.close()
+
+
 # -- 3. a write to a thread archived in an instant class restores it ---------------------------
 def _checkpoints(history: list[StateSnapshot]) -> list[tuple]:
     """What a write leaves as it was (the tasks of the latest checkpoint change: the
@@ -695,10 +762,27 @@ def test_live_objects_are_written_in_the_saver_storage_class(endpoint, index_mod
     saver.close()
 
 
-@pytest.mark.parametrize("bad", ["NOPE", "GLACIER", "DEEP_ARCHIVE", "intelligent_tiering", 5])
+@pytest.mark.parametrize("bad", ["NOPE", "GLACIER", "DEEP_ARCHIVE", "REDUCED_REDUNDANCY", "intelligent_tiering", 5])
 def test_an_unknown_live_storage_class_is_refused(endpoint, index_mode, bad) -> None:
-    with pytest.raises(ConfigurationError, match="storage_class must be one of"):
+    with pytest.raises(ConfigurationError, match="use STANDARD or INTELLIGENT_TIERING for live objects") as refused:
         make_saver(endpoint, index_mode, storage_class=bad)
+    assert f"storage_class {bad!r} for the live objects of bucket 'checkpoints'" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("costly", "days"), [("STANDARD_IA", 30), ("ONEZONE_IA", 30), ("GLACIER_IR", 90)]
+)
+def test_a_live_class_that_bills_small_objects_as_128_kb_is_refused(endpoint, costly, days) -> None:
+    """Live objects are a few KB and replaced within days: a class with a minimum billable
+    size and duration would bill the benchmark's 20-turn thread (168 KB) as 12.8 MB."""
+    with pytest.raises(ConfigurationError) as refused:
+        make_saver(endpoint, storage_class=costly)
+    message = str(refused.value)
+    assert f"storage_class {costly!r}" in message and "bucket 'checkpoints'" in message
+    assert f"at least 128 KB and for at least {days} days" in message
+    assert "12.8 MB" in message and "archive_thread()" in message and "INTELLIGENT_TIERING" in message
+    for fine in ("STANDARD", "INTELLIGENT_TIERING"):
+        make_saver(endpoint, storage_class=fine).close()
 
 
 def test_archive_to_an_unknown_class_is_refused_and_changes_nothing(endpoint, index_mode) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
-from s3_saver._clients import no_uuid4
+from s3_saver._clients import prepare
 from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, Wait, client_key, site_of
 
@@ -118,7 +118,7 @@ class AsyncDriver:
             async with lock:
                 client = clients.get(key)
                 if client is None:
-                    client = clients[key] = no_uuid4(await stack.enter_async_context(self._make_client(service, site)))
+                    client = clients[key] = prepare(await stack.enter_async_context(self._make_client(service, site)))
         return client
 
     async def aclose(self) -> None:

@@ -62,6 +62,8 @@ _WAVE = 100  # objects read or written per round trip
 _EXPORT_ATTEMPTS = 3
 _RESTORE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8)
 _TIERS = ("Standard", "Bulk", "Expedited")
+# HeadObject's ArchiveStatus of an INTELLIGENT_TIERING object that must be restored first.
+INTELLIGENT_TIERING_ARCHIVE_TIERS = frozenset({"ARCHIVE_ACCESS", "DEEP_ARCHIVE_ACCESS"})
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,11 @@ def _request_restore(
     """Ask S3 to restore a cold archive object (once: a restore under way is left alone)."""
     storage_class = head.get("StorageClass") or ref.storage_class
     if not head.get("Restore"):
-        call = ctx.s3.restore(ref.key, days, tier)
+        # An INTELLIGENT_TIERING object in an archive tier (HeadObject's ArchiveStatus) is
+        # moved back to its Frequent Access tier for good, not copied for some days: S3
+        # refuses a RestoreRequest with Days there. GLACIER and DEEP_ARCHIVE need them.
+        tiered = head.get("ArchiveStatus") in INTELLIGENT_TIERING_ARCHIVE_TIERS
+        call = ctx.s3.restore(ref.key, None if tiered else days, tier)
         (result,) = yield (call,)
         if isinstance(result, BaseException) and error_code(result) != "RestoreAlreadyInProgress":
             raise_failure(call, result)

@@ -8,8 +8,8 @@ archive object never changes) and runs the operation again against an
 archived thread cost 2 round trips cold (the index read, the GET) and 1 warm.
 
 An archive in a class that cannot be read at once (``GLACIER``,
-``DEEP_ARCHIVE``, or moved there by a lifecycle rule) raises
-``ThreadArchivedError`` naming ``restore_thread``.
+``DEEP_ARCHIVE``, moved there by a lifecycle rule, or an ``INTELLIGENT_TIERING``
+object in an archive tier) raises ``ThreadArchivedError`` naming ``restore_thread``.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ def archive_body(ctx: Context, ref: ArchiveRef) -> Op[tuple[bytes | None, dict[s
 
 def cold_error(ctx: Context, thread_id: str, ref: ArchiveRef, head: dict[str, Any]) -> ThreadArchivedError:
     storage_class = head.get("StorageClass") or ref.storage_class
+    # An Intelligent-Tiering archive tier is named too: the class alone reads as instant.
+    where = f"{storage_class}, {head['ArchiveStatus']} tier" if head.get("ArchiveStatus") else storage_class
     state = head.get("Restore")
     progress = (
         "its restore is under way (S3 takes minutes to hours, up to 48 for DEEP_ARCHIVE); call it again after"
@@ -95,7 +97,7 @@ def cold_error(ctx: Context, thread_id: str, ref: ArchiveRef, head: dict[str, An
         else "this requests S3's restore of the object (minutes to hours, up to 48 for DEEP_ARCHIVE); call it again once done"
     )
     return ThreadArchivedError(
-        f"thread {thread_id!r} is archived in s3://{ctx.s3.bucket}/{ref.key} ({storage_class}), which cannot be read "
+        f"thread {thread_id!r} is archived in s3://{ctx.s3.bucket}/{ref.key} ({where}), which cannot be read "
         f"at once: call saver.restore_thread({thread_id!r}) (or arestore_thread): {progress}",
         thread_id,
         storage_class,
