@@ -51,7 +51,8 @@ def test_delete_for_runs_after_another_process_restored_the_thread(endpoint, ind
     assert _runs(b, "t") == ["a-late", "r1"]
     b.delete_for_runs(["r1"])  # and again: nothing in between made B read the head
     assert _runs(a, "t") == ["a-late"]
-    a.close(), b.close()
+    a.close()
+    b.close()
 
 
 def test_delete_for_runs_over_threads_one_of_them_stale(endpoint, index_mode) -> None:
@@ -61,7 +62,8 @@ def test_delete_for_runs_over_threads_one_of_them_stale(endpoint, index_mode) ->
     _archived_by_b_restored_by_a(a, b, "t2", lasts["t2"])
     b.delete_for_runs(["gone"])
     assert {t: _runs(a, t) for t in lasts} == {"t1": ["keep"], "t2": ["a-late", "keep"], "t3": ["keep"]}
-    a.close(), b.close()
+    a.close()
+    b.close()
 
 
 def test_archive_mark_on_a_stale_cache_is_decided_on_the_head(endpoint, index_mode) -> None:
@@ -75,7 +77,8 @@ def test_archive_mark_on_a_stale_cache_is_decided_on_the_head(endpoint, index_mo
     b._sync.run(b._ctx.index.cancel_archiving("t", key))
     assert b.archive_thread("t").state == "archived"  # and a whole archive from B goes through
     assert _runs(a, "t") == ["a-late", "r1"]
-    a.close(), b.close()
+    a.close()
+    b.close()
 
 
 def test_writes_after_another_process_restored_cost_a_head_read(endpoint, index_mode) -> None:
@@ -95,7 +98,8 @@ def test_writes_after_another_process_restored_cost_a_head_read(endpoint, index_
     assert snap.round_trips <= 2, snap
     assert _runs(a, "t") == ["b", "a-late", "r1"]
     assert b.get_tuple(restored).pending_writes == [("task-b", "n", 5)]
-    a.close(), b.close()
+    a.close()
+    b.close()
 
 
 def test_commit_fenced_on_a_stale_cache_is_decided_on_the_head(endpoint, index_mode) -> None:
@@ -109,7 +113,8 @@ def test_commit_fenced_on_a_stale_cache_is_decided_on_the_head(endpoint, index_m
     b._sync.run(b._ctx.index.commit_writes([entry]))  # Fenced today: "archived"
     found = b._sync.run(b._ctx.index.get("t", "", cp_id))
     assert [w.task_id for w in b._sync.run(b._ctx.index.writes(found))] == ["task-b"]
-    a.close(), b.close()
+    a.close()
+    b.close()
 
 
 def test_delete_for_runs_after_another_process_restored_on_seaweedfs(seaweedfs_bucket) -> None:
@@ -123,4 +128,5 @@ def test_delete_for_runs_after_another_process_restored_on_seaweedfs(seaweedfs_b
     _archived_by_b_restored_by_a(a, b, "t", last)
     b.delete_for_runs(["r2"])
     assert _runs(a, "t") == ["a-late", "r1"]
-    a.close(), b.close()
+    a.close()
+    b.close()
