@@ -8,6 +8,8 @@ See tests/sim/__init__.py for the harness. In both index modes:
   then one fault (lost reply, request not sent, cut then retried or abandoned) at
   every call, up to a cap per pair, within the budget;
 * ``test_random``: seeded random schedules of 2-3 processes until the budget is spent;
+* ``test_stale_cache``: fixed schedules of the kinds where another process archives, or
+  restores by writing, between this process's cache fill and its call;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
 Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 60, exhaustive 6
@@ -156,6 +158,45 @@ def test_random(world: World) -> None:
         if not out.ok and not KEEP_GOING:
             break
     _fail(tally, f"{world.mode} random (seeds {base}..{base + i - 1}, {budget:.0f} s)")
+
+
+# Schedules of the stale kinds (workload.Workshop.stale), one per last call of the
+# stale process: the first seed whose workload makes it that call (picked before
+# the schedule runs), so that each runs on every change. The pairs of
+# workload.PAIRS and the random schedules explore these kinds further.
+STALE_SCHEDULES = (
+    ("stale_restore+read", "delete_for_runs"),  # after another process restored: issue 32
+    *(
+        pytest.param(scenario, call, marks=pytest.mark.slow)
+        for scenario, call in (
+            ("stale_restore+read", "put("),
+            ("stale_restore+read", "put_writes"),
+            ("stale_restore+read", "archive_thread"),
+            ("stale_archive+read", "delete_for_runs"),
+            ("stale_archive+read", "put_writes"),
+        )
+    ),
+)
+
+
+def _stale_seed(mode: str, scenario: str, call: str) -> int:
+    for seed in range(100):
+        rng = random.Random(f"{mode}/{scenario}/{seed}")  # as run_schedule seeds the workload
+        built = W.build(rng, "seed-search", lambda v: f"{int(v or 0) + 1}", tuple(scenario.split("+")))
+        if built.processes[0][-1].name.startswith(call):
+            return seed
+    raise AssertionError(f"no seed below 100 makes {scenario}'s last call {call}")
+
+
+@pytest.mark.parametrize(("scenario", "call"), STALE_SCHEDULES)
+@pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
+def test_stale_cache(world: World, scenario: str, call: str) -> None:
+    """Another process archives, or restores by writing, between this process's
+    cache fill and its call: the call is decided on the thread as it is."""
+    seed = _stale_seed(world.mode, scenario, call)
+    tally = Tally()
+    _run(world, Spec(world.mode, scenario, seed, "none"), tally)
+    _fail(tally, f"{world.mode} {scenario} seed {seed} (last call {call})")
 
 
 def test_replay(moto_endpoint: str) -> None:

@@ -55,7 +55,7 @@ from s3_saver._index.manifest_doc import (
 )
 from s3_saver._index.manifest_archive import ManifestArchive
 from s3_saver._index.manifest_audit import ManifestHoldings
-from s3_saver._index.manifest_group import GroupCommit
+from s3_saver._index.manifest_group import BatchRefused, GroupCommit
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
 from s3_saver._index.manifest_seal import HARD_SEAL_AT, SEAL_AT, _MAX_SWAPS, Bodies, _apply_seal, _plan_seal, _SealPlan
 from s3_saver._keys import KeyLayout
@@ -65,12 +65,20 @@ from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
+    ConfigurationError,
+    MissingObjectError,
     S3SaverError,
+    ThreadArchivedError,
     classify,
     error_code,
 )
 
 _SWAP_BACKOFF_MAX = 0.5  # seconds
+# What a change or a check raises to refuse, on the head it was given: a fence
+# (deleted, archived, run deleted), a parent gone, an archive refused (busy, or
+# an archived thread's runs), a copy target taken; a segment the head names and
+# another process deleted; every commit of a batch refused (``manifest_group``).
+_REFUSALS = (Fenced, ParentGone, ThreadArchivedError, ConfigurationError, MissingObjectError, BatchRefused)
 _JITTER = random.SystemRandom()  # never the random module's shared state (see _keys.new_token)
 _CACHE_HEADS = 512
 _CACHE_SEGMENTS = 256
@@ -170,12 +178,15 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         holds already: a swap that was applied but answered with a failure (a
         reset) is found again on the next read and not applied twice. ``check``
         runs first on each head read (it may read segments, and raise).
+        What they raise on ``start`` (a head read before: the cache) is decided
+        again on a head read now (see ``_REFUSALS``).
 
         Segments written for this swap (a seal planned ahead by ``prepare``, or
         one made here) that the head did not take are deleted: no head will
         ever name them.
         """
         head = start
+        fresh = False  # ``head`` was read by this call (``start`` was read before it)
         with self._lock:
             ahead = self._sealed.pop(thread_id, None)
         plans = [ahead] if ahead is not None else []
@@ -183,10 +194,24 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         try:
             for attempt in range(_MAX_SWAPS):
                 if head is None:
-                    head = yield from self._read_head(thread_id)
-                if check is not None:
-                    yield from check(head)
-                new = change(head)
+                    head, fresh = (yield from self._read_head(thread_id)), True
+                while True:
+                    try:
+                        if check is not None:
+                            yield from check(head)
+                        new = change(head)
+                        break
+                    except _REFUSALS:
+                        # Invariant: a refusal decided on a head read earlier (this
+                        # process's cache, ``start``) is never final: another process
+                        # may have changed the head since (restored an archived
+                        # thread, pruned a segment). It is decided again on the head
+                        # read now, and only a refusal decided on that reaches the
+                        # caller. A swap that lands proves its head current, so the
+                        # steady state (no refusal) reads nothing more.
+                        if fresh:
+                            raise
+                        head, fresh = (yield from self._read_head(thread_id)), True
                 if new is None:
                     return head
                 if ahead is None or not _apply_seal(new, ahead):
@@ -312,8 +337,11 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         # commit swaps it by its ETag, so a head changed since (another writer)
         # fails that swap, and the commit reads the head then and checks again
         # what was decided here (the fences, the parent: ``_update``'s check).
-        # Read first only without one, or when it lacks the parent (it is older).
-        head = cached if cached is not None and cached.etag is not None else None
+        # Read first only without one, when it lacks the parent (it is older), or
+        # when it says archived: the write would restore the thread first, a
+        # decision never made on a cache alone (another process may have restored
+        # it since; see ``_REFUSALS``).
+        head = cached if cached is not None and cached.etag is not None and cached.archive is None else None
         if head is not None and parent_id is not None and (yield from self._find(head, ns, parent_id)) is None:
             head = None
         calls = () if head is not None else (self.s3.get(self.layout.manifest_head_key(thread_id)),)

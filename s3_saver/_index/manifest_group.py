@@ -14,7 +14,8 @@ What keeps this safe: the swap of a batch is the same compare-and-swap as one
 commit's (``ManifestIndex._update``): each commit's fence check runs on the head
 it swaps, and its change is applied on top of the others'. A commit refused by
 its check (``Fenced``, ``ParentGone``) is left out of the batch and answered
-with its own refusal; the others go on. A lead cut short (its operation closed:
+with its own refusal, decided on the head swapped or on one read now (never on
+the cached head alone); the others go on. A lead cut short (its operation closed:
 a crash, a cancelled task) hands its batch back to the queue and the next commit
 leads. A commit that waited ``WAIT_FOR_LEAD`` seconds without being taken swaps
 on its own: at worst the two conflict, as two processes do.
@@ -136,18 +137,28 @@ class GroupCommit:
             c.signal.set()
 
 
+class BatchRefused(Exception):
+    """No swap for a batch with a refused commit: the others held already (or
+    were refused too). Raised to ``ManifestIndex._update`` so that refusals
+    decided on a cached head are decided again on a head read now; each
+    commit's own answer is in the batch."""
+
+
 def _swap(update: Update, batch: list[_Commit]) -> Op[None]:
     """One compare-and-swap of the head for every commit of ``batch``: each one's
     answer is in its ``error`` (None: committed, or held already)."""
     refused: dict[int, BaseException] = {}
 
     def check(head: Head) -> Op[None]:
+        # Decided on each head anew: the answers are those of the head swapped
+        # (a swap that lands proves it current) or, without a swap, of a head
+        # read now (``BatchRefused``): never of a cached head alone.
+        refused.clear()
         for i, c in enumerate(batch):
-            if i not in refused:
-                try:
-                    yield from c.check(head)
-                except Exception as exc:  # this commit's answer; the others go on
-                    refused[i] = exc
+            try:
+                yield from c.check(head)
+            except Exception as exc:  # this commit's answer; the others go on
+                refused[i] = exc
 
     def change(head: Head) -> Head | None:
         new, changed = head, False
@@ -156,10 +167,14 @@ def _swap(update: Update, batch: list[_Commit]) -> Op[None]:
                 out = c.change(new)
                 if out is not None:
                     new, changed = out, True
+        if refused and not changed:
+            raise BatchRefused()
         return new if changed else None
 
     try:
         yield from update(change, check)
+    except BatchRefused:
+        pass  # refused on a head read now: the answers are in ``refused``
     except Exception as exc:  # the swap itself failed: every commit in it did
         for i in range(len(batch)):
             refused.setdefault(i, exc)

@@ -293,6 +293,23 @@ class Ctx:
     # Threads that two archive_thread of the schedule archive: one may find the
     # live objects the other already moved (MissingObjectError, no effect).
     rearchiving: set[str] = field(default_factory=set)
+    # The archive_thread operations of the schedule (scheduler.LogicalOp), by thread:
+    # what tells an archive in progress during another operation from one over.
+    archive_ops: dict[str, list[Any]] = field(default_factory=dict)
+
+    def archiving_during(self, t: str, op: Any) -> bool:
+        """Whether an archive of ``t`` may be in progress (its mark set) while
+        ``op`` runs: one that had not answered when ``op`` began (or never did:
+        a cut leaves its mark), and began before ``op`` answered. Without
+        ``op`` (the setup), or for a schedule's archives not listed: any."""
+        if op is None or t not in self.archive_ops:
+            return t in self.archiving
+        return any(
+            a.start is not None
+            and (a.end is None or op.start is None or a.end >= op.start)
+            and (op.end is None or a.start <= op.end)
+            for a in self.archive_ops[t]
+        )
 
 
 def _raced(value: Any, t: str, ctx: Ctx) -> bool:
@@ -501,7 +518,9 @@ class DeleteForRuns(ModelOp):
         kind, value = outcome
         archived = self._holders(state) & state.archived
         if kind == "raised" and isinstance(value, ThreadArchivedError) and not archived:
-            racing = self._holders(state) & ctx.archiving
+            # Only while an archive of it is in progress: a thread archived and
+            # restored since (by another process) is live (issue 32).
+            racing = {t for t in self._holders(state) & ctx.archiving if ctx.archiving_during(t, op)}
             if racing:  # an archive in progress (marked): refused
                 return [state, self._effect(state, True, skip=racing)]
         if archived:
@@ -745,7 +764,11 @@ def linearize(
     seen: set[Any] = set()
 
     def before(a: Any, b: Any) -> bool:
-        # a answered before b sent its first call: a comes first.
+        # a answered before b sent its first call: a comes first. So does an
+        # earlier step of the same process (its answer and the next step's first
+        # call can share a tick).
+        if a.pid == b.pid and a.index < b.index:
+            return True
         return a.end is not None and b.start is not None and a.end < b.start
 
     def search(state: ModelState, remaining: list[Any], order: list[str]) -> ModelState | None:

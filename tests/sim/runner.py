@@ -172,7 +172,7 @@ def _verify(world: World, prefix: str, scenario: W.Scenario, history: list[Any],
     def observe(s: M.ModelState) -> list[str]:
         return [d for t in threads for d in M.compare_thread(s, t, observed[t])]
 
-    found = M.linearize(history, state, observe, _ctx(scenario))
+    found = M.linearize(history, state, observe, _ctx(scenario, history))
     if not found.ok and "a" in CHECKS:
         problems.append(
             "(a) no order of the operations explains what the saver reads"
@@ -206,11 +206,16 @@ def _gc_changes_nothing(world: World, prefix: str, threads: list[str], observed:
         _after_gc(world, prefix, threads, observed, problems)
 
 
-def _ctx(scenario: W.Scenario) -> M.Ctx:
+def _ctx(scenario: W.Scenario, history: list[Any]) -> M.Ctx:
+    archive_ops: dict[str, list[Any]] = {t: [] for t in scenario.archiving}
+    for op in history:
+        if isinstance(op.step.model, M.ArchiveThread):
+            archive_ops.setdefault(op.step.model.t, []).append(op)
     return M.Ctx(
         archiving=set(scenario.archiving),
         deleting=set(scenario.deleting),
         rearchiving={t for t, n in scenario.archives.items() if n > 1},
+        archive_ops=archive_ops,
     )
 
 
@@ -244,7 +249,7 @@ def _after_restore(world: World, prefix: str, scenario: W.Scenario, history: lis
     if observed is None:
         problems.append(f"    (diagnostic) after restore_thread: {scratch[0] if scratch else 'reads fail'}")
         return
-    found = M.linearize(history, state, lambda s: [d for t in scenario.threads for d in M.compare_thread(s, t, observed[t])], _ctx(scenario))
+    found = M.linearize(history, state, lambda s: [d for t in scenario.threads for d in M.compare_thread(s, t, observed[t])], _ctx(scenario, history))
     problems.append(
         "    (diagnostic) after restore_thread the reads "
         + ("match an order: the committed writes were parked under the archive, invisible meanwhile" if found.ok else "still match no order (a committed write lost, or an answer no order allows)")

@@ -151,6 +151,9 @@ class Step:
     model: Any
     keep: str | None = None
     emits: bool = False  # list(): the result is what it emitted
+    # Made by another process, with caches of its own (``Process.other``), between
+    # this process's steps: what it cached before is stale after (workload's stale kinds).
+    other: bool = False
 
 
 @dataclass
@@ -263,6 +266,8 @@ class Process:
     # Runs on the saver of this process (one process, concurrent calls: a fan-out's
     # put and put_writes), until a cut makes it retry on a fresh one.
     share: Process | None = None
+    # The saver of the steps marked ``other``: another process's, its caches its own.
+    other: Any = None
 
 
 def _summary(result: Any) -> str:
@@ -298,9 +303,12 @@ class Scheduler:
                 p.saver = p.share.saver
             if p.saver is None:
                 p.saver = self.world.saver(p.prefix)
+            if step.other and p.other is None:
+                p.other = self.world.saver(p.prefix)
+            saver = p.other if step.other else p.saver
             p.current.attempts += 1
             try:
-                op = capture(p.saver, lambda s: step.invoke(s, p.env))
+                op = capture(saver, lambda s: step.invoke(s, p.env))
             except HarnessError:
                 raise
             except Exception as exc:  # refused before any call
@@ -346,7 +354,10 @@ class Scheduler:
         retry = self.chooser.choose("retry", [self.faults.retry_after_cut, 1 - self.faults.retry_after_cut])
         if retry == RETRY:
             # Another process calls the same method again: a fresh saver, no caches.
-            p.saver = self.world.saver(p.prefix)
+            if op.step.other:
+                p.other = self.world.saver(p.prefix)
+            else:
+                p.saver = self.world.saver(p.prefix)
             self.trace.append(f"{self.tick:4d} {op.label}: cut; retried by a fresh process")
         else:
             op.outcome = ("abandoned", None)

@@ -14,7 +14,7 @@ Ids come from ``uuid6`` in the order the workload creates checkpoints; versions 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
@@ -224,6 +224,7 @@ class Workshop:
         self.sc = Scenario("")
         self.runs = {k: f"{prefix}-run{k}" for k in (1, 2, 3, 4)}
         self.setup_made: dict[tuple[str, str], int] = {}
+        self.deletes_runs = False  # a process calls delete_for_runs
 
     def base(self, t: str, ns: str = "") -> list[Made]:
         """The checkpoints made by the setup (committed before any process runs):
@@ -271,6 +272,34 @@ class Workshop:
         made, put = put_step(b, t, "", self.runs[3], base[-1] if base else None, fork=not base)
         tasks = [[writes_step(b, made, rng.choice([None, None, RESUME, INTERRUPT]))] for _ in range(rng.choice([2, 3]))]
         return [[put], *tasks]
+
+    def stale(self, kind: str, t: str) -> list[Step]:
+        """A process whose cache of the thread goes stale before its call (issue
+        32): it archives the thread and another process restores it by writing
+        (``stale_restore``), or it reads the thread and another process archives
+        it (``stale_archive``); then it makes its call, on what it cached."""
+        b, rng = self.b, self.rng
+        self.sc.archiving.add(t)
+        self.sc.archives[t] = self.sc.archives.get(t, 0) + 1
+        base = self.base(t)
+        if kind == "stale_restore":
+            made, put = put_step(b, t, "", self.runs[3], base[-1] if base else None, fork=not base)
+            steps = [archive_step(t), replace(put, other=True)]
+        else:
+            made = base[-1] if base else None
+            steps = [get_step(t), replace(archive_step(t), other=True)]
+        call = rng.choice(["delete_runs", "writes", "put", "archive"] if made is not None else ["delete_runs", "archive"])
+        if call == "delete_runs":
+            self.deletes_runs = True
+            steps.append(delete_runs_step([rng.choice([self.runs[1], self.runs[2]])], tuple(self.sc.threads)))
+        elif call == "writes":
+            steps.append(writes_step(b, made, rng.choice([None, RESUME])))
+        elif call == "put":
+            steps.append(put_step(b, t, "", self.runs[3], made)[1])
+        else:
+            self.sc.archives[t] += 1
+            steps.append(archive_step(t))
+        return steps
 
     def proc(self, kind: str, t: str, slot: int) -> list[Step]:
         b, rng = self.b, self.rng
@@ -326,6 +355,8 @@ class Workshop:
             return [delete_step(t)]
         if kind == "read":
             return [rng.choice([get_step(t, ""), list_step(t, None, limit=rng.choice([None, 3])), get_step(t, SUB_NS)])]
+        if kind in ("stale_restore", "stale_archive"):
+            return self.stale(kind, t)
         if kind == "prune_archive":  # issue 21's shape, within one process
             return [prune_step([t], None), archive_step(t), restore_step(t)]
         if kind == "prune_copy":
@@ -338,6 +369,7 @@ class Workshop:
 PROCESS_KINDS = (
     "run", "fork", "subput", "writes", "prune", "delete_runs", "archive", "restore", "archive_restore",
     "export_import", "copy", "gc", "delete", "read", "prune_archive", "prune_copy", "prune_export", "fanout",
+    "stale_restore", "stale_archive",
 )
 WRITERS = ("run", "writes", "fanout")
 ADMIN = ("prune", "delete_runs", "archive", "restore", "export_import", "copy", "gc", "delete")
@@ -356,6 +388,8 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("writes", "writes"),
     ("delete_runs", "fork"),
     ("long", "run"),
+    ("stale_restore", "writes"),
+    ("stale_archive", "run"),
 )
 
 
@@ -383,7 +417,7 @@ def build(rng: random.Random, prefix: str, next_version: Callable[[Any], str], k
                 w.sc.processes.append(steps)
         else:
             w.sc.processes.append(w.proc(k, t, i))
-    if "delete_runs" in kinds:
+    if "delete_runs" in kinds or w.deletes_runs:
         w.sc.deleting |= set(w.sc.threads)  # a run may hold checkpoints in every thread
     return w.sc
 
