@@ -211,24 +211,42 @@ DENIED_CODES = frozenset(
         "KMS.AccessDeniedException",
     }
 )
+# Answers that say "slow down": the store is up and asks for fewer requests
+# (botocore's list of throttling codes, in botocore/retries/standard.py, less the
+# codes of services the saver never calls). They are ridden out for seconds
+# (``RetryPolicy.throttle_budget``), not counted as a store that fails.
+THROTTLING_CODES = frozenset(
+    {
+        "SlowDown",  # S3, 503: a prefix's partition is scaling
+        # S3 answers a HEAD with no body: its throttle is a bare 503 ("Service
+        # Unavailable" is then only the HTTP reason). A 503 with an XML body
+        # says which: SlowDown, or ServiceUnavailable (an outage, below).
+        "503",
+        "ThrottlingException",
+        "Throttling",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "429",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",  # DynamoDB: the account's throughput limit
+        "BandwidthLimitExceeded",
+        "LimitExceededException",
+        # A write that met a DynamoDB transaction in progress on its item.
+        "TransactionInProgressException",
+    }
+)
 # Answers that say "not now": server errors and throttling, worth sending again.
-TRANSIENT_CODES = frozenset(
+TRANSIENT_CODES = THROTTLING_CODES | frozenset(
     {
         "InternalError",
         "InternalServerError",
         "ServiceUnavailable",
-        "SlowDown",
         "RequestTimeout",
-        "ThrottlingException",
-        "Throttling",
-        "ProvisionedThroughputExceededException",
-        "RequestLimitExceeded",
-        # A write that met a DynamoDB transaction in progress on its item.
         "TransactionConflictException",
-        "TransactionInProgressException",
         "500",
         "502",
-        "503",
         "504",
     }
 )
@@ -290,10 +308,24 @@ def classify(exc: BaseException, operation: str = "") -> str | None:
         return DENIED
     if code in OBJECT_MISSING_CODES:
         return OBJECT_MISSING
-    status = (getattr(exc, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-    if code in TRANSIENT_CODES or (isinstance(status, int) and status >= 500):
+    status = _status(exc)
+    if code in TRANSIENT_CODES or status == 429 or status >= 500:
         return UNAVAILABLE
     return None
+
+
+def _status(exc: BaseException) -> int:
+    status = (getattr(exc, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return status if isinstance(status, int) else 0
+
+
+def throttled(exc: BaseException) -> bool:
+    """The store answered "slow down" (S3 ``SlowDown``, DynamoDB throttling, a 429):
+    it is up. A transient failure that is not throttled (no answer, a timeout,
+    another 5xx) may be a store that is down."""
+    if isinstance(exc, BotoCoreError):
+        return False
+    return error_code(exc) in THROTTLING_CODES or _status(exc) == 429
 
 
 @dataclass
