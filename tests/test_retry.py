@@ -270,7 +270,12 @@ def test_throttling_that_never_ends_gives_up_between_8_and_10_s() -> None:
 )
 def test_a_failing_store_keeps_its_attempts_and_its_budget(failure: BaseException) -> None:
     """A store that fails without throttling gets 4 attempts, as before; each
-    attempt that waits 5 s (the read timeout) for nothing stops it at 10 s."""
+    attempt that waits 5 s (the read timeout) for nothing stops it at 10 s.
+    Under the same policy, a throttling store is sent more (it is up)."""
+    store = _Store(SLOWDOWN, seconds=float("inf"))
+    with pytest.raises(StoreUnavailableError):
+        store.drive(resilient(_one_read(), RetryPolicy(), clock=store.clock))
+    assert len(store.sent) > 4
     store = _Store(failure, seconds=float("inf"))
     with pytest.raises(StoreUnavailableError):
         store.drive(resilient(_one_read(), RetryPolicy(), clock=store.clock))
