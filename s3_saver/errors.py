@@ -211,44 +211,25 @@ DENIED_CODES = frozenset(
         "KMS.AccessDeniedException",
     }
 )
-# Answers that say "slow down": the store is up and asks for fewer requests
-# (botocore's list of throttling codes, in botocore/retries/standard.py, less the
-# codes of services the saver never calls). They are ridden out for seconds
-# (``RetryPolicy.throttle_budget``), not counted as a store that fails.
+# Answers that say "slow down": the store is up and asks for fewer requests, for
+# seconds (botocore's throttling codes, botocore/retries/standard.py, less those of
+# services the saver never calls). ``RetryPolicy.throttle_budget`` rides them out.
 THROTTLING_CODES = frozenset(
     {
-        "SlowDown",  # S3, 503: a prefix's partition is scaling
-        # S3 answers a HEAD with no body: its throttle is a bare 503 ("Service
-        # Unavailable" is then only the HTTP reason). A 503 with an XML body
-        # says which: SlowDown, or ServiceUnavailable (an outage, below).
-        "503",
-        "ThrottlingException",
-        "Throttling",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "429",
-        "ProvisionedThroughputExceededException",
-        "RequestLimitExceeded",  # DynamoDB: the account's throughput limit
-        "BandwidthLimitExceeded",
-        "LimitExceededException",
-        # A write that met a DynamoDB transaction in progress on its item.
+        "SlowDown", "ThrottlingException", "Throttling", "ThrottledException", "RequestThrottled",
+        "RequestThrottledException", "TooManyRequestsException", "429", "RequestLimitExceeded",
+        "ProvisionedThroughputExceededException", "BandwidthLimitExceeded", "LimitExceededException",
+        # A DynamoDB write that met a transaction in progress on its item.
         "TransactionInProgressException",
+        # S3 throttles a HEAD with a bare 503 (no body to name SlowDown). A 503 with a
+        # body names it: SlowDown, or ServiceUnavailable (a failure, below).
+        "503",
     }
 )
 # Answers that say "not now": server errors and throttling, worth sending again.
 TRANSIENT_CODES = THROTTLING_CODES | frozenset(
-    {
-        "InternalError",
-        "InternalServerError",
-        "ServiceUnavailable",
-        "RequestTimeout",
-        "TransactionConflictException",
-        "500",
-        "502",
-        "504",
-    }
+    {"InternalError", "InternalServerError", "ServiceUnavailable", "RequestTimeout",
+     "TransactionConflictException", "500", "502", "504"}
 )
 PRECONDITION_FAILED_CODES = frozenset({"PreconditionFailed", "412"})
 # S3 answers 409 when two conditional writes of one key race; the loser retries.

@@ -265,7 +265,11 @@ def test_throttling_that_never_ends_gives_up_between_8_and_10_s() -> None:
 
 @pytest.mark.parametrize(
     "failure",
-    [ReadTimeoutError(endpoint_url="http://127.0.0.1:1"), _error("InternalError", 500), _error("ServiceUnavailable", 503)],
+    [
+        ReadTimeoutError(endpoint_url="http://127.0.0.1:1"),
+        _error("InternalError", 500),
+        _error("ServiceUnavailable", 503),
+    ],
     ids=["read timeout", "500", "503 ServiceUnavailable"],
 )
 def test_a_failing_store_keeps_its_attempts_and_its_budget(failure: BaseException) -> None:
