@@ -226,6 +226,9 @@ THROTTLING_CODES = frozenset(
         "503",
     }
 )
+# A DynamoDB transaction cancelled because a table throttled one of its actions
+# (one reason per action, "None" for those that did not fail).
+THROTTLED_REASONS = frozenset({"ThrottlingError", "ProvisionedThroughputExceeded"})
 # Answers that say "not now": server errors and throttling, worth sending again.
 TRANSIENT_CODES = THROTTLING_CODES | frozenset(
     {"InternalError", "InternalServerError", "ServiceUnavailable", "RequestTimeout",
@@ -290,7 +293,7 @@ def classify(exc: BaseException, operation: str = "") -> str | None:
     if code in OBJECT_MISSING_CODES:
         return OBJECT_MISSING
     status = _status(exc)
-    if code in TRANSIENT_CODES or status == 429 or status >= 500:
+    if code in TRANSIENT_CODES or status == 429 or status >= 500 or throttled(exc):
         return UNAVAILABLE
     return None
 
@@ -306,6 +309,10 @@ def throttled(exc: BaseException) -> bool:
     another 5xx) may be a store that is down."""
     if isinstance(exc, BotoCoreError):
         return False
+    if error_code(exc) == "TransactionCanceledException":
+        reasons = (getattr(exc, "response", None) or {}).get("CancellationReasons") or []
+        codes = {r.get("Code") or "None" for r in reasons}
+        return bool(codes & THROTTLED_REASONS) and codes <= THROTTLED_REASONS | {"None"}
     return error_code(exc) in THROTTLING_CODES or _status(exc) == 429
 
 
