@@ -55,7 +55,7 @@ class RetryPolicy:
     after about 10 s when each attempt waits for a timeout. A throttling store
     is retried until 10 s: as no backoff is longer than ``cap``, throttling that
     ends within 8 s (``throttle_budget - cap``) is always ridden out, and the
-    call gives up between 8 and 10 s (about 13 attempts).
+    call gives up between 8 and 10 s (about 14 attempts).
 
     Attributes:
         attempts: Tries per call that fails without throttling (no answer, a
@@ -95,7 +95,7 @@ class RetryPolicy:
             if value is not None and (not isinstance(value, (int, float)) or value < 0):
                 raise ConfigurationError(f"RetryPolicy.{name} must be a number >= 0 or None, got {value!r}")
 
-    def limits(self, started: float, end: float | None) -> tuple[float, float]:
+    def _limits(self, started: float, end: float | None) -> tuple[float, float]:
         """When a round trip started at ``started`` stops retrying (``end``: the
         deadline, if any): (for throttled calls, for calls that failed otherwise)."""
         common = min(_after(started, self.budget), math.inf if end is None else end)
@@ -138,7 +138,7 @@ def resilient(op: Op[T], policy: RetryPolicy, clock: Callable[[], float] = time.
             if not isinstance(step, tuple):
                 reply = yield step
                 continue
-            throttle_limit, outage_limit = policy.limits(clock(), end)
+            throttle_limit, outage_limit = policy._limits(clock(), end)
             results = list((yield step))
             # Failures of each call that count against ``attempts``.
             failures = [0] * len(step)

@@ -10,8 +10,8 @@ A read goes to the primary first, with a retry budget of
 ``Replica.failover_after`` for failures (no answer, timeouts, 5xx) and its
 whole ``RetryPolicy.throttle_budget`` for throttling (a throttling primary is
 up, and holds the newest state); when the primary stays unavailable after
-those retries the same read runs on the replica, lag-safe, and for ``Replica.recheck_after`` seconds later reads go
-straight there. A write never falls over: it raises
+those retries the same read runs on the replica, lag-safe, and for
+``Replica.recheck_after`` seconds later reads go straight there. A write never falls over: it raises
 ``PrimaryUnavailableError`` until :meth:`S3Saver.promote` swaps the roles.
 """
 
