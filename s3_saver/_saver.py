@@ -126,10 +126,13 @@ class S3Saver(
             are a few KB, replaced within days. For threads kept for years, see
             :meth:`archive_thread` (one object per thread, in any class).
         retry: How calls that failed transiently (no answer, a timeout, a 5xx,
-            throttling) are sent again, the same for sync and async: by default
-            4 attempts with jittered backoff (0.1 s doubling, at most 2 s), no
-            backoff ending more than 10 s after a call's first attempt. See
-            also :meth:`deadline`.
+            throttling) are sent again, the same for sync and async, with
+            full-jitter backoff (0.1 s doubling, at most 2 s) and no backoff
+            ending more than 10 s after a call's first attempt. By default a
+            store that fails gets 4 attempts (it gives up within about 10 s); a
+            throttling one (S3 ``SlowDown``, DynamoDB throttling) is retried
+            until 10 s, so throttling shorter than 8 s is always ridden out.
+            See :class:`RetryPolicy` and :meth:`deadline`.
         replica: A second region holding a replica of the bucket (S3
             replication) and of the index: reads fall over to it when this
             one fails, lag-safe; :meth:`promote` makes it the one written to.
@@ -215,6 +218,7 @@ class S3Saver(
         # the primary's share of the policy too: a write cannot go over, and
         # its caller hears PrimaryUnavailableError within failover_after (plus
         # one read timeout) rather than after every retry of every round trip.
+        # Throttling is ridden out as without a replica (RetryPolicy.outage_budget).
         if self._route is not None:
             policy = self._route.fast
         self._sync = SyncDriver(lambda service, site: sites[site].clients.make_sync(service), self.stats, max_concurrency, policy)

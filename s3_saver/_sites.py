@@ -7,10 +7,11 @@ driver, which send each call with the clients of the site its ``Where`` names,
 so an operation may read both regions (``verify``, ``promote``).
 
 A read goes to the primary first, with a retry budget of
-``Replica.failover_after``; when the primary stays unavailable (no answer,
-timeouts, 5xx, throttling, after those retries) the same read runs on the
-replica, lag-safe, and for ``Replica.recheck_after`` seconds later reads go
-straight there. A write never falls over: it raises
+``Replica.failover_after`` for failures (no answer, timeouts, 5xx) and its
+whole ``RetryPolicy.throttle_budget`` for throttling (a throttling primary is
+up, and holds the newest state); when the primary stays unavailable after
+those retries the same read runs on the replica, lag-safe, and for
+``Replica.recheck_after`` seconds later reads go straight there. A write never falls over: it raises
 ``PrimaryUnavailableError`` until :meth:`S3Saver.promote` swaps the roles.
 """
 
@@ -40,7 +41,7 @@ from s3_saver.errors import PrimaryUnavailableError, StoreUnavailableError, Wher
 
 REPLICA = "replica"
 # A routed read retries inside (per region): the driver around it sends once.
-ONCE = RetryPolicy(attempts=1, budget=None)
+ONCE = RetryPolicy(attempts=1, budget=None, throttle_budget=0)
 
 
 @dataclass
@@ -116,9 +117,11 @@ class Route:
         # or an old state: never read before it is promoted.
         self.replicated = writer.where.table is None or replica.global_table
         self.policy = policy
-        # The primary's reads stop retrying at failover_after: the replica answers sooner.
-        budget = min(policy.budget, replica.failover_after) if policy.budget is not None else replica.failover_after
-        self.fast = replace(policy, budget=budget)
+        # A failing primary is left at failover_after: the replica answers sooner.
+        # A throttling one is up and holds the newest state: it is ridden out for
+        # the whole throttle_budget (within budget), as without a replica.
+        outage = min(x for x in (policy.budget, policy.outage_budget, replica.failover_after) if x is not None)
+        self.fast = replace(policy, outage_budget=outage)
         self.source: contextvars.ContextVar[ReadSource | None] = contextvars.ContextVar("s3_saver_read", default=None)
         self._lock = threading.Lock()
         self._down_until = 0.0

@@ -211,26 +211,28 @@ DENIED_CODES = frozenset(
         "KMS.AccessDeniedException",
     }
 )
-# Answers that say "not now": server errors and throttling, worth sending again.
-TRANSIENT_CODES = frozenset(
+# Answers that say "slow down": the store is up and asks for fewer requests, for
+# seconds (botocore's throttling codes, botocore/retries/standard.py, less those of
+# services the saver never calls). ``RetryPolicy.throttle_budget`` rides them out.
+THROTTLING_CODES = frozenset(
     {
-        "InternalError",
-        "InternalServerError",
-        "ServiceUnavailable",
-        "SlowDown",
-        "RequestTimeout",
-        "ThrottlingException",
-        "Throttling",
-        "ProvisionedThroughputExceededException",
-        "RequestLimitExceeded",
-        # A write that met a DynamoDB transaction in progress on its item.
-        "TransactionConflictException",
+        "SlowDown", "ThrottlingException", "Throttling", "ThrottledException", "RequestThrottled",
+        "RequestThrottledException", "TooManyRequestsException", "429", "RequestLimitExceeded",
+        "ProvisionedThroughputExceededException", "BandwidthLimitExceeded", "LimitExceededException",
+        # A DynamoDB write that met a transaction in progress on its item.
         "TransactionInProgressException",
-        "500",
-        "502",
+        # S3 throttles a HEAD with a bare 503 (no body to name SlowDown). A 503 with a
+        # body names it: SlowDown, or ServiceUnavailable (a failure, below).
         "503",
-        "504",
     }
+)
+# A DynamoDB transaction cancelled because a table throttled one of its actions
+# (one reason per action, "None" for those that did not fail).
+THROTTLED_REASONS = frozenset({"ThrottlingError", "ProvisionedThroughputExceeded"})
+# Answers that say "not now": server errors and throttling, worth sending again.
+TRANSIENT_CODES = THROTTLING_CODES | frozenset(
+    {"InternalError", "InternalServerError", "ServiceUnavailable", "RequestTimeout",
+     "TransactionConflictException", "500", "502", "504"}
 )
 PRECONDITION_FAILED_CODES = frozenset({"PreconditionFailed", "412"})
 # S3 answers 409 when two conditional writes of one key race; the loser retries.
@@ -290,10 +292,28 @@ def classify(exc: BaseException, operation: str = "") -> str | None:
         return DENIED
     if code in OBJECT_MISSING_CODES:
         return OBJECT_MISSING
-    status = (getattr(exc, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-    if code in TRANSIENT_CODES or (isinstance(status, int) and status >= 500):
+    status = _status(exc)
+    if code in TRANSIENT_CODES or status == 429 or status >= 500 or throttled(exc):
         return UNAVAILABLE
     return None
+
+
+def _status(exc: BaseException) -> int:
+    status = (getattr(exc, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return status if isinstance(status, int) else 0
+
+
+def throttled(exc: BaseException) -> bool:
+    """The store answered "slow down" (S3 ``SlowDown``, DynamoDB throttling, a 429):
+    it is up. A transient failure that is not throttled (no answer, a timeout,
+    another 5xx) may be a store that is down."""
+    if isinstance(exc, BotoCoreError):
+        return False
+    if error_code(exc) == "TransactionCanceledException":
+        reasons = (getattr(exc, "response", None) or {}).get("CancellationReasons") or []
+        codes = {r.get("Code") or "None" for r in reasons}
+        return bool(codes & THROTTLED_REASONS) and codes <= THROTTLED_REASONS | {"None"}
+    return error_code(exc) in THROTTLING_CODES or _status(exc) == 429
 
 
 @dataclass

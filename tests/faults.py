@@ -21,6 +21,8 @@ decides whether to inject a fault and which one:
   connection is reset: a connection dropped while a GetObject body is read.
 
 Knobs (attributes, changeable at run time): ``enabled``, ``rate``, ``kinds``,
+``window`` (seconds: faults stop this long after the first one, e.g. a store that
+throttles every write for 3 s),
 ``operations`` (a predicate on :class:`Req`, e.g. :func:`writes_only`),
 ``max_faults`` (a cap, so that a 100 % rate ends), ``first_attempt_only`` (fault a
 call's first attempt only, read from the SDK's ``amz-sdk-request`` header, so that
@@ -29,7 +31,8 @@ to a request's service (an S3 error on a DynamoDB call) is never drawn for it.
 ``pause_when`` (a predicate) makes the proxy forward the matching request, then
 (if the upstream applied it: a 2xx answer) hold its answer, set ``paused`` and wait for ``release`` (used to kill a writer
 between its object write and its commit). Counters: ``requests``, ``faults``
-(by kind), ``ops`` (by operation).
+(by kind), ``ops`` (by operation), ``per_request`` (faults by request identity:
+how many times one call was refused, its retries included).
 
 Only 127.0.0.1 is contacted. Randomness is drawn under a lock in request order,
 so a run is reproducible as far as the client's request order is.
@@ -45,6 +48,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -142,6 +146,9 @@ class FaultProxy:
         self.operations = operations
         self.max_faults = max_faults
         self.first_attempt_only = False  # fault only a request's first attempt, never its retries
+        self.window: float | None = None
+        self._window_ends: float | None = None
+        self.per_request: Counter[str] = Counter()
         self._faulted: set[str] = set()
         self.hold_seconds = hold_seconds
         self.pause_when: Callable[[Req], bool] | None = None
@@ -171,6 +178,8 @@ class FaultProxy:
             self.requests = 0
             self.faults.clear()
             self.ops.clear()
+            self.per_request.clear()
+            self._window_ends = None
 
     @property
     def total_faults(self) -> int:
@@ -194,6 +203,8 @@ class FaultProxy:
                 return None
             if self.max_faults is not None and self.total_faults >= self.max_faults:
                 return None
+            if self._window_ends is not None and time.monotonic() >= self._window_ends:
+                return None
             applicable = [
                 k for k in self.kinds
                 if k in NET_KINDS + BODY_KINDS or (k in S3_KINDS) == (req.service == "s3")
@@ -201,7 +212,10 @@ class FaultProxy:
             if not applicable or self.rng.random() >= self.rate:
                 return None
             kind = self.rng.choice(applicable)
+            if self.window is not None and self._window_ends is None:
+                self._window_ends = time.monotonic() + self.window
             self.faults[kind] += 1
+            self.per_request[req.digest] += 1
             self._faulted.add(req.digest)
             return kind
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -190,3 +191,200 @@ def test_a_taken_commit_cut_short_is_never_handed_the_lead() -> None:
     c.close()
     b.close()
     assert isinstance(next(commit()), Sleep)  # leads at once, no Wait
+
+
+# -- throttling: ridden out by time; a failing store keeps its few attempts --------------------
+SLOWDOWN = _error("SlowDown", 503)
+THROTTLED = [
+    SLOWDOWN,
+    _error("503", 503),  # S3's throttle of a HEAD: no body, the status alone
+    _error("ThrottlingException", 400),
+    _error("ProvisionedThroughputExceededException", 400),
+    _error("RequestLimitExceeded", 400),
+    _error("TooManyRequestsException", 429),
+    _error("SomethingNew", 429),
+]
+THROTTLED_IDS = ["SlowDown", "bare 503", "throttling", "throughput", "request limit", "too many", "429"]
+
+
+def _one_read() -> Any:
+    (result,) = yield from request(S3Calls("b").get("a"))
+    return result["Body"]
+
+
+class _Store:
+    """Answers ``failure`` until ``seconds`` of the fake clock have passed, then the body."""
+
+    def __init__(self, failure: BaseException, seconds: float, rtt: float = 0.02) -> None:
+        self.failure, self.seconds, self.rtt = failure, seconds, rtt
+        self.now = 1000.0
+        self.start = self.now
+        self.sent: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def drive(self, op: Any) -> Any:
+        reply = None
+        while True:
+            try:
+                step = op.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(step, Sleep):
+                self.now += step.seconds
+                reply = None
+                continue
+            self.sent.append(self.now - self.start)
+            self.now += self.rtt
+            ok = self.now - self.start > self.seconds
+            reply = [{"Body": b"A"} if ok else self.failure for _ in step]
+
+
+@pytest.mark.parametrize("failure", THROTTLED, ids=THROTTLED_IDS)
+def test_throttling_for_seconds_is_ridden_out_with_the_defaults(failure: BaseException) -> None:
+    """Bounded by time, not by count: however small the pauses full jitter draws,
+    the call is sent again until the throttling ends (here 6 s: the default
+    policy rides out any throttling shorter than throttle_budget - cap = 8 s)."""
+    for _ in range(200):
+        store = _Store(failure, seconds=6.0)
+        assert store.drive(resilient(_one_read(), RetryPolicy(), clock=store.clock)) == b"A"
+        assert len(store.sent) > RetryPolicy().attempts
+
+
+def test_throttling_that_never_ends_gives_up_between_8_and_10_s() -> None:
+    for _ in range(200):
+        store = _Store(SLOWDOWN, seconds=float("inf"))
+        with pytest.raises(StoreUnavailableError, match="SlowDown"):
+            store.drive(resilient(_one_read(), RetryPolicy(), clock=store.clock))
+        # The last attempt is sent within cap (2 s) of the 10 s budget, never past it.
+        assert 8.0 - store.rtt < store.sent[-1] <= 10.0
+        gaps = [b - a for a, b in zip(store.sent, store.sent[1:])]
+        assert max(gaps) <= 2.0 + store.rtt
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ReadTimeoutError(endpoint_url="http://127.0.0.1:1"),
+        _error("InternalError", 500),
+        _error("ServiceUnavailable", 503),
+    ],
+    ids=["read timeout", "500", "503 ServiceUnavailable"],
+)
+def test_a_failing_store_keeps_its_attempts_and_its_budget(failure: BaseException) -> None:
+    """A store that fails without throttling gets 4 attempts, as before; each
+    attempt that waits 5 s (the read timeout) for nothing stops it at 10 s.
+    Under the same policy, a throttling store is sent more (it is up)."""
+    store = _Store(SLOWDOWN, seconds=float("inf"))
+    with pytest.raises(StoreUnavailableError):
+        store.drive(resilient(_one_read(), RetryPolicy(), clock=store.clock))
+    assert len(store.sent) > 4
+    store = _Store(failure, seconds=float("inf"))
+    with pytest.raises(StoreUnavailableError):
+        store.drive(resilient(_one_read(), RetryPolicy(), clock=store.clock))
+    assert len(store.sent) == 4
+    store = _Store(failure, seconds=float("inf"), rtt=5.0)
+    with pytest.raises(StoreUnavailableError):
+        store.drive(resilient(_one_read(), RetryPolicy(), clock=store.clock))
+    assert len(store.sent) == 2 and store.now - store.start <= 10.0 + 5.0
+
+
+def test_throttling_stays_within_the_budget_and_the_deadline() -> None:
+    for _ in range(100):
+        store = _Store(SLOWDOWN, seconds=float("inf"))
+        with pytest.raises(StoreUnavailableError):
+            store.drive(resilient(_one_read(), RetryPolicy(budget=3.0), clock=store.clock))
+        assert store.sent[-1] <= 3.0 and len(store.sent) > 1
+        store = _Store(SLOWDOWN, seconds=float("inf"))
+        store.now = store.start = time.monotonic()  # deadline() counts on the monotonic clock
+        with deadline(2.0):
+            with pytest.raises(StoreUnavailableError):
+                store.drive(resilient(_one_read(), RetryPolicy(), clock=store.clock))
+        assert store.sent[-1] <= 2.0 + 0.01 and len(store.sent) > 1
+        # A throttle budget of 0: throttling counts against attempts, as other failures.
+        store = _Store(SLOWDOWN, seconds=float("inf"))
+        with pytest.raises(StoreUnavailableError):
+            store.drive(resilient(_one_read(), RetryPolicy(throttle_budget=0), clock=store.clock))
+        assert len(store.sent) == 4
+
+
+def test_a_throttled_call_beside_a_failing_one_rides_on_alone() -> None:
+    """In one round trip, the failing call stops after its attempts; the throttled
+    one goes on until its throttling ends."""
+    store = _Store(SLOWDOWN, seconds=5.0)
+    answers = {"a": [SLOWDOWN], "b": [_error("InternalError", 500)]}
+    sent: list[str] = []
+
+    def reply(step: Any) -> list[Any]:
+        out = []
+        for call in step:
+            sent.append(call.params["Key"])
+            late = store.now - store.start > store.seconds
+            out.append({"Body": b"A"} if call.params["Key"] == "a" and late else answers[call.params["Key"]][0])
+        store.now += store.rtt
+        return out
+
+    op = resilient(_two_reads(), RetryPolicy(), clock=store.clock)
+    with pytest.raises(StoreUnavailableError, match=r"get_object\(b\)"):
+        r = None
+        while True:
+            step = op.send(r)
+            if isinstance(step, Sleep):
+                store.now += step.seconds
+                r = None
+            else:
+                r = reply(step)
+    assert sent.count("b") == 4 and sent.count("a") > 4
+    assert store.now - store.start > 5.0  # b's failure waited for a's last answer
+
+
+def test_a_throttling_primary_is_not_left_for_the_replica_at_failover_after() -> None:
+    """With a replica, a failing primary is left after failover_after (3 s); a
+    throttling one is up and holds the newest state: it is ridden out."""
+    from s3_saver import Replica, S3Saver
+
+    saver = S3Saver("p", table="t", region_name="us-east-1", replica=Replica("r", region_name="us-west-2"))
+    fast = saver._route.fast
+    assert fast.outage_budget == 3.0 and fast.budget == RetryPolicy().budget
+    for _ in range(100):
+        store = _Store(SLOWDOWN, seconds=5.0)
+        assert store.drive(resilient(_one_read(), fast, clock=store.clock)) == b"A"
+    store = _Store(ReadTimeoutError(endpoint_url="http://127.0.0.1:1"), seconds=float("inf"), rtt=2.0)
+    with pytest.raises(StoreUnavailableError):
+        store.drive(resilient(_one_read(), fast, clock=store.clock))
+    assert len(store.sent) == 2 and store.sent[-1] <= 3.0
+
+
+def test_new_policy_fields_refuse_bad_values() -> None:
+    with pytest.raises(ConfigurationError, match="throttle_budget"):
+        RetryPolicy(throttle_budget=-1)
+    with pytest.raises(ConfigurationError, match="outage_budget"):
+        RetryPolicy(outage_budget="soon")
+
+
+def test_a_transaction_cancelled_by_throttling_is_ridden_out_as_throttling() -> None:
+    """DynamoDB cancels a TransactWriteItems (a checkpoint's commit) whose table
+    throttles one of its items: a ThrottlingError among its reasons. It gets the
+    throttling schedule (7.5 s ridden out, every time), not the transaction's own
+    10 conflict retries of at most 9 s in all (4.6 s on average)."""
+    from s3_saver._index.dynamodb import DynamoIndex
+    from s3_saver._keys import KeyLayout
+    from s3_saver.errors import Where
+
+    index = DynamoIndex("t", KeyLayout(""), Where("b", "t"))
+    cancelled = ClientError(
+        {
+            "Error": {"Code": "TransactionCanceledException"},
+            "CancellationReasons": [{"Code": "None"}, {"Code": "ThrottlingError"}],
+            "ResponseMetadata": {"HTTPStatusCode": 400},
+        },
+        "TransactWriteItems",
+    )
+    for _ in range(50):
+        store = _Store(cancelled, seconds=7.5)
+        assert store.drive(resilient(index.transact([{"Put": {}}], "a commit"), RetryPolicy(), clock=store.clock)) == []
+    store = _Store(cancelled, seconds=float("inf"))
+    with pytest.raises(StoreUnavailableError, match="TransactionCanceled"):
+        store.drive(resilient(index.transact([{"Put": {}}], "a commit"), RetryPolicy(), clock=store.clock))
+    assert store.sent[-1] <= 10.0  # within the budget: not retried again by the transaction's loop

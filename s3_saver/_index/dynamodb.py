@@ -41,7 +41,7 @@ from s3_saver._index.dynamo_archive import DynamoArchive
 from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Op, Sleep, backoff, gather, raise_failure, request, request_one
-from s3_saver.errors import S3SaverError, Where, error_code
+from s3_saver.errors import S3SaverError, Where, error_code, throttled
 
 BATCH_GET_MAX = 100  # BatchGetItem accepts at most 100 keys per request
 BATCH_WRITE_MAX = 25  # BatchWriteItem accepts at most 25 requests
@@ -197,7 +197,9 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
                 return []
             reasons = _reasons(result)
             codes = {code for code, _ in reasons}
-            if error_code(result) != "TransactionCanceledException" or not reasons:
+            # Throttled alone: the retry policy around this operation already rode it
+            # out for its throttle_budget (retrying here too would multiply it).
+            if error_code(result) != "TransactionCanceledException" or not reasons or throttled(result):
                 raise_failure(call, result)
             if CONDITION_FAILED in codes:
                 return reasons
