@@ -53,6 +53,7 @@ BUCKET = "policy-checkpoints"
 TABLE = "policy-index"
 PREFIX = "tenant-a/"
 KEY_ARN = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/0f0f0f0f-1111-2222-3333-444444444444"
+LONG_THREAD = 60  # checkpoints: the manifest seals a segment past 48 (manifest_seal.SEAL_AT)
 
 # Admin calls an operator runs with broader rights: rebuild_index, audit and
 # collect_garbage list the bucket, verify lists both regions' buckets,
@@ -277,6 +278,11 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str, index_
     graph = report_graph(saver)
     exerciser = Exerciser(saver, graph)
     run_report_sync(graph, "sync-user")
+    # A long conversation: the manifest seals segments, read by a full history and
+    # deleted with the thread (the report graph's threads are too short to seal).
+    grow_thread(saver, "long-user", LONG_THREAD)
+    assert len(list(saver.list({"configurable": {"thread_id": "long-user"}}))) == LONG_THREAD
+    saver.delete_thread("long-user")
     exerciser.run_sync()
 
     async def async_part() -> None:
@@ -335,7 +341,6 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str, index_
 # calls alone would not... that the reader already grants (no overlap: test_infra_replica).
 REPLICA_KEY_ARN = f"arn:aws:kms:eu-west-1:{ACCOUNT}:key/6f6f6f6f-7777-8888-9999-000000000000"
 REPLICA_MODES = ["dynamodb", "global-table", "manifest"]
-LONG_THREAD = 60  # checkpoints: the manifest seals a segment past 48 (manifest_seal.SEAL_AT)
 # The reads a replica must serve during an outage (the README's promise); more may.
 REPLICA_READS = {
     "get_tuple",
