@@ -389,7 +389,14 @@ def authorizations(
     call: RecordedCall, *, kms_key_arn: str | None, region: str = REGION, account: str = ACCOUNT
 ) -> list[Request]:
     """Every authorization a recorded call needs, including KMS through S3 (SSE-KMS)."""
-    out = [Request(action, arn) for action in iam_actions(call) for arn in resource_arns(call, region, account)]
+    context: tuple[tuple[str, str], ...] = ()
+    if call.service == "s3" and call.operation in ("ListObjects", "ListObjectsV2", "ListObjectVersions"):
+        # A listing is authorized with the prefix it asks for (IAM's s3:prefix key;
+        # absent, i.e. no StringLike matches, when it lists the whole bucket).
+        context = (("s3:prefix", call.params["Prefix"]),) if "Prefix" in call.params else ()
+    out = [
+        Request(action, arn, context) for action in iam_actions(call) for arn in resource_arns(call, region, account)
+    ]
     if call.service == "dynamodb":
         if kms_key_arn:
             # A table encrypted with a customer managed key: DynamoDB decrypts the

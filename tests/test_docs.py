@@ -60,7 +60,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)[^\n]*\n(?P<body>.*?
 
 # The blocks of each kind in README.md and docs/. Adding or removing one means changing
 # this count too: a block that stops being found must not pass as "nothing to run".
-EXPECTED_BLOCKS = {"python": 13, "json": 3, "yaml": 0, "console": 16, "bash": 5, "text": 3}
+EXPECTED_BLOCKS = {"python": 13, "json": 4, "yaml": 0, "console": 16, "bash": 5, "text": 3}
 LANGUAGES = set(EXPECTED_BLOCKS)
 # The command line's page: its console transcripts run, in page order (test_cli_transcripts_run).
 CLI_PAGE = "docs/reference/cli.md"
@@ -241,15 +241,54 @@ def test_data_block_parses(block: Block) -> None:
         module, _, attribute = path.rpartition(".")
         assert ":" not in path and module.startswith("s3_saver"), document
         assert callable(getattr(importlib.import_module(module), attribute)), document
-    if "Statement" in document:  # an IAM policy: the template's, KMS aside
-        from infra_support import load_template
+    if "Statement" in document:  # an IAM policy: the template's in one index mode, KMS aside
+        assert _policy_mode(document) is not None, f"{block.id} is not SaverPolicy in any IndexMode"
 
-        def actions(statements: list[dict[str, Any]]) -> dict[str, set[str]]:
-            named = {st["Sid"]: st["Action"] for st in statements if not st["Sid"].endswith("Encryption")}
-            return {sid: {action} if isinstance(action, str) else set(action) for sid, action in named.items()}
 
-        template = load_template()["Resources"]["SaverPolicy"]["Properties"]["PolicyDocument"]
-        assert actions(document["Statement"]) == actions(template["Statement"]), block.id
+def _shape(statements: list[dict[str, Any]]) -> dict[str, tuple[frozenset[str], frozenset[str], str]]:
+    """Each statement by Sid: its actions, resources and condition (the KMS ones left out)."""
+
+    return {
+        st["Sid"]: (
+            frozenset(_as_list(st["Action"])),
+            frozenset(_as_list(st["Resource"])),
+            json.dumps(st.get("Condition"), sort_keys=True),
+        )
+        for st in statements
+        if not st["Sid"].endswith("Encryption")
+    }
+
+
+def _as_list(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
+
+
+def _policy_mode(document: dict[str, Any]) -> str | None:
+    """The IndexMode whose SaverPolicy ``document`` is (for the bucket and table it names,
+    no prefix), or None."""
+    from infra_support import Stack, load_template
+
+    resources = [r for st in document["Statement"] for r in _as_list(st["Resource"])]
+    bucket = next(r for r in resources if r.startswith("arn:aws:s3:::")).removeprefix("arn:aws:s3:::").split("/")[0]
+    table_arn = next((r for r in resources if r.startswith("arn:aws:dynamodb:")), "<no table>")
+    physical = {
+        "Bucket": {"Ref": bucket, "Arn": f"arn:aws:s3:::{bucket}"},
+        "Table": {"Ref": table_arn.rpartition("/")[2], "Arn": table_arn},
+    }
+    template = load_template()
+    for mode in template["Parameters"]["IndexMode"]["AllowedValues"]:
+        policy = Stack(template, {"IndexMode": mode}, physical=physical).properties("SaverPolicy")["PolicyDocument"]
+        if _shape(document["Statement"]) == _shape(policy["Statement"]):
+            return mode
+    return None
+
+
+def test_iam_page_shows_the_policy_of_each_index_mode() -> None:
+    from infra_support import load_template
+
+    policies = [json.loads(b.code) for b in _of("json") if b.page == "docs/reference/iam.md"]
+    modes = [_policy_mode(p) for p in policies if "Statement" in p]
+    assert sorted(modes) == sorted(load_template()["Parameters"]["IndexMode"]["AllowedValues"]), modes
 
 
 @pytest.mark.parametrize("block", _of("bash"), ids=lambda b: b.id)

@@ -53,6 +53,7 @@ BUCKET = "policy-checkpoints"
 TABLE = "policy-index"
 PREFIX = "tenant-a/"
 KEY_ARN = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/0f0f0f0f-1111-2222-3333-444444444444"
+LONG_THREAD = 60  # checkpoints: the manifest seals a segment past 48 (manifest_seal.SEAL_AT)
 
 # Admin calls an operator runs with broader rights: rebuild_index, audit and
 # collect_garbage list the bucket, verify lists both regions' buckets,
@@ -238,27 +239,31 @@ def _next_id(checkpoint_id: str) -> str:
 
 
 # -- the test ----------------------------------------------------------------------------------
-def saver_policy() -> dict[str, Any]:
+def saver_policy(index_mode: str) -> dict[str, Any]:
+    """infra/template.yaml's SaverPolicy for the stack deployed with ``IndexMode=index_mode``."""
+    table = {"TableName": TABLE} if index_mode == "dynamodb" else {}
     stack = Stack(
         load_template(),
-        {"BucketName": BUCKET, "TableName": TABLE, "KeyPrefix": PREFIX},
+        {"BucketName": BUCKET, "KeyPrefix": PREFIX, "IndexMode": index_mode, **table},
         physical={
             "Bucket": {"Ref": BUCKET, "Arn": f"arn:aws:s3:::{BUCKET}"},
             "Table": {"Ref": TABLE, "Arn": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{TABLE}"},
             "Key": {"Arn": KEY_ARN},
         },
     )
+    assert ("Table" in stack.resources) == (index_mode == "dynamodb")
     return stack.properties("SaverPolicy")["PolicyDocument"]
 
 
 @pytest.mark.slow  # make test-all and CI (make test-slow), with the infra linters
-def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str) -> None:
-
+def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str, index_mode: str) -> None:
+    """In each index mode (conftest's ``index_mode``: the stack's IndexMode and the
+    saver's table= agree), the mode's policy against the mode's request log."""
     s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
 
     saver = s3_saver.S3Saver(
         BUCKET,
-        table=TABLE,
+        table=TABLE if index_mode == "dynamodb" else None,
         prefix=PREFIX,
         endpoint_url=endpoint,
         region_name=REGION,
@@ -273,6 +278,11 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str) -> Non
     graph = report_graph(saver)
     exerciser = Exerciser(saver, graph)
     run_report_sync(graph, "sync-user")
+    # A long conversation: the manifest seals segments, read by a full history and
+    # deleted with the thread (the report graph's threads are too short to seal).
+    grow_thread(saver, "long-user", LONG_THREAD)
+    assert len(list(saver.list({"configurable": {"thread_id": "long-user"}}))) == LONG_THREAD
+    saver.delete_thread("long-user")
     exerciser.run_sync()
 
     async def async_part() -> None:
@@ -293,16 +303,16 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str) -> Non
     # The scenario reads a value from its own object, so kms:Decrypt is really needed.
     assert ("s3", "GetObject") in sync_calls.operations() and ("s3", "GetObject") in async_calls.operations()
 
-    policy = saver_policy()
+    # Each mode calls only its own index's service.
+    assert {c.service for c in calls} == ({"s3", "dynamodb"} if index_mode == "dynamodb" else {"s3"})
+    policy = saver_policy(index_mode)
     needed: dict[Request, set[str]] = {}
     for call in calls:
         for request in authorizations(call, kms_key_arn=KEY_ARN):
             needed.setdefault(request, set()).add(call.operation)
     # Shown by pytest when the test fails: what was called, and what that needs.
     print("methods called:", sorted(set(exerciser.called)), "not offered:", sorted(set(exerciser.not_offered)))
-    for service, operation in sorted({(c.service, c.operation) for c in calls}):
-        actions = sorted({r.action for r, ops in needed.items() if operation in ops})
-        print(f"{service}.{operation} -> {', '.join(actions)}")
+    _show(f"{index_mode} mode", calls, needed)
     denied = sorted(
         f"{r.action} on {r.resource} (for {', '.join(sorted(ops))})"
         for r, ops in needed.items()
@@ -331,7 +341,6 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str) -> Non
 # calls alone would not... that the reader already grants (no overlap: test_infra_replica).
 REPLICA_KEY_ARN = f"arn:aws:kms:eu-west-1:{ACCOUNT}:key/6f6f6f6f-7777-8888-9999-000000000000"
 REPLICA_MODES = ["dynamodb", "global-table", "manifest"]
-LONG_THREAD = 60  # checkpoints: the manifest seals a segment past 48 (manifest_seal.SEAL_AT)
 # The reads a replica must serve during an outage (the README's promise); more may.
 REPLICA_READS = {
     "get_tuple",
@@ -502,6 +511,11 @@ def _show(title: str, calls: list[Any], needed: dict[Request, set[str]]) -> None
             sub = r.resource.split(":::", 1)[1].split("/")[2]
             where.setdefault(r.action, set()).add(sub)
     print("   s3 actions by sub-prefix:", {a: sorted(s) for a, s in sorted(where.items())})
+    # s3:ListBucket with no s3:prefix: a GET or HEAD answered 404 (see authorizations()).
+    listed = {dict(r.context).get("s3:prefix", "(none: a 404)") for r in needed if r.action == "s3:ListBucket"}
+    print("   s3:ListBucket s3:prefix values:", sorted(listed))
+    missing = {"/".join(c.params["Key"].split("/")[:2]) for c in calls if c.status == 404 and "Key" in c.params}
+    print("   keys answered 404 under:", sorted(missing))
 
 
 @pytest.mark.slow  # make test-all and CI (make test-slow): every public method in both regions, three times

@@ -33,6 +33,7 @@ from infra_support import (
 from langgraph.types import Command
 
 import s3_saver
+from s3_saver._keys import LISTING_PREFIX, LIVE_PREFIX, MANIFEST_PREFIX
 
 RETENTION_DAYS = 30
 REPLICA_REGION = "eu-west-1"
@@ -77,20 +78,25 @@ def test_stack_deploys_with_no_parameters(endpoint: str) -> None:
     assert outputs["KmsKeyArn"].endswith(physical["Key"])
 
 
-def test_saver_from_stack_outputs_runs_graphs(endpoint: str) -> None:
+def test_saver_from_stack_outputs_runs_graphs(endpoint: str, index_mode: str) -> None:
     parameters = {
         "BucketName": "stack-checkpoints",
-        "TableName": "stack-checkpoints-index",
+        "IndexMode": index_mode,
         "KeyPrefix": "agents/prod/",
         "RetentionDays": str(RETENTION_DAYS),
         "ArchiveDeepArchiveDays": "180",
     }
-    outputs, _ = deploy(endpoint, "s3-saver", parameters)
+    if index_mode == "dynamodb":
+        parameters["TableName"] = "stack-checkpoints-index"
+    outputs, physical = deploy(endpoint, "s3-saver", parameters)
     clients = {"endpoint_url": endpoint, "region_name": outputs["Region"]}
     s3 = boto3.client("s3", **clients)
     dynamodb = boto3.client("dynamodb", **clients)
     iam = boto3.client("iam", **clients)
-    bucket, table = outputs["BucketName"], outputs["TableName"]
+    # The manifest mode's stack has no table, and says so (no TableName output).
+    assert outputs["IndexMode"] == index_mode
+    assert ("Table" in physical) == ("TableName" in outputs) == (index_mode == "dynamodb")
+    bucket, table = outputs["BucketName"], outputs.get("TableName")
 
     # What moto applied matches the template.
     (rule,) = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"]
@@ -98,10 +104,13 @@ def test_saver_from_stack_outputs_runs_graphs(endpoint: str) -> None:
         "SSEAlgorithm": "aws:kms",
         "KMSMasterKeyID": outputs["KmsKeyArn"],
     }
-    description = dynamodb.describe_table(TableName=table)["Table"]
-    assert description["KeySchema"] == list(s3_saver.TABLE_KEY_SCHEMA)
-    assert description["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
-    assert description.get("GlobalSecondaryIndexes", []) == list(s3_saver.TABLE_GLOBAL_SECONDARY_INDEXES)
+    if table is not None:
+        description = dynamodb.describe_table(TableName=table)["Table"]
+        assert description["KeySchema"] == list(s3_saver.TABLE_KEY_SCHEMA)
+        assert description["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+        assert description.get("GlobalSecondaryIndexes", []) == list(s3_saver.TABLE_GLOBAL_SECONDARY_INDEXES)
+    if table is None:
+        assert dynamodb.list_tables()["TableNames"] == []
     # moto's resolution of the policy equals the test suite's evaluator's (which
     # test_infra_policy.py relies on).
     version = iam.get_policy(PolicyArn=outputs["PolicyArn"])["Policy"]["DefaultVersionId"]
@@ -111,14 +120,15 @@ def test_saver_from_stack_outputs_runs_graphs(endpoint: str) -> None:
         parameters,
         physical={
             "Bucket": {"Ref": bucket, "Arn": outputs["BucketArn"]},
-            "Table": {"Ref": table, "Arn": outputs["TableArn"]},
+            "Table": {"Ref": table, "Arn": outputs.get("TableArn")},
             "Key": {"Arn": outputs["KmsKeyArn"]},
         },
         stack_name="s3-saver",
     ).properties("SaverPolicy")["PolicyDocument"]
     assert deployed == evaluated
 
-    # A saver from the outputs alone; no setup(): the stack made the bucket and table.
+    # A saver from the outputs alone; no setup(): the stack made the bucket and table
+    # (in manifest mode there is no table; setup() would only probe conditional writes).
     saver = s3_saver.S3Saver(
         bucket,
         table=table,
@@ -140,10 +150,13 @@ def test_saver_from_stack_outputs_runs_graphs(endpoint: str) -> None:
 
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
     keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
-    assert keys and all(k.startswith(f"agents/prod/{s3_saver.LIVE_PREFIX}") for k in keys), keys[:5]
+    # Under the prefixes the mode's policy names (the manifest's own beside live/).
+    subs = {LIVE_PREFIX} | ({MANIFEST_PREFIX, LISTING_PREFIX} if table is None else set())
+    assert keys and {k.removeprefix("agents/prod/").split("/")[0] + "/" for k in keys} == subs, keys[:5]
     head = s3.head_object(Bucket=bucket, Key=keys[0])
     assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", outputs["KmsKeyArn"])
-
+    if table is None:
+        return
     items = dynamodb.scan(TableName=table)["Items"]
     assert items
     ttl_attribute = s3_saver.TTL_ATTRIBUTE

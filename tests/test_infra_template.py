@@ -10,6 +10,8 @@ import re
 import pytest
 from infra_support import REPO, Stack, load_template, statement_resources
 
+from s3_saver._keys import LISTING_PREFIX, MANIFEST_PREFIX
+
 from s3_saver import (
     ARCHIVE_PREFIX,
     LIVE_PREFIX,
@@ -274,6 +276,38 @@ def test_table_matches_the_saver(template: dict) -> None:
     assert props["DeletionProtectionEnabled"] is True
 
 
+def test_manifest_mode_has_no_table(template: dict) -> None:
+    """IndexMode manifest: no table, no DynamoDB right, no table output; the default
+    (dynamodb) deploys what stacks deployed before the parameter existed."""
+    assert template["Parameters"]["IndexMode"]["Default"] == "dynamodb"
+    s = stack(template, IndexMode="manifest", KmsKeyArn=KEY_ARN, **REPLICA)
+    assert not {"Table", "GlobalIndexTable"} & set(s.resources)
+    policy = s.properties("SaverPolicy")["PolicyDocument"]
+    assert not [a for a, _ in statement_resources(policy) if not a.startswith(("s3:", "kms:"))]
+    assert [st["Sid"] for st in policy["Statement"] if "dynamodb" in str(st)] == []
+    assert not {"TableName", "TableArn"} & set(s.outputs)
+    assert s.outputs["IndexMode"] == "manifest"
+    assert {"Table"} <= set(stack(template).resources) and stack(template).outputs["IndexMode"] == "dynamodb"
+
+
+@pytest.mark.parametrize(
+    ("rule", "params"),
+    [
+        ("GlobalTableNeedsATable", {"IndexMode": "manifest", "GlobalTable": "Enabled", **REPLICA}),
+        ("ManifestModeHasNoTable", {"IndexMode": "manifest", "TableName": "my-index"}),
+    ],
+)
+def test_manifest_mode_refuses_table_parameters(template: dict, rule: str, params: dict) -> None:
+    """A table parameter that the manifest mode would ignore fails at deploy (Rules)."""
+    s = stack(template, **params)
+    spec = template["Rules"][rule]
+    assert s.value(spec["RuleCondition"]) is True
+    assert not all(s.value(a["Assert"]) for a in spec["Assertions"])
+    # The same parameters in DynamoDB mode pass the rule.
+    ok = stack(template, **{**params, "IndexMode": "dynamodb"})
+    assert not ok.value(spec["RuleCondition"]) or all(ok.value(a["Assert"]) for a in spec["Assertions"])
+
+
 @pytest.mark.parametrize(("given", "expected"), [("", None), ("my-checkpoints", "my-checkpoints")])
 def test_names_are_optional(template: dict, given: str, expected: str | None) -> None:
     s = stack(template, BucketName=given, TableName=given)
@@ -298,7 +332,9 @@ def iam_documents(s: Stack) -> list[tuple[str, dict]]:
 
 
 @pytest.mark.parametrize(
-    "params", [{}, {"KmsKeyArn": KEY_ARN, "KeyPrefix": "a/b/", **REPLICA}], ids=["defaults", "all"]
+    "params",
+    [{}, {"KmsKeyArn": KEY_ARN, "KeyPrefix": "a/b/", **REPLICA}, {"IndexMode": "manifest", "KeyPrefix": "a/b/"}],
+    ids=["defaults", "all", "manifest"],
 )
 def test_no_iam_policy_has_wildcard_actions_or_resources(template: dict, params: dict) -> None:
     s = stack(template, **params)
@@ -318,45 +354,51 @@ def test_no_iam_policy_has_wildcard_actions_or_resources(template: dict, params:
 
 
 @pytest.mark.parametrize("prefix", ["", "agents/prod/"])
-def test_saver_policy_is_scoped_to_the_stack(template: dict, prefix: str) -> None:
-    s = stack(template, KeyPrefix=prefix)
+def test_saver_policy_is_scoped_to_the_stack(template: dict, prefix: str, index_mode: str) -> None:
+    s = stack(template, KeyPrefix=prefix, IndexMode=index_mode)
     policy = s.resources["SaverPolicy"]
     assert policy["Type"] == "AWS::IAM::ManagedPolicy"
     grants = statement_resources(policy["Properties"]["PolicyDocument"])
     by_service: dict[str, set[str]] = {}
     for action, resource in grants:
         by_service.setdefault(action.split(":")[0], set()).add(resource)
-    assert by_service == {
-        "s3": {f"<Bucket.Arn>/{prefix}{LIVE_PREFIX}*", f"<Bucket.Arn>/{prefix}{ARCHIVE_PREFIX}*"},
-        "dynamodb": {"<Table.Arn>"},
-        "kms": {"<Key.Arn>"},
-    }
+    # The saver's own sub-prefixes of the stack's prefix; the manifest mode's
+    # s3:ListBucket is on the bucket (see the template's ManifestListAndMissingHeads).
+    objects = [f"<Bucket.Arn>/{prefix}{sub}*" for sub in (LIVE_PREFIX, ARCHIVE_PREFIX)]
+    if index_mode == "manifest":
+        objects += [f"<Bucket.Arn>/{prefix}{sub}*" for sub in (MANIFEST_PREFIX, LISTING_PREFIX)]
+        assert by_service == {"s3": {*objects, "<Bucket.Arn>"}, "kms": {"<Key.Arn>"}}
+        assert {r for a, r in grants if r == "<Bucket.Arn>"} == {"<Bucket.Arn>"}
+        assert {a for a, r in grants if r == "<Bucket.Arn>"} == {"s3:ListBucket"}
+    else:
+        assert by_service == {"s3": set(objects), "dynamodb": {"<Table.Arn>"}, "kms": {"<Key.Arn>"}}
     # The key only through S3 for this bucket, and through DynamoDB for this table.
     kms = {
         st["Condition"]["StringEquals"]["kms:ViaService"]: st
         for st in policy["Properties"]["PolicyDocument"]["Statement"]
         if str(st["Action"]).count("kms:")
     }
-    assert set(kms) == {"s3.us-east-1.amazonaws.com", "dynamodb.us-east-1.amazonaws.com"}
+    through = {"s3.us-east-1.amazonaws.com"}
+    if index_mode == "dynamodb":
+        through.add("dynamodb.us-east-1.amazonaws.com")
+    assert set(kms) == through
     assert kms["s3.us-east-1.amazonaws.com"]["Condition"]["StringLike"] == {
-        "kms:EncryptionContext:aws:s3:arn": [
-            "<Bucket.Arn>",
-            f"<Bucket.Arn>/{prefix}{LIVE_PREFIX}*",
-            f"<Bucket.Arn>/{prefix}{ARCHIVE_PREFIX}*",
-        ]
+        "kms:EncryptionContext:aws:s3:arn": ["<Bucket.Arn>", *objects]
     }
-    assert kms["dynamodb.us-east-1.amazonaws.com"]["Condition"]["StringEquals"][
-        "kms:EncryptionContext:aws:dynamodb:tableName"
-    ] == "<Table>"
+    if index_mode == "dynamodb":
+        assert kms["dynamodb.us-east-1.amazonaws.com"]["Condition"]["StringEquals"][
+            "kms:EncryptionContext:aws:dynamodb:tableName"
+        ] == "<Table>"
     assert s.outputs["PolicyArn"] == "<SaverPolicy>"
 
 
 # -- outputs ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("prefix", ["", "agents/"])
-def test_outputs_build_a_saver(template: dict, prefix: str) -> None:
-    outputs = stack(template, KeyPrefix=prefix).outputs
+def test_outputs_build_a_saver(template: dict, prefix: str, index_mode: str) -> None:
+    outputs = stack(template, KeyPrefix=prefix, IndexMode=index_mode).outputs
     assert outputs["BucketName"] == "<Bucket>"
-    assert outputs["TableName"] == "<Table>"
+    assert outputs.get("TableName") == ("<Table>" if index_mode == "dynamodb" else None)
+    assert outputs["IndexMode"] == index_mode
     assert outputs["Region"] == "us-east-1"
     assert {"PolicyArn", "KmsKeyArn"} <= set(outputs)
     assert outputs.get("KeyPrefix") == (prefix or None)
