@@ -27,6 +27,9 @@ from s3_saver._protocol import Call, Op, T, raise_failure, site_of
 from s3_saver.errors import CONDITION_FAILED_CODES, TableOwnedError, Where, error_code
 
 OWNER_SORT_KEY = "owner"
+# On the record: the buckets of the owner's replica regions (S3 replication,
+# a global table), added by a saver configured with a Replica.
+REPLICAS = "replicas"
 # DynamoDB calls that only read: a wave of these can carry the check.
 _READS = frozenset({"get_item", "batch_get_item", "query", "scan", "describe_table", "describe_time_to_live"})
 
@@ -124,12 +127,33 @@ class Ownership:
             if isinstance(found, BaseException) or "Item" not in found:
                 return
             item = found["Item"]
-        self.judge(from_attrs(item))
+        record = from_attrs(item)
+        self.judge(record)
         self.checked = True
+        unlisted = {self.bucket, self.partner} - {record.get("bucket"), None} - set(record.get(REPLICAS) or ())
+        if self.partner and self.claims and unlisted:
+            # A saver that names its Replica lists the pair in the record: a
+            # process of the other region (a global table's, configured
+            # without a Replica) is then accepted too. Best effort: this
+            # saver is accepted either way.
+            yield (self._pair_call(record["bucket"], sorted(unlisted)),)
+
+    def _pair_call(self, owner: str, buckets: list[str]) -> Call:
+        params = {
+            "TableName": self.table,
+            "Key": self._key,
+            "UpdateExpression": "ADD #r :r",
+            "ConditionExpression": "#b = :o",
+            "ExpressionAttributeNames": {"#r": REPLICAS, "#b": "bucket"},
+            "ExpressionAttributeValues": {":r": {"SS": buckets}, ":o": {"S": owner}},
+        }
+        return Call("dynamodb", "update_item", params, self.where)
 
     def judge(self, record: dict[str, Any]) -> None:
         owner, endpoint = record.get("bucket"), record.get("endpoint") or None
-        if owner == self.partner or (owner == self.bucket and endpoint == self.endpoint):
+        if owner == self.partner or self.bucket in (record.get(REPLICAS) or ()):
+            return
+        if owner == self.bucket and endpoint == self.endpoint:
             return
         # The endpoints are named when they tell the two apart.
         apart = endpoint != self.endpoint

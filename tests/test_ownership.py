@@ -152,7 +152,7 @@ def test_check_rides_on_the_first_wave_once(endpoint, dynamo_saver) -> None:
     warm_ref.close()
 
 
-def test_a_global_tables_replica_bucket_is_accepted_a_stranger_is_not(endpoint, dynamo_saver) -> None:
+def test_a_replica_bucket_is_accepted_and_listed_a_stranger_is_not(endpoint, dynamo_saver) -> None:
     """One table as a global table's replica holds it: the primary's record, read by
     a saver of the replica bucket that names the primary as its Replica."""
     from s3_saver import Replica
@@ -166,9 +166,17 @@ def test_a_global_tables_replica_bucket_is_accepted_a_stranger_is_not(endpoint, 
     replica = Replica(BUCKET, region_name="us-east-1", endpoint_url=endpoint, global_table=True)
     reader = other_saver(endpoint, replica=replica)
     assert reader.get_tuple(config("user-1")).checkpoint["channel_values"]["counter"] == 1
-    assert owner_item(endpoint)["bucket"]["S"] == BUCKET  # the primary's record stays
-    stranger = other_saver(endpoint)
-    with pytest.raises(TableOwnedError):
+    item = owner_item(endpoint)
+    assert item["bucket"]["S"] == BUCKET  # the primary's record stays, and lists the pair
+    assert item["replicas"]["SS"] == [OTHER]
+    # A process of the replica region configured without a Replica (active in both
+    # regions on a global table) is accepted now; a third bucket is not.
+    listed = other_saver(endpoint)
+    assert listed.get_tuple(config("user-1")) is not None
+    listed.close()
+    s3.create_bucket(Bucket="third-bucket")
+    stranger = other_saver(endpoint, bucket="third-bucket")
+    with pytest.raises(TableOwnedError, match="third-bucket"):
         stranger.get_tuple(config("user-1"))
     reader.close()
     stranger.close()
