@@ -153,10 +153,13 @@ class Ownership:
         owner, endpoint = record.get("bucket"), record.get("endpoint") or None
         if owner == self.partner or self.bucket in (record.get(REPLICAS) or ()):
             return
-        if owner == self.bucket and endpoint == self.endpoint:
+        # Endpoints tell apart two stores' buckets of one name (MinIO's and
+        # R2's), when both savers name one: a client given ready-made, or an
+        # endpoint from the environment, leaves it unknown here.
+        if owner == self.bucket and (endpoint is None or self.endpoint is None or endpoint == self.endpoint):
             return
         # The endpoints are named when they tell the two apart.
-        apart = endpoint != self.endpoint
+        apart = owner == self.bucket
         theirs = f"bucket {owner!r}" + (f" at endpoint {endpoint or '(AWS default)'}" if apart else "")
         mine = f"bucket {self.bucket!r}" + (f" at endpoint {self.endpoint or '(AWS default)'}" if apart else "")
         raise TableOwnedError(

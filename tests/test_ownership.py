@@ -196,3 +196,13 @@ def test_a_whole_rebuild_records_the_bucket(endpoint, dynamo_saver) -> None:
     assert promoted.rebuild_index() == 2
     assert owner_item(endpoint)["bucket"]["S"] == BUCKET
     promoted.close()
+
+
+def test_one_bucket_name_at_two_endpoints_is_two_buckets(endpoint, dynamo_saver) -> None:
+    """The same name on another S3-compatible store is another bucket (both name an endpoint)."""
+    elsewhere = S3Saver(
+        BUCKET, table=TABLE, s3_endpoint_url="http://127.0.0.1:1", dynamodb_endpoint_url=endpoint, region_name="us-east-1"
+    )
+    with pytest.raises(TableOwnedError, match="endpoint http://127.0.0.1:1"):
+        elsewhere.get_tuple(config("user-1"))
+    elsewhere.close()
