@@ -11,12 +11,13 @@ saver of another bucket is refused with :class:`~s3_saver.errors.TableOwnedError
 The check costs no request per write: it rides on the first round trip a
 process sends to the site (one more request in a wave already sent), and is
 remembered. Only a wave that writes the table goes after a check of its own:
-a refused saver must never have written there.
+a refused saver must never have written there. A saver with a Replica
+accepts the other region's bucket as owner, and lists it in the record
+(``replicas``): a global table carries the record to that region.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,8 +65,9 @@ class Ownership:
         # replication: it never writes one of its own.
         self.claims = claims
         self.checked = False
+        # Written and read whole by conditional requests: two processes that
+        # check at once both end accepted, or refused, by the one record.
         self._key = {"pk": {"S": layout.listing_partition("owner")}, "sk": {"S": OWNER_SORT_KEY}}
-        self._lock = threading.Lock()
 
     # -- calls ---------------------------------------------------------------------
     def read_call(self) -> Call:
@@ -131,7 +133,7 @@ class Ownership:
         self.judge(record)
         self.checked = True
         unlisted = {self.bucket, self.partner} - {record.get("bucket"), None} - set(record.get(REPLICAS) or ())
-        if self.partner and self.claims and unlisted:
+        if self.partner and self.claims and unlisted and record.get("bucket"):
             # A saver that names its Replica lists the pair in the record: a
             # process of the other region (a global table's, configured
             # without a Replica) is then accepted too. Best effort: this
