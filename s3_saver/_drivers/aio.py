@@ -15,8 +15,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
 from s3_saver._clients import no_uuid4
-from s3_saver._owner import owned
 from s3_saver._drivers.sync import OwnerLookup
+from s3_saver._owner import owned
 from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, Wait, client_key, site_of
 
