@@ -38,6 +38,7 @@ from s3_saver.errors import (
     SetupTimeoutError,
     StoreUnavailableError,
     TableNotFoundError,
+    TableOwnedError,
     ThreadArchivedError,
     ThreadDeletedError,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "StoreReport",
     "StoreUnavailableError",
     "TableNotFoundError",
+    "TableOwnedError",
     "ThreadArchivedError",
     "ThreadDeletedError",
     "ThreadInfo",

@@ -196,6 +196,7 @@ class S3Saver(
             boto3_session=boto3_session,
             aioboto3_session=aioboto3_session,
             global_table=bool(replica is not None and replica.global_table),
+            partner=replica.bucket if replica is not None else None,
             **common,
         )
         sites = {PRIMARY: primary}
@@ -203,7 +204,7 @@ class S3Saver(
         self.replica = replica
         self._route: Route | None = None
         if replica is not None:
-            sites[REPLICA], reader_ctx = replica_site(replica, table, **common)
+            sites[REPLICA], reader_ctx = replica_site(replica, table, bucket, **common)
             self._route = Route(primary, sites[REPLICA], replica, policy)
             self._reader_ctx = self._route.as_reader(reader_ctx)
             if replica.global_table:
@@ -221,8 +222,11 @@ class S3Saver(
         # Throttling is ridden out as without a replica (RetryPolicy.outage_budget).
         if self._route is not None:
             policy = self._route.fast
-        self._sync = SyncDriver(lambda service, site: sites[site].clients.make_sync(service), self.stats, max_concurrency, policy)
-        self._async = AsyncDriver(lambda service, site: sites[site].clients.make_async(service), self.stats, policy)
+        # Each site's table names the bucket that owns it; checked on the first
+        # wave sent there (see ``_owner``).
+        owners = lambda site: sites[site].owner  # noqa: E731
+        self._sync = SyncDriver(lambda service, site: sites[site].clients.make_sync(service), self.stats, max_concurrency, policy, owners)
+        self._async = AsyncDriver(lambda service, site: sites[site].clients.make_async(service), self.stats, policy, owners)
 
     def _location(self) -> tuple[str, str, str | None]:
         """Where its objects live (bucket, prefix, S3 endpoint): savers that share
@@ -280,6 +284,18 @@ class S3Saver(
     async def asetup(self) -> None:
         """Async version of :meth:`setup`."""
         await self._async.run(setup.setup(self._ctx, self.region_name))
+
+    def check(self) -> None:
+        """Check that the bucket exists and owns the table's prefix (an admin call: two round trips).
+
+        The command line runs it before each command: the index alone can
+        answer for a bucket that is gone, or for another bucket's table.
+
+        Raises:
+            BucketNotFoundError: The bucket does not exist.
+            TableOwnedError: The table's prefix belongs to another bucket.
+        """
+        self._sync.run(setup.check(self._ctx))
 
     def close(self) -> None:
         """Release the sync driver's thread pool and the boto3 clients the saver created."""

@@ -175,7 +175,7 @@ class Regions:
         self.bucket, self.table, self.region_name = where.bucket, where.table, route.writer.clients.region_name
 
 
-def replica_site(replica: Replica, table: str | None, **common: Any) -> tuple[Site, Context]:
+def replica_site(replica: Replica, table: str | None, primary: str, **common: Any) -> tuple[Site, Context]:
     """The replica region's site and context (same prefix and settings: replication keeps keys)."""
     if replica.table and not table:
         raise ConfigurationError(
@@ -195,5 +195,6 @@ def replica_site(replica: Replica, table: str | None, **common: Any) -> tuple[Si
         boto3_session=replica.boto3_session,
         aioboto3_session=replica.aioboto3_session,
         global_table=replica.global_table,
+        partner=primary,
         **common,
     )

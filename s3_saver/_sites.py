@@ -33,6 +33,7 @@ from s3_saver._index.manifest import ManifestIndex
 from s3_saver._keys import KeyLayout
 from s3_saver._ops.context import Context
 from s3_saver._ops.lagged import lag_safe
+from s3_saver._owner import Ownership
 from s3_saver._protocol import PRIMARY, Emit, Op, T
 from s3_saver._replica import ReadSource, Replica, ReplicaReads
 from s3_saver._retry import RetryPolicy, resilient
@@ -53,6 +54,8 @@ class Site:
     where: Where
     clients: Clients
     given: list[Any]
+    # The table's ownership check (``_owner``); None in manifest mode.
+    owner: Ownership | None = None
 
     def describe(self) -> str:
         region = self.where.region("s3")
@@ -76,9 +79,11 @@ def make_site(
     storage_class: str | None,
     settings: dict[str, Any],
     global_table: bool = False,
+    partner: str | None = None,
 ) -> tuple[Site, Context]:
     """A region's site (clients made lazily) and its operations' context
-    (``global_table``: its table is one of a global table's replicas)."""
+    (``global_table``: its table is one of a global table's replicas;
+    ``partner``: the other region's bucket, which may own the table too)."""
     where = Where(bucket, table, site=key)
     s3_calls = S3Calls(bucket, where, layout.root, storage_class)
     index: DynamoIndex | ManifestIndex
@@ -86,6 +91,9 @@ def make_site(
         index = DynamoIndex(table, layout, where)
         # Both regions write it: each writes item names the region that committed it.
         index.calls.site = bucket if global_table else None
+        # A global table's replica region receives the primary's record.
+        claims = not (global_table and key == REPLICA)
+        index.owner = Ownership(table, layout, where, endpoints["s3"], partner, claims)
     else:
         index = ManifestIndex(s3_calls, layout)
     clients = Clients(
@@ -97,7 +105,7 @@ def make_site(
         given=given,
         aioboto3_session=aioboto3_session,
     )
-    site = Site(key, where, clients, [c for c in given.values() if c is not None])
+    site = Site(key, where, clients, [c for c in given.values() if c is not None], index.owner)
     return site, Context(layout=layout, s3=s3_calls, index=index, **settings)
 
 

@@ -45,6 +45,17 @@ class CheckpointTooLargeError(ConfigurationError):
     """
 
 
+class TableOwnedError(ConfigurationError):
+    """The DynamoDB table's key prefix belongs to another bucket.
+
+    A table's threads are keyed by prefix and thread id, not by bucket: two
+    buckets on one table and prefix would read and delete each other's
+    threads. ``setup()`` (or the first saver on a table set up by an earlier
+    version) records the owner; the message names both buckets, the table
+    and the prefix. Give the saver its own table, or another prefix.
+    """
+
+
 class ResourceMissingError(S3SaverError):
     """The bucket or the table does not exist: run ``setup()`` first."""
 

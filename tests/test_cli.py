@@ -177,6 +177,17 @@ def test_store_error_is_exit_1_naming_the_bucket(endpoint: str, debug: bool) -> 
         assert "bucket 'no-such-bucket'" in line and "does not exist" in line
 
 
+def test_a_bucket_gone_or_not_the_tables_owner_is_refused(endpoint: str, chats) -> None:
+    """The table alone could answer (DynamoDB mode): the bucket is checked first."""
+    for args in (["threads"], ["history", "chat-ann"], ["show", "chat-ann"]):
+        line = error_line(run_cli(endpoint, "--bucket", "no-such-bucket", *args), 1)
+        assert "bucket 'no-such-bucket'" in line and "does not exist" in line, line
+    _s3(endpoint).create_bucket(Bucket="another-app")
+    line = error_line(run_cli(endpoint, "--bucket", "another-app", "show", "chat-ann"), 1)
+    assert f"'{TABLE}'" in line and f"'{BUCKET}'" in line and "'another-app'" in line, line
+    assert "table of its own" in line
+
+
 def test_serde_option(endpoint: str, monkeypatch) -> None:
     """Threads written with EncryptedSerializer: unreadable without --serde (exit 1), read with
     CHECKPOINT_SERDE naming a zero-argument factory (the key from LANGGRAPH_AES_KEY)."""

@@ -120,6 +120,28 @@ def test_every_block_is_found_and_has_a_known_language() -> None:
         assert "moto" not in block.code.lower() and "endpoint" not in block.code.lower(), block.id
 
 
+# The bucket and the table an example names (literals, or the defaults of CHECKPOINT_BUCKET and
+# CHECKPOINT_TABLE): a reader who runs the pages in order must never put two buckets on one table.
+_BUCKET_NAME = re.compile(r'(?:CHECKPOINT_BUCKET",\s*|S3Saver\(\s*)"([^"]+)"')
+_TABLE_NAME = re.compile(r'table=(?:os\.environ\.get\("CHECKPOINT_TABLE",\s*)?"([^"]+)"')
+_CLI_PAIR = re.compile(r"CHECKPOINT_BUCKET=(\S+) CHECKPOINT_TABLE=(\S+)|s3://([^/?\s]+)/\S*\?table=([^&\s]+)")
+
+
+def test_each_table_of_the_docs_belongs_to_one_bucket() -> None:
+    """A table's prefix belongs to one bucket (TableOwnedError): the examples give each
+    bucket a table of its own, as their readers should."""
+    owners: dict[str, set[str]] = {}
+    for block in BLOCKS:
+        pairs = [(m[0] or m[2], m[1] or m[3]) for m in _CLI_PAIR.findall(block.code)]
+        buckets = set(_BUCKET_NAME.findall(block.code))
+        if len(buckets) == 1:
+            pairs += [(next(iter(buckets)), table) for table in _TABLE_NAME.findall(block.code)]
+        for bucket, table in pairs:
+            owners.setdefault(table, set()).add(bucket)
+    assert owners and "langgraph-checkpoints" in owners, owners
+    assert {t: b for t, b in owners.items() if len(b) > 1} == {}
+
+
 def test_every_fence_is_closed() -> None:
     # An unclosed or mis-indented fence swallows the text after it, and FENCE finds nothing there.
     for path in PAGES:

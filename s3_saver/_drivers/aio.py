@@ -15,6 +15,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
 from s3_saver._clients import prepare
+from s3_saver._drivers.sync import OwnerLookup
+from s3_saver._owner import owned
 from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, Wait, client_key, site_of
 
@@ -22,14 +24,21 @@ ClientContextFactory = Callable[[str, str], Any]  # (service, site) -> async con
 
 
 class AsyncDriver:
-    def __init__(self, make_client: ClientContextFactory, stats: RequestStats, policy: RetryPolicy) -> None:
+    def __init__(
+        self,
+        make_client: ClientContextFactory,
+        stats: RequestStats,
+        policy: RetryPolicy,
+        owners: OwnerLookup = lambda site: None,
+    ) -> None:
         self._make_client = make_client
+        self._owners = owners
         self._stats = stats
         self._policy = policy
         self._loops: dict[asyncio.AbstractEventLoop, tuple[AsyncExitStack, dict[str, Any], asyncio.Lock]] = {}
 
     async def run(self, op: Op[T], policy: RetryPolicy | None = None) -> T:
-        op = resilient(op, policy or self._policy)
+        op = resilient(owned(op, self._owners), policy or self._policy)
         reply: Any = None
         try:
             while True:
@@ -42,7 +51,7 @@ class AsyncDriver:
             op.close()  # as the sync driver does: a cancelled task hands on at once
 
     async def iterate(self, op: Op[Any], policy: RetryPolicy | None = None) -> AsyncIterator[Any]:
-        op = resilient(op, policy or self._policy)
+        op = resilient(owned(op, self._owners), policy or self._policy)
         reply: Any = None
         try:
             while True:

@@ -11,17 +11,25 @@ from typing import Any
 import urllib3
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError
 
+from s3_saver._owner import Ownership, owned
 from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, Wait, client_key, site_of
 
 ClientFactory = Callable[[str, str], Any]  # (service, site) -> client
+OwnerLookup = Callable[[str], Ownership | None]  # site -> its table's ownership check
 
 
 class SyncDriver:
     def __init__(
-        self, make_client: ClientFactory, stats: RequestStats, max_concurrency: int, policy: RetryPolicy
+        self,
+        make_client: ClientFactory,
+        stats: RequestStats,
+        max_concurrency: int,
+        policy: RetryPolicy,
+        owners: OwnerLookup = lambda site: None,
     ) -> None:
         self._make_client = make_client
+        self._owners = owners
         self._stats = stats
         self._policy = policy
         self._max_concurrency = max_concurrency
@@ -39,7 +47,7 @@ class SyncDriver:
 
     def iterate(self, op: Op[T], policy: RetryPolicy | None = None) -> Iterator[Any]:
         """Yield the operation's Emit values; return its return value."""
-        op = resilient(op, policy or self._policy)
+        op = resilient(owned(op, self._owners), policy or self._policy)
         reply: Any = None
         try:
             while True:

@@ -305,6 +305,9 @@ class Index(ABC):
     # True when ``prepare`` writes a new thread's listing record itself (the
     # commit then only makes it count): ``note`` is not asked to.
     lists_in_prepare = False
+    # Which bucket owns the index's prefix (``_owner``); None: the index lives
+    # in the bucket itself, so no other bucket can share it.
+    owner: Any = None
 
     @abstractmethod
     def describe(self) -> str: ...

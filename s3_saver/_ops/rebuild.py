@@ -80,6 +80,9 @@ def rebuild_index(ctx: Context, thread_id: str | None, incomplete: list[str] | N
             total += yield from _rebuild_thread(ctx, tid, threads[tid], incomplete)
         else:
             total += yield from _rebuild_archived(ctx, tid, max(archives[tid], key=lambda a: a[1]))
+    if thread_id is None and ctx.index.owner is not None:
+        # The index is now this bucket's, whole (promote's rebuild of the other region's table).
+        yield from ctx.index.owner.take()
     return total
 
 

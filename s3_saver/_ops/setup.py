@@ -21,6 +21,22 @@ def setup(ctx: Context, region: str | None) -> Op[None]:
     else:
         bucket_region = _bucket_region(head)
     yield from ctx.index.setup(ctx.s3.bucket, bucket_region, bool(ctx.ttl_seconds))
+    if ctx.index.owner is not None:
+        # Record (or check) which bucket owns the table's prefix.
+        yield from ctx.index.owner.ensure()
+
+
+def check(ctx: Context) -> Op[None]:
+    """The bucket exists, and owns the table's prefix (an index read alone
+    cannot tell a bucket that is gone, or another app's table)."""
+    (head,) = yield (ctx.s3.head_bucket(),)
+    if isinstance(head, BaseException):
+        raise_failure(ctx.s3.head_bucket(), head)
+    owner = ctx.index.owner
+    if owner is not None and not owner.checked:
+        # After the HeadBucket (the driver's check does not ride on it): a
+        # bucket that is gone is named as such, not as another bucket's table.
+        yield from owner.ensure()
 
 
 def _bucket_region(head: dict[str, Any]) -> str | None:

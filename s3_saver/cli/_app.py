@@ -83,8 +83,13 @@ class App:
         index = f"table {self.table!r}" if self.table else "manifest index"
         return f"bucket {self.bucket!r}{prefix} ({index})"
 
-    def saver(self) -> S3Saver:
-        """The S3Saver of the global options (made once; closed when the command ends)."""
+    def saver(self, checked: bool = True) -> S3Saver:
+        """The S3Saver of the global options (made once; closed when the command ends).
+
+        ``checked``: its bucket exists and owns the table (``S3Saver.check``), so
+        no command answers from an index alone for a bucket that is gone or
+        another bucket's table; ``setup`` creates them instead.
+        """
         if self._saver is None:
             if not self.bucket:
                 raise click.UsageError("Missing option '--bucket' (or CHECKPOINT_BUCKET in the environment).")
@@ -100,6 +105,8 @@ class App:
                 dynamodb_endpoint_url=self.dynamodb_endpoint_url or None,
                 serde=load_serde(self.serde) if self.serde else None,
             )
+            if checked:
+                self._saver.check()
         return self._saver
 
     def close(self) -> None:

@@ -33,7 +33,7 @@ SAFE_GRACE = timedelta(minutes=15)  # the longest a Lambda runs: below it, gc --
 @pass_app
 def setup_command(app: App) -> None:
     """Create the bucket (and the table) when missing; check them when present. Idempotent."""
-    saver = app.saver()
+    saver = app.saver(checked=False)
     saver.setup()
     if app.out.json:
         app.out.emit_json({"bucket": app.bucket, "table": app.table or None, "prefix": app.prefix or "", "index": app.mode})
