@@ -899,14 +899,16 @@ ARCHIVE_COSTS = {
         # Archived already: the record, and what is left of the live thread (nothing).
         "archive_thread again": (2, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
         # The index read (the thread's record beside it says "archived"), the archive.
-        "get_tuple cold": (2, {"dynamodb:get_item": 1, "dynamodb:query": 1, "s3:get_object": 1}),
+        # A new saver object: its first round trip also reads the table's owner (``_owner``).
+        "get_tuple cold": (2, {"dynamodb:get_item": 2, "dynamodb:query": 1, "s3:get_object": 1}),
         "get_tuple warm": (1, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
         "list warm": (1, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
         # The record, the archive, what is left of the archive's cleanup, the restore's
         # mark, the objects (a new tag), the items (a transaction that needs the mark to
-        # be this restore's), the switch, the record's note of the archive, its object.
+        # be this restore's), the switch, the record's note of the archive, its object;
+        # the owner's record, in the first round trip of a new saver object.
         "restore_thread": (9, {
-            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 1, "dynamodb:query": 1,
+            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 2, "dynamodb:query": 1,
             "dynamodb:update_item": 3, "s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 5,
         }),
         "restore_thread of a live thread": (1, {"dynamodb:get_item": 1}),

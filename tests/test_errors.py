@@ -269,9 +269,10 @@ def test_unreachable_store_gives_up_after_the_configured_attempts(
     )
     with pytest.raises(StoreUnavailableError) as caught:
         run(saver, driver, "get_tuple", config("thread-7"))
-    # Each attempt is one round trip of two requests: the latest item's Query and
-    # the thread's record (GetItem), each on a connection of its own.
-    assert closing_server.accepted == 2 * attempts
+    # Each attempt is one round trip of three requests: the latest item's Query,
+    # the thread's record (GetItem) and, as the saver's first round trip, the
+    # table's owner record (GetItem), each on a connection of its own.
+    assert closing_server.accepted == 3 * attempts
     assert isinstance(caught.value.__cause__, BotoCoreError)
     message = str(caught.value)
     for part in ("dynamodb.query", "thread-7", repr(TABLE), "us-east-1", closing_server.url, "try again"):
