@@ -8,8 +8,10 @@ listing of the thread's objects: the admin path) and, where replication keeps
 an index in both regions, the entries of the two indexes. Every object one
 bucket holds and the other lacks is reported under its checkpoint (or its
 pending write), committed or not: after a failback, the writes that reached
-the old primary and never replicated are exactly what the region written to
-holds and the other lacks, even a pending write whose slot a newer one took.
+the old primary and never replicated are what the region written to holds
+and the other lacks, even a pending write whose slot a newer one took. What a
+failback's merge did not keep is reported apart, with the reason: its objects
+can have replicated, and no index names them any more (``_ops/set_aside``).
 
 ``promote`` refuses to leave a reachable region whose writes the new one
 lacks (replication has not caught up: wait, or ``force``), then rebuilds the
@@ -23,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from s3_saver._index.base import Archived, CheckpointEntry
+from s3_saver._ops import set_aside
 from s3_saver._ops.context import Context
 from s3_saver._ops.rebuild import rebuild_index
 from s3_saver._ops.settle import object_keys, settle
@@ -32,8 +35,11 @@ from s3_saver._replica import Promotion, ReplicationGap, ReplicationReport
 from s3_saver.errors import ReplicationLagError, StoreUnavailableError
 
 
-def verify(ctx: Context, other: Context, thread_ids: Iterable[str] | None, other_indexed: bool) -> Op[ReplicationReport]:
-    """Compare the region of ``ctx`` (written to) with ``other`` (the replica)."""
+def verify(
+    ctx: Context, other: Context, thread_ids: Iterable[str] | None, other_indexed: bool, records: bool = True
+) -> Op[ReplicationReport]:
+    """Compare the region of ``ctx`` (written to) with ``other`` (the replica);
+    ``records``: with what failbacks into ``ctx`` set aside (``_ops/set_aside``)."""
     if thread_ids is None:
         # Threads either index lists: the other's too when it has one (after a
         # failover, the old primary's table), even if replication does not keep it.
@@ -41,18 +47,23 @@ def verify(ctx: Context, other: Context, thread_ids: Iterable[str] | None, other
         thread_ids = sorted(set(found[0]) | set(found[1]))
     unreplicated: list[ReplicationGap] = []
     replica_only: list[ReplicationGap] = []
+    aside: list[ReplicationGap] = []
     count = 0
     for thread_id in thread_ids:
         count += 1
-        mine, theirs, my_keys, their_keys = yield from gather(
+        mine, theirs, my_keys, their_keys, recorded = yield from gather(
             _contents(ctx, thread_id),
             _contents(other, thread_id) if other_indexed else _nothing(),
             object_keys(ctx, thread_id),
             object_keys(other, thread_id),
+            set_aside.gaps(ctx, thread_id) if records else _nothing(),
         )
+        aside += recorded
         unreplicated += _gaps(ctx, mine, theirs if other_indexed else None, my_keys, their_keys)
         replica_only += _gaps(ctx, theirs, mine if other_indexed else None, their_keys, my_keys)
-    return ReplicationReport(_describe(ctx), _describe(other), count, tuple(unreplicated), tuple(replica_only))
+    return ReplicationReport(
+        _describe(ctx), _describe(other), count, tuple(unreplicated), tuple(replica_only), tuple(aside)
+    )
 
 
 def promote(
@@ -71,7 +82,7 @@ def promote(
     checked = True
     try:
         # Objects only: the index there is settled from both indexes below.
-        report = yield from verify(ctx, other, None, False)
+        report = yield from verify(ctx, other, None, False, records=False)
     except StoreUnavailableError:
         # The outage this promotion is for: nothing to compare with.
         checked, report = False, None

@@ -37,7 +37,9 @@ from dataclasses import dataclass, field, replace
 
 from s3_saver._index.base import Archived, CheckpointEntry, WritesEntry, one_line
 from s3_saver._ops.context import Context
+from s3_saver._ops import set_aside
 from s3_saver._ops.delete import delete_thread
+from s3_saver._ops.set_aside import SetAside
 from s3_saver._protocol import Op, gather, request_one
 from s3_saver._reach import named_by
 from s3_saver.errors import ResourceMissingError
@@ -96,35 +98,69 @@ def _settle_thread(
     def whole(entry: CheckpointEntry | WritesEntry) -> bool:
         return all(target.layout.object_key(o) in present for o in named_by(entry))
 
+    aside: list[SetAside] = []
+
+    def keys_of(entries: Iterable[CheckpointEntry | WritesEntry]) -> tuple[str, ...]:
+        return tuple(sorted({target.layout.object_key(o) for e in entries for o in named_by(e)}))
+
+    missing = f"its objects are not all in s3://{target.s3.bucket}"
     entries: dict[tuple[str, str, str], CheckpointEntry] = {}
+    broken: dict[tuple[str, str, str], CheckpointEntry] = {}
     for entry in [*mine, *theirs]:
         if entry.key in entries:
             continue
         if whole(entry):
             entries[entry.key] = entry
         elif not entry.hidden:
+            broken.setdefault(entry.key, entry)
+    for key, entry in broken.items():
+        if key not in entries:
             settled.checkpoints.append(f"{thread_id}/{entry.ns}/{entry.checkpoint_id}")
-    # One region's parts per task: the authority's, else the target's own. A
+            aside.append(SetAside(entry.ns, entry.checkpoint_id, "checkpoint", None, keys_of([entry]), missing))
+    # One region's run per task: the authority's, else the target's own. A
     # global table holds both regions' parts in each (see one_line).
     site = (authority or target).s3.bucket
     lines: dict[tuple[str, str, str], list[WritesEntry]] = {}
+    incomplete: dict[tuple[str, str, str], list[WritesEntry]] = {}
     for source in (mine, theirs):
         here: dict[tuple[str, str, str], list[WritesEntry]] = {}
         for w in one_line([w for entry in source for w in entry.writes or ()], site):
             here.setdefault((w.ns, w.checkpoint_id, w.task_id), []).append(w)
         for task, parts in here.items():
             if task in lines:
-                if {w.token for w in parts} - {w.token for w in lines[task]}:
-                    # The other region's run of the task: the authority's won, whole.
+                # Only a failback has two sources: the first is the authority's.
+                calls = {w.token for w in lines[task]}
+                if calls <= {w.token for w in parts} and all(whole(w) for w in parts):
+                    # Every part the authority holds is one of this region's
+                    # calls, replicated (the rest of its run did not get there
+                    # before the outage): the authority never ran the task
+                    # itself, and this region's run stays whole.
+                    lines[task] = parts
+                    continue
+                lost = [w for w in parts if w.token not in calls]
+                if lost:
+                    # The authority holds a call of its own: it ran the task
+                    # again, and its run wins whole (a mix is a state no run made).
                     settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
+                    reason = f"another run of the task, in s3://{site}, was kept"
+                    aside.append(SetAside(task[0], task[1], "writes", task[2], keys_of(lost), reason))
                 continue
             if all(whole(w) for w in parts):
                 lines[task] = parts
             else:
-                settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
+                incomplete.setdefault(task, []).extend(parts)
+    for task, parts in incomplete.items():
+        calls = {(w.part, w.token) for w in lines.get(task, ())}
+        lost = [w for w in parts if (w.part, w.token) not in calls]
+        if lost:
+            settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
+            aside.append(SetAside(task[0], task[1], "writes", task[2], keys_of(lost), missing))
     writes = [w for (ns, cid, _), parts in lines.items() if (thread_id, ns, cid) in entries for w in parts]
     if not write or (authority is None and _ids(theirs, [w for e in theirs for w in e.writes or ()]) == _ids(entries.values(), writes)):
         return  # whole already, or only told
+    if authority is not None:
+        # Before the index that leaves them out (see _ops/set_aside).
+        yield from set_aside.record(target, thread_id, aside)
     kept = [replace(e, writes=[]) for e in entries.values()]
     yield from target.index.restore(thread_id, kept, writes, created or target.now())
     target.locs.forget_thread(thread_id)
