@@ -76,7 +76,8 @@ class Regions:
         Raises:
             ReplicationLagError: The region left still answers and holds writes
                 the promoted one lacks.
-            ConfigurationError: The saver has no replica.
+            ConfigurationError: The saver has no replica, or both regions
+                answer and a bucket has versioning off (the error names it).
         """
         promotion = self._sync.run(self._promotion(rebuild, force))
         self._swap()
@@ -107,18 +108,21 @@ class Regions:
         return await self._async.run(self._verification(thread_ids))
 
     def setup_replica(self) -> None:
-        """Create the replica region's bucket (and table, in DynamoDB mode) when missing.
+        """Create the replica region's bucket (versioned) and table (DynamoDB
+        mode) when missing, then check that both buckets are versioned.
 
         Tests and S3-compatible stores; on AWS deploy ``infra/replica.yaml``,
         which also sets versioning and replication up.
+
+        Raises:
+            ConfigurationError: A bucket has versioning off or suspended
+                (replication and a failback need it); the error names it.
         """
-        route = self._need_route("setup_replica")
-        self._sync.run(setup.setup(route.as_writer(self._other_ctx), route.reader.clients.region_name))
+        self._sync.run(self._replica_setup())
 
     async def asetup_replica(self) -> None:
         """Async version of :meth:`setup_replica`."""
-        route = self._need_route("setup_replica")
-        await self._async.run(setup.setup(route.as_writer(self._other_ctx), route.reader.clients.region_name))
+        await self._async.run(self._replica_setup())
 
     # -- reads ------------------------------------------------------------------------
     def _reading(self, make: Callable[[Context], Op[T]]) -> tuple[Op[T], RetryPolicy | None]:
@@ -149,6 +153,11 @@ class Regions:
         if self._route is None:
             raise ConfigurationError(f"{what}() needs a replica: build the saver with replica=Replica(...)")
         return self._route
+
+    def _replica_setup(self) -> Op[None]:
+        route = self._need_route("setup_replica")
+        yield from setup.setup(route.as_writer(self._other_ctx), route.reader.clients.region_name, versioned=True)
+        yield from setup.require_versioning("setup_replica()", self._ctx, self._other_ctx)
 
     def _indexed(self) -> bool:
         """Does replication keep an index in the other region (manifest heads, a global table)?"""

@@ -36,7 +36,7 @@ from langgraph.types import Command, interrupt
 
 from helpers import long_form
 from regions import REPLICA_BUCKET, REPLICA_REGION, Replicator, saver_client_config, saver_retry
-from s3_saver import Replica, S3Saver, StoreUnavailableError
+from s3_saver import ConfigurationError, Replica, S3Saver, StoreUnavailableError
 
 MODES = ("manifest", "dynamodb", "dynamodb-global")
 OUTAGES = ("refuse", "hang")
@@ -506,3 +506,25 @@ def test_failback_reports_the_old_primarys_run_that_the_promoted_one_replaced(re
     (gap,) = report.set_aside
     assert "another run of the task" in gap.reason and REPLICA_BUCKET in gap.reason, gap.reason
     assert len(gap.missing) == 2 and all("/writes/" in key for key in gap.missing), gap.missing
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failback_refuses_an_unversioned_bucket(regions, mode: str) -> None:
+    """Without versioning the old region's own index is gone (a manifest head
+    replicated over): a failback refuses, naming the bucket (issue 34, item 2)."""
+    from regions import PRIMARY_BUCKET
+
+    old = _old_saver(regions, mode, "refuse")
+    replicator = regions.replicator
+    if mode == "dynamodb-global":
+        regions.create_replica_table()
+    elif mode == "dynamodb":
+        old.setup_replica()
+        replicator = Replicator.between(regions.primary, regions.replica, tables=False)
+    old.put(_config("u"), _checkpoint(), {"source": "loop", "step": 0}, {"a": "1"})
+    replicator.run()
+    regions.primary.s3.put_bucket_versioning(Bucket=PRIMARY_BUCKET, VersioningConfiguration={"Status": "Suspended"})
+    keys = set(regions.replica.keys()) | set(regions.primary.keys())
+    with pytest.raises(ConfigurationError, match=f"versioning on s3://{PRIMARY_BUCKET} .*Suspended"):
+        _new_saver(regions, mode, "refuse").promote()
+    assert set(regions.replica.keys()) | set(regions.primary.keys()) == keys  # nothing merged

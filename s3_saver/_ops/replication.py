@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from s3_saver._index.base import Archived, CheckpointEntry
-from s3_saver._ops import set_aside
+from s3_saver._ops import set_aside, setup
 from s3_saver._ops.context import Context
 from s3_saver._ops.rebuild import rebuild_index
 from s3_saver._ops.settle import object_keys, settle
@@ -93,6 +93,10 @@ def promote(
             f"threads (first: {threads[:3]}) in {report.primary} have not reached {report.replica}: wait for "
             "replication and promote again, or promote(force=True) to leave them (verify() reports them after)"
         )
+    if checked:
+        # Both regions answer (a failback, or a planned switch): the merge
+        # needs the old region's own index, which a versioned bucket keeps.
+        yield from setup.require_versioning("promote()", other, ctx)
     if rebuild is None:
         rebuild = not indexed and not checked
     if rebuild:
