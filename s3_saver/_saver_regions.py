@@ -51,7 +51,10 @@ class Regions:
         * the region left answers (a failback): the two indexes are merged
           into the promoted one: every entry of the region left, then the
           promoted region's own entries it lacks; per task of a checkpoint,
-          one region's pending writes only (the region left's);
+          one region's pending writes only: the region left's when it ran
+          the task itself (it holds a call the promoted one lacks), else the
+          promoted region's own run, whole. Both buckets must be versioned.
+          What is not kept is recorded (:meth:`verify` lists it);
         * it does not (a failover), manifest mode: entries whose objects never
           arrived leave the index; a global table: they are only reported (its
           items are both regions'), and savers built with
@@ -93,10 +96,12 @@ class Regions:
         """Compare the region written to with the replica, thread by thread (admin:
         lists both buckets' objects of each thread).
 
-        After a failback, ``unreplicated`` holds exactly the checkpoints and
-        pending writes that reached the old primary and never replicated
-        before the outage (and anything written since that replication has
-        not copied yet). Nothing is changed.
+        After a failback, ``unreplicated`` holds the checkpoints and pending
+        writes that reached the old primary and never replicated before the
+        outage (and anything written since that replication has not copied
+        yet), and ``set_aside`` every committed checkpoint and pending write
+        that the failback's merge did not keep, with the reason (a task the
+        promoted region ran again: its run won). Nothing is changed.
 
         Args:
             thread_ids: Threads to compare (None: every thread either index lists).

@@ -11,7 +11,7 @@ pending write), committed or not: after a failback, the writes that reached
 the old primary and never replicated are what the region written to holds
 and the other lacks, even a pending write whose slot a newer one took. What a
 failback's merge did not keep is reported apart, with the reason: its objects
-can have replicated, and no index names them any more (``_ops/set_aside``).
+can have replicated, and no index names them any more (``settle.record_set_aside``).
 
 ``promote`` refuses to leave a reachable region whose writes the new one
 lacks (replication has not caught up: wait, or ``force``), then rebuilds the
@@ -25,10 +25,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from s3_saver._index.base import Archived, CheckpointEntry
-from s3_saver._ops import set_aside, setup
+from s3_saver._ops import setup
 from s3_saver._ops.context import Context
 from s3_saver._ops.rebuild import rebuild_index
-from s3_saver._ops.settle import object_keys, settle
+from s3_saver._ops.settle import object_keys, set_aside, settle
 from s3_saver._ops.settle import thread_ids as listed_threads
 from s3_saver._protocol import Op, gather
 from s3_saver._replica import Promotion, ReplicationGap, ReplicationReport
@@ -39,7 +39,7 @@ def verify(
     ctx: Context, other: Context, thread_ids: Iterable[str] | None, other_indexed: bool, records: bool = True
 ) -> Op[ReplicationReport]:
     """Compare the region of ``ctx`` (written to) with ``other`` (the replica);
-    ``records``: with what failbacks into ``ctx`` set aside (``_ops/set_aside``)."""
+    ``records``: with what failbacks into ``ctx`` set aside (``settle.record_set_aside``)."""
     if thread_ids is None:
         # Threads either index lists: the other's too when it has one (after a
         # failover, the old primary's table), even if replication does not keep it.
@@ -56,7 +56,7 @@ def verify(
             _contents(other, thread_id) if other_indexed else _nothing(),
             object_keys(ctx, thread_id),
             object_keys(other, thread_id),
-            set_aside.gaps(ctx, thread_id) if records else _nothing(),
+            set_aside(ctx, thread_id) if records else _nothing(),
         )
         aside += recorded
         unreplicated += _gaps(ctx, mine, theirs if other_indexed else None, my_keys, their_keys)
