@@ -44,6 +44,11 @@ LISTING_PREFIX = "listing/"
 """Sub-prefix of the records that find threads without listing ``live/`` (manifest
 mode): one empty object per thread, named by when it was created, and one per
 (run, thread)."""
+SET_ASIDE_PREFIX = "set-aside/"
+"""Sub-prefix of the records a failback leaves of the committed writes its merge
+did not keep (one immutable object per thread and merge, read by ``verify``).
+Not under ``live/``: nothing in it is a thread's data, and garbage collection
+and rebuilds never take it for one."""
 ARCHIVE_PREFIX = "archive/"
 """Sub-prefix of archived threads: one object per thread (``archive_thread``), in a
 cold storage class; lifecycle rules may move it colder still."""
@@ -271,6 +276,13 @@ class KeyLayout:
         rest = key[len(self.manifest_root) :] if key.startswith(self.manifest_root) else ""
         encoded, _, name = rest.partition("/")
         return decode(encoded) if name == "head" and encoded else None
+
+    # -- what a failback's merge set aside ---------------------------------------
+    def set_aside_dir(self, thread_id: str) -> str:
+        return f"{self.prefix}{SET_ASIDE_PREFIX}{encode(thread_id)}/"
+
+    def set_aside_key(self, thread_id: str, digest: str) -> str:
+        return _checked(f"{self.set_aside_dir(thread_id)}{digest}")
 
     # -- archived threads ------------------------------------------------------
     def archive_dir(self, thread_id: str) -> str:

@@ -133,7 +133,10 @@ class ReplicationGap:
         kind: ``"checkpoint"`` or ``"writes"``.
         task_id: The writing task (pending writes).
         missing: Object keys absent from the other bucket (empty: only the
-            other index lacks the entry).
+            other index lacks the entry). In ``set_aside``: the objects of
+            the parts the merge did not keep.
+        reason: Why it is reported: ``""`` for a gap between the regions; in
+            ``set_aside``, why a failback's merge did not keep it.
     """
 
     thread_id: str
@@ -142,6 +145,7 @@ class ReplicationGap:
     kind: str
     task_id: str | None = None
     missing: tuple[str, ...] = ()
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,11 @@ class ReplicationReport:
             primary and never replicated before the outage (plus any written
             since that replication has not copied yet).
         replica_only: Entries the replica holds, complete, that the primary lacks.
+        set_aside: Committed checkpoints and pending writes that a failback's
+            merge did not keep, each with its ``reason``: a task both regions
+            ran keeps one run (the region promoted away from wins), and what
+            the merge could not find all objects of goes. Readers no longer
+            reach them; their objects stay until garbage collection.
     """
 
     primary: str
@@ -164,6 +173,7 @@ class ReplicationReport:
     threads: int
     unreplicated: tuple[ReplicationGap, ...]
     replica_only: tuple[ReplicationGap, ...]
+    set_aside: tuple[ReplicationGap, ...] = ()
 
     @property
     def in_sync(self) -> bool:
@@ -184,8 +194,9 @@ class Promotion:
         incomplete: Checkpoints left out of the promoted region's index because
             their objects never all arrived there (``thread/ns/checkpoint_id``).
         incomplete_writes: Pending writes left out for the same reason, or
-            because the other region's run of the same task won
-            (``thread/ns/checkpoint_id/task_id``).
+            because the other region ran the same task too and its run won
+            (``thread/ns/checkpoint_id/task_id``; :meth:`S3Saver.verify`
+            lists a failback's with their reason, in ``set_aside``).
     """
 
     primary: str

@@ -121,6 +121,14 @@ class S3Calls:
     def head_bucket(self) -> Call:
         return self._call("head_bucket", {"Bucket": self.bucket})
 
+    def versioning(self) -> Call:
+        return self._call("get_bucket_versioning", {"Bucket": self.bucket})
+
+    def enable_versioning(self) -> Call:
+        return self._call(
+            "put_bucket_versioning", {"Bucket": self.bucket, "VersioningConfiguration": {"Status": "Enabled"}}
+        )
+
     def create_bucket(self, region: str | None) -> Call:
         params: dict[str, Any] = {"Bucket": self.bucket}
         if region and region != "us-east-1":

@@ -273,17 +273,18 @@ class S3Saver(
     def setup(self) -> None:
         """Create the bucket and the table when missing; check the table's shape when present.
 
-        Idempotent. Needs broader rights than normal operation (``s3:CreateBucket``,
+        With a :class:`Replica`, a bucket created here has versioning on
+        (replication needs it). Idempotent. Needs broader rights than normal operation (``s3:CreateBucket``,
         ``dynamodb:CreateTable``...): run it from a deploy step, not from every Lambda.
 
         Raises:
             SetupMismatchError: The table exists with another key schema.
         """
-        self._sync.run(setup.setup(self._ctx, self.region_name))
+        self._sync.run(setup.setup(self._ctx, self.region_name, self.replica is not None))
 
     async def asetup(self) -> None:
         """Async version of :meth:`setup`."""
-        await self._async.run(setup.setup(self._ctx, self.region_name))
+        await self._async.run(setup.setup(self._ctx, self.region_name, self.replica is not None))
 
     def check(self) -> None:
         """Check that the bucket exists and owns the table's prefix (an admin call: two round trips).

@@ -51,7 +51,10 @@ class Regions:
         * the region left answers (a failback): the two indexes are merged
           into the promoted one: every entry of the region left, then the
           promoted region's own entries it lacks; per task of a checkpoint,
-          one region's pending writes only (the region left's);
+          one region's pending writes only: the region left's when it ran
+          the task itself (it holds a call the promoted one lacks), else the
+          promoted region's own run, whole. Both buckets must be versioned.
+          What is not kept is recorded (:meth:`verify` lists it);
         * it does not (a failover), manifest mode: entries whose objects never
           arrived leave the index; a global table: they are only reported (its
           items are both regions'), and savers built with
@@ -76,7 +79,8 @@ class Regions:
         Raises:
             ReplicationLagError: The region left still answers and holds writes
                 the promoted one lacks.
-            ConfigurationError: The saver has no replica.
+            ConfigurationError: The saver has no replica, or both regions
+                answer and a bucket has versioning off (the error names it).
         """
         promotion = self._sync.run(self._promotion(rebuild, force))
         self._swap()
@@ -92,10 +96,12 @@ class Regions:
         """Compare the region written to with the replica, thread by thread (admin:
         lists both buckets' objects of each thread).
 
-        After a failback, ``unreplicated`` holds exactly the checkpoints and
-        pending writes that reached the old primary and never replicated
-        before the outage (and anything written since that replication has
-        not copied yet). Nothing is changed.
+        After a failback, ``unreplicated`` holds the checkpoints and pending
+        writes that reached the old primary and never replicated before the
+        outage (and anything written since that replication has not copied
+        yet), and ``set_aside`` every committed checkpoint and pending write
+        that the failback's merge did not keep, with the reason (a task the
+        promoted region ran again: its run won). Nothing is changed.
 
         Args:
             thread_ids: Threads to compare (None: every thread either index lists).
@@ -107,18 +113,21 @@ class Regions:
         return await self._async.run(self._verification(thread_ids))
 
     def setup_replica(self) -> None:
-        """Create the replica region's bucket (and table, in DynamoDB mode) when missing.
+        """Create the replica region's bucket (versioned) and table (DynamoDB
+        mode) when missing, then check that both buckets are versioned.
 
         Tests and S3-compatible stores; on AWS deploy ``infra/replica.yaml``,
         which also sets versioning and replication up.
+
+        Raises:
+            ConfigurationError: A bucket has versioning off or suspended
+                (replication and a failback need it); the error names it.
         """
-        route = self._need_route("setup_replica")
-        self._sync.run(setup.setup(route.as_writer(self._other_ctx), route.reader.clients.region_name))
+        self._sync.run(self._replica_setup())
 
     async def asetup_replica(self) -> None:
         """Async version of :meth:`setup_replica`."""
-        route = self._need_route("setup_replica")
-        await self._async.run(setup.setup(route.as_writer(self._other_ctx), route.reader.clients.region_name))
+        await self._async.run(self._replica_setup())
 
     # -- reads ------------------------------------------------------------------------
     def _reading(self, make: Callable[[Context], Op[T]]) -> tuple[Op[T], RetryPolicy | None]:
@@ -149,6 +158,11 @@ class Regions:
         if self._route is None:
             raise ConfigurationError(f"{what}() needs a replica: build the saver with replica=Replica(...)")
         return self._route
+
+    def _replica_setup(self) -> Op[None]:
+        route = self._need_route("setup_replica")
+        yield from setup.setup(route.as_writer(self._other_ctx), route.reader.clients.region_name, versioned=True)
+        yield from setup.require_versioning("setup_replica()", self._ctx, self._other_ctx)
 
     def _indexed(self) -> bool:
         """Does replication keep an index in the other region (manifest heads, a global table)?"""

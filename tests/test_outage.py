@@ -36,7 +36,7 @@ from langgraph.types import Command, interrupt
 
 from helpers import long_form
 from regions import REPLICA_BUCKET, REPLICA_REGION, Replicator, saver_client_config, saver_retry
-from s3_saver import Replica, S3Saver, StoreUnavailableError
+from s3_saver import ConfigurationError, Replica, S3Saver, StoreUnavailableError
 
 MODES = ("manifest", "dynamodb", "dynamodb-global")
 OUTAGES = ("refuse", "hang")
@@ -295,11 +295,13 @@ def test_outage_promote_continue_failback(regions, mode: str, outage: str, stale
             theirs = committed[thread_id].get(cid, (None, None, frozenset()))[2]
             mine, now = _by_task(writes), _by_task(seen[cid][2])
             for task, parts in now.items():
-                expected = mine.get(task, _by_task(theirs).get(task))
-                if global_table and task in mine and parts == _by_task(theirs).get(task):
-                    # A global table lags item by item: P may have read a task's
-                    # parts in part (README); the rest came after, all O's.
-                    expected = parts if mine[task] <= parts else expected
+                own = _by_task(theirs).get(task)
+                expected = mine.get(task, own)
+                if task in mine and own is not None and mine[task] <= own:
+                    # P holds only parts O committed (its interrupt, replicated
+                    # before the outage): P never ran the task, O's run stays
+                    # whole (issue 34). (P's own run answers "replica": never O's.)
+                    expected = own
                 assert parts == expected, f"{thread_id}/{cid}: task {task} mixed"
             assert set(mine) <= set(now), f"{thread_id}/{cid}: P's writes lost"
         for cid, (values, parent, writes) in seen.items():
@@ -428,3 +430,101 @@ def test_failback_cut_short_then_called_again(regions, monkeypatch, mode: str, c
         found = final.get_tuple(_config(thread_id))
         assert (found.config if found else None) == latest, thread_id
         assert _snapshot(final, thread_id) == checkpoints, thread_id
+
+
+def _held_back_resume(regions: Any, mode: str, *, resume_in_replica: bool) -> tuple[Any, dict, str, list]:
+    """Issue 34's sequence. O commits X, task T's interrupt on X, and X's child Y,
+    all replicated; then T's resume writes on X, whose objects replicate and whose
+    index (a manifest head, a global table's items, or a rebuild that ran before
+    they arrived) never does: the outage. P is promoted and goes on from Y
+    (``resume_in_replica``: P runs T itself too, its own resume on X). O comes
+    back, P's writes replicate to it, and O is promoted again. Returns the saver
+    configured as at first, X's config, and T."""
+    from helpers import checkpoint
+
+    global_table = mode == "dynamodb-global"
+    old = _old_saver(regions, mode, "refuse")
+    replicator, reverse = regions.replicator, regions.reverse
+    if global_table:
+        regions.create_replica_table()
+    elif mode == "dynamodb":
+        old.setup_replica()
+        replicator = Replicator.between(regions.primary, regions.replica, tables=False)
+        reverse = replicator.reversed()
+    task = "task-T"
+    x = old.put(_config("t"), checkpoint({"n": 0}, {"n": "1"}), {"source": "loop", "step": 0}, {"n": "1"})
+    old.put_writes(x, [("__interrupt__", "approve?")], task)
+    old.put(x, checkpoint({"n": 0}, {"n": "1"}), {"source": "loop", "step": 1}, {})
+    replicator.run()
+    old.put_writes(x, [("__resume__", "yes"), ("n", 1)], task)
+    replicator.capture()
+    late = [e for e in replicator.pending if e.kind == "object" and not _is_head(e.key)]
+    assert late, "the resume wrote no object"
+    regions.proxy.refuse()
+    _old_saver(regions, mode, "refuse", setup=False).promote()
+    fresh = _new_saver(regions, mode, "refuse")
+    latest = fresh.get_tuple(_config("t"))
+    fresh.put(latest.config, checkpoint({"n": 5}, {"n": "2"}), {"source": "loop", "step": 2}, {"n": "2"})
+    # The resume's objects arrive now (a rebuild already ran); its index never.
+    replicator.deliver(where=lambda e: e in late)
+    replicator.drop_pending()
+    if resume_in_replica:
+        fresh.put_writes(x, [("__resume__", "no"), ("n", 2)], task)
+    in_p = sorted(fresh.get_tuple(x).pending_writes)
+    regions.proxy.up()
+    reverse.run()
+    assert _new_saver(regions, mode, "refuse").promote().checked
+    return _old_saver(regions, mode, "refuse", setup=False), x, task, in_p
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failback_keeps_the_old_primarys_writes_the_promoted_region_only_saw_in_part(regions, mode: str) -> None:
+    """The promoted region holds T's interrupt (replicated), never T's resume:
+    its parts are O's, a subset, and O's whole run of T stays (issue 34, 1)."""
+    final, x, task, _ = _held_back_resume(regions, mode, resume_in_replica=False)
+    found = final.get_tuple(x)
+    assert sorted((t, c, v) for t, c, v in found.pending_writes) == [
+        (task, "__interrupt__", "approve?"), (task, "__resume__", "yes"), (task, "n", 1)
+    ], found.pending_writes
+    assert final.verify(["t"]).set_aside == ()
+
+
+# A global table is left out: its replication itself replaces O's parts of a task
+# P ran again (last writer wins per part, before any merge), as documented.
+@pytest.mark.parametrize("mode", ("manifest", "dynamodb"))
+def test_failback_reports_the_old_primarys_run_that_the_promoted_one_replaced(regions, mode: str) -> None:
+    """The promoted region ran T itself (its own resume on X): its run wins whole,
+    and verify() names O's committed parts the merge set aside, with the reason."""
+    final, x, task, in_p = _held_back_resume(regions, mode, resume_in_replica=True)
+    # P's run as P read it (a global table: its own parts only, see one_line).
+    assert {(task, "__resume__", "no"), (task, "n", 2)} <= set(in_p), in_p
+    assert sorted(final.get_tuple(x).pending_writes) == in_p
+    report = final.verify(["t"])
+    assert {(g.thread_id, g.checkpoint_id, g.kind, g.task_id) for g in report.set_aside} == {
+        ("t", x["configurable"]["checkpoint_id"], "writes", task)
+    }, report.set_aside
+    (gap,) = report.set_aside
+    assert "another run of the task" in gap.reason and REPLICA_BUCKET in gap.reason, gap.reason
+    assert len(gap.missing) == 2 and all("/writes/" in key for key in gap.missing), gap.missing
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failback_refuses_an_unversioned_bucket(regions, mode: str) -> None:
+    """Without versioning the old region's own index is gone (a manifest head
+    replicated over): a failback refuses, naming the bucket (issue 34, item 2)."""
+    from regions import PRIMARY_BUCKET
+
+    old = _old_saver(regions, mode, "refuse")
+    replicator = regions.replicator
+    if mode == "dynamodb-global":
+        regions.create_replica_table()
+    elif mode == "dynamodb":
+        old.setup_replica()
+        replicator = Replicator.between(regions.primary, regions.replica, tables=False)
+    old.put(_config("u"), _checkpoint(), {"source": "loop", "step": 0}, {"a": "1"})
+    replicator.run()
+    regions.primary.s3.put_bucket_versioning(Bucket=PRIMARY_BUCKET, VersioningConfiguration={"Status": "Suspended"})
+    keys = set(regions.replica.keys()) | set(regions.primary.keys())
+    with pytest.raises(ConfigurationError, match=f"versioning on s3://{PRIMARY_BUCKET} .*Suspended"):
+        _new_saver(regions, mode, "refuse").promote()
+    assert set(regions.replica.keys()) | set(regions.primary.keys()) == keys  # nothing merged

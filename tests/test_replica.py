@@ -1092,6 +1092,9 @@ def test_setup_replica_creates_the_replica_bucket_and_table(endpoint: str, mode:
             want = primary.describe_table(TableName=table)["Table"]
             assert made["KeySchema"] == want["KeySchema"]
         # The region set up can take over: promote (nothing to compare), then a write there.
+        # Both made versioned (replication needs it): promote() checks that.
+        for bucket in ("fresh-primary", "fresh-replica"):
+            assert s3.get_bucket_versioning(Bucket=bucket).get("Status") == "Enabled", bucket
         promotion = saver.promote()
         assert promotion.checked and promotion.rebuilt is None and promotion.incomplete == ()
         _graph(saver).invoke(FIRST, _config("there"))
@@ -1100,6 +1103,31 @@ def test_setup_replica_creates_the_replica_bucket_and_table(endpoint: str, mode:
         saver.close()
         s3.close()
         dynamodb.close()
+
+
+@pytest.mark.parametrize("kind", ("sync", "async"))
+@pytest.mark.parametrize("mode", ("manifest", "dynamodb"))
+def test_setup_replica_refuses_an_unversioned_bucket(endpoint: str, mode: str, kind: str) -> None:
+    """A bucket the saver did not create is left as it is, and checked: without
+    versioning, setup_replica() raises naming it (issue 34, item 2)."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket="plain-primary")  # made by someone else, never versioned
+    replica = Replica("plain-replica", region_name="eu-west-1", endpoint_url=endpoint)
+    table = "plain-index" if mode == "dynamodb" else None
+    saver = S3Saver("plain-primary", table=table, region_name="us-east-1", endpoint_url=endpoint, replica=replica)
+    try:
+        saver.setup()
+        with pytest.raises(ConfigurationError, match="versioning on s3://plain-primary "):
+            if kind == "sync":
+                saver.setup_replica()
+            else:
+                asyncio.run(saver.asetup_replica())
+        assert s3.get_bucket_versioning(Bucket="plain-replica").get("Status") == "Enabled"
+    finally:
+        saver.close()
+        s3.close()
 
 
 # --- 7. apromote / averify give what promote / verify give ----------------------------------------------

@@ -8,8 +8,10 @@ listing of the thread's objects: the admin path) and, where replication keeps
 an index in both regions, the entries of the two indexes. Every object one
 bucket holds and the other lacks is reported under its checkpoint (or its
 pending write), committed or not: after a failback, the writes that reached
-the old primary and never replicated are exactly what the region written to
-holds and the other lacks, even a pending write whose slot a newer one took.
+the old primary and never replicated are what the region written to holds
+and the other lacks, even a pending write whose slot a newer one took. What a
+failback's merge did not keep is reported apart, with the reason: its objects
+can have replicated, and no index names them any more (``settle.record_set_aside``).
 
 ``promote`` refuses to leave a reachable region whose writes the new one
 lacks (replication has not caught up: wait, or ``force``), then rebuilds the
@@ -23,17 +25,21 @@ from collections.abc import Iterable
 from typing import Any
 
 from s3_saver._index.base import Archived, CheckpointEntry
+from s3_saver._ops import setup
 from s3_saver._ops.context import Context
 from s3_saver._ops.rebuild import rebuild_index
-from s3_saver._ops.settle import object_keys, settle
+from s3_saver._ops.settle import object_keys, set_aside, settle
 from s3_saver._ops.settle import thread_ids as listed_threads
 from s3_saver._protocol import Op, gather
 from s3_saver._replica import Promotion, ReplicationGap, ReplicationReport
 from s3_saver.errors import ReplicationLagError, StoreUnavailableError
 
 
-def verify(ctx: Context, other: Context, thread_ids: Iterable[str] | None, other_indexed: bool) -> Op[ReplicationReport]:
-    """Compare the region of ``ctx`` (written to) with ``other`` (the replica)."""
+def verify(
+    ctx: Context, other: Context, thread_ids: Iterable[str] | None, other_indexed: bool, records: bool = True
+) -> Op[ReplicationReport]:
+    """Compare the region of ``ctx`` (written to) with ``other`` (the replica);
+    ``records``: with what failbacks into ``ctx`` set aside (``settle.record_set_aside``)."""
     if thread_ids is None:
         # Threads either index lists: the other's too when it has one (after a
         # failover, the old primary's table), even if replication does not keep it.
@@ -41,18 +47,23 @@ def verify(ctx: Context, other: Context, thread_ids: Iterable[str] | None, other
         thread_ids = sorted(set(found[0]) | set(found[1]))
     unreplicated: list[ReplicationGap] = []
     replica_only: list[ReplicationGap] = []
+    aside: list[ReplicationGap] = []
     count = 0
     for thread_id in thread_ids:
         count += 1
-        mine, theirs, my_keys, their_keys = yield from gather(
+        mine, theirs, my_keys, their_keys, recorded = yield from gather(
             _contents(ctx, thread_id),
             _contents(other, thread_id) if other_indexed else _nothing(),
             object_keys(ctx, thread_id),
             object_keys(other, thread_id),
+            set_aside(ctx, thread_id) if records else _nothing(),
         )
+        aside += recorded
         unreplicated += _gaps(ctx, mine, theirs if other_indexed else None, my_keys, their_keys)
         replica_only += _gaps(ctx, theirs, mine if other_indexed else None, their_keys, my_keys)
-    return ReplicationReport(_describe(ctx), _describe(other), count, tuple(unreplicated), tuple(replica_only))
+    return ReplicationReport(
+        _describe(ctx), _describe(other), count, tuple(unreplicated), tuple(replica_only), tuple(aside)
+    )
 
 
 def promote(
@@ -71,7 +82,7 @@ def promote(
     checked = True
     try:
         # Objects only: the index there is settled from both indexes below.
-        report = yield from verify(ctx, other, None, False)
+        report = yield from verify(ctx, other, None, False, records=False)
     except StoreUnavailableError:
         # The outage this promotion is for: nothing to compare with.
         checked, report = False, None
@@ -82,6 +93,10 @@ def promote(
             f"threads (first: {threads[:3]}) in {report.primary} have not reached {report.replica}: wait for "
             "replication and promote again, or promote(force=True) to leave them (verify() reports them after)"
         )
+    if checked:
+        # Both regions answer (a failback, or a planned switch): the merge
+        # needs the old region's own index, which a versioned bucket keeps.
+        yield from setup.require_versioning("promote()", other, ctx)
     if rebuild is None:
         rebuild = not indexed and not checked
     if rebuild:

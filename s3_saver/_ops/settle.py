@@ -20,9 +20,13 @@ Only committed data is indexed: an entry comes from an index (never from an
 object alone, so a write that raised at the outage, its object written and its
 commit not, stays unreadable), and an entry is kept only when every object its
 closure names is in the bucket (``_reach``). Pending writes are kept per task:
-for each (namespace, checkpoint, task), the parts of one region only, the
-authority's when it has any (both regions may have run the task of one
-interrupted checkpoint; a mix of the two runs is a state neither made).
+for each (namespace, checkpoint, task), the parts of one region's run only (a
+mix of two runs is a state neither made). The authority ran the task itself
+only when it holds a call (a token) this region's parts lack: its run wins
+then. Otherwise its parts are this region's calls, replicated in part before
+the outage (an interrupt, and not the resume after it), and this region's run
+stays whole. What is left out is recorded before the index is written
+(``record_set_aside``), for ``verify`` (``set_aside``).
 
 A manifest head is one object that replication replaces whole: after a
 failback the promoted-back region's head is the authority's, replicated over
@@ -32,6 +36,8 @@ bucket: each head names the bucket it was written to.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -39,6 +45,8 @@ from s3_saver._index.base import Archived, CheckpointEntry, WritesEntry, one_lin
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_thread
 from s3_saver._protocol import Op, gather, request_one
+from s3_saver._replica import ReplicationGap
+from s3_saver._s3 import put_immutable
 from s3_saver._reach import named_by
 from s3_saver.errors import ResourceMissingError
 
@@ -96,35 +104,69 @@ def _settle_thread(
     def whole(entry: CheckpointEntry | WritesEntry) -> bool:
         return all(target.layout.object_key(o) in present for o in named_by(entry))
 
+    aside: list[SetAside] = []
+
+    def keys_of(entries: Iterable[CheckpointEntry | WritesEntry]) -> tuple[str, ...]:
+        return tuple(sorted({target.layout.object_key(o) for e in entries for o in named_by(e)}))
+
+    missing = f"its objects are not all in s3://{target.s3.bucket}"
     entries: dict[tuple[str, str, str], CheckpointEntry] = {}
+    broken: dict[tuple[str, str, str], CheckpointEntry] = {}
     for entry in [*mine, *theirs]:
         if entry.key in entries:
             continue
         if whole(entry):
             entries[entry.key] = entry
         elif not entry.hidden:
+            broken.setdefault(entry.key, entry)
+    for key, entry in broken.items():
+        if key not in entries:
             settled.checkpoints.append(f"{thread_id}/{entry.ns}/{entry.checkpoint_id}")
-    # One region's parts per task: the authority's, else the target's own. A
+            aside.append(SetAside(entry.ns, entry.checkpoint_id, "checkpoint", None, keys_of([entry]), missing))
+    # One region's run per task: the authority's, else the target's own. A
     # global table holds both regions' parts in each (see one_line).
     site = (authority or target).s3.bucket
     lines: dict[tuple[str, str, str], list[WritesEntry]] = {}
+    incomplete: dict[tuple[str, str, str], list[WritesEntry]] = {}
     for source in (mine, theirs):
         here: dict[tuple[str, str, str], list[WritesEntry]] = {}
         for w in one_line([w for entry in source for w in entry.writes or ()], site):
             here.setdefault((w.ns, w.checkpoint_id, w.task_id), []).append(w)
         for task, parts in here.items():
             if task in lines:
-                if {w.token for w in parts} - {w.token for w in lines[task]}:
-                    # The other region's run of the task: the authority's won, whole.
+                # Only a failback has two sources: the first is the authority's.
+                calls = {w.token for w in lines[task]}
+                if calls <= {w.token for w in parts} and all(whole(w) for w in parts):
+                    # Every part the authority holds is one of this region's
+                    # calls, replicated (the rest of its run did not get there
+                    # before the outage): the authority never ran the task
+                    # itself, and this region's run stays whole.
+                    lines[task] = parts
+                    continue
+                lost = [w for w in parts if w.token not in calls]
+                if lost:
+                    # The authority holds a call of its own: it ran the task
+                    # again, and its run wins whole (a mix is a state no run made).
                     settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
+                    reason = f"another run of the task, in s3://{site}, was kept"
+                    aside.append(SetAside(task[0], task[1], "writes", task[2], keys_of(lost), reason))
                 continue
             if all(whole(w) for w in parts):
                 lines[task] = parts
             else:
-                settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
+                incomplete.setdefault(task, []).extend(parts)
+    for task, parts in incomplete.items():
+        calls = {(w.part, w.token) for w in lines.get(task, ())}
+        lost = [w for w in parts if (w.part, w.token) not in calls]
+        if lost:
+            settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
+            aside.append(SetAside(task[0], task[1], "writes", task[2], keys_of(lost), missing))
     writes = [w for (ns, cid, _), parts in lines.items() if (thread_id, ns, cid) in entries for w in parts]
     if not write or (authority is None and _ids(theirs, [w for e in theirs for w in e.writes or ()]) == _ids(entries.values(), writes)):
         return  # whole already, or only told
+    if authority is not None:
+        # Before the index that leaves them out (see ``record_set_aside`` below).
+        yield from record_set_aside(target, thread_id, aside)
     kept = [replace(e, writes=[]) for e in entries.values()]
     yield from target.index.restore(thread_id, kept, writes, created or target.now())
     target.locs.forget_thread(thread_id)
@@ -171,3 +213,70 @@ def object_keys(ctx: Context, thread_id: str) -> Op[dict[str, str]]:
         if not token:
             return keys
 
+
+# --- what a failback's merge did not keep ------------------------------------------
+# The indexes the merge read are replaced by it (a manifest head swapped, table
+# items rewritten): nothing but a record says afterwards that what it left out
+# was committed. One immutable object per thread and merge under ``set-aside/``,
+# written before the merged index (objects first, index last): a merge cut short
+# and run again writes the same bytes under the same key, or, once its index is
+# written, has nothing more to set aside.
+
+_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A committed checkpoint, or a task's pending-write parts, the merge left out."""
+
+    ns: str
+    checkpoint_id: str
+    kind: str  # "checkpoint" or "writes"
+    task_id: str | None
+    keys: tuple[str, ...]  # its objects (a checkpoint: its own object)
+    reason: str
+
+
+def record_set_aside(ctx: Context, thread_id: str, parts: list[SetAside]) -> Op[None]:
+    """Write the record of ``parts`` (none: nothing is written)."""
+    if not parts:
+        return
+    body = json.dumps(
+        {
+            "v": _VERSION,
+            "thread_id": thread_id,
+            "parts": [
+                {"ns": p.ns, "checkpoint_id": p.checkpoint_id, "kind": p.kind, "task_id": p.task_id,
+                 "keys": list(p.keys), "reason": p.reason}
+                for p in sorted(parts, key=lambda p: (p.ns, p.checkpoint_id, p.kind, p.task_id or ""))
+            ],
+        },
+        sort_keys=True,
+    ).encode()
+    # Named by its bytes: the same merge run again meets its own record.
+    key = ctx.layout.set_aside_key(thread_id, hashlib.sha256(body).hexdigest()[:32])
+    yield from put_immutable(ctx.s3, {key: body})
+
+
+def set_aside(ctx: Context, thread_id: str) -> Op[list[ReplicationGap]]:
+    """Every part the thread's records name (admin: a listing of its records)."""
+    keys: list[str] = []
+    token: str | None = None
+    while True:
+        page = yield from request_one(ctx.s3.list_keys(ctx.layout.set_aside_dir(thread_id), token))
+        keys += [obj["Key"] for obj in page.get("Contents", [])]
+        token = page.get("NextContinuationToken")
+        if not token:
+            break
+    found: dict[tuple[str, str, str, str | None], ReplicationGap] = {}
+    for body in (yield from gather(*(_read(ctx, key) for key in sorted(keys)))):
+        for p in json.loads(body)["parts"]:
+            ident = (p["ns"], p["checkpoint_id"], p["kind"], p["task_id"])
+            before = found.get(ident)
+            keys_of = tuple(sorted(set(p["keys"]) | set(before.missing if before else ())))
+            found[ident] = ReplicationGap(thread_id, *ident, keys_of, before.reason if before else p["reason"])
+    return [found[ident] for ident in sorted(found, key=lambda i: (i[0], i[1], i[2], i[3] or ""))]
+
+
+def _read(ctx: Context, key: str) -> Op[bytes]:
+    return (yield from request_one(ctx.s3.get(key)))["Body"]

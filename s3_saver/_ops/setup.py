@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from s3_saver._ops.context import Context
-from s3_saver._protocol import Op, raise_failure
-from s3_saver.errors import BUCKET_MISSING, BUCKET_OURS_CODES, classify, error_code
+from s3_saver._protocol import Op, raise_failure, request, request_one
+from s3_saver.errors import BUCKET_MISSING, BUCKET_OURS_CODES, ConfigurationError, classify, error_code
 
 
-def setup(ctx: Context, region: str | None) -> Op[None]:
+def setup(ctx: Context, region: str | None, versioned: bool = False) -> Op[None]:
+    """Create the bucket (``versioned``: with versioning on, as replication
+    needs; a bucket that exists is left as it is) and the index."""
     (head,) = yield (ctx.s3.head_bucket(),)
     bucket_region = None
     if isinstance(head, BaseException):
@@ -18,6 +20,8 @@ def setup(ctx: Context, region: str | None) -> Op[None]:
         (created,) = yield (ctx.s3.create_bucket(region),)
         if isinstance(created, BaseException) and error_code(created) not in BUCKET_OURS_CODES:
             raise_failure(ctx.s3.create_bucket(region), created)
+        if versioned:
+            yield from request_one(ctx.s3.enable_versioning())
     else:
         bucket_region = _bucket_region(head)
     yield from ctx.index.setup(ctx.s3.bucket, bucket_region, bool(ctx.ttl_seconds))
@@ -45,3 +49,20 @@ def _bucket_region(head: dict[str, Any]) -> str | None:
     return head.get("BucketRegion") or head.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
         "x-amz-bucket-region"
     )
+
+
+def require_versioning(what: str, *ctxs: Context) -> Op[None]:
+    """Refuse ``what`` unless every bucket of ``ctxs`` has versioning on.
+
+    Replication needs it, and a failback's merge reads the old region's own
+    last manifest head from the noncurrent versions of its key: without
+    them, every checkpoint that region committed and never replicated would
+    read as missing, without a word (issue 34)."""
+    states = yield from request(*(c.s3.versioning() for c in ctxs))
+    for ctx, state in zip(ctxs, states):
+        if state.get("Status") != "Enabled":
+            raise ConfigurationError(
+                f"{what} needs versioning on s3://{ctx.s3.bucket} (it is {state.get('Status') or 'off'}): "
+                "replication needs it, and a failback reads the old region's own index from the bucket's "
+                "object versions. Turn it on (infra/replica.yaml does) and call again"
+            )
