@@ -305,6 +305,11 @@ class Index(ABC):
     # True when ``prepare`` writes a new thread's listing record itself (the
     # commit then only makes it count): ``note`` is not asked to.
     lists_in_prepare = False
+    # Where the index replaces objects in the bucket (a versioned bucket keeps
+    # each replaced one as a noncurrent version); None: it replaces none.
+    replaced_prefix: str | None = None
+    # Set by setup() (``_ops/versioning``): the bucket has versioning enabled.
+    versioned_bucket = False
 
     @abstractmethod
     def describe(self) -> str: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from s3_saver._ops.context import Context
+from s3_saver._ops.versioning import warn_setup
 from s3_saver._protocol import Op, raise_failure
 from s3_saver.errors import BUCKET_MISSING, BUCKET_OURS_CODES, classify, error_code
 
@@ -21,6 +22,8 @@ def setup(ctx: Context, region: str | None) -> Op[None]:
     else:
         bucket_region = _bucket_region(head)
     yield from ctx.index.setup(ctx.s3.bucket, bucket_region, bool(ctx.ttl_seconds))
+    # Last: the manifest writes lean heads on a versioned bucket from here on.
+    yield from warn_setup(ctx)
 
 
 def _bucket_region(head: dict[str, Any]) -> str | None:
