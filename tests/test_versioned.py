@@ -133,3 +133,23 @@ def test_verify_reports_it_without_an_exit_bit(endpoint: str) -> None:
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     s3.put_bucket_lifecycle_configuration(Bucket=BUCKET, LifecycleConfiguration={"Rules": [_rule()]})
     assert "note:" not in ok(run_cli(endpoint, "verify", "--older-than", "0s", mode="manifest"))
+
+
+def test_both_modes_read_a_versioned_bucket_whole_and_keep_little(versioned_saver, index_mode: str, endpoint: str) -> None:
+    """20 turns on a versioned bucket: a fresh process reads the latest state and
+    the whole history as the writer does (lean heads hold no history bodies);
+    the DynamoDB mode replaces no object, the manifest keeps under 3x its bytes
+    (10.2x with heads that carried bodies frames)."""
+    ids = _chat(versioned_saver, 20)
+    current, noncurrent = version_bytes(endpoint)
+    if index_mode == "dynamodb":
+        assert noncurrent == 0
+    else:
+        assert noncurrent <= 3 * current, (current, noncurrent)
+    reader = make_saver(endpoint, index_mode)
+    history = [(t.config["configurable"]["checkpoint_id"], [m.id for m in t.checkpoint["channel_values"].get("messages", [])])
+               for t in reader.list(_CONFIG)]
+    assert history == [(t.config["configurable"]["checkpoint_id"], [m.id for m in t.checkpoint["channel_values"].get("messages", [])])
+                       for t in versioned_saver.list(_CONFIG)]
+    assert len(history) == 60 and history[0][1] == ids
+    reader.close()
