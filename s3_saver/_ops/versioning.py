@@ -25,7 +25,7 @@ log = logging.getLogger("s3_saver")
 
 # Measured (benchmarks, longconv; docs/reference/costs.md): what a chat of 1 KB
 # messages keeps as noncurrent head versions, per byte of its own, with no rule.
-NONCURRENT_PER_BYTE = "about 2x"
+NONCURRENT_PER_BYTE = "2-2.5x"
 _NO_RULES = "NoSuchLifecycleConfiguration"
 
 
