@@ -677,7 +677,8 @@ def main() -> None:
     ap.add_argument("--saver", required=True, choices=["memory", "s3", "s3-manifest", *PEERS])
     ap.add_argument("--name", required=True)
     ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling", "grow", "archive", "failover",
-                                                      "longconv", "longconv-read"])
+                                                      "longconv", "longconv-read",
+                                                      "longconv-versioned"])
     ap.add_argument("--proxy", required=True)
     ap.add_argument("--moto", required=True)
     ap.add_argument("--turns", type=int, default=20)

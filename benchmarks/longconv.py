@@ -17,6 +17,9 @@ Two child modes (``child.py --mode``), each its own process:
   ``listing/``: the manifest index), DynamoDB items and their billed sizes; and
   the final state's size, ``JsonPlusSerializer().dumps_typed`` of the latest
   checkpoint's ``channel_values`` read back straight from the store.
+* ``longconv-versioned`` (S3Saver): ``longconv`` on a bucket with versioning
+  enabled before ``setup()``; each point also has the bytes and count of the
+  noncurrent versions (``ListObjectVersions``): every object the saver replaced.
 * ``longconv-read``: a fresh process and saver read the thread's latest
   checkpoint (``get_tuple``), then once more warm; checked against the
   messages the turns sent.
@@ -39,6 +42,10 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
 MODES = ("longconv", "longconv-read")
+# S3Saver's write again on a versioned bucket (replication and Object Lock need
+# one): each point also counts the noncurrent versions the bucket keeps.
+VERSIONED = "longconv-versioned"
+ALL_MODES = (*MODES, VERSIONED)
 THREAD = "bench-longconv"
 TEXT_CHARS = 1000
 DEFAULT_TURNS = 200
@@ -161,7 +168,22 @@ def final_state(target: Any, n: int) -> dict[str, Any]:
     return out
 
 
-def measure(target: Any, inner: Any, recorder: Any, n: int) -> dict[str, Any]:
+def _versions(target: Any) -> dict[str, int]:
+    """The bucket's noncurrent versions (a versioned bucket keeps every object replaced)."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=target.moto, region_name="us-east-1")
+    out = {"noncurrent_bytes": 0, "noncurrent_versions": 0, "delete_markers": 0}
+    for page in s3.get_paginator("list_object_versions").paginate(Bucket=target.bucket):
+        for v in page.get("Versions", []):
+            if not v["IsLatest"]:
+                out["noncurrent_bytes"] += v["Size"]
+                out["noncurrent_versions"] += 1
+        out["delete_markers"] += len(page.get("DeleteMarkers", []))
+    return out
+
+
+def measure(target: Any, inner: Any, recorder: Any, n: int, versioned: bool = False) -> dict[str, Any]:
     stored = target.stored(inner)
     prefixes = _by_prefix(target)
     live = prefixes.get("live/", {"objects": 0, "bytes": 0})
@@ -172,15 +194,17 @@ def measure(target: Any, inner: Any, recorder: Any, n: int) -> dict[str, Any]:
             "s3_index_bytes": stored["s3_bytes"] - live["bytes"] if s3_saver else 0,
             "s3_index_objects": stored["s3_objects"] - live["objects"] if s3_saver else 0,
             "ddb_bytes": stored["ddb_bytes"], "ddb_items": stored["ddb_items"], "prefixes": prefixes,
-            **final_state(target, n)}
+            **(_versions(target) if versioned else {}), **final_state(target, n)}
 
 
 # -- the two child modes ------------------------------------------------------------------------
 def run(target: Any, mode: str, turns: int) -> dict[str, Any]:
-    return run_write(target, turns) if mode == "longconv" else run_read(target, turns)
+    if mode == "longconv-read":
+        return run_read(target, turns)
+    return run_write(target, turns, versioned=mode == VERSIONED)
 
 
-def run_write(target: Any, turns: int) -> dict[str, Any]:
+def run_write(target: Any, turns: int, versioned: bool = False) -> dict[str, Any]:
     """The turns through the proxy, one metered phase per stretch between two points.
 
     A saver that raises ends the run there: the points measured so far are kept, with
@@ -188,9 +212,18 @@ def run_write(target: Any, turns: int) -> dict[str, Any]:
     from benchmarks.metered import MeteredSaver, Recorder
 
     recorder = Recorder()
+    if versioned:  # before setup(): the saver reads the bucket's versioning there
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=target.moto, region_name="us-east-1")
+        s3.create_bucket(Bucket=target.bucket)
+        s3.put_bucket_versioning(Bucket=target.bucket, VersioningConfiguration={"Status": "Enabled"})
     direct = target.setup()
     inner = target.build(target.proxy)
-    graph = build_graph(MeteredSaver(inner, recorder))
+    metered = MeteredSaver(inner, recorder)
+    if versioned:  # this process learns the bucket's versioning in setup(): metered, not a write phase
+        metered._run("setup", inner.setup)
+    graph = build_graph(metered)
     out: dict[str, Any] = {"turns": turns, "points": [], "phases": [], "seconds": {}}
     marks, n, prev = points(turns), 0, 0
     t0 = time.monotonic()
@@ -203,14 +236,14 @@ def run_write(target: Any, turns: int) -> dict[str, Any]:
             if n in marks:
                 recorder.phase = "idle"
                 out["seconds"][str(n)] = time.monotonic() - t0
-                out["points"].append(measure(target, inner, recorder, n))
+                out["points"].append(measure(target, inner, recorder, n, versioned))
                 prev = n
     except Exception as exc:  # noqa: BLE001 - a peer that fails keeps its row, saying what failed
         recorder.phase = "idle"
         out.update(error=_error(exc), failed_turn=n, traceback=traceback.format_exc())
         try:
             if n > 1:  # what it held after its last whole turn (a failed first turn: nothing to size)
-                out["at_failure"] = measure(target, inner, recorder, n - 1)
+                out["at_failure"] = measure(target, inner, recorder, n - 1, versioned)
         except Exception as exc2:  # noqa: BLE001
             out["at_failure_error"] = _error(exc2)
     for saver in (inner, direct):

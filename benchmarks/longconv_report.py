@@ -96,7 +96,43 @@ def model(doc: dict[str, Any]) -> dict[str, Any]:
             row["year"] = {**year, "total": year["hot"] + year["rest"] + year["requests"], "turns": final["turns"]}
         row["read"] = _read(doc["runs"].get(f"{key}/longconv-read"))
         row["read_turns"] = final["turns"] if final else None
+        row["versioned"] = versioned(doc["runs"].get(f"{key}/longconv-versioned"), pts)
     return {"turns": doc["settings"].get("longconv_turns"), "rows": rows} if rows else {}
+
+
+# Days a noncurrent version is kept under infra/'s rules: S3 counts from the day it
+# became noncurrent and acts at the next midnight UTC, so a rule of N days keeps it
+# up to N + 1 (the whole chat is written within one day here).
+RULE_DAYS = {"manifest rule, 1 day": 2, "bucket rule, 7 days": 8}
+
+
+def versioned(run: dict[str, Any] | None, unversioned: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The same write on a versioned bucket: per point the current and noncurrent
+    bytes (measured, ListObjectVersions), their ratio, the unversioned run's bytes
+    beside; the write; a year kept with no rule (every noncurrent byte stays) and
+    with infra/'s rules (each noncurrent version kept ``RULE_DAYS``). None: not run."""
+    if not run:
+        return None
+    if not run.get("ok") or run["longconv"].get("error"):
+        return {"error": run.get("error") or run["longconv"].get("error")}
+    lc = run["longconv"]
+    plain = {p["turns"]: p["s3_bytes"] + p["ddb_bytes"] for p in unversioned}
+    pts = [{"turns": p["turns"], "current": p["s3_bytes"] + p["ddb_bytes"], "noncurrent": p["noncurrent_bytes"],
+            "noncurrent_versions": p["noncurrent_versions"], "unversioned": plain.get(p["turns"]),
+            "check": p.get("check")} for p in lc["points"]]
+    for p in pts:
+        p["ratio"] = p["noncurrent"] / p["current"] if p["current"] else None
+    names = [n for n in lc["phases"] if n in run["phases"]]
+    write = {f: _sum(run["phases"], names, f) for f in ("requests", "round_trips", "bytes_up", "cost")}
+    out: dict[str, Any] = {"points": pts, "write": write}
+    if pts:
+        final = lc["points"][-1]
+        kept = yearcost.peer({"s3_bytes": final["s3_bytes"], "ddb_bytes": final["ddb_bytes"]})
+        base = kept["hot"] + kept["rest"]
+        out["year"] = {"no rule": base + yearcost.standard(final["noncurrent_bytes"], yearcost.YEAR_DAYS),
+                       **{name: base + yearcost.standard(final["noncurrent_bytes"], days)
+                          for name, days in RULE_DAYS.items()}}
+    return out
 
 
 def problems(run: dict[str, Any]) -> list[str]:
@@ -199,4 +235,41 @@ def tables(doc: dict[str, Any]) -> list[str]:
                    "the final bytes a year in S3 Standard ($0.023/GB-month) and DynamoDB ($0.25), yearcost.peer; "
                    "$ writing = the write's requests at list price. The writes ran at once, each saver through a "
                    "proxy of its own: no wall times here.")
+    out += _versioned_table(doc, lc)
     return out
+
+
+def _versioned_table(doc: dict[str, Any], lc: dict[str, Any]) -> list[str]:
+    from benchmarks.report import _short, _table
+
+    rows = []
+    for r in lc["rows"]:
+        v = r.get("versioned")
+        if not v:
+            continue
+        name = _short(doc, r["saver"])
+        if v.get("error"):
+            rows.append([name, "", "", "", "", "", "", "", f"FAILED: {v['error'][:200]}"])
+            continue
+        year, w = v.get("year") or {}, v["write"]
+        for i, p in enumerate(v["points"]):
+            last = i == len(v["points"]) - 1
+            rows.append([name if i == 0 else "", p["turns"], _kb(p["unversioned"]) if p["unversioned"] else "-",
+                         _kb(p["current"]), f"{_kb(p['noncurrent'])} ({p['noncurrent_versions']:,})",
+                         f"{p['ratio']:.2f}x" if p["ratio"] is not None else "-",
+                         f"{w['requests']:,.0f} / {w['bytes_up'] / 1024 ** 2:,.1f}" if last else "",
+                         " / ".join(f"{year[k]:.6f}" for k in ("no rule", *RULE_DAYS)) if last and year else "",
+                         "ok" if p.get("check") is not False else "MISMATCH"])
+    if not rows:
+        return []
+    return ["", "== Long conversation on a versioned bucket (replication, Object Lock): noncurrent versions ==",
+            _table(["saver", "turns", "unversioned KB", "versioned: current KB", "noncurrent KB (versions)",
+                    "noncurrent / current", "write req / MB up", "$ a year: no rule / 1-day manifest rule / 7-day "
+                    "bucket rule", "check"], rows, "lrrrrrrrl"),
+            "The same write on a bucket with versioning enabled before setup() (the saver reads it there), measured "
+            "with ListObjectVersions after the turn: current = what a read sees, noncurrent = every object version "
+            "the saver replaced (the manifest's head at each write; the DynamoDB index replaces no object). "
+            "unversioned KB = the unversioned run's bytes at that point. A year kept: the final current bytes a "
+            "year, plus the noncurrent bytes a year (no rule) or for as long as infra/'s rules keep them: the "
+            "manifest prefix's 1-day rule, the bucket's 7-day NoncurrentVersionDays (S3 acts at the midnight "
+            "after the days have passed: 2 and 8 days). A replica keeps the same again."]

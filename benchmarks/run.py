@@ -324,7 +324,7 @@ def child_cmd(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyP
     # The grow run fills the scaling run's bucket and table (same --name); longconv-read
     # reads the thread longconv wrote.
     name = f"{saver.key}-{ {'grow': 'scaling', 'longconv-read': 'longconv'}.get(mode, mode)}"
-    turns = args.longconv_turns if mode in longconv.MODES else args.turns
+    turns = args.longconv_turns if mode in longconv.ALL_MODES else args.turns
     return [saver.python, "-m", "benchmarks.child", "--saver", saver.key, "--name", name,
             "--mode", mode, "--proxy", proxy.url, "--moto", moto, "--turns", str(turns), "--out", out,
             "--lengths", ",".join(map(str, scaling_lengths(saver.key, args)))]
@@ -368,8 +368,8 @@ def grow_threads(savers: list[Saver], args: argparse.Namespace, proxy: LatencyPr
     return files
 
 
-def longconv_writes(savers: list[Saver], args: argparse.Namespace, moto: str,
-                    log: Any) -> dict[str, tuple[dict[str, Any], list[Request]]]:
+def longconv_writes(writes: list[tuple[Saver, str]], args: argparse.Namespace, moto: str,
+                    log: Any) -> dict[tuple[str, str], tuple[dict[str, Any], list[Request]]]:
     """Every saver's long conversation written at once, each through a proxy of its own.
 
     One after another, 200 turns through the 15 ms proxy (40-130 s per saver) would add
@@ -380,16 +380,16 @@ def longconv_writes(savers: list[Saver], args: argparse.Namespace, moto: str,
     """
     port = int(moto.rsplit(":", 1)[1])
 
-    def one(saver: Saver) -> tuple[dict[str, Any], list[Request]]:
+    def one(job: tuple[Saver, str]) -> tuple[dict[str, Any], list[Request]]:
         proxy = LatencyProxy(port, args.latency_ms / 1000).start()
         try:
             # All at once, each takes longer than alone (moto serves one request at a time).
-            return run_child(saver, "longconv", args, proxy, moto, log, timeout=3 * args.child_timeout)
+            return run_child(job[0], job[1], args, proxy, moto, log, timeout=3 * args.child_timeout)
         finally:
             proxy.stop()
 
-    with ThreadPoolExecutor(max_workers=max(1, len(savers))) as pool:
-        return dict(zip([s.key for s in savers], pool.map(one, savers)))
+    with ThreadPoolExecutor(max_workers=max(1, len(writes))) as pool:
+        return dict(zip([(s.key, m) for s, m in writes], pool.map(one, writes)))
 
 
 def run_child(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str, log: Any,
@@ -532,21 +532,24 @@ def main(argv: list[str] | None = None) -> int:
         # process reads its latest checkpoint (benchmarks/longconv.py).
         if not args.no_longconv:
             jobs += [(s, m) for s in order if s.key != "memory" for m in longconv.MODES]
+            # S3Saver's write again on a versioned bucket: what it keeps as noncurrent versions.
+            jobs += [(s, longconv.VERSIONED) for s in order if s.key in ("s3", "s3-manifest")]
         grown: dict[str, str] | None = None
         written: dict[str, Any] | None = None
         for saver, mode in jobs + [(s, "scaling") for s in scaling]:
             if mode == "scaling" and grown is None:
                 grown = grow_threads(scaling, args, proxy, moto, log)
-            if mode == "longconv" and written is None:
-                written = longconv_writes([s for s, m in jobs if m == "longconv"], args, moto, log)
+            if mode in (longconv.MODES[0], longconv.VERSIONED) and written is None:
+                written = longconv_writes([(s, m) for s, m in jobs if m in (longconv.MODES[0], longconv.VERSIONED)],
+                                          args, moto, log)
             extra = None
             if mode == "longconv-read":  # checked against the turns the write got through
                 lc = runs.get(f"{saver.key}/longconv", {}).get("longconv", {})
                 if not lc.get("points"):
                     continue  # nothing was written to read
                 extra = ["--turns", str(lc["failed_turn"] - 1 if lc.get("error") else lc["turns"])]
-            if mode == "longconv" and written is not None:
-                data, records = written.pop(saver.key)
+            if mode in (longconv.MODES[0], longconv.VERSIONED) and written is not None:
+                data, records = written.pop((saver.key, mode))
             else:
                 data, records = run_child(saver, mode, args, proxy, moto, log,
                                           grown.get(saver.key) if grown and mode == "scaling" else None, extra)
@@ -557,12 +560,12 @@ def main(argv: list[str] | None = None) -> int:
                 run["unattributed_requests"] = Counter(
                     f"{r.service}:{r.operation}" for r in orphans)
                 run["call_log"] = [call_detail(c) for c in calls]
-                if mode in longconv.MODES:
+                if mode in longconv.ALL_MODES:
                     # Per phase (a stretch of turns, a read); the write's call log is left out (1,000 calls).
                     run["longconv"] = data["longconv"]
                     run["phases"] = {p: summarize([c for c in calls if c.phase == p])
                                      for p in dict.fromkeys(c.phase for c in calls)}
-                    if mode == "longconv":
+                    if mode != "longconv-read":
                         del run["call_log"]
                 elif mode == "archive":
                     run["archival"] = archival(calls)

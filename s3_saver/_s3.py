@@ -118,6 +118,12 @@ class S3Calls:
             },
         )
 
+    def bucket_versioning(self) -> Call:
+        return self._call("get_bucket_versioning", {"Bucket": self.bucket})
+
+    def bucket_lifecycle(self) -> Call:
+        return self._call("get_bucket_lifecycle_configuration", {"Bucket": self.bucket})
+
     def head_bucket(self) -> Call:
         return self._call("head_bucket", {"Bucket": self.bucket})
 

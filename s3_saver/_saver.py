@@ -277,6 +277,11 @@ class S3Saver(
         (replication needs it). Idempotent. Needs broader rights than normal operation (``s3:CreateBucket``,
         ``dynamodb:CreateTable``...): run it from a deploy step, not from every Lambda.
 
+        Manifest index: it also reads the bucket's versioning. On a versioned bucket
+        this saver then writes lean manifest heads (each replaced head stays as a
+        noncurrent version), and it logs a warning when no lifecycle rule expires
+        noncurrent versions under the manifest prefix.
+
         Raises:
             SetupMismatchError: The table exists with another key schema.
         """

@@ -80,6 +80,40 @@ def saver(endpoint: str, index_mode: str):
     s.close()
 
 
+def make_versioned(endpoint: str, bucket: str = BUCKET) -> None:
+    """Create ``bucket`` with versioning enabled, as replication and Object Lock
+    require on AWS: every key the saver replaces keeps its old version."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+
+
+def version_bytes(endpoint: str, bucket: str = BUCKET) -> tuple[int, int]:
+    """(current, noncurrent) bytes of every object version in ``bucket``."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    current = noncurrent = 0
+    for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
+        for v in page.get("Versions", []):
+            if v["IsLatest"]:
+                current += v["Size"]
+            else:
+                noncurrent += v["Size"]
+    return current, noncurrent
+
+
+@pytest.fixture
+def versioned_saver(endpoint: str, index_mode: str):
+    """``saver`` on a versioned bucket (versioning on before ``setup()``)."""
+    make_versioned(endpoint)
+    s = _ready(make_saver(endpoint, index_mode))
+    yield s
+    s.close()
+
+
 @pytest.fixture
 def dynamo_saver(endpoint: str):
     """For what only the DynamoDB index has (items, their TTL attribute, table pages)."""

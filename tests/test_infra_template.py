@@ -207,6 +207,23 @@ def test_versions_and_uploads_are_cleaned_up(template: dict) -> None:
 
 
 @pytest.mark.parametrize("prefix", ["", "agents/"])
+def test_replaced_manifest_heads_expire_after_a_day_and_nothing_else_does(template: dict, prefix: str) -> None:
+    """The rule setup() and verify look for (``_ops/versioning``): noncurrent
+    versions under the manifest prefix go after 1 day; other prefixes keep the
+    bucket-wide NoncurrentVersionDays."""
+    from s3_saver._keys import MANIFEST_PREFIX
+    from s3_saver._ops.versioning import _expires_noncurrent
+
+    rules = lifecycle(stack(template, KeyPrefix=prefix, NoncurrentVersionDays="30"))
+    heads = rules["ExpireReplacedManifestHeads"]
+    assert heads["Prefix"] == f"{prefix}{MANIFEST_PREFIX}"
+    assert int(heads["NoncurrentVersionExpiration"]["NoncurrentDays"]) == 1
+    assert set(heads) == {"Id", "Status", "Prefix", "NoncurrentVersionExpiration"}, "it expires no current object"
+    assert _expires_noncurrent(heads, f"{prefix}{MANIFEST_PREFIX}")
+    assert not _expires_noncurrent(heads, f"{prefix}{LIVE_PREFIX}")
+
+
+@pytest.mark.parametrize("prefix", ["", "agents/"])
 def test_replication_only_with_a_replica_and_then_complete(template: dict, prefix: str) -> None:
     plain = stack(template, KeyPrefix=prefix)
     assert "ReplicationConfiguration" not in plain.properties("Bucket")

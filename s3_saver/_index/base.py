@@ -308,6 +308,11 @@ class Index(ABC):
     # Which bucket owns the index's prefix (``_owner``); None: the index lives
     # in the bucket itself, so no other bucket can share it.
     owner: Any = None
+    # Where the index replaces objects in the bucket (a versioned bucket keeps
+    # each replaced one as a noncurrent version); None: it replaces none.
+    replaced_prefix: str | None = None
+    # Set by setup() (``_ops/versioning``): the bucket has versioning enabled.
+    versioned_bucket = False
 
     @abstractmethod
     def describe(self) -> str: ...

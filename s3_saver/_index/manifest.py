@@ -52,6 +52,7 @@ from s3_saver._index.manifest_doc import (
     decode_head,
     decode_segment,
     encode_head,
+    pieces_read,
 )
 from s3_saver._index.manifest_archive import ManifestArchive
 from s3_saver._index.manifest_audit import ManifestHoldings
@@ -120,6 +121,10 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
     def describe(self) -> str:
         return f"manifest index in s3://{self.s3.bucket}/{self.layout.manifest_root}"
 
+    @property
+    def replaced_prefix(self) -> str:  # type: ignore[override]
+        return self.layout.manifest_root  # every write replaces a head here
+
     def held_records(self) -> _Pinned:  # type: ignore[override]
         """The pinned bodies of the heads this process holds (read as they are
         when the resolver asks: it asks after its first wave read the head)."""
@@ -146,6 +151,16 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         else:
             where = f"s3://{self.s3.bucket}/{call.params['Key']}"
             head = decode_head(thread_id, result["Body"], where, result["ETag"])
+            if self.versioned_bucket:
+                # A lean head carries no bodies but the newest checkpoint's: the
+                # ones this process committed or held pinned (bytes of immutable
+                # objects) come from memory, not from their objects.
+                head.entries = [self.bodies.fill(e) for e in head.entries]
+                head.writes = [self.bodies.fill(w) for w in head.writes]
+                held = self._cached(thread_id)
+                if held is not None:
+                    needed = pieces_read(head.entries)
+                    head.pinned.update((k, b) for k, b in held.pinned.items() if k in needed and k not in head.pinned)
         self._remember(head)
         return head
 
@@ -153,7 +168,8 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         """Replace the head ``old`` was read as with ``new``; False: another writer was first."""
         new.version, new.site = old.version + 1, self.s3.bucket
         key = self.layout.manifest_head_key(old.thread_id)
-        call = self.s3.put_swap(key, encode_head(new), old.etag)
+        # A versioned bucket keeps the head this swap replaces: a lean one then.
+        call = self.s3.put_swap(key, encode_head(new, lean=self.versioned_bucket), old.etag)
         (result,) = yield (call,)
         if isinstance(result, BaseException):
             lost = error_code(result) in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES

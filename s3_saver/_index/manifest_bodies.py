@@ -14,6 +14,10 @@ compressed: a full history then reads the head, the segments and the large
 values only. The frame is a field of the document beside its rows: a reader of
 an earlier version ignores it and reads those bodies from their objects, as it
 did, and a writer of an earlier version drops it, which costs only those reads.
+On a versioned bucket every head a write replaces stays as a noncurrent
+version, frame included, so there the head has no frame
+(``manifest_doc.encode_head``, ``lean``): reads GET those bodies from their
+objects, as a reader of an earlier version does.
 A body read back from a frame is the plain record, which every reader of a body
 takes (``_codec.unpack``, ``same_record``).
 """

@@ -110,8 +110,19 @@ class Head:
     pinned: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
 
 
-def encode_head(head: Head) -> bytes:
-    tips = _tips(head.entries)
+def encode_head(head: Head, lean: bool = False) -> bytes:
+    """``lean``: the bucket keeps every replaced head as a noncurrent version
+    (versioning on), so the head carries the body of the newest checkpoint of
+    each namespace (and its writes) only: no bodies frame, no pinned bodies,
+    no bodies of the checkpoints holding pieces the newest one reads. Those
+    are the pieces of the messages list, the same bytes re-sent with every
+    write; their objects are immutable and "latest" GETs them in its second
+    round trip, beside the large values. Measured on a 60-turn chat of 1 KB
+    messages, noncurrent bytes per current byte / requests of a cold latest
+    read (2 round trips in each): the full head 14.3x / 2; only what "latest"
+    reads, in the frame 10.2x / 2; no frame 6.8x / 4; the newest body alone
+    (chosen) 2.2x / 6. A history GETs the other bodies from their objects."""
+    tips = _tips(head.entries, pieces=not lean)
     in_rows = {(e.ns, e.checkpoint_id) for e in head.entries if (e.ns, e.checkpoint_id) in tips
                and e.body is not None and len(e.body) <= BODY_IN_HEAD_MAX}
     doc = {
@@ -135,10 +146,10 @@ def encode_head(head: Head) -> bytes:
         "archiving": head.archiving,
         "site": head.site,
     }
-    frame = bodies.pack_head(head.entries, head.writes, in_rows)
+    frame = None if lean else bodies.pack_head(head.entries, head.writes, in_rows)
     if frame is not None:
         doc[bodies.FIELD] = frame
-    needed = pieces_read(head.entries)
+    needed = set() if lean else pieces_read(head.entries)
     pinned = bodies.pack_pinned({k: b for k, b in head.pinned.items() if k in needed})
     if pinned is not None:
         doc[bodies.PINNED] = pinned
@@ -217,9 +228,10 @@ def decode_segment(thread_id: str, data: bytes, where: str) -> tuple[list[Checkp
 
 
 # -- entries ------------------------------------------------------------------------
-def _tips(entries: list[CheckpointEntry]) -> set[tuple[str, str]]:
-    """(namespace, id) of the newest checkpoint of each namespace, and of the
-    checkpoints whose objects hold the values it carries: what "latest" reads."""
+def _tips(entries: list[CheckpointEntry], pieces: bool = True) -> set[tuple[str, str]]:
+    """(namespace, id) of the newest checkpoint of each namespace, and (with
+    ``pieces``) of the checkpoints whose objects hold the values it carries:
+    what "latest" reads."""
     newest: dict[str, CheckpointEntry] = {}
     for e in entries:
         if e.hidden:
@@ -229,7 +241,8 @@ def _tips(entries: list[CheckpointEntry]) -> set[tuple[str, str]]:
     keep = set()
     for ns, tip in newest.items():
         keep.add((ns, tip.checkpoint_id))
-        keep.update((ns, p[1]) for ref in tip.loc.values() for p in ref_pieces(ref) if p[2] == IN_CHECKPOINT_OBJECT)
+        if pieces:
+            keep.update((ns, p[1]) for ref in tip.loc.values() for p in ref_pieces(ref) if p[2] == IN_CHECKPOINT_OBJECT)
     return keep
 
 

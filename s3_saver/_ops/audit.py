@@ -38,6 +38,7 @@ from s3_saver._index.base import ArchiveRef, CheckpointEntry, Holdings
 from s3_saver._keys import KeyLayout, decode
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
+from s3_saver._ops.versioning import noncurrent_warning
 from s3_saver._reach import closure, closure_keys, own_object
 from s3_saver._protocol import Op, raise_failure, request_one
 from s3_saver.errors import (
@@ -88,6 +89,9 @@ class StoreReport:
         garbage: Keys ``collect_garbage`` chose to delete (in a dry run: would delete).
         deleted: Keys deleted (``collect_garbage`` without ``dry_run``).
         absent: Threads asked for that neither the index nor the bucket holds.
+        notes: What the bucket's configuration will cost (a versioned bucket that
+            keeps every replaced manifest head, with no rule to expire them).
+            Not a disagreement: it sets no exit bit of ``verify``.
     """
 
     threads: int = 0
@@ -97,6 +101,7 @@ class StoreReport:
     garbage: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def of(self, kind: str) -> list[StoreProblem]:
         return [p for p in self.problems if p.kind == kind]
@@ -145,6 +150,8 @@ def audit(
     if isinstance(thread_ids, str):
         raise ConfigurationError(f"thread_ids must be a list of thread ids, not the string {thread_ids!r}")
     report = StoreReport()
+    note = yield from noncurrent_warning(ctx)
+    report.notes += [note] if note is not None else []
     # The bucket first, the index after (see the module's docstring).
     if thread_ids is None:
         listed = yield from _list_all(ctx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from s3_saver._ops.context import Context
+from s3_saver._ops.versioning import warn_setup
 from s3_saver._protocol import Op, raise_failure, request, request_one
 from s3_saver.errors import BUCKET_MISSING, BUCKET_OURS_CODES, ConfigurationError, classify, error_code
 
@@ -28,6 +29,8 @@ def setup(ctx: Context, region: str | None, versioned: bool = False) -> Op[None]
     if ctx.index.owner is not None:
         # Record (or check) which bucket owns the table's prefix.
         yield from ctx.index.owner.ensure()
+    # Last: the manifest writes lean heads on a versioned bucket from here on.
+    yield from warn_setup(ctx)
 
 
 def check(ctx: Context) -> Op[None]:

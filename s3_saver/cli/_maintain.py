@@ -62,6 +62,7 @@ def _report_json(report: Any, code: int, **extra: Any) -> dict[str, Any]:
         "ok": report.ok,
         "counts": {kind: counts.get(kind, 0) for kind in KINDS},
         "problems": [dataclasses.asdict(p) for p in report.problems],
+        "notes": list(report.notes),
         **extra,
         "exit_code": code,
     }
@@ -119,6 +120,8 @@ def verify_command(app: App, threads: tuple[str, ...], older_than: timedelta) ->
         return code
     if report.problems:
         _problems_table(app, report.problems, "problems")
+    for note in report.notes:  # what the bucket's configuration costs: no exit bit
+        app.out.message(f"note: {note}")
     app.out.message(_summary(report))
     return code
 
