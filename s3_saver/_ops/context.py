@@ -61,55 +61,11 @@ class LocCache:
         with self._lock:
             return self._gens.get(thread_id)
 
-    def forget_thread(self, thread_id: str, keep_gen: bool = False) -> None:
-        """Drop the thread's loc maps; ``keep_gen``: keep the generation last seen
-        (a delete: writes of a step still in flight here then fence on the
-        deleted generation instead of reading, and taking, the new one)."""
+    def forget_thread(self, thread_id: str) -> None:
         with self._lock:
             for key in [k for k in self._data if k[0] == thread_id]:
                 del self._data[key]
-            if not keep_gen:
-                self._gens.pop(thread_id, None)
-
-
-ROOT = -1
-"""The generation a put under way extends when it has no parent: the newest."""
-
-
-class Putting:
-    """The checkpoints whose put is under way in this process: for each, its
-    parent's id and the generation it extends: its parent's (None until read),
-    or ``ROOT`` for a checkpoint without parent, which a delete since its read
-    moves to the new generation. The writes LangGraph sends on a checkpoint
-    while its put is under way go where the put goes (see put_writes)."""
-
-    def __init__(self) -> None:
-        self._data: dict[tuple[str, str, str], list[list[Any]]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, str, str]) -> tuple[int | None, str | None] | None:
-        """(generation or None, parent id) of the put under way, or None."""
-        with self._lock:
-            puts = self._data.get(key)
-            return None if not puts else (puts[-1][0], puts[-1][1])
-
-    def add(self, key: tuple[str, str, str], gen: int | None, parent_id: str | None) -> None:
-        with self._lock:
-            self._data.setdefault(key, []).append([gen, parent_id])
-
-    def extends(self, key: tuple[str, str, str], gen: int) -> None:
-        with self._lock:
-            puts = self._data.get(key)
-            if puts and puts[-1][0] is None:
-                puts[-1][0] = gen
-
-    def discard(self, key: tuple[str, str, str]) -> None:
-        with self._lock:
-            puts = self._data.get(key)
-            if puts:
-                puts.pop()
-                if not puts:
-                    del self._data[key]
+            self._gens.pop(thread_id, None)
 
 
 class Noted:
@@ -170,7 +126,6 @@ class Context:
     noted: Noted = field(default_factory=Noted)
     listed: Noted = field(default_factory=Noted)
     archives: Archives = field(default_factory=Archives)
-    putting: Putting = field(default_factory=Putting)
     # List values last written or read, the bases of deltas (see ``_pieces``).
     lists: HeldLists = field(default_factory=HeldLists)
     # Set for a replica region's reads: lag-safe (``_ops/lagged.py``).

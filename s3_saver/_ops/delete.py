@@ -22,11 +22,9 @@ from s3_saver.errors import S3SaverError
 
 def delete_thread(ctx: Context, thread_id: str) -> Op[None]:
     thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
-    # The generation stays known: a step's writes still in flight here fence on
-    # it and are refused, never taken into the new generation (see put_writes).
-    ctx.locs.forget_thread(thread_id, keep_gen=True)
+    ctx.locs.forget_thread(thread_id)
     yield from ctx.index.delete_thread(thread_id, ctx.now(), deleter(ctx, thread_id))
-    ctx.locs.forget_thread(thread_id, keep_gen=True)
+    ctx.locs.forget_thread(thread_id)
 
 
 def delete_keys(ctx: Context, keys: list[str], what: str) -> Op[None]:

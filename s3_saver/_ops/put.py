@@ -31,7 +31,7 @@ from s3_saver._index.base import (
     ref_pieces,
 )
 from s3_saver._ops.archive import restore_before_write
-from s3_saver._ops.context import ROOT, Context, target
+from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
 from s3_saver._ops.stage import LOC_HEADROOM, held_key, stage, store_late
 from s3_saver._keys import new_token
@@ -50,31 +50,9 @@ from s3_saver.errors import (
 # archive's mark taken off...): each round has a reason that does not repeat
 # unless archives and restores keep racing the write.
 _MAX_FENCED = 6
-# The generation of writes whose checkpoint's parent is gone: none.
-_GONE = -2
 
 
 def put(
-    ctx: Context,
-    config: RunnableConfig,
-    checkpoint: Checkpoint,
-    metadata: CheckpointMetadata,
-    new_versions: ChannelVersions,
-) -> Op[RunnableConfig]:
-    thread_id, ns, parent_id = target(config)
-    # The writes sent on this checkpoint while it is under way go where it goes
-    # (see put_writes): into its parent's generation, or, without a parent, the
-    # newest (a delete since its read moves it to the new one, see _fenced).
-    own = (thread_id, ns, checkpoint["id"])
-    known = ctx.locs.get((thread_id, ns, parent_id)) if parent_id else None
-    ctx.putting.add(own, ROOT if parent_id is None else known[1] if known is not None else None, parent_id)
-    try:
-        return (yield from _put(ctx, config, checkpoint, metadata, new_versions))
-    finally:
-        ctx.putting.discard(own)
-
-
-def _put(
     ctx: Context,
     config: RunnableConfig,
     checkpoint: Checkpoint,
@@ -158,9 +136,6 @@ def _put(
         yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
         prepared = yield from ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at)
     gen, parent = prepared.gen, prepared.parent
-    if parent_id is not None:
-        # What the writes sent meanwhile on this checkpoint go by (see put_writes).
-        ctx.putting.extends((thread_id, ns, checkpoint_id), parent.gen if fetch_parent and parent is not None else gen)
     if prepared.listed:
         ctx.listed.add((thread_id, gen))
     if fetch_parent:
@@ -302,30 +277,6 @@ def _fenced(ctx: Context, record: Tombstone, entry: Any, objects: list[str], cre
         yield from ctx.index.cancel_archiving(thread_id, record.archiving)
 
 
-def _follows(ctx: Context, own: tuple[str, str, str], origin: int | None, gen: int) -> Op[bool]:
-    """Whether writes made before a delete may go into its new generation
-    ``gen``: only with their checkpoint. ``origin``: the generation their
-    checkpoint is in as this process can tell (known, or its put under way here:
-    ``ROOT`` starts the thread anew, so it is in ``gen`` too), or None: then the
-    index tells. Writes of the deleted run committed into the new generation
-    would never be released (invariant: a deleted thread keeps nothing of its
-    runs)."""
-    if origin is not None:
-        return origin == ROOT or origin == gen
-    found = (yield from ctx.index.entries([own])).get(own)
-    if found is not None and found.gen == gen:
-        ctx.locs.put(own, (found.loc, found.gen, found.tag))
-        return True
-    return False
-
-
-def _writes_deleted(ctx: Context, thread_id: str, checkpoint_id: str) -> ThreadDeletedError:
-    return ThreadDeletedError(
-        f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
-        f"({ctx.index.describe()}); its pending writes are refused"
-    )
-
-
 def _deleted(ctx: Context, thread_id: str, checkpoint_id: str) -> ThreadDeletedError:
     return ThreadDeletedError(
         f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
@@ -394,30 +345,22 @@ def put_writes(
     # A checkpoint this process wrote or read carries its generation: the
     # commit's fence checks it, nothing is read first (see put). LangGraph sends
     # a step's writes while the put of their checkpoint may still be under way:
-    # the writes go where that put goes, whatever a delete does meanwhile (see
-    # _follows). Its generation is its parent's: when the put has not read its
-    # parent yet, the parent is read here too (a cold process only).
-    own = (thread_id, ns, checkpoint_id)
-    known = ctx.locs.get(own)
-    flying = ctx.putting.get(own) if known is None else None
-    origin = known[1] if known is not None else flying[0] if flying is not None else None
-    ask_parent = flying[1] if flying is not None and origin is None else None
-    made_in = origin if origin is not None and origin != ROOT else None if ask_parent else ctx.locs.thread_gen(thread_id)
-    _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, ask_parent, None, made_in))
+    # then the thread's generation as this process last saw it stands in, and a
+    # refusal that names a newer one is taken as the checkpoint's (as a read
+    # of the record here would have been).
+    known = ctx.locs.get((thread_id, ns, checkpoint_id))
+    extends = known[1] if known is not None else ctx.locs.thread_gen(thread_id)
+    _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None, None, extends))
     if prepared.archive is not None:
         yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
-        prepared = yield from ctx.index.prepare(thread_id, ns, ask_parent)
+        prepared = yield from ctx.index.prepare(thread_id, ns, None)
     gen = prepared.gen
-    if ask_parent is not None:
-        # The put refuses to continue a parent that is gone (see put): so are these.
-        origin = prepared.parent.gen if prepared.parent is not None else gen if not gen else _GONE
-    # A process that knows nothing of the checkpoint nor the thread cannot tell
-    # writes of a deleted run from early ones of a new run: once the thread has
-    # been deleted (a generation above 0), the index tells.
-    newer = origin < gen if origin is not None and origin != ROOT else origin is None and (made_in is None or made_in < gen)
-    if gen and newer and not (yield from _follows(ctx, own, origin, gen)):
+    if gen and known is not None and known[1] < gen:
         yield from _take_back(ctx, list(objects))
-        raise _writes_deleted(ctx, thread_id, checkpoint_id)
+        raise ThreadDeletedError(
+            f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
+            f"({ctx.index.describe()}); its pending writes are refused"
+        )
     expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
     for entry in entries:
         entry.gen, entry.expires_at = gen, expires_at
@@ -427,12 +370,9 @@ def put_writes(
             outcome = yield from ctx.index.commit_writes(entries)
             break
         except Fenced as fenced:
-            # A delete since the generation these writes were made in: they go
-            # with their checkpoint, into the new generation only if it is there.
-            record = fenced.record
-            moves = record.archive is None and record.gen != entries[0].gen
-            follows = moves and (yield from _follows(ctx, own, origin, record.gen))
-            yield from _fenced(ctx, record, entries[0], list(objects), created=follows)
+            # A delete since the generation this call extends: the writes go with
+            # the checkpoint they were made on.
+            yield from _fenced(ctx, fenced.record, entries[0], list(objects), created=known is None)
             for entry in entries:
                 entry.gen = entries[0].gen
     else:
