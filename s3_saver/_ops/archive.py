@@ -111,12 +111,24 @@ def archive_thread(ctx: Context, thread_id: str, storage_class: str) -> Op[Archi
     earlier = yield from ctx.index.mark_archive(thread_id, key)
     if earlier is not None and earlier != key:
         yield from delete_keys(ctx, [earlier], f"thread {thread_id!r}")  # an archive cut short, or racing this one
-    entries, snapshot = yield from ctx.index.snapshot(thread_id)
-    entries = [e for e in entries if not ctx.expired(e)]
-    if not entries:
-        yield from _unmark(ctx, thread_id, key)
-        raise ConfigurationError(f"thread {thread_id!r} has no checkpoints to archive ({ctx.index.describe()})")
-    archive, live_bytes = yield from _collect(ctx, thread_id, entries, own.created or ctx.now())
+    for attempt in range(_EXPORT_ATTEMPTS):
+        entries, snapshot = yield from ctx.index.snapshot(thread_id)
+        entries = [e for e in entries if not ctx.expired(e)]
+        if not entries:
+            yield from _unmark(ctx, thread_id, key)
+            raise ConfigurationError(f"thread {thread_id!r} has no checkpoints to archive ({ctx.index.describe()})")
+        try:
+            archive, live_bytes = yield from _collect(ctx, thread_id, entries, own.created or ctx.now())
+            break
+        except MissingObjectError:
+            # A commit after the snapshot replaced an object it names (a special
+            # channel's write is last-write-wins: its old object goes) or a prune
+            # took one out: read the thread again. The mark stays, so the switch
+            # is still fenced against what commits after this read. An object
+            # that stays missing is a real loss, and is raised.
+            if attempt == _EXPORT_ATTEMPTS - 1:
+                yield from _unmark(ctx, thread_id, key)
+                raise
     data = encode_archive(archive)
     newest = newest_of(archive.entries)
     yield from _put_archive(ctx, key, data, storage_class, archive_metadata(newest))
