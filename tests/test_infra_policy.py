@@ -57,8 +57,10 @@ LONG_THREAD = 60  # checkpoints: the manifest seals a segment past 48 (manifest_
 
 # Admin calls an operator runs with broader rights: rebuild_index, audit and
 # collect_garbage list the bucket, verify lists both regions' buckets,
-# setup_replica creates the replica's bucket and table.
+# setup_replica creates the replica's bucket and table, check (the command line's
+# first call) sends HeadBucket, which needs s3:ListBucket.
 OPERATOR_ONLY = {
+    "check",
     "setup",
     "asetup",
     "rebuild_index",
