@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -9,6 +10,23 @@ from botocore.config import Config
 
 from s3_saver._retry import RetryPolicy
 from s3_saver.errors import ConfigurationError
+
+
+# A bucket name: S3's rules as loose as its legacy names in us-east-1 (capitals and
+# underscores, up to 255), which still work and may hold years of threads. It catches
+# what never names a bucket (an s3:// URL, a path, spaces) before the first request.
+BUCKET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{1,253}[A-Za-z0-9]$")
+BUCKET_RULE = (
+    "letters, digits, dots and hyphens, starting and ending with a letter or digit; "
+    "the name alone, without s3:// or a prefix: the prefix goes in prefix="
+)
+# DynamoDB's table naming rules.
+TABLE_NAME = re.compile(r"^[a-zA-Z0-9_.\-]{3,255}$")
+TABLE_RULE = "3-255 letters, digits, '_', '-', '.'"
+
+
+def bucket_name_ok(name: str) -> bool:
+    return bool(BUCKET_NAME.match(name)) and ".." not in name
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -20,8 +38,15 @@ def check_options(options: dict[str, Any]) -> None:
 
     if not isinstance(options["bucket"], str) or not options["bucket"]:
         refuse("bucket", "a non-empty string")
+    if not bucket_name_ok(options["bucket"]):
+        raise ConfigurationError(f"bucket={options['bucket']!r} is not an S3 bucket name ({BUCKET_RULE})")
     if options["table"] is not None and (not isinstance(options["table"], str) or not options["table"]):
         refuse("table", "a non-empty DynamoDB table name, or None for the manifest index in the bucket")
+    if options["table"] is not None and not TABLE_NAME.match(options["table"]):
+        raise ConfigurationError(
+            f"table={options['table']!r} is not a DynamoDB table name ({TABLE_RULE}); "
+            "pass table=None for the manifest index in the bucket"
+        )
     if not isinstance(options["prefix"], str):
         refuse("prefix", "a string")
     for name in ("region_name", "endpoint_url", "s3_endpoint_url", "dynamodb_endpoint_url"):

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from s3_saver._saver import S3Saver
+from s3_saver._options import TABLE_NAME, bucket_name_ok
 from s3_saver._serde_spec import load_serde
 from s3_saver.errors import ConfigurationError
 
@@ -65,12 +66,6 @@ __all__ = ["ServerSettings", "checkpointer", "saver_from_env", "settings_from_en
 # botocore's own rule for a region name (it refuses others when a client is made,
 # which would be at the first request): checked here so the server stops at start.
 _REGION = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
-# A bucket name: S3's rules as loose as its legacy names in us-east-1 (capitals and
-# underscores, up to 255), which still work. It catches what never names a bucket
-# (an s3:// URL, a path, spaces) before the first request.
-_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{1,253}[A-Za-z0-9]$")
-# DynamoDB's table naming rules.
-_TABLE = re.compile(r"^[a-zA-Z0-9_.\-]{3,255}$")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -152,14 +147,14 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSetting
             "CHECKPOINT_BUCKET is not set: LangGraph Server's S3Saver needs the name of the S3 bucket "
             "holding the checkpoints (and CHECKPOINT_TABLE for a DynamoDB index)"
         )
-    if not _BUCKET.match(bucket) or ".." in bucket:
+    if not bucket_name_ok(bucket):
         raise ConfigurationError(
             f"CHECKPOINT_BUCKET={bucket!r} is not an S3 bucket name "
             "(letters, digits, dots and hyphens, starting and ending with a letter or digit; "
             "the name alone, without s3:// or a prefix: the prefix goes in CHECKPOINT_PREFIX)"
         )
     table = get("CHECKPOINT_TABLE")
-    if table is not None and not _TABLE.match(table):
+    if table is not None and not TABLE_NAME.match(table):
         raise ConfigurationError(
             f"CHECKPOINT_TABLE={table!r} is not a DynamoDB table name (3-255 letters, digits, '_', '-', '.'); "
             "unset it for the manifest index in the bucket"

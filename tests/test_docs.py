@@ -32,26 +32,23 @@ with ``mkdocs build --strict`` (broken links, missing anchors, unresolvable API 
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib
 import json
-import logging
 import os
 import re
 import shlex
 import subprocess
 import sys
 import textwrap
-import warnings
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from helpers import no_unclosed_sessions
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -155,38 +152,13 @@ def test_every_fence_is_closed() -> None:
 
 @pytest.fixture
 def aws_env(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Only the environment a user would have: the default names, one endpoint variable."""
+    """Only the environment a user would have: the default names, one endpoint variable, and the
+    region as AWS_REGION alone (what the quick start sets; boto3 itself reads only AWS_DEFAULT_REGION)."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    for name in ("CHECKPOINT_BUCKET", "CHECKPOINT_TABLE", "CHECKPOINT_PREFIX", "AWS_REGION"):
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    for name in ("CHECKPOINT_BUCKET", "CHECKPOINT_TABLE", "CHECKPOINT_PREFIX", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
     return endpoint
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@contextmanager
-def _no_unclosed_sessions(capfd: pytest.CaptureFixture[str]) -> Iterator[None]:
-    """Fail if aiohttp reports a session or connector left open (warning, log or stderr)."""
-    handler = _Records()
-    logger = logging.getLogger("asyncio")
-    logger.addHandler(handler)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield
-            gc.collect()  # aiohttp reports from __del__
-    finally:
-        logger.removeHandler(handler)
-    reports = [str(w.message) for w in caught] + handler.messages + [capfd.readouterr().err]
-    leaks = [r for r in reports if "Unclosed" in r]
-    assert not leaks, leaks
 
 
 def _exec_block(block: Block) -> dict[str, Any]:
@@ -237,7 +209,7 @@ CHECKS = {
 def test_python_block_runs(block: Block, aws_env: str, capfd: pytest.CaptureFixture[str]) -> None:
     kind = _kind(block.code)
     assert kind != "unknown handler", f"a new handler pattern in {block.id}: add a check for it here"
-    with _no_unclosed_sessions(capfd):
+    with no_unclosed_sessions(capfd):
         namespace = _exec_block(block)
         try:
             if kind in CHECKS:
