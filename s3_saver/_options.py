@@ -70,3 +70,33 @@ def check_options(options: dict[str, Any]) -> None:
         value = options[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             refuse(name, f"an int >= {least}")
+
+
+# Durations as operators write them: the command line's options and LangGraph Server's
+# CHECKPOINT_TTL.
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``30m``, ``1h``, ``7d``, ``2w``, ``1h30m`` or plain seconds (``3600``, ``0``).
+
+    Raises:
+        ValueError: Anything else (negative numbers included).
+    """
+    value = text.strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", value):
+        return timedelta(seconds=float(value))
+    if not _WHOLE.fullmatch(value):
+        raise ValueError(text)
+    return timedelta(seconds=sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(value)))
+
+
+def format_duration(delta: timedelta) -> str:
+    """The shortest of ``parse_duration``'s spellings for ``delta`` (``1h``, ``90s``, ``7d``)."""
+    seconds = delta.total_seconds()
+    for unit in ("w", "d", "h", "m"):
+        if seconds and seconds % _UNITS[unit] == 0:
+            return f"{int(seconds // _UNITS[unit])}{unit}"
+    return f"{seconds:g}s"

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +109,15 @@ def test_an_async_handler_per_invocation_leaves_no_unclosed_session(saver, capfd
 
     with no_unclosed_sessions(capfd):
         asyncio.run(closing())
+
+
+def test_the_demo_runs_clean_and_prints_what_the_readme_promises() -> None:
+    # `make demo` is the first thing a new user runs: no traceback (moto's own races
+    # printed some), and the README's "two round trips" for a cold read is what it prints.
+    demo = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+    result = subprocess.run([sys.executable, str(demo)], capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "Traceback" not in output, output
+    cold = re.search(r"cost of reading the state in a cold process: (\d+) round trips, (\d+) requests, \$(\d\.\d+)", output)
+    assert cold is not None and int(cold.group(1)) == 2 and float(cold.group(3)) > 0, output
+    assert "Thread deleted. Done." in output
