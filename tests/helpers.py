@@ -112,18 +112,22 @@ class _Records(logging.Handler):
 
 
 @contextmanager
-def no_unclosed_sessions(capfd: Any) -> Iterator[None]:
-    """Fail if aiohttp reports a session or connector left open (warning, log or stderr)."""
+def no_unclosed_sessions(capfd: Any) -> Iterator[dict[str, str]]:
+    """Fail if aiohttp reports a session or connector left open (warning, log or stderr).
+    Yields a dict that holds, once the block is left, what it printed on stdout ("out")."""
+    captured: dict[str, str] = {}
     handler = _Records()
     logger = logging.getLogger("asyncio")
     logger.addHandler(handler)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            yield
+            yield captured
             gc.collect()  # aiohttp reports from __del__
     finally:
         logger.removeHandler(handler)
-    reports = [str(w.message) for w in caught] + handler.messages + [capfd.readouterr().err]
+    out, err = capfd.readouterr()
+    captured["out"] = out
+    reports = [str(w.message) for w in caught] + handler.messages + [err]
     leaks = [r for r in reports if "Unclosed" in r]
     assert not leaks, leaks
