@@ -73,6 +73,13 @@ def build_graph(saver: S3Saver):
 
 
 def start_local_endpoint() -> tuple[object, str]:
+    # The test session's fixes to moto (as make bench applies them): moto's server, not
+    # S3 or DynamoDB, breaks under concurrent conditional writes and transactions, and
+    # printed "dictionary changed size during iteration" tracebacks in the middle of the demo.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from moto_fixes import atomic_conditional_writes
+
+    atomic_conditional_writes()
     from moto.server import ThreadedMotoServer
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -84,11 +91,31 @@ def start_local_endpoint() -> tuple[object, str]:
     return server, f"http://{host}:{port}"
 
 
+# List prices in us-east-1 (check them before quoting): S3 Standard PUT, COPY, POST and
+# LIST $0.005 per 1,000, GET and HEAD $0.0004 per 1,000 (DELETE is free); DynamoDB
+# on-demand $0.625 per million write units, $0.125 per million read units.
+S3_WRITES = {"put_object", "copy_object", "list_objects_v2", "list_object_versions", "create_bucket"}
+S3_FREE = {"delete_objects", "delete_object"}
+DDB_READS = {"get_item", "batch_get_item", "query", "scan", "describe_table"}
+
+
+def dollars(requests: dict[tuple[str, str], int]) -> float:
+    """The requests' price. DynamoDB counted at one unit a request (its items here are small):
+    a lower bound, since a batch or a transaction consumes a unit per item, twice for a transaction."""
+    total = 0.0
+    for (service, op), n in requests.items():
+        if service == "s3" and op not in S3_FREE:
+            total += n * (0.005 if op in S3_WRITES else 0.0004) / 1000
+        elif service == "dynamodb":
+            total += n * (0.125 if op in DDB_READS else 0.625) / 1_000_000
+    return total
+
+
 def show_costs(title: str, saver: S3Saver) -> None:
     stats = saver.stats.snapshot()
     s3 = {op: n for (svc, op), n in stats.requests.items() if svc == "s3"}
     ddb = {op: n for (svc, op), n in stats.requests.items() if svc == "dynamodb"}
-    print(f"  {title}: {stats.round_trips} round trips, {stats.total_requests} requests")
+    print(f"  {title}: {stats.round_trips} round trips, {stats.total_requests} requests, ${dollars(stats.requests):.7f}")
     print(f"    S3:       {', '.join(f'{op} x{n}' for op, n in sorted(s3.items())) or '-'}")
     print(f"    DynamoDB: {', '.join(f'{op} x{n}' for op, n in sorted(ddb.items())) or '-'}")
     saver.stats.reset()
@@ -96,7 +123,9 @@ def show_costs(title: str, saver: S3Saver) -> None:
 
 def main() -> int:
     server, endpoint = start_local_endpoint()
-    print(f"Embedded S3 + DynamoDB endpoint on {endpoint} (moto, local only)\n")
+    print(f"Embedded S3 + DynamoDB endpoint on {endpoint} (moto, local only)")
+    print("A round trip is a wave of requests sent together: the latency you wait for.")
+    print("Requests are what AWS bills; $ is their price at us-east-1 list prices.\n")
     saver = S3Saver("demo-checkpoints", table="demo-index", prefix="agents/", endpoint_url=endpoint, region_name="us-east-1")
     saver.setup()
     saver.stats.reset()
@@ -117,9 +146,10 @@ def main() -> int:
     cold = S3Saver("demo-checkpoints", table="demo-index", prefix="agents/", endpoint_url=endpoint, region_name="us-east-1")
     pending = build_graph(cold).get_state(config)
     print(f"   waiting at node {pending.next}, question: {pending.tasks[0].interrupts[0].value['question']}")
+    show_costs("cost of reading the state in a cold process", cold)
     result = build_graph(cold).invoke(Command(resume="approve"), config)
     print(f"   reviewer: approve -> {result['messages'][-1].content}")
-    show_costs("cost of reading the state and resuming", cold)
+    show_costs("cost of resuming (the run reads the thread again, writes 2 steps)", cold)
 
     print("\n3. History read back from the saver (newest first)")
     history = list(graph.get_state_history(config))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import threading
 import uuid
 
@@ -85,6 +86,11 @@ class Clients:
         aioboto3_session: Any,
     ) -> None:
         self.where = where
+        # The region of the clients the saver makes itself: AWS_REGION too, as the AWS CLI
+        # and the other SDKs read it (boto3 reads only AWS_DEFAULT_REGION and the config
+        # files, which it still falls back to). A session or clients given keep their own.
+        if region_name is None and boto3_session is None and aioboto3_session is None:
+            region_name = os.environ.get("AWS_REGION") or None
         self.region_name = region_name
         self.endpoints = endpoints
         self.config = config
@@ -168,7 +174,10 @@ def _import_aioboto3() -> Any:
     try:
         import aioboto3
     except ImportError as exc:
-        raise ImportError("the async methods need aioboto3: pip install 's3-saver[async]'") from exc
+        raise ImportError(
+            "the async methods need aioboto3: pip install 'langgraph-s3-saver[async]' "
+            "(from a checkout: pip install '.[async]')"
+        ) from exc
     return aioboto3
 
 

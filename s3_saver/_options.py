@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -9,6 +10,23 @@ from botocore.config import Config
 
 from s3_saver._retry import RetryPolicy
 from s3_saver.errors import ConfigurationError
+
+
+# A bucket name: S3's rules as loose as its legacy names in us-east-1 (capitals and
+# underscores, up to 255), which still work and may hold years of threads. It catches
+# what never names a bucket (an s3:// URL, a path, spaces) before the first request.
+BUCKET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{1,253}[A-Za-z0-9]$")
+BUCKET_RULE = (
+    "letters, digits, dots and hyphens, starting and ending with a letter or digit; "
+    "the name alone, without s3:// or a prefix: the prefix goes in prefix="
+)
+# DynamoDB's table naming rules.
+TABLE_NAME = re.compile(r"^[a-zA-Z0-9_.\-]{3,255}$")
+TABLE_RULE = "3-255 letters, digits, '_', '-', '.'"
+
+
+def bucket_name_ok(name: str) -> bool:
+    return bool(BUCKET_NAME.match(name)) and ".." not in name
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -20,8 +38,15 @@ def check_options(options: dict[str, Any]) -> None:
 
     if not isinstance(options["bucket"], str) or not options["bucket"]:
         refuse("bucket", "a non-empty string")
+    if not bucket_name_ok(options["bucket"]):
+        raise ConfigurationError(f"bucket={options['bucket']!r} is not an S3 bucket name ({BUCKET_RULE})")
     if options["table"] is not None and (not isinstance(options["table"], str) or not options["table"]):
         refuse("table", "a non-empty DynamoDB table name, or None for the manifest index in the bucket")
+    if options["table"] is not None and not TABLE_NAME.match(options["table"]):
+        raise ConfigurationError(
+            f"table={options['table']!r} is not a DynamoDB table name ({TABLE_RULE}); "
+            "pass table=None for the manifest index in the bucket"
+        )
     if not isinstance(options["prefix"], str):
         refuse("prefix", "a string")
     for name in ("region_name", "endpoint_url", "s3_endpoint_url", "dynamodb_endpoint_url"):
@@ -45,3 +70,33 @@ def check_options(options: dict[str, Any]) -> None:
         value = options[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             refuse(name, f"an int >= {least}")
+
+
+# Durations as operators write them: the command line's options and LangGraph Server's
+# CHECKPOINT_TTL.
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``30m``, ``1h``, ``7d``, ``2w``, ``1h30m`` or plain seconds (``3600``, ``0``).
+
+    Raises:
+        ValueError: Anything else (negative numbers included).
+    """
+    value = text.strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", value):
+        return timedelta(seconds=float(value))
+    if not _WHOLE.fullmatch(value):
+        raise ValueError(text)
+    return timedelta(seconds=sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(value)))
+
+
+def format_duration(delta: timedelta) -> str:
+    """The shortest of ``parse_duration``'s spellings for ``delta`` (``1h``, ``90s``, ``7d``)."""
+    seconds = delta.total_seconds()
+    for unit in ("w", "d", "h", "m"):
+        if seconds and seconds % _UNITS[unit] == 0:
+            return f"{int(seconds // _UNITS[unit])}{unit}"
+    return f"{seconds:g}s"

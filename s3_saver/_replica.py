@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from s3_saver._options import BUCKET_RULE, TABLE_NAME, TABLE_RULE, bucket_name_ok
 from s3_saver.errors import ConfigurationError
 
 ON_LAG = ("older", "raise")
@@ -73,6 +74,10 @@ class Replica:
     def __post_init__(self) -> None:
         if not isinstance(self.bucket, str) or not self.bucket:
             raise ConfigurationError(f"Replica.bucket must be a non-empty string, got {self.bucket!r}")
+        if not bucket_name_ok(self.bucket):
+            raise ConfigurationError(f"Replica.bucket={self.bucket!r} is not an S3 bucket name ({BUCKET_RULE})")
+        if self.table is not None and (not isinstance(self.table, str) or not TABLE_NAME.match(self.table)):
+            raise ConfigurationError(f"Replica.table={self.table!r} is not a DynamoDB table name ({TABLE_RULE})")
         for name in ("failover_after", "recheck_after"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:

@@ -228,6 +228,15 @@ class S3Saver(
         self._sync = SyncDriver(lambda service, site: sites[site].clients.make_sync(service), self.stats, max_concurrency, policy, owners)
         self._async = AsyncDriver(lambda service, site: sites[site].clients.make_async(service), self.stats, policy, owners)
 
+    def __repr__(self) -> str:
+        # What a log line needs to tell two savers apart: the store, never credentials.
+        index = f"table={self.table!r}" if self.table is not None else "index='manifest'"
+        parts = [repr(self.bucket), index, f"prefix={self._base_ctx.layout.prefix!r}"]
+        region = self.region_name or self._sites[PRIMARY].clients.region_name
+        parts += [f"region={region!r}"] if region else []
+        parts += [f"replica={self.replica.bucket!r}"] if self.replica is not None else []
+        return f"S3Saver({', '.join(parts)})"
+
     def _location(self) -> tuple[str, str, str | None]:
         """Where its objects live (bucket, prefix, S3 endpoint): savers that share
         it write the same keys, whatever their index."""

@@ -128,6 +128,25 @@ class ThreadLifecycle:
         """Async version of :meth:`delete_for_runs`."""
         await self._async.run(prune.delete_for_runs(self._ctx, run_ids))
 
+    def threads_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[str]]:
+        """The threads each run wrote to, through the index's run hints (never a scan).
+
+        What :meth:`delete_for_runs` would visit. A hint can outlive what the run
+        left in a thread (a prune, a thread deleted since); a run whose delete
+        finished is no longer named.
+
+        Args:
+            run_ids: The run ids (a list: a bare string is refused).
+
+        Returns:
+            Each known run id mapped to its thread ids, sorted; unknown runs are left out.
+        """
+        return self._sync.run(prune.threads_of_runs(self._ctx, run_ids))
+
+    async def athreads_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[str]]:
+        """Async version of :meth:`threads_of_runs`."""
+        return await self._async.run(prune.threads_of_runs(self._ctx, run_ids))
+
     def list_threads(
         self,
         *,

@@ -35,6 +35,8 @@ like the server reaches the same store:
 - ``CHECKPOINT_SETUP``: ``1`` (or ``true``, ``yes``, ``on``) creates the bucket
   and table when missing as the server starts; off by default, since a
   deployment creates them ahead (``infra/``) and runs with narrower rights.
+- ``CHECKPOINT_TTL``: how long a checkpoint stays readable (``30d``, ``12h``,
+  ``2w``, ``1h30m`` or seconds), the saver's ``ttl``; unset, no expiry.
 
 Credentials come from boto3's usual chain (environment, profile, role). A
 variable with a wrong value stops the server at start with a
@@ -57,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from s3_saver._saver import S3Saver
+from s3_saver._options import TABLE_NAME, bucket_name_ok, parse_duration
 from s3_saver._serde_spec import load_serde
 from s3_saver.errors import ConfigurationError
 
@@ -65,12 +68,6 @@ __all__ = ["ServerSettings", "checkpointer", "saver_from_env", "settings_from_en
 # botocore's own rule for a region name (it refuses others when a client is made,
 # which would be at the first request): checked here so the server stops at start.
 _REGION = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
-# A bucket name: S3's rules as loose as its legacy names in us-east-1 (capitals and
-# underscores, up to 255), which still work. It catches what never names a bucket
-# (an s3:// URL, a path, spaces) before the first request.
-_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{1,253}[A-Za-z0-9]$")
-# DynamoDB's table naming rules.
-_TABLE = re.compile(r"^[a-zA-Z0-9_.\-]{3,255}$")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -89,6 +86,7 @@ class ServerSettings:
         dynamodb_endpoint_url: ``AWS_ENDPOINT_URL_DYNAMODB``.
         serde: ``CHECKPOINT_SERDE`` (the ``MODULE:ATTR`` spec, loaded by :meth:`saver`).
         setup: ``CHECKPOINT_SETUP``: create the bucket and table at start.
+        ttl: ``CHECKPOINT_TTL``: how long a checkpoint stays readable (the saver's ``ttl``).
     """
 
     bucket: str
@@ -100,6 +98,7 @@ class ServerSettings:
     dynamodb_endpoint_url: str | None = None
     serde: str | None = None
     setup: bool = False
+    ttl: timedelta | None = None
 
     def saver(self) -> S3Saver:
         """A new S3Saver with these settings (no network call; see :meth:`S3Saver.setup`).
@@ -122,6 +121,7 @@ class ServerSettings:
             s3_endpoint_url=self.s3_endpoint_url,
             dynamodb_endpoint_url=self.dynamodb_endpoint_url,
             serde=serde,
+            ttl=self.ttl,
         )
 
 
@@ -152,14 +152,14 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSetting
             "CHECKPOINT_BUCKET is not set: LangGraph Server's S3Saver needs the name of the S3 bucket "
             "holding the checkpoints (and CHECKPOINT_TABLE for a DynamoDB index)"
         )
-    if not _BUCKET.match(bucket) or ".." in bucket:
+    if not bucket_name_ok(bucket):
         raise ConfigurationError(
             f"CHECKPOINT_BUCKET={bucket!r} is not an S3 bucket name "
             "(letters, digits, dots and hyphens, starting and ending with a letter or digit; "
             "the name alone, without s3:// or a prefix: the prefix goes in CHECKPOINT_PREFIX)"
         )
     table = get("CHECKPOINT_TABLE")
-    if table is not None and not _TABLE.match(table):
+    if table is not None and not TABLE_NAME.match(table):
         raise ConfigurationError(
             f"CHECKPOINT_TABLE={table!r} is not a DynamoDB table name (3-255 letters, digits, '_', '-', '.'); "
             "unset it for the manifest index in the bucket"
@@ -181,6 +181,18 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSetting
     setup = (get("CHECKPOINT_SETUP") or "").lower()
     if setup not in _TRUE + _FALSE:
         raise ConfigurationError(f"CHECKPOINT_SETUP={setup!r} is not a switch: use 1 or 0 (true/false, yes/no, on/off)")
+    ttl_text = get("CHECKPOINT_TTL")
+    ttl = None
+    if ttl_text is not None:
+        try:
+            ttl = parse_duration(ttl_text)
+        except ValueError:
+            ttl = None
+        if ttl is None or ttl.total_seconds() < 1:
+            raise ConfigurationError(
+                f"CHECKPOINT_TTL={ttl_text!r} is not a duration of at least a second "
+                "(90s, 30m, 12h, 30d, 2w, 1h30m or plain seconds)"
+            )
     return ServerSettings(
         bucket=bucket,
         table=table,
@@ -192,6 +204,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSetting
         dynamodb_endpoint_url=endpoints["AWS_ENDPOINT_URL_DYNAMODB"],
         serde=serde,
         setup=setup in _TRUE,
+        ttl=ttl,
     )
 
 

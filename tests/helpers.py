@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from langgraph.checkpoint.base import Checkpoint
@@ -95,3 +100,34 @@ def cut_points(total: int, most: int = 5) -> list[int]:
     inner = most - len(edges)
     step = (total - 3) / (inner + 1)
     return sorted(edges | {1 + round(step * (k + 1)) for k in range(inner)})
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextmanager
+def no_unclosed_sessions(capfd: Any) -> Iterator[dict[str, str]]:
+    """Fail if aiohttp reports a session or connector left open (warning, log or stderr).
+    Yields a dict that holds, once the block is left, what it printed on stdout ("out")."""
+    captured: dict[str, str] = {}
+    handler = _Records()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield captured
+            gc.collect()  # aiohttp reports from __del__
+    finally:
+        logger.removeHandler(handler)
+    out, err = capfd.readouterr()
+    captured["out"] = out
+    reports = [str(w.message) for w in caught] + handler.messages + [err]
+    leaks = [r for r in reports if "Unclosed" in r]
+    assert not leaks, leaks

@@ -69,6 +69,19 @@ def test_a_used_store_audits_clean(saver, endpoint) -> None:
     assert_clean(saver.audit(["review-a", "long", "review-b"], older_than=NOW))
 
 
+def test_a_copy_run_again_after_it_finished_leaves_no_orphan(saver) -> None:
+    # The docs tell operators to run a copy again to finish one cut short; run again
+    # after it finished, the copy keeps reading as its source and nothing is orphaned.
+    review = review_builder().compile(checkpointer=saver)
+    review.invoke({"items": [secrets.token_hex(35_000)]}, {"configurable": {"thread_id": "source"}})
+    for _ in range(3):
+        saver.copy_thread("source", "copy")
+        assert_clean(saver.audit(["source", "copy"], older_than=NOW))
+    source, copy = (list(saver.list(config(t))) for t in ("source", "copy"))
+    assert [t.checkpoint for t in copy] == [t.checkpoint for t in source]
+    assert [t.pending_writes for t in copy] == [t.pending_writes for t in source]
+
+
 def test_missing_objects_are_named(saver, endpoint) -> None:
     populate(saver)
     tuple_ = saver.get_tuple(config("review-a"))

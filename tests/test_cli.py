@@ -293,6 +293,48 @@ def test_copy_prune_delete(endpoint: str, chats) -> None:
     assert [t.thread_id for t in saver.list_threads()] == ["chat-ann"]
 
 
+def test_deleting_what_does_not_exist_is_exit_3(endpoint: str, chats) -> None:
+    line = error_line(run_cli(endpoint, "delete", "no-such-thread", "--yes"), 3)
+    assert "no thread 'no-such-thread'" in line and f"'{BUCKET}'" in line
+    assert "no checkpoints of run 'nope'" in error_line(run_cli(endpoint, "delete", "--run", "nope", "--yes"), 3)
+    # The ids that exist are deleted all the same; the exit code still says one was not found.
+    result = run_cli(endpoint, "delete", "chat-bob", "no-such-thread", "--yes")
+    assert "deleted 1 thread: chat-bob" in result.stdout.decode()
+    assert "'no-such-thread'" in error_line(result, 3)
+    assert chats[0].get_tuple(config("chat-bob")) is None
+    assert "'chat-bob'" in error_line(run_cli(endpoint, "delete", "chat-bob", "--yes"), 3)  # once is enough
+
+
+def test_json_errors_are_one_document_on_stdout(endpoint: str, chats) -> None:
+    result = run_cli(endpoint, "--json", "show", "no-such-thread")
+    error = json.loads(result.stdout)["error"]
+    assert error["kind"] == "NotFoundError" and error["exit_code"] == 3 == result.returncode
+    assert "'no-such-thread'" in error["message"] and error_line(result, 3)  # stderr keeps its line
+    result = run_cli(endpoint, "--json", "--bucket", "no-such-bucket", "threads")
+    error = json.loads(result.stdout)["error"]
+    assert (error["kind"], error["exit_code"], result.returncode) == ("BucketNotFoundError", 1, 1)
+    result = run_cli(endpoint, "--json", "history")  # a usage error: THREAD missing
+    error = json.loads(result.stdout)["error"]
+    assert (error["kind"], error["exit_code"], result.returncode) == ("UsageError", 2, 2) and "THREAD" in error["message"]
+
+
+def test_hints_name_commands_and_options(endpoint: str, chats, tmp_path) -> None:
+    path = tmp_path / "chat-ann.s3saver"
+    ok(run_cli(endpoint, "export", "chat-ann", str(path)))
+    line = error_line(run_cli(endpoint, "import", str(path)), 1)  # chat-ann exists
+    assert "--as" in line and "delete THREAD" in line and "thread_id=" not in line and "delete_thread" not in line
+    line = error_line(run_cli(endpoint, "copy", "chat-ann", "chat-bob"), 1)
+    assert "delete THREAD" in line and "delete_thread" not in line
+    line = error_line(run_cli(endpoint, "--bucket", "no-such-bucket", "threads"), 1)
+    assert "`setup` command" in line and "saver.setup()" not in line
+
+
+def test_copy_run_again_succeeds_and_leaves_nothing_to_collect(endpoint: str, chats) -> None:
+    for _ in range(2):
+        assert "copied thread 'chat-ann' to 'chat-copy'" in ok(run_cli(endpoint, "copy", "chat-ann", "chat-copy"))
+    ok(run_cli(endpoint, "verify", "--older-than", "0s"))  # exit 0: no orphan
+
+
 def test_export_import_archive_restore(endpoint: str, chats, tmp_path) -> None:
     saver, graph = chats
     expected = graph.get_state(config("chat-ann")).values

@@ -19,9 +19,10 @@ Every fenced block of README.md and docs/**/*.md is checked by its language:
   migrate) is made just before the first command that shows it. A pipe into another
   program (`| jq`) checks that the command line printed JSON; jq is not run. The progress
   bar block is not a command.
-- ```bash: install and ``make`` commands only (asserted). Not run: they install packages or
-  start the suite itself.
-- ```text: diagrams (the key layout). Not code.
+- ```bash: install, ``make`` and local set-up commands only (asserted). Not run: they install
+  packages, start the suite itself, or start a local server (this file starts moto itself).
+- ```text: diagrams (the key layout). Not code. A ```text block titled "Output" right after a
+  program is what that program prints: compared line by line, checkpoint ids masked.
 
 A fence with no language, or another language, fails: no block is skipped silently.
 EXPECTED_BLOCKS pins the number of blocks of each kind, so a renamed fence or a dropped
@@ -32,20 +33,15 @@ with ``mkdocs build --strict`` (broken links, missing anchors, unresolvable API 
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib
 import json
-import logging
 import os
 import re
 import shlex
 import subprocess
 import sys
 import textwrap
-import warnings
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,14 +49,16 @@ from typing import Any
 import pytest
 import yaml
 
+from helpers import no_unclosed_sessions
+
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 # A fence may be indented (inside a list item); its closing fence has the same indentation.
-FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.DOTALL | re.MULTILINE)
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)(?P<info>[^\n]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.DOTALL | re.MULTILINE)
 
 # The blocks of each kind in README.md and docs/. Adding or removing one means changing
 # this count too: a block that stops being found must not pass as "nothing to run".
-EXPECTED_BLOCKS = {"python": 13, "json": 4, "yaml": 0, "console": 16, "bash": 5, "text": 3}
+EXPECTED_BLOCKS = {"python": 14, "json": 4, "yaml": 0, "console": 16, "bash": 7, "text": 5}
 LANGUAGES = set(EXPECTED_BLOCKS)
 # The command line's page: its console transcripts run, in page order (test_cli_transcripts_run).
 CLI_PAGE = "docs/reference/cli.md"
@@ -72,6 +70,7 @@ class Block:
     line: int  # line of the block's first code line in its page
     lang: str
     code: str
+    info: str = ""  # the rest of the fence line, e.g. title="Output"
 
     @property
     def id(self) -> str:
@@ -85,7 +84,7 @@ def _blocks() -> list[Block]:
         for m in FENCE.finditer(text):
             line = text.count("\n", 0, m.start("body")) + 1
             code = textwrap.dedent(m.group("body"))
-            found.append(Block(str(path.relative_to(REPO)), line, m.group("lang"), code))
+            found.append(Block(str(path.relative_to(REPO)), line, m.group("lang"), code, m.group("info").strip()))
     return found
 
 
@@ -155,38 +154,13 @@ def test_every_fence_is_closed() -> None:
 
 @pytest.fixture
 def aws_env(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Only the environment a user would have: the default names, one endpoint variable."""
+    """Only the environment a user would have: the default names, one endpoint variable, and the
+    region as AWS_REGION alone (what the quick start sets; boto3 itself reads only AWS_DEFAULT_REGION)."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    for name in ("CHECKPOINT_BUCKET", "CHECKPOINT_TABLE", "CHECKPOINT_PREFIX", "AWS_REGION"):
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    for name in ("CHECKPOINT_BUCKET", "CHECKPOINT_TABLE", "CHECKPOINT_PREFIX", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
     return endpoint
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@contextmanager
-def _no_unclosed_sessions(capfd: pytest.CaptureFixture[str]) -> Iterator[None]:
-    """Fail if aiohttp reports a session or connector left open (warning, log or stderr)."""
-    handler = _Records()
-    logger = logging.getLogger("asyncio")
-    logger.addHandler(handler)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield
-            gc.collect()  # aiohttp reports from __del__
-    finally:
-        logger.removeHandler(handler)
-    reports = [str(w.message) for w in caught] + handler.messages + [capfd.readouterr().err]
-    leaks = [r for r in reports if "Unclosed" in r]
-    assert not leaks, leaks
 
 
 def _exec_block(block: Block) -> dict[str, Any]:
@@ -237,7 +211,7 @@ CHECKS = {
 def test_python_block_runs(block: Block, aws_env: str, capfd: pytest.CaptureFixture[str]) -> None:
     kind = _kind(block.code)
     assert kind != "unknown handler", f"a new handler pattern in {block.id}: add a check for it here"
-    with _no_unclosed_sessions(capfd):
+    with no_unclosed_sessions(capfd) as captured:
         namespace = _exec_block(block)
         try:
             if kind in CHECKS:
@@ -247,6 +221,24 @@ def test_python_block_runs(block: Block, aws_env: str, capfd: pytest.CaptureFixt
             if saver is not None:
                 saver.close()
             namespace.clear()  # drop the saver, so unclosed async clients would be reported
+    shown = _output_of(block)
+    if shown is not None:
+        assert _masked(captured["out"]) == _masked(shown.code), f"{shown.id}: the output shown is not what {block.id} prints"
+
+
+def _output_of(block: Block) -> Block | None:
+    """The ```text title="Output" block that follows a program on its page, if any."""
+    later = [b for b in BLOCKS if b.page == block.page and b.line > block.line]
+    following = later[0] if later else None
+    return following if following is not None and following.lang == "text" and 'title="Output"' in following.info else None
+
+
+_IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _masked(text: str) -> list[str]:
+    """Lines, with checkpoint ids (uuid6, new at every run) as <id>."""
+    return [_IDS.sub("<id>", line).rstrip() for line in text.strip().splitlines()]
 
 
 # -- json, yaml, bash ---------------------------------------------------------------------
@@ -313,11 +305,16 @@ def test_iam_page_shows_the_policy_of_each_index_mode() -> None:
     assert sorted(modes) == sorted(load_template()["Parameters"]["IndexMode"]["AllowedValues"]), modes
 
 
+# Not run: they install packages, start the suite itself, or start a local server and point
+# the environment at it (Installation's "Running locally"; this file does the same with moto).
+RUN_LOCALLY = ("pip install ", "make ", "moto_server ", "export AWS_")
+
+
 @pytest.mark.parametrize("block", _of("bash"), ids=lambda b: b.id)
 def test_bash_block_only_installs_or_makes(block: Block) -> None:
     for line in block.code.splitlines():
         command = line.split("#", 1)[0].strip()
-        assert command.startswith(("pip install ", "make ")), f"{block.id}: {line!r} is neither run nor an install"
+        assert command.startswith(RUN_LOCALLY), f"{block.id}: {line!r} is neither an install, a make target nor a local set-up"
 
 
 # -- console ------------------------------------------------------------------------------

@@ -228,7 +228,7 @@ def test_setup_is_idempotent_and_checks_the_table(endpoint) -> None:
 def test_constructor_makes_no_network_call() -> None:
     from s3_saver import S3Saver
 
-    saver = S3Saver("bucket", table="t", endpoint_url="http://127.0.0.1:9", region_name="us-east-1")
+    saver = S3Saver("bucket", table="tbl", endpoint_url="http://127.0.0.1:9", region_name="us-east-1")
     assert saver.stats.round_trips == 0
     saver.close()
 

@@ -32,6 +32,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Awaitable, Iterator
+from datetime import timedelta
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,7 @@ def test_settings_from_env_reads_every_variable() -> None:
         "AWS_ENDPOINT_URL_DYNAMODB": "http://127.0.0.1:8000",
         "CHECKPOINT_SERDE": "langgraph.checkpoint.serde.jsonplus:JsonPlusSerializer",
         "CHECKPOINT_SETUP": "yes",
+        "CHECKPOINT_TTL": "30d",
     }
     assert settings_from_env(env) == ServerSettings(
         bucket="my-checkpoints",
@@ -76,8 +78,10 @@ def test_settings_from_env_reads_every_variable() -> None:
         dynamodb_endpoint_url="http://127.0.0.1:8000",
         serde="langgraph.checkpoint.serde.jsonplus:JsonPlusSerializer",
         setup=True,
+        ttl=timedelta(days=30),
     )
     saver = saver_from_env(env)
+    assert saver._ctx.ttl_seconds == 30 * 86400
     assert (saver.bucket, saver.table, saver.region_name) == ("my-checkpoints", "langgraph-checkpoints", "eu-west-1")
     assert saver._location() == ("my-checkpoints", "agents/", "http://127.0.0.1:9000")
     assert type(saver.serde).__name__ == "JsonPlusSerializer"
@@ -106,6 +110,8 @@ def test_settings_defaults_are_the_manifest_index_without_setup() -> None:
         ({"AWS_ENDPOINT_URL_DYNAMODB": "ftp://x"}, "AWS_ENDPOINT_URL_DYNAMODB='ftp://x' is not an http"),
         ({"CHECKPOINT_SERDE": "myapp.serde"}, "CHECKPOINT_SERDE='myapp.serde' is not MODULE:ATTR"),
         ({"CHECKPOINT_SETUP": "maybe"}, "CHECKPOINT_SETUP='maybe' is not a switch"),
+        ({"CHECKPOINT_TTL": "a month"}, "CHECKPOINT_TTL='a month' is not a duration"),
+        ({"CHECKPOINT_TTL": "0s"}, "CHECKPOINT_TTL='0s' is not a duration"),
     ],
 )
 def test_a_wrong_variable_is_named(env: dict[str, str], message: str) -> None:

@@ -151,6 +151,22 @@ async def test_aprune_delete_all_is_delete(endpoint, index_mode) -> None:
     await saver.aclose()
 
 
+async def test_threads_of_runs_names_what_delete_for_runs_visits(endpoint, index_mode) -> None:
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    ours = _graph(saver)
+    _run((ours,), "t", range(2), run_id="r1")
+    _run((ours,), "u", range(1), run_id="r1")
+    _run((ours,), "u", range(1, 2), run_id="r2")
+    assert saver.threads_of_runs(["r1", "r2", "unknown"]) == {"r1": ["t", "u"], "r2": ["u"]}
+    saver.delete_for_runs(["r1"])
+    assert await saver.athreads_of_runs(["r1", "r2"]) == {"r2": ["u"]}  # a finished delete forgets its hints
+    assert saver.threads_of_runs([]) == {}
+    with pytest.raises(ConfigurationError, match="run_ids"):
+        saver.threads_of_runs("r2")
+    await saver.aclose()
+
+
 def test_delete_for_runs_removes_one_run_of_three_and_a_fork(endpoint, index_mode) -> None:
     saver = make_saver(endpoint, index_mode)
     saver.setup()

@@ -1037,18 +1037,18 @@ def test_replica_settings_are_checked(kwargs: dict, field: str) -> None:
 
 
 def test_replica_configuration_errors(endpoint: str) -> None:
-    replica = Replica("r", region_name="eu-west-1", endpoint_url=endpoint)
+    replica = Replica("rep", region_name="eu-west-1", endpoint_url=endpoint)
     # A replica table needs a DynamoDB index on the primary: in manifest mode the index is in the bucket.
     with pytest.raises(ConfigurationError, match=r"Replica\(table='eu-index'\)"):
-        S3Saver("b", endpoint_url=endpoint, replica=Replica("r", table="eu-index"))
+        S3Saver("bkt", endpoint_url=endpoint, replica=Replica("rep", table="eu-index"))
     for wrong in ("r", {"bucket": "r"}):
         with pytest.raises(ConfigurationError, match="replica must be an s3_saver.Replica"):
-            S3Saver("b", endpoint_url=endpoint, replica=wrong)
-    S3Saver("b", table="t", endpoint_url=endpoint, replica=Replica("r", table="eu-index")).close()
-    S3Saver("b", endpoint_url=endpoint, replica=replica).close()
+            S3Saver("bkt", endpoint_url=endpoint, replica=wrong)
+    S3Saver("bkt", table="tbl", endpoint_url=endpoint, replica=Replica("rep", table="eu-index")).close()
+    S3Saver("bkt", endpoint_url=endpoint, replica=replica).close()
 
     # The replica-only calls of a saver without one.
-    plain = S3Saver("b", endpoint_url=endpoint)
+    plain = S3Saver("bkt", endpoint_url=endpoint)
     try:
         assert plain.last_read is None
         for call in (plain.promote, plain.verify, plain.setup_replica, lambda: plain.promote(force=True)):

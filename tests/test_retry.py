@@ -344,7 +344,7 @@ def test_a_throttling_primary_is_not_left_for_the_replica_at_failover_after() ->
     throttling one is up and holds the newest state: it is ridden out."""
     from s3_saver import Replica, S3Saver
 
-    saver = S3Saver("p", table="t", region_name="us-east-1", replica=Replica("r", region_name="us-west-2"))
+    saver = S3Saver("pri", table="tbl", region_name="us-east-1", replica=Replica("rep", region_name="us-west-2"))
     fast = saver._route.fast
     assert fast.outage_budget == 3.0 and fast.budget == RetryPolicy().budget
     for _ in range(100):

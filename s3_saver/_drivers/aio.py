@@ -2,13 +2,13 @@
 
 Clients belong to an event loop. AWS Lambda's async handlers (``asyncio.run``
 per invocation) start a new loop each time, so clients are made lazily per loop
-and the ones of closed loops are dropped.
+and closed when their loop shuts down (see ``_LoopClients``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -35,7 +35,7 @@ class AsyncDriver:
         self._owners = owners
         self._stats = stats
         self._policy = policy
-        self._loops: dict[asyncio.AbstractEventLoop, tuple[AsyncExitStack, dict[str, Any], asyncio.Lock]] = {}
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopClients] = {}
 
     async def run(self, op: Op[T], policy: RetryPolicy | None = None) -> T:
         op = resilient(owned(op, self._owners), policy or self._policy)
@@ -118,20 +118,57 @@ class AsyncDriver:
         state = self._loops.get(loop)
         if state is None:
             for dead in [lp for lp in self._loops if lp.is_closed()]:
-                del self._loops[dead]  # their connections died with their loop
-            state = self._loops[loop] = (AsyncExitStack(), {}, asyncio.Lock())
-        stack, clients, lock = state
+                del self._loops[dead]  # a loop closed without shutdown_asyncgens: nothing to await on
+            state = self._loops[loop] = _LoopClients()
+            # Forgotten at shutdown only if still this loop's (aclose() may have made way for another).
+            await state.watch_shutdown(lambda: self._loops.get(loop) is state and self._loops.pop(loop))
         key = client_key(service, site)
-        client = clients.get(key)
+        client = state.clients.get(key)
         if client is None:
-            async with lock:
-                client = clients.get(key)
+            async with state.lock:
+                client = state.clients.get(key)
                 if client is None:
-                    client = clients[key] = prepare(await stack.enter_async_context(self._make_client(service, site)))
+                    client = state.clients[key] = prepare(await state.stack.enter_async_context(self._make_client(service, site)))
         return client
 
     async def aclose(self) -> None:
         """Close the clients of the running loop (others belong to loops we cannot await on)."""
         state = self._loops.pop(asyncio.get_running_loop(), None)
         if state is not None:
-            await state[0].aclose()
+            await state.close()
+
+
+class _LoopClients:
+    """One event loop's clients, closed when the loop shuts down.
+
+    ``asyncio.run`` (an async Lambda handler's loop, one per invocation) ends with
+    ``loop.shutdown_asyncgens()``, which closes every async generator still open in
+    the loop, inside it. A generator parked at its first ``yield`` is that hook: its
+    ``finally`` closes the clients (their aiohttp sessions) while the loop can still
+    await, so a user who never calls ``aclose()`` gets no "Unclosed client session".
+    """
+
+    def __init__(self) -> None:
+        self.stack = AsyncExitStack()
+        self.clients: dict[str, Any] = {}
+        self.lock = asyncio.Lock()
+        self._watch: AsyncGenerator[None, None] | None = None
+
+    async def watch_shutdown(self, forget: Callable[[], object]) -> None:
+        async def watch() -> AsyncGenerator[None, None]:
+            try:
+                yield
+            finally:
+                forget()
+                await self.stack.aclose()
+
+        # The first __anext__ registers the generator with the running loop (its
+        # asyncgen hooks); the loop holds it weakly, this object strongly.
+        self._watch = watch()
+        await self._watch.__anext__()
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            await self._watch.aclose()  # runs its finally: the clients close
+        else:
+            await self.stack.aclose()

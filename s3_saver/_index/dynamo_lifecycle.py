@@ -377,7 +377,13 @@ class DynamoLifecycle:
             keys = [k for e in stale for k in (calls.key_of(*e.key), calls.link_key(e))]
             keys += [calls.writes_key(w) for w in stale_writes]
             yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in keys], f"stale copies in thread {dest!r}")
-            yield from release([*stale, *stale_writes], [*entries, *writes])
+        # Every earlier attempt's objects that no entry names now go: the stale
+        # entries' and those of the entries just written over (same keys, the
+        # objects of this call's fresh tag). A copy run again after it finished
+        # leaves no orphan.
+        earlier_writes = [w for e in earlier for w in e.writes or ()]
+        if earlier or earlier_writes:
+            yield from release([*earlier, *earlier_writes], [*entries, *writes])
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
         yield from gather(self.note(dest, now, None), *(self.note(dest, None, r) for r in runs))  # type: ignore[attr-defined]
 

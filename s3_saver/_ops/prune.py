@@ -99,6 +99,14 @@ def delete_for_runs(ctx: Context, run_ids: Sequence[str]) -> Op[None]:
     yield from ctx.index.forget_runs([(r, t) for r, ts in found.items() for t in ts])
 
 
+def threads_of_runs(ctx: Context, run_ids: Sequence[str]) -> Op[dict[str, list[str]]]:
+    runs = _ids(run_ids, "run_ids")
+    if not runs:
+        return {}
+    found = yield from ctx.index.runs(runs)
+    return {run: sorted(set(threads)) for run, threads in found.items() if threads}
+
+
 def take_out_runs(ctx: Context, thread_id: str, runs: Sequence[str]) -> Op[None]:
     """delete_for_runs on one thread: the runs marked deleted first (read-decide-act
     is fenced at the commit: from here on a commit of these runs is refused with

@@ -7,6 +7,7 @@ operator's shell configured like the function reaches the same store.
 
 from __future__ import annotations
 
+import json
 import sys
 import traceback
 from collections.abc import Sequence
@@ -191,6 +192,9 @@ def _register() -> None:
 _register()
 
 
+_json_asked: list[bool] = []
+
+
 def run(args: Sequence[str] | None = None, prog_name: str | None = None) -> int:
     """Run the group; map what it raised to one ``error: ...`` line on stderr and an exit code."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -198,6 +202,9 @@ def run(args: Sequence[str] | None = None, prog_name: str | None = None) -> int:
     from s3_saver.errors import S3SaverError
 
     _current.clear()
+    argv = list(args) if args is not None else sys.argv[1:]
+    # --json asked for, even where the group's options were not parsed yet (a usage error).
+    _json_asked[:] = ["--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv]
     try:
         result = cli.main(args=list(args) if args is not None else None, prog_name=prog_name, standalone_mode=False)
         return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
@@ -209,6 +216,7 @@ def run(args: Sequence[str] | None = None, prog_name: str | None = None) -> int:
         return _fail("interrupted", EXIT_INTERRUPTED, exc)
     except click.UsageError as exc:
         exc.show()
+        _emit_json_error("UsageError", exc.format_message(), exc.exit_code)
         return exc.exit_code
     except click.ClickException as exc:
         return _fail(exc.format_message(), exc.exit_code, exc)
@@ -225,9 +233,36 @@ def run(args: Sequence[str] | None = None, prog_name: str | None = None) -> int:
 def _fail(message: str, code: int, exc: BaseException) -> int:
     if _current and _current[0].debug:
         traceback.print_exception(exc)
-    first, *rest = (message or type(exc).__name__).splitlines() or [""]
-    click.echo(f"error: {' '.join([first, *(line.strip() for line in rest)]).strip()}", err=True)
+    first, *rest = (cli_hints(message) or type(exc).__name__).splitlines() or [""]
+    line = " ".join([first, *(part.strip() for part in rest)]).strip()
+    click.echo(f"error: {line}", err=True)
+    _emit_json_error(type(exc).__name__, line, code)
     return code
+
+
+def _emit_json_error(kind: str, message: str, code: int) -> None:
+    """With --json, an error is a JSON document on stdout too: a script reads one place."""
+    if _current and _current[0].json or _json_asked and _json_asked[0]:
+        document = {"error": {"kind": kind, "message": message, "exit_code": code}}
+        sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+
+
+# The library's errors advise a Python caller; on the command line the same advice
+# names the command or option. Each phrase is pinned by tests/test_cli.py, which
+# meets every one of them through a command.
+_CLI_HINTS = (
+    ("(delete_thread it first, or pass thread_id=...)", "(delete it first with `delete THREAD`, or import under another id with --as)"),
+    ("(delete_thread it first)", "(delete it first with `delete THREAD`)"),
+    ("run saver.setup() or deploy infra/", "run the `setup` command or deploy infra/"),
+    ("run setup() again", "run the `setup` command again"),
+)
+
+
+def cli_hints(message: str) -> str:
+    for python, cli in _CLI_HINTS:
+        message = message.replace(python, cli)
+    return message
 
 
 def _silence_stdout() -> None:

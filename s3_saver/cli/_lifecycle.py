@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from s3_saver.cli._app import App, pass_app
+from s3_saver.cli._app import App, NotFoundError, pass_app
 from s3_saver.cli._inspect import not_found, thread_exists
 from s3_saver.cli._output import human_bytes, plural
 from s3_saver.cli._params import Duration
@@ -86,19 +86,29 @@ def delete_command(app: App, ids: tuple[str, ...], runs: bool, yes: bool) -> Non
     kind = "run" if runs else "thread"
     app.confirm(f"delete {plural(len(ids), kind)} ({_listing(ids)})", yes)
     saver = app.saver()
+    known = set(saver.threads_of_runs(list(ids))) if runs else {one for one in ids if thread_exists(app, one)}
     done: list[str] = []
     with app.out.progress("delete", total=len(ids), unit=f"{kind}s") as tracker:
         for one in ids:
+            # Unknown ids too: what a delete cut short left of them is finished.
             if runs:
                 saver.delete_for_runs([one])
             else:
                 saver.delete_thread(one)
-            done.append(one)
+            if one in known:
+                done.append(one)
             tracker.advance(description=f"delete {one}")
-    if app.out.json:
-        app.out.emit_json({"deleted_runs" if runs else "deleted_threads": done})
-    else:
-        app.out.message(f"deleted {plural(len(done), kind)}: {_listing(done)}")
+    missing = [one for one in ids if one not in known]
+    if done:
+        if app.out.json and not missing:
+            app.out.emit_json({"deleted_runs" if runs else "deleted_threads": done})
+        else:
+            app.out.message(f"deleted {plural(len(done), kind)}: {_listing(done)}")
+    if missing:
+        names = ", ".join(map(repr, missing))
+        what = "no checkpoints of run" if runs else "no thread"
+        deleted = f" (deleted: {_listing(done)})" if done and app.out.json else ""
+        raise NotFoundError(f"{what} {names} in {app.store_name()}: nothing to delete{deleted}")
 
 
 # -- archive, restore --------------------------------------------------------------------

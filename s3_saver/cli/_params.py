@@ -3,42 +3,14 @@
 from __future__ import annotations
 
 import json
-import re
 from datetime import timedelta
 from typing import Any
 
 import click
 
+from s3_saver._options import format_duration, parse_duration
 from s3_saver._serde_spec import load_serde as _load_serde
 from s3_saver.errors import ConfigurationError
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")
-
-
-def parse_duration(text: str) -> timedelta:
-    """``90s``, ``30m``, ``1h``, ``7d``, ``2w``, ``1h30m`` or plain seconds (``3600``, ``0``).
-
-    Raises:
-        ValueError: Anything else (negative numbers included).
-    """
-    value = text.strip().lower()
-    if re.fullmatch(r"\d+(?:\.\d+)?", value):
-        return timedelta(seconds=float(value))
-    if not _WHOLE.fullmatch(value):
-        raise ValueError(text)
-    return timedelta(seconds=sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(value)))
-
-
-def format_duration(delta: timedelta) -> str:
-    """The shortest of ``parse_duration``'s spellings for ``delta`` (``1h``, ``90s``, ``7d``)."""
-    seconds = delta.total_seconds()
-    for unit in ("w", "d", "h", "m"):
-        if seconds and seconds % _UNITS[unit] == 0:
-            return f"{int(seconds // _UNITS[unit])}{unit}"
-    return f"{seconds:g}s"
-
 
 class Duration(click.ParamType):
     """A duration option (``--older-than 1h``, ``--idle 30d``): a ``timedelta``."""
