@@ -75,6 +75,18 @@ class Sleep:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class Backoff(Sleep):
+    """A pause before an operation's own attempt again (a transaction that conflicted,
+    items left unprocessed, a head swapped meanwhile). The retry layer answers False,
+    without sleeping, when the pause would end past the budget of that loop (counted
+    from its first Backoff, ``attempt`` 1) or past ``deadline()``: the operation then
+    gives up at once, as a retried request would. None (a driver or runner without that
+    layer) and True mean: go on."""
+
+    attempt: int = 1
+
+
 class Signal:
     """Set once, by one operation; awaited by others, in threads (the sync
     driver) or on event loops (the async one), whichever the waiter runs on."""
@@ -228,6 +240,7 @@ def gather(*ops: Op[Any]) -> Op[list[Any]]:
         wave: list[Call] = []
         spans: list[tuple[int, int, int]] = []
         sleep = 0.0
+        attempt = 0  # > 0: a Backoff among the steps
         waits: list[Wait] = []
         for i in list(active):
             try:
@@ -238,7 +251,9 @@ def gather(*ops: Op[Any]) -> Op[list[Any]]:
                 continue
             if isinstance(step, Sleep):
                 sleep = max(sleep, step.seconds)
-                spans.append((i, -1, 0))
+                if isinstance(step, Backoff):
+                    attempt = max(attempt, step.attempt)  # the loop that began first
+                spans.append((i, -2 if isinstance(step, Backoff) else -1, 0))
             elif isinstance(step, Wait):
                 waits.append(step)
                 spans.append((i, -1, 0))
@@ -247,11 +262,11 @@ def gather(*ops: Op[Any]) -> Op[list[Any]]:
             else:
                 spans.append((i, len(wave), len(step)))
                 wave.extend(step)
-        if sleep:
-            yield Sleep(sleep)
+        # One pause for the wave; a Backoff among them asks the retry layer for all of them.
+        allowed = (yield Backoff(sleep, attempt)) if attempt else (yield Sleep(sleep)) if sleep else None
         answers: list[Any] = (yield tuple(wave)) if wave else []
         for wait in waits:
             yield wait
         for i, start, size in spans:
-            replies[i] = None if start < 0 else answers[start : start + size]
+            replies[i] = allowed if start == -2 else None if start < 0 else answers[start : start + size]
     return results

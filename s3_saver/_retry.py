@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from s3_saver._protocol import Call, Op, Sleep, T
+from s3_saver._protocol import Backoff, Call, Op, Sleep, T
 from s3_saver.errors import UNAVAILABLE, ConfigurationError, classify, throttled
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("s3_saver_deadline", default=None)
@@ -128,6 +128,7 @@ def resilient(op: Op[T], policy: RetryPolicy, clock: Callable[[], float] = time.
     """``op``, with the calls of each round trip that failed transiently sent again."""
     end = _DEADLINE.get()
     by_time = policy.throttle_budget > 0
+    loop_started: float | None = None  # of the operation's own retry loop (Backoff)
     reply: Any = None
     try:
         while True:
@@ -135,6 +136,17 @@ def resilient(op: Op[T], policy: RetryPolicy, clock: Callable[[], float] = time.
                 step = op.send(reply)
             except StopIteration as stop:
                 return stop.value
+            if isinstance(step, Backoff):
+                # The operation's own retry loop (a transaction that conflicted, items
+                # left unprocessed): bounded like throttling, from the loop's first
+                # pause, and never past deadline(). Refused, it gives up now.
+                if step.attempt <= 1 or loop_started is None:
+                    loop_started = clock()
+                limit, _ = policy._limits(loop_started, end)
+                reply = clock() + step.seconds <= limit
+                if reply:
+                    yield Sleep(step.seconds)
+                continue
             if not isinstance(step, tuple):
                 reply = yield step
                 continue

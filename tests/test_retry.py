@@ -388,3 +388,53 @@ def test_a_transaction_cancelled_by_throttling_is_ridden_out_as_throttling() -> 
     with pytest.raises(StoreUnavailableError, match="TransactionCanceled"):
         store.drive(resilient(index.transact([{"Put": {}}], "a commit"), RetryPolicy(), clock=store.clock))
     assert store.sent[-1] <= 10.0  # within the budget: not retried again by the transaction's loop
+
+
+def test_an_operations_own_retry_loops_keep_to_the_deadline() -> None:
+    """A transaction that keeps conflicting, and items DynamoDB keeps leaving unprocessed,
+    are retried by the operation itself (10 attempts, up to ~9 s of pauses): within
+    deadline() it gives up before the deadline, as a retried request does."""
+    from s3_saver._index.dynamodb import DynamoIndex
+    from s3_saver._keys import KeyLayout
+    from s3_saver.errors import S3SaverError, Where
+
+    index = DynamoIndex("t", KeyLayout(""), Where("b", "t"))
+    conflict = ClientError(
+        {
+            "Error": {"Code": "TransactionCanceledException"},
+            "CancellationReasons": [{"Code": "TransactionConflict"}],
+            "ResponseMetadata": {"HTTPStatusCode": 400},
+        },
+        "TransactWriteItems",
+    )
+
+    class Unprocessed(_Store):
+        def drive(self, op: Any) -> Any:  # every BatchWriteItem leaves its items unprocessed
+            reply = None
+            while True:
+                try:
+                    step = op.send(reply)
+                except StopIteration as stop:
+                    return stop.value
+                if isinstance(step, Sleep):
+                    self.now += step.seconds
+                    reply = None
+                    continue
+                self.sent.append(self.now - self.start)
+                self.now += self.rtt
+                reply = [{"UnprocessedItems": {"t": call.params["RequestItems"]["t"]}} for call in step]
+
+    for _ in range(20):
+        for store, op in (
+            (_Store(conflict, seconds=float("inf")), lambda: index.transact([{"Put": {}}], "a commit")),
+            (Unprocessed(conflict, seconds=float("inf")), lambda: index.write_batches([{"PutRequest": {"Item": {}}}] * 3, "items")),
+        ):
+            store.now = store.start = time.monotonic()  # deadline() counts on the monotonic clock
+            with deadline(0.5), pytest.raises(S3SaverError, match="deadline"):
+                store.drive(resilient(op(), RetryPolicy(), clock=store.clock))
+            assert store.sent[-1] <= 0.5
+    # Without a deadline the loops keep their attempts.
+    store = _Store(conflict, seconds=float("inf"))
+    with pytest.raises(S3SaverError, match="at most 10"):
+        store.drive(resilient(index.transact([{"Put": {}}], "a commit"), RetryPolicy(), clock=store.clock))
+    assert len(store.sent) == 10

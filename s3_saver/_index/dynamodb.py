@@ -40,7 +40,7 @@ from s3_saver._index.dynamo_audit import DynamoHoldings
 from s3_saver._index.dynamo_archive import DynamoArchive
 from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
 from s3_saver._keys import KeyLayout
-from s3_saver._protocol import Op, Sleep, backoff, gather, raise_failure, request, request_one
+from s3_saver._protocol import Backoff, Op, backoff, gather, raise_failure, request, request_one
 from s3_saver.errors import S3SaverError, Where, error_code, throttled
 
 BATCH_GET_MAX = 100  # BatchGetItem accepts at most 100 keys per request
@@ -205,10 +205,11 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
                 return reasons
             if not codes <= _RETRIED_REASONS:
                 raise_failure(call, result)
-            yield Sleep(_JITTER.uniform(0, backoff(attempt)))
+            if (yield Backoff(_JITTER.uniform(0, backoff(attempt)), attempt)) is False:
+                break
         raise S3SaverError(
             f"DynamoDB table {self.table}: {what} kept conflicting with other transactions; "
-            f"gave up after {_MAX_TRANSACTION_ATTEMPTS} attempts"
+            f"gave up after {attempt} attempts (at most {_MAX_TRANSACTION_ATTEMPTS}, within the retry budget and deadline())"
         )
 
     def _fenced(self, thread_id: str, reason: tuple[str, Any]) -> None:
@@ -471,13 +472,16 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
         for attempt in range(_MAX_BATCH_ATTEMPTS):
             if not pending:
                 return
-            if attempt:
-                yield Sleep(backoff(attempt))
+            if attempt and (yield Backoff(backoff(attempt), attempt)) is False:
+                break
             chunks = [pending[i : i + size] for i in range(0, len(pending), size)]
             results = yield from request(*(make_call(c) for c in chunks))
             pending = [left for result in results for left in take(result)]
         if pending:
-            raise S3SaverError(f"DynamoDB table {self.table} kept refusing {len(pending)} {what} (throttled)")
+            raise S3SaverError(
+                f"DynamoDB table {self.table} kept refusing {len(pending)} {what} (throttled; "
+                "gave up within the retry budget and deadline())"
+            )
 
 
 def _reasons(exc: BaseException) -> list[tuple[str, Any]]:

@@ -60,7 +60,7 @@ from s3_saver._index.manifest_group import BatchRefused, GroupCommit
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
 from s3_saver._index.manifest_seal import HARD_SEAL_AT, SEAL_AT, _MAX_SWAPS, Bodies, _apply_seal, _plan_seal, _SealPlan
 from s3_saver._keys import KeyLayout
-from s3_saver._protocol import Op, Sleep, raise_failure, request
+from s3_saver._protocol import Backoff, Op, raise_failure, request
 from s3_saver._s3 import S3Calls, put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
@@ -241,11 +241,14 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
                     head = new
                     return new
                 head = None
-                # Other writers: spread the retries (full jitter, capped).
-                yield Sleep(_JITTER.uniform(0, min(_SWAP_BACKOFF_MAX, 0.01 * 2**attempt)))
+                # Other writers: spread the retries (full jitter, capped), within the
+                # retry budget and deadline().
+                if (yield Backoff(_JITTER.uniform(0, min(_SWAP_BACKOFF_MAX, 0.01 * 2**attempt)), attempt + 1)) is False:
+                    break
             raise S3SaverError(
                 f"the manifest head of thread {thread_id!r} in s3://{self.s3.bucket} kept changing under "
-                f"other writers; gave up after {_MAX_SWAPS} attempts"
+                f"other writers; gave up after {attempt + 1} attempts (at most {_MAX_SWAPS}, within the "
+                "retry budget and deadline())"
             )
         except GeneratorExit:
             closed = True  # cut short (the driver closed it): no request can be made now
