@@ -113,6 +113,17 @@ class CheckpointEntry:
     hidden: bool = False
     # The tag of its checkpoint object's key ("" for a put's own write; see ``_keys``).
     tag: str = ""
+    # What a reader of a replicated index needs to prove this checkpoint's past
+    # complete (a global table replicates item by item; see ``_ops/lagged``):
+    # ``chained``: the entry was written by a version that records the two
+    # fields below, so its parent missing from the index is a hole unless
+    # ``parent_gone`` says it was taken out (prune, delete_for_runs, a
+    # failback's merge). ``parent_writes``: the (task_id, part) slots of the
+    # parent's pending writes this checkpoint was made from, as the writer knew
+    # them (None: it did not know them).
+    chained: bool = False
+    parent_writes: tuple[tuple[str, str], ...] | None = None
+    parent_gone: bool = False
 
     @property
     def key(self) -> Key3:

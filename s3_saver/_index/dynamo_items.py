@@ -54,6 +54,14 @@ HIDDEN = "hidden"
 TAG = "tag"
 # On writes items, with a global table's replica: the bucket of the region that committed it.
 SITE = "site"
+# On checkpoint and link items (see CheckpointEntry.chained): the parent's
+# pending-write slots the checkpoint was made from (msgpack: a list of
+# [task_id, part], or nil when the writer did not know them), and the mark of
+# a parent taken out of the history since. Items written before these existed
+# have neither: a replica reads them as before, trusting what arrived (it has
+# nothing to prove a hole with); see ``_ops/lagged``.
+PARENT_WRITES = "pw"
+PARENT_GONE = "pg"
 # On the thread's tombstone item: when the thread was listed; the runs deleted from it.
 CREATED = "created"
 DEAD_RUNS = "dead_runs"
@@ -122,6 +130,8 @@ class DynamoCalls:
             RUN: entry.run_id,
             HIDDEN: True if entry.hidden else None,
             TAG: entry.tag or None,
+            PARENT_WRITES: _pack_slots(entry.parent_writes) if entry.chained else None,
+            PARENT_GONE: True if entry.parent_gone else None,
         }
         # The checkpoint object rides along when it fits, so reads skip S3; else
         # the metadata alone, so list(filter=) still never fetches S3 objects.
@@ -258,6 +268,9 @@ class DynamoCalls:
                     run_id=item.get(RUN),
                     hidden=bool(item.get(HIDDEN)),
                     tag=item.get(TAG, ""),
+                    chained=PARENT_WRITES in item,
+                    parent_writes=_unpack_slots(item[PARENT_WRITES]) if PARENT_WRITES in item else None,
+                    parent_gone=bool(item.get(PARENT_GONE)),
                 )
                 return entry if key.kind == "checkpoint" else Link(entry)
             if key.kind == "writes":
@@ -390,6 +403,25 @@ class DynamoCalls:
                 "ExpressionAttributeValues": {":t": {"BOOL": True}},
             }
         }
+
+    def mark_parent_gone(self, entry: CheckpointEntry) -> list[dict[str, Any]]:
+        """A transaction's actions marking, on a checkpoint's item and its link,
+        that its parent leaves the history (prune, delete_for_runs): a replica
+        that misses the parent then knows it for a removal, not a hole (an
+        item not replicated yet). Only if the items are still there."""
+        return [
+            {
+                "Update": {
+                    "TableName": self.table,
+                    "Key": key,
+                    "UpdateExpression": "SET #g = :t",
+                    "ConditionExpression": "attribute_exists(#k)",
+                    "ExpressionAttributeNames": {"#g": PARENT_GONE, "#k": PARTITION_KEY},
+                    "ExpressionAttributeValues": {":t": {"BOOL": True}},
+                }
+            }
+            for key in (self.key_of(*entry.key), self.link_key(entry))
+        ]
 
     def link_key(self, entry: CheckpointEntry) -> dict[str, Any]:
         return to_attrs({PARTITION_KEY: self.pk(entry.thread_id), SORT_KEY: _keys.link_sort_key(entry.ns, entry.checkpoint_id)})
@@ -551,6 +583,15 @@ class DynamoCalls:
                 "TimeToLiveSpecification": {"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
             },
         )
+
+
+def _pack_slots(slots: tuple[tuple[str, str], ...] | None) -> bytes:
+    return ormsgpack.packb(None if slots is None else [list(s) for s in slots])
+
+
+def _unpack_slots(raw: bytes) -> tuple[tuple[str, str], ...] | None:
+    slots = ormsgpack.unpackb(raw)
+    return None if slots is None else tuple((str(t), str(p)) for t, p in slots)
 
 
 def _transaction(calls: DynamoCalls, actions: list[dict[str, Any]]) -> Call:

@@ -323,6 +323,14 @@ class DynamoLifecycle:
         if not cut.hide and not cut.drop:
             return
         actions = [calls.hide(e) for e in cut.hide]
+        # A checkpoint that stays in the history while its parent leaves it is
+        # marked first: a global table's replica, which gets items one by one,
+        # tells that removal from a parent item not replicated yet (a hole).
+        out = {e.key for e in cut.hide} | {e.key for e in cut.drop}
+        for e in entries:
+            parent = (e.thread_id, e.ns, e.parent_id)
+            if e.chained and not e.parent_gone and not e.hidden and e.key not in out and parent in out:
+                actions[:0] = calls.mark_parent_gone(e)
         for e in cut.drop:
             keys = [calls.key_of(*e.key), calls.link_key(e)] + [calls.writes_key(w) for w in e.writes or ()]
             actions += [{"Delete": {"TableName": self.table, "Key": k}} for k in keys]

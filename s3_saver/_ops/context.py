@@ -68,6 +68,38 @@ class LocCache:
             self._gens.pop(thread_id, None)
 
 
+class WriteSlots:
+    """The pending-write slots ((task_id, part)) of recently seen checkpoints:
+    those this process wrote or read. A checkpoint put after them names its
+    parent's in its entry (``CheckpointEntry.parent_writes``), at no request:
+    LangGraph makes a child from writes its process wrote or loaded."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._data: OrderedDict[tuple[str, str, str], frozenset[tuple[str, str]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str, str]) -> frozenset[tuple[str, str]] | None:
+        with self._lock:
+            return self._data.get(key)
+
+    def add(self, key: tuple[str, str, str], slots: Any) -> frozenset[tuple[str, str]]:
+        """Adds ``slots`` (the key is known from now on); returns those that are new."""
+        with self._lock:
+            had = self._data.get(key, frozenset())
+            new = frozenset(slots) - had
+            self._data[key] = had | new
+            self._data.move_to_end(key)
+            while len(self._data) > self._size:
+                self._data.popitem(last=False)
+            return new
+
+    def discard(self, key: tuple[str, str, str], slots: frozenset[tuple[str, str]]) -> None:
+        with self._lock:
+            if key in self._data:
+                self._data[key] = self._data[key] - slots
+
+
 class Noted:
     """Hints this process has written or seen written, each written once: the
     (run, thread) pairs, and the (thread, generation) pairs listed."""
@@ -128,6 +160,7 @@ class Context:
     archives: Archives = field(default_factory=Archives)
     # List values last written or read, the bases of deltas (see ``_pieces``).
     lists: HeldLists = field(default_factory=HeldLists)
+    slots: WriteSlots = field(default_factory=WriteSlots)
     # Set for a replica region's reads: lag-safe (``_ops/lagged.py``).
     replica: ReplicaReads | None = None
 

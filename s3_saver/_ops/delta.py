@@ -19,6 +19,7 @@ from s3_saver._codec import loads
 from s3_saver._index.base import CheckpointEntry, DepthHint
 from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
+from s3_saver._ops.lagged import check_delta_chain, proves_items
 from s3_saver._ops.resolve import Resolver, load
 from s3_saver._protocol import Op
 
@@ -45,9 +46,10 @@ def _history(ctx: Context, config: RunnableConfig, channels: Sequence[str]) -> O
     if target_entry is None or ctx.expired(target_entry):
         chain = []
     # An expired ancestor ends the chain, as if its entry were deleted already.
+    cut = False
     for i, entry in enumerate(chain):
         if ctx.expired(entry):
-            chain = chain[:i]
+            chain, cut = chain[:i], True
             break
     # The walk itself, as BaseCheckpointSaver defines it: each ancestor's writes
     # count for a channel until (and including) the ancestor that seeds it.
@@ -61,6 +63,9 @@ def _history(ctx: Context, config: RunnableConfig, channels: Sequence[str]) -> O
         for ch in [c for c in remaining if c in entry.loc]:
             seeds[ch] = entry
             remaining.discard(ch)
+    if target_entry is not None and not ctx.expired(target_entry) and proves_items(ctx):
+        # A replicated index's items arrive one by one: never a replay short of one.
+        check_delta_chain(ctx, target_entry, [e for e, _ in picked], bool(remaining), cut)
 
     resolver = Resolver(ctx)
     for entry, _ in picked:

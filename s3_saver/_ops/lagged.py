@@ -22,6 +22,22 @@ at no extra cost; then:
   the latest; a gap below a complete one raises (a history with a hole is partial);
 * anything else missing (a manifest segment, a DeltaChannel seed) raises
   ``ReplicationLagError`` naming the key.
+
+A global table's replica gets the index item by item too, so what is missing
+can be an item: a checkpoint's (the history has a hole) or a pending write's
+(a DeltaChannel replays without it). Nothing fetched fails then; the items say
+it (``CheckpointEntry.chained``): each names its parent and the parent's write
+slots it was made from, and a parent taken out of the history on purpose
+(prune, delete_for_runs, a failback's merge) is marked on its children. So in
+a replica (not in the region written to, where nothing more will come):
+
+* a history in which a served checkpoint's parent is not listed, unmarked and
+  not expired, raises (the items below it have not all arrived);
+* a DeltaChannel's history raises when an ancestor lacks a write slot its
+  child names, or the walk stops at an ancestor not arrived before seeding.
+
+Items written before these attributes existed prove nothing: they are read as
+before (trusted as they arrived).
 """
 
 from __future__ import annotations
@@ -32,6 +48,7 @@ from s3_saver._index.base import CheckpointEntry
 from s3_saver._ops.context import Context
 from s3_saver._ops.resolve import Resolver, fetch_and_build
 from s3_saver._protocol import PRIMARY, Op, T
+from s3_saver._replica import checkpoint_time
 from s3_saver.errors import MissingObjectError, ReplicationLagError
 
 # A replica behind by more checkpoints than this answers with an error, not a walk.
@@ -155,3 +172,84 @@ def _fresh(ctx: Context, entry: CheckpointEntry) -> Resolver:
     resolver = Resolver(ctx)
     resolver.add(entry)
     return resolver
+
+
+# -- holes a replicated index's items leave (see the module's docstring) ---------------
+def proves_items(ctx: Context) -> bool:
+    """Reads of a replica region, where a missing item can still arrive."""
+    return ctx.replica is not None and ctx.replica.site != PRIMARY
+
+
+def parent_gone(ctx: Context, entry: CheckpointEntry) -> bool:
+    """The entry's parent is out of the history in the region that wrote it too:
+    marked so, or expired (with a ttl, entries expire oldest first: the
+    parent's expiry is estimated from the ids' times and the entry's own)."""
+    if entry.parent_gone:
+        return True
+    if entry.expires_at is None or entry.parent_id is None:
+        return False
+    born, parent_born = checkpoint_time(entry.checkpoint_id), checkpoint_time(entry.parent_id)
+    if born is None or parent_born is None:
+        return False
+    return parent_born + (entry.expires_at - born) <= ctx.now()
+
+
+class Parents:
+    """A replica history's check that no served checkpoint's parent is missing.
+
+    Listings are newest first within a namespace: a parent not met once the
+    listing has gone below its id (or ended) is not in the index."""
+
+    def __init__(self) -> None:
+        self.present: set[tuple[str, str]] = set()  # (ns, checkpoint id) listed, served or not
+        self.low: dict[str, str] = {}  # per namespace, the oldest id listed so far
+        self.expected: dict[tuple[str, str], CheckpointEntry] = {}  # (ns, parent id) -> a served child
+
+    def listed(self, entries: list[CheckpointEntry]) -> None:
+        for e in entries:
+            self.present.add((e.ns, e.checkpoint_id))
+            if e.ns not in self.low or e.checkpoint_id < self.low[e.ns]:
+                self.low[e.ns] = e.checkpoint_id
+
+    def serve(self, ctx: Context, entries: list[CheckpointEntry], ended: bool = False) -> None:
+        """Before ``entries`` are handed out: raises when a parent of theirs (or of
+        one served before) is known missing; ``ended``: the listing is whole."""
+        for e in entries:
+            if e.chained and e.parent_id is not None:
+                self.expected.setdefault((e.ns, e.parent_id), e)
+        for (ns, parent_id), child in list(self.expected.items()):
+            if (ns, parent_id) in self.present:
+                del self.expected[(ns, parent_id)]
+            elif ended or self.low.get(ns, parent_id) < parent_id:
+                if not parent_gone(ctx, child):
+                    raise lag_error(
+                        ctx,
+                        f"checkpoint {parent_id} of thread {child.thread_id!r}, the parent of {child.checkpoint_id} "
+                        "(its index item; inside the history)",
+                    )
+                del self.expected[(ns, parent_id)]
+
+
+def check_delta_chain(
+    ctx: Context, target_entry: CheckpointEntry, picked: list[CheckpointEntry], unseeded: bool, cut: bool
+) -> None:
+    """A DeltaChannel's walk in a replica: every ancestor picked holds the write
+    slots its child names, and a walk that ended before every channel was
+    seeded ended at the root, or where the parent is gone (``cut``: an
+    expired ancestor ended it)."""
+    child = target_entry
+    for entry in picked:
+        if child.chained and child.parent_writes:
+            have = {(w.task_id, w.part) for w in entry.writes or ()}
+            missing = sorted(set(child.parent_writes) - have)
+            if missing:
+                raise lag_error(
+                    ctx,
+                    f"pending writes {missing} of checkpoint {entry.checkpoint_id} of thread {entry.thread_id!r} "
+                    f"(their index items), which {child.checkpoint_id} was made from",
+                )
+        child = entry
+    if unseeded and not cut and child.chained and child.parent_id is not None and not parent_gone(ctx, child):
+        raise lag_error(
+            ctx, f"checkpoint {child.parent_id} of thread {child.thread_id!r}, the parent of {child.checkpoint_id} (its index item)"
+        )

@@ -186,6 +186,11 @@ def put(
         gen=gen,
         run_id=run_id,
         tag=staged.tag,
+        # What a replica needs to prove this checkpoint's past complete (see
+        # CheckpointEntry.chained): the parent's write slots LangGraph made it
+        # from, as this process wrote or read them (None: it did not).
+        chained=True,
+        parent_writes=_slots_of(ctx, (thread_id, ns, parent_id)) if parent_id is not None else (),
     )
     # A root checkpoint of a thread that is not listed lists it: its first one
     # (again after a delete), or the next one when listing failed.
@@ -245,6 +250,7 @@ def put(
     else:
         raise _busy(ctx, thread_id)
     ctx.locs.put((thread_id, ns, checkpoint_id), (loc, entry.gen, entry.tag))
+    ctx.slots.add((thread_id, ns, checkpoint_id), ())  # known from now on: its writes are this process's
     for ch, held in staged.held.items():
         if ch in loc:
             ctx.lists.put(held_key(thread_id, ns, ch, loc[ch]), held)
@@ -364,19 +370,27 @@ def put_writes(
     expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
     for entry in entries:
         entry.gen, entry.expires_at = gen, expires_at
-    for _ in range(_MAX_FENCED):
-        # The commit point: objects first, index entries last.
-        try:
-            outcome = yield from ctx.index.commit_writes(entries)
-            break
-        except Fenced as fenced:
-            # A delete since the generation this call extends: the writes go with
-            # the checkpoint they were made on.
-            yield from _fenced(ctx, fenced.record, entries[0], list(objects), created=known is None)
-            for entry in entries:
-                entry.gen = entries[0].gen
-    else:
-        raise _busy(ctx, thread_id)
+    # The slots are known before the commit returns: LangGraph may put the next
+    # checkpoint, made from these writes, while it is under way (durability
+    # "async"); a commit that fails takes them back.
+    slots = ctx.slots.add((thread_id, ns, checkpoint_id), [(e.task_id, e.part) for e in entries])
+    try:
+        for _ in range(_MAX_FENCED):
+            # The commit point: objects first, index entries last.
+            try:
+                outcome = yield from ctx.index.commit_writes(entries)
+                break
+            except Fenced as fenced:
+                # A delete since the generation this call extends: the writes go with
+                # the checkpoint they were made on.
+                yield from _fenced(ctx, fenced.record, entries[0], list(objects), created=known is None)
+                for entry in entries:
+                    entry.gen = entries[0].gen
+        else:
+            raise _busy(ctx, thread_id)
+    except BaseException:
+        ctx.slots.discard((thread_id, ns, checkpoint_id), slots)
+        raise
     unused = [
         ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, token)
         for entry, token in outcome.unused
@@ -388,6 +402,11 @@ def put_writes(
 
 
 # -- helpers ---------------------------------------------------------------------
+def _slots_of(ctx: Context, parent: tuple[str, str, str]) -> tuple[tuple[str, str], ...] | None:
+    slots = ctx.slots.get(parent)
+    return None if slots is None else tuple(sorted(slots))
+
+
 def run_of(metadata: Any) -> str | None:
     """The run a checkpoint belongs to: metadata "run_id" (LangGraph's server and
     callers set it through ``config["metadata"]``)."""

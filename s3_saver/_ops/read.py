@@ -10,7 +10,7 @@ from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
 from s3_saver._index.base import CheckpointEntry
 from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
-from s3_saver._ops.lagged import Tail, build_listed, newest_complete, nothing_yet
+from s3_saver._ops.lagged import Parents, Tail, build_listed, newest_complete, nothing_yet, proves_items
 from s3_saver._ops.resolve import Resolver, fetch_and_build
 from s3_saver._protocol import Emit, Op
 from s3_saver.errors import MissingObjectError
@@ -109,6 +109,8 @@ def _list_thread(
     cursor: Any = None
     # A replica's newest checkpoints may be passed over (lag): count what is built.
     tail = Tail() if ctx.replica is not None else None
+    # A replica's index may miss items: what is served has no hole (see lagged).
+    parents = Parents() if proves_items(ctx) else None
     # A checkpoint is followed by a few write parts: `limit` bounds how much of
     # the thread the first page reads (a filter may need more pages).
     page_size = min(_MAX_PAGE, 4 * limit + 4) if limit is not None else None
@@ -122,6 +124,8 @@ def _list_thread(
             e for e in complete
             if not ctx.expired(e) and (before_id is None or e.checkpoint_id < before_id)
         ]
+        if parents is not None:
+            parents.listed(complete)
         for entry in candidates:
             resolver.add(entry)
         matched = yield from _filtered(resolver, candidates, filter)
@@ -137,11 +141,15 @@ def _list_thread(
             if remaining is not None:
                 built = built[:remaining]
                 remaining -= len(built)
+            if parents is not None:
+                parents.serve(ctx, _served(chunk, built))
             for tup in built:
                 yield Emit(tup)
             if remaining == 0:
                 break
         if cursor is None or remaining == 0:
+            if parents is not None and remaining != 0:
+                parents.serve(ctx, [], ended=True)
             if tail is not None and ctx.replica is not None:
                 ctx.replica.tell(None, None, tail.skipped)
             return
@@ -169,9 +177,16 @@ def _list_all(
         emitted = 0
         for thread_id in dict.fromkeys(e.thread_id for e in matched):
             tail = Tail()
+            parents = Parents() if proves_items(ctx) else None
+            if parents is not None:
+                parents.listed([e for e in entries if e.thread_id == thread_id])
             mine = [e for e in matched if e.thread_id == thread_id]
             for i in range(0, len(mine), _LIST_CHUNK):
-                for tup in (yield from build_listed(ctx, resolver, mine[i : i + _LIST_CHUNK], tail)):
+                chunk = mine[i : i + _LIST_CHUNK]
+                built = yield from build_listed(ctx, resolver, chunk, tail)
+                if parents is not None:
+                    parents.serve(ctx, _served(chunk, built), ended=True)
+                for tup in built:
                     if limit is not None and emitted >= limit:
                         return
                     emitted += 1
@@ -182,6 +197,12 @@ def _list_all(
     for i in range(0, len(matched), _LIST_CHUNK):
         for tup in (yield from fetch_and_build(resolver, matched[i : i + _LIST_CHUNK])):
             yield Emit(tup)
+
+
+def _served(chunk: list[CheckpointEntry], built: list[CheckpointTuple]) -> list[CheckpointEntry]:
+    """The entries of ``chunk`` that ``built`` holds (a replica passes some over)."""
+    ids = {(t.config["configurable"]["checkpoint_ns"], t.config["configurable"]["checkpoint_id"]) for t in built}
+    return [e for e in chunk if (e.ns, e.checkpoint_id) in ids]
 
 
 def _filtered(

@@ -246,9 +246,10 @@ class Resolver:
         deleted thread that had a checkpoint of the same id.
         """
         parts = []
-        for w in one_line(entry.writes or [], self.ctx.s3.bucket):
-            if w.gen < entry.gen:
-                continue
+        used = [w for w in one_line(entry.writes or [], self.ctx.s3.bucket) if w.gen >= entry.gen]
+        # A checkpoint put after this one names the slots it was made from (see put).
+        self.ctx.slots.add(entry.key, [(w.task_id, w.part) for w in used])
+        for w in used:
             if w.body is not None:
                 parts.append(unpack(w.body, WRITES_FORMAT, f"index item for writes of {w.task_id}"))
             else:

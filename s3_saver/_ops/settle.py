@@ -167,9 +167,26 @@ def _settle_thread(
     if authority is not None:
         # Before the index that leaves them out (see ``record_set_aside`` below).
         yield from record_set_aside(target, thread_id, aside)
-    kept = [replace(e, writes=[]) for e in entries.values()]
+    kept = [_chain_kept(replace(e, writes=[]), entries, writes) for e in entries.values()]
     yield from target.index.restore(thread_id, kept, writes, created or target.now())
     target.locs.forget_thread(thread_id)
+
+
+def _chain_kept(
+    entry: CheckpointEntry, entries: dict[tuple[str, str, str], CheckpointEntry], writes: list[WritesEntry]
+) -> CheckpointEntry:
+    """What the entry says of its parent, as the merge leaves it: a parent left
+    out is gone (a replica reading the other region's copy of a global table
+    must not take it for a hole), and the parent's write slots it names are
+    those kept (see CheckpointEntry.chained)."""
+    if not entry.chained or entry.parent_id is None:
+        return entry
+    if (entry.thread_id, entry.ns, entry.parent_id) not in entries:
+        entry.parent_gone = True
+    elif entry.parent_writes is not None:
+        slots = {(w.task_id, w.part) for w in writes if (w.ns, w.checkpoint_id) == (entry.ns, entry.parent_id)}
+        entry.parent_writes = tuple(s for s in entry.parent_writes if s in slots)
+    return entry
 
 
 def _ids(entries: Iterable[CheckpointEntry], writes: Iterable[WritesEntry]) -> tuple[set, set]:
