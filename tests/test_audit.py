@@ -124,6 +124,36 @@ def test_orphans_are_collected_after_the_grace_period(saver, endpoint) -> None:
     assert saver.get_tuple(config("t")) == before
 
 
+def test_writes_whose_checkpoint_never_came_leave_the_index_after_the_grace_period(saver, endpoint) -> None:
+    """A run that ended between a step's writes and that checkpoint's commit (its
+    process died; a delete or delete_for_runs refused the checkpoint) leaves
+    writes no read shows. Younger than the grace period they may be a run in
+    flight's and stay; older, gc takes them out of the index, then their objects
+    (issue 33: they outlived every prune and delete of the thread)."""
+    last = grow_thread(saver, "t", 3)
+    never = checkpoint({"counter": 9}, {"counter": "9"})
+    saver.put_writes(config("t", checkpoint_id=never["id"]), [("counter", 1), ("__interrupt__", "why")], "task-1")
+    written = [k for k in keys(endpoint, "live/t/") if never["id"] in k]
+    assert len(written) == 2
+    before = saver.get_tuple(config("t"))
+
+    young = saver.collect_garbage()  # the default grace period: an hour
+    assert young.deleted == [] and young.ok
+    held = saver._sync.run(saver._ctx.index.holdings("t"))
+    assert len([w for w in held.live if getattr(w, "checkpoint_id", None) == never["id"]]) == 2
+    saver.prune(["t"], keep_last=1)  # a prune leaves them: a run in flight's, for all it can tell
+    assert all(k in keys(endpoint, "live/t/") for k in written)
+
+    assert {p.key for p in saver.audit(older_than=NOW).orphans} == set(written)
+    done = saver.collect_garbage(older_than=NOW)
+    assert sorted(done.deleted) == sorted(written)
+    assert [k for k in keys(endpoint, "live/t/") if never["id"] in k] == []
+    held = saver._sync.run(saver._ctx.index.holdings("t"))
+    assert [e for e in held.live + held.kept if getattr(e, "checkpoint_id", None) == never["id"]] == []
+    assert_clean(saver.audit(older_than=NOW))
+    assert saver.get_tuple(config("t")).checkpoint == before.checkpoint == saver.get_tuple(last).checkpoint
+
+
 def test_unindexed_threads_are_kept_unless_asked(saver, endpoint, index_mode) -> None:
     grow_thread(saver, "lost", 3)
     # The thread's index is lost (a table emptied, a manifest removed).

@@ -206,27 +206,37 @@ def test_a_late_write_that_missed_the_tombstone_is_refused_or_invisible(endpoint
 
 
 def test_writes_sent_ahead_of_their_checkpoint_across_a_delete_leave_the_thread_deleted(endpoint, index_mode) -> None:
-    """LangGraph sends a step's writes while its checkpoint's put is under way; here
-    another process deletes the thread between the two. The writes commit under
-    the generation the thread has then (as a read of its record would have given
-    them: nothing tells they belong to the deleted history), the put is refused,
-    and nothing of either is readable; the next delete takes their objects."""
+    """LangGraph sends a step's writes while its checkpoint's put is under way (or
+    not begun); here another process deletes the thread between the two. The
+    writes were made on a checkpoint of the deleted history: they are refused
+    with ThreadDeletedError and take their objects back, as the put that follows
+    is. A LangGraph user sees the run fail with the error the step's put raises
+    anyway (the background task that sent the writes re-raises it): the run was
+    deleted, and nothing of it may enter the thread's next life (issue 33). Taken
+    into the new generation instead, the writes would name a checkpoint no read
+    shows, and stay stored after the delete the user asked for."""
     writer = make_saver(endpoint, index_mode)
     writer.setup()
     last = grow_thread(writer, "t", 3)
     version = writer.get_next_version(writer.get_tuple(last).checkpoint["channel_versions"]["counter"], None)
     ahead = checkpoint({"counter": 9, "doc": "a document"}, {"counter": version, "doc": "1"})
     make_saver(endpoint, index_mode).delete_thread("t")
-    writer.put_writes(config("t", checkpoint_id=ahead["id"]), [("counter", 1)], "task-1", "path")
+    with pytest.raises(ThreadDeletedError):
+        writer.put_writes(config("t", checkpoint_id=ahead["id"]), [("counter", 1)], "task-1", "path")
     with pytest.raises(ThreadDeletedError):
         writer.put(last, ahead, {"source": "loop", "step": 3}, {"counter": version})
-    reader = make_saver(endpoint, index_mode)
-    assert reader.get_tuple(config("t")) is None and _state(reader, "t", None) == []
-    assert reader.get_tuple(config("t", checkpoint_id=ahead["id"])) is None
-    assert [t for t in reader.list(None) if t.config["configurable"]["thread_id"] == "t"] == []
-    assert "t" not in [t.thread_id for t in reader.list_threads()]
-    reader.delete_thread("t")
+    # Nothing of the deleted run is stored or indexed, before any other delete.
     assert _objects(endpoint, "live/t/") == []
+    reader = make_saver(endpoint, index_mode)
+    held = reader._sync.run(reader._ctx.index.holdings("t"))
+    assert [*held.live, *held.kept] == []
+    assert reader.get_tuple(config("t")) is None and _state(reader, "t", None) == []
+    assert "t" not in [t.thread_id for t in reader.list_threads()]
+    # The id is free: a run started afresh in the same process writes as any.
+    first = checkpoint({"counter": 0}, {"counter": writer.get_next_version(None, None)})
+    fresh = writer.put(config("t"), first, {"source": "input", "step": -1}, dict(first["channel_versions"]))
+    writer.put_writes(fresh, [("counter", 1)], "task-2", "path")
+    assert [(w[1], w[2]) for w in reader.get_tuple(config("t")).pending_writes] == [("counter", 1)]
     for s in (writer, reader):
         s.close()
 

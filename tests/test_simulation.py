@@ -18,7 +18,7 @@ Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 60, exha
 (run the whole budget and report every failure instead of stopping at the first),
 ``SIM_FAILURES_FILE`` (append each failed schedule as a JSON line),
 ``SIM_EXHAUSTIVE_CAP`` (schedules per pair and fault kind, default 12), ``SIM_CHECKS``
-(which of the checks a,b,c,d of tests/sim/check.py run; default all).
+(which of the checks a,b,c,d,e of tests/sim/check.py run; default all).
 ``make soak SOAK_MINUTES=N`` splits N minutes across these and the stateful tests.
 """
 

@@ -6,11 +6,17 @@ call returned is never lost, and nothing that reads back fails."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
 
 from conftest import make_saver
 from helpers import checkpoint, config
-from soundness_support import RESUME, Race, chain, count_waves, fresh, reset
+from soundness_support import RESUME, Race, chain, count_waves, fresh, mentions, objects, reset
+from test_graphs import review_builder
 
 from s3_saver import (
     MissingObjectError,
@@ -244,3 +250,94 @@ def test_extra_a_put_restoring_the_thread_during_archive_cleanup_is_not_deleted(
     returned reads afterwards (after a restore)."""
     bad = _archive_race(endpoint, index_mode, monkeypatch, prior=4, racing=1, check=_nothing_lost_check(endpoint, index_mode))
     assert bad == [], "\n".join(map(repr, bad))
+
+
+# -- issue 33: a delete_thread while a step's put is in flight --------------------------------
+def _held(saver, thread_id: str) -> list[Any]:
+    """What the thread's index still names (entries a reader follows, and the kept)."""
+    held = saver._sync.run(saver._ctx.index.holdings(thread_id))
+    return [*held.live, *held.kept]
+
+
+@pytest.mark.parametrize("deleter_is", ["another process", "the runner"])
+def test_issue33_delete_during_a_step_keeps_none_of_the_step_s_writes(endpoint, index_mode, monkeypatch, deleter_is) -> None:
+    """LangGraph sends a step's put_writes while that checkpoint's put is under way.
+    The put has read the thread; the thread is deleted; the step's writes come (their
+    commit is refused by the delete's generation); then the put lands (refused). Neither
+    the writes nor the checkpoint is committed into the new generation: after gc, the
+    index names nothing of the deleted run and the bucket holds none of its objects."""
+    runner = fresh(endpoint, index_mode)
+    runner.setup()
+    thread_id = f"race-{deleter_is.split()[-1]}"
+    base, mid, (late, new) = _run_thread(runner, thread_id, "r-del")
+    late_cfg = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": late["id"]}}
+    deleter = runner if deleter_is == "the runner" else fresh(endpoint, index_mode)
+
+    def racer() -> None:
+        deleter.delete_thread(thread_id)
+        runner.put_writes(late_cfg, [("x", "a task's output of the deleted run"), (RESUME, "resume")], "task-1")
+
+    with monkeypatch.context() as patch:
+        # Round trip 1 of the put is its commit: it has written its objects and read the thread.
+        race = Race(patch, 1, racer)
+        with pytest.raises(ThreadDeletedError):
+            runner.put(mid, late, {"run_id": "r-del"}, new)
+    assert race.fired
+    assert isinstance(race.raised, ThreadDeletedError), race.raised
+    reader = fresh(endpoint, index_mode)
+    # Refused, not left for a collection to find: nothing before gc, nothing after.
+    for collect in (False, True):
+        if collect:
+            reader.collect_garbage([thread_id], older_than=timedelta(0))
+        assert _held(reader, thread_id) == []
+        left = [k for k in objects(endpoint) if mentions(thread_id, k) and "/live/" in f"/{k}"]
+        assert left == []
+    assert reader.get_tuple(late_cfg) is None
+
+    # The thread started afresh by the runner: its first step's writes, sent while
+    # that checkpoint's put is under way, go with it into the new generation.
+    first = checkpoint({"counter": 0}, {"counter": runner.get_next_version(None)})
+    first_cfg = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": first["id"]}}
+    with monkeypatch.context() as patch:
+        race = Race(patch, 1, lambda: runner.put_writes(first_cfg, [("x", "the new run's")], "task-2"))
+        runner.put(config(thread_id), first, {"run_id": "r-new"}, dict(first["channel_versions"]))
+    assert race.fired and race.raised is None, race.raised
+    found = fresh(endpoint, index_mode).get_tuple(config(thread_id))
+    assert found.config["configurable"]["checkpoint_id"] == first["id"]
+    assert [(w[1], w[2]) for w in found.pending_writes] == [("x", "the new run's")]
+
+
+def test_issue33_after_the_race_the_same_process_runs_the_id_afresh_and_resumes_it(endpoint, index_mode, monkeypatch) -> None:
+    """After a delete raced a step (its writes and its put refused), the runner's next
+    run under the id is a new thread, written by the process that still knows the
+    deleted generation: it stops at two interrupts, is resumed twice (the resume
+    values are pending writes sent as its steps' puts go) and ends as with
+    InMemorySaver, read back by this process and by a fresh one."""
+    runner = fresh(endpoint, index_mode)
+    runner.setup()
+    thread_id = "race-then-run"
+    _, mid, (late, new) = _run_thread(runner, thread_id, "r-del")
+    late_cfg = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": late["id"]}}
+
+    def racer() -> None:
+        fresh(endpoint, index_mode).delete_thread(thread_id)
+        runner.put_writes(late_cfg, [("x", "a task's output of the deleted run")], "task-1")
+
+    with monkeypatch.context() as patch:
+        race = Race(patch, 1, racer)
+        with pytest.raises(ThreadDeletedError):
+            runner.put(mid, late, {"run_id": "r-del"}, new)
+    assert race.fired and isinstance(race.raised, ThreadDeletedError), race.raised
+
+    cfg = {"configurable": {"thread_id": thread_id}}
+    ours = review_builder().compile(checkpointer=runner)
+    ref = review_builder().compile(checkpointer=InMemorySaver())
+    for graph in (ours, ref):
+        graph.invoke({"items": ["in"]}, cfg)
+        graph.invoke(Command(resume="yes"), cfg)
+        graph.invoke(Command(resume="fine"), cfg)
+    expected = [s.values for s in ref.get_state_history(cfg)]
+    assert expected[0]["items"][-1] == "published"
+    for reader in (runner, fresh(endpoint, index_mode)):
+        graph = review_builder().compile(checkpointer=reader)
+        assert [s.values for s in graph.get_state_history(cfg)] == expected

@@ -169,6 +169,9 @@ class ArchiveIndex(Index):
     def drop(self, thread_id: str, plan: Any, release: Any) -> Op[None]:
         raise self._refuse("prune")
 
+    def drop_strays(self, thread_id: str, strays: list[WritesEntry]) -> Op[list[WritesEntry]]:
+        raise self._refuse("collect_garbage")
+
     def copy_thread(self, source: str, dest: str, entries: Any, writes: Any, now: int, release: Any) -> Op[None]:
         raise self._refuse("copy_thread")
 

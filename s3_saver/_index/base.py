@@ -502,6 +502,14 @@ class Index(ABC):
         the dropped ones name and nothing still in the index names."""
 
     @abstractmethod
+    def drop_strays(self, thread_id: str, strays: list[WritesEntry]) -> Op[list[WritesEntry]]:
+        """Take out pending-write parts whose checkpoint the index does not hold
+        (``collect_garbage``: a run that ended between its writes and its
+        checkpoint's commit, longer ago than the grace period): each only while
+        its checkpoint is still absent and its slot still holds that very part,
+        checked atomically with the removal. Returns the parts taken out."""
+
+    @abstractmethod
     def copy_thread(
         self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int, release: Release
     ) -> Op[None]:

@@ -354,6 +354,43 @@ class DynamoLifecycle:
         _, staying = yield from self._contents(thread_id)
         yield from release(cut.drop, staying)
 
+    def drop_strays(self, thread_id: str, strays: list[WritesEntry]) -> Op[list[WritesEntry]]:
+        """One transaction per checkpoint: its parts go, each while its slot holds
+        that token, only while the checkpoint has no item (a put landing first
+        keeps them: its writes are its own again)."""
+        calls = self.calls
+        by_checkpoint: dict[tuple[str, str], list[WritesEntry]] = {}
+        for w in strays:
+            by_checkpoint.setdefault((w.ns, w.checkpoint_id), []).append(w)
+        dropped: list[WritesEntry] = []
+        for (ns, checkpoint_id), parts in sorted(by_checkpoint.items()):
+            absent = {
+                "ConditionCheck": {
+                    "TableName": self.table,
+                    "Key": calls.key_of(thread_id, ns, checkpoint_id),
+                    "ConditionExpression": "attribute_not_exists(#k)",
+                    "ExpressionAttributeNames": {"#k": PARTITION_KEY},
+                }
+            }
+            for start in range(0, len(parts), _TRANSACTION_ACTIONS - 1):
+                chunk = parts[start : start + _TRANSACTION_ACTIONS - 1]
+                deletes = [
+                    {
+                        "Delete": {
+                            "TableName": self.table,
+                            "Key": calls.writes_key(w),
+                            "ConditionExpression": "#t = :t",
+                            "ExpressionAttributeNames": {"#t": "token"},
+                            "ExpressionAttributeValues": {":t": {"S": w.token}},
+                        }
+                    }
+                    for w in chunk
+                ]
+                refused = yield from self.transact([absent, *deletes], f"stray writes of thread {thread_id!r}")  # type: ignore[attr-defined]
+                if not refused:
+                    dropped += chunk
+        return dropped
+
     def copy_thread(
         self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int, release: Release
     ) -> Op[None]:

@@ -334,6 +334,29 @@ class ManifestLifecycle:
             f"other writers; prune gave up after {_MAX_SWAPS} attempts (nothing was removed)"
         )
 
+    def drop_strays(self, thread_id: str, strays: list[WritesEntry]) -> Op[list[WritesEntry]]:
+        """One swap takes the parts out of the head, each while the head holds
+        that very part and no entry of its checkpoint (a checkpoint committed
+        lands in the head; sealed, its writes went with it)."""
+        slots = {(w.ns, w.checkpoint_id, w.task_id, w.part, w.token) for w in strays}
+        dropped: list[WritesEntry] = []
+
+        def take(head: Head) -> Head | None:
+            dropped.clear()
+            if head.archive is not None:
+                return None  # writes parked until a restore: not strays
+            present = {(e.ns, e.checkpoint_id) for e in head.entries}
+            for w in head.writes:
+                if (w.ns, w.checkpoint_id, w.task_id, w.part, w.token) in slots and (w.ns, w.checkpoint_id) not in present:
+                    dropped.append(w)
+            if not dropped:
+                return None
+            gone = {id(w) for w in dropped}
+            return replace(head, writes=[w for w in head.writes if id(w) not in gone])
+
+        yield from self._update(thread_id, take)
+        return list(dropped)
+
     def _clear_graveyard(self, head: Head, release: Release, unlist: bool) -> Op[Head]:
         """Delete what ``head``'s graveyard holds (the objects its entries, and the
         entries of its buried segments, name and no entry the head still holds

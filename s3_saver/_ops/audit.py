@@ -30,11 +30,11 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from s3_saver._index.base import ArchiveRef, CheckpointEntry, Holdings
+from s3_saver._index.base import ArchiveRef, CheckpointEntry, Holdings, WritesEntry
 from s3_saver._keys import KeyLayout, decode
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
@@ -213,6 +213,12 @@ def collect_garbage(
             held = yield from ctx.index.holdings(thread_id)
         except (CorruptObjectError, MissingObjectError):
             continue
+        # Stray writes found old go from the index first (while their checkpoint
+        # is still absent), then their objects: never an entry naming nothing.
+        strays = [w for w in _strays(held) if _own_key(ctx, w) in doomed]
+        if strays:
+            gone = {_own_key(ctx, w) for w in (yield from ctx.index.drop_strays(thread_id, strays))}
+            held = replace(held, live=[e for e in held.live if not isinstance(e, WritesEntry) or _own_key(ctx, e) not in gone])
         keys = sorted(doomed - _referenced(ctx, thread_id, held))
         yield from delete_keys(ctx, keys, f"garbage of thread {thread_id!r}")
         report.deleted += keys
@@ -238,6 +244,15 @@ def _audit_thread(ctx: Context, thread_id: str, objects: list[_Object], cutoff: 
             else StoreProblem(UNINDEXED, thread_id, o.key, "no index entry of this thread", o.size, o.modified)
             for o in objects
         ]
+    # Writes whose checkpoint the index does not hold, their object older than the
+    # grace period: a run that ended between its writes and its checkpoint (its
+    # process died, or a delete refused the checkpoint). No read shows them:
+    # orphans, which collect_garbage takes out of the index first.
+    stray = {
+        id(w) for w in _strays(held)
+        if (o := by_key.get(_own_key(ctx, w))) is not None and o.modified.timestamp() <= cutoff
+    }
+    held = replace(held, live=[e for e in held.live if id(e) not in stray])
     needed = _needed(ctx, thread_id, held)
     keep = _referenced(ctx, thread_id, held)
     problems: list[StoreProblem] = []
@@ -251,6 +266,19 @@ def _audit_thread(ctx: Context, thread_id: str, objects: list[_Object], cutoff: 
         what = "not referenced by the index" + (" (younger than the grace period: a write may still commit it)" if young else "")
         problems.append(StoreProblem(IN_FLIGHT if young else ORPHAN, thread_id, obj.key, what, obj.size, obj.modified))
     return problems
+
+
+def _strays(held: Holdings) -> list[WritesEntry]:
+    """Live pending writes whose checkpoint the index does not hold (none for an
+    archived thread: its writes wait in the index for its restore)."""
+    if any(isinstance(e, ArchiveRef) for e in held.live):
+        return []
+    present = {(e.ns, e.checkpoint_id) for e in held.live + held.kept if isinstance(e, CheckpointEntry)}
+    return [e for e in held.live if isinstance(e, WritesEntry) and (e.ns, e.checkpoint_id) not in present]
+
+
+def _own_key(ctx: Context, entry: Any) -> str:
+    return ctx.layout.object_key(own_object(entry), entry.thread_id)
 
 
 def _expired(ctx: Context, entry: Any) -> bool:

@@ -62,10 +62,51 @@ class LocCache:
             return self._gens.get(thread_id)
 
     def forget_thread(self, thread_id: str) -> None:
+        """Drop the thread's loc maps. The generation last seen stays: the writes
+        of a run still in flight here fence on it after a delete, prune, archive
+        or restore (none of which lowers it), and a newer one refuses them unless
+        their checkpoint is there (``put._joins``); forgotten, they would read the
+        newest and be taken into it."""
         with self._lock:
             for key in [k for k in self._data if k[0] == thread_id]:
                 del self._data[key]
-            self._gens.pop(thread_id, None)
+
+
+class Starting:
+    """Runs this process starts afresh on a thread: its first checkpoint (root
+    namespace, no parent) being put, or put already, in a generation. LangGraph
+    sends the writes of a run's steps before their checkpoints' puts land (each
+    put waits for the previous one); they belong where the run's first
+    checkpoint went (see ``put._joins``)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._putting: dict[str, int] = {}
+        self._began: OrderedDict[str, int] = OrderedDict()  # thread -> generation
+        self._lock = threading.Lock()
+
+    def add(self, thread_id: str) -> None:
+        with self._lock:
+            self._putting[thread_id] = self._putting.get(thread_id, 0) + 1
+
+    def done(self, thread_id: str, gen: int | None) -> None:
+        """The put ended: committed into ``gen``, or refused (None)."""
+        with self._lock:
+            left = self._putting.get(thread_id, 0) - 1
+            if left > 0:
+                self._putting[thread_id] = left
+            else:
+                self._putting.pop(thread_id, None)
+            if gen is not None:
+                self._began[thread_id] = gen
+                self._began.move_to_end(thread_id)
+                while len(self._began) > self._size:
+                    self._began.popitem(last=False)
+
+    def began(self, thread_id: str, gen: int) -> bool:
+        """Whether this process is starting the thread, or started it in ``gen``."""
+        with self._lock:
+            return thread_id in self._putting or self._began.get(thread_id) == gen
 
 
 class WriteSlots:
@@ -158,6 +199,7 @@ class Context:
     noted: Noted = field(default_factory=Noted)
     listed: Noted = field(default_factory=Noted)
     archives: Archives = field(default_factory=Archives)
+    starting: Starting = field(default_factory=Starting)
     # List values last written or read, the bases of deltas (see ``_pieces``).
     lists: HeldLists = field(default_factory=HeldLists)
     slots: WriteSlots = field(default_factory=WriteSlots)

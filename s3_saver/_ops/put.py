@@ -60,6 +60,29 @@ def put(
     new_versions: ChannelVersions,
 ) -> Op[RunnableConfig]:
     thread_id, ns, parent_id = target(config)
+    if parent_id is not None or ns != "":
+        return (yield from _put(ctx, config, checkpoint, metadata, new_versions))
+    # A run starting afresh: the writes of its steps sent before their puts land
+    # go into the generation this one goes into (see _joins).
+    ctx.starting.add(thread_id)
+    gen = None
+    try:
+        done = yield from _put(ctx, config, checkpoint, metadata, new_versions)
+        known = ctx.locs.get((thread_id, ns, checkpoint["id"]))
+        gen = known[1] if known is not None else None
+        return done
+    finally:
+        ctx.starting.done(thread_id, gen)
+
+
+def _put(
+    ctx: Context,
+    config: RunnableConfig,
+    checkpoint: Checkpoint,
+    metadata: CheckpointMetadata,
+    new_versions: ChannelVersions,
+) -> Op[RunnableConfig]:
+    thread_id, ns, parent_id = target(config)
     checkpoint_id = checkpoint["id"]
     values = checkpoint["channel_values"]
     now = ctx.now()
@@ -283,6 +306,37 @@ def _fenced(ctx: Context, record: Tombstone, entry: Any, objects: list[str], cre
         yield from ctx.index.cancel_archiving(thread_id, record.archiving)
 
 
+def _joins(ctx: Context, own: tuple[str, str, str], gen: int) -> Op[bool]:
+    """Whether pending writes of checkpoint ``own``, made before a delete (or by a
+    process that never saw the thread), go into its generation ``gen``: only
+    with their checkpoint. It is there when this process put or read it in
+    ``gen``, or the index has it in ``gen``; or it will be when this process
+    started the thread afresh in ``gen`` or is starting it (a new run's writes
+    come before the puts of their checkpoints, which wait for its first one).
+    Otherwise the checkpoint continues the deleted history (its put is refused)
+    and so are they: committed into ``gen`` they would name a checkpoint no
+    read shows, and stay stored after the delete (invariant: a deleted thread
+    keeps nothing of its runs)."""
+    seen = ctx.locs.get(own)
+    if seen is not None:
+        return seen[1] == gen
+    if ctx.starting.began(own[0], gen):
+        return True
+    found = (yield from ctx.index.entries([own])).get(own)
+    if found is not None and found.gen == gen:
+        ctx.locs.put(own, (found.loc, found.gen, found.tag))
+        return True
+    return False
+
+
+def _writes_deleted(ctx: Context, thread_id: str, checkpoint_id: str) -> ThreadDeletedError:
+    return ThreadDeletedError(
+        f"thread {thread_id!r} was deleted while a run wrote to it ({ctx.index.describe()}): "
+        f"the pending writes of its checkpoint {checkpoint_id!r} are refused. Start the thread "
+        "afresh (invoke without a checkpoint_id) to use the id again."
+    )
+
+
 def _deleted(ctx: Context, thread_id: str, checkpoint_id: str) -> ThreadDeletedError:
     return ThreadDeletedError(
         f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
@@ -350,23 +404,22 @@ def put_writes(
         return
     # A checkpoint this process wrote or read carries its generation: the
     # commit's fence checks it, nothing is read first (see put). LangGraph sends
-    # a step's writes while the put of their checkpoint may still be under way:
-    # then the thread's generation as this process last saw it stands in, and a
-    # refusal that names a newer one is taken as the checkpoint's (as a read
-    # of the record here would have been).
-    known = ctx.locs.get((thread_id, ns, checkpoint_id))
-    extends = known[1] if known is not None else ctx.locs.thread_gen(thread_id)
-    _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None, None, extends))
+    # a step's writes while the put of their checkpoint may still be under way
+    # (or not begun): then the thread's generation as this process last saw it
+    # stands in. Made in an older generation than the thread has now, or by a
+    # process that never saw the thread once it has been deleted, they go into
+    # the new one only with their checkpoint (_joins).
+    own = (thread_id, ns, checkpoint_id)
+    known = ctx.locs.get(own)
+    made_in = known[1] if known is not None else ctx.locs.thread_gen(thread_id)
+    _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None, None, made_in))
     if prepared.archive is not None:
         yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
         prepared = yield from ctx.index.prepare(thread_id, ns, None)
     gen = prepared.gen
-    if gen and known is not None and known[1] < gen:
+    if gen and (made_in is None or made_in < gen) and not (yield from _joins(ctx, own, gen)):
         yield from _take_back(ctx, list(objects))
-        raise ThreadDeletedError(
-            f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
-            f"({ctx.index.describe()}); its pending writes are refused"
-        )
+        raise _writes_deleted(ctx, thread_id, checkpoint_id)
     expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
     for entry in entries:
         entry.gen, entry.expires_at = gen, expires_at
@@ -381,9 +434,12 @@ def put_writes(
                 outcome = yield from ctx.index.commit_writes(entries)
                 break
             except Fenced as fenced:
-                # A delete since the generation this call extends: the writes go with
-                # the checkpoint they were made on.
-                yield from _fenced(ctx, fenced.record, entries[0], list(objects), created=known is None)
+                # A delete since the generation these writes were made in: they go
+                # with their checkpoint, into the new generation only if it is there.
+                record = fenced.record
+                moves = record.archive is None and record.gen != entries[0].gen
+                joins = moves and (yield from _joins(ctx, own, record.gen))
+                yield from _fenced(ctx, record, entries[0], list(objects), created=joins)
                 for entry in entries:
                     entry.gen = entries[0].gen
         else:

@@ -409,11 +409,11 @@ class PutWrites(ModelOp):
         gone = not state.present(self.t, self.ns, self.cid) or state.is_maybe(self.t, self.ns, self.cid)
         if kind in ("ok", "abandoned"):
             if tomb:
-                # A pending write for a checkpoint of the deleted history, by a process
-                # that never read that checkpoint, cannot be told from an early write
-                # of a run started afresh: it lands in the new generation, naming a
-                # checkpoint that is not there (invisible; the next delete removes it).
-                # A process that read the checkpoint is refused (ThreadDeletedError).
+                # A pending write for a checkpoint of the deleted history answers
+                # "ok" only when it committed before the delete (which removed it):
+                # after the delete it is refused (ThreadDeletedError), never taken
+                # into the new generation (issue 33; check (e) looks for it in the
+                # index, since no read shows it).
                 return [state] + (_restored(state, self.t) if kind == "abandoned" else [])
             done = self._applied(state)
             if self.t not in state.archived:

@@ -151,9 +151,9 @@ def _done(out: Outcome, world: World, calls_before: int, began: float) -> Outcom
     return out
 
 
-# Which checks run (SIM_CHECKS=a,b,c,d; default all): leaving one out lets a
+# Which checks run (SIM_CHECKS=a,b,c,d,e; default all): leaving one out lets a
 # long run look past a known defect (e.g. SIM_CHECKS=a,b,d while leftovers are fixed).
-CHECKS = set((os.environ.get("SIM_CHECKS") or "a,b,c,d").split(","))
+CHECKS = set((os.environ.get("SIM_CHECKS") or "a,b,c,d,e").split(","))
 
 
 def _verify(world: World, prefix: str, scenario: W.Scenario, history: list[Any], state: M.ModelState, rng: random.Random, out: Outcome) -> None:
@@ -189,8 +189,16 @@ def _verify(world: World, prefix: str, scenario: W.Scenario, history: list[Any],
         for t in threads:
             if C.deleted_cleanly(history, found.state, t):
                 problems.extend(C.leftovers(world, prefix, t))
+    # (e) before any collection (put_writes refused them), and after it.
+    settled = [t for t in threads if "e" in CHECKS and C.settled_after_delete(history, t)]
+    for t in settled:
+        problems.extend(C.orphan_writes(world.saver(prefix), t, "before collect_garbage"))
     if "d" in CHECKS:
         _gc_changes_nothing(world, prefix, threads, observed, problems)
+    for t in settled:
+        if "d" not in CHECKS:
+            world.saver(prefix).collect_garbage([t], older_than=timedelta(0))
+        problems.extend(C.orphan_writes(world.saver(prefix), t, "after collect_garbage"))
     if not found.ok and scenario.archiving:
         _after_restore(world, prefix, scenario, history, state, problems)
 
