@@ -219,3 +219,26 @@ def test_erase_cut_after_any_round_trip_finishes_when_called_again(endpoint: str
         assert again.audit(older_than=timedelta(0)).problems == [], cut
         for s in (eraser, again, writer):
             s.close()
+
+
+@pytest.mark.parametrize("mode", ("manifest", "dynamodb", "dynamodb-global"))
+def test_erase_with_a_replica_erases_the_replica_bucket_and_index(regions, mode: str) -> None:
+    from regions import PRIMARY_BUCKET, PRIMARY_REGION, REPLICA_BUCKET, REPLICA_REGION, TABLE_NAME
+    from test_replica import _saver
+
+    index_mode = "manifest" if mode == "manifest" else "dynamodb"
+    saver = _saver(regions, mode)
+    _write(saver, DOOMED, archive=False)
+    _write(saver, KEPT, turns=1, archive=False)
+    regions.replicator.sync()
+    assert _versions(regions.moto, REPLICA_BUCKET, DOOMED, REPLICA_REGION)
+    kept = sorted((v["Key"], v["VersionId"]) for v in _versions(regions.moto, REPLICA_BUCKET, KEPT, REPLICA_REGION))
+
+    report = saver.erase_thread(DOOMED)
+    assert report.buckets == (PRIMARY_BUCKET, REPLICA_BUCKET) and report.complete, report.remaining
+    if mode == "dynamodb-global":
+        regions.replicator.sync()  # the global table carries the item deletes over
+    for bucket, region in ((PRIMARY_BUCKET, PRIMARY_REGION), (REPLICA_BUCKET, REPLICA_REGION)):
+        _assert_erased(regions.moto, index_mode, bucket=bucket, table=TABLE_NAME, region=region)
+    assert sorted((v["Key"], v["VersionId"]) for v in _versions(regions.moto, REPLICA_BUCKET, KEPT, REPLICA_REGION)) == kept
+    assert saver.get_tuple(_cfg(KEPT)) is not None and saver.get_tuple(_cfg(DOOMED)) is None

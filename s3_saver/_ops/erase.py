@@ -118,8 +118,12 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
     deleted = 0
     remaining: list[Remaining] = []
     records: list[str] = []
+    named: tuple[set[str], set[str]] | None = None
     for site, own_index in ((ctx, True), *others):
-        count, left, record = yield from _erase_in(site, thread_id, own_index)
+        # A global table's replica is the same index: what the region written
+        # to names after its delete is the answer there too (its copy may lag).
+        count, left, record, found = yield from _erase_in(site, thread_id, own_index, None if own_index else named)
+        named = named or found
         deleted += count
         remaining += left
         records.append(record)
@@ -128,7 +132,9 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
     )
 
 
-def _erase_in(ctx: Context, thread_id: str, own_index: bool) -> Op[tuple[int, list[Remaining], str]]:
+def _erase_in(
+    ctx: Context, thread_id: str, own_index: bool, named: tuple[set[str], set[str]] | None
+) -> Op[tuple[int, list[Remaining], str, tuple[set[str], set[str]]]]:
     # Taken before the delete's first write: a write that commits into the
     # generation after it sends its objects with its read of the record, after it.
     start = time.time()
@@ -144,7 +150,7 @@ def _erase_in(ctx: Context, thread_id: str, own_index: bool) -> Op[tuple[int, li
             yield from delete.delete_thread(ctx, thread_id)
         except TableNotFoundError:
             indexed = False  # a replica's table never made (promote builds it): nothing to delete there
-    keep, own = yield from _named(ctx, thread_id)
+    keep, own = named if named is not None else (yield from _named(ctx, thread_id))
     # The ranges and the hint keys are listed side by side (a page each per round trip).
     prefixes = _ranges(ctx.layout, thread_id) + hints
     pages = yield from gather(*(_listed(ctx, p, versioned) for p in prefixes))
@@ -179,8 +185,10 @@ def _erase_in(ctx: Context, thread_id: str, own_index: bool) -> Op[tuple[int, li
     else:
         left += [Remaining(ctx.s3.bucket, v.key, v.version_id, IN_USE) for v in hint_records if v.current]
     if indexed:
-        return count, left, f"{ctx.index.describe()}: the thread's delete record (its generation, when it was deleted)"
-    return count, left, f"s3://{ctx.s3.bucket}: none (its index is not erased here)"
+        record = f"{ctx.index.describe()}: the thread's delete record (its generation, when it was deleted)"
+    else:
+        record = f"s3://{ctx.s3.bucket}: none here (its index is the region's written to, or none)"
+    return count, left, record, (keep, own)
 
 
 def _named(ctx: Context, thread_id: str) -> Op[tuple[set[str], set[str]]]:
