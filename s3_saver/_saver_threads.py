@@ -79,7 +79,8 @@ class ThreadLifecycle:
         One small record stays per region (the index's delete record: no user
         content, under 1 KB), so that a run still in flight cannot bring the
         thread back. A version held by Object Lock stays and is reported; so
-        are objects written after the erase began (a write in flight). A call
+        are objects no index entry names that are younger than an hour (a
+        write in flight may still commit them, as for :meth:`collect_garbage`). A call
         cut short is finished by calling it again. What only the operator can
         remove: the table's point-in-time recovery, AWS Backup copies, and
         versions whose retention has not ended.

@@ -17,9 +17,12 @@ Order, so that a call cut short anywhere and called again finishes:
    their own in the thread's manifest folder *before* the delete takes them
    out of the head;
 2. ``delete_thread`` (gone for readers and writers from its first write);
-3. every version in the ranges and of those keys goes, but a current one the
-   index names (its record; a thread started afresh since) or written after
-   the erase began (a write in flight: collect_garbage's, or the next erase's);
+3. every noncurrent version and delete marker in the ranges and of those keys
+   goes, and every current object older than ``GRACE`` that the index does
+   not name. A younger one may be a write about to commit (its object sent,
+   its read of the thread's record not yet: it commits into the generation
+   after the delete), so it stays, as ``collect_garbage`` leaves it; so does
+   what the index names (its record; a thread started afresh since);
 4. the hint records last, once nothing they name is left.
 """
 
@@ -40,7 +43,10 @@ from s3_saver._s3 import DELETE_BATCH
 from s3_saver.errors import DENIED_CODES, AccessDeniedError, S3SaverError, TableNotFoundError, error_code
 
 LOCKED = "object lock"
-NEWER = "written after the erase began"
+NEWER = "an unreferenced object younger than the grace period"
+# As collect_garbage's default: a write commits its index entry within seconds of
+# its objects (a Lambda within its 15 minutes at most).
+GRACE = 3600.0
 IN_USE = "named by the index"
 # Stores without the versioning API answer these: the bucket keeps no versions.
 _NO_VERSIONING = frozenset({"NotImplemented", "MethodNotAllowed", "XNotImplemented"})
@@ -56,8 +62,9 @@ class Remaining:
         key: Its key.
         version_id: Its version (None: an unversioned bucket).
         reason: ``"object lock"`` (a retention period or a legal hold: it can
-            go once they end), ``"written after the erase began"`` (a write in
-            flight: the next erase, or ``collect_garbage``, removes it) or
+            go once they end), ``"an unreferenced object younger than the grace
+            period"`` (an hour, as ``collect_garbage``'s: a write that may still
+            commit, or one that crashed; an erase later removes it) or
             ``"named by the index"`` (the thread was used again meanwhile, or a
             replica's index has not caught up with the delete yet).
         mode: Object Lock retention mode (``"GOVERNANCE"`` or ``"COMPLIANCE"``).
@@ -135,9 +142,9 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
 def _erase_in(
     ctx: Context, thread_id: str, own_index: bool, named: tuple[set[str], set[str]] | None
 ) -> Op[tuple[int, list[Remaining], str, tuple[set[str], set[str]]]]:
-    # Taken before the delete's first write: a write that commits into the
-    # generation after it sends its objects with its read of the record, after it.
-    start = time.time()
+    # An object of a write that commits into the generation after the delete may
+    # predate the delete (its PUT went out before its read of the record did).
+    young = time.time() - GRACE
     versioned = yield from _versioned(ctx)
     hints: list[str] = []
     if versioned and own_index:
@@ -171,11 +178,16 @@ def _erase_in(
             if v.key not in own:
                 left.append(Remaining(ctx.s3.bucket, v.key, v.version_id, IN_USE))
             continue
-        if v.current and v.modified >= start:
+        if v.current and v.modified >= young:
             left.append(Remaining(ctx.s3.bucket, v.key, v.version_id, NEWER))
             continue
         purge.append(v)
-    count, locked = yield from _purge(ctx, purge)
+    # Versions first, then the delete markers of keys none of whose versions a
+    # lock kept: a marker taken off a locked version would make it current again.
+    count, locked = yield from _purge(ctx, [v for v in purge if not v.marker])
+    held = {r.key for r in locked}
+    more, _ = yield from _purge(ctx, [v for v in purge if v.marker and v.key not in held])
+    count += more
     left += locked
     if not any(r.key in hints for r in left):
         # The hint records go last: a call again needs them until what they name is gone.
