@@ -129,7 +129,10 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
     for site, own_index in ((ctx, True), *others):
         # A global table's replica is the same index: what the region written
         # to names after its delete is the answer there too (its copy may lag).
-        count, left, record, found = yield from _erase_in(site, thread_id, own_index, None if own_index else named)
+        # Only the region written to receives writes that may still commit.
+        count, left, record, found = yield from _erase_in(
+            site, thread_id, own_index, None if own_index else named, written=site is ctx
+        )
         named = named or found
         deleted += count
         remaining += left
@@ -140,11 +143,13 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
 
 
 def _erase_in(
-    ctx: Context, thread_id: str, own_index: bool, named: tuple[set[str], set[str]] | None
+    ctx: Context, thread_id: str, own_index: bool, named: tuple[set[str], set[str]] | None, written: bool
 ) -> Op[tuple[int, list[Remaining], str, tuple[set[str], set[str]]]]:
     # An object of a write that commits into the generation after the delete may
     # predate the delete (its PUT went out before its read of the record did).
-    young = time.time() - GRACE
+    # A replica gets no write of its own: an object there that no entry names is
+    # a copy of what the delete removed (replication never sends it again).
+    young = time.time() - GRACE if written else float("inf")
     versioned = yield from _versioned(ctx)
     hints: list[str] = []
     if versioned and own_index:
