@@ -47,6 +47,7 @@ NEWER = "an unreferenced object younger than the grace period"
 # As collect_garbage's default: a write commits its index entry within seconds of
 # its objects (a Lambda within its 15 minutes at most).
 GRACE = 3600.0
+RECORD = "the erase's record of the keys it has still to erase"
 IN_USE = "named by the index"
 # Stores without the versioning API answer these: the bucket keeps no versions.
 _NO_VERSIONING = frozenset({"NotImplemented", "MethodNotAllowed", "XNotImplemented"})
@@ -66,7 +67,9 @@ class Remaining:
             period"`` (an hour, as ``collect_garbage``'s: a write that may still
             commit, or one that crashed; an erase later removes it) or
             ``"named by the index"`` (the thread was used again meanwhile, or a
-            replica's index has not caught up with the delete yet).
+            replica's index has not caught up with the delete yet). While any
+            of those stays, so does the erase's own record of the listing and
+            run-hint keys it has still to erase (manifest mode).
         mode: Object Lock retention mode (``"GOVERNANCE"`` or ``"COMPLIANCE"``).
         retain_until: End of the retention period.
         legal_hold: A legal hold is on.
@@ -174,19 +177,7 @@ def _erase_in(
     ]
     marks = ctx.layout.erase_key(thread_id, "")
     hint_records = [v for v in found if v.key.startswith(marks)]
-    purge: list[_Version] = []
-    left: list[Remaining] = []
-    for v in found:
-        if v.key.startswith(marks):
-            continue
-        if v.current and v.key in keep:
-            if v.key not in own:
-                left.append(Remaining(ctx.s3.bucket, v.key, v.version_id, IN_USE))
-            continue
-        if v.current and v.modified >= young:
-            left.append(Remaining(ctx.s3.bucket, v.key, v.version_id, NEWER))
-            continue
-        purge.append(v)
+    purge, left = _sort_out(ctx, [v for v in found if not v.key.startswith(marks)], keep, own, young)
     # Versions first, then the delete markers of keys none of whose versions a
     # lock kept: a marker taken off a locked version would make it current again.
     count, locked = yield from _purge(ctx, [v for v in purge if not v.marker])
@@ -200,12 +191,30 @@ def _erase_in(
         count += more
         left += locked
     else:
-        left += [Remaining(ctx.s3.bucket, v.key, v.version_id, IN_USE) for v in hint_records if v.current]
+        left += [Remaining(ctx.s3.bucket, v.key, v.version_id, RECORD) for v in hint_records if v.current]
     if indexed:
         record = f"{ctx.index.describe()}: the thread's delete record (its generation, when it was deleted)"
     else:
         record = f"s3://{ctx.s3.bucket}: none here (its index is the region's written to, or none)"
     return count, left, record, (keep, own)
+
+
+def _sort_out(
+    ctx: Context, found: list[_Version], keep: set[str], own: set[str], young: float
+) -> tuple[list[_Version], list[Remaining]]:
+    """The versions to delete, and those that stay: a current object the index
+    names (its own record quietly), or one no entry names younger than ``young``."""
+    purge: list[_Version] = []
+    left: list[Remaining] = []
+    for v in found:
+        if v.current and v.key in keep:
+            if v.key not in own:
+                left.append(Remaining(ctx.s3.bucket, v.key, v.version_id, IN_USE))
+        elif v.current and v.modified >= young:
+            left.append(Remaining(ctx.s3.bucket, v.key, v.version_id, NEWER))
+        else:
+            purge.append(v)
+    return purge, left
 
 
 def _named(ctx: Context, thread_id: str) -> Op[tuple[set[str], set[str]]]:
