@@ -39,7 +39,7 @@ from s3_saver._ops import delete
 from s3_saver._ops.audit import _referenced
 from s3_saver._ops.context import Context, target
 from s3_saver._protocol import Op, gather, raise_failure, request, request_one
-from s3_saver._s3 import DELETE_BATCH
+from s3_saver._s3 import DELETE_BATCH, put_immutable
 from s3_saver.errors import DENIED_CODES, AccessDeniedError, S3SaverError, TableNotFoundError, error_code
 
 LOCKED = "object lock"
@@ -165,10 +165,13 @@ def _erase_in(
             yield from delete.delete_thread(ctx, thread_id)
         except TableNotFoundError:
             indexed = False  # a replica's table never made (promote builds it): nothing to delete there
-    keep, own = named if named is not None else (yield from _named(ctx, thread_id))
     # The ranges and the hint keys are listed side by side (a page each per round trip).
     prefixes = _ranges(ctx.layout, thread_id) + hints
     pages = yield from gather(*(_listed(ctx, p, versioned) for p in prefixes))
+    # The index is read after the listing: a write whose commit lands before this
+    # read is named here; one still to commit was in flight as the listing ran,
+    # so its objects are younger than the grace period.
+    keep, own = named if named is not None else (yield from _named(ctx, thread_id))
     found = [
         v
         for prefix, listed in zip(prefixes, pages)
@@ -245,7 +248,8 @@ def _record_hints(ctx: Context, thread_id: str) -> Op[list[str]]:
     named, recorded = yield from _gather_hints(ctx, thread_id)
     new = sorted(set(named) - set(recorded))
     if new:
-        yield from request(ctx.s3.put_new(ctx.layout.erase_key(thread_id, new_token()), "\n".join(new).encode()))
+        # Immutable: a PUT sent again after its answer was lost meets its own bytes.
+        yield from put_immutable(ctx.s3, {ctx.layout.erase_key(thread_id, new_token()): "\n".join(new).encode()})
     return sorted(set(named) | set(recorded))
 
 
@@ -267,8 +271,16 @@ def _hints_recorded(ctx: Context, thread_id: str) -> Op[list[str]]:
             break
     if not keys:
         return []
-    bodies = yield from request(*(ctx.s3.get(k) for k in keys))
-    return sorted({line for body in bodies for line in body["Body"].decode().split("\n") if line})
+    calls = [ctx.s3.get(k) for k in keys]
+    results = yield tuple(calls)
+    lines: set[str] = set()
+    for call, result in zip(calls, results):
+        if isinstance(result, BaseException):
+            if error_code(result) in _GONE:
+                continue  # another erase finished meanwhile: what it named is gone
+            raise_failure(call, result)
+        lines.update(line for line in result["Body"].decode().split("\n") if line)
+    return sorted(lines)
 
 
 def _ranges(layout: KeyLayout, thread_id: str) -> list[str]:
