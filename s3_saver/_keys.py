@@ -49,6 +49,8 @@ SET_ASIDE_PREFIX = "set-aside/"
 did not keep (one immutable object per thread and merge, read by ``verify``).
 Not under ``live/``: nothing in it is a thread's data, and garbage collection
 and rebuilds never take it for one."""
+ERASE_MARK = "erase."
+"""Name start of an erase's record in a thread's manifest folder (``KeyLayout.erase_key``)."""
 ARCHIVE_PREFIX = "archive/"
 """Sub-prefix of archived threads: one object per thread (``archive_thread``), in a
 cold storage class; lifecycle rules may move it colder still."""
@@ -267,6 +269,12 @@ class KeyLayout:
 
     def manifest_head_key(self, thread_id: str) -> str:
         return _checked(f"{self.manifest_dir(thread_id)}head")
+
+    def erase_key(self, thread_id: str, token: str) -> str:
+        """An erase's record of the keys outside the thread's own prefixes that
+        name it (its listing and run hints), written before the delete takes
+        them out of the head: an erase cut short finds them here again."""
+        return _checked(f"{self.manifest_dir(thread_id)}{ERASE_MARK}{token}")
 
     def segment_key(self, thread_id: str, number: int, token: str) -> str:
         return _checked(f"{self.manifest_dir(thread_id)}segments/{number:08d}.{token}")

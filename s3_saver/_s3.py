@@ -118,6 +118,20 @@ class S3Calls:
             },
         )
 
+    def delete_versions(self, versions: list[tuple[str, str | None]]) -> Call:
+        """DeleteObjects of exact versions (None: the key as it is, which leaves a
+        delete marker in a versioned bucket): an erase's purge (admin)."""
+        objects = [{"Key": k, "VersionId": v} if v is not None else {"Key": k} for k, v in versions]
+        return self._call("delete_objects", {"Bucket": self.bucket, "Delete": {"Objects": objects, "Quiet": True}})
+
+    def head_version(self, key: str, version_id: str | None) -> Call:
+        """HeadObject of one version: its Object Lock retention and legal hold
+        are in the answer (with ``s3:GetObjectRetention`` / ``s3:GetObjectLegalHold``)."""
+        params = {"Bucket": self.bucket, "Key": key}
+        if version_id is not None:
+            params["VersionId"] = version_id
+        return self._call("head_object", params)
+
     def bucket_versioning(self) -> Call:
         return self._call("get_bucket_versioning", {"Bucket": self.bucket})
 

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
 
-from s3_saver._ops import audit, copy, delete, prune, rebuild, threads
+from s3_saver._ops import audit, copy, delete, erase, prune, rebuild, threads
 from s3_saver._ops.audit import StoreReport
+from s3_saver._ops.erase import EraseReport
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver.errors import ConfigurationError
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from s3_saver._retry import RetryPolicy
     from s3_saver._drivers.sync import SyncDriver
     from s3_saver._ops.context import Context
+    from s3_saver._replica import Replica
+    from s3_saver._sites import Route
 
 
 # An object no index entry refers to is garbage only once older than this: a
@@ -39,6 +42,10 @@ class ThreadLifecycle:
     _sync: SyncDriver
     _async: AsyncDriver
     _ctx: Context
+    _other_ctx: Context
+    _route: Route | None
+    replica: Replica | None
+    table: str | None
     _reading: Callable[..., tuple[Op[Any], RetryPolicy | None]]
 
     def delete_thread(self, thread_id: str) -> None:
@@ -56,6 +63,45 @@ class ThreadLifecycle:
     async def adelete_thread(self, thread_id: str) -> None:
         """Async version of :meth:`delete_thread`."""
         await self._async.run(delete.delete_thread(self._ctx, thread_id))
+
+    def erase_thread(self, thread_id: str) -> EraseReport:
+        """Delete a thread as :meth:`delete_thread` does, then every version and
+        delete marker of every object it ever had, in every region.
+
+        :meth:`delete_thread` removes the current objects; a versioned bucket
+        (replication and Object Lock need one) keeps them as noncurrent
+        versions until a lifecycle rule expires them. This lists the thread's
+        own key ranges (an admin call: it needs ``s3:ListBucketVersions`` and
+        ``s3:DeleteObjectVersion``, see ``infra/``) and deletes each version,
+        in the replica's bucket and index too when a :class:`Replica` is set.
+        It works on an unversioned bucket as well.
+
+        One small record stays per region (the index's delete record: no user
+        content, under 1 KB), so that a run still in flight cannot bring the
+        thread back. A version held by Object Lock stays and is reported; so
+        are objects no index entry names that are younger than an hour (a
+        write in flight may still commit them, as for :meth:`collect_garbage`). A call
+        cut short is finished by calling it again. What only the operator can
+        remove: the table's point-in-time recovery, AWS Backup copies, and
+        versions whose retention has not ended.
+
+        Returns:
+            :class:`EraseReport`: what was removed, and what remains and why.
+        """
+        return self._sync.run(self._erasing(thread_id))
+
+    async def aerase_thread(self, thread_id: str) -> EraseReport:
+        """Async version of :meth:`erase_thread`."""
+        return await self._async.run(self._erasing(thread_id))
+
+    def _erasing(self, thread_id: str) -> Op[EraseReport]:
+        """The erase in the region written to, then in the replica's (whose index
+        is its own to erase unless it is a global table's replica)."""
+        others = []
+        if self._route is not None and self.replica is not None:
+            own = not (self.table and self.replica.global_table)
+            others.append((self._route.as_writer(self._other_ctx), own))
+        return erase.erase_thread(self._ctx, thread_id, others)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, value and pending write of a thread into another thread.

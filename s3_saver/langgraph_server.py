@@ -37,6 +37,11 @@ like the server reaches the same store:
   deployment creates them ahead (``infra/``) and runs with narrower rights.
 - ``CHECKPOINT_TTL``: how long a checkpoint stays readable (``30d``, ``12h``,
   ``2w``, ``1h30m`` or seconds), the saver's ``ttl``; unset, no expiry.
+- ``CHECKPOINT_ERASE_ON_DELETE``: ``1`` (same switches) makes the server's thread
+  deletes (``DELETE /threads/{id}``, a prune with the "delete" strategy) erase
+  the thread (:meth:`S3Saver.erase_thread`: every version of its objects goes,
+  in the replica too); off by default. The role needs ``infra/``'s
+  ``EraseThreadsPolicy`` beside the saver's. Versions a lock holds are logged.
 
 Credentials come from boto3's usual chain (environment, profile, role). A
 variable with a wrong value stops the server at start with a
@@ -51,13 +56,16 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
+from s3_saver._ops.erase import EraseReport
 from s3_saver._saver import S3Saver
 from s3_saver._options import TABLE_NAME, bucket_name_ok, parse_duration
 from s3_saver._serde_spec import load_serde
@@ -87,6 +95,7 @@ class ServerSettings:
         serde: ``CHECKPOINT_SERDE`` (the ``MODULE:ATTR`` spec, loaded by :meth:`saver`).
         setup: ``CHECKPOINT_SETUP``: create the bucket and table at start.
         ttl: ``CHECKPOINT_TTL``: how long a checkpoint stays readable (the saver's ``ttl``).
+        erase_on_delete: ``CHECKPOINT_ERASE_ON_DELETE``: thread deletes erase.
     """
 
     bucket: str
@@ -99,6 +108,7 @@ class ServerSettings:
     serde: str | None = None
     setup: bool = False
     ttl: timedelta | None = None
+    erase_on_delete: bool = False
 
     def saver(self) -> S3Saver:
         """A new S3Saver with these settings (no network call; see :meth:`S3Saver.setup`).
@@ -112,7 +122,8 @@ class ServerSettings:
                 serde = load_serde(self.serde)
             except ConfigurationError as exc:
                 raise ConfigurationError(f"CHECKPOINT_SERDE={self.serde!r}: {exc}") from exc
-        return S3Saver(
+        kind = _ErasingSaver if self.erase_on_delete else S3Saver
+        return kind(
             self.bucket,
             table=self.table,
             prefix=self.prefix,
@@ -178,9 +189,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSetting
     serde = get("CHECKPOINT_SERDE")
     if serde is not None and not re.fullmatch(r"[\w.]+:[\w.]+", serde):
         raise ConfigurationError(f"CHECKPOINT_SERDE={serde!r} is not MODULE:ATTR (e.g. myapp.checkpoints:serde)")
-    setup = (get("CHECKPOINT_SETUP") or "").lower()
-    if setup not in _TRUE + _FALSE:
-        raise ConfigurationError(f"CHECKPOINT_SETUP={setup!r} is not a switch: use 1 or 0 (true/false, yes/no, on/off)")
+    setup, erase = (_switch(get, name) for name in ("CHECKPOINT_SETUP", "CHECKPOINT_ERASE_ON_DELETE"))
     ttl_text = get("CHECKPOINT_TTL")
     ttl = None
     if ttl_text is not None:
@@ -203,9 +212,55 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSetting
         s3_endpoint_url=endpoints["AWS_ENDPOINT_URL_S3"],
         dynamodb_endpoint_url=endpoints["AWS_ENDPOINT_URL_DYNAMODB"],
         serde=serde,
-        setup=setup in _TRUE,
+        setup=setup,
         ttl=ttl,
+        erase_on_delete=erase,
     )
+
+
+def _switch(get: Any, name: str) -> bool:
+    value = (get(name) or "").lower()
+    if value not in _TRUE + _FALSE:
+        raise ConfigurationError(f"{name}={value!r} is not a switch: use 1 or 0 (true/false, yes/no, on/off)")
+    return value in _TRUE
+
+
+class _ErasingSaver(S3Saver):
+    """S3Saver whose thread deletes erase (``CHECKPOINT_ERASE_ON_DELETE``): the
+    server calls ``adelete_thread`` and ``aprune`` with the "delete" strategy."""
+
+    def delete_thread(self, thread_id: str) -> None:
+        _told(self.erase_thread(thread_id))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        _told(await self.aerase_thread(thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest", keep_last: int | None = None) -> None:
+        if strategy not in _DELETES or isinstance(thread_ids, str):
+            return super().prune(thread_ids, strategy=strategy, keep_last=keep_last)  # it checks the arguments
+        for thread_id in thread_ids:
+            self.delete_thread(thread_id)
+
+    async def aprune(
+        self, thread_ids: Sequence[str], *, strategy: str = "keep_latest", keep_last: int | None = None
+    ) -> None:
+        if strategy not in _DELETES or isinstance(thread_ids, str):
+            return await super().aprune(thread_ids, strategy=strategy, keep_last=keep_last)
+        for thread_id in thread_ids:
+            await self.adelete_thread(thread_id)
+
+
+_DELETES = ("delete", "delete_all")  # prune's names for deleting the threads
+log = logging.getLogger("s3_saver")
+
+
+def _told(report: EraseReport) -> None:
+    """The server has no answer to carry an erase's report: what remains is logged."""
+    for r in report.remaining:
+        log.warning(
+            "erase of thread %r left s3://%s/%s (version %s): %s%s", report.thread_id, r.bucket, r.key, r.version_id,
+            r.reason, f", retained until {r.retain_until.isoformat()}" if r.retain_until else "",
+        )
 
 
 def saver_from_env(environ: Mapping[str, str] | None = None) -> S3Saver:

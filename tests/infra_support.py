@@ -325,6 +325,10 @@ def iam_actions(call: RecordedCall) -> tuple[str, ...]:
         )
     else:
         actions = (f"{call.signing_name}:{call.operation}",)
+    if call.service == "s3" and call.operation == "DeleteObjects":
+        # Authorized per key; an object named with its version needs the version action.
+        if any("VersionId" in o for o in call.params["Delete"]["Objects"]):
+            actions = ("s3:DeleteObjectVersion",) if all("VersionId" in o for o in call.params["Delete"]["Objects"]) else ("s3:DeleteObject", "s3:DeleteObjectVersion")
     if call.service == "s3" and call.params.get("VersionId"):
         # GetObject/DeleteObject of a given version are separate actions.
         actions = tuple(a + "Version" if a in ("s3:GetObject", "s3:DeleteObject") else a for a in actions)

@@ -271,7 +271,7 @@ def test_verify_and_gc(endpoint: str) -> None:
 def test_destructive_commands_need_yes_in_a_pipe(endpoint: str, chats) -> None:
     saver, graph = chats
     before = graph.get_state(config("chat-ann")).values
-    for args in (["delete", "chat-ann"], ["delete", "--run", "ann-1"], ["prune", "chat-ann"]):
+    for args in (["delete", "chat-ann"], ["delete", "--run", "ann-1"], ["prune", "chat-ann"], ["erase", "chat-ann"]):
         line = error_line(run_cli(endpoint, *args), 2)
         assert "--yes" in line and "nothing was changed" in line
     assert graph.get_state(config("chat-ann")).values == before
@@ -333,6 +333,28 @@ def test_copy_run_again_succeeds_and_leaves_nothing_to_collect(endpoint: str, ch
     for _ in range(2):
         assert "copied thread 'chat-ann' to 'chat-copy'" in ok(run_cli(endpoint, "copy", "chat-ann", "chat-copy"))
     ok(run_cli(endpoint, "verify", "--older-than", "0s"))  # exit 0: no orphan
+def _versions_naming(endpoint: str, token: str) -> list[dict]:
+    pages = _s3(endpoint).get_paginator("list_object_versions").paginate(Bucket=BUCKET)
+    return [v for page in pages for v in page.get("Versions", []) + page.get("DeleteMarkers", []) if token in v["Key"]]
+
+
+def test_erase_removes_every_version_and_lists_what_a_lock_keeps(endpoint: str, index_mode: str) -> None:
+    _s3(endpoint).create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)  # versioned
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    graph = populate(saver)
+    out = ok(run_cli(endpoint, "erase", "chat-bob", "--yes", mode=index_mode))
+    assert "erased 1 thread" in out and "chat-bob" in out and "remain" not in out
+    left = _versions_naming(endpoint, "chat-bob")
+    assert len(left) == (1 if index_mode == "manifest" else 0), left  # the manifest's head: its delete record
+    assert graph.get_state(config("chat-bob")).values == {} and graph.get_state(config("chat-ann")).values
+
+    held = sorted(o["Key"] for o in _s3(endpoint).list_objects_v2(Bucket=BUCKET, Prefix="live/chat-ann/")["Contents"])[0]
+    _s3(endpoint).put_object_legal_hold(Bucket=BUCKET, Key=held, LegalHold={"Status": "ON"})
+    doc = json.loads(ok(run_cli(endpoint, "--json", "erase", "chat-ann", "--yes", mode=index_mode), 1))
+    assert doc["erased_threads"] == ["chat-ann"] and doc["deleted_versions"] > 0
+    assert [(r["key"], r["reason"], r["legal_hold"]) for r in doc["remaining"]] == [(held, "object lock", True)]
+    saver.close()
 
 
 def test_export_import_archive_restore(endpoint: str, chats, tmp_path) -> None:

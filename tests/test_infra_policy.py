@@ -74,6 +74,8 @@ OPERATOR_ONLY = {
     "setup_replica",
     "asetup_replica",
 }
+# Need the opt-in EraseThreadsPolicy beside the saver's: test_erase_policy_covers_what_erase_adds.
+ERASE = {"erase_thread", "aerase_thread"}
 # Swaps the regions: called on its own by the replica test (a saver without a replica refuses it).
 PROMOTE = {"promote", "apromote"}
 # Public attributes that are not operations on stored data.
@@ -109,7 +111,7 @@ class Exerciser:
     def methods(self, *, asynchronous: bool) -> list[tuple[str, Callable[..., Any]]]:
         out = []
         for name, member in inspect.getmembers(type(self.saver)):
-            if name.startswith("_") or name in OPERATOR_ONLY | PROMOTE | NOT_OPERATIONS:
+            if name.startswith("_") or name in OPERATOR_ONLY | PROMOTE | NOT_OPERATIONS | ERASE:
                 continue
             if not callable(member):
                 continue
@@ -331,6 +333,74 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str, index_
     )
     assert unused == [], f"the managed policy grants what the saver never used: {unused}"
     assert {r.action for r in needed} == {a for _, a, _ in grants(policy)}
+
+
+def erase_policy(index_mode: str) -> dict[str, Any]:
+    """infra/template.yaml's EraseThreadsPolicy (``ErasePolicy=Enabled``) for the same stack."""
+    table = {"TableName": TABLE} if index_mode == "dynamodb" else {}
+    stack = Stack(
+        load_template(),
+        {"BucketName": BUCKET, "KeyPrefix": PREFIX, "IndexMode": index_mode, "ErasePolicy": "Enabled", **table},
+        physical={
+            "Bucket": {"Ref": BUCKET, "Arn": f"arn:aws:s3:::{BUCKET}"},
+            "Table": {"Ref": TABLE, "Arn": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{TABLE}"},
+            "Key": {"Arn": KEY_ARN},
+        },
+    )
+    return stack.properties("EraseThreadsPolicy")["PolicyDocument"]
+
+
+@pytest.mark.slow  # with the other policy tests
+def test_erase_policy_covers_what_erase_adds(endpoint: str, index_mode: str) -> None:
+    """erase_thread and aerase_thread on an Object Lock bucket (a version held, so
+    its lock is read): SaverPolicy and EraseThreadsPolicy together allow every
+    call, and each action the erase policy grants was needed by one."""
+    s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
+    s3.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)  # versioned
+    saver = s3_saver.S3Saver(
+        BUCKET,
+        table=TABLE if index_mode == "dynamodb" else None,
+        prefix=PREFIX,
+        endpoint_url=endpoint,
+        region_name=REGION,
+        s3_client=s3,
+        dynamodb_client=dynamodb,
+        aioboto3_session=session,
+    )
+    saver.setup()
+    graph = report_graph(saver)
+    run_report_sync(graph, "erase-sync")
+    held = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}live/erase-sync/")["Contents"][0]["Key"]
+    s3.put_object_legal_hold(Bucket=BUCKET, Key=held, LegalHold={"Status": "ON"})
+    sync_calls.active = async_calls.active = True
+    assert [r.key for r in saver.erase_thread("erase-sync").remaining] == [held]
+
+    async def async_part() -> None:
+        await run_report_async(graph, "erase-async")
+        assert (await saver.aerase_thread("erase-async")).complete
+        await saver.aclose()
+
+    asyncio.run(async_part())
+    saver.close()
+    calls = sync_calls.calls + async_calls.calls
+    needed: dict[Request, set[str]] = {}
+    for call in calls:
+        for request in authorizations(call, kms_key_arn=KEY_ARN):
+            needed.setdefault(request, set()).add(call.operation)
+        if call.operation == "HeadObject" and "VersionId" in call.params:
+            # Its answer carries the version's lock only with these rights.
+            arn = f"arn:aws:s3:::{call.params['Bucket']}/{call.params['Key']}"
+            for action in ("s3:GetObjectRetention", "s3:GetObjectLegalHold"):
+                needed.setdefault(Request(action, arn), set()).add(call.operation)
+    _show(f"{index_mode} mode, erase", calls, needed)
+    extra = erase_policy(index_mode)
+    both = {"Statement": saver_policy(index_mode)["Statement"] + extra["Statement"]}
+    denied = sorted(f"{r.action} on {r.resource} (for {', '.join(sorted(ops))})" for r, ops in needed.items() if not allowed_by(both, r))
+    assert denied == [], "SaverPolicy and EraseThreadsPolicy are missing:\n" + "\n".join(denied)
+    granted = {a for _, a, _ in grants(extra)}
+    used = {r.action for r in needed if allowed_by(extra, r)}
+    # s3:DeleteObject: the plain deletes of an unversioned bucket (and of set-aside/, which SaverPolicy lacks).
+    assert granted - used <= {"s3:DeleteObject"}, granted - used
 
 
 # -- the replica region's policies ---------------------------------------------------------------

@@ -10,7 +10,7 @@ import re
 import pytest
 from infra_support import REPO, Stack, load_template, statement_resources
 
-from s3_saver._keys import LISTING_PREFIX, MANIFEST_PREFIX
+from s3_saver._keys import LISTING_PREFIX, MANIFEST_PREFIX, SET_ASIDE_PREFIX
 
 from s3_saver import (
     ARCHIVE_PREFIX,
@@ -350,7 +350,7 @@ def iam_documents(s: Stack) -> list[tuple[str, dict]]:
 
 @pytest.mark.parametrize(
     "params",
-    [{}, {"KmsKeyArn": KEY_ARN, "KeyPrefix": "a/b/", **REPLICA}, {"IndexMode": "manifest", "KeyPrefix": "a/b/"}],
+    [{}, {"KmsKeyArn": KEY_ARN, "KeyPrefix": "a/b/", "ErasePolicy": "Enabled", **REPLICA}, {"IndexMode": "manifest", "KeyPrefix": "a/b/"}],
     ids=["defaults", "all", "manifest"],
 )
 def test_no_iam_policy_has_wildcard_actions_or_resources(template: dict, params: dict) -> None:
@@ -419,3 +419,26 @@ def test_outputs_build_a_saver(template: dict, prefix: str, index_mode: str) -> 
     assert outputs["Region"] == "us-east-1"
     assert {"PolicyArn", "KmsKeyArn"} <= set(outputs)
     assert outputs.get("KeyPrefix") == (prefix or None)
+
+
+# -- the opt-in erase policy ------------------------------------------------------------------
+@pytest.mark.parametrize("replica", [False, True], ids=["alone", "replica"])
+def test_erase_policy_is_opt_in_and_scoped_to_the_thread_prefixes(template: dict, replica: bool) -> None:
+    """``ErasePolicy=Enabled`` adds what erase_thread needs beside SaverPolicy:
+    versions listed on the bucket(s), deleted and their lock read under the
+    saver's sub-prefixes only; nothing of it by default."""
+    assert "EraseThreadsPolicy" not in stack(template).resources
+    assert "ErasePolicyArn" not in stack(template).outputs
+    params = {"ErasePolicy": "Enabled", "KeyPrefix": "agents/", **(REPLICA if replica else {})}
+    s = stack(template, **params)
+    grants = statement_resources(s.resources["EraseThreadsPolicy"]["Properties"]["PolicyDocument"])
+    buckets = ["<Bucket.Arn>"] + (["arn:aws:s3:::checkpoints-replica"] if replica else [])
+    subs = (LIVE_PREFIX, ARCHIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX, SET_ASIDE_PREFIX)
+    objects = {f"{b}/agents/{sub}*" for b in buckets for sub in subs}
+    by_action: dict[str, set[str]] = {}
+    for action, resource in grants:
+        by_action.setdefault(action, set()).add(resource)
+    listing = ("s3:GetBucketVersioning", "s3:ListBucket", "s3:ListBucketVersions")
+    versions = ("s3:DeleteObject", "s3:DeleteObjectVersion", "s3:GetObjectLegalHold", "s3:GetObjectRetention", "s3:GetObjectVersion")
+    assert by_action == {**{a: set(buckets) for a in listing}, **{a: objects for a in versions}}
+    assert s.outputs["ErasePolicyArn"] == "<EraseThreadsPolicy>"

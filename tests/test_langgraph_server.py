@@ -67,6 +67,7 @@ def test_settings_from_env_reads_every_variable() -> None:
         "CHECKPOINT_SERDE": "langgraph.checkpoint.serde.jsonplus:JsonPlusSerializer",
         "CHECKPOINT_SETUP": "yes",
         "CHECKPOINT_TTL": "30d",
+        "CHECKPOINT_ERASE_ON_DELETE": "on",
     }
     assert settings_from_env(env) == ServerSettings(
         bucket="my-checkpoints",
@@ -79,6 +80,7 @@ def test_settings_from_env_reads_every_variable() -> None:
         serde="langgraph.checkpoint.serde.jsonplus:JsonPlusSerializer",
         setup=True,
         ttl=timedelta(days=30),
+        erase_on_delete=True,
     )
     saver = saver_from_env(env)
     assert saver._ctx.ttl_seconds == 30 * 86400
@@ -112,6 +114,7 @@ def test_settings_defaults_are_the_manifest_index_without_setup() -> None:
         ({"CHECKPOINT_SETUP": "maybe"}, "CHECKPOINT_SETUP='maybe' is not a switch"),
         ({"CHECKPOINT_TTL": "a month"}, "CHECKPOINT_TTL='a month' is not a duration"),
         ({"CHECKPOINT_TTL": "0s"}, "CHECKPOINT_TTL='0s' is not a duration"),
+        ({"CHECKPOINT_ERASE_ON_DELETE": "erase"}, "CHECKPOINT_ERASE_ON_DELETE='erase' is not a switch"),
     ],
 )
 def test_a_wrong_variable_is_named(env: dict[str, str], message: str) -> None:
@@ -165,6 +168,41 @@ async def test_checkpointer_sets_up_when_asked_and_closes(endpoint: str, index_m
     monkeypatch.setenv("CHECKPOINT_SETUP", "0")
     async with checkpointer() as again:
         assert (await again.aget_tuple(config)).config == stored
+
+
+@pytest.mark.parametrize("index_mode", INDEX_MODES)
+@pytest.mark.parametrize("erase", [True, False], ids=["erase", "delete"])
+async def test_erase_on_delete_makes_the_servers_deletes_erase(endpoint: str, index_mode: str, erase: bool, monkeypatch) -> None:
+    """CHECKPOINT_ERASE_ON_DELETE=1: the server's thread deletes (adelete_thread, aprune
+    with "delete_all") leave no version of the thread in a versioned bucket; off, a
+    delete leaves them as noncurrent versions (for the lifecycle rule to expire)."""
+    from conftest import make_versioned
+
+    make_versioned(endpoint, "server-bucket")
+    for name, value in {
+        "CHECKPOINT_BUCKET": "server-bucket",
+        "CHECKPOINT_TABLE": "server-index" if index_mode == "dynamodb" else "",
+        "AWS_ENDPOINT_URL": endpoint,
+        "CHECKPOINT_SETUP": "1",
+        "CHECKPOINT_ERASE_ON_DELETE": "1" if erase else "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+    def versions(thread: str) -> list[str]:
+        pages = s3.get_paginator("list_object_versions").paginate(Bucket="server-bucket")
+        found = [v for p in pages for v in p.get("Versions", []) + p.get("DeleteMarkers", []) if thread in v["Key"]]
+        return [v["Key"] for v in found if not (v["Key"].endswith("/head") and v.get("IsLatest"))]
+
+    async with checkpointer() as saver:
+        for thread in ("t-del", "t-prune"):
+            config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+            await saver.aput(config, _empty_checkpoint(), {"source": "input", "step": -1}, {})
+        await saver.adelete_thread("t-del")
+        await saver.aprune(["t-prune"], strategy="delete_all")
+        for thread in ("t-del", "t-prune"):
+            assert await saver.aget_tuple({"configurable": {"thread_id": thread}}) is None
+            assert (versions(thread) == []) == erase, versions(thread)
 
 
 def _empty_checkpoint() -> dict:

@@ -160,6 +160,37 @@ def test_random(world: World) -> None:
     _fail(tally, f"{world.mode} random (seeds {base}..{base + i - 1}, {budget:.0f} s)")
 
 
+# erase_thread with a writer, on versioned buckets (a delete leaves versions there):
+# cut after every call of the schedule (the erase's and the writer's), then retried by
+# a fresh process. The pairs of workload.PAIRS run it beside the other operations.
+ERASE_SCENARIOS = ("erase", "erase+writes")  # alone, the version check applies to every schedule
+
+
+@pytest.mark.parametrize("mode", INDEX_MODES)
+def test_erase_cut_after_every_call(moto_endpoint: str, mode: str) -> None:
+    """Each scenario once without a fault (its calls counted), then cut after its
+    k-th call and retried, for every k from one the base seed picks, within its
+    share of the budget (default 20 s: a few calls, others on the next run;
+    make test-all and make soak: every call)."""
+    world = World(moto_endpoint, mode, versioned=True)
+    base = _base_seed()
+    tally = Tally()
+    share = budget_seconds(20, long=1800) / len(ERASE_SCENARIOS)
+    cut, covered, total = 3, 0, 0  # scheduler.FAULTS[3]: cut after the call was applied
+    for i, scenario in enumerate(ERASE_SCENARIOS):
+        deadline = time.monotonic() + share
+        seed = base + i
+        out = _run(world, Spec(mode, scenario, seed, "one", [-1, 0, 0], versioned=True), tally)
+        total += out.events
+        for j in range(out.events):
+            if (tally.failures and not KEEP_GOING) or time.monotonic() >= deadline:
+                break
+            k = (base + j) % out.events
+            _run(world, Spec(mode, scenario, seed, "one", [k, cut, 0], versioned=True), tally)
+            covered += 1
+    _fail(tally, f"{mode} erase cut after every call ({covered} of {total} calls, base seed {base})")
+
+
 # Schedules of the stale kinds (workload.Workshop.stale), one per last call of the
 # stale process: the first seed whose workload makes it that call (picked before
 # the schedule runs), so that each runs on every change. The pairs of
@@ -209,8 +240,9 @@ def test_replay(moto_endpoint: str) -> None:
         int(os.environ["SIM_SEED"]),
         os.environ.get("SIM_FAULTS", "random"),
         None if path is None else ([] if path == "-" else [int(x) for x in path.split(",")]),
+        versioned=os.environ.get("SIM_VERSIONED") == "1",
     )
-    world = World(moto_endpoint, spec.mode)
+    world = World(moto_endpoint, spec.mode, versioned=spec.versioned)
     out = run_schedule(world, spec)
     print("\n".join(out.trace))
     if not out.ok:

@@ -569,6 +569,15 @@ class Index(ABC):
     def forget_archive(self, thread_id: str, key: str) -> Op[None]:
         """Drop ``key`` from ``stale_archive`` (once its object is deleted), if it is there."""
 
+    # -- erase -------------------------------------------------------------------------
+    def erase_hints(self, thread_id: str) -> Op[list[str]]:
+        """Bucket keys outside the thread's own prefixes that name it (its listing
+        and run hints), as the index knows them now: ``erase_thread`` removes
+        every version of them. A table keeps these records as items, which
+        ``delete_thread`` removes for good: none."""
+        return []
+        yield  # pragma: no cover - makes this a generator
+
     # -- audit -------------------------------------------------------------------------
     @abstractmethod
     def holdings(self, thread_id: str) -> Op[Holdings]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from s3_saver._index.base import Holdings
+from s3_saver._index.base import CheckpointEntry, Holdings
 from s3_saver._index.manifest_doc import Head, SegmentRef
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Op
@@ -41,6 +41,24 @@ class ManifestHoldings:
         if head.stale_archive:
             held.kept_keys.add(head.stale_archive)
         return held
+
+    def erase_hints(self, thread_id: str) -> Op[list[str]]:
+        """The thread's listing object and the hints of every run its head, its
+        segments (buried ones too) and its archive name, and of the runs
+        ``delete_for_runs`` took out of it: what a delete removes by key."""
+        head: Head = yield from self._read_head(thread_id)
+        if head.etag is None:
+            return []
+        runs = {r for r in head.dead_runs}
+        if head.archive is not None:
+            runs.update(head.archive.runs)
+        grave = [e for e in head.graveyard if isinstance(e, CheckpointEntry)]
+        for entries, _ in (yield from self._load_segments(thread_id, head.segments + head.graveyard_segments, buried=True)):
+            grave += entries
+        runs.update(e.run_id for e in [*head.entries, *grave] if e.run_id is not None)
+        keys = [self.layout.run_key(r, thread_id) for r in sorted(runs)]
+        keys += [self.layout.listing_key(t, thread_id) for t in sorted({head.created, head.unlisting} - {0})]
+        return keys
 
     def _segment_keys(self, thread_id: str, refs: list[SegmentRef]) -> list[str]:
         return [self.layout.segment_key(thread_id, r.number, r.token) for r in refs]

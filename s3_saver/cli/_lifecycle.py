@@ -1,6 +1,6 @@
-"""Whole threads: ``copy``, ``prune``, ``delete``, ``archive``, ``restore``, ``export``, ``import``.
+"""Whole threads: ``copy``, ``prune``, ``delete``, ``erase``, ``archive``, ``restore``, ``export``, ``import``.
 
-Destructive commands (``prune``, ``delete``) ask on a terminal and refuse in a
+Destructive commands (``prune``, ``delete``, ``erase``) ask on a terminal and refuse in a
 pipe without ``--yes``. Commands over several threads call the saver thread by
 thread, so the progress bar moves and an interrupted run says how far it got.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from s3_saver.cli._app import App, NotFoundError, pass_app
+from s3_saver.cli._app import EXIT_FAILED, EXIT_OK, App, NotFoundError, pass_app
 from s3_saver.cli._inspect import not_found, thread_exists
 from s3_saver.cli._output import human_bytes, plural
 from s3_saver.cli._params import Duration
@@ -109,6 +109,57 @@ def delete_command(app: App, ids: tuple[str, ...], runs: bool, yes: bool) -> Non
         what = "no checkpoints of run" if runs else "no thread"
         deleted = f" (deleted: {_listing(done)})" if done and app.out.json else ""
         raise NotFoundError(f"{what} {names} in {app.store_name()}: nothing to delete{deleted}")
+
+
+# -- erase -------------------------------------------------------------------------------
+def _iso(when: datetime | None) -> str:
+    return when.isoformat() if when is not None else ""
+
+
+@click.command("erase", short_help="Delete threads and every version of their objects.")
+@click.argument("threads", nargs=-1, required=True)
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_app
+def erase_command(app: App, threads: tuple[str, ...], yes: bool) -> int:
+    """Delete THREADs as delete does, then every version and delete marker of their
+    objects (a versioned bucket keeps them), in the replica too (erase_thread).
+
+    One small record per thread stays, so a run in flight cannot bring it back.
+    Versions an Object Lock holds stay and are listed (exit 1); run it again
+    once their retention ends, or to finish an erase cut short."""
+    app.confirm(f"erase {plural(len(threads), 'thread')} ({_listing(threads)}) and every version of their objects", yes)
+    saver = app.saver()
+    reports = []
+    with app.out.progress("erase", total=len(threads)) as tracker:
+        for thread in threads:
+            reports.append(saver.erase_thread(thread))
+            tracker.advance(description=f"erase {thread}")
+    remaining = [r for report in reports for r in report.remaining]
+    if app.out.json:
+        app.out.emit_json(
+            {
+                "erased_threads": [r.thread_id for r in reports],
+                "deleted_versions": sum(r.deleted for r in reports),
+                "remaining": [
+                    {**dataclasses.asdict(r), "retain_until": _iso(r.retain_until) or None}
+                    for r in remaining
+                ],
+            }
+        )
+    else:
+        deleted = sum(r.deleted for r in reports)
+        app.out.message(
+            f"erased {plural(len(reports), 'thread')} ({plural(deleted, 'version')} and delete markers removed): "
+            f"{_listing([r.thread_id for r in reports])}"
+        )
+        if remaining:
+            rows = [
+                (r.bucket, r.key, r.version_id or "", r.reason, r.mode or "", _iso(r.retain_until), "on" if r.legal_hold else "")
+                for r in remaining
+            ]
+            columns = ("bucket", "key", "version", "reason", "mode", "retain until", "legal hold")
+            app.out.print(app.out.table(columns, rows, title=f"{plural(len(remaining), 'version')} remain"))
+    return EXIT_FAILED if remaining else EXIT_OK
 
 
 # -- archive, restore --------------------------------------------------------------------
@@ -279,4 +330,4 @@ def import_command(app: App, file: str, as_thread: str | None) -> None:
         app.out.message(f"imported thread {thread!r} from {file}: {len(data):,} bytes")
 
 
-COMMANDS = [copy_command, prune_command, delete_command, archive_command, restore_command, export_command, import_command]
+COMMANDS = [copy_command, prune_command, delete_command, erase_command, archive_command, restore_command, export_command, import_command]

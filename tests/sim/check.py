@@ -6,7 +6,8 @@
     ``list(before=, limit=, filter=)``;
 (b) ``audit(older_than=0)`` finds nothing missing and no broken index;
 (c) a deleted thread left nothing behind (the leftover check: the only place
-    that looks at keys, and only for the thread's id inside them);
+    that looks at keys, and only for the thread's id inside them); an erased one
+    no version and no delete marker either, in a versioned bucket too;
 (d) ``collect_garbage(older_than=0)`` changes no read;
 (e) before it and after it, the index of a thread that was deleted names no
     pending write whose checkpoint is not in the index (issue 33: a step's
@@ -190,3 +191,36 @@ def settled_after_delete(history: list[Any], t: str) -> bool:
     return deleted and all(
         op.outcome is not None and op.outcome[0] != "abandoned" and not op.cuts for op in history if t in op.step.model.threads
     )
+def erased_cleanly(history: list[Any], state: M.ModelState, t: str) -> bool:
+    """Whether the version check applies to ``t``: the leftover check does, an
+    erase_thread of it answered, and every other operation on it ended before
+    that erase began (a write refused after it, or one it kept as maybe in
+    flight, leaves versions by design: the next erase's)."""
+    if not deleted_cleanly(history, state, t):
+        return False
+    erases = [
+        op for op in history
+        if isinstance(op.step.model, M.EraseThread) and op.step.model.t == t and op.outcome and op.outcome[0] == "ok"
+    ]
+    if not erases:
+        return False
+    last = max(erases, key=lambda op: op.end)
+    # A collect_garbage that listed the thread's objects before the erase deleted
+    # them deletes them again after it: a delete marker in a versioned bucket.
+    gcs = [op for op in history if isinstance(op.step.model, M.CollectGarbage)]
+    return all(
+        op.end is not None and last.start is not None and op.end < last.start
+        for op in history
+        if (t in op.step.model.threads and op is not last) or (op in gcs and not (op.start or 0) > last.end)
+    )
+
+
+def erased_leftovers(world: Any, prefix: str, t: str) -> list[str]:
+    """(c) What an erased thread left: no version and no delete marker naming it,
+    but the manifest's head (its delete record, current, small)."""
+    versions = world.versions_naming(prefix, t)
+    record = [v for v in versions if world.mode == "manifest" and v[0].endswith("/head") and v[2] and v[1] <= TOMBSTONE_MAX_BYTES]
+    left = [v for v in versions if v not in record[:1]]
+    if left:
+        return [f"(c) erased thread {t} left {len(left)} versions or delete markers (key, size, current): {left[:6]}"]
+    return []

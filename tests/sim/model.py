@@ -696,6 +696,12 @@ class DeleteThread(ModelOp):
         return [s]
 
 
+class EraseThread(DeleteThread):
+    """erase_thread: to readers, a delete (what it removes beyond is the leftover check's)."""
+
+    name = "erase_thread"
+
+
 class GetTuple(ModelOp):
     name = "get_tuple"
 

@@ -34,9 +34,12 @@ class Spec:
     # faults "none": the interleaving's explored choices (depth first);
     # faults "one": [call index (-1: none), fault (index in scheduler.FAULTS), retry (0) or abandon (1)].
     path: list[int] | None = None
+    versioned: bool = False  # the world's buckets keep versions (World(versioned=True))
 
     def replay(self) -> str:
         env = f"SIM_SEED={self.seed} SIM_MODE={self.mode} SIM_SCENARIO={self.scenario} SIM_FAULTS={self.faults}"
+        if self.versioned:
+            env += " SIM_VERSIONED=1"
         if self.path is not None:
             env += f" SIM_PATH={','.join(map(str, self.path)) or '-'}"
         return f"{env} .venv/bin/python -m pytest -p no:cacheprovider -n 0 tests/test_simulation.py -k replay"
@@ -189,6 +192,8 @@ def _verify(world: World, prefix: str, scenario: W.Scenario, history: list[Any],
         for t in threads:
             if C.deleted_cleanly(history, found.state, t):
                 problems.extend(C.leftovers(world, prefix, t))
+            if C.erased_cleanly(history, found.state, t):
+                problems.extend(C.erased_leftovers(world, prefix, t))
     # (e) before any collection (put_writes refused them), and after it.
     settled = [t for t in threads if "e" in CHECKS and C.settled_after_delete(history, t)]
     for t in settled:

@@ -179,6 +179,10 @@ def delete_step(t: str) -> Step:
     return Step("delete_thread", lambda s, env: s.delete_thread(t), M.DeleteThread(t))
 
 
+def erase_step(t: str) -> Step:
+    return Step("erase_thread", lambda s, env: s.erase_thread(t), M.EraseThread(t))
+
+
 def get_step(t: str, ns: str = "", cid: str | None = None) -> Step:
     return Step("get_tuple", lambda s, env: s.get_tuple(cfg(t, ns, cid)), M.GetTuple(t, ns, cid))
 
@@ -330,7 +334,7 @@ class Workshop:
             if rng.random() < 0.4:
                 steps.append(writes_step(b, target, rng.choice([None, RESUME])))
             return steps
-        if kind in ("prune", "delete_runs", "delete") or kind.startswith("prune_"):
+        if kind in ("prune", "delete_runs", "delete", "erase") or kind.startswith("prune_"):
             self.sc.deleting.add(t)
         if kind == "prune":
             return [prune_step([t], rng.choice([None, 1, 2]))]
@@ -353,6 +357,8 @@ class Workshop:
             return [gc_step(rng.choice([None, [t]]))]
         if kind == "delete":
             return [delete_step(t)]
+        if kind == "erase":
+            return [erase_step(t)]
         if kind == "read":
             return [rng.choice([get_step(t, ""), list_step(t, None, limit=rng.choice([None, 3])), get_step(t, SUB_NS)])]
         if kind in ("stale_restore", "stale_archive"):
@@ -369,10 +375,10 @@ class Workshop:
 PROCESS_KINDS = (
     "run", "fork", "subput", "writes", "prune", "delete_runs", "archive", "restore", "archive_restore",
     "export_import", "copy", "gc", "delete", "read", "prune_archive", "prune_copy", "prune_export", "fanout",
-    "stale_restore", "stale_archive",
+    "stale_restore", "stale_archive", "erase",
 )
 WRITERS = ("run", "writes", "fanout")
-ADMIN = ("prune", "delete_runs", "archive", "restore", "export_import", "copy", "gc", "delete")
+ADMIN = ("prune", "delete_runs", "archive", "restore", "export_import", "copy", "gc", "delete", "erase")
 # The pairs every mode must cover (a "long" pair grows the thread past the manifest's seal).
 PAIRS: tuple[tuple[str, str], ...] = (
     *((w, a) for a in ADMIN for w in WRITERS),
@@ -390,6 +396,10 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("long", "run"),
     ("stale_restore", "writes"),
     ("stale_archive", "run"),
+    # erase_thread beside the other whole-thread operations (its writers are above).
+    ("erase", "delete"),
+    ("erase", "archive_restore"),
+    ("erase", "copy"),
 )
 
 

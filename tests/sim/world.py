@@ -86,13 +86,17 @@ def capture(saver: Any, call: Callable[[Any], Any]) -> Any:
 class World:
     """One index mode (``"dynamodb"`` or ``"manifest"``) on the moto server."""
 
-    def __init__(self, endpoint: str, mode: str, *, rotate_every: int = 40, label: str | None = None) -> None:
+    def __init__(
+        self, endpoint: str, mode: str, *, rotate_every: int = 40, label: str | None = None, versioned: bool = False
+    ) -> None:
         from s3_saver import S3Saver
 
         if mode not in ("dynamodb", "manifest"):
             raise ValueError(mode)
         self.endpoint = endpoint
         self.mode = mode
+        # Buckets with versioning on (erase_thread's schedules): a delete leaves versions.
+        self.versioned = versioned
         self.rotate_every = rotate_every
         # Unique per World: two tests of one worker never share a bucket or a prefix.
         self.label = label or f"{os.getpid() % 10000}{next(_WORLDS)}"
@@ -119,6 +123,9 @@ class World:
         self._in_generation = 0
         self.bucket = f"sim-{self.mode[:3]}-{self.label}-{self._generation}".lower()
         self.table = f"sim-{self.mode[:3]}-{self.label}-{self._generation}" if self.mode == "dynamodb" else None
+        if self.versioned:  # on before setup(), which reads it (the manifest's lean heads)
+            self.s3.create_bucket(Bucket=self.bucket)
+            self.s3.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})
         setup = self.saver("setup")
         setup.setup()
         self._sender = self.saver("world")
@@ -181,7 +188,8 @@ class World:
         any other object as written a day ago. So ``collect_garbage`` with a
         grace of an hour may take exactly what no write in flight can still
         commit, whatever the wall clock did while the schedule ran."""
-        for obj in page.get("Contents", ()) or ():
+        listed = [*(page.get("Contents", ()) or ()), *(page.get("Versions", ()) or ()), *(page.get("DeleteMarkers", ()) or ())]
+        for obj in listed:
             writer = self.writers.get(obj.get("Key"))
             if writer is None or not writer.in_flight:
                 if "LastModified" in obj:
@@ -196,6 +204,20 @@ class World:
             for obj in page.get("Contents", ()):
                 if token in obj["Key"]:
                     found.append((obj["Key"], obj.get("Size", 0)))
+        return found
+
+    def versions_naming(self, prefix: str, token: str) -> list[tuple[str, int, bool]]:
+        """(key, size, current) of every version and delete marker (size -1, never
+        current) under ``prefix`` whose key contains ``token``."""
+        found = []
+        pages = self.s3.get_paginator("list_object_versions").paginate(Bucket=self.bucket, Prefix=prefix.rstrip("/") + "/")
+        for page in pages:
+            for v in page.get("Versions", ()):
+                if token in v["Key"]:
+                    found.append((v["Key"], v.get("Size", 0), bool(v.get("IsLatest"))))
+            for m in page.get("DeleteMarkers", ()):
+                if token in m["Key"]:
+                    found.append((m["Key"], -1, False))
         return found
 
     def items_naming(self, prefix: str, token: str) -> list[dict[str, Any]]:

@@ -1,0 +1,386 @@
+"""erase_thread: ``delete_thread``, then every version and delete marker the thread left.
+
+A versioned bucket (replication and Object Lock need one) keeps what a delete
+removes as noncurrent versions behind delete markers. An erase lists the
+thread's own key ranges (``live/``, ``manifests/``, ``archive/`` and
+``set-aside/`` of its encoded id: an admin path, listing is allowed) and
+deletes each version by id, in the region written to and in the replica.
+
+What stays is the index's record of the delete (its generation: a run still in
+flight cannot bring the thread back): a table item, or the manifest's head.
+A version Object Lock holds is reported, never an error that stops the rest.
+
+Order, so that a call cut short anywhere and called again finishes:
+
+1. versioned bucket, manifest index: the keys outside the thread's ranges that
+   name it (listing and run hints, ``Index.erase_hints``) go into a record of
+   their own in the thread's manifest folder *before* the delete takes them
+   out of the head;
+2. ``delete_thread`` (gone for readers and writers from its first write);
+3. every noncurrent version and delete marker in the ranges and of those keys
+   goes, and every current object older than ``GRACE`` that the index does
+   not name. A younger one may be a write about to commit (its object sent,
+   its read of the thread's record not yet: it commits into the generation
+   after the delete), so it stays, as ``collect_garbage`` leaves it; so does
+   what the index names (its record; a thread started afresh since);
+4. the hint records last, once nothing they name is left.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from s3_saver._keys import KeyLayout, new_token
+from s3_saver._ops import delete
+from s3_saver._ops.audit import _referenced
+from s3_saver._ops.context import Context, target
+from s3_saver._protocol import Op, gather, raise_failure, request, request_one
+from s3_saver._s3 import DELETE_BATCH, put_immutable
+from s3_saver.errors import DENIED_CODES, AccessDeniedError, S3SaverError, TableNotFoundError, error_code
+
+LOCKED = "object lock"
+NEWER = "an unreferenced object younger than the grace period"
+# As collect_garbage's default: a write commits its index entry within seconds of
+# its objects (a Lambda within its 15 minutes at most).
+GRACE = 3600.0
+RECORD = "the erase's record of the keys it has still to erase"
+IN_USE = "named by the index"
+# Stores without the versioning API answer these: the bucket keeps no versions.
+_NO_VERSIONING = frozenset({"NotImplemented", "MethodNotAllowed", "XNotImplemented"})
+_GONE = frozenset({"NoSuchVersion", "NoSuchKey", "404", "405", "MethodNotAllowed"})
+
+
+@dataclass(frozen=True)
+class Remaining:
+    """An object version :meth:`S3Saver.erase_thread` left in place, and why.
+
+    Attributes:
+        bucket: The bucket that holds it.
+        key: Its key.
+        version_id: Its version (None: an unversioned bucket).
+        reason: ``"object lock"`` (a retention period or a legal hold: it can
+            go once they end), ``"an unreferenced object younger than the grace
+            period"`` (an hour, as ``collect_garbage``'s: a write that may still
+            commit, or one that crashed; an erase later removes it) or
+            ``"named by the index"`` (the thread was used again meanwhile, or a
+            replica's index has not caught up with the delete yet). While any
+            of those stays, so does the erase's own record of the listing and
+            run-hint keys it has still to erase (manifest mode).
+        mode: Object Lock retention mode (``"GOVERNANCE"`` or ``"COMPLIANCE"``).
+        retain_until: End of the retention period.
+        legal_hold: A legal hold is on.
+    """
+
+    bucket: str
+    key: str
+    version_id: str | None
+    reason: str
+    mode: str | None = None
+    retain_until: datetime | None = None
+    legal_hold: bool = False
+
+
+@dataclass(frozen=True)
+class EraseReport:
+    """What :meth:`S3Saver.erase_thread` removed, and what remains.
+
+    Attributes:
+        thread_id: The thread erased.
+        buckets: The buckets erased in (the region written to, then the replica).
+        deleted: Object versions and delete markers removed after the delete
+            (what ``delete_thread`` leaves: none on an unversioned bucket,
+            unless a write cut short left objects no index entry names).
+        remaining: Versions left in place, each with its reason (empty: every
+            version of the thread is gone).
+        records: What stays so that the thread stays deleted, per region: the
+            index's delete record (no user content, under 1 KB).
+    """
+
+    thread_id: str
+    buckets: tuple[str, ...]
+    deleted: int
+    remaining: tuple[Remaining, ...]
+    records: tuple[str, ...]
+
+    @property
+    def complete(self) -> bool:
+        """True when no version of the thread remains in any bucket."""
+        return not self.remaining
+
+
+@dataclass(frozen=True)
+class _Version:
+    key: str
+    version_id: str | None  # None: an unversioned bucket's object
+    current: bool  # the object readers get (not noncurrent, not a delete marker)
+    modified: float
+    marker: bool = False  # a delete marker (no lock ever holds one)
+
+
+def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, bool]] = ()) -> Op[EraseReport]:
+    """Erase in ``ctx``'s region, then in each of ``others`` (context, whether
+    its index is its own to delete in: a global table's replica is not)."""
+    thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
+    deleted = 0
+    remaining: list[Remaining] = []
+    records: list[str] = []
+    named: tuple[set[str], set[str]] | None = None
+    for site, own_index in ((ctx, True), *others):
+        # A global table's replica is the same index: what the region written
+        # to names after its delete is the answer there too (its copy may lag).
+        # Only the region written to receives writes that may still commit.
+        count, left, record, found = yield from _erase_in(
+            site, thread_id, own_index, None if own_index else named, written=site is ctx
+        )
+        named = named or found
+        deleted += count
+        remaining += left
+        records.append(record)
+    return EraseReport(
+        thread_id, tuple(c.s3.bucket for c, _ in ((ctx, True), *others)), deleted, tuple(remaining), tuple(records)
+    )
+
+
+def _erase_in(
+    ctx: Context, thread_id: str, own_index: bool, named: tuple[set[str], set[str]] | None, written: bool
+) -> Op[tuple[int, list[Remaining], str, tuple[set[str], set[str]]]]:
+    # An object of a write that commits into the generation after the delete may
+    # predate the delete (its PUT went out before its read of the record did).
+    # A replica gets no write of its own: an object there that no entry names is
+    # a copy of what the delete removed (replication never sends it again).
+    young = time.time() - GRACE if written else float("inf")
+    versioned = yield from _versioned(ctx)
+    hints: list[str] = []
+    if versioned and own_index:
+        hints = yield from _record_hints(ctx, thread_id)
+    elif versioned:
+        hints = yield from _hints_recorded(ctx, thread_id)
+    indexed = own_index
+    if own_index:
+        try:
+            yield from delete.delete_thread(ctx, thread_id)
+        except TableNotFoundError:
+            indexed = False  # a replica's table never made (promote builds it): nothing to delete there
+    # The ranges and the hint keys are listed side by side (a page each per round trip).
+    prefixes = _ranges(ctx.layout, thread_id) + hints
+    pages = yield from gather(*(_listed(ctx, p, versioned) for p in prefixes))
+    # The index is read after the listing: a write whose commit lands before this
+    # read is named here; one still to commit was in flight as the listing ran,
+    # so its objects are younger than the grace period.
+    keep, own = named if named is not None else (yield from _named(ctx, thread_id))
+    found = [
+        v
+        for prefix, listed in zip(prefixes, pages)
+        for v in listed
+        if (v.key == prefix if prefix in hints else _belongs(ctx.layout, thread_id, v.key))
+    ]
+    marks = ctx.layout.erase_key(thread_id, "")
+    hint_records = [v for v in found if v.key.startswith(marks)]
+    purge, left = _sort_out(ctx, [v for v in found if not v.key.startswith(marks)], keep, own, young)
+    # Versions first, then the delete markers of keys none of whose versions a
+    # lock kept: a marker taken off a locked version would make it current again.
+    count, locked = yield from _purge(ctx, [v for v in purge if not v.marker])
+    held = {r.key for r in locked}
+    more, _ = yield from _purge(ctx, [v for v in purge if v.marker and v.key not in held])
+    count += more
+    left += locked
+    if not any(r.key in hints for r in left):
+        # The hint records go last: a call again needs them until what they name is gone.
+        more, locked = yield from _purge(ctx, hint_records)
+        count += more
+        left += locked
+    else:
+        left += [Remaining(ctx.s3.bucket, v.key, v.version_id, RECORD) for v in hint_records if v.current]
+    if indexed:
+        record = f"{ctx.index.describe()}: the thread's delete record (its generation, when it was deleted)"
+    else:
+        record = f"s3://{ctx.s3.bucket}: none here (its index is the region's written to, or none)"
+    return count, left, record, (keep, own)
+
+
+def _sort_out(
+    ctx: Context, found: list[_Version], keep: set[str], own: set[str], young: float
+) -> tuple[list[_Version], list[Remaining]]:
+    """The versions to delete, and those that stay: a current object the index
+    names (its own record quietly), or one no entry names younger than ``young``."""
+    purge: list[_Version] = []
+    left: list[Remaining] = []
+    for v in found:
+        if v.current and v.key in keep:
+            if v.key not in own:
+                left.append(Remaining(ctx.s3.bucket, v.key, v.version_id, IN_USE))
+        elif v.current and v.modified >= young:
+            left.append(Remaining(ctx.s3.bucket, v.key, v.version_id, NEWER))
+        else:
+            purge.append(v)
+    return purge, left
+
+
+def _named(ctx: Context, thread_id: str) -> Op[tuple[set[str], set[str]]]:
+    """What the index names now (after the delete: its own record, and the
+    entries of a run that started the thread afresh meanwhile), and which of
+    those are the index's own objects (a manifest's head)."""
+    try:
+        held = yield from ctx.index.holdings(thread_id)
+    except TableNotFoundError:
+        return set(), set()
+    return _referenced(ctx, thread_id, held), set(held.index_keys)
+
+
+def _versioned(ctx: Context) -> Op[bool]:
+    """Whether the bucket keeps versions (enabled, or suspended after being on)."""
+    call = ctx.s3.bucket_versioning()
+    (result,) = yield (call,)
+    if isinstance(result, BaseException):
+        if error_code(result) in _NO_VERSIONING:
+            return False
+        raise_failure(call, result)
+    return result.get("Status") in ("Enabled", "Suspended")
+
+
+def _record_hints(ctx: Context, thread_id: str) -> Op[list[str]]:
+    """The hint keys the index names now and those earlier calls recorded; a
+    record of any new ones is written before the delete removes them from the index."""
+    named, recorded = yield from _gather_hints(ctx, thread_id)
+    new = sorted(set(named) - set(recorded))
+    if new:
+        # Immutable: a PUT sent again after its answer was lost meets its own bytes.
+        yield from put_immutable(ctx.s3, {ctx.layout.erase_key(thread_id, new_token()): "\n".join(new).encode()})
+    return sorted(set(named) | set(recorded))
+
+
+def _gather_hints(ctx: Context, thread_id: str) -> Op[tuple[list[str], list[str]]]:
+    named = yield from ctx.index.erase_hints(thread_id)
+    recorded = yield from _hints_recorded(ctx, thread_id)
+    return named, recorded
+
+
+def _hints_recorded(ctx: Context, thread_id: str) -> Op[list[str]]:
+    prefix = ctx.layout.erase_key(thread_id, "")
+    keys: list[str] = []
+    token: str | None = None
+    while True:
+        page = yield from request_one(ctx.s3.list_keys(prefix, token))
+        keys += [o["Key"] for o in page.get("Contents", [])]
+        token = page.get("NextContinuationToken")
+        if not token:
+            break
+    if not keys:
+        return []
+    calls = [ctx.s3.get(k) for k in keys]
+    results = yield tuple(calls)
+    lines: set[str] = set()
+    for call, result in zip(calls, results):
+        if isinstance(result, BaseException):
+            if error_code(result) in _GONE:
+                continue  # another erase finished meanwhile: what it named is gone
+            raise_failure(call, result)
+        lines.update(line for line in result["Body"].decode().split("\n") if line)
+    return sorted(lines)
+
+
+def _ranges(layout: KeyLayout, thread_id: str) -> list[str]:
+    """The thread's own key ranges: every key under them is the thread's."""
+    return [
+        layout.thread_dir(thread_id),
+        layout.manifest_dir(thread_id),
+        layout.archive_dir(thread_id),
+        layout.set_aside_dir(thread_id),
+    ]
+
+
+def _belongs(layout: KeyLayout, thread_id: str, key: str) -> bool:
+    """A key this layout builds for the thread (another saver's prefix may nest
+    inside these folders: its keys are never taken for the thread's)."""
+    if key.startswith(layout.thread_dir(thread_id)):
+        o = layout.parse_object_key(key)
+        return o is not None and o.thread_id == thread_id and layout.object_key(o) == key
+    for folder in (layout.manifest_dir(thread_id), layout.archive_dir(thread_id), layout.set_aside_dir(thread_id)):
+        if key.startswith(folder):
+            rest = key[len(folder) :]
+            return bool(rest) and (rest.count("/") == 0 or (rest.startswith("segments/") and rest.count("/") == 1))
+    return False
+
+
+def _listed(ctx: Context, prefix: str, versioned: bool) -> Op[list[_Version]]:
+    """Every version and delete marker under ``prefix`` (unversioned: every object)."""
+    out: list[_Version] = []
+    if not versioned:
+        token: str | None = None
+        while True:
+            page = yield from request_one(ctx.s3.list_keys(prefix, token))
+            out += [_Version(o["Key"], None, True, _time(o)) for o in page.get("Contents", [])]
+            token = page.get("NextContinuationToken")
+            if not token:
+                return out
+    marker: tuple[str, str] | None = None
+    while True:
+        page = yield from request_one(ctx.s3.versions(prefix, marker))
+        out += [_Version(v["Key"], v["VersionId"], bool(v.get("IsLatest")), _time(v)) for v in page.get("Versions", [])]
+        out += [_Version(m["Key"], m["VersionId"], False, _time(m), marker=True) for m in page.get("DeleteMarkers", [])]
+        if not page.get("IsTruncated"):
+            return out
+        marker = (page["NextKeyMarker"], page.get("NextVersionIdMarker") or "")
+
+
+def _time(listed: dict[str, Any]) -> float:
+    modified = listed.get("LastModified")
+    return modified.timestamp() if isinstance(modified, datetime) else 0.0
+
+
+def _purge(ctx: Context, versions: list[_Version]) -> Op[tuple[int, list[Remaining]]]:
+    """Delete the versions (batches of 1,000 in one round trip); those a lock
+    holds are returned, with their retention and legal hold."""
+    if not versions:
+        return 0, []
+    pairs = [(v.key, v.version_id) for v in versions]
+    markers = {(v.key, v.version_id) for v in versions if v.marker}
+    batches = [pairs[i : i + DELETE_BATCH] for i in range(0, len(pairs), DELETE_BATCH)]
+    results = yield from request(*(ctx.s3.delete_versions(b) for b in batches))
+    refused: list[tuple[str, str | None]] = []
+    for batch, result in zip(batches, results):
+        for err in result.get("Errors", []):
+            if err.get("Code") not in DENIED_CODES:
+                raise S3SaverError(
+                    f"erase could not delete s3://{ctx.s3.bucket}/{err.get('Key')} (version {err.get('VersionId')}): "
+                    f"{err.get('Code')}: {err.get('Message')}"
+                )
+            # Some stores name the key alone: each version of it sent may be
+            # the one (a delete marker is never locked).
+            refused += [
+                p for p in batch
+                if p[0] == err.get("Key") and (p[1] == err.get("VersionId") or ("VersionId" not in err and p not in markers))
+            ]
+    refused = list(dict.fromkeys(refused))
+    left = yield from _locks(ctx, refused)
+    return len(pairs) - len(left), left
+
+
+def _locks(ctx: Context, refused: list[tuple[str, str | None]]) -> Op[list[Remaining]]:
+    """Why each refused version stays: its retention and legal hold (one HEAD
+    each). A version that is gone was deleted after all; one held by neither
+    was refused by a policy: that is an error naming what is missing."""
+    if not refused:
+        return []
+    results = yield tuple(ctx.s3.head_version(key, version) for key, version in refused)
+    left: list[Remaining] = []
+    for (key, version), result in zip(refused, results):
+        if isinstance(result, BaseException):
+            if error_code(result) in _GONE:
+                continue
+            raise_failure(ctx.s3.head_version(key, version), result)
+        mode = result.get("ObjectLockMode")
+        until = result.get("ObjectLockRetainUntilDate")
+        on = result.get("ObjectLockLegalHoldStatus") == "ON"
+        if not on and (until is None or until.timestamp() <= time.time()):
+            raise AccessDeniedError(
+                f"erase was refused the deletion of s3://{ctx.s3.bucket}/{key} (version {version}) and no "
+                "Object Lock holds it: the caller needs s3:DeleteObjectVersion and s3:ListBucketVersions "
+                "on the bucket (infra/template.yaml's EraseThreadsPolicy)"
+            )
+        left.append(Remaining(ctx.s3.bucket, key, version, LOCKED, mode if until is not None else None, until, on))
+    return left
