@@ -132,18 +132,20 @@ def encode_head(head: Head, versioned: bool = False) -> bytes:
     a cold process's read of the latest state, requests / round trips):
     frame and pinned (before) 10.2 / 14.3 / 14.0x, 1-4 / 1-2; the newest body
     alone 2.1 / 2.2 / 2.1x, 4-6 / 2; no body 1.1 / 1.26 / 1.25x, 5-7 / 2;
-    no body and the versioned bucket's head sealing twice as often
-    (``manifest_seal.VERSIONED_LIMITS``, chosen) 0.88 / 0.87 / 0.89x, 5-7 / 2;
-    the newest body and that sealing 1.35 / 1.42 / 1.56x. Sealing still more
-    often (16/4) gives 0.67-0.82x for 4% more write requests and three times
-    the round trips of a history. Bodies moved to immutable objects the head
+    no body, the head sealing at 24 keeping 8, 0.89 / 0.82 / 0.93x, 5-7 / 2;
+    the newest body and that sealing 1.35 / 1.42 / 1.56x; no body, sealing at
+    24 keeping 4 (``manifest_seal.VERSIONED_LIMITS``, chosen) 0.66 / 0.70 /
+    0.82x, 5-7 / 2, 1% more write requests (the segments' PUTs); sealing at 16
+    keeping 4, 0.67 / 0.68 / 0.82x for 4% more write requests and 80 round
+    trips for a cold history of 200 turns (54 chosen). Bodies moved to immutable objects the head
     names (a pack per few checkpoints) would keep a cold history's GETs to
     the head's and the segments' but cost a PUT per pack: the bench's
     workload, whose reads are in the writing process, would send more
     requests than today for no fewer bytes than no frame at all.
     On an unversioned bucket, ``make bench``'s 20-turn agent workload uploads
-    6.4 MB with frame and pinned, 1.3 MB without (the newest body kept: a read
-    of the latest state then finds it in the head), with the same requests.
+    8.2 MB with frame and pinned, 1.6 MB without (the newest body kept: a read
+    of the latest state then finds it in the head), for the same 452 requests
+    (the cheapest S3-only peer: 4.2 MB).
     """
     tips = _tips(head.entries, pieces=False) if not versioned else set()
     doc = {

@@ -41,14 +41,17 @@ class Limits:
 
 
 # On a versioned bucket every head a write replaces stays as a noncurrent
-# version: there the head seals twice as often, so its rows (the bytes each
-# replaced head keeps) stay few. Measured on a chat of 1 KB messages (see
-# ``manifest_doc.encode_head``): noncurrent bytes 1.1-1.25x the thread's own
-# with 48/16, 0.87-0.89x with 24/8, for 3% more write requests (the segments).
+# version: there the head seals twice as often and keeps 4, so its rows (the
+# bytes each replaced head keeps) stay few, and its segments hold 20 each (the
+# refs of the segments, which every head carries, grow slower than with 16).
+# Measured on a chat of 1 KB messages (see ``manifest_doc.encode_head``), as
+# ``make bench`` writes it, noncurrent bytes per byte of the thread's own at
+# 100 / 200 turns: 1.25x at 200 with 48/16; 0.93 / 1.06x with 24/8; 0.86 /
+# 0.96x with 24/4 (chosen), for 2% more write requests (the segments).
 # An unversioned bucket keeps nothing of a replaced head: fewer, larger
 # segments there (fewer requests, fewer round trips for a history).
 LIMITS = Limits(SEAL_AT, HARD_SEAL_AT, KEEP_IN_HEAD)
-VERSIONED_LIMITS = Limits(24, 48, 8)
+VERSIONED_LIMITS = Limits(24, 48, 4)
 # Attempts of one compare-and-swap before giving up: every round has a winner, so
 # this many writers on one thread at once all get through.
 _MAX_SWAPS = 24
