@@ -46,12 +46,14 @@ class Limits:
 # refs of the segments, which every head carries, grow slower than with 16).
 # Measured on a chat of 1 KB messages (see ``manifest_doc.encode_head``), as
 # ``make bench`` writes it, noncurrent bytes per byte of the thread's own at
-# 100 / 200 turns: 1.25x at 200 with 48/16; 0.93 / 1.06x with 24/8; 0.86 /
-# 0.96x with 24/4 (chosen), for 2% more write requests (the segments).
+# 100 / 200 turns: 0.93 / 1.06x with 24/8; 0.86 / 0.96x with 24/4 (chosen),
+# for 1-2% more write requests (the segments). Written straight through the
+# saver, at 200 turns: 1.25x with 48/16, 0.82x with 24/4.
 # An unversioned bucket keeps nothing of a replaced head: fewer, larger
 # segments there (fewer requests, fewer round trips for a history).
 LIMITS = Limits(SEAL_AT, HARD_SEAL_AT, KEEP_IN_HEAD)
 VERSIONED_LIMITS = Limits(24, 48, 4)
+
 # Attempts of one compare-and-swap before giving up: every round has a winner, so
 # this many writers on one thread at once all get through.
 _MAX_SWAPS = 24
