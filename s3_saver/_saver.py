@@ -287,9 +287,11 @@ class S3Saver(
         ``dynamodb:CreateTable``...): run it from a deploy step, not from every Lambda.
 
         Manifest index: it also reads the bucket's versioning. On a versioned bucket
-        this saver then writes lean manifest heads (each replaced head stays as a
-        noncurrent version), and it logs a warning when no lifecycle rule expires
-        noncurrent versions under the manifest prefix.
+        this saver then writes manifest heads without bodies, sealed twice as often
+        (each replaced head stays as a noncurrent version; a saver that never runs
+        ``setup()`` does the same from its first head write on), and it logs a
+        warning when no lifecycle rule expires noncurrent versions under the
+        manifest prefix.
 
         Raises:
             SetupMismatchError: The table exists with another key schema.

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import make_saver
+from conftest import BUCKET, make_saver
 from helpers import checkpoint, config, grow_thread
 from s3_saver._keys import checkpoint_sort_key
 
@@ -285,9 +285,13 @@ def test_writes_sent_before_their_checkpoints_put_read_nothing_first(saver, inde
 def test_manifest_history_reads_sealed_checkpoints_from_their_segments(endpoint, monkeypatch) -> None:
     """A segment carries the bodies of the checkpoints and writes it seals, also
     after another writer's swap made the sealing process read the head back: a
-    full history GETs the head and the segments (the head's frame carries the
-    bodies of its own checkpoints)."""
+    full history GETs the head, the segments, and the objects of the checkpoints
+    still in the head only (the head carries no body but the newest's: each
+    write re-uploads it, see ``manifest_doc.encode_head``)."""
+    import boto3
+
     from s3_saver._drivers.sync import SyncDriver
+    from s3_saver._index.manifest_doc import decode_head
 
     writer, other = make_saver(endpoint, "manifest"), make_saver(endpoint, "manifest")
     writer.setup()
@@ -312,25 +316,34 @@ def test_manifest_history_reads_sealed_checkpoints_from_their_segments(endpoint,
     history = list(reader.list(config("t")))
     assert len(history) == 130 and history[-1].pending_writes == [("task-0", "counter", 0)]
     objects = [k for k in gets if "/checkpoints/" in k or "/writes/" in k]
-    # The head's frame and the segments carry every body; the first checkpoint
-    # holds the unchanged "doc", read before the page that loads its segment.
-    assert len(objects) <= 1, objects
+    head_key = next(k for k in gets if k.endswith("/head"))
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    head = decode_head("t", s3.get_object(Bucket=BUCKET, Key=head_key)["Body"].read(), head_key, None)
+    # The segments carry every body they seal; the first checkpoint holds the
+    # unchanged "doc", read before the page that loads its segment.
+    unsealed = {e.checkpoint_id for e in head.entries} | {history[-1].checkpoint["id"]}
+    assert objects and all(any(f"/{cid}" in k for cid in unsealed) for k in objects), objects
+    assert len(objects) <= 2 * len(unsealed), objects  # each one's checkpoint and writes, no more
     assert len([k for k in gets if "/segments/" in k]) >= 2
     for s in (writer, other, reader):
         s.close()
 
 
-def test_manifest_documents_carry_bodies_compressed_together_and_read_the_formats_before(endpoint) -> None:
-    """A segment's bodies, and the head's beyond what "latest" reads, repeat one
-    another (each checkpoint's copy of a growing list holds the previous one): one
-    zstd frame over the plain bodies stores a fraction of the bodies compressed one
-    by one. A segment in the format before (bodies in its rows) reads as before;
-    a head without the frame (a writer of an earlier version rewrote it) reads its
-    checkpoints' objects, as before."""
+def test_manifest_documents_carry_bodies_compressed_together_and_read_the_formats_before(endpoint, monkeypatch) -> None:
+    """A segment's bodies repeat one another (each checkpoint's copy of a growing
+    list holds the previous one): one zstd frame over the plain bodies stores a
+    fraction of the bodies compressed one by one. A segment in the format before
+    (bodies in its rows) reads as before. The head carries no frame and no pinned
+    bodies (every write re-uploads it); a head written with them (by an earlier
+    version) reads them: a cold read of the latest state is one GET, a history
+    reads no checkpoint object; and a thread of such a head and new ones (a new
+    writer goes on from it) reads whole."""
     import boto3
     import ormsgpack
 
+    from s3_saver._archive import _zstd
     from s3_saver._codec import pack, plain, squeeze
+    from s3_saver._drivers.sync import SyncDriver
     from s3_saver._index import manifest_bodies
     from s3_saver._index.manifest_doc import (
         BODY_IN_SEGMENT_MAX,
@@ -370,35 +383,50 @@ def test_manifest_documents_carry_bodies_compressed_together_and_read_the_format
         client.put_object(Bucket=writer.bucket, Key=key, Body=old)
     head_key = next(o["Key"] for o in client.list_objects_v2(Bucket=writer.bucket)["Contents"] if o["Key"].endswith("/head"))
     doc = ormsgpack.unpackb(plain(client.get_object(Bucket=writer.bucket, Key=head_key)["Body"].read(), head_key))
-    assert doc["format"] == HEAD_FORMAT and manifest_bodies.FIELD in doc
-    del doc[manifest_bodies.FIELD]
+    assert doc["format"] == HEAD_FORMAT
+    assert manifest_bodies.FIELD not in doc and manifest_bodies.PINNED not in doc
+    assert sum(row[6] is not None for row in doc["entries"]) == 1  # the newest checkpoint's body alone
+    # The head as the version before wrote it: every body in a frame, and the
+    # bodies of sealed checkpoints the newest one reads pinned.
+    held = writer._ctx.index._cached("t")
+    assert held.pinned and all(e.body is not None for e in held.entries)
+    doc[manifest_bodies.FIELD] = manifest_bodies.pack(held.entries, held.writes)
+    doc[manifest_bodies.PINNED] = _zstd().ZstdCompressor().compress(
+        ormsgpack.packb([[*key, plain(b, "")] for key, b in held.pinned.items()]))
     client.put_object(Bucket=writer.bucket, Key=head_key, Body=pack(doc))
-    reader = make_saver(endpoint, "manifest")
-    got = [(t.checkpoint["id"], t.checkpoint["channel_values"], t.pending_writes) for t in reader.list(config("t"))]
-    assert got == expected and len(got) == 70
     writer.close()
+    reader = make_saver(endpoint, "manifest")
+    latest = reader.get_tuple(config("t"))
+    assert (latest.checkpoint["id"], latest.checkpoint["channel_values"], latest.pending_writes) == expected[0]
+    assert _counts(reader) == (1, {("s3", "get_object"): 1})  # the head: its frame and pinned bodies read
+    gets: list[str] = []
+    real = SyncDriver._wave
+
+    def wave(driver, calls):
+        gets.extend(c.params["Key"] for c in calls if c.operation == "get_object")
+        return real(driver, calls)
+
+    monkeypatch.setattr(SyncDriver, "_wave", wave)
+    got = [(t.checkpoint["id"], t.checkpoint["channel_values"], t.pending_writes) for t in reader.list(config("t"))]
+    monkeypatch.undo()
+    assert got == expected and len(got) == 70
+    # The frame carried the bodies of the head's checkpoints: none of their objects is read.
+    in_head = [e.checkpoint_id for e in held.entries]
+    assert not [k for k in gets if any(cid in k for cid in in_head)], gets
     reader.close()
-
-
-def test_manifest_head_frame_keeps_the_newest_bodies_within_its_budget() -> None:
-    """Bodies that do not compress (a msgpack map byte, then random bytes) fill the head's frame fast: it
-    keeps the newest checkpoints' bodies that fit HEAD_FRAME_MAX compressed, and
-    their writes; the older ones are read from their objects."""
-    import os
-
-    from s3_saver._index import manifest_bodies
-    from s3_saver._index.base import CheckpointEntry, WritesEntry
-
-    entries = [
-        CheckpointEntry("t", "", f"c{i:03d}", None, {}, body=b"\x81" + os.urandom(8_000)) for i in range(40)
-    ]
-    writes = [WritesEntry("t", "", e.checkpoint_id, "task", "r0", "tok", b"\x81" + os.urandom(500)) for e in entries]
-    frame = manifest_bodies.pack_head(entries, writes, {("", "c039")})
-    assert frame is not None and len(frame) <= manifest_bodies.HEAD_FRAME_MAX
-    bare = [replace(e, body=None) for e in entries]
-    filled, filled_writes = manifest_bodies.fill(bare, [replace(w, body=None) for w in writes], frame, "test")
-    carried = [e.checkpoint_id for e in filled if e.body is not None]
-    assert 3 <= len(carried) < 39 and "c039" not in carried  # c039's body is in the rows
-    assert carried == [f"c{i:03d}" for i in range(39 - len(carried), 39)]  # the newest
-    assert {w.checkpoint_id for w in filled_writes if w.body is not None} == set(carried)
-    assert all(e.body == o.body for e, o in zip(filled, entries) if e.body is not None)
+    # A new writer goes on from that head (it writes its own form), then a cold reader.
+    later = make_saver(endpoint, "manifest")
+    stored = config("t", checkpoint_id=expected[0][0])
+    for step in range(70, 75):
+        version = later.get_next_version(version, None)
+        messages = [*messages, f"message {step}"]
+        stored = later.put(stored, checkpoint({"messages": messages}, {"messages": version}),
+                           {"source": "loop", "step": step}, {"messages": version})
+    later.close()
+    doc = ormsgpack.unpackb(plain(client.get_object(Bucket=BUCKET, Key=head_key)["Body"].read(), head_key))
+    assert manifest_bodies.FIELD not in doc and manifest_bodies.PINNED not in doc
+    fresh = make_saver(endpoint, "manifest")
+    got = [(t.checkpoint["id"], t.checkpoint["channel_values"], t.pending_writes) for t in fresh.list(config("t"))]
+    assert got[5:] == expected and len(got) == 75
+    assert got[0][1] == {"messages": messages}
+    fresh.close()

@@ -58,7 +58,16 @@ from s3_saver._index.manifest_archive import ManifestArchive
 from s3_saver._index.manifest_audit import ManifestHoldings
 from s3_saver._index.manifest_group import BatchRefused, GroupCommit
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
-from s3_saver._index.manifest_seal import HARD_SEAL_AT, SEAL_AT, _MAX_SWAPS, Bodies, _apply_seal, _plan_seal, _SealPlan
+from s3_saver._index.manifest_seal import (
+    _MAX_SWAPS,
+    LIMITS,
+    VERSIONED_LIMITS,
+    Bodies,
+    Limits,
+    _apply_seal,
+    _plan_seal,
+    _SealPlan,
+)
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Backoff, Op, raise_failure, request
 from s3_saver._s3 import S3Calls, put_immutable
@@ -151,25 +160,38 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         else:
             where = f"s3://{self.s3.bucket}/{call.params['Key']}"
             head = decode_head(thread_id, result["Body"], where, result["ETag"])
-            if self.versioned_bucket:
-                # A lean head carries no bodies but the newest checkpoint's: the
-                # ones this process committed or held pinned (bytes of immutable
-                # objects) come from memory, not from their objects.
-                head.entries = [self.bodies.fill(e) for e in head.entries]
-                head.writes = [self.bodies.fill(w) for w in head.writes]
-                held = self._cached(thread_id)
-                if held is not None:
-                    needed = pieces_read(head.entries)
-                    head.pinned.update((k, b) for k, b in held.pinned.items() if k in needed and k not in head.pinned)
+            self._learn_versioning(result)
+            # A head carries no bodies but the newest checkpoint's (none on a
+            # versioned bucket, see ``encode_head``): the ones this process
+            # committed or held pinned (bytes of immutable objects) come from
+            # memory, not from their objects.
+            head.entries = [self.bodies.fill(e) for e in head.entries]
+            head.writes = [self.bodies.fill(w) for w in head.writes]
+            held = self._cached(thread_id)
+            if held is not None:
+                needed = pieces_read(head.entries)
+                head.pinned.update((k, b) for k, b in held.pinned.items() if k in needed and k not in head.pinned)
         self._remember(head)
         return head
+
+    def _learn_versioning(self, result: dict[str, Any]) -> None:
+        """A versioned bucket answers a head's GET or PUT with its version id
+        ("null" only when versioning is suspended): a process that never ran
+        ``setup()`` (a Lambda handler) writes for a versioned bucket from its
+        first head on, at no request."""
+        if result.get("VersionId") not in (None, "null"):
+            self.versioned_bucket = True
+
+    @property
+    def _limits(self) -> Limits:
+        return VERSIONED_LIMITS if self.versioned_bucket else LIMITS
 
     def _swap(self, old: Head, new: Head) -> Op[bool]:
         """Replace the head ``old`` was read as with ``new``; False: another writer was first."""
         new.version, new.site = old.version + 1, self.s3.bucket
         key = self.layout.manifest_head_key(old.thread_id)
-        # A versioned bucket keeps the head this swap replaces: a lean one then.
-        call = self.s3.put_swap(key, encode_head(new, lean=self.versioned_bucket), old.etag)
+        # A versioned bucket keeps the head this swap replaces: one without bodies there.
+        call = self.s3.put_swap(key, encode_head(new, versioned=self.versioned_bucket), old.etag)
         (result,) = yield (call,)
         if isinstance(result, BaseException):
             lost = error_code(result) in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES
@@ -178,6 +200,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
                 return False
             raise_failure(call, result)
         new.etag = result["ETag"]
+        self._learn_versioning(result)
         self._remember(new)
         return True
 
@@ -231,8 +254,8 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
                 if new is None:
                     return head
                 if ahead is None or not _apply_seal(new, ahead):
-                    if len(new.entries) > HARD_SEAL_AT:
-                        plan = _plan_seal(self.layout, new, self.bodies.fill)
+                    if len(new.entries) > self._limits.hard_seal_at:
+                        plan = _plan_seal(self.layout, new, self.bodies.fill, self._limits.keep)
                         plans.append(plan)
                         # Objects first: a segment exists before the head that refers to it.
                         yield from put_immutable(self.s3, dict(plan.objects))
@@ -346,7 +369,9 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         or it predates listings) is listed by a later write of a process that
         has seen its head."""
         cached = self._cached(thread_id)
-        plan = _plan_seal(self.layout, cached, self.bodies.fill) if cached is not None and len(cached.entries) > SEAL_AT else None
+        limits = self._limits
+        seal = cached is not None and len(cached.entries) > limits.seal_at
+        plan = _plan_seal(self.layout, cached, self.bodies.fill, limits.keep) if cached is not None and seal else None
         objects = list(plan.objects) if plan else []
         maybe_new = not cached.created if cached is not None else parent_id is None
         listing = list_at if list_at is not None and ns == "" and maybe_new else None

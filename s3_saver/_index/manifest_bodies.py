@@ -7,17 +7,14 @@ whose 32 KB window sees little of the body before): the workload of ``make
 bench`` measured 34 head bodies at 31 KB in zstd against 297 KB one by one and
 215 KB in zlib, in 0.5 ms against 27 ms.
 
-A segment carries every body it seals here (history reads no object); the head,
-rewritten by every write, carries here the bodies its rows do not (every
-checkpoint but what "latest" reads), newest first, as many as fit HEAD_FRAME_MAX
-compressed: a full history then reads the head, the segments and the large
-values only. The frame is a field of the document beside its rows: a reader of
-an earlier version ignores it and reads those bodies from their objects, as it
-did, and a writer of an earlier version drops it, which costs only those reads.
-On a versioned bucket every head a write replaces stays as a noncurrent
-version, frame included, so there the head has no frame
-(``manifest_doc.encode_head``, ``lean``): reads GET those bodies from their
-objects, as a reader of an earlier version does.
+A segment carries every body it seals here (history reads no object for
+them). Heads carried a frame too (the bodies of their checkpoints but the
+newest, up to 64 KB compressed) and the bodies pinned for "latest"; every
+write re-uploaded them (a head of ~40 KB in ``make bench``'s workload), and a
+versioned bucket kept each one as a noncurrent version. Heads are written
+without them now (``manifest_doc.encode_head``); a head written with them
+still reads (``fill``, ``unpack_pinned``), as a head without them always did
+for a reader of an earlier version (it reads those bodies from their objects).
 A body read back from a frame is the plain record, which every reader of a body
 takes (``_codec.unpack``, ``same_record``).
 """
@@ -35,14 +32,11 @@ from s3_saver._index.base import CheckpointEntry, WritesEntry
 from s3_saver.errors import CorruptObjectError
 
 FIELD = "zbodies"
-# The head's field of pinned bodies (see ``manifest_doc.Head.pinned``); older
-# versions ignore it.
+# The field of pinned bodies in heads written before (see ``manifest_doc.Head.pinned``).
 PINNED = "zpinned"
-# A body larger than this (stored) is read from its object: a segment or a head
-# never grows by one large value.
+# A body larger than this (stored) is read from its object: a segment never
+# grows by one large value.
 BODY_MAX = 64 * 1024
-# The head's frame, compressed: what each write adds to the head's bytes at most.
-HEAD_FRAME_MAX = 64 * 1024
 _LEVEL = 3  # level 19 saves another 10% at 20 times the CPU, on every write
 _PLAIN_MAX = 1 << 30  # what a frame may decompress to (corrupt data never allocates more)
 
@@ -57,33 +51,6 @@ def pack(entries: list[CheckpointEntry], writes: list[WritesEntry]) -> bytes | N
     if not rows and not wrows:
         return None
     return _zstd().ZstdCompressor(level=_LEVEL, write_content_size=True).compress(ormsgpack.packb([rows, wrows]))
-
-
-def pack_head(
-    entries: list[CheckpointEntry], writes: list[WritesEntry], in_rows: set[_CheckpointKey]
-) -> bytes | None:
-    """The head's frame: the bodies of the checkpoints not in ``in_rows`` and of
-    their writes, newest first, halved until the frame fits HEAD_FRAME_MAX."""
-    kept = [e for e in entries if _fits(e) and (e.ns, e.checkpoint_id) not in in_rows]
-    while kept:
-        ids = {(e.ns, e.checkpoint_id) for e in kept}
-        frame = pack(kept, [w for w in writes if (w.ns, w.checkpoint_id) in ids])
-        if frame is None or len(frame) <= HEAD_FRAME_MAX:
-            return frame
-        kept = kept[(len(kept) + 1) // 2 :]  # entries are oldest first: the newest half stays
-    return None
-
-
-def pack_pinned(pinned: dict[tuple[str, str, str], bytes]) -> bytes | None:
-    """The head's pinned bodies in one frame, the largest left out until it fits
-    HEAD_FRAME_MAX (a read then GETs those objects)."""
-    rows = sorted(([*key, plain(body, key[1])] for key, body in pinned.items()), key=lambda r: len(r[3]))
-    while rows:
-        frame = _zstd().ZstdCompressor(level=_LEVEL, write_content_size=True).compress(ormsgpack.packb(rows))
-        if len(frame) <= HEAD_FRAME_MAX:
-            return frame
-        rows.pop()
-    return None
 
 
 def unpack_pinned(frame: bytes | None, where: str) -> dict[tuple[str, str, str], bytes]:

@@ -37,8 +37,8 @@ SEGMENT_FORMAT = "s3_saver.manifest-segment/1"
 
 # The head is read and rewritten by every write, so it carries bodies (the
 # checkpoint object, a writes part) only where "latest" needs them: the newest
-# checkpoint of each namespace, its writes and the checkpoints holding the values
-# it carries, up to this size each.
+# checkpoint of each namespace and its writes, up to this size each (none on a
+# versioned bucket: see ``encode_head``).
 BODY_IN_HEAD_MAX = 8 * 1024
 # In a segment (written once, read for history) up to this size.
 BODY_IN_SEGMENT_MAX = 64 * 1024
@@ -105,26 +105,49 @@ class Head:
     etag: str | None = None  # of the stored head this was read from (None: no head)
     # Bodies of sealed checkpoints whose objects hold values the newest
     # checkpoints read (unchanged channels, pieces of lists stored as deltas:
-    # see ``_pieces``), by (namespace, id, tag): a read of the latest state
-    # finds them in the head it GETs.
+    # see ``_pieces``), by (namespace, id, tag), that this process sealed or
+    # read in a head written before (they are no longer stored): its reads of
+    # the latest state GET no such object.
     pinned: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
 
 
-def encode_head(head: Head, lean: bool = False) -> bytes:
-    """``lean``: the bucket keeps every replaced head as a noncurrent version
-    (versioning on), so the head carries the body of the newest checkpoint of
-    each namespace (and its writes) only: no bodies frame, no pinned bodies,
-    no bodies of the checkpoints holding pieces the newest one reads. Those
-    are the pieces of the messages list, the same bytes re-sent with every
-    write; their objects are immutable and "latest" GETs them in its second
-    round trip, beside the large values. Measured on a 60-turn chat of 1 KB
-    messages, noncurrent bytes per current byte / requests of a cold latest
-    read (2 round trips in each): the full head 14.3x / 2; only what "latest"
-    reads, in the frame 10.2x / 2; no frame 6.8x / 4; the newest body alone
-    (chosen) 2.2x / 6. A history GETs the other bodies from their objects."""
-    tips = _tips(head.entries, pieces=not lean)
-    in_rows = {(e.ns, e.checkpoint_id) for e in head.entries if (e.ns, e.checkpoint_id) in tips
-               and e.body is not None and len(e.body) <= BODY_IN_HEAD_MAX}
+def encode_head(head: Head, versioned: bool = False) -> bytes:
+    """The head as stored: its rows, and the bodies of the newest checkpoint of
+    each namespace and of its writes (up to BODY_IN_HEAD_MAX each), unless the
+    bucket is ``versioned``: there no body at all.
+
+    Every write re-uploads the head, and a versioned bucket keeps each one it
+    replaces as a noncurrent version, so what the head carries is paid once
+    per write (and, versioned, stored for as long as the bucket keeps
+    versions). A body is the bytes of an immutable object (the checkpoint, a
+    writes part): a read that does not find it in the head GETs that object in
+    its second round trip, beside the pieces and large values the newest
+    checkpoint reads (``resolve``), and this process fills the bodies it
+    committed from memory (``Bodies``). Heads carried more before: a frame of
+    the other checkpoints' bodies (up to 64 KB) and the bodies "latest" reads
+    from sealed checkpoints (pinned); a head written so still reads.
+
+    Routes measured (moto, 1 KB incompressible messages, no expiry rule; the
+    noncurrent bytes of 20 / 60 / 200 turns per byte of the thread's own, and
+    a cold process's read of the latest state, requests / round trips):
+    frame and pinned (before) 10.2 / 14.3 / 14.0x, 1-4 / 1-2; the newest body
+    alone 2.1 / 2.2 / 2.1x, 4-6 / 2; no body 1.1 / 1.26 / 1.25x, 5-7 / 2;
+    no body, the head sealing at 24 keeping 8, 0.89 / 0.82 / 0.93x, 5-7 / 2;
+    the newest body and that sealing 1.35 / 1.42 / 1.56x; no body, sealing at
+    24 keeping 4 (``manifest_seal.VERSIONED_LIMITS``, chosen) 0.66 / 0.70 /
+    0.82x, 5-7 / 2, 1% more write requests (the segments' PUTs); sealing at 16
+    keeping 4, 0.67 / 0.68 / 0.82x for 4% more write requests and 80 round
+    trips for a cold history of 200 turns (54 chosen). Bodies moved to immutable objects the head
+    names (a pack per few checkpoints) would keep a cold history's GETs to
+    the head's and the segments' but cost a PUT per pack: the bench's
+    workload, whose reads are in the writing process, would send more
+    requests than today for no fewer bytes than no frame at all.
+    On an unversioned bucket, ``make bench``'s 20-turn agent workload uploads
+    8.2 MB with frame and pinned, 1.6 MB without (the newest body kept: a read
+    of the latest state then finds it in the head), for the same 452 requests
+    (the cheapest S3-only peer: 4.2 MB).
+    """
+    tips = _tips(head.entries, pieces=False) if not versioned else set()
     doc = {
         "format": HEAD_FORMAT,
         "version": head.version,
@@ -146,13 +169,6 @@ def encode_head(head: Head, lean: bool = False) -> bytes:
         "archiving": head.archiving,
         "site": head.site,
     }
-    frame = None if lean else bodies.pack_head(head.entries, head.writes, in_rows)
-    if frame is not None:
-        doc[bodies.FIELD] = frame
-    needed = set() if lean else pieces_read(head.entries)
-    pinned = bodies.pack_pinned({k: b for k, b in head.pinned.items() if k in needed})
-    if pinned is not None:
-        doc[bodies.PINNED] = pinned
     return pack(doc)
 
 

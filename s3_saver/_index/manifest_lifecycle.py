@@ -17,7 +17,7 @@ from typing import Any
 
 from s3_saver._index.base import ArchiveRef, Archived, CheckpointEntry, Cut, Release, ThreadRef, WritesEntry
 from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes, decode_head
-from s3_saver._index.manifest_seal import KEEP_IN_HEAD, _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
+from s3_saver._index.manifest_seal import _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
 from s3_saver._keys import KeyLayout, decode, new_token
 from s3_saver._protocol import Op, gather, raise_failure, request
 from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
@@ -39,7 +39,7 @@ class ManifestLifecycle:
 
     # What these methods rely on, from ManifestIndex: the attributes its __init__
     # sets, and its methods describe, note, _read_head, _cached, _swap, _update,
-    # _load_segments and _latest_in.
+    # _load_segments and _latest_in, and _limits.
     s3: S3Calls
     layout: KeyLayout
     bodies: Bodies
@@ -310,7 +310,8 @@ class ManifestLifecycle:
                 retired=[*head.retired, *head.segments],
                 graveyard=[*head.graveyard, *(replace(e, writes=[]) for e in cut.drop), *(w for e in cut.drop for w in e.writes or ())],
             )
-            plan_seal = _plan_seal(self.layout, new, self.bodies.fill) if len(new.entries) > KEEP_IN_HEAD else None
+            keep = self._limits.keep
+            plan_seal = _plan_seal(self.layout, new, self.bodies.fill, keep) if len(new.entries) > keep else None
             if plan_seal is not None:
                 # Objects first: the segments exist before the head that refers to them.
                 yield from put_immutable(self.s3, dict(plan_seal.objects))

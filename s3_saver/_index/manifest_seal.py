@@ -29,6 +29,31 @@ SEAL_AT = 48
 HARD_SEAL_AT = 96
 KEEP_IN_HEAD = 16
 SEGMENT_MAX = 64
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a head seals, and how many checkpoints it keeps."""
+
+    seal_at: int
+    hard_seal_at: int
+    keep: int
+
+
+# On a versioned bucket every head a write replaces stays as a noncurrent
+# version: there the head seals twice as often and keeps 4, so its rows (the
+# bytes each replaced head keeps) stay few, and its segments hold 20 each (the
+# refs of the segments, which every head carries, grow slower than with 16).
+# Measured on a chat of 1 KB messages (see ``manifest_doc.encode_head``), as
+# ``make bench`` writes it, noncurrent bytes per byte of the thread's own at
+# 100 / 200 turns: 0.93 / 1.06x with 24/8; 0.86 / 0.96x with 24/4 (chosen),
+# for 1-2% more write requests (the segments). Written straight through the
+# saver, at 200 turns: 1.25x with 48/16, 0.82x with 24/4.
+# An unversioned bucket keeps nothing of a replaced head: fewer, larger
+# segments there (fewer requests, fewer round trips for a history).
+LIMITS = Limits(SEAL_AT, HARD_SEAL_AT, KEEP_IN_HEAD)
+VERSIONED_LIMITS = Limits(24, 48, 4)
+
 # Attempts of one compare-and-swap before giving up: every round has a winner, so
 # this many writers on one thread at once all get through.
 _MAX_SWAPS = 24
@@ -85,11 +110,13 @@ class _SealPlan:
     objects: list[tuple[str, bytes]]
 
 
-def _plan_seal(layout: KeyLayout, head: Head, fill: Callable[[Any], Any] | None = None) -> _SealPlan:
+def _plan_seal(
+    layout: KeyLayout, head: Head, fill: Callable[[Any], Any] | None = None, keep: int = KEEP_IN_HEAD
+) -> _SealPlan:
     """Segments of at most SEGMENT_MAX checkpoints for all but the newest
-    KEEP_IN_HEAD checkpoints of ``head``, with their writes (and the bodies
+    ``keep`` checkpoints of ``head``, with their writes (and the bodies
     ``fill`` gives those that have none in the head: ``Bodies.fill``)."""
-    sealed = head.entries[:-KEEP_IN_HEAD]
+    sealed = head.entries[:-keep]
     number = head.segments[-1].number + 1 if head.segments else 0
     plan = _SealPlan({(e.ns, e.checkpoint_id) for e in sealed}, set(), [], [])
     for i in range(0, len(sealed), SEGMENT_MAX):
@@ -120,7 +147,8 @@ def _apply_seal(head: Head, plan: _SealPlan) -> bool:
     if current != plan.writes:
         return False
     # Sealed checkpoints whose objects hold values or pieces the newest ones
-    # read keep their bodies in the head (a read of the latest state stays one GET).
+    # read keep their bodies in this process's copy of the head (``Head.pinned``:
+    # never stored), so its reads of the latest state GET no such object.
     needed = pieces_read(head.entries)
     head.pinned = {k: b for k, b in head.pinned.items() if k in needed}
     head.pinned.update(

@@ -29,7 +29,7 @@ def setup(ctx: Context, region: str | None, versioned: bool = False) -> Op[None]
     if ctx.index.owner is not None:
         # Record (or check) which bucket owns the table's prefix.
         yield from ctx.index.owner.ensure()
-    # Last: the manifest writes lean heads on a versioned bucket from here on.
+    # Last: the manifest writes heads without bodies on a versioned bucket from here on.
     yield from warn_setup(ctx)
 
 

@@ -3,8 +3,9 @@
 Each manifest write replaces its thread's head. A versioned bucket (required by
 replication and Object Lock) keeps every replaced head as a noncurrent version,
 billed as storage until a lifecycle rule expires it. ``setup()`` reads the
-bucket's versioning state (the manifest then writes lean heads, see
-``manifest_doc.encode_head``) and its lifecycle rules; it and ``verify`` warn
+bucket's versioning state (the manifest then writes heads without bodies, see
+``manifest_doc.encode_head``; a process that skips ``setup()`` learns it from
+its first head's version id) and its lifecycle rules; it and ``verify`` warn
 when no rule expires noncurrent versions under the manifest's prefix.
 
 Both calls are admin reads (``s3:GetBucketVersioning``,
@@ -25,7 +26,7 @@ log = logging.getLogger("s3_saver")
 
 # Measured (benchmarks, longconv; docs/reference/costs.md): what a chat of 1 KB
 # messages keeps as noncurrent head versions, per byte of its own, with no rule.
-NONCURRENT_PER_BYTE = "2-2.5x"
+NONCURRENT_PER_BYTE = "about 0.9x"
 _NO_RULES = "NoSuchLifecycleConfiguration"
 
 
