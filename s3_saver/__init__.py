@@ -12,7 +12,7 @@ from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._migrate import MigrationProgress, MigrationReport, migrate
 from s3_saver._ops.archive import ArchiveStatus
 from s3_saver._ops.audit import StoreProblem, StoreReport
-from s3_saver._ops.erase import EraseReport, Remaining
+from s3_saver._ops.erase import EraseReport, RemainingVersion
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver._protocol import RequestStats
 from s3_saver._replica import Promotion, ReadSource, Replica, ReplicationGap, ReplicationReport
@@ -68,7 +68,7 @@ __all__ = [
     "MissingObjectError",
     "PrimaryUnavailableError",
     "Promotion",
-    "Remaining",
+    "RemainingVersion",
     "ReadSource",
     "Replica",
     "ReplicationGap",

@@ -1,4 +1,4 @@
-"""``python -m s3_saver``: the operator's command line (see :mod:`s3_saver.cli`)."""
+"""``python -m s3_saver``: the operator's command line (see `s3_saver.cli`)."""
 
 from s3_saver.cli import main
 

@@ -86,7 +86,7 @@ def loads(serde: Any, pair: Typed, what: str) -> Any:
     """Decode a stored ``(type_tag, bytes)`` pair with the user's serializer.
 
     Every stored value, checkpoint and metadata is decoded here, so a thread the
-    serializer cannot read fails with one :class:`SerializationError` that names
+    serializer cannot read fails with one [SerializationError][s3_saver.errors.SerializationError] that names
     the type tag (and, for an encrypted thread, the key that is missing).
     """
     try:

@@ -4,7 +4,7 @@ The saver API does the copying (``list``, ``put``, ``put_writes``), so any
 ``BaseCheckpointSaver`` can be the source or the target: SqliteSaver, PostgresSaver,
 InMemorySaver, S3Saver in either index mode. A thread is read whole (every
 namespace), copied parents first, then compared with what the target reads back
-(:mod:`s3_saver._migrate_verify`). Only finding a SqliteSaver's or a
+(`s3_saver._migrate_verify`). Only finding a SqliteSaver's or a
 PostgresSaver's threads goes around it: one query of their ``checkpoints`` table.
 
 Threads may be copied several at once (``workers``); one thread's checkpoints
@@ -37,7 +37,7 @@ from s3_saver.errors import ConfigurationError
 
 @dataclass
 class MigrationReport:
-    """What :func:`migrate` did.
+    """What [migrate()][s3_saver.migrate] did.
 
     Attributes:
         threads: Threads of which something was copied by this run.

@@ -1,7 +1,7 @@
 """migrate's copying: one checkpoint and its pending writes into the target, parents first.
 
-Used by :mod:`s3_saver._migrate`, which runs it for each thread (one thread's
-checkpoints in order, on one worker) and adds what :func:`copy_checkpoint`
+Used by `s3_saver._migrate`, which runs it for each thread (one thread's
+checkpoints in order, on one worker) and adds what `copy_checkpoint()`
 returns to its report.
 """
 

@@ -6,7 +6,7 @@ other's state, and a delete in one empties the other's thread. So the table
 holds one ownership record per prefix (``<prefix>#owner``, a partition no
 thread can have: ``encode`` never produces ``#``), written by ``setup()`` or
 by the first saver that uses a table set up before the record existed, and a
-saver of another bucket is refused with :class:`~s3_saver.errors.TableOwnedError`.
+saver of another bucket is refused with [TableOwnedError][s3_saver.errors.TableOwnedError].
 
 The check costs no request per write: it rides on the first round trip a
 process sends to the site (one more request in a wave already sent), and is

@@ -2,13 +2,13 @@
 
 An operation is a generator. It yields one of:
 
-* a tuple of :class:`Call` -- one round trip: the driver sends the calls
+* a tuple of `Call` -- one round trip: the driver sends the calls
   together and sends back a list with, per call, the response dict or the
   exception the call raised (not raised: the operation decides);
-* :class:`Emit` -- a result for the caller of an iterating method (``list``);
-* :class:`Sleep` -- wait before the next step (table creation polling);
-* :class:`Wait` -- wait until another operation of this process sets a
-  :class:`Signal` (or a time passes): a commit waiting for the head swap that
+* `Emit` -- a result for the caller of an iterating method (``list``);
+* `Sleep` -- wait before the next step (table creation polling);
+* `Wait` -- wait until another operation of this process sets a
+  `Signal` (or a time passes): a commit waiting for the head swap that
   carries it (the manifest index's group commit).
 
 Its return value is the method's result. Operations never import boto.

@@ -27,7 +27,7 @@ class Replica:
     """A second region holding a replica of the bucket (and of the index).
 
     Reads fall over to it when the primary fails; writes go to it only after
-    :meth:`S3Saver.promote`. The prefix is the primary's (replication keeps keys).
+    [S3Saver.promote()][s3_saver.S3Saver.promote]. The prefix is the primary's (replication keeps keys).
 
     Attributes:
         bucket: The replica bucket (S3 replication's destination).
@@ -49,7 +49,7 @@ class Replica:
         on_lag: What a read of the latest checkpoint returns when the replica's
             index names checkpoints whose objects have not all arrived:
             ``"older"`` the newest complete one (``saver.last_read`` says how
-            stale), ``"raise"`` a :class:`ReplicationLagError`.
+            stale), ``"raise"`` a [ReplicationLagError][s3_saver.errors.ReplicationLagError].
         boto3_session: Session the sync clients there are made from.
         aioboto3_session: Session the async clients there are made from.
         s3_client: A ready boto3 S3 client for the replica region.
@@ -155,7 +155,7 @@ class ReplicationGap:
 
 @dataclass(frozen=True)
 class ReplicationReport:
-    """What :meth:`S3Saver.verify` found, comparing the primary and the replica.
+    """What [S3Saver.verify()][s3_saver.S3Saver.verify] found, comparing the primary and the replica.
 
     Attributes:
         primary: ``s3://bucket`` (region) of the primary.
@@ -187,7 +187,7 @@ class ReplicationReport:
 
 @dataclass(frozen=True)
 class Promotion:
-    """What :meth:`S3Saver.promote` did.
+    """What [S3Saver.promote()][s3_saver.S3Saver.promote] did.
 
     Attributes:
         primary: The region now written to (``s3://bucket`` (region)).
@@ -195,12 +195,12 @@ class Promotion:
         checked: True when the former primary answered and everything its index
             holds was found in the new primary (False: it was unreachable).
         rebuilt: Checkpoints indexed by a rebuild from the bucket (None: the
-            promoted region's index was settled instead, see :meth:`S3Saver.promote`).
+            promoted region's index was settled instead, see [S3Saver.promote()][s3_saver.S3Saver.promote]).
         incomplete: Checkpoints left out of the promoted region's index because
             their objects never all arrived there (``thread/ns/checkpoint_id``).
         incomplete_writes: Pending writes left out for the same reason, or
             because the other region ran the same task too and its run won
-            (``thread/ns/checkpoint_id/task_id``; :meth:`S3Saver.verify`
+            (``thread/ns/checkpoint_id/task_id``; [S3Saver.verify()][s3_saver.S3Saver.verify]
             lists a failback's with their reason, in ``set_aside``).
     """
 

@@ -8,7 +8,7 @@ recognises the writer's own commit, batch writes and deletes of fixed keys.
 So the saver retries them itself, the same way under boto3 and aioboto3:
 connection failures, timeouts, 5xx answers and throttling are sent again after
 a jittered (full jitter), capped, exponential backoff, within a time budget that
-a Lambda handler can tie to its remaining time (:func:`deadline`). Two kinds are
+a Lambda handler can tie to its remaining time ([deadline()][s3_saver.S3Saver.deadline]). Two kinds are
 told apart. A store that fails (no answer, a timeout, a 5xx) gets a few attempts:
 it may be down, and the caller (or a replica) should hear it soon. A store that
 throttles (``SlowDown``, ``ThrottlingException``...) is up and asks for fewer
@@ -48,7 +48,7 @@ class RetryPolicy:
     Each backoff is drawn at random between 0 and ``base`` doubled at each
     retry of the round trip, at most ``cap`` (full jitter). Every limit below
     counts from the call's first attempt, and no backoff is started that would
-    end past one (nor past :func:`deadline`).
+    end past one (nor past [deadline()][s3_saver.S3Saver.deadline]).
 
     With the defaults, a store that fails gets 4 attempts within 10 s (backoffs
     up to 0.1, 0.2, 0.4 s): it gives up at once after the 4th quick failure, or
@@ -72,7 +72,7 @@ class RetryPolicy:
             counts as any other failure.
         outage_budget: Seconds a call that fails without throttling may spend
             being retried, from its first attempt, within ``budget`` (None: only
-            ``budget``). A saver with a :class:`~s3_saver.Replica` sets it to
+            ``budget``). A saver with a [Replica][s3_saver.Replica] sets it to
             ``failover_after`` on the primary: a failing primary is left then,
             a throttling one is not.
     """

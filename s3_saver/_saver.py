@@ -38,7 +38,6 @@ from s3_saver._saver_threads import ThreadLifecycle
 from s3_saver._sites import REPLICA, Route, make_site
 from s3_saver.errors import ConfigurationError
 
-DEFAULT_INLINE_THRESHOLD = 64 * 1024
 # The random part of channel versions: from the OS's generator, never the random
 # module's shared state, which a user's tests may seed (see _keys.new_token).
 _VERSIONS = random.SystemRandom()
@@ -62,7 +61,7 @@ class S3Saver(
     without a database. The same object serves ``graph.invoke`` (boto3) and
     ``graph.ainvoke`` (aioboto3, from the ``async`` extra).
 
-    Constructing a saver makes no network call; run :meth:`setup` once (or deploy
+    Constructing a saver makes no network call; run [setup()][s3_saver.S3Saver.setup] once (or deploy
     ``infra/``) to create the bucket and table.
 
     Example:
@@ -79,7 +78,7 @@ class S3Saver(
         bucket: S3 bucket name.
         table: DynamoDB table name for the index; None (the default) keeps the
             index in the bucket (manifest mode: no database, needs a store that
-            honours conditional writes, which :meth:`setup` checks).
+            honours conditional writes, which [setup()][s3_saver.S3Saver.setup] checks).
         prefix: Key prefix inside the bucket (several savers can share a bucket).
         region_name: AWS region for the clients the saver creates.
         endpoint_url: Endpoint for both services (moto, LocalStack...). Use
@@ -87,8 +86,8 @@ class S3Saver(
         s3_endpoint_url: Endpoint for S3 only (MinIO, R2, SeaweedFS...).
         dynamodb_endpoint_url: Endpoint for DynamoDB only.
         boto3_session: Session the sync clients are created from.
-        s3_client: A ready boto3 S3 client (not closed by :meth:`close`).
-        dynamodb_client: A ready boto3 DynamoDB client (not closed by :meth:`close`).
+        s3_client: A ready boto3 S3 client (not closed by [close()][s3_saver.S3Saver.close]).
+        dynamodb_client: A ready boto3 DynamoDB client (not closed by [close()][s3_saver.S3Saver.close]).
         aioboto3_session: Session the async clients are created from. By default
             they get the endpoint, region, config and credentials of the sync
             clients (given or made from ``boto3_session``); credentials that refresh
@@ -124,7 +123,7 @@ class S3Saver(
             ``STANDARD_IA`` and ``ONEZONE_IA`` bill each object as at least
             128 KB for at least 30 days, ``GLACIER_IR`` for 90, and live objects
             are a few KB, replaced within days. For threads kept for years, see
-            :meth:`archive_thread` (one object per thread, in any class).
+            [archive_thread()][s3_saver.S3Saver.archive_thread] (one object per thread, in any class).
         retry: How calls that failed transiently (no answer, a timeout, a 5xx,
             throttling) are sent again, the same for sync and async, with
             full-jitter backoff (0.1 s doubling, at most 2 s) and no backoff
@@ -132,11 +131,11 @@ class S3Saver(
             store that fails gets 4 attempts (it gives up within about 10 s); a
             throttling one (S3 ``SlowDown``, DynamoDB throttling) is retried
             until 10 s, so throttling shorter than 8 s is always ridden out.
-            See :class:`RetryPolicy` and :meth:`deadline`.
+            See [RetryPolicy][s3_saver.RetryPolicy] and [deadline()][s3_saver.S3Saver.deadline].
         replica: A second region holding a replica of the bucket (S3
             replication) and of the index: reads fall over to it when this
-            one fails, lag-safe; :meth:`promote` makes it the one written to.
-            See :class:`Replica`.
+            one fails, lag-safe; [promote()][s3_saver.S3Saver.promote] makes it the one written to.
+            See [Replica][s3_saver.Replica].
     """
 
     def __init__(
@@ -156,7 +155,7 @@ class S3Saver(
         client_config: Config | None = None,
         serde: SerializerProtocol | None = None,
         ttl: timedelta | None = None,
-        inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+        inline_threshold: int = 64 * 1024,
         list_deltas: bool = True,
         max_concurrency: int = 16,
         retry: RetryPolicy | None = None,
@@ -171,7 +170,7 @@ class S3Saver(
         self.table = table
         self.region_name = region_name
         self.stats = RequestStats()
-        """Round trips and requests sent so far, by both drivers (see :class:`RequestStats`)."""
+        """Round trips and requests sent so far, by both drivers (see [RequestStats][s3_saver.RequestStats])."""
         common = {
             "client_config": client_config,
             "max_concurrency": max_concurrency,
@@ -282,7 +281,7 @@ class S3Saver(
     def setup(self) -> None:
         """Create the bucket and the table when missing; check the table's shape when present.
 
-        With a :class:`Replica`, a bucket created here has versioning on
+        With a [Replica][s3_saver.Replica], a bucket created here has versioning on
         (replication needs it). Idempotent. Needs broader rights than normal operation (``s3:CreateBucket``,
         ``dynamodb:CreateTable``...): run it from a deploy step, not from every Lambda.
 
@@ -299,7 +298,7 @@ class S3Saver(
         self._sync.run(setup.setup(self._ctx, self.region_name, self.replica is not None))
 
     async def asetup(self) -> None:
-        """Async version of :meth:`setup`."""
+        """Async version of [setup()][s3_saver.S3Saver.setup]."""
         await self._async.run(setup.setup(self._ctx, self.region_name, self.replica is not None))
 
     def check(self) -> None:
@@ -341,7 +340,7 @@ class S3Saver(
         return self._sync.run(*self._reading(lambda ctx: read.get_tuple(ctx, config)))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """Async version of :meth:`get_tuple`."""
+        """Async version of [get_tuple()][s3_saver.S3Saver.get_tuple]."""
         return await self._async.run(*self._reading(lambda ctx: read.get_tuple(ctx, config)))
 
     def list(
@@ -381,7 +380,7 @@ class S3Saver(
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        """Async version of :meth:`list`."""
+        """Async version of [list()][s3_saver.S3Saver.list]."""
         async for item in self._async.iterate(
             *self._reading(lambda ctx: read.list_checkpoints(ctx, config, filter, before, limit))
         ):
@@ -417,7 +416,7 @@ class S3Saver(
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Async version of :meth:`put`."""
+        """Async version of [put()][s3_saver.S3Saver.put]."""
         return await self._async.run(put.put(self._ctx, config, checkpoint, metadata, new_versions))
 
     def put_writes(
@@ -446,7 +445,7 @@ class S3Saver(
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Async version of :meth:`put_writes`."""
+        """Async version of [put_writes()][s3_saver.S3Saver.put_writes]."""
         await self._async.run(put.put_writes(self._ctx, config, writes, task_id, task_path))
 
     def get_delta_channel_history(
@@ -462,7 +461,7 @@ class S3Saver(
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
-        """Async version of :meth:`get_delta_channel_history`."""
+        """Async version of [get_delta_channel_history()][s3_saver.S3Saver.get_delta_channel_history]."""
         return await self._async.run(*self._reading(lambda ctx: delta.delta_channel_history(ctx, config, channels)))
 
     def get_next_version(self, current: str | None, channel: None = None) -> str:

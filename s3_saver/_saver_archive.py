@@ -1,6 +1,6 @@
 """The archival methods of S3Saver: archive, restore, export, import, archive idle threads.
 
-A mixin of :class:`~s3_saver.S3Saver`, like ``_saver_threads``: each method is
+A mixin of [S3Saver][s3_saver.S3Saver], like ``_saver_threads``: each method is
 one line, an operation (``_ops.archive``) and a driver.
 """
 
@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     from s3_saver._drivers.sync import SyncDriver
     from s3_saver._ops.context import Context
 
-DEFAULT_ARCHIVE_CLASS = "GLACIER_IR"
-
 
 class ThreadArchival:
     """Archival of whole threads (S3Saver's ``_sync``, ``_async`` and ``_ctx`` run them)."""
@@ -27,7 +25,7 @@ class ThreadArchival:
     _async: AsyncDriver
     _ctx: Context
 
-    def archive_thread(self, thread_id: str, *, storage_class: str = DEFAULT_ARCHIVE_CLASS) -> ArchiveStatus:
+    def archive_thread(self, thread_id: str, *, storage_class: str = "GLACIER_IR") -> ArchiveStatus:
         """Pack a thread into one compressed object under ``archive/``, in a cold storage class.
 
         Every namespace, checkpoint, pending write and value goes into one
@@ -41,8 +39,8 @@ class ThreadArchival:
         ``get_state_history`` keep working, read from the archive (one more GET
         per process), and the next write restores the thread first. With
         ``GLACIER`` or ``DEEP_ARCHIVE`` they raise
-        :class:`~s3_saver.ThreadArchivedError` until :meth:`restore_thread`.
-        Archive threads no run is writing to (see :meth:`archive_idle`): a write
+        [ThreadArchivedError][s3_saver.errors.ThreadArchivedError] until [restore_thread()][s3_saver.S3Saver.restore_thread].
+        Archive threads no run is writing to (see [archive_idle()][s3_saver.S3Saver.archive_idle]): a write
         that races the archive is kept, and shows once the thread is restored.
 
         Args:
@@ -59,8 +57,8 @@ class ThreadArchival:
         """
         return self._sync.run(archive.archive_thread(self._ctx, thread_id, storage_class))
 
-    async def aarchive_thread(self, thread_id: str, *, storage_class: str = DEFAULT_ARCHIVE_CLASS) -> ArchiveStatus:
-        """Async version of :meth:`archive_thread`."""
+    async def aarchive_thread(self, thread_id: str, *, storage_class: str = "GLACIER_IR") -> ArchiveStatus:
+        """Async version of [archive_thread()][s3_saver.S3Saver.archive_thread]."""
         return await self._async.run(archive.archive_thread(self._ctx, thread_id, storage_class))
 
     def restore_thread(self, thread_id: str, *, days: int = 3, tier: str = "Standard") -> ArchiveStatus:
@@ -90,26 +88,26 @@ class ThreadArchival:
         return self._sync.run(archive.restore_thread(self._ctx, thread_id, days, tier))
 
     async def arestore_thread(self, thread_id: str, *, days: int = 3, tier: str = "Standard") -> ArchiveStatus:
-        """Async version of :meth:`restore_thread`."""
+        """Async version of [restore_thread()][s3_saver.S3Saver.restore_thread]."""
         return await self._async.run(archive.restore_thread(self._ctx, thread_id, days, tier))
 
     def archive_idle(
         self,
         older_than: timedelta = timedelta(days=30),
         *,
-        storage_class: str = DEFAULT_ARCHIVE_CLASS,
+        storage_class: str = "GLACIER_IR",
         limit: int | None = None,
     ) -> list[ArchiveStatus]:
         """Archive every live thread whose latest checkpoint is older than ``older_than``.
 
         For the operator's schedule (a Lambda on an EventBridge rule): threads
-        are found through the thread listing (:meth:`list_threads`), never by
+        are found through the thread listing ([list_threads()][s3_saver.S3Saver.list_threads]), never by
         listing the bucket. A thread written to while it is archived is skipped
         and taken by the next run.
 
         Args:
             older_than: Idle time after which a thread is archived.
-            storage_class: As for :meth:`archive_thread`.
+            storage_class: As for [archive_thread()][s3_saver.S3Saver.archive_thread].
             limit: Archive at most this many threads per call (to fit a Lambda's time).
 
         Returns:
@@ -121,14 +119,14 @@ class ThreadArchival:
         self,
         older_than: timedelta = timedelta(days=30),
         *,
-        storage_class: str = DEFAULT_ARCHIVE_CLASS,
+        storage_class: str = "GLACIER_IR",
         limit: int | None = None,
     ) -> list[ArchiveStatus]:
-        """Async version of :meth:`archive_idle`."""
+        """Async version of [archive_idle()][s3_saver.S3Saver.archive_idle]."""
         return await self._async.run(archive.archive_idle(self._ctx, older_than, storage_class, limit))
 
     def export_thread(self, thread_id: str) -> bytes:
-        """A whole thread as bytes, in the archive format (see :meth:`import_thread`).
+        """A whole thread as bytes, in the archive format (see [import_thread()][s3_saver.S3Saver.import_thread]).
 
         For moving a thread between buckets, prefixes, regions and index modes,
         or keeping it outside S3. An archived thread's export is its archive
@@ -137,11 +135,11 @@ class ThreadArchival:
         return self._sync.run(archive.export_thread(self._ctx, thread_id))
 
     async def aexport_thread(self, thread_id: str) -> bytes:
-        """Async version of :meth:`export_thread`."""
+        """Async version of [export_thread()][s3_saver.S3Saver.export_thread]."""
         return await self._async.run(archive.export_thread(self._ctx, thread_id))
 
     def import_thread(self, data: bytes, *, thread_id: str | None = None) -> str:
-        """Write a thread from :meth:`export_thread`'s bytes (or an archive object's):
+        """Write a thread from [export_thread()][s3_saver.S3Saver.export_thread]'s bytes (or an archive object's):
         its objects, then its index entries; it reads exactly as where it came from.
 
         Args:
@@ -158,5 +156,5 @@ class ThreadArchival:
         return self._sync.run(archive.import_thread(self._ctx, data, thread_id))
 
     async def aimport_thread(self, data: bytes, *, thread_id: str | None = None) -> str:
-        """Async version of :meth:`import_thread`."""
+        """Async version of [import_thread()][s3_saver.S3Saver.import_thread]."""
         return await self._async.run(archive.import_thread(self._ctx, data, thread_id))

@@ -1,6 +1,6 @@
 """The replica-region methods of S3Saver: where reads go, promote, verify, setup_replica.
 
-A mixin of :class:`~s3_saver.S3Saver`; each method is one line, an operation
+A mixin of [S3Saver][s3_saver.S3Saver]; each method is one line, an operation
 (which reads both regions: each call names its own) and a driver.
 """
 
@@ -54,7 +54,7 @@ class Regions:
           one region's pending writes only: the region left's when it ran
           the task itself (it holds a call the promoted one lacks), else the
           promoted region's own run, whole. Both buckets must be versioned.
-          What is not kept is recorded (:meth:`verify` lists it);
+          What is not kept is recorded ([verify()][s3_saver.S3Saver.verify] lists it);
         * it does not (a failover), manifest mode: entries whose objects never
           arrived leave the index; a global table: they are only reported (its
           items are both regions'), and savers built with
@@ -71,10 +71,10 @@ class Regions:
                 instead (None: only as above). Indexes every complete
                 checkpoint, committed or not: nothing else can say.
             force: Promote although the region left holds writes the promoted
-                one lacks (they stay there; :meth:`verify` reports them).
+                one lacks (they stay there; [verify()][s3_saver.S3Saver.verify] reports them).
 
         Returns:
-            What was checked, rebuilt or left out (:class:`Promotion`).
+            What was checked, rebuilt or left out ([Promotion][s3_saver.Promotion]).
 
         Raises:
             ReplicationLagError: The region left still answers and holds writes
@@ -87,7 +87,7 @@ class Regions:
         return promotion
 
     async def apromote(self, *, rebuild: bool | None = None, force: bool = False) -> Promotion:
-        """Async version of :meth:`promote`."""
+        """Async version of [promote()][s3_saver.S3Saver.promote]."""
         promotion = await self._async.run(self._promotion(rebuild, force))
         self._swap()
         return promotion
@@ -109,7 +109,7 @@ class Regions:
         return self._sync.run(self._verification(thread_ids))
 
     async def averify(self, thread_ids: Iterable[str] | None = None) -> ReplicationReport:
-        """Async version of :meth:`verify`."""
+        """Async version of [verify()][s3_saver.S3Saver.verify]."""
         return await self._async.run(self._verification(thread_ids))
 
     def setup_replica(self) -> None:
@@ -126,7 +126,7 @@ class Regions:
         self._sync.run(self._replica_setup())
 
     async def asetup_replica(self) -> None:
-        """Async version of :meth:`setup_replica`."""
+        """Async version of [setup_replica()][s3_saver.S3Saver.setup_replica]."""
         await self._async.run(self._replica_setup())
 
     # -- reads ------------------------------------------------------------------------
@@ -139,7 +139,7 @@ class Regions:
 
     @property
     def replica_stats(self) -> RequestStats:
-        """Round trips and requests sent to the :class:`Replica`'s region (also counted in ``stats``)."""
+        """Round trips and requests sent to the [Replica][s3_saver.Replica]'s region (also counted in ``stats``)."""
         return self.stats.site(REPLICA)
 
     @property
@@ -147,7 +147,7 @@ class Regions:
         """Where the last read of this thread (or asyncio task) was served from, and how stale.
 
         Set by ``get_tuple``, ``list``, ``get_state``... of a saver with a
-        :class:`Replica` (None without one). A read served by the replica while
+        [Replica][s3_saver.Replica] (None without one). A read served by the replica while
         replication lags names the newer checkpoints it passed over
         (``skipped``) and how far behind the answer is (``behind_seconds``).
         """

@@ -1,7 +1,7 @@
 """The thread-as-a-whole methods of S3Saver: delete, copy, prune, delete runs, list,
 rebuild, and the audit of index against bucket (with its garbage collection).
 
-A mixin of :class:`~s3_saver.S3Saver` (it precedes ``BaseCheckpointSaver`` among
+A mixin of [S3Saver][s3_saver.S3Saver] (it precedes ``BaseCheckpointSaver`` among
 the bases, so these override the base class's ``NotImplementedError``). Each
 method is one line: an operation and a driver, as in ``_saver``.
 """
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
     from s3_saver._sites import Route
 
 
-# An object no index entry refers to is garbage only once older than this: a
-# write commits its index entry within seconds of its objects (a Lambda within
-# its 15 minutes at most).
-DEFAULT_GRACE = timedelta(hours=1)
 
 
 class ThreadLifecycle:
@@ -53,7 +49,7 @@ class ThreadLifecycle:
 
         Tombstones go in first: from the first request on, a run of the thread
         still in flight elsewhere cannot continue it (its writes raise
-        :class:`~s3_saver.ThreadDeletedError`), and each namespace reads as
+        [ThreadDeletedError][s3_saver.errors.ThreadDeletedError]), and each namespace reads as
         empty before anything of it is deleted. A delete cut short (a Lambda
         timeout) never leaves a half-readable thread; calling it again finishes
         it. The thread id can then be used again by a run that starts afresh.
@@ -61,37 +57,37 @@ class ThreadLifecycle:
         self._sync.run(delete.delete_thread(self._ctx, thread_id))
 
     async def adelete_thread(self, thread_id: str) -> None:
-        """Async version of :meth:`delete_thread`."""
+        """Async version of [delete_thread()][s3_saver.S3Saver.delete_thread]."""
         await self._async.run(delete.delete_thread(self._ctx, thread_id))
 
     def erase_thread(self, thread_id: str) -> EraseReport:
-        """Delete a thread as :meth:`delete_thread` does, then every version and
+        """Delete a thread as [delete_thread()][s3_saver.S3Saver.delete_thread] does, then every version and
         delete marker of every object it ever had, in every region.
 
-        :meth:`delete_thread` removes the current objects; a versioned bucket
+        [delete_thread()][s3_saver.S3Saver.delete_thread] removes the current objects; a versioned bucket
         (replication and Object Lock need one) keeps them as noncurrent
         versions until a lifecycle rule expires them. This lists the thread's
         own key ranges (an admin call: it needs ``s3:ListBucketVersions`` and
         ``s3:DeleteObjectVersion``, see ``infra/``) and deletes each version,
-        in the replica's bucket and index too when a :class:`Replica` is set.
+        in the replica's bucket and index too when a [Replica][s3_saver.Replica] is set.
         It works on an unversioned bucket as well.
 
         One small record stays per region (the index's delete record: no user
         content, under 1 KB), so that a run still in flight cannot bring the
         thread back. A version held by Object Lock stays and is reported; so
         are objects no index entry names that are younger than an hour (a
-        write in flight may still commit them, as for :meth:`collect_garbage`). A call
+        write in flight may still commit them, as for [collect_garbage()][s3_saver.S3Saver.collect_garbage]). A call
         cut short is finished by calling it again. What only the operator can
         remove: the table's point-in-time recovery, AWS Backup copies, and
         versions whose retention has not ended.
 
         Returns:
-            :class:`EraseReport`: what was removed, and what remains and why.
+            [EraseReport][s3_saver.EraseReport]: what was removed, and what remains and why.
         """
         return self._sync.run(self._erasing(thread_id))
 
     async def aerase_thread(self, thread_id: str) -> EraseReport:
-        """Async version of :meth:`erase_thread`."""
+        """Async version of [erase_thread()][s3_saver.S3Saver.erase_thread]."""
         return await self._async.run(self._erasing(thread_id))
 
     def _erasing(self, thread_id: str) -> Op[EraseReport]:
@@ -117,7 +113,7 @@ class ThreadLifecycle:
         self._sync.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Async version of :meth:`copy_thread`."""
+        """Async version of [copy_thread()][s3_saver.S3Saver.copy_thread]."""
         await self._async.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest", keep_last: int | None = None) -> None:
@@ -125,7 +121,7 @@ class ThreadLifecycle:
 
         ``keep_latest`` keeps the newest checkpoint of each namespace (the newest
         ``keep_last`` with ``keep_last``); ``delete`` removes the threads (as
-        :meth:`delete_thread`). What a kept checkpoint still reads stays, hidden
+        [delete_thread()][s3_saver.S3Saver.delete_thread]). What a kept checkpoint still reads stays, hidden
         from ``list`` and ``get_tuple``: the checkpoints whose objects hold its
         unchanged values, and, for a ``DeltaChannel``, the ancestors back to the
         channel's last snapshot with their writes (so its state rebuilds the
@@ -150,7 +146,7 @@ class ThreadLifecycle:
     async def aprune(
         self, thread_ids: Sequence[str], *, strategy: str = "keep_latest", keep_last: int | None = None
     ) -> None:
-        """Async version of :meth:`prune`."""
+        """Async version of [prune()][s3_saver.S3Saver.prune]."""
         await self._async.run(prune.prune(self._ctx, thread_ids, strategy, keep_last))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -163,7 +159,7 @@ class ThreadLifecycle:
         writes) stay readable: what they need stays, hidden.
 
         A run still in flight is marked deleted first: its next ``put`` raises
-        :class:`~s3_saver.RunDeletedError` and leaves nothing behind.
+        [RunDeletedError][s3_saver.errors.RunDeletedError] and leaves nothing behind.
 
         Args:
             run_ids: The run ids (a list: a bare string is refused).
@@ -171,13 +167,13 @@ class ThreadLifecycle:
         self._sync.run(prune.delete_for_runs(self._ctx, run_ids))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Async version of :meth:`delete_for_runs`."""
+        """Async version of [delete_for_runs()][s3_saver.S3Saver.delete_for_runs]."""
         await self._async.run(prune.delete_for_runs(self._ctx, run_ids))
 
     def threads_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[str]]:
         """The threads each run wrote to, through the index's run hints (never a scan).
 
-        What :meth:`delete_for_runs` would visit. A hint can outlive what the run
+        What [delete_for_runs()][s3_saver.S3Saver.delete_for_runs] would visit. A hint can outlive what the run
         left in a thread (a prune, a thread deleted since); a run whose delete
         finished is no longer named.
 
@@ -190,7 +186,7 @@ class ThreadLifecycle:
         return self._sync.run(prune.threads_of_runs(self._ctx, run_ids))
 
     async def athreads_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[str]]:
-        """Async version of :meth:`threads_of_runs`."""
+        """Async version of [threads_of_runs()][s3_saver.S3Saver.threads_of_runs]."""
         return await self._async.run(prune.threads_of_runs(self._ctx, run_ids))
 
     def list_threads(
@@ -208,13 +204,13 @@ class ThreadLifecycle:
         read plus one read per thread, in two round trips.
 
         Args:
-            filter: Metadata of the latest checkpoint must match (as in :meth:`list`).
+            filter: Metadata of the latest checkpoint must match (as in [list()][s3_saver.S3Saver.list]).
             limit: At most this many threads.
             before: Only threads created before this one (a ``ThreadInfo`` from
                 an earlier page, a thread id, or a config naming one): pagination.
 
         Yields:
-            :class:`ThreadInfo` for each thread.
+            [ThreadInfo][s3_saver.ThreadInfo] for each thread.
         """
         return self._sync.iterate(*self._reading(lambda ctx: threads.list_threads(ctx, filter, limit, before)))
 
@@ -225,7 +221,7 @@ class ThreadLifecycle:
         limit: int | None = None,
         before: ThreadInfo | str | RunnableConfig | None = None,
     ) -> AsyncIterator[ThreadInfo]:
-        """Async version of :meth:`list_threads`."""
+        """Async version of [list_threads()][s3_saver.S3Saver.list_threads]."""
         async for item in self._async.iterate(*self._reading(lambda ctx: threads.list_threads(ctx, filter, limit, before))):
             yield item
 
@@ -244,21 +240,21 @@ class ThreadLifecycle:
         return self._sync.run(rebuild.rebuild_index(self._ctx, thread_id))
 
     async def arebuild_index(self, thread_id: str | None = None) -> int:
-        """Async version of :meth:`rebuild_index`."""
+        """Async version of [rebuild_index()][s3_saver.S3Saver.rebuild_index]."""
         return await self._async.run(rebuild.rebuild_index(self._ctx, thread_id))
 
     def audit(
         self,
         thread_ids: Sequence[str] | None = None,
         *,
-        older_than: timedelta = DEFAULT_GRACE,
+        older_than: timedelta = timedelta(hours=1),
         progress: Callable[[int, int, int], None] | None = None,
     ) -> StoreReport:
         """Check that the index and the bucket agree, thread by thread.
 
         The admin path: it lists the bucket (``live/``, ``archive/`` and the
         manifests), then reads each thread's whole index, and reports
-        (:class:`StoreReport`) every object an entry needs that is missing, every
+        ([StoreReport][s3_saver.StoreReport]) every object an entry needs that is missing, every
         object no entry refers to (an orphan when older than ``older_than``,
         else a write that may still be in flight), threads with objects and no
         index (``rebuild_index`` brings them back), and threads whose index
@@ -277,17 +273,17 @@ class ThreadLifecycle:
         self,
         thread_ids: Sequence[str] | None = None,
         *,
-        older_than: timedelta = DEFAULT_GRACE,
+        older_than: timedelta = timedelta(hours=1),
         progress: Callable[[int, int, int], None] | None = None,
     ) -> StoreReport:
-        """Async version of :meth:`audit`."""
+        """Async version of [audit()][s3_saver.S3Saver.audit]."""
         return await self._async.run(audit.audit(self._ctx, thread_ids, _seconds(older_than), progress))
 
     def collect_garbage(
         self,
         thread_ids: Sequence[str] | None = None,
         *,
-        older_than: timedelta = DEFAULT_GRACE,
+        older_than: timedelta = timedelta(hours=1),
         dry_run: bool = False,
         include_unindexed: bool = False,
         progress: Callable[[int, int, int], None] | None = None,
@@ -299,7 +295,7 @@ class ThreadLifecycle:
         entries went. An object younger than ``older_than`` is never deleted:
         its write may still be about to commit, so keep the grace period well
         above the longest a write can take (a Lambda runs at most 15 minutes).
-        Runs :meth:`audit` first; its report says what was deleted
+        Runs [audit()][s3_saver.S3Saver.audit] first; its report says what was deleted
         (``deleted``). A thread whose index cannot be read is left alone.
 
         Args:
@@ -308,8 +304,8 @@ class ThreadLifecycle:
             dry_run: Report what would be deleted, delete nothing.
             include_unindexed: Also delete the objects of threads the index
                 knows nothing of. Off by default: after a lost index they are
-                the data :meth:`rebuild_index` restores.
-            progress: As for :meth:`audit`.
+                the data [rebuild_index()][s3_saver.S3Saver.rebuild_index] restores.
+            progress: As for [audit()][s3_saver.S3Saver.audit].
         """
         op = audit.collect_garbage(self._ctx, thread_ids, _seconds(older_than), dry_run, include_unindexed, progress)
         return self._sync.run(op)
@@ -318,12 +314,12 @@ class ThreadLifecycle:
         self,
         thread_ids: Sequence[str] | None = None,
         *,
-        older_than: timedelta = DEFAULT_GRACE,
+        older_than: timedelta = timedelta(hours=1),
         dry_run: bool = False,
         include_unindexed: bool = False,
         progress: Callable[[int, int, int], None] | None = None,
     ) -> StoreReport:
-        """Async version of :meth:`collect_garbage`."""
+        """Async version of [collect_garbage()][s3_saver.S3Saver.collect_garbage]."""
         op = audit.collect_garbage(self._ctx, thread_ids, _seconds(older_than), dry_run, include_unindexed, progress)
         return await self._async.run(op)
 

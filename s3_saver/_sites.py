@@ -1,6 +1,6 @@
 """The regions a saver talks to, and how a read chooses between them.
 
-A saver with a :class:`~s3_saver.Replica` has two sites: the primary (written
+A saver with a [Replica][s3_saver.Replica] has two sites: the primary (written
 to) and the replica (read when the primary fails). Each has its own bucket,
 index and clients; both are driven by the saver's one sync and one async
 driver, which send each call with the clients of the site its ``Where`` names,
@@ -12,7 +12,7 @@ whole ``RetryPolicy.throttle_budget`` for throttling (a throttling primary is
 up, and holds the newest state); when the primary stays unavailable after
 those retries the same read runs on the replica, lag-safe, and for
 ``Replica.recheck_after`` seconds later reads go straight there. A write never falls over: it raises
-``PrimaryUnavailableError`` until :meth:`S3Saver.promote` swaps the roles.
+``PrimaryUnavailableError`` until [S3Saver.promote()][s3_saver.S3Saver.promote] swaps the roles.
 """
 
 from __future__ import annotations

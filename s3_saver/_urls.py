@@ -4,7 +4,7 @@
 or ``postgres://`` (a libpq URL), ``s3://bucket[/prefix]?table=...`` (S3Saver; no
 ``table``: the manifest index). A malformed URL is refused when ``open_saver`` is
 called, before anything is opened; a database that cannot be opened, when the
-returned context is entered. Both raise :class:`~s3_saver.ConfigurationError`
+returned context is entered. Both raise [ConfigurationError][s3_saver.errors.ConfigurationError]
 naming the URL with its password masked.
 """
 
@@ -55,7 +55,7 @@ def open_saver(url: str, *, create: bool = True) -> AbstractContextManager[BaseC
       ``PostgresSaver.from_conn_string``, with ``setup()`` run so a fresh
       database works.
     - ``s3://bucket[/prefix]?table=T&region=R&endpoint_url=U&s3_endpoint_url=..&dynamodb_endpoint_url=..``:
-      an :class:`~s3_saver.S3Saver` (no ``table``: the manifest index in the
+      an [S3Saver][s3_saver.S3Saver] (no ``table``: the manifest index in the
       bucket). Its bucket and table must exist (``setup()`` or ``infra/``).
 
     Example:

@@ -1,10 +1,10 @@
 """Exceptions raised by s3_saver.
 
-Every exception derives from :class:`S3SaverError`. Failures that come from an
+Every exception derives from [S3SaverError][s3_saver.errors.S3SaverError]. Failures that come from an
 AWS call keep the original ``botocore`` error as ``__cause__``; AWS error codes
 that have no meaning for the saver are not wrapped and pass through unchanged.
 The AWS error codes the saver gives a meaning to are all listed here, and
-:func:`classify` is the one place that sorts a failed call into a kind.
+`classify()` is the one place that sorts a failed call into a kind.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ LangGraph Server (``langgraph dev``, ``langgraph up``, deployments; langgraph-ap
 ```
 
 (or the same JSON in ``LANGGRAPH_CHECKPOINTER``). The path is the dotted import
-path of :func:`checkpointer`, dotted to the end: langgraph-api 0.16 imports a path
+path of [checkpointer()][s3_saver.langgraph_server.checkpointer], dotted to the end: langgraph-api 0.16 imports a path
 without ``/`` as ``module.attribute``, so ``s3_saver.langgraph_server:checkpointer``
-does not load. :func:`checkpointer` is an async context manager factory: the server enters
+does not load. [checkpointer()][s3_saver.langgraph_server.checkpointer] is an async context manager factory: the server enters
 it once per event loop it runs graphs on, and leaves it at shutdown, which closes
 the saver's async clients. The server uses the saver's async methods only, so the
 ``async`` extra (aioboto3) must be installed: ``pip install
@@ -39,13 +39,13 @@ like the server reaches the same store:
   ``2w``, ``1h30m`` or seconds), the saver's ``ttl``; unset, no expiry.
 - ``CHECKPOINT_ERASE_ON_DELETE``: ``1`` (same switches) makes the server's thread
   deletes (``DELETE /threads/{id}``, a prune with the "delete" strategy) erase
-  the thread (:meth:`S3Saver.erase_thread`: every version of its objects goes,
+  the thread ([S3Saver.erase_thread()][s3_saver.S3Saver.erase_thread]: every version of its objects goes,
   in the replica too); off by default. The role needs ``infra/``'s
   ``EraseThreadsPolicy`` beside the saver's. Versions a lock holds are logged.
 
 Credentials come from boto3's usual chain (environment, profile, role). A
 variable with a wrong value stops the server at start with a
-:class:`~s3_saver.ConfigurationError` naming it.
+[ConfigurationError][s3_saver.errors.ConfigurationError] naming it.
 
 Example:
     ```bash
@@ -92,7 +92,7 @@ class ServerSettings:
         endpoint_url: ``AWS_ENDPOINT_URL``.
         s3_endpoint_url: ``AWS_ENDPOINT_URL_S3``.
         dynamodb_endpoint_url: ``AWS_ENDPOINT_URL_DYNAMODB``.
-        serde: ``CHECKPOINT_SERDE`` (the ``MODULE:ATTR`` spec, loaded by :meth:`saver`).
+        serde: ``CHECKPOINT_SERDE`` (the ``MODULE:ATTR`` spec, loaded by `saver()`).
         setup: ``CHECKPOINT_SETUP``: create the bucket and table at start.
         ttl: ``CHECKPOINT_TTL``: how long a checkpoint stays readable (the saver's ``ttl``).
         erase_on_delete: ``CHECKPOINT_ERASE_ON_DELETE``: thread deletes erase.
@@ -111,7 +111,7 @@ class ServerSettings:
     erase_on_delete: bool = False
 
     def saver(self) -> S3Saver:
-        """A new S3Saver with these settings (no network call; see :meth:`S3Saver.setup`).
+        """A new S3Saver with these settings (no network call; see [S3Saver.setup()][s3_saver.S3Saver.setup]).
 
         Raises:
             ConfigurationError: ``CHECKPOINT_SERDE`` names no serializer.
@@ -277,7 +277,7 @@ def saver_from_env(environ: Mapping[str, str] | None = None) -> S3Saver:
 async def checkpointer() -> AsyncIterator[S3Saver]:
     """The checkpointer LangGraph Server enters: ``"s3_saver.langgraph_server.checkpointer"``.
 
-    Builds the saver from the environment, runs :meth:`S3Saver.asetup` when
+    Builds the saver from the environment, runs [S3Saver.asetup()][s3_saver.S3Saver.asetup] when
     ``CHECKPOINT_SETUP`` is on, yields it, and closes its async clients on exit.
 
     Yields:

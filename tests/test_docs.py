@@ -361,7 +361,14 @@ def test_site_builds_strict(tmp_path: Path) -> None:
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # material's notice is not a warning of ours
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "site" / "reference" / "api" / "index.html").read_text().count("S3Saver") > 10
+    page = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    assert page.count("S3Saver") > 10
+    # What a reader sees: no raw Sphinx role, no private name or default, no private base.
+    text = re.sub(r"<[^>]+>", "", page)
+    assert not re.findall(r":(?:meth|class|func|attr|mod|exc):`", text)
+    assert not re.findall(r"\b(?:DEFAULT_(?!REGION)[A-Z_]+|ThreadLifecycle|Where\(|error_code|translate\()", text)
+    assert not re.findall(r"Bases:[^\n]*\b(?:ThreadLifecycle|Archival|Regions)\b", text)
+    assert not re.findall(r"s3_saver\._\w+", text), re.findall(r"s3_saver\._\w+", text)[:5]
 
 
 # -- console: the command line's transcripts, run --------------------------------------

@@ -68,8 +68,8 @@ INTELLIGENT_TIERING_ARCHIVE_TIERS = frozenset({"ARCHIVE_ACCESS", "DEEP_ARCHIVE_A
 
 @dataclass(frozen=True)
 class ArchiveStatus:
-    """Where a thread lives, as :meth:`S3Saver.archive_thread` and
-    :meth:`S3Saver.restore_thread` leave it.
+    """Where a thread lives, as [S3Saver.archive_thread()][s3_saver.S3Saver.archive_thread] and
+    [S3Saver.restore_thread()][s3_saver.S3Saver.restore_thread] leave it.
 
     Attributes:
         thread_id: The thread.

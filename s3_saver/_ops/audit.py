@@ -58,7 +58,7 @@ _LISTING_PAGE = 100
 
 @dataclass(frozen=True)
 class StoreProblem:
-    """One disagreement between the index and the bucket (see :meth:`S3Saver.audit`).
+    """One disagreement between the index and the bucket (see [S3Saver.audit()][s3_saver.S3Saver.audit]).
 
     Attributes:
         kind: ``"missing"``, ``"orphan"``, ``"in_flight"``, ``"unindexed"`` or ``"broken"``.
@@ -79,7 +79,7 @@ class StoreProblem:
 
 @dataclass
 class StoreReport:
-    """What :meth:`S3Saver.audit` found (and :meth:`S3Saver.collect_garbage` deleted).
+    """What [S3Saver.audit()][s3_saver.S3Saver.audit] found (and [S3Saver.collect_garbage()][s3_saver.S3Saver.collect_garbage] deleted).
 
     Attributes:
         threads: Threads examined.

@@ -55,8 +55,8 @@ _GONE = frozenset({"NoSuchVersion", "NoSuchKey", "404", "405", "MethodNotAllowed
 
 
 @dataclass(frozen=True)
-class Remaining:
-    """An object version :meth:`S3Saver.erase_thread` left in place, and why.
+class RemainingVersion:
+    """An object version [S3Saver.erase_thread()][s3_saver.S3Saver.erase_thread] left in place, and why.
 
     Attributes:
         bucket: The bucket that holds it.
@@ -86,7 +86,7 @@ class Remaining:
 
 @dataclass(frozen=True)
 class EraseReport:
-    """What :meth:`S3Saver.erase_thread` removed, and what remains.
+    """What [S3Saver.erase_thread()][s3_saver.S3Saver.erase_thread] removed, and what remains.
 
     Attributes:
         thread_id: The thread erased.
@@ -103,7 +103,7 @@ class EraseReport:
     thread_id: str
     buckets: tuple[str, ...]
     deleted: int
-    remaining: tuple[Remaining, ...]
+    remaining: tuple[RemainingVersion, ...]
     records: tuple[str, ...]
 
     @property
@@ -126,7 +126,7 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
     its index is its own to delete in: a global table's replica is not)."""
     thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
     deleted = 0
-    remaining: list[Remaining] = []
+    remaining: list[RemainingVersion] = []
     records: list[str] = []
     named: tuple[set[str], set[str]] | None = None
     for site, own_index in ((ctx, True), *others):
@@ -147,7 +147,7 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
 
 def _erase_in(
     ctx: Context, thread_id: str, own_index: bool, named: tuple[set[str], set[str]] | None, written: bool
-) -> Op[tuple[int, list[Remaining], str, tuple[set[str], set[str]]]]:
+) -> Op[tuple[int, list[RemainingVersion], str, tuple[set[str], set[str]]]]:
     # An object of a write that commits into the generation after the delete may
     # predate the delete (its PUT went out before its read of the record did).
     # A replica gets no write of its own: an object there that no entry names is
@@ -194,7 +194,7 @@ def _erase_in(
         count += more
         left += locked
     else:
-        left += [Remaining(ctx.s3.bucket, v.key, v.version_id, RECORD) for v in hint_records if v.current]
+        left += [RemainingVersion(ctx.s3.bucket, v.key, v.version_id, RECORD) for v in hint_records if v.current]
     if indexed:
         record = f"{ctx.index.describe()}: the thread's delete record (its generation, when it was deleted)"
     else:
@@ -204,17 +204,17 @@ def _erase_in(
 
 def _sort_out(
     ctx: Context, found: list[_Version], keep: set[str], own: set[str], young: float
-) -> tuple[list[_Version], list[Remaining]]:
+) -> tuple[list[_Version], list[RemainingVersion]]:
     """The versions to delete, and those that stay: a current object the index
     names (its own record quietly), or one no entry names younger than ``young``."""
     purge: list[_Version] = []
-    left: list[Remaining] = []
+    left: list[RemainingVersion] = []
     for v in found:
         if v.current and v.key in keep:
             if v.key not in own:
-                left.append(Remaining(ctx.s3.bucket, v.key, v.version_id, IN_USE))
+                left.append(RemainingVersion(ctx.s3.bucket, v.key, v.version_id, IN_USE))
         elif v.current and v.modified >= young:
-            left.append(Remaining(ctx.s3.bucket, v.key, v.version_id, NEWER))
+            left.append(RemainingVersion(ctx.s3.bucket, v.key, v.version_id, NEWER))
         else:
             purge.append(v)
     return purge, left
@@ -332,7 +332,7 @@ def _time(listed: dict[str, Any]) -> float:
     return modified.timestamp() if isinstance(modified, datetime) else 0.0
 
 
-def _purge(ctx: Context, versions: list[_Version]) -> Op[tuple[int, list[Remaining]]]:
+def _purge(ctx: Context, versions: list[_Version]) -> Op[tuple[int, list[RemainingVersion]]]:
     """Delete the versions (batches of 1,000 in one round trip); those a lock
     holds are returned, with their retention and legal hold."""
     if not versions:
@@ -360,14 +360,14 @@ def _purge(ctx: Context, versions: list[_Version]) -> Op[tuple[int, list[Remaini
     return len(pairs) - len(left), left
 
 
-def _locks(ctx: Context, refused: list[tuple[str, str | None]]) -> Op[list[Remaining]]:
+def _locks(ctx: Context, refused: list[tuple[str, str | None]]) -> Op[list[RemainingVersion]]:
     """Why each refused version stays: its retention and legal hold (one HEAD
     each). A version that is gone was deleted after all; one held by neither
     was refused by a policy: that is an error naming what is missing."""
     if not refused:
         return []
     results = yield tuple(ctx.s3.head_version(key, version) for key, version in refused)
-    left: list[Remaining] = []
+    left: list[RemainingVersion] = []
     for (key, version), result in zip(refused, results):
         if isinstance(result, BaseException):
             if error_code(result) in _GONE:
@@ -382,5 +382,5 @@ def _locks(ctx: Context, refused: list[tuple[str, str | None]]) -> Op[list[Remai
                 "Object Lock holds it: the caller needs s3:DeleteObjectVersion and s3:ListBucketVersions "
                 "on the bucket (infra/template.yaml's EraseThreadsPolicy)"
             )
-        left.append(Remaining(ctx.s3.bucket, key, version, LOCKED, mode if until is not None else None, until, on))
+        left.append(RemainingVersion(ctx.s3.bucket, key, version, LOCKED, mode if until is not None else None, until, on))
     return left

@@ -9,14 +9,14 @@ at no extra cost; then:
 
 * the latest checkpoint: its parent stands in, then the parent's parent, until
   one is complete: the newest complete checkpoint of the same line, never
-  another branch. The read's :class:`~s3_saver.ReadSource` names the
+  another branch. The read's [ReadSource][s3_saver.ReadSource] names the
   checkpoints passed over and how far behind the answer is
   (``Replica(on_lag="raise")`` raises instead);
 * fewer pending writes of the checkpoint than this process saw there before
   (a head replicated after a newer one): told as stale, or raised;
 * no checkpoint at all, where this process saw one before: None, told as
   stale (``ReadSource.newest_id``), or raised with ``on_lag="raise"``;
-* a checkpoint asked for by id: :class:`~s3_saver.ReplicationLagError` (no other
+* a checkpoint asked for by id: [ReplicationLagError][s3_saver.errors.ReplicationLagError] (no other
   checkpoint can stand in for it);
 * a history: the newest checkpoints not complete yet are passed over as for
   the latest; a gap below a complete one raises (a history with a hole is partial);

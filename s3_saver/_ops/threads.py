@@ -29,7 +29,7 @@ _PAGE = 100  # listing entries per request
 
 @dataclass(frozen=True)
 class ThreadInfo:
-    """A thread as :meth:`S3Saver.list_threads` returns it.
+    """A thread as [S3Saver.list_threads()][s3_saver.S3Saver.list_threads] returns it.
 
     Attributes:
         thread_id: The thread's id.

@@ -1,9 +1,9 @@
 """The operator's command line: ``langgraph-s3-saver`` (or ``python -m s3_saver``).
 
-A thin layer over :class:`~s3_saver.S3Saver`'s public methods: click parses the
+A thin layer over [S3Saver][s3_saver.S3Saver]'s public methods: click parses the
 command line (global options also read from the environment a Lambda function
 already has), rich draws tables, values and progress bars. Both come with the
-``cli`` extra; :func:`main` says so when they are missing.
+``cli`` extra; `main()` says so when they are missing.
 
 Exit codes: 0 success, 1 the store or the saver failed, 2 usage error, 3 not
 found, 130 interrupted; ``verify`` (and ``gc`` in a dry run) exit with a bitmask

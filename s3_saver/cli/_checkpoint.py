@@ -12,7 +12,7 @@ order (LangGraph's order is the graph's, which a checkpoint does not record).
 ``get_state()`` (the latest checkpoint, "live") leaves out tasks that already
 finished, i.e. have an output write among the pending writes; task ids are not
 node names, so ``next_nodes`` lists the step's nodes as ``get_state_history``
-does, and :func:`interrupts` tells the questions still waiting apart.
+does, and `interrupts()` tells the questions still waiting apart.
 """
 
 from __future__ import annotations

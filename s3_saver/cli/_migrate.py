@@ -1,6 +1,6 @@
 """``migrate``: copy threads between LangGraph checkpoint savers (SQLite, Postgres, S3Saver).
 
-``--from`` and ``--to`` take the URLs of :func:`s3_saver.open_saver`; the one
+``--from`` and ``--to`` take the URLs of [open_saver()][s3_saver.open_saver]; the one
 left out is the store the global options configure (``--bucket``, ``--table``...).
 """
 

@@ -46,7 +46,7 @@ class KeyValue(click.ParamType):
 
 
 def load_serde(spec: str) -> Any:
-    """The serializer named by ``MODULE:ATTR`` (see :func:`s3_saver._serde_spec.load_serde`).
+    """The serializer named by ``MODULE:ATTR`` (see `load_serde()`).
 
     Raises:
         click.BadParameter: A spec that does not name such an object (a usage error).
