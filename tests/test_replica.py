@@ -1054,11 +1054,11 @@ def test_verify_after_a_forced_promote_reports_a_thread_only_the_old_primary_hol
     [
         ({"bucket": ""}, "Replica.bucket"),
         ({"bucket": None}, "Replica.bucket"),
-        ({"bucket": "r", "failover_after": -1}, "Replica.failover_after"),
-        ({"bucket": "r", "failover_after": True}, "Replica.failover_after"),
-        ({"bucket": "r", "recheck_after": -0.5}, "Replica.recheck_after"),
-        ({"bucket": "r", "recheck_after": "30"}, "Replica.recheck_after"),
-        ({"bucket": "r", "on_lag": "x"}, "Replica.on_lag"),
+        ({"bucket": "rep", "failover_after": -1}, "Replica.failover_after"),
+        ({"bucket": "rep", "failover_after": True}, "Replica.failover_after"),
+        ({"bucket": "rep", "recheck_after": -0.5}, "Replica.recheck_after"),
+        ({"bucket": "rep", "recheck_after": "30"}, "Replica.recheck_after"),
+        ({"bucket": "rep", "on_lag": "x"}, "Replica.on_lag"),
     ],
 )
 def test_replica_settings_are_checked(kwargs: dict, field: str) -> None:
