@@ -237,8 +237,11 @@ class _Store:
                 continue
             self.sent.append(self.now - self.start)
             self.now += self.rtt
-            ok = self.now - self.start > self.seconds
-            reply = [{"Body": b"A"} if ok else self.failure for _ in step]
+            reply = self.answer(step)
+
+    def answer(self, step: Any) -> list[Any]:
+        ok = self.now - self.start > self.seconds
+        return [{"Body": b"A"} if ok else self.failure for _ in step]
 
 
 @pytest.mark.parametrize("failure", THROTTLED, ids=THROTTLED_IDS)
@@ -409,20 +412,8 @@ def test_an_operations_own_retry_loops_keep_to_the_deadline() -> None:
     )
 
     class Unprocessed(_Store):
-        def drive(self, op: Any) -> Any:  # every BatchWriteItem leaves its items unprocessed
-            reply = None
-            while True:
-                try:
-                    step = op.send(reply)
-                except StopIteration as stop:
-                    return stop.value
-                if isinstance(step, Sleep):
-                    self.now += step.seconds
-                    reply = None
-                    continue
-                self.sent.append(self.now - self.start)
-                self.now += self.rtt
-                reply = [{"UnprocessedItems": {"t": call.params["RequestItems"]["t"]}} for call in step]
+        def answer(self, step: Any) -> list[Any]:  # every BatchWriteItem leaves its items unprocessed
+            return [{"UnprocessedItems": {"t": call.params["RequestItems"]["t"]}} for call in step]
 
     for _ in range(20):
         for store, op in (
