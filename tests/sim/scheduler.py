@@ -31,6 +31,7 @@ from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 from s3_saver._protocol import Emit, Sleep, Wait
 from s3_saver._retry import RetryPolicy, resilient
 
+from sim import model as M
 from sim.world import HarnessError, World, capture
 
 POLICY = RetryPolicy(attempts=4, base=0, cap=0, budget=None)
@@ -366,6 +367,14 @@ class Scheduler:
 
     # -- the loop -------------------------------------------------------------------
     def run(self, processes: list[Process]) -> list[LogicalOp]:
+        # The checkpoints whose put has not answered yet, started or not (World._age).
+        self.world.puts_to_come = lambda: {
+            step.model.checkpoint["id"]
+            for p in processes
+            for i, step in enumerate(p.steps)
+            if isinstance(step.model, M.Put) and not p.dead
+            and (i > p.position or (i == p.position and (p.current is None or p.current.outcome is None)))
+        }
         for p in processes:
             self._begin(p)
         while True:

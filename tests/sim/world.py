@@ -111,6 +111,7 @@ class World:
         self.table: str | None = None
         # Object key -> the logical operation (scheduler.LogicalOp) that last wrote it.
         self.writers: dict[str, Any] = {}
+        self.puts_to_come: Any = set  # set by the scheduler: checkpoint ids whose put may still commit
         self.calls_sent = 0
         self.savers: list[Any] = []
         self._sender: Any = None
@@ -187,10 +188,17 @@ class World:
         running (or cut short and about to be retried) is listed as written now;
         any other object as written a day ago. So ``collect_garbage`` with a
         grace of an hour may take exactly what no write in flight can still
-        commit, whatever the wall clock did while the schedule ran."""
+        commit, whatever the wall clock did while the schedule ran. A step's
+        pending writes are as young as their checkpoint's put while it may still
+        commit: LangGraph calls that put before the writes (its queue may send it
+        after them), seconds apart, never an hour."""
         listed = [*(page.get("Contents", ()) or ()), *(page.get("Versions", ()) or ()), *(page.get("DeleteMarkers", ()) or ())]
+        coming = self.puts_to_come()
         for obj in listed:
             writer = self.writers.get(obj.get("Key"))
+            parts = (obj.get("Key") or "").split("/writes/", 1)
+            if len(parts) == 2 and parts[1].split("/", 1)[0] in coming:
+                continue
             if writer is None or not writer.in_flight:
                 if "LastModified" in obj:
                     obj["LastModified"] = obj["LastModified"] - OLD
