@@ -259,13 +259,9 @@ def saver_policy(index_mode: str) -> dict[str, Any]:
     return stack.properties("SaverPolicy")["PolicyDocument"]
 
 
-@pytest.mark.slow  # make test-all and CI (make test-slow), with the infra linters
-def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str, index_mode: str) -> None:
-    """In each index mode (conftest's ``index_mode``: the stack's IndexMode and the
-    saver's table= agree), the mode's policy against the mode's request log."""
-    s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
-
-    saver = s3_saver.S3Saver(
+def _recorded_saver(endpoint: str, index_mode: str, s3: Any, dynamodb: Any, session: Any) -> s3_saver.S3Saver:
+    """The saver of the mode (its table= as the stack's IndexMode), on the recording clients."""
+    return s3_saver.S3Saver(
         BUCKET,
         table=TABLE if index_mode == "dynamodb" else None,
         prefix=PREFIX,
@@ -275,6 +271,15 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str, index_
         dynamodb_client=dynamodb,
         aioboto3_session=session,
     )
+
+
+@pytest.mark.slow  # make test-all and CI (make test-slow), with the infra linters
+def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str, index_mode: str) -> None:
+    """In each index mode (conftest's ``index_mode``: the stack's IndexMode and the
+    saver's table= agree), the mode's policy against the mode's request log."""
+    s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
+
+    saver = _recorded_saver(endpoint, index_mode, s3, dynamodb, session)
     saver.setup()  # operator's step: not recorded
     saver.stats.reset()
     sync_calls.active = async_calls.active = True
@@ -357,16 +362,7 @@ def test_erase_policy_covers_what_erase_adds(endpoint: str, index_mode: str) -> 
     call, and each action the erase policy grants was needed by one."""
     s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
     s3.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)  # versioned
-    saver = s3_saver.S3Saver(
-        BUCKET,
-        table=TABLE if index_mode == "dynamodb" else None,
-        prefix=PREFIX,
-        endpoint_url=endpoint,
-        region_name=REGION,
-        s3_client=s3,
-        dynamodb_client=dynamodb,
-        aioboto3_session=session,
-    )
+    saver = _recorded_saver(endpoint, index_mode, s3, dynamodb, session)
     saver.setup()
     graph = report_graph(saver)
     run_report_sync(graph, "erase-sync")
