@@ -118,9 +118,10 @@ def test_heads_upload_little_on_an_unversioned_bucket(endpoint: str, monkeypatch
     monkeypatch.setattr(SyncDriver, "_wave", wave)
     _chat(writer, 20)
     monkeypatch.undo()
-    # 207-210 requests in 202-205 round trips (208 / 203 before): how many of a
-    # step's writes share a swap depends on the threads' timing.
-    assert writer.stats.total_requests <= 210 and writer.stats.round_trips <= 205, writer.stats
+    # 207-212 requests in 202-205 round trips (208 / 203 before; 212 / 205 seen
+    # on a loaded CI machine): how many of a step's writes share a swap depends
+    # on the threads' timing, so the bound leaves room above what was seen.
+    assert writer.stats.total_requests <= 220 and writer.stats.round_trips <= 210, writer.stats
     writer.close()
     current, noncurrent = version_bytes(endpoint)
     assert noncurrent == 0 and up["other"] <= current
