@@ -110,7 +110,7 @@ class S3Saver(
             ``add_messages`` or ``operator.add`` channel) as the new elements
             plus a reference to the pieces it extends, so a conversation's
             storage grows linearly, not quadratically (see
-            docs/concepts/deltas.md). False stores every version whole: each
+            [Lists stored as deltas][list-deltas]). False stores every version whole: each
             checkpoint then reads no piece from its ancestors' objects, which
             only matters to a replica whose objects may arrive far apart.
         max_concurrency: Threads the sync driver uses to send one wave of requests.

@@ -64,7 +64,7 @@ class Regions:
 
         Then the roles swap in this saver: writes go to the promoted region,
         and reads fall over to the other. Other processes follow once
-        configured the same way (see the runbooks in docs/guides/cross-region.md).
+        configured the same way (see the [Failover runbook][failover-runbook]).
 
         Args:
             rebuild: Rebuild the promoted region's index from its bucket
