@@ -141,6 +141,16 @@ class _NotTheServer(logging.Filter):
 
 
 @contextlib.contextmanager
+def _attribute(owner: Any, name: str, value: Any):
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
+@contextlib.contextmanager
 def _working_directory(path: str):
     before = os.getcwd()
     os.chdir(path)
@@ -151,6 +161,7 @@ def _working_directory(path: str):
 
 
 def _in_process(args: list[str], env: dict[str, str], stdin: bytes, cwd: str | None) -> subprocess.CompletedProcess[bytes]:
+    from click import formatting as click_formatting
     from click.testing import CliRunner
 
     from s3_saver.cli import main
@@ -160,6 +171,11 @@ def _in_process(args: list[str], env: dict[str, str], stdin: bytes, cwd: str | N
     root = logging.getLogger()
     with contextlib.ExitStack() as stack:
         out, err, _ = stack.enter_context(CliRunner().isolation(input=stdin, env=overrides))
+        # click wraps help at the terminal's width (shutil.get_terminal_size: COLUMNS, else
+        # the size of sys.__stdout__, else 80 columns): CliRunner forces 80; a process whose
+        # stdout is a pipe gets the fallback, as here with sys.__stdout__ the captured pipe.
+        stack.enter_context(_attribute(click_formatting, "FORCED_WIDTH", None))
+        stack.enter_context(_attribute(sys, "__stdout__", sys.stdout))
         if cwd is not None:
             stack.enter_context(_working_directory(cwd))
         last_resort = logging.StreamHandler(sys.stderr)  # the captured stderr, as logging.lastResort
