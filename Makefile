@@ -28,7 +28,7 @@ demo: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# `make test`: the suite a newcomer runs first (about 18 minutes on 2 cores; the goal is 10). Every public
+# `make test`: the suite a newcomer runs first (about 16 minutes on 2 cores; the goal is 10). Every public
 # operation in both index modes; the tests marked slow (cost invariants over large stores,
 # the rest of the drills' variants, the infra linters) wait for `make test-slow`.
 test: $(STAMP)

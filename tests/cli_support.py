@@ -1,5 +1,6 @@
-"""Shared by tests/test_cli.py and tests/test_cli_progress.py: the command line run as a
-subprocess against the moto server, and a real LangGraph graph that fills threads.
+"""Shared by tests/test_cli.py and tests/test_cli_progress.py: the command line run against
+the moto server (in this process, or as a process of its own), and a real LangGraph graph
+that fills threads.
 
 The graph has what the CLI must read without it: messages, an interrupt answered
 later, a ``Send`` fan-out (PUSH tasks in ``__pregel_tasks``) and pending writes.
@@ -7,6 +8,8 @@ later, a ``Send`` fan-out (PUSH tasks in ``__pregel_tasks``) and pending writes.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 import os
 import subprocess
@@ -22,6 +25,7 @@ from langgraph.types import Command, Send, interrupt
 from conftest import BUCKET, TABLE
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "langgraph-s3-saver"
+PROG_NAME = "python -m s3_saver"  # what click names the program in usage lines, as run_cli's process
 BAR = "━"  # rich's progress bar
 
 
@@ -105,17 +109,88 @@ def run_cli(
     stdin: bytes | None = None,
     script: bool = False,
     cwd: str | None = None,
+    process: bool = False,
 ) -> subprocess.CompletedProcess[bytes]:
-    """``python -m s3_saver ARGS`` (or the console script) with pipes on every stream."""
+    """The command line with ARGS, pipes on every stream: in this process through the console
+    script's entry point (``s3_saver.cli:main``), or with ``process``/``script`` as a process
+    of its own (``python -m s3_saver``, or the console script), as in a shell.
+
+    A process costs a second or more of imports, so most tests run it here; the few that keep
+    a process check what only a process has (the console script, ``python -m``, a real pipe).
+    Both give the same ``CompletedProcess``: exit code, stdout and stderr bytes.
+    """
+    env = env if env is not None else cli_env(endpoint, mode)
+    stdin = stdin if stdin is not None else b""
+    if not (process or script):
+        return _in_process(list(args), env, stdin, cwd)
     command = [str(CONSOLE_SCRIPT)] if script else [sys.executable, "-m", "s3_saver"]
-    return subprocess.run(
-        [*command, *args],
-        env=env if env is not None else cli_env(endpoint, mode),
-        input=stdin if stdin is not None else b"",
-        capture_output=True,
-        timeout=120,
-        cwd=cwd,
-    )
+    return subprocess.run([*command, *args], env=env, input=stdin, capture_output=True, timeout=120, cwd=cwd)
+
+
+# What a process of its own would not share with the test that runs it: its environment (all
+# of it: a variable of the test process that `env` lacks is removed), its streams (pipes:
+# not terminals, so no progress bar and tables as wide as a pipe gets), its working directory,
+# and where the library's log records go (stderr, by logging's last resort, as a process
+# with no logging configured). The moto server runs in this process: its loggers stay out.
+_SERVER_LOGGERS = ("werkzeug", "moto")
+
+
+class _NotTheServer(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(_SERVER_LOGGERS)
+
+
+@contextlib.contextmanager
+def _attribute(owner: Any, name: str, value: Any):
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
+@contextlib.contextmanager
+def _working_directory(path: str):
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def _in_process(args: list[str], env: dict[str, str], stdin: bytes, cwd: str | None) -> subprocess.CompletedProcess[bytes]:
+    from click import formatting as click_formatting
+    from click.testing import CliRunner
+
+    from s3_saver.cli import main
+
+    overrides: dict[str, str | None] = {key: None for key in os.environ if key not in env}
+    overrides.update(env)
+    root = logging.getLogger()
+    with contextlib.ExitStack() as stack:
+        out, err, _ = stack.enter_context(CliRunner().isolation(input=stdin, env=overrides))
+        # click wraps help at the terminal's width (shutil.get_terminal_size: COLUMNS, else
+        # the size of sys.__stdout__, else 80 columns): CliRunner forces 80; a process whose
+        # stdout is a pipe gets the fallback, as here with sys.__stdout__ the captured pipe.
+        stack.enter_context(_attribute(click_formatting, "FORCED_WIDTH", None))
+        stack.enter_context(_attribute(sys, "__stdout__", sys.stdout))
+        if cwd is not None:
+            stack.enter_context(_working_directory(cwd))
+        last_resort = logging.StreamHandler(sys.stderr)  # the captured stderr, as logging.lastResort
+        last_resort.setLevel(logging.WARNING)
+        last_resort.addFilter(_NotTheServer())
+        root.addHandler(last_resort)
+        stack.callback(root.removeHandler, last_resort)
+        try:
+            main(args, PROG_NAME)
+            code = 0  # main() always exits; reaching here would be exit 0 too
+        except SystemExit as exited:
+            code = exited.code if isinstance(exited.code, int) else (0 if exited.code is None else 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return subprocess.CompletedProcess(["langgraph-s3-saver", *args], code, out.getvalue(), err.getvalue())
 
 
 def ok(result: subprocess.CompletedProcess[bytes], code: int = 0) -> str:

@@ -53,6 +53,32 @@ SLOW_VARIANTS = frozenset(
         "test_replica.py::test_lag_every_read_is_a_complete_checkpoint_the_primary_had[manifest]",
         "test_outage.py::test_outage_promote_continue_failback[dynamodb-hang-refused]",
         "test_deltas.py::test_copy_export_archive_and_rebuild_carry_the_pieces[dynamodb]",
+        # Twins of a drill that stays in make test: writes that seal racing the archive
+        # (manifest) are raced at every round trip by test_soundness_races' item4; the
+        # manifest index runs the conformance suite and every concurrency drill on SeaweedFS
+        # (a real S3 server) as well as on moto: make test keeps SeaweedFS's; item11's
+        # stricter test (no uuid4 drawn at all during saver calls) implies its weaker one
+        # (none drawn by the saver's own code), in both modes.
+        "test_archive_cut.py::test_a_checkpoint_racing_the_archive_is_never_lost[manifest-sealing]",
+        "test_conformance.py::test_base_capabilities_pass_on_moto[manifest]",
+        "test_concurrency.py::test_put_writes_from_threads[manifest-one-saver]",
+        "test_concurrency.py::test_put_writes_from_threads[manifest-saver-each]",
+        "test_concurrency.py::test_aput_writes_from_tasks[manifest]",
+        "test_concurrency.py::test_concurrent_forks_of_one_parent[manifest-one-saver]",
+        "test_concurrency.py::test_concurrent_forks_of_one_parent[manifest-saver-each]",
+        "test_concurrency.py::test_many_puts_while_segments_seal[manifest]",
+        "test_concurrency.py::test_special_write_replaced_before_a_seal_stays_replaced[manifest]",
+        "test_concurrency.py::test_parallel_branches_match_in_memory[manifest-invoke]",
+        "test_concurrency.py::test_parallel_branches_match_in_memory[manifest-ainvoke]",
+        "test_soundness_values.py::test_item11_saver_code_never_calls_uuid4[dynamodb]",
+        "test_soundness_values.py::test_item11_saver_code_never_calls_uuid4[manifest]",
+        # item10 is about the manifest's listing, merged page by page from segments and the
+        # head (a restore seals again, at other boundaries). DynamoDB's every-namespace
+        # listings with before and limit, live, archived and restored, stay in
+        # test_archive's test_archive_read_restore_matches_in_memory[dynamodb-sync] and
+        # test_requests' test_list_before_across_namespaces_reads_few_pages.
+        "test_soundness_list.py::test_item10_listing_every_namespace_has_one_order[dynamodb]",
+        "test_soundness_list.py::test_item10_listing_every_namespace_is_the_same_after_archive_and_restore[dynamodb]",
     }
 )
 

@@ -1,9 +1,12 @@
-"""The command line, run as a subprocess (``python -m s3_saver``, once the console script)
-against the moto server, on threads a real LangGraph graph wrote in this process.
+"""The command line against the moto server, on threads a real LangGraph graph wrote in
+this process: run in this process through its entry point (``run_cli``: pipes on every
+stream, the environment it is given and nothing else), and as a process of its own where
+that is what is tested (the console script and ``python -m`` in test_setup, a real pipe
+into ``import -`` and out of ``export -``).
 
-Each subprocess costs about a second of imports, so one run checks several things:
-the table or JSON it prints, its exit code, and the store afterwards. Progress bars
-and Ctrl-C are in tests/test_cli_progress.py.
+Each run checks several things: the table or JSON it prints, its exit code, and the store
+afterwards. Progress bars, the prompt on a terminal and Ctrl-C are in
+tests/test_cli_progress.py (processes on a pseudo-terminal).
 """
 
 from __future__ import annotations
@@ -208,7 +211,7 @@ def test_serde_option(endpoint: str, monkeypatch) -> None:
 )
 def test_setup(endpoint: str, index_mode: str, script: bool) -> None:
     """setup makes the bucket (and the table) ready and says which index it uses."""
-    out = ok(run_cli(endpoint, "setup", mode=index_mode, script=script))
+    out = ok(run_cli(endpoint, "setup", mode=index_mode, script=script, process=True))
     assert f"bucket '{BUCKET}' ready" in out
     _s3(endpoint).head_bucket(Bucket=BUCKET)
     if index_mode == "dynamodb":
@@ -364,10 +367,10 @@ def test_export_import_archive_restore(endpoint: str, chats, tmp_path) -> None:
     assert "exported thread 'chat-ann'" in ok(run_cli(endpoint, "export", "chat-ann", str(path)))
     assert "imported thread 'imported'" in ok(run_cli(endpoint, "import", str(path), "--as", "imported"))
     assert graph.get_state(config("imported")).values == expected
-    # FILE "-": the bytes on stdout (the message on stderr), and from stdin.
-    piped = run_cli(endpoint, "export", "chat-ann", "-")
+    # FILE "-": the bytes on stdout (the message on stderr), and from stdin: real pipes.
+    piped = run_cli(endpoint, "export", "chat-ann", "-", process=True)
     assert piped.returncode == 0 and piped.stdout == path.read_bytes() and b"exported thread" in piped.stderr
-    done = json.loads(ok(run_cli(endpoint, "--json", "import", "-", "--as", "piped", stdin=piped.stdout)))
+    done = json.loads(ok(run_cli(endpoint, "--json", "import", "-", "--as", "piped", stdin=piped.stdout, process=True)))
     assert done["thread_id"] == "piped" and done["bytes"] == len(piped.stdout)
     assert graph.get_state(config("piped")).values == expected
     assert "'absent'" in error_line(run_cli(endpoint, "export", "absent", str(tmp_path / "x")), 3)
