@@ -85,9 +85,16 @@ SLOW_VARIANTS = frozenset(
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items) -> None:
+    names = {item.nodeid.split("/")[-1] for item in items}
     for item in items:
         if item.nodeid.split("/")[-1] in SLOW_VARIANTS:
             item.add_marker(pytest.mark.slow)
+    # A misspelled or renamed entry would silently keep its drill in make test: an entry
+    # whose test function was collected must name one of its variants.
+    functions = {name.split("[")[0] for name in names}
+    stale = sorted(v for v in SLOW_VARIANTS if v.split("[")[0] in functions and v not in names)
+    if stale:
+        raise pytest.UsageError(f"SLOW_VARIANTS names variants that do not exist: {stale}")
 
 
 BUCKET = "checkpoints"
