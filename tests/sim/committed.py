@@ -131,7 +131,7 @@ def check_final(world: Any, prefix: str, plan: Any, ref: Committed, problems: li
     except Exception as exc:
         problems.append(f"(f) verify() after the failback raised {C._err(exc)}")
         return
-    aside = {(g.thread_id, g.ns, g.checkpoint_id, g.kind, g.task_id) for g in report.set_aside if g.reason}
+    aside = {(g.thread_id, g.ns, g.checkpoint_id, g.kind, g.task_id): g.reason for g in report.set_aside if g.reason}
     for t in plan.threads:
         for key, payload in observed[t].items():
             put = ref.puts.get((t, *key))
@@ -153,7 +153,7 @@ def check_final(world: Any, prefix: str, plan: Any, ref: Committed, problems: li
     C.audit(reader, problems, "of P after the failback")
 
 
-def _check_writes(t: str, key: M.Key, pending: tuple, ref: Committed, aside: set, rebuilt: bool, problems: list[str]) -> None:
+def _check_writes(t: str, key: M.Key, pending: tuple, ref: Committed, aside: dict, rebuilt: bool, problems: list[str]) -> None:
     by_task: dict[str, list] = defaultdict(list)
     for w in pending:
         by_task[w[0]].append(w)
@@ -171,10 +171,18 @@ def _check_writes(t: str, key: M.Key, pending: tuple, ref: Committed, aside: set
             )
             continue
         dropped = [w for w in calls if w.status == OK and w not in line]
-        if dropped and (t, *key, "writes", task) not in aside:
+        reason = aside.get((t, *key, "writes", task))
+        if dropped and reason is None:
             problems.append(
                 f"(f) {t} {key} task {task}: committed by {'/'.join(sorted({w.region for w in dropped}))} "
                 f"({_calls_text(dropped)}), neither readable nor set aside by verify()"
+            )
+        elif dropped and "another run" in reason and not any(w.region == "R" for w in line):
+            # R's run wins only where R ran the task itself (a call of its own):
+            # parts of P's that R only received are P's run, kept whole (issue 34, 1).
+            problems.append(
+                f"(f) {t} {key} task {task}: P's committed calls ({_calls_text(dropped)}) set aside for "
+                f"another run of the task ({reason!r}), but R never ran it (what R read: {_calls_text(line)})"
             )
 
 

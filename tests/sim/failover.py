@@ -61,7 +61,9 @@ from sim.scheduler import Process, RandomChooser, Scheduler, Step
 from sim.world import SIM_INLINE_THRESHOLD, World
 
 P_REGION, R_REGION = "us-east-1", "eu-west-1"
-OUTAGE_ODDS = 1 / 14  # per call of phase 1, when the spec names no call
+# The outage's chance per call of the writers, when the spec names no call: one of
+# these per schedule (0: once they are done, their last commits maybe not replicated).
+OUTAGE_ODDS = (1 / 8, 1 / 25, 0.0)
 _WRITES = {
     "put_object", "copy_object", "delete_object", "delete_objects", "complete_multipart_upload",
     "put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item",
@@ -118,6 +120,7 @@ class RegionWorld(World):
         self.phase = 0
         self.phase_calls = 0
         self.outage_at: int | None = None
+        self.outage_odds = 0.0
         self.refused = 0
         self.indexed: set[int] = set()  # id() of the logical operations with an index write applied
         if old is not None and table is not None:
@@ -191,7 +194,7 @@ class RegionWorld(World):
             if self.outage_at is not None:
                 hit = self.outage_at >= 0 and self.phase_calls >= self.outage_at
             else:
-                hit = chooser.choose("outage", [1 - OUTAGE_ODDS, OUTAGE_ODDS]) == 1
+                hit = chooser.choose("outage", [1 - self.outage_odds, self.outage_odds]) == 1
             if hit:
                 self.outage(scheduler)
         self.phase_calls += 1
@@ -360,6 +363,7 @@ def run_failover(world: RegionWorld, spec: Spec) -> Outcome:
             return _done(out, world, began)
     world.forward.sync()  # the setup is in both regions before the schedule
     world.outage_at = spec.path[0] if spec.path else None
+    world.outage_odds = rng.choice(OUTAGE_ODDS)
     scheduler = Scheduler(world, RandomChooser(rng), fault_plan(rng, spec.faults))
     pids = itertools.count()
     roles: dict[int, str] = {}
