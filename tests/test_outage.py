@@ -560,3 +560,30 @@ def test_failback_sets_aside_the_old_primarys_parts_its_stale_items_put_beside_t
     assert (gap.thread_id, gap.checkpoint_id, gap.kind, gap.task_id) == ("t", x["configurable"]["checkpoint_id"], "writes", task)
     assert "another run of the task" in gap.reason and REPLICA_BUCKET in gap.reason, gap.reason
     assert len(gap.missing) == 1 and "/writes/" in gap.missing[0], gap.missing
+
+
+# Manifest mode: with a global table the delete's items replicate all the same (only
+# objects are refused), so P learns of the delete; this passed before the fix there.
+@pytest.mark.parametrize("mode", ("manifest",))
+def test_failback_after_a_delete_that_never_replicated(regions, mode: str) -> None:
+    """O deletes a thread; the delete never reaches P (the runbook refuses O's
+    queue). P's copies of its objects never replicate back (a replica's copies do
+    not), so waiting cannot make O hold them: the failback goes ahead, the thread
+    stays deleted in O, and what P held of it is set aside (found by the simulation)."""
+    old = _old_saver(regions, mode, "refuse")
+    if mode == "dynamodb-global":
+        regions.create_replica_table()
+    old.put(_config("u"), _checkpoint(), {"source": "loop", "step": 0}, {"a": "1"})
+    regions.replicator.run()
+    old.delete_thread("u")
+    regions.replicator.capture()
+    regions.replicator.drop_pending(where=lambda e: e.kind in ("object", "delete-object"))  # refused
+    regions.proxy.refuse()
+    _old_saver(regions, mode, "refuse", setup=False).promote()
+    regions.proxy.up()
+    regions.replicator.deliver()  # a global table's items replicate all the same
+    regions.reverse.run()
+    assert _new_saver(regions, mode, "refuse").promote().checked
+    final = _old_saver(regions, mode, "refuse", setup=False)
+    assert final.get_tuple(_config("u")) is None
+    assert all(g.reason for g in final.verify(["u"]).set_aside)
