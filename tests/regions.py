@@ -616,17 +616,22 @@ class Replicator:
         return other
 
     # -- capture ---------------------------------------------------------------------
-    def capture(self) -> list[Event]:
-        """Record every change of the source since the last capture; returns the new events."""
+    def capture(self, prefix: str | None = None, *, objects: bool = True, items: bool = True) -> list[Event]:
+        """Record every change of the source since the last capture; returns the new events.
+
+        ``prefix``: only the objects under it (a write's own key: what one call
+        changed, without listing the whole bucket); ``objects``/``items``: which
+        of the bucket and the table to look at."""
         with self._lock:
-            events = self._capture_objects() + self._capture_items()
+            events = (self._capture_objects(prefix) if objects else []) + (self._capture_items() if items else [])
             self.pending.extend(events)
             return events
 
-    def _capture_objects(self) -> list[Event]:
+    def _capture_objects(self, prefix: str | None = None) -> list[Event]:
         found = []  # (kind, key, version id, storage class, listing position)
         try:
-            pages = self.source_s3.get_paginator("list_object_versions").paginate(Bucket=self.source_bucket)
+            where = {"Bucket": self.source_bucket} if prefix is None else {"Bucket": self.source_bucket, "Prefix": prefix}
+            pages = self.source_s3.get_paginator("list_object_versions").paginate(**where)
             for page in pages:
                 for v in page.get("Versions", ()):
                     found.append((OBJECT, v["Key"], v["VersionId"], v.get("StorageClass"), v["LastModified"]))

@@ -528,3 +528,63 @@ def test_failback_refuses_an_unversioned_bucket(regions, mode: str) -> None:
     with pytest.raises(ConfigurationError, match=f"versioning on s3://{PRIMARY_BUCKET} .*Suspended"):
         _new_saver(regions, mode, "refuse").promote()
     assert set(regions.replica.keys()) | set(regions.primary.keys()) == keys  # nothing merged
+
+
+def test_failback_sets_aside_the_old_primarys_parts_its_stale_items_put_beside_the_promoted_run(regions) -> None:
+    """A global table: O commits task T's interrupt on X, its item still in O's
+    queue at the outage; P runs T itself (its resume); O's queue, applied when O
+    returns, puts the interrupt's item beside P's run. The failback keeps P's run,
+    and verify() names O's interrupt with the reason (the simulation's seed 8)."""
+    from helpers import checkpoint
+
+    mode = "dynamodb-global"
+    old = _old_saver(regions, mode, "refuse")
+    regions.create_replica_table()
+    replicator, reverse = regions.replicator, regions.reverse
+    task = "task-T"
+    x = old.put(_config("t"), checkpoint({"n": 0}, {"n": "1"}), {"source": "loop", "step": 0}, {"n": "1"})
+    replicator.run()
+    old.put_writes(x, [("__interrupt__", "approve?")], task)
+    replicator.capture()  # its object and item wait in O's queue
+    regions.proxy.refuse()
+    _old_saver(regions, mode, "refuse", setup=False).promote()
+    _new_saver(regions, mode, "refuse").put_writes(x, [("__resume__", "no"), ("n", 2)], task)
+    regions.proxy.up()
+    reverse.capture()  # P's writes are newer than O's stale ones
+    replicator.deliver()  # O's stale queue: a global table's items replicate whatever S3 refuses
+    reverse.run()
+    assert _new_saver(regions, mode, "refuse").promote().checked
+    final = _old_saver(regions, mode, "refuse", setup=False)
+    assert sorted(final.get_tuple(x).pending_writes) == [(task, "__resume__", "no"), (task, "n", 2)]
+    (gap,) = final.verify(["t"]).set_aside
+    assert (gap.thread_id, gap.checkpoint_id, gap.kind, gap.task_id) == ("t", x["configurable"]["checkpoint_id"], "writes", task)
+    assert "another run of the task" in gap.reason and REPLICA_BUCKET in gap.reason, gap.reason
+    assert len(gap.missing) == 1 and "/writes/" in gap.missing[0], gap.missing
+
+
+# Manifest mode: with a global table the delete's items replicate all the same (only
+# objects are refused), so P learns of the delete; this passed before the fix there.
+@pytest.mark.parametrize("mode", ("manifest",))
+def test_failback_after_a_delete_that_never_replicated(regions, mode: str) -> None:
+    """O deletes a thread; the delete never reaches P (the runbook refuses O's
+    queue). P's copies of its objects never replicate back (a replica's copies do
+    not), so waiting cannot make O hold them: the failback goes ahead, the thread
+    stays deleted in O, and what P held of it is set aside (found by the simulation)."""
+    old = _old_saver(regions, mode, "refuse")
+    if mode == "dynamodb-global":
+        regions.create_replica_table()
+    old.put(_config("u"), _checkpoint(), {"source": "loop", "step": 0}, {"a": "1"})
+    regions.replicator.run()
+    old.delete_thread("u")
+    regions.replicator.capture()
+    regions.replicator.drop_pending(where=lambda e: e.kind in ("object", "delete-object"))  # refused
+    regions.proxy.refuse()
+    _old_saver(regions, mode, "refuse", setup=False).promote()
+    regions.proxy.up()
+    regions.replicator.deliver()  # a global table's items replicate all the same
+    regions.reverse.run()
+    assert _new_saver(regions, mode, "refuse").promote().checked
+    final = _old_saver(regions, mode, "refuse", setup=False)
+    assert final.get_tuple(_config("u")) is None
+    (gap,) = final.verify(["u"]).set_aside  # what P held of it, committed there
+    assert (gap.thread_id, gap.kind) == ("u", "checkpoint") and "not all in" in gap.reason, gap

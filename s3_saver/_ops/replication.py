@@ -30,7 +30,7 @@ from s3_saver._ops.context import Context
 from s3_saver._ops.rebuild import rebuild_index
 from s3_saver._ops.settle import object_keys, set_aside, settle
 from s3_saver._ops.settle import thread_ids as listed_threads
-from s3_saver._protocol import Op, gather
+from s3_saver._protocol import Op, gather, request_one
 from s3_saver._replica import Promotion, ReplicationGap, ReplicationReport
 from s3_saver.errors import ReplicationLagError, StoreUnavailableError
 
@@ -86,10 +86,18 @@ def promote(
     except StoreUnavailableError:
         # The outage this promotion is for: nothing to compare with.
         checked, report = False, None
-    if report is not None and report.unreplicated and not force:
-        threads = sorted({g.thread_id for g in report.unreplicated})
+    unreplicated = list(report.unreplicated) if report is not None else []
+    if unreplicated and not force:
+        # Invariant: only what can still arrive holds a promotion back. An
+        # object the promoted region holds as a version (a delete marker over
+        # it: its own delete, never replicated) reached it: waiting never
+        # changes that (a replica's copies do not replicate back).
+        held = yield from gather(*(_ever_held(other, g.missing) for g in unreplicated))
+        unreplicated = [g for g, gone in zip(unreplicated, held) if not gone]
+    if report is not None and unreplicated and not force:
+        threads = sorted({g.thread_id for g in unreplicated})
         raise ReplicationLagError(
-            f"replication lag: {len(report.unreplicated)} checkpoints or pending writes of {len(threads)} "
+            f"replication lag: {len(unreplicated)} checkpoints or pending writes of {len(threads)} "
             f"threads (first: {threads[:3]}) in {report.primary} have not reached {report.replica}: wait for "
             "replication and promote again, or promote(force=True) to leave them (verify() reports them after)"
         )
@@ -108,6 +116,18 @@ def promote(
     return Promotion(
         _describe(other), _describe(ctx), checked, None, tuple(settled.checkpoints), tuple(settled.writes)
     )
+
+
+def _ever_held(ctx: Context, keys: tuple[str, ...]) -> Op[bool]:
+    """Whether ``ctx``'s bucket holds a version or delete marker of every one of ``keys``."""
+    if not keys:
+        return False  # only the index lacks the entry: it can still arrive
+    pages = yield from gather(*(request_one(ctx.s3.versions(key)) for key in keys))
+    for key, page in zip(keys, pages):
+        found = [*page.get("Versions", ()), *page.get("DeleteMarkers", ())]
+        if not any(v.get("Key") == key for v in found):
+            return False
+    return True
 
 
 def _gaps(

@@ -128,9 +128,14 @@ def _settle_thread(
     site = (authority or target).s3.bucket
     lines: dict[tuple[str, str, str], list[WritesEntry]] = {}
     incomplete: dict[tuple[str, str, str], list[WritesEntry]] = {}
+    other_runs: list[WritesEntry] = []
     for source in (mine, theirs):
         here: dict[tuple[str, str, str], list[WritesEntry]] = {}
-        for w in one_line([w for entry in source for w in entry.writes or ()], site):
+        every = [w for entry in source for w in entry.writes or ()]
+        one = one_line(every, site)
+        kept_here = {id(w) for w in one}
+        other_runs += [w for w in every if id(w) not in kept_here]
+        for w in one:
             here.setdefault((w.ns, w.checkpoint_id, w.task_id), []).append(w)
         for task, parts in here.items():
             if task in lines:
@@ -161,6 +166,20 @@ def _settle_thread(
         if lost:
             settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
             aside.append(SetAside(task[0], task[1], "writes", task[2], keys_of(lost), missing))
+    if authority is not None:
+        # Invariant: every committed part the merge reads is kept or recorded.
+        # A global table holds both regions' parts of a task (the old region's
+        # stale items replicate after the promoted one ran the task again):
+        # one_line keeps one region's run there, before the rule above sees
+        # them, and the other's parts lose as a run of the task that lost.
+        by_task: dict[tuple[str, str, str], list[WritesEntry]] = {}
+        for w in other_runs:
+            if (w.part, w.token) not in {(k.part, k.token) for k in lines.get((w.ns, w.checkpoint_id, w.task_id), ())}:
+                by_task.setdefault((w.ns, w.checkpoint_id, w.task_id), []).append(w)
+        for task, parts in by_task.items():
+            settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
+            reason = f"another run of the task, in s3://{site}, was kept"
+            aside.append(SetAside(task[0], task[1], "writes", task[2], keys_of(parts), reason))
     writes = [w for (ns, cid, _), parts in lines.items() if (thread_id, ns, cid) in entries for w in parts]
     if not write or (authority is None and _ids(theirs, [w for e in theirs for w in e.writes or ()]) == _ids(entries.values(), writes)):
         return  # whole already, or only told

@@ -16,4 +16,6 @@ Modules:
     workload:  realistic checkpoints and the scenarios (operation pairs).
     check:     what is read back after a schedule, and every assertion.
     runner:    one schedule end to end; budgets, summaries, replay commands.
+    failover:  two regions (replication, an outage, promote, failback): their world and schedules.
+    committed: the two-region schedules' reference (what each region committed) and checks.
 """

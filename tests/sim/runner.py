@@ -57,6 +57,7 @@ class Outcome:
     events: int = 0  # calls the schedule sent
     name: str = ""
     setup: list[str] = field(default_factory=list)
+    cut_points: int = 0  # two regions: the calls of the writers' phase an outage may come before
 
     @property
     def ok(self) -> bool:

@@ -155,6 +155,9 @@ class Step:
     # Made by another process, with caches of its own (``Process.other``), between
     # this process's steps: what it cached before is stale after (workload's stale kinds).
     other: bool = False
+    # Always called again by a fresh process after a cut (an operator's call the
+    # runbook says to repeat until it answers: promote).
+    retry: bool = False
 
 
 @dataclass
@@ -269,6 +272,8 @@ class Process:
     share: Process | None = None
     # The saver of the steps marked ``other``: another process's, its caches its own.
     other: Any = None
+    # How the world builds this process's savers (``World.saver``'s options: a region's role).
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def _summary(result: Any) -> str:
@@ -300,12 +305,12 @@ class Scheduler:
                 p.history.append(p.current)
             if p.saver is None and p.share is not None:
                 if p.share.saver is None:
-                    p.share.saver = self.world.saver(p.share.prefix)
+                    p.share.saver = self.world.saver(p.share.prefix, **p.share.options)
                 p.saver = p.share.saver
             if p.saver is None:
-                p.saver = self.world.saver(p.prefix)
+                p.saver = self.world.saver(p.prefix, **p.options)
             if step.other and p.other is None:
-                p.other = self.world.saver(p.prefix)
+                p.other = self.world.saver(p.prefix, **p.options)
             saver = p.other if step.other else p.saver
             p.current.attempts += 1
             try:
@@ -353,12 +358,12 @@ class Scheduler:
         p.cuts += 1
         op.cuts += 1
         retry = self.chooser.choose("retry", [self.faults.retry_after_cut, 1 - self.faults.retry_after_cut])
-        if retry == RETRY:
+        if retry == RETRY or op.step.retry:
             # Another process calls the same method again: a fresh saver, no caches.
             if op.step.other:
-                p.other = self.world.saver(p.prefix)
+                p.other = self.world.saver(p.prefix, **p.options)
             else:
-                p.saver = self.world.saver(p.prefix)
+                p.saver = self.world.saver(p.prefix, **p.options)
             self.trace.append(f"{self.tick:4d} {op.label}: cut; retried by a fresh process")
         else:
             op.outcome = ("abandoned", None)
@@ -391,6 +396,7 @@ class Scheduler:
                 self.trace.append(f"{self.tick:4d} {p.current.label}: its wait ran out")
                 self._unblock(p)
                 continue
+            self.world.between_calls(self)  # e.g. replication landing (sim.failover)
             p = runnable[self.chooser.choose("op", [1.0] * len(runnable))]
             runner = p.runner
             assert runner is not None and p.current is not None

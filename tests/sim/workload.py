@@ -115,10 +115,11 @@ class Builder:
         config = cfg(t, ns, parent.cid if parent else None)
         return made, M.Put(config, checkpoint, metadata, new_versions), (config, checkpoint, metadata, new_versions)
 
-    def writes(self, target: Made, *, special: str | None = None) -> tuple[M.PutWrites, Any]:
-        """A task's pending writes for ``target`` (regular, or one special channel)."""
+    def writes(self, target: Made, *, special: str | None = None, task_id: str | None = None) -> tuple[M.PutWrites, Any]:
+        """A task's pending writes for ``target`` (regular, or one special channel);
+        ``task_id``: a task that wrote before (its resume after its interrupt)."""
         self.tasks += 1
-        task_id = f"task-{self.tasks}-{self.rng.randrange(10**6)}"
+        task_id = task_id or f"task-{self.tasks}-{self.rng.randrange(10**6)}"
         if special == RESUME:
             writes = [(RESUME, "yes " + self.text(2))]
         elif special == INTERRUPT:

@@ -169,6 +169,10 @@ class World:
         return total
 
     # -- one call -----------------------------------------------------------------------
+    def between_calls(self, scheduler: Any) -> None:
+        """Before the scheduler picks the next call: what the world does on its own
+        (nothing here; two regions replicate, sim.failover)."""
+
     def send(self, call: Any, writer: Any = None) -> Any:
         """Execute one call; the response (get_object bodies read) or the exception."""
         self.calls_sent += 1
