@@ -14,7 +14,7 @@ See tests/sim/__init__.py for the harness. In both index modes:
 * ``test_failover``: two regions (tests/sim/failover.py): writers on P, an outage before
   any call, ``promote``, writers on R, failback, a fresh process reading; half the budget
   on seeded outages, half on one seed with the outage before each of its calls in turn
-  (budget 30 s, 120 s in make test-all);
+  (budget 20 s, 120 s in make test-all);
 * ``test_failover_pinned``: the two-region schedules that found a defect, replayed;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
@@ -253,7 +253,7 @@ def test_failover(moto_endpoint: str, mode: str) -> None:
     regions = RegionWorld(moto_endpoint, mode)
     base = _base_seed()
     tally = Tally()
-    budget = budget_seconds(30, long=120)
+    budget = budget_seconds(20, long=120)
     began = time.monotonic()
     deadline = began + budget
     i = 0
