@@ -20,8 +20,18 @@ import pytest
 from conftest import TABLE, make_saver
 from helpers import config, cut_points
 from test_archive_cut import _cut_short
-from test_list_threads import quick_queries  # noqa: F401 - a fixture
-from test_list_threads import LISTING, LISTING_READS, PER_THREAD, T0, Clock, _ids, _order, _put, _walk
+from test_list_threads import (
+    LISTING,
+    LISTING_READS,
+    PER_THREAD,
+    T0,
+    Clock,
+    _ids,
+    _order,
+    _put,
+    _walk,
+    quick_queries,  # noqa: F401 - a fixture
+)
 
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._keys import LISTING_SHARDS, KeyLayout, shard_of
@@ -73,7 +83,8 @@ def _grow(saver, count: int, start: int = 0, runs: int = 7) -> None:
 
 # -- 1. no hot partition ---------------------------------------------------------------------
 @pytest.mark.parametrize("index_mode", ["dynamodb"])  # what quick_queries speeds up
-def test_four_hundred_new_threads_spread_over_the_shards(dynamo_saver, endpoint, quick_queries) -> None:
+@pytest.mark.usefixtures("quick_queries")
+def test_four_hundred_new_threads_spread_over_the_shards(dynamo_saver, endpoint) -> None:
     clock = Clock(dynamo_saver)
     for i in range(400):
         clock.now = T0 + i
@@ -108,9 +119,11 @@ def test_unsharded_items_are_listed_and_found_and_setup_moves_them(dynamo_saver,
     hints = dynamo_saver.threads_of_runs([f"run-{r}" for r in range(7)] + ["none"])
     assert [len(hints[f"run-{r}"]) for r in range(7)] == [9, 9, 9, 9, 8, 8, 8]
     # Half of the threads (every other one) and of the hints as an earlier version wrote them.
-    odd = lambda sk: int(sk[-1]) % 2 == 0  # noqa: E731 - keeps the even-numbered ones sharded
-    assert _unshard(endpoint, "threads", odd) == 30
-    assert _unshard(endpoint, "runs", odd) == 30
+    def even(sk: str) -> bool:  # the even-numbered threads stay in their shards
+        return int(sk[-1]) % 2 == 0
+
+    assert _unshard(endpoint, "threads", even) == 30
+    assert _unshard(endpoint, "runs", even) == 30
 
     # Listed in one order, page by page, with before=, limit= and filter=, the
     # single partition's items merged in.
@@ -148,14 +161,16 @@ def test_the_move_cut_short_at_any_request_then_run_again(dynamo_saver, endpoint
     runs = [f"run-{r}" for r in range(3)]
     hints = dynamo_saver.threads_of_runs(runs)
     counter = make_saver(endpoint)
-    _unshard(endpoint, "threads"), _unshard(endpoint, "runs")
+    _unshard(endpoint, "threads")
+    _unshard(endpoint, "runs")
     counter.stats.reset()
     counter.setup()
     total = counter.stats.round_trips
     assert counter.stats.snapshot().requests[("dynamodb", "transact_write_items")] == 2 + 2
     counter.close()
     for cut in cut_points(total):  # make test-all: after every round trip
-        _unshard(endpoint, "threads"), _unshard(endpoint, "runs")
+        _unshard(endpoint, "threads")
+        _unshard(endpoint, "runs")
         mover = make_saver(endpoint)
         _cut_short(monkeypatch, cut, mover.setup)
         mover.close()
@@ -190,7 +205,8 @@ def test_a_thread_deleted_while_its_item_moves_stays_unlisted(dynamo_saver, endp
     assert not [sk for _, sk in _items(endpoint, "threads") if sk.endswith("!thread-0003")]
     assert _ids(mover.list_threads()) == [f"thread-{i:04d}" for i in range(9, -1, -1) if i != 3]
     assert _all_in_their_shards(endpoint)
-    mover.close(), deleter.close()
+    mover.close()
+    deleter.close()
 
 
 # -- 3. a page costs the same at 50 and at 500 threads -----------------------------------------
@@ -202,7 +218,8 @@ def _page_requests(saver, **kwargs) -> tuple[int, dict]:
 
 
 @pytest.mark.slow  # make test-all and CI (make test-slow): 500 threads, as test_list_threads' own
-def test_a_page_costs_the_same_at_50_and_500_threads(saver, index_mode, endpoint, quick_queries) -> None:
+@pytest.mark.usefixtures("quick_queries")
+def test_a_page_costs_the_same_at_50_and_500_threads(saver, index_mode) -> None:
     _grow(saver, 50, start=450)
     small = _page_requests(saver)
     first = list(saver.list_threads(limit=30))
