@@ -28,6 +28,7 @@ exactly as Python orders the strings (see ``sort_encode``).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from dataclasses import dataclass
@@ -334,10 +335,14 @@ class KeyLayout:
         return _checked(self.runs_dir(run_id) + encode(thread_id))
 
     # -- DynamoDB partition keys --------------------------------------------
-    def listing_partition(self, what: str) -> str:
-        """The partition of the thread listing ("threads") or of the run hints
-        ("runs"). ``encode`` never produces "#", so no thread's partition is one."""
-        return f"{encode(self.prefix) if self.prefix else ''}#{what}"
+    def listing_partition(self, what: str, shard: int | None = None) -> str:
+        """A partition of the thread listing ("threads") or of the run hints
+        ("runs"): ``<prefix>#<what>#<shard>``, or with no shard the single
+        partition earlier versions wrote (still read, until ``setup()`` moves
+        its items; see ``shard_of``). ``encode`` never produces "#", so no
+        thread's partition is one, and the prefix ends at the first "#"."""
+        base = f"{encode(self.prefix) if self.prefix else ''}#{what}"
+        return base if shard is None else f"{base}#{shard}"
 
     def partition_key(self, thread_id: str) -> str:
         """The index partition of a thread under this prefix.
@@ -383,6 +388,19 @@ _ROOM_NS = "|" + "n" * 24 + ":" + "0" * 36
 
 # Seconds are stored as (this - created), 12 digits, so newer sorts first.
 _LISTING_CLOCK = 10**12 - 1
+
+LISTING_SHARDS = 16
+"""Partitions the DynamoDB thread listing and run hints are spread over: one
+partition takes about 1,000 writes a second, so a single listing partition
+would cap how fast a whole app starts threads. Changing it moves every item
+(``setup()`` moves only the unsharded partition's): keep it fixed per table."""
+
+
+def shard_of(name: str) -> int:
+    """The listing shard of a thread id (or the hint shard of a run id): a
+    stable hash (the same in every process and version, unlike ``hash``)."""
+    digest = hashlib.blake2b(encode(name).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % LISTING_SHARDS
 
 # -- DynamoDB sort keys ------------------------------------------------------
 

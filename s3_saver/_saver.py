@@ -285,6 +285,10 @@ class S3Saver(
         (replication needs it). Idempotent. Needs broader rights than normal operation (``s3:CreateBucket``,
         ``dynamodb:CreateTable``...): run it from a deploy step, not from every Lambda.
 
+        DynamoDB index: it also moves the thread listing and run hints of a
+        table written by an earlier version (one partition each) into their
+        shards; resumable, a run on a moved table reads two empty pages.
+
         Manifest index: it also reads the bucket's versioning. On a versioned bucket
         this saver then writes manifest heads without bodies, sealed twice as often
         (each replaced head stays as a noncurrent version; a saver that never runs

@@ -463,6 +463,13 @@ class Index(ABC):
     def runs(self, run_ids: list[str]) -> Op[dict[str, list[str]]]:
         """The threads each run wrote to (hints: each may hold none of it any more)."""
 
+    def reshard(self) -> Op[int]:
+        """Move what earlier versions kept in one partition (the thread listing,
+        the run hints) into this index's shards; returns how many records moved
+        (``setup()``: resumable, idempotent). A manifest keeps none that way."""
+        return 0
+        yield  # pragma: no cover - makes this a generator
+
     @abstractmethod
     def bury_runs(self, thread_id: str, run_ids: list[str]) -> Op[None]:
         """Record that these runs were deleted from the thread, before anything of

@@ -315,20 +315,27 @@ class DynamoCalls:
         sk = _keys.THREAD_TOMBSTONE_SK if ns is None else _keys.ns_tombstone_sort_key(ns)
         return to_attrs({PARTITION_KEY: self.pk(thread_id), SORT_KEY: sk})
 
-    # -- the thread listing and run hints: partitions of their own -------------------------
-    def listing_item(self, created: int, thread_id: str) -> dict[str, Any]:
+    # -- the thread listing and run hints: partitions of their own (see dynamo_listing) --
+    def listing_item(self, created: int, thread_id: str, unsharded: bool = False) -> dict[str, Any]:
+        """The thread's listing item: in its shard, or (``unsharded``) where
+        earlier versions wrote it."""
+        shard = None if unsharded else _keys.shard_of(thread_id)
         return to_attrs(
             {
-                PARTITION_KEY: self.layout.listing_partition("threads"),
+                PARTITION_KEY: self.layout.listing_partition("threads", shard),
                 SORT_KEY: _keys.listing_sort_key(created, thread_id),
             }
         )
 
-    def run_key(self, run_id: str, thread_id: str) -> dict[str, Any]:
-        return self.run_item(run_id, thread_id)
+    def run_key(self, run_id: str, thread_id: str, unsharded: bool = False) -> dict[str, Any]:
+        return self.run_item(run_id, thread_id, unsharded)
 
-    def run_item(self, run_id: str, thread_id: str) -> dict[str, Any]:
-        return to_attrs({PARTITION_KEY: self.layout.listing_partition("runs"), SORT_KEY: _keys.run_sort_key(run_id, thread_id)})
+    def run_item(self, run_id: str, thread_id: str, unsharded: bool = False) -> dict[str, Any]:
+        """A run's hint: in the run's shard (one query finds a run's threads), or
+        (``unsharded``) where earlier versions wrote it."""
+        shard = None if unsharded else _keys.shard_of(run_id)
+        pk = self.layout.listing_partition("runs", shard)
+        return to_attrs({PARTITION_KEY: pk, SORT_KEY: _keys.run_sort_key(run_id, thread_id)})
 
     def list_thread(self, created: int, thread_id: str) -> Call:
         """Records the creation time on the thread's tombstone item (only if none is
@@ -434,7 +441,7 @@ class DynamoCalls:
         """Takes the thread out of the listing, in one request: its listing entry
         and, if the item says it was listed at ``created``, that time off the item
         (``created``; ``pending``: a delete's ``unlisting``)."""
-        listed = self.listing_item(created, thread_id)
+        listed = [self.listing_item(created, thread_id, unsharded) for unsharded in (False, True)]
         attribute = UNLISTING if pending else CREATED
         update: dict[str, Any] = {
             "TableName": self.table,
@@ -444,30 +451,30 @@ class DynamoCalls:
             "ExpressionAttributeNames": {"#c": attribute},
             "ExpressionAttributeValues": {":t": {"N": str(created)}},
         }
-        delete = {"TableName": self.table, "Key": {k: listed[k] for k in (PARTITION_KEY, SORT_KEY)}}
-        return _transaction(self, [{"Delete": delete}, {"Update": update}])
+        # Both places the item may be: its shard, or the unsharded partition of a
+        # table setup() has not moved yet (a Delete of no item is no error).
+        deletes = [{"Delete": {"TableName": self.table, "Key": key}} for key in listed]
+        return _transaction(self, [*deletes, {"Update": update}])
 
-    def query_listing(self, after: str | None, limit: int, start_key: dict[str, Any] | None) -> Call:
+    def query_listing(self, pk: str, after: str | None, limit: int, consistent: bool = False) -> Call:
+        """One listing partition (a shard, or the unsharded one) above ``after``."""
         params: dict[str, Any] = {
             "TableName": self.table,
             "KeyConditionExpression": "pk = :pk" + (" AND sk > :b" if after is not None else ""),
-            "ExpressionAttributeValues": {":pk": {"S": self.layout.listing_partition("threads")}},
+            "ExpressionAttributeValues": {":pk": {"S": pk}},
             "Limit": limit,
         }
         if after is not None:
             params["ExpressionAttributeValues"][":b"] = {"S": after}
-        if start_key is not None:
-            params["ExclusiveStartKey"] = start_key
+        if consistent:
+            params["ConsistentRead"] = True
         return self._call("query", params)
 
-    def query_run(self, run_id: str, start_key: dict[str, Any] | None) -> Call:
+    def query_run(self, pk: str, run_id: str, start_key: dict[str, Any] | None) -> Call:
         params: dict[str, Any] = {
             "TableName": self.table,
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",
-            "ExpressionAttributeValues": {
-                ":pk": {"S": self.layout.listing_partition("runs")},
-                ":p": {"S": _keys.run_sort_prefix(run_id)},
-            },
+            "ExpressionAttributeValues": {":pk": {"S": pk}, ":p": {"S": _keys.run_sort_prefix(run_id)}},
         }
         if start_key is not None:
             params["ExclusiveStartKey"] = start_key

@@ -42,6 +42,7 @@ from s3_saver._index.dynamo_items import (
     _live,
     _thread_item,
 )
+from s3_saver._index.dynamo_listing import listing_page, move_unsharded, run_threads
 from s3_saver._protocol import Op, Sleep, gather, raise_failure, request, request_one
 from s3_saver.errors import (
     CONDITION_FAILED_CODES,
@@ -129,32 +130,23 @@ class DynamoLifecycle:
     def threads(
         self, before: ThreadRef | None, page_size: int, cursor: Any
     ) -> Op[tuple[list[tuple[ThreadRef, CheckpointEntry | None]], Any]]:
-        """A Query of the listing partition, then each thread's latest in one wave."""
+        """The listing's shards merged (one wave of Queries, ``listing_page``),
+        then each thread's latest in one wave."""
         after = _keys.listing_sort_key(before.created, before.thread_id) if before is not None else None
-        page = yield from request_one(self.calls.query_listing(after, page_size, cursor))
-        refs = [
-            ThreadRef(t, created)
-            for created, t in (_keys.parse_listing_sort_key(r[SORT_KEY]["S"]) for r in page.get("Items", []))
-        ]
+        keys, walk = yield from listing_page(self.calls, after, page_size, cursor)
+        refs = [ThreadRef(t, created) for created, t in map(_keys.parse_listing_sort_key, keys)]
         latest = yield from gather(*(_or_archived(self.latest(r.thread_id, ""), r) for r in refs))
-        return list(zip(refs, latest)), page.get("LastEvaluatedKey")
+        return list(zip(refs, latest)), walk
 
     def created(self, thread_id: str) -> Op[int | None]:
         found = yield from request_one(self.calls.get_tombstone(thread_id))
         return _thread_item(self.calls, found).created or None
 
     def runs(self, run_ids: list[str]) -> Op[dict[str, list[str]]]:
-        found: dict[str, list[str]] = {r: [] for r in run_ids}
-        pending: dict[str, Any] = {r: None for r in run_ids}
-        while pending:
-            order = list(pending)
-            pages = yield from request(*(self.calls.query_run(r, pending[r]) for r in order))
-            pending = {}
-            for run_id, page in zip(order, pages):
-                found[run_id] += [_keys.decode(r[SORT_KEY]["S"][len(_keys.run_sort_prefix(run_id)) :]) for r in page.get("Items", [])]
-                if page.get("LastEvaluatedKey"):
-                    pending[run_id] = page["LastEvaluatedKey"]
-        return found
+        return (yield from run_threads(self.calls, run_ids))
+
+    def reshard(self) -> Op[int]:
+        return (yield from move_unsharded(self))
 
     def bury_runs(self, thread_id: str, run_ids: list[str]) -> Op[None]:
         call = self.calls.bury_runs(thread_id, run_ids)
@@ -166,7 +158,9 @@ class DynamoLifecycle:
             _live(record, thread_id)
 
     def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:
-        keys = [{k: v for k, v in self.calls.run_item(r, t).items()} for r, t in pairs]
+        # Both places a hint may be: the run's shard, and the unsharded partition
+        # of a table setup() has not moved yet.
+        keys = [self.calls.run_key(r, t, unsharded) for r, t in pairs for unsharded in (False, True)]
         yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in keys], "run hints")
 
     def all_threads(self) -> Op[list[CheckpointEntry]]:

@@ -29,6 +29,9 @@ def setup(ctx: Context, region: str | None, versioned: bool = False) -> Op[None]
     if ctx.index.owner is not None:
         # Record (or check) which bucket owns the table's prefix.
         yield from ctx.index.owner.ensure()
+    # After the ownership check (a refused saver writes nothing): a table of an
+    # earlier version has its listing and run hints moved into their shards.
+    yield from ctx.index.reshard()
     # Last: the manifest writes heads without bodies on a versioned bucket from here on.
     yield from warn_setup(ctx)
 
