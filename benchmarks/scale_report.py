@@ -114,7 +114,7 @@ def tables(doc: dict[str, Any]) -> list[str]:
     for field, label in (("tracemalloc_peak", "tracemalloc peak"), ("held_after", "held after the reads"),
                          ("max_rss", "process peak RSS"), ("cache_bytes", "saver's cache bytes")):
         rows.append(row(f"read every thread: {label}, MB", lambda r, f=field: _mb((r.get("read") or {}).get(f))))
-    rows.append(row("read every thread: seconds (8 at once, no proxy)", lambda r: (r.get("read") or {}).get("seconds")))
+    rows.append(row(f"read every thread: seconds ({scale.WORKERS} at once, no proxy)", lambda r: (r.get("read") or {}).get("seconds")))
     rows.append(row("grow: seconds (straight at moto)", lambda r: r["scale"]["grow"]["grow_seconds"]))
     rows.append(row("archive ahead: seconds", lambda r: r["scale"]["grow"]["archive_seconds"]))
     rows.append(row("archive ahead: threads", lambda r: r["scale"]["grow"]["archived"]))
