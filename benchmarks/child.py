@@ -8,7 +8,9 @@ ahead of ``scaling`` (the runner grows every saver's at once); ``archive``
 (S3Saver only) archives the workload's thread, reads it cold and restores it;
 ``failover`` (S3Saver with a replica region) takes the primary down, reads from
 the replica, promotes it and resumes the thread there; ``longconv`` and
-``longconv-read`` write and read the long conversation (``benchmarks/longconv.py``).
+``longconv-read`` write and read the long conversation (``benchmarks/longconv.py``);
+``scale`` and ``scale-read`` grow many threads and measure the calls whose cost
+may grow with them (``benchmarks/scale.py``).
 Data a run needs but does not measure (tables, buckets, the long threads) goes
 straight to moto, not through the proxy. Writes JSON: the call intervals, phase wall times,
 fingerprints and stored bytes; the parent matches the proxy's requests to the
@@ -678,11 +680,12 @@ def main() -> None:
     ap.add_argument("--name", required=True)
     ap.add_argument("--mode", required=True, choices=["sync", "async", "scaling", "grow", "archive", "failover",
                                                       "longconv", "longconv-read",
-                                                      "longconv-versioned"])
+                                                      "longconv-versioned", "scale", "scale-read"])
     ap.add_argument("--proxy", required=True)
     ap.add_argument("--moto", required=True)
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--lengths", default="10,1000", help="scaling: thread lengths, comma-separated")
+    ap.add_argument("--threads", type=int, default=1000, help="scale: threads to grow (or read)")
     ap.add_argument("--grown", help="scaling: JSON written by --mode grow (threads grown ahead)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -700,6 +703,10 @@ def main() -> None:
             from benchmarks import longconv
 
             data = longconv.run(target, args.mode, args.turns)
+        elif args.mode in ("scale", "scale-read"):  # many threads (benchmarks/scale.py)
+            from benchmarks import scale
+
+            data = scale.run(target, args.threads) if args.mode == "scale" else scale.run_read(target, args.threads)
         elif args.mode == "scaling":
             grown = json.loads(open(args.grown).read()) if args.grown else None
             data = run_scaling(target, lengths, grown)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from benchmarks import costs, crossregion, longconv_report, peers, yearcost
+from benchmarks import costs, crossregion, longconv_report, peers, scale_report, yearcost
 from benchmarks.workload import PHASES
 
 S3 = "s3"
@@ -416,7 +416,8 @@ def _render(doc: dict[str, Any]) -> str:
     out: list[str] = []
     st = doc["settings"]
     what = (f"the long conversation alone, {st.get('longconv_turns')} turns" if st.get("longconv_only")
-            else f"{st['turns']} turns on one thread")
+            else f"the scale workload alone, {', '.join(f'{n:,}' for n in st.get('scale_threads', []))} threads"
+            if st.get("scale_only") else f"{st['turns']} turns on one thread")
     out.append(f"s3_saver benchmark: {what}, {st['latency_ms']:g} ms injected per "
                f"request, moto on 127.0.0.1, Python {st['python']}")
     for s in doc["savers"]:
@@ -443,6 +444,8 @@ def _render(doc: dict[str, Any]) -> str:
     savers = [s["key"] for s in doc["savers"] if s["available"]]
     if st.get("longconv_only"):  # python -m benchmarks --longconv-only: its tables alone
         return _headings(out + longconv_report.tables(doc))
+    if st.get("scale_only"):  # python -m benchmarks --scale-only: its table alone
+        return _headings(out + scale_report.tables(doc))
 
     for mode in _modes(doc):
         rows = []
@@ -602,6 +605,7 @@ def _render(doc: dict[str, Any]) -> str:
     out += archival_tables(doc)
     out += failover_table(doc)
     out += longconv_report.tables(doc)
+    out += scale_report.tables(doc)
     return _headings(out)
 
 

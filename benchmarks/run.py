@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _guard, costs, crossregion, longconv, longconv_report, peers, report, yearcost
+from benchmarks import (_guard, costs, crossregion, longconv, longconv_report, peers, report, scale,
+                        scale_report, yearcost)
 from benchmarks.proxy import LatencyProxy, Request
 from benchmarks.workload import PHASES
 
@@ -320,10 +321,10 @@ def scaling_lengths(key: str, args: argparse.Namespace) -> list[int]:
 
 
 def child_cmd(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str,
-              out: str) -> list[str]:
+              out: str, name: str | None = None) -> list[str]:
     # The grow run fills the scaling run's bucket and table (same --name); longconv-read
     # reads the thread longconv wrote.
-    name = f"{saver.key}-{ {'grow': 'scaling', 'longconv-read': 'longconv'}.get(mode, mode)}"
+    name = name or f"{saver.key}-{ {'grow': 'scaling', 'longconv-read': 'longconv'}.get(mode, mode)}"
     turns = args.longconv_turns if mode in longconv.ALL_MODES else args.turns
     return [saver.python, "-m", "benchmarks.child", "--saver", saver.key, "--name", name,
             "--mode", mode, "--proxy", proxy.url, "--moto", moto, "--turns", str(turns), "--out", out,
@@ -394,11 +395,11 @@ def longconv_writes(writes: list[tuple[Saver, str]], args: argparse.Namespace, m
 
 def run_child(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyProxy, moto: str, log: Any,
               grown: str | None = None, extra: list[str] | None = None,
-              timeout: float | None = None) -> tuple[dict[str, Any], list[Request]]:
+              timeout: float | None = None, name: str | None = None) -> tuple[dict[str, Any], list[Request]]:
     proxy.take()
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = tmp.name
-    cmd = child_cmd(saver, mode, args, proxy, moto, out) + (["--grown", grown] if grown else []) + (extra or [])
+    cmd = child_cmd(saver, mode, args, proxy, moto, out, name) + (["--grown", grown] if grown else []) + (extra or [])
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True,
@@ -417,6 +418,42 @@ def run_child(saver: Saver, mode: str, args: argparse.Namespace, proxy: LatencyP
     if not data.get("ok") and data.get("traceback"):
         print(data["traceback"], file=log)
     return data, proxy.take()
+
+
+def scale_runs(savers: list[Saver], args: argparse.Namespace, moto: str, log: Any) -> dict[str, Any]:
+    """The scale workload (benchmarks/scale.py), per thread count: both S3Saver index
+    modes at once, each child through a LatencyProxy of its own (as longconv_writes),
+    then each mode's read of every thread by a fresh process. Returns runs by
+    ``<saver>/scale-<N>``, with the measured calls summed by scale_report."""
+    port = int(moto.rsplit(":", 1)[1])
+    mine = [s for s in savers if s.available and s.key in ("s3", "s3-manifest")]
+    out: dict[str, Any] = {}
+
+    def one(saver: Saver, n: int) -> dict[str, Any]:
+        proxy = LatencyProxy(port, args.latency_ms / 1000).start()
+        name, extra, timeout = f"{saver.key}-scale-{n}", ["--threads", str(n)], 6 * args.child_timeout
+        try:
+            data, records = run_child(saver, "scale", args, proxy, moto, log, extra=extra, timeout=timeout, name=name)
+            run: dict[str, Any] = {"ok": data.get("ok", False), "error": data.get("error"),
+                                   "process_wall": data["process_wall"]}
+            if data.get("ok"):
+                calls, _ = attribute(data["calls"], records)
+                run["scale"] = data["scale"]
+                run["calls"] = {c.phase: {**call_detail(c), "cost": sum(r.cost for r in c.requests),
+                                          "operations": dict(Counter(f"{r.service}:{r.operation}" for r in c.requests))}
+                                for c in calls}
+                read, _ = run_child(saver, "scale-read", args, proxy, moto, log, extra=extra, timeout=timeout,
+                                    name=name)
+                run["read"] = read.get("scale") if read.get("ok") else {"error": read.get("error")}
+            return run
+        finally:
+            proxy.stop()
+
+    for n in args.scale_threads:
+        with ThreadPoolExecutor(max_workers=max(1, len(mine))) as pool:
+            done = list(pool.map(lambda s: one(s, n), mine))
+        out.update({f"{s.key}/scale-{n}": r for s, r in zip(mine, done)})
+    return out
 
 
 def cold_start(savers: list[Saver], proxy: LatencyProxy, repeats: int) -> dict[str, Any]:
@@ -480,6 +517,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--longconv-only", action="store_true",
                     help="run the long conversation alone (no workload, scaling, archive, failover, cold start); "
                          "its tables, in longconv-latest.* under --out")
+    ap.add_argument("--scale-threads", type=lambda v: [int(x) for x in v.split(",") if x],
+                    default=list(scale.DEFAULT_THREADS),
+                    help="scale: thread counts, comma-separated (default 1000,10000)")
+    ap.add_argument("--no-scale", action="store_true", help="skip the scale workload (many threads)")
+    ap.add_argument("--scale-only", action="store_true",
+                    help="run the scale workload alone (S3Saver, both index modes); its table, in "
+                         "scale-latest.* under --out")
     ap.add_argument("--cold-start-repeats", type=int, default=3)
     ap.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON),
                     help="python of the venv with langgraph-checkpoint-aws and langgraph-checkpoint-dynamodb")
@@ -490,9 +534,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--render", metavar="JSON", help="only print the tables of an earlier run's JSON")
     args = ap.parse_args(argv)
-    if args.longconv_only:
+    if args.longconv_only or args.scale_only:
         args.no_scaling = args.no_archive = args.no_failover = args.no_cold_start = True
         args.modes = ""
+        args.no_longconv = args.no_longconv or args.scale_only
+        args.no_scale = args.no_scale or args.longconv_only
+    if args.scale_only:
+        args.savers = ",".join(k for k in args.savers.split(",") if k in ("s3", "s3-manifest")) or "s3,s3-manifest"
     if args.render:
         doc = json.loads(Path(args.render).read_text())
         print(report.render(doc))
@@ -594,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
             runs[f"{saver.key}/{mode}"] = run
         for f in (grown or {}).values():
             Path(f).unlink(missing_ok=True)
+        if not args.no_scale:  # last: its 10,000 threads take the longest
+            runs.update(scale_runs(savers, args, moto, log))
         cold = {} if args.no_cold_start else cold_start(savers, proxy, args.cold_start_repeats)
     finally:
         proxy.stop()
@@ -636,7 +686,8 @@ def main(argv: list[str] | None = None) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": {"turns": args.turns, "latency_ms": args.latency_ms, "modes": args.modes,
                      "python": sys.version.split()[0], "longconv_turns": args.longconv_turns,
-                     "longconv_only": args.longconv_only},
+                     "longconv_only": args.longconv_only, "scale_only": args.scale_only,
+                     "scale_threads": [] if args.no_scale else args.scale_threads},
         "savers": [{"key": s.key, "label": s.label, "available": s.available, "note": s.note} for s in savers],
         "runs": runs,
         "cold_start": cold,
@@ -646,13 +697,14 @@ def main(argv: list[str] | None = None) -> int:
     doc["year_cost"] = yearcost.model(doc)
     doc["cross_region"] = crossregion.model(doc)
     doc["longconv"] = longconv_report.model(doc)
+    doc["scale"] = scale_report.model(doc)
     text = report.render(doc)
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    # A long-conversation-only run is partial: it must not replace the full run's latest.*.
-    pre = "longconv-" if args.longconv_only else ""
+    # A long-conversation-only or scale-only run is partial: it must not replace the full run's latest.*.
+    pre = "longconv-" if args.longconv_only else "scale-" if args.scale_only else ""
     for name in (f"{pre}bench-{stamp}.json", f"{pre}latest.json"):
         (out / name).write_text(json.dumps(doc, indent=1, default=str))
     (out / f"{pre}latest.txt").write_text(text + "\n")
@@ -660,7 +712,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {out / f'{pre}latest.json'}, .txt and .md in {doc['elapsed']:.0f}s", file=log)
     # A published peer that fails is a result (reported in the tables), not a failed benchmark.
     ours = {k: r for k, r in runs.items() if not peers.is_peer(k.split("/")[0])}
-    return 0 if all(r.get("ok") and not longconv_report.problems(r) for r in ours.values()) else 1
+    return 0 if all(r.get("ok") and not longconv_report.problems(r) and not scale_report.problems(r)
+                    for r in ours.values()) else 1
 
 
 if __name__ == "__main__":
