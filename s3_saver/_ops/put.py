@@ -17,6 +17,7 @@ from langgraph.checkpoint.base import (
 
 from s3_saver import _keys
 from s3_saver._codec import WRITES_FORMAT, pack
+from s3_saver._index.activity import activity_day
 from s3_saver._index.base import (
     ENTRY_BUDGET,
     REGULAR_PART,
@@ -148,16 +149,22 @@ def _put(
     own = (thread_id, ns, checkpoint_id)
     other_form = fetch_parent and parent_id is not None and bool(staged.held)
     ahead = other_form and not ctx.index.local_lookups
+    # The thread's activity entry of the day (archive_idle's walk, ``_ops/idle``):
+    # once a day per thread and process, in the requests this write sends anyway.
+    day = activity_day(checkpoint.get("ts"), now) if ns == "" else None
+    active = day if day is not None and (thread_id, day) not in ctx.active else None
     _, prepared, *looked = yield from gather(
         put_immutable(ctx.s3, objects),
-        ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at, extends),
+        ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at, extends, active=active),
         *([ctx.index.entries([own])] if ahead else []),
     )
     if prepared.archive is not None:
         # The user came back to an archived thread: it is live again before this
         # checkpoint goes on it (objects first, as ever: this one's are written).
         yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
-        prepared = yield from ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at)
+        prepared = yield from ctx.index.prepare(
+            thread_id, ns, parent_id if fetch_parent else None, list_at, active=active
+        )
     gen, parent = prepared.gen, prepared.parent
     if prepared.listed:
         ctx.listed.add((thread_id, gen))
@@ -227,7 +234,7 @@ def _put(
         parent_tag = known[2] if carries and known is not None and parent_id is not None else None
         # The commit point: objects first, index entry last. The records that find
         # the thread (listing, run) go beside it: hints, a failed commit's find nothing.
-        commit = ctx.index.commit_checkpoint(entry, created, parent_tag)
+        commit = ctx.index.commit_checkpoint(entry, created, parent_tag, active=prepared.active)
         try:
             if created is None and run is None:
                 yield from commit
@@ -273,6 +280,8 @@ def _put(
     else:
         raise _busy(ctx, thread_id)
     ctx.locs.put((thread_id, ns, checkpoint_id), (loc, entry.gen, entry.tag))
+    if day is not None:
+        ctx.active.add((thread_id, day))  # recorded (or recorded already: the head said so)
     ctx.slots.add((thread_id, ns, checkpoint_id), ())  # known from now on: its writes are this process's
     for ch, held in staged.held.items():
         if ch in loc:
