@@ -348,8 +348,12 @@ def install(
     writes = [replace(w, body=squeeze(w.body or b""), expires_at=expires_at) for w in writes]
     entries = [replace(e, body=squeeze(e.body or b""), expires_at=expires_at) for e in entries]
     ctx.locs.forget_thread(thread_id)
+    # Live again (restored, imported, copied): archive_idle's clock starts anew. The
+    # thread's activity entry of the day goes beside the commit (a hint, see note()).
+    touch = ctx.index.touch(thread_id, day_of(ctx.now()))
     if ref is not None:
-        if not (yield from ctx.index.unarchive(thread_id, ref, entries, writes)):  # the commit point
+        switched, _ = yield from gather(ctx.index.unarchive(thread_id, ref, entries, writes), touch)
+        if not switched:  # the commit point
             # Another restore switched first, or took over (a step's put and
             # put_writes both restore): what this call wrote and no entry names goes.
             # No entry can come to name it: only this call writes under its tag, and
@@ -365,13 +369,13 @@ def install(
         else:
             yield from _remove_stale(ctx, thread_id, ref.key)
     elif copied_from is not None:
-        yield from ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now(), deleter(ctx, thread_id))
+        yield from gather(
+            ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now(), deleter(ctx, thread_id)), touch
+        )
     else:
-        yield from ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now())
+        yield from gather(ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now()), touch)
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
         yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
-    # Live again (restored, imported, copied): archive_idle's clock starts anew.
-    yield from ctx.index.touch(thread_id, day_of(ctx.now()))
     ctx.locs.forget_thread(thread_id)
     return sum(len(b) for b in objects.values())
 

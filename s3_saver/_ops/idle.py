@@ -91,7 +91,7 @@ def archive_idle(
     cursor = yield from ctx.index.load_cursor(CURSOR)
     if backfill:
         yield from _backfill(ctx, report, cursor, budget, now)
-    walk = _Walk(ctx, report, cursor, shift_day(day_of(now), -2))
+    walk = _Walk(report, cursor, shift_day(day_of(now), -2))
     until = day_of(cutoff.timestamp())
     while True:
         want = None if limit is None else limit - len(report)
@@ -119,7 +119,7 @@ class _Walk:
     """Where a run reads next (``read``) and where its cursor may go (``moved``):
     over settled entries only, per shard, up to the first entry that stays."""
 
-    def __init__(self, ctx: Context, report: IdleReport, cursor: dict[str, str], settled: int) -> None:
+    def __init__(self, report: IdleReport, cursor: dict[str, str], settled: int) -> None:
         self.report = report
         self.read = dict(cursor)
         self.moved = dict(cursor)

@@ -151,8 +151,10 @@ def _put(
     ahead = other_form and not ctx.index.local_lookups
     # The thread's activity entry of the day (archive_idle's walk, ``_ops/idle``):
     # once a day per thread and process, in the requests this write sends anyway.
+    # A run starting afresh (no parent) sends it whatever this process wrote: the
+    # thread may have been deleted since, and its entry dropped with it.
     day = activity_day(checkpoint.get("ts"), now) if ns == "" else None
-    active = day if day is not None and (thread_id, day) not in ctx.active else None
+    active = day if day is not None and (parent_id is None or (thread_id, day) not in ctx.active) else None
     _, prepared, *looked = yield from gather(
         put_immutable(ctx.s3, objects),
         ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at, extends, active=active),
