@@ -84,6 +84,10 @@ class DynamoActivity:
     def touch(self, thread_id: str, day: int) -> Op[None]:
         yield from request_one(self.calls.put(self.activity_item(day, thread_id)))
 
+    def untouch(self, thread_id: str, day: int) -> Op[None]:
+        """Nothing to take back: a refused commit's transaction wrote no entry."""
+        yield from ()
+
     def active_page(self, cursor: dict[str, str], until: int, size: int) -> Op[list[Activity]]:
         """One Query per shard (one round trip): entries up to ``until``'s last key."""
         layout = self.calls.layout
@@ -140,6 +144,11 @@ class ManifestActivity:
 
     def touch(self, thread_id: str, day: int) -> Op[None]:
         yield from put_immutable(self.s3, {self.layout.activity_key(day, thread_id): b""})
+
+    def untouch(self, thread_id: str, day: int) -> Op[None]:
+        head = self._cached(thread_id)  # type: ignore[attr-defined]
+        if head is None or head.active != day:
+            yield from self.drop_active([Activity(day, thread_id, _ONE, "")])
 
     def active_page(self, cursor: dict[str, str], until: int, size: int) -> Op[list[Activity]]:
         root = self.layout.activity_root

@@ -144,6 +144,9 @@ class ArchiveIndex(Index):
     def touch(self, thread_id: str, day: int) -> Op[None]:
         raise self._refuse("a write")
 
+    def untouch(self, thread_id: str, day: int) -> Op[None]:
+        raise self._refuse("a write")
+
     def active_page(self, cursor: dict[str, str], until: int, size: int) -> Op[list[Any]]:
         raise self._refuse("archive_idle")
 

@@ -605,6 +605,11 @@ class Index(ABC):
         backfill); idempotent."""
 
     @abstractmethod
+    def untouch(self, thread_id: str, day: int) -> Op[None]:
+        """Take back the activity entry of ``day`` that ``prepare`` wrote for a write
+        then refused, unless the thread's record names that day (another write's)."""
+
+    @abstractmethod
     def active_page(self, cursor: dict[str, str], until: int, size: int) -> Op[list[Activity]]:
         """Activity entries after ``cursor`` (a position per shard, see
         ``Activity.shard``) of days up to ``until``, oldest day first, at most

@@ -27,6 +27,7 @@ from s3_saver._index.base import (
     Fenced,
     Loc,
     ParentGone,
+    Prepared,
     Tombstone,
     WritesEntry,
     ref_pieces,
@@ -180,11 +181,15 @@ def _put(
     if gen and parent_id is not None and (known is None or known[1] < gen):
         # The parent was deleted after this run read it: refuse to continue the
         # deleted history, and take back what was just written.
-        yield from gather(_take_back(ctx, list(objects)), ctx.index.unnote(thread_id, listed_early, None))
+        yield from gather(
+            _take_back(ctx, list(objects)), ctx.index.unnote(thread_id, listed_early, None), _untouch(ctx, thread_id, prepared)
+        )
         raise _deleted(ctx, thread_id, parent_id)
     run_id = run_of(merged_metadata)
     if run_id is not None and run_id in prepared.dead_runs:
-        yield from gather(_take_back(ctx, list(objects)), ctx.index.unnote(thread_id, listed_early, None))
+        yield from gather(
+            _take_back(ctx, list(objects)), ctx.index.unnote(thread_id, listed_early, None), _untouch(ctx, thread_id, prepared)
+        )
         raise _run_deleted(ctx, thread_id, run_id, checkpoint_id)
     if fetch_parent:
         late: dict[str, Any] = {}
@@ -277,7 +282,9 @@ def _put(
                 yield from _fenced(ctx, fenced.record, entry, list(objects), created=parent_id is None)
             except ThreadDeletedError:
                 # Refused for good: the records written beside the commit go too.
-                yield from ctx.index.unnote(thread_id, listed_early or created, run)
+                yield from gather(
+                    ctx.index.unnote(thread_id, listed_early or created, run), _untouch(ctx, thread_id, prepared)
+                )
                 raise
     else:
         raise _busy(ctx, thread_id)
@@ -524,6 +531,13 @@ def _restore_first(ctx: Context, thread_id: str, ref: ArchiveRef, objects: list[
     except ThreadArchivedError:
         yield from _take_back(ctx, objects)
         raise
+
+
+def _untouch(ctx: Context, thread_id: str, prepared: Prepared) -> Op[None]:
+    """A refused write takes back the activity entry its prepare wrote (a hint of a
+    write that never was), unless the thread's index records that day itself."""
+    if prepared.active is not None:
+        yield from ctx.index.untouch(thread_id, prepared.active)
 
 
 def _take_back(ctx: Context, keys: list[str]) -> Op[None]:
