@@ -11,6 +11,7 @@ from s3_saver._index.dynamo_items import (
 from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._migrate import MigrationProgress, MigrationReport, migrate
 from s3_saver._ops.archive import ArchiveStatus
+from s3_saver._ops.idle import IdleReport
 from s3_saver._ops.audit import StoreProblem, StoreReport
 from s3_saver._ops.erase import EraseReport, RemainingVersion
 from s3_saver._ops.threads import ThreadInfo
@@ -55,6 +56,7 @@ __all__ = [
     "TTL_ATTRIBUTE",
     "AccessDeniedError",
     "ArchiveStatus",
+    "IdleReport",
     "BucketNotFoundError",
     "CheckpointTooLargeError",
     "ConfigurationError",

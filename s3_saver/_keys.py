@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import zlib
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
@@ -52,6 +53,11 @@ Not under ``live/``: nothing in it is a thread's data, and garbage collection
 and rebuilds never take it for one."""
 ERASE_MARK = "erase."
 """Name start of an erase's record in a thread's manifest folder (``KeyLayout.erase_key``)."""
+ACTIVITY_PREFIX = LISTING_PREFIX + "active/"
+"""Sub-prefix of the activity entries (manifest mode): one empty object per thread and
+day it was written on (``archive_idle`` walks them by day, see ``_ops/idle``)."""
+ACTIVITY_SHARDS = 8
+"""DynamoDB partitions the activity entries are spread over (by a hash of the thread)."""
 ARCHIVE_PREFIX = "archive/"
 """Sub-prefix of archived threads: one object per thread (``archive_thread``), in a
 cold storage class; lifecycle rules may move it colder still."""
@@ -328,6 +334,33 @@ class KeyLayout:
             return None
         return _LISTING_CLOCK - int(inverted), decode(encoded)
 
+    # -- the activity entries (archive_idle's index of threads by the day they were written) --
+    @property
+    def activity_root(self) -> str:
+        return self.prefix + ACTIVITY_PREFIX
+
+    def activity_key(self, day: int, thread_id: str) -> str:
+        # Day first: S3 lists keys ascending, so a walk reads the oldest day first.
+        return _checked(f"{self.activity_root}{day:08d}/{encode(thread_id)}")
+
+    def parse_activity_key(self, key: str) -> tuple[int, str] | None:
+        day, slash, encoded = key[len(self.activity_root) :].partition("/")
+        if not key.startswith(self.activity_root) or not slash or not day.isdigit() or not encoded:
+            return None
+        return int(day), decode(encoded)
+
+    def activity_cursor_key(self, name: str) -> str:
+        """The object holding ``archive_idle``'s cursor ``name``: in the manifest
+        folder (read and written like heads); ``encode`` never produces "#", so
+        no thread's folder is this one."""
+        return f"{self.manifest_root}#active/{name}"
+
+    def activity_partition(self, shard: int | None) -> str:
+        """The DynamoDB partition of one shard of the activity entries (None: the
+        one of the cursors). ``encode`` never produces "#": no thread's partition."""
+        base = f"{encode(self.prefix) if self.prefix else ''}#active"
+        return base if shard is None else f"{base}#{shard}"
+
     def runs_dir(self, run_id: str) -> str:
         return f"{self.prefix}{LISTING_PREFIX}runs/{encode(run_id)}/"
 
@@ -414,6 +447,22 @@ def listing_sort_key(created: int, thread_id: str) -> str:
 def parse_listing_sort_key(sk: str) -> tuple[int, str]:
     inverted, _, encoded = sk.partition(_SORT_SEP)
     return _LISTING_CLOCK - int(inverted), decode(encoded)
+
+
+def activity_shard(thread_id: str) -> int:
+    """The shard of a thread's activity entries: a stable hash (never Python's ``hash``,
+    which differs per process)."""
+    return zlib.crc32(thread_id.encode("utf-8", "surrogatepass")) % ACTIVITY_SHARDS
+
+
+def activity_sort_key(day: int, thread_id: str) -> str:
+    """Sort key of an activity entry in its shard: by day (oldest first), then thread."""
+    return _checked_sort(f"{day:08d}{_SORT_SEP}{encode(thread_id)}")
+
+
+def parse_activity_sort_key(sk: str) -> tuple[int, str]:
+    day, _, encoded = sk.partition(_SORT_SEP)
+    return int(day), decode(encoded)
 
 
 def run_sort_prefix(run_id: str) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from s3_saver._ops import archive
+from s3_saver._ops import archive, idle
 from s3_saver._ops.archive import ArchiveStatus
+from s3_saver._ops.idle import IdleReport
 
 if TYPE_CHECKING:
     from s3_saver._drivers.aio import AsyncDriver
@@ -97,23 +98,37 @@ class ThreadArchival:
         *,
         storage_class: str = "GLACIER_IR",
         limit: int | None = None,
-    ) -> list[ArchiveStatus]:
-        """Archive every live thread whose latest checkpoint is older than ``older_than``.
+        budget: int = 1000,
+        backfill: bool = False,
+    ) -> IdleReport:
+        """Archive live threads whose latest checkpoint is older than ``older_than``.
 
-        For the operator's schedule (a Lambda on an EventBridge rule): threads
-        are found through the thread listing ([list_threads()][s3_saver.S3Saver.list_threads]), never by
-        listing the bucket. A thread written to while it is archived is skipped
-        and taken by the next run.
+        For the operator's schedule (a Lambda on an EventBridge rule). Threads
+        are found through their activity entries: each write records the day
+        it wrote the thread (once a day per thread, in requests it sends
+        anyway). A run walks those days oldest first from a cursor the index
+        keeps, so its cost follows what it reads (at most ``budget`` entries)
+        and archives (at most ``limit`` threads), not the number of threads
+        ever written. A thread written to while it is archived is skipped and
+        taken by a later run.
+
+        Threads last written before activity entries existed have none: run
+        with ``backfill=True`` (again while the report says ``backfill_more``)
+        to give each one, from the thread listing.
 
         Args:
             older_than: Idle time after which a thread is archived.
             storage_class: As for [archive_thread()][s3_saver.S3Saver.archive_thread].
             limit: Archive at most this many threads per call (to fit a Lambda's time).
+            budget: Read at most this many activity entries per call (and, with
+                ``backfill``, list at most this many threads).
+            backfill: First give threads of the listing without an entry one.
 
         Returns:
-            What each archived thread became.
+            An [IdleReport][s3_saver.IdleReport]: the list of what each archived
+            thread became, with ``more`` (run again: entries are left) and the cursor.
         """
-        return self._sync.run(archive.archive_idle(self._ctx, older_than, storage_class, limit))
+        return self._sync.run(idle.archive_idle(self._ctx, older_than, storage_class, limit, budget, backfill))
 
     async def aarchive_idle(
         self,
@@ -121,9 +136,11 @@ class ThreadArchival:
         *,
         storage_class: str = "GLACIER_IR",
         limit: int | None = None,
-    ) -> list[ArchiveStatus]:
+        budget: int = 1000,
+        backfill: bool = False,
+    ) -> IdleReport:
         """Async version of [archive_idle()][s3_saver.S3Saver.archive_idle]."""
-        return await self._async.run(archive.archive_idle(self._ctx, older_than, storage_class, limit))
+        return await self._async.run(idle.archive_idle(self._ctx, older_than, storage_class, limit, budget, backfill))
 
     def export_thread(self, thread_id: str) -> bytes:
         """A whole thread as bytes, in the archive format (see [import_thread()][s3_saver.S3Saver.import_thread]).

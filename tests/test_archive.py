@@ -891,10 +891,11 @@ ARCHIVE_COSTS = {
         # items; the archive object; the switch (the mark must still be there); its
         # items again (by key, to delete) and then the record (a restore under way
         # keeps them); the live objects; the items (a transaction conditioned on the
-        # record: a restore's mark stops it).
+        # record: a restore's mark stops it); beside the cleanup, the thread's activity
+        # entry (``_index/activity``: archive_idle would find it stale).
         "archive_thread": (9, {
-            "dynamodb:get_item": 2, "dynamodb:query": 2, "dynamodb:transact_write_items": 1,
-            "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:put_object": 1,
+            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 2, "dynamodb:query": 2,
+            "dynamodb:transact_write_items": 1, "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:put_object": 1,
         }),
         # Archived already: the record, and what is left of the live thread (nothing).
         "archive_thread again": (2, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
@@ -906,41 +907,43 @@ ARCHIVE_COSTS = {
         # The record, the archive, what is left of the archive's cleanup, the restore's
         # mark, the objects (a new tag), the items (a transaction that needs the mark to
         # be this restore's), the switch, the record's note of the archive, its object;
-        # the owner's record, in the first round trip of a new saver object.
+        # the owner's record, in the first round trip of a new saver object. Beside the
+        # switch, the thread's activity entry of the day (archive_idle's clock starts anew).
         "restore_thread": (9, {
-            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 2, "dynamodb:query": 1,
+            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 2, "dynamodb:put_item": 1, "dynamodb:query": 1,
             "dynamodb:update_item": 3, "s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 5,
         }),
         "restore_thread of a live thread": (1, {"dynamodb:get_item": 1}),
         "archive_thread DEEP_ARCHIVE": (9, {
-            "dynamodb:get_item": 2, "dynamodb:query": 2, "dynamodb:transact_write_items": 1,
-            "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:put_object": 1,
+            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 2, "dynamodb:query": 2,
+            "dynamodb:transact_write_items": 1, "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:put_object": 1,
         }),
         "get_tuple DEEP_ARCHIVE (refused)": (2, {"dynamodb:get_item": 1, "dynamodb:query": 1, "s3:head_object": 1}),
         "restore_thread DEEP_ARCHIVE (requested)": (3, {
             "dynamodb:get_item": 1, "s3:head_object": 1, "s3:restore_object": 1,
         }),
         "restore_thread DEEP_ARCHIVE (done)": (10, {
-            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 1, "dynamodb:query": 1, "dynamodb:update_item": 3,
-            "s3:delete_objects": 1, "s3:get_object": 1, "s3:head_object": 1, "s3:put_object": 5,
+            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 1, "dynamodb:put_item": 1, "dynamodb:query": 1,
+            "dynamodb:update_item": 3, "s3:delete_objects": 1, "s3:get_object": 1, "s3:head_object": 1, "s3:put_object": 5,
         }),
     },
     "manifest": {
         # The head (it carries every body: no object is read); the mark swap; the
         # archive; the switch swap (of exactly the head read); the live objects; the
-        # graveyard cleared.
-        "archive_thread": (6, {"s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 4}),
+        # graveyard cleared, and beside it the thread's activity entry.
+        "archive_thread": (6, {"s3:delete_objects": 2, "s3:get_object": 1, "s3:put_object": 4}),
         "archive_thread again": (1, {"s3:get_object": 1}),
         "get_tuple cold": (2, {"s3:get_object": 2}),
         "get_tuple warm": (1, {"s3:get_object": 1}),
         "list warm": (1, {"s3:get_object": 1}),
-        "restore_thread": (8, {"s3:delete_objects": 1, "s3:get_object": 4, "s3:put_object": 7}),
+        # (The activity entry of the day: one more PUT, beside the switch.)
+        "restore_thread": (8, {"s3:delete_objects": 1, "s3:get_object": 4, "s3:put_object": 8}),
         "restore_thread of a live thread": (1, {"s3:get_object": 1}),
-        "archive_thread DEEP_ARCHIVE": (6, {"s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 4}),
+        "archive_thread DEEP_ARCHIVE": (6, {"s3:delete_objects": 2, "s3:get_object": 1, "s3:put_object": 4}),
         "get_tuple DEEP_ARCHIVE (refused)": (2, {"s3:get_object": 1, "s3:head_object": 1}),
         "restore_thread DEEP_ARCHIVE (requested)": (3, {"s3:get_object": 1, "s3:head_object": 1, "s3:restore_object": 1}),
         "restore_thread DEEP_ARCHIVE (done)": (9, {
-            "s3:delete_objects": 1, "s3:get_object": 4, "s3:head_object": 1, "s3:put_object": 7,
+            "s3:delete_objects": 1, "s3:get_object": 4, "s3:head_object": 1, "s3:put_object": 8,
         }),
     },
 }

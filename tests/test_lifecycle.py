@@ -332,7 +332,8 @@ LIFECYCLE_COSTS = {
         "copy_thread": (8, {
             "dynamodb:batch_write_item": 12, "dynamodb:get_item": 3, "dynamodb:query": 4,
             "dynamodb:transact_write_items": 1, "s3:copy_object": 200,
-            "dynamodb:put_item": 5,  # the hints of the copy's 5 runs
+            # The hints of the copy's 5 runs, and its activity entry (``_index/activity``).
+            "dynamodb:put_item": 6,
         }),
         # The listing, then each thread's latest beside its record.
         "list_threads(limit=3)": (2, {"dynamodb:get_item": 3, "dynamodb:query": 4}),
@@ -345,8 +346,8 @@ LIFECYCLE_COSTS = {
             10, {"s3:delete_objects": 3, "s3:get_object": 3, "s3:list_objects_v2": 2, "s3:put_object": 4}
         ),
         # ... and the listing object and the hints of the copy's 5 runs, and the source's head
-        # again (its deleted runs, read after the hints).
-        "copy_thread": (9, {"s3:copy_object": 200, "s3:get_object": 5, "s3:put_object": 9}),
+        # again (its deleted runs, read after the hints); beside the copy's head, its activity entry.
+        "copy_thread": (9, {"s3:copy_object": 200, "s3:get_object": 5, "s3:put_object": 10}),
         "list_threads(limit=3)": (2, {"s3:get_object": 3, "s3:list_objects_v2": 1}),
     },
 }

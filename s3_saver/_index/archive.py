@@ -126,12 +126,41 @@ class ArchiveIndex(Index):
         raise self._refuse("setup")
 
     def prepare(
-        self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None, gen: int | None = None
+        self,
+        thread_id: str,
+        ns: str,
+        parent_id: str | None,
+        list_at: int | None = None,
+        gen: int | None = None,
+        active: int | None = None,
     ) -> Op[Prepared]:
         raise self._refuse("a write")
 
-    def commit_checkpoint(self, entry: CheckpointEntry, created: int | None = None) -> Op[None]:
+    def commit_checkpoint(
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: int | None = None
+    ) -> Op[None]:
         raise self._refuse("a write")
+
+    def touch(self, thread_id: str, day: int) -> Op[None]:
+        raise self._refuse("a write")
+
+    def untouch(self, thread_id: str, day: int) -> Op[None]:
+        raise self._refuse("a write")
+
+    def active_page(self, cursor: dict[str, str], until: int, size: int) -> Op[list[Any]]:
+        raise self._refuse("archive_idle")
+
+    def drop_active(self, entries: list[Any]) -> Op[None]:
+        raise self._refuse("archive_idle")
+
+    def load_cursor(self, name: str) -> Op[dict[str, str]]:
+        raise self._refuse("archive_idle")
+
+    def save_cursor(self, name: str, cursor: dict[str, str]) -> Op[None]:
+        raise self._refuse("archive_idle")
+
+    def erase_activity(self, thread_id: str, days: list[int]) -> Op[list[str]]:
+        raise self._refuse("erase_thread")
 
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
         raise self._refuse("a write")

@@ -180,6 +180,9 @@ class Tombstone:
     restoring: str | None = None
     # A delete's listing entry still to remove (the time it was listed at).
     unlisting: int = 0
+    # The day (yyyymmdd) of the thread's latest activity entry, as writes recorded
+    # it (0: none known): an archive removes that entry (``_ops/archive``).
+    active: int = 0
 
 
 @dataclass
@@ -269,6 +272,20 @@ class Prepared:
     dead_runs: frozenset[str] = frozenset()
     # The thread is archived: it is restored before this write goes on.
     archive: ArchiveRef | None = None
+    # The day (yyyymmdd) of the activity entry the commit records (the manifest's
+    # prepare wrote it; a table's commit writes it), None: none to record.
+    active: int | None = None
+
+
+@dataclass(frozen=True)
+class Activity:
+    """An activity entry: thread ``thread_id`` was written on ``day`` (yyyymmdd, UTC).
+    ``shard`` and ``position`` place it in the walk (a cursor per shard)."""
+
+    day: int
+    thread_id: str
+    shard: str
+    position: str
 
 
 @dataclass
@@ -324,6 +341,8 @@ class Index(ABC):
     replaced_prefix: str | None = None
     # Set by setup() (``_ops/versioning``): the bucket has versioning enabled.
     versioned_bucket = False
+    # True when the activity entries are objects in the bucket (``_index/activity``).
+    activity_objects = False
 
     @abstractmethod
     def describe(self) -> str: ...
@@ -348,7 +367,13 @@ class Index(ABC):
     # -- writes --------------------------------------------------------------------
     @abstractmethod
     def prepare(
-        self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None, gen: int | None = None
+        self,
+        thread_id: str,
+        ns: str,
+        parent_id: str | None,
+        list_at: int | None = None,
+        gen: int | None = None,
+        active: int | None = None,
     ) -> Op[Prepared]:
         """What a writer reads beside its object writes: the thread's delete
         generation, the entry of ``parent_id`` as stored (None when not asked
@@ -356,18 +381,22 @@ class Index(ABC):
         it is not, list it as created then (a root namespace's checkpoint).
         ``gen``: the generation of the checkpoint the write extends, known to
         this process (and, with ``list_at``, the thread known listed in it):
-        an index whose commit fences on the generation need read nothing."""
+        an index whose commit fences on the generation need read nothing.
+        ``active``: the day (yyyymmdd) whose activity entry the thread needs
+        (``_ops/idle``); ``Prepared.active`` says what the commit records."""
 
     @abstractmethod
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: int | None = None
     ) -> Op[None]:
         """The commit point of ``put``, fenced: atomically with the write, the
         thread's record must still be in ``entry.gen``, not archived nor being
         archived, and ``entry.run_id`` not deleted (else ``Fenced``); with
         ``parent_tag`` (the entry carries values from its parent), the parent's
         entry must still be in the index with that tag (else ``ParentGone``).
-        ``created``: the thread is new; record when (``note`` lists it)."""
+        ``created``: the thread is new; record when (``note`` lists it).
+        ``active``: ``Prepared.active``, the thread's activity entry of that day,
+        recorded with the commit (a hint, never the commit point)."""
 
     @abstractmethod
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
@@ -575,6 +604,41 @@ class Index(ABC):
     @abstractmethod
     def forget_archive(self, thread_id: str, key: str) -> Op[None]:
         """Drop ``key`` from ``stale_archive`` (once its object is deleted), if it is there."""
+
+    # -- activity entries (``_ops/idle``: archive_idle walks them by day) ------------------
+    @abstractmethod
+    def touch(self, thread_id: str, day: int) -> Op[None]:
+        """Write the thread's activity entry of ``day`` by itself (an install, the
+        backfill); idempotent."""
+
+    @abstractmethod
+    def untouch(self, thread_id: str, day: int) -> Op[None]:
+        """Take back the activity entry of ``day`` that ``prepare`` wrote for a write
+        then refused, unless the thread's record names that day (another write's)."""
+
+    @abstractmethod
+    def active_page(self, cursor: dict[str, str], until: int, size: int) -> Op[list[Activity]]:
+        """Activity entries after ``cursor`` (a position per shard, see
+        ``Activity.shard``) of days up to ``until``, oldest day first, at most
+        ``size`` per shard read; [] when none is left."""
+
+    @abstractmethod
+    def drop_active(self, entries: list[Activity]) -> Op[None]:
+        """Remove activity entries (stale ones, those of archived threads)."""
+
+    @abstractmethod
+    def load_cursor(self, name: str) -> Op[dict[str, str]]:
+        """A persisted cursor of ``archive_idle`` ({}: none yet)."""
+
+    @abstractmethod
+    def save_cursor(self, name: str, cursor: dict[str, str]) -> Op[None]:
+        """Persist a cursor (last writer wins: a run only moves it over entries it
+        processed, so either of two racing runs' cursors is right)."""
+
+    @abstractmethod
+    def erase_activity(self, thread_id: str, days: list[int]) -> Op[list[str]]:
+        """Remove the thread's activity entries of ``days``; returns the bucket keys
+        they were (their older versions are ``erase_thread``'s; a table: none)."""
 
     # -- erase -------------------------------------------------------------------------
     def erase_hints(self, thread_id: str) -> Op[list[str]]:

@@ -65,6 +65,8 @@ PARENT_GONE = "pg"
 # On the thread's tombstone item: when the thread was listed; the runs deleted from it.
 CREATED = "created"
 DEAD_RUNS = "dead_runs"
+# On the thread's tombstone item: the day of its latest activity entry (``_index/activity``).
+ACTIVE = "active"
 # On the thread's item and on each namespace's tombstone item: the thread is
 # archived (see ``_archive``); a namespace's marker is what its readers meet first.
 ARCHIVE = "archive"
@@ -302,6 +304,7 @@ class DynamoCalls:
                 item.get(ARCHIVING),
                 item.get(RESTORING),
                 item.get(UNLISTING, 0),
+                item.get(ACTIVE, 0),
             )
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(

@@ -16,6 +16,7 @@ from typing import Any
 
 from s3_saver import _keys
 from s3_saver._index.base import (
+    Activity,
     ArchiveRef,
     Archived,
     CheckpointEntry,
@@ -269,11 +270,17 @@ class DynamoLifecycle:
             yield from self.forget_archive(thread_id, stale)  # type: ignore[attr-defined]
         # The records that find the thread go first (while what names them is
         # still there: a delete cut short and called again finds them).
+        # Its activity entry too (the day its record names, which the switch keeps:
+        # a call again finds it), beside the listing's.
         unlisting = record.created or record.unlisting
+        active = [Activity(record.active, thread_id, "", "")] if record.active else []
         if unlisting:
-            (unlisted,) = yield (calls.unlist_thread(unlisting, thread_id, pending=True),)
+            call = calls.unlist_thread(unlisting, thread_id, pending=True)
+            unlisted, _ = yield from gather(_answer(call), self.drop_active(active))  # type: ignore[attr-defined]
             if isinstance(unlisted, BaseException) and not _listed_first(unlisted):
-                raise_failure(calls.unlist_thread(unlisting, thread_id, pending=True), unlisted)
+                raise_failure(call, unlisted)
+        else:
+            yield from self.drop_active(active)  # type: ignore[attr-defined]
         if record.archive is not None:
             yield from self.forget_runs([(r, thread_id) for r in record.archive.runs])  # type: ignore[attr-defined]
         for _ in range(_MAX_DELETE_PASSES):
@@ -458,6 +465,12 @@ class DynamoLifecycle:
             start = page.get("LastEvaluatedKey")
             if start is None:
                 return
+
+
+def _answer(call: Any) -> Op[Any]:
+    """One call's answer, a failure included (the caller decides)."""
+    (result,) = yield (call,)
+    return result
 
 
 def _or_archived(latest: Op[CheckpointEntry | None], ref: ThreadRef) -> Op[CheckpointEntry | None]:

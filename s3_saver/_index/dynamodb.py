@@ -35,7 +35,8 @@ from s3_saver._index.base import (
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._index.dynamo_items import DynamoCalls, Link, _listed_first, _live_gen, _thread_item
+from s3_saver._index.dynamo_items import ACTIVE, DynamoCalls, Link, _listed_first, _live_gen, _thread_item
+from s3_saver._index.activity import DynamoActivity
 from s3_saver._index.dynamo_audit import DynamoHoldings
 from s3_saver._index.dynamo_archive import DynamoArchive
 from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
@@ -64,7 +65,7 @@ class _HistoryCursor:
     first: bool = True
 
 
-class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
+class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, DynamoActivity, Index):
     def __init__(self, table: str, layout: KeyLayout, where: Where | None = None) -> None:
         self.calls = DynamoCalls(table, layout, where)
         self.table = table
@@ -74,14 +75,21 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
 
     # -- writes --------------------------------------------------------------------------
     def prepare(
-        self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None, gen: int | None = None
+        self,
+        thread_id: str,
+        ns: str,
+        parent_id: str | None,
+        list_at: int | None = None,
+        gen: int | None = None,
+        active: int | None = None,
     ) -> Op[Prepared]:
+        # The activity entry goes in the commit's transaction (no request here).
         if gen is not None and parent_id is None:
             # Deleted-stays-deleted without a read: the commit's fence (the thread's
             # record at generation ``gen``, no archive, no mark, the run alive)
             # refuses what a read here would have, and hands the record back
             # (``put._fenced`` decides then). A write costs its objects and the commit.
-            return Prepared(gen, None, True, None)
+            return Prepared(gen, None, True, None, active=active)
         calls = [self.calls.get_tombstone(thread_id)]
         if parent_id is not None:
             calls.append(self.calls.get_checkpoint(thread_id, ns, parent_id))
@@ -97,23 +105,37 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, Index):
             list_at,
             thread.dead_runs,
             thread.archive,
+            active,
         )
 
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: int | None = None
     ) -> Op[None]:
         """One transaction: the item and its link (what the ancestor walk reads),
         checked against the thread's record (``DynamoCalls.fence``) and, when the
         entry carries values from its parent (``parent_tag``: the parent's tag
-        as the writer read it), against the parent's item: the commit point."""
+        as the writer read it), against the parent's item: the commit point.
+        The day's activity entry (``active``) rides in it: no request of its own,
+        and never there without the commit."""
         calls = self.calls
+        fence = calls.fence(entry.thread_id, entry.gen, entry.run_id)
+        if active is not None:
+            # The thread's record then names the entry's day (an archive removes
+            # that entry): the fence's check becomes an update under the same condition.
+            check = fence.pop("ConditionCheck")
+            check["UpdateExpression"] = "SET #act = :act"
+            check["ExpressionAttributeNames"]["#act"] = ACTIVE
+            check["ExpressionAttributeValues"][":act"] = {"N": str(active)}
+            fence["Update"] = check
         actions = [
             {"Put": {"TableName": self.table, "Item": calls.checkpoint_item(entry)}},
             {"Put": {"TableName": self.table, "Item": calls.link_item(entry)}},
-            calls.fence(entry.thread_id, entry.gen, entry.run_id),
+            fence,
         ]
         if parent_tag is not None and entry.parent_id is not None:
             actions.append(calls.parent_fence(entry.thread_id, entry.ns, entry.parent_id, parent_tag))
+        if active is not None:
+            actions.append({"Put": {"TableName": self.table, "Item": self.activity_item(active, entry.thread_id)}})
         refused = yield from self.transact(actions, f"checkpoint {entry.checkpoint_id} of thread {entry.thread_id!r}")
         if refused:
             self._fenced(entry.thread_id, refused[2])

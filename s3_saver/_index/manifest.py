@@ -54,6 +54,7 @@ from s3_saver._index.manifest_doc import (
     encode_head,
     pieces_read,
 )
+from s3_saver._index.activity import ManifestActivity
 from s3_saver._index.manifest_archive import ManifestArchive
 from s3_saver._index.manifest_audit import ManifestHoldings
 from s3_saver._index.manifest_group import BatchRefused, GroupCommit
@@ -109,7 +110,7 @@ class _Pinned:
         return None if body is None else unpack(body, CHECKPOINT_FORMAT, f"{key}, pinned in its thread's head")
 
 
-class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index):
+class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, ManifestActivity, Index):
     local_lookups = True
     lists_in_prepare = True
 
@@ -354,7 +355,13 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
 
     # -- writes --------------------------------------------------------------------------
     def prepare(
-        self, thread_id: str, ns: str, parent_id: str | None, list_at: int | None = None, gen: int | None = None
+        self,
+        thread_id: str,
+        ns: str,
+        parent_id: str | None,
+        list_at: int | None = None,
+        gen: int | None = None,
+        active: int | None = None,
     ) -> Op[Prepared]:
         """Reads the head, unless this process holds it (see below; the head it
         holds says more than ``gen``: the commit swaps exactly it). When the
@@ -367,7 +374,11 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         thread that looks new (a parentless root checkpoint, or a head this
         process saw unlisted). A thread unlisted otherwise (its listing failed,
         or it predates listings) is listed by a later write of a process that
-        has seen its head."""
+        has seen its head.
+
+        So does the activity entry of day ``active``, unless the head this
+        process holds records it (or a later one): the commit records the day
+        in the head only once the entry is written."""
         cached = self._cached(thread_id)
         limits = self._limits
         seal = cached is not None and len(cached.entries) > limits.seal_at
@@ -375,6 +386,9 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         objects = list(plan.objects) if plan else []
         maybe_new = not cached.created if cached is not None else parent_id is None
         listing = list_at if list_at is not None and ns == "" and maybe_new else None
+        active = active if active is not None and (cached is None or cached.active < active) else None
+        if active is not None:
+            objects.append((self.layout.activity_key(active, thread_id), b""))
         if listing is not None:
             objects.append((self.layout.listing_key(listing, thread_id), b""))
         # The head this process last read or wrote stands in for a read: the
@@ -399,21 +413,23 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
         if plan is not None and not any(isinstance(r, BaseException) for r in sealed):
             with self._lock:
                 self._sealed[thread_id] = plan  # written: a commit may now refer to it
-        if listing is not None and results and isinstance(results[-1], BaseException):
-            # 412: a retried attempt of this very write put it there already.
-            if error_code(results[-1]) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
-                raise_failure(self.s3.put_new(*objects[-1]), results[-1])
+        hints = (active is not None) + (listing is not None)
+        for obj, result in zip(objects[len(objects) - hints :], results[len(results) - hints :]):
+            # 412: the entry exists (another write of the day, or a retried attempt of this one).
+            if isinstance(result, BaseException) and error_code(result) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+                raise_failure(self.s3.put_new(*obj), result)
         parent = (yield from self._find(head, ns, parent_id)) if parent_id is not None else None
-        return Prepared(head.gen, parent, bool(head.created), listing, frozenset(head.dead_runs), head.archive)
+        return Prepared(head.gen, parent, bool(head.created), listing, frozenset(head.dead_runs), head.archive, active)
 
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: int | None = None
     ) -> Op[None]:
         """One swap of the head: the commit point. Refused (``Fenced``) when the
         head says the thread was deleted since the writer read it, is archived,
         or the writer's run was deleted; ``ParentGone`` when the entry carries
         values from its parent (``parent_tag``: its tag as the writer read it)
-        and the parent left the index or was written anew since."""
+        and the parent left the index or was written anew since. ``active``:
+        the day whose activity entry ``prepare`` wrote, recorded in the head."""
 
         def check(head: Head) -> Op[None]:
             _fence(head, entry.gen, entry.run_id)
@@ -431,7 +447,13 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Index)
             # Its own checkpoint: the thread is no longer a copy to bring up to date.
             # The first writer to list the thread sets the time its listing
             # entry must carry; another writer's entry (a race) does not count.
-            return replace(head, entries=[*rest, stored], copied_from=None, created=head.created or created or 0)
+            return replace(
+                head,
+                entries=[*rest, stored],
+                copied_from=None,
+                created=head.created or created or 0,
+                active=max(head.active, active or 0),
+            )
 
         yield from self._commit(entry.thread_id, change, check)
         self.bodies.keep(entry)

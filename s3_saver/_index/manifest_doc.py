@@ -99,6 +99,9 @@ class Head:
     unlisting: int = 0
     # An archive under way: the key of the object it writes (its switch needs it).
     archiving: str | None = None
+    # The latest day (yyyymmdd) whose activity entry a write made (``_index/activity``):
+    # a writer of a day not after it writes none. 0: none known.
+    active: int = 0
     # The bucket it was written to: after a failback, a region's own last head
     # is told from the other region's heads replicated over it (_ops/settle).
     site: str | None = None
@@ -167,6 +170,7 @@ def encode_head(head: Head, versioned: bool = False) -> bytes:
         "stale_archive": head.stale_archive,
         "unlisting": head.unlisting,
         "archiving": head.archiving,
+        "active": head.active,
         "site": head.site,
     }
     return pack(doc)
@@ -218,6 +222,7 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         site=doc.get("site"),
         unlisting=doc.get("unlisting", 0),
         archiving=doc.get("archiving"),
+        active=doc.get("active", 0),
         etag=etag,
         pinned=bodies.unpack_pinned(doc.get(bodies.PINNED), where),
     )
@@ -346,5 +351,5 @@ def record_of(head: Head) -> Tombstone:
     """The head as the thread's record (what ``Fenced`` and ``archive_of`` hand back)."""
     return Tombstone(
         head.thread_id, None, head.gen, head.deleted_at, head.created, frozenset(head.dead_runs),
-        head.archive, head.stale_archive, head.archiving, None, head.unlisting,
+        head.archive, head.stale_archive, head.archiving, None, head.unlisting, head.active,
     )

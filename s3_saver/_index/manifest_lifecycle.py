@@ -252,6 +252,8 @@ class ManifestLifecycle:
                 unlisting=h.created or h.unlisting,
                 # An archived thread's archive goes with the rest.
                 stale_archive=h.archive.key if h.archive is not None else h.stale_archive,
+                # Its activity entry's day, until the entry is removed (below).
+                active=h.active,
             )
 
         archived_runs = head.archive.runs if head.archive is not None else []
@@ -267,6 +269,7 @@ class ManifestLifecycle:
         # (the graveyard's runs, ``unlisting``): a delete cut short finds them again.
         hints = [self.layout.run_key(r, thread_id) for r in sorted(runs)]
         listing = [self.layout.listing_key(head.unlisting, thread_id)] if head.unlisting else []
+        listing += [self.layout.activity_key(head.active, thread_id)] if head.active else []
         yield from _delete_keys(self.s3, hints + listing)
         yield from self._clear_graveyard(head, release, unlist=True)
 
@@ -383,7 +386,9 @@ class ManifestLifecycle:
         def clear(h: Head) -> Head | None:
             unlisted = unlist and bool(head.unlisting) and h.unlisting == head.unlisting
             dropped_stale = bool(stale) and h.stale_archive == head.stale_archive
-            if not h.graveyard and not h.graveyard_segments and not h.retired and not unlisted and not dropped_stale:
+            # A delete's activity entry is removed (delete_thread): the head forgets its day.
+            inactive = unlist and bool(head.active) and h.active == head.active
+            if not (h.graveyard or h.graveyard_segments or h.retired or unlisted or dropped_stale or inactive):
                 return None
             # Only what this call removed: another may have buried more meanwhile.
             return replace(
@@ -393,6 +398,7 @@ class ManifestLifecycle:
                 retired=[r for r in h.retired if r not in head.retired],
                 unlisting=0 if unlisted else h.unlisting,
                 stale_archive=None if dropped_stale else h.stale_archive,
+                active=0 if inactive else h.active,
             )
 
         return (yield from self._update(thread_id, clear, head))

@@ -1,4 +1,4 @@
-"""archive_thread, restore_thread, export/import and archive_idle.
+"""archive_thread, restore_thread, export/import (archive_idle: ``_ops/idle``).
 
 Archive (read-decide-act, fenced at the commit): mark the thread with the key
 of the archive object about to be written (``Index.mark_archive``), read its
@@ -23,9 +23,8 @@ call again finishes the job:
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from s3_saver._archive import (
@@ -39,14 +38,14 @@ from s3_saver._archive import (
     newest_of,
 )
 from s3_saver._codec import plain, squeeze
-from s3_saver._index.base import Archived, ArchiveRef, CheckpointEntry, retag
+from s3_saver._index.activity import day_of
+from s3_saver._index.base import Activity, Archived, ArchiveRef, CheckpointEntry, retag
 from s3_saver._keys import ObjectKey, new_tag, new_token
 from s3_saver._reach import closure, moved, own_object
-from s3_saver._ops import threads
 from s3_saver._ops.archived import RESTORE_DONE, archive_body, cold_error, read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys, deleter
-from s3_saver._protocol import Op, Sleep, drain, gather, raise_failure, request
+from s3_saver._protocol import Op, Sleep, gather, raise_failure, request
 from s3_saver._s3 import put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
@@ -93,7 +92,11 @@ class ArchiveStatus:
 
 
 # -- archive -----------------------------------------------------------------------------
-def archive_thread(ctx: Context, thread_id: str, storage_class: str) -> Op[ArchiveStatus]:
+def archive_thread(
+    ctx: Context, thread_id: str, storage_class: str, still: Callable[[Archive], bool] | None = None
+) -> Op[ArchiveStatus | None]:
+    """``still``: asked of the thread as read under the mark (``archive_idle``: is
+    it idle still?); False takes the mark off and returns None, nothing archived."""
     thread_id = _thread(thread_id)
     check_class(storage_class, ARCHIVE_CLASSES, "storage_class")
     own = yield from ctx.index.archive_of(thread_id)
@@ -129,6 +132,12 @@ def archive_thread(ctx: Context, thread_id: str, storage_class: str) -> Op[Archi
             if attempt == _EXPORT_ATTEMPTS - 1:
                 yield from _unmark(ctx, thread_id, key)
                 raise
+    if still is not None and not still(archive):
+        # Written to between the caller's look and the mark: what the caller
+        # decided on is no longer the thread. A commit after the mark fails
+        # the switch (below); one before it is in this read.
+        yield from _unmark(ctx, thread_id, key)
+        return None
     data = encode_archive(archive)
     newest = newest_of(archive.entries)
     yield from _put_archive(ctx, key, data, storage_class, archive_metadata(newest))
@@ -145,7 +154,10 @@ def archive_thread(ctx: Context, thread_id: str, storage_class: str) -> Op[Archi
             "nothing was archived: call archive_thread again",
             thread_id,
         )
-    yield from ctx.index.finish_archive(thread_id, ref, deleter(ctx, thread_id))
+    # The thread's activity entry goes with the live thread (archive_idle would
+    # find it stale): the one of the day its record names, beside the cleanup.
+    drop = [Activity(own.active, thread_id, "", "")] if own.active else []
+    yield from gather(ctx.index.finish_archive(thread_id, ref, deleter(ctx, thread_id)), ctx.index.drop_active(drop))
     ctx.locs.forget_thread(thread_id)
     return _status(thread_id, "archived", ref)
 
@@ -336,8 +348,12 @@ def install(
     writes = [replace(w, body=squeeze(w.body or b""), expires_at=expires_at) for w in writes]
     entries = [replace(e, body=squeeze(e.body or b""), expires_at=expires_at) for e in entries]
     ctx.locs.forget_thread(thread_id)
+    # Live again (restored, imported, copied): archive_idle's clock starts anew. The
+    # thread's activity entry of the day goes beside the commit (a hint, see note()).
+    touch = ctx.index.touch(thread_id, day_of(ctx.now()))
     if ref is not None:
-        if not (yield from ctx.index.unarchive(thread_id, ref, entries, writes)):  # the commit point
+        switched, _ = yield from gather(ctx.index.unarchive(thread_id, ref, entries, writes), touch)
+        if not switched:  # the commit point
             # Another restore switched first, or took over (a step's put and
             # put_writes both restore): what this call wrote and no entry names goes.
             # No entry can come to name it: only this call writes under its tag, and
@@ -353,9 +369,11 @@ def install(
         else:
             yield from _remove_stale(ctx, thread_id, ref.key)
     elif copied_from is not None:
-        yield from ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now(), deleter(ctx, thread_id))
+        yield from gather(
+            ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now(), deleter(ctx, thread_id)), touch
+        )
     else:
-        yield from ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now())
+        yield from gather(ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now()), touch)
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
         yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
     ctx.locs.forget_thread(thread_id)
@@ -382,28 +400,6 @@ def _remove_stale(ctx: Context, thread_id: str, key: str) -> Op[None]:
     back as an archive, each archive writes one of its own)."""
     yield from delete_keys(ctx, [key], f"thread {thread_id!r}")
     yield from ctx.index.forget_archive(thread_id, key)
-
-
-# -- the operator's schedule ----------------------------------------------------------------
-def archive_idle(ctx: Context, older_than: timedelta, storage_class: str, limit: int | None) -> Op[list[ArchiveStatus]]:
-    if not isinstance(older_than, timedelta) or older_than.total_seconds() < 0:
-        raise ConfigurationError(f"older_than must be a datetime.timedelta >= 0, got {older_than!r}")
-    check_class(storage_class, ARCHIVE_CLASSES, "storage_class")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ConfigurationError(f"limit must be an int >= 1 or None, got {limit!r}")
-    cutoff = datetime.fromtimestamp(time.time(), timezone.utc) - older_than  # to the microsecond, as ts is
-    listed, _ = yield from drain(threads.list_threads(ctx, None, None, None))
-    done: list[ArchiveStatus] = []
-    for info in listed:
-        if info.archived or not info.ts or datetime.fromisoformat(info.ts) > cutoff:
-            continue
-        try:
-            done.append((yield from archive_thread(ctx, info.thread_id, storage_class)))
-        except ThreadArchivedError:
-            continue  # written to while archived, or archived meanwhile: the next run sees it
-        if limit is not None and len(done) >= limit:
-            break
-    return done
 
 
 def _thread(thread_id: Any) -> str:

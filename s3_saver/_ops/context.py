@@ -198,6 +198,8 @@ class Context:
     locs: LocCache = field(default_factory=LocCache)
     noted: Noted = field(default_factory=Noted)
     listed: Noted = field(default_factory=Noted)
+    # (thread, day) activity entries this process wrote or saw recorded (``_ops/idle``).
+    active: Noted = field(default_factory=Noted)
     archives: Archives = field(default_factory=Archives)
     starting: Starting = field(default_factory=Starting)
     # List values last written or read, the bases of deltas (see ``_pieces``).

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from s3_saver._archive import decode_archive
+from s3_saver._index.activity import day_of
 from s3_saver._index.base import Archived, CheckpointEntry
 from s3_saver._keys import new_tag
 from s3_saver._ops.archive import install
@@ -21,7 +22,7 @@ from s3_saver._ops.archived import read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import deleter
 from s3_saver._ops.prune import take_out_runs
-from s3_saver._protocol import Op
+from s3_saver._protocol import Op, gather
 from s3_saver._reach import closure, moved, own_object
 from s3_saver._s3 import copy_immutable
 from s3_saver.errors import ConfigurationError
@@ -53,7 +54,11 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
     pairs.update((layout.object_key(own_object(w)), layout.object_key(own_object(n))) for w, n in zip(old_writes, writes))
     yield from copy_immutable(ctx.s3, pairs)
     ctx.locs.forget_thread(dest)
-    yield from ctx.index.copy_thread(source, dest, copies, writes, ctx.now(), deleter(ctx, dest))
+    # The copy's activity entry of the day (archive_idle, ``_index/activity``) goes beside its commit.
+    yield from gather(
+        ctx.index.copy_thread(source, dest, copies, writes, ctx.now(), deleter(ctx, dest)),
+        ctx.index.touch(dest, day_of(ctx.now())),
+    )
     ctx.locs.forget_thread(dest)
     yield from _no_deleted_runs(ctx, source, dest, entries)
 

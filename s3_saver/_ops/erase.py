@@ -35,7 +35,7 @@ from datetime import datetime
 from typing import Any
 
 from s3_saver._keys import KeyLayout, new_token
-from s3_saver._ops import delete
+from s3_saver._ops import delete, idle
 from s3_saver._ops.audit import _referenced
 from s3_saver._ops.context import Context, target
 from s3_saver._protocol import Op, gather, raise_failure, request, request_one
@@ -155,8 +155,11 @@ def _erase_in(
     young = time.time() - GRACE if written else float("inf")
     versioned = yield from _versioned(ctx)
     hints: list[str] = []
+    # The days the thread's activity entries can be on, known before the delete
+    # takes its listing time (``idle.activity_span``).
+    days = (yield from _activity_span(ctx, thread_id)) if own_index else []
     if versioned and own_index:
-        hints = yield from _record_hints(ctx, thread_id)
+        hints = yield from _record_hints(ctx, thread_id, [ctx.layout.activity_key(d, thread_id) for d in days])
     elif versioned:
         hints = yield from _hints_recorded(ctx, thread_id)
     indexed = own_index
@@ -165,6 +168,10 @@ def _erase_in(
             yield from delete.delete_thread(ctx, thread_id)
         except TableNotFoundError:
             indexed = False  # a replica's table never made (promote builds it): nothing to delete there
+        if indexed:
+            # The entries that name the thread (a table's items; a bucket's objects,
+            # whose older versions go with the hints below).
+            yield from ctx.index.erase_activity(thread_id, days)
     # The ranges and the hint keys are listed side by side (a page each per round trip).
     prefixes = _ranges(ctx.layout, thread_id) + hints
     pages = yield from gather(*(_listed(ctx, p, versioned) for p in prefixes))
@@ -242,10 +249,20 @@ def _versioned(ctx: Context) -> Op[bool]:
     return result.get("Status") in ("Enabled", "Suspended")
 
 
-def _record_hints(ctx: Context, thread_id: str) -> Op[list[str]]:
-    """The hint keys the index names now and those earlier calls recorded; a
+def _activity_span(ctx: Context, thread_id: str) -> Op[list[int]]:
+    try:
+        return (yield from idle.activity_span(ctx, thread_id))
+    except TableNotFoundError:
+        return []
+
+
+def _record_hints(ctx: Context, thread_id: str, activity: list[str]) -> Op[list[str]]:
+    """The hint keys the index names now (and the thread's ``activity`` entry keys,
+    which a bucket holds in manifest mode) and those earlier calls recorded; a
     record of any new ones is written before the delete removes them from the index."""
     named, recorded = yield from _gather_hints(ctx, thread_id)
+    if ctx.index.activity_objects:
+        named = [*named, *activity]
     new = sorted(set(named) - set(recorded))
     if new:
         # Immutable: a PUT sent again after its answer was lost meets its own bytes.

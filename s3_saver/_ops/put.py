@@ -17,6 +17,7 @@ from langgraph.checkpoint.base import (
 
 from s3_saver import _keys
 from s3_saver._codec import WRITES_FORMAT, pack
+from s3_saver._index.activity import activity_day
 from s3_saver._index.base import (
     ENTRY_BUDGET,
     REGULAR_PART,
@@ -26,6 +27,7 @@ from s3_saver._index.base import (
     Fenced,
     Loc,
     ParentGone,
+    Prepared,
     Tombstone,
     WritesEntry,
     ref_pieces,
@@ -148,16 +150,24 @@ def _put(
     own = (thread_id, ns, checkpoint_id)
     other_form = fetch_parent and parent_id is not None and bool(staged.held)
     ahead = other_form and not ctx.index.local_lookups
+    # The thread's activity entry of the day (archive_idle's walk, ``_ops/idle``):
+    # once a day per thread and process, in the requests this write sends anyway.
+    # A run starting afresh (no parent) sends it whatever this process wrote: the
+    # thread may have been deleted since, and its entry dropped with it.
+    day = activity_day(checkpoint.get("ts"), now) if ns == "" else None
+    active = day if day is not None and (parent_id is None or (thread_id, day) not in ctx.active) else None
     _, prepared, *looked = yield from gather(
         put_immutable(ctx.s3, objects),
-        ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at, extends),
+        ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at, extends, active=active),
         *([ctx.index.entries([own])] if ahead else []),
     )
     if prepared.archive is not None:
         # The user came back to an archived thread: it is live again before this
         # checkpoint goes on it (objects first, as ever: this one's are written).
         yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
-        prepared = yield from ctx.index.prepare(thread_id, ns, parent_id if fetch_parent else None, list_at)
+        prepared = yield from ctx.index.prepare(
+            thread_id, ns, parent_id if fetch_parent else None, list_at, active=active
+        )
     gen, parent = prepared.gen, prepared.parent
     if prepared.listed:
         ctx.listed.add((thread_id, gen))
@@ -171,11 +181,15 @@ def _put(
     if gen and parent_id is not None and (known is None or known[1] < gen):
         # The parent was deleted after this run read it: refuse to continue the
         # deleted history, and take back what was just written.
-        yield from gather(_take_back(ctx, list(objects)), ctx.index.unnote(thread_id, listed_early, None))
+        yield from gather(
+            _take_back(ctx, list(objects)), ctx.index.unnote(thread_id, listed_early, None), _untouch(ctx, thread_id, prepared)
+        )
         raise _deleted(ctx, thread_id, parent_id)
     run_id = run_of(merged_metadata)
     if run_id is not None and run_id in prepared.dead_runs:
-        yield from gather(_take_back(ctx, list(objects)), ctx.index.unnote(thread_id, listed_early, None))
+        yield from gather(
+            _take_back(ctx, list(objects)), ctx.index.unnote(thread_id, listed_early, None), _untouch(ctx, thread_id, prepared)
+        )
         raise _run_deleted(ctx, thread_id, run_id, checkpoint_id)
     if fetch_parent:
         late: dict[str, Any] = {}
@@ -227,7 +241,7 @@ def _put(
         parent_tag = known[2] if carries and known is not None and parent_id is not None else None
         # The commit point: objects first, index entry last. The records that find
         # the thread (listing, run) go beside it: hints, a failed commit's find nothing.
-        commit = ctx.index.commit_checkpoint(entry, created, parent_tag)
+        commit = ctx.index.commit_checkpoint(entry, created, parent_tag, active=prepared.active)
         try:
             if created is None and run is None:
                 yield from commit
@@ -268,11 +282,15 @@ def _put(
                 yield from _fenced(ctx, fenced.record, entry, list(objects), created=parent_id is None)
             except ThreadDeletedError:
                 # Refused for good: the records written beside the commit go too.
-                yield from ctx.index.unnote(thread_id, listed_early or created, run)
+                yield from gather(
+                    ctx.index.unnote(thread_id, listed_early or created, run), _untouch(ctx, thread_id, prepared)
+                )
                 raise
     else:
         raise _busy(ctx, thread_id)
     ctx.locs.put((thread_id, ns, checkpoint_id), (loc, entry.gen, entry.tag))
+    if day is not None:
+        ctx.active.add((thread_id, day))  # recorded (or recorded already: the head said so)
     ctx.slots.add((thread_id, ns, checkpoint_id), ())  # known from now on: its writes are this process's
     for ch, held in staged.held.items():
         if ch in loc:
@@ -513,6 +531,13 @@ def _restore_first(ctx: Context, thread_id: str, ref: ArchiveRef, objects: list[
     except ThreadArchivedError:
         yield from _take_back(ctx, objects)
         raise
+
+
+def _untouch(ctx: Context, thread_id: str, prepared: Prepared) -> Op[None]:
+    """A refused write takes back the activity entry its prepare wrote (a hint of a
+    write that never was), unless the thread's index records that day itself."""
+    if prepared.active is not None:
+        yield from ctx.index.untouch(thread_id, prepared.active)
 
 
 def _take_back(ctx: Context, keys: list[str]) -> Op[None]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
@@ -179,27 +179,34 @@ STATUS_COLUMNS = ("thread", "state", "class", "checkpoints", "live bytes", "arch
     "--idle", type=Duration(), default=None, metavar="DURATION", help="Every live thread whose latest checkpoint is older (e.g. 30d)."
 )
 @click.option("--limit", type=click.IntRange(min=1), metavar="N", default=None, help="With --idle: at most this many threads.")
+@click.option(
+    "--budget", type=click.IntRange(min=1), metavar="N", default=1000, show_default=True,
+    help="With --idle: read at most this many activity entries.",
+)
+@click.option("--backfill", is_flag=True, help="With --idle: first give threads written before activity entries one.")
 @click.option("--class", "storage_class", type=click.Choice(ARCHIVE_CLASSES), default="GLACIER_IR", show_default=True)
 @pass_app
-def archive_command(app: App, threads: tuple[str, ...], idle: timedelta | None, limit: int | None, storage_class: str) -> None:
+def archive_command(
+    app: App, threads: tuple[str, ...], idle: timedelta | None, limit: int | None, budget: int, backfill: bool, storage_class: str
+) -> None:
     """Pack THREADs (or every thread idle for --idle) into one compressed object each, in a cold class."""
     if bool(threads) == (idle is not None):
         raise click.UsageError("give THREADs or --idle DURATION (not both)")
-    if limit is not None and idle is None:
-        raise click.UsageError("--limit goes with --idle")
-    saver = app.saver()
+    if (limit is not None or backfill) and idle is None:
+        raise click.UsageError("--limit and --backfill go with --idle")
     if idle is not None:
-        statuses = _archive_idle(app, idle, limit, storage_class)
-    else:
+        _archive_idle(app, idle, limit, budget, backfill, storage_class)
+        return
+    saver = app.saver()
+    for thread in threads:
+        if not thread_exists(app, thread):
+            raise not_found(app, thread)
+    statuses = []
+    with app.out.progress("archive", total=len(threads)) as tracker:
         for thread in threads:
-            if not thread_exists(app, thread):
-                raise not_found(app, thread)
-        statuses = []
-        with app.out.progress("archive", total=len(threads)) as tracker:
-            for thread in threads:
-                status = saver.archive_thread(thread, storage_class=storage_class)
-                statuses.append(status)
-                tracker.advance(nbytes=status.live_bytes, description=f"archive {thread}")
+            status = saver.archive_thread(thread, storage_class=storage_class)
+            statuses.append(status)
+            tracker.advance(nbytes=status.live_bytes, description=f"archive {thread}")
     if app.out.json:
         app.out.emit_json({"archived": [dataclasses.asdict(s) for s in statuses]})
     elif statuses:
@@ -208,32 +215,33 @@ def archive_command(app: App, threads: tuple[str, ...], idle: timedelta | None, 
         app.out.message("no thread to archive")
 
 
-def _archive_idle(app: App, idle: timedelta, limit: int | None, storage_class: str) -> list[Any]:
-    """``saver.archive_idle``, one ``archive_thread`` at a time for the progress bar: the
-    live threads of the listing whose latest checkpoint is older than ``idle``; a thread
-    written to while it is archived is skipped until the next run."""
-    from s3_saver import ThreadArchivedError
-
-    saver = app.saver()
-    cutoff = datetime.now(timezone.utc) - idle
-    idle_threads = [
-        t.thread_id for t in saver.list_threads() if not t.archived and t.ts and datetime.fromisoformat(t.ts) <= cutoff
-    ]
-    statuses: list[Any] = []
-    total = len(idle_threads) if limit is None else min(limit, len(idle_threads))
-    with app.out.progress("archive idle", total=total) as tracker:
-        for index, thread in enumerate(idle_threads):
-            try:
-                status = saver.archive_thread(thread, storage_class=storage_class)
-            except ThreadArchivedError:  # written to while archived, or archived meanwhile
-                left = len(idle_threads) - index - 1
-                tracker.update(total=min(total, len(statuses) + left))
-                continue
-            statuses.append(status)
-            tracker.advance(nbytes=status.live_bytes, description=f"archive {thread}")
-            if limit is not None and len(statuses) >= limit:
-                break
-    return statuses
+def _archive_idle(app: App, idle: timedelta, limit: int | None, budget: int, backfill: bool, storage_class: str) -> None:
+    """One ``saver.archive_idle`` run, and what it left: the archived threads,
+    then whether to run again (``more``) and the backfill's progress."""
+    report = app.saver().archive_idle(idle, storage_class=storage_class, limit=limit, budget=budget, backfill=backfill)
+    if app.out.json:
+        app.out.emit_json(
+            {
+                "archived": [dataclasses.asdict(s) for s in report],
+                "more": report.more,
+                "examined": report.examined,
+                "dropped": report.dropped,
+                "backfilled": report.backfilled,
+                "backfill_more": report.backfill_more,
+            }
+        )
+        return
+    if report:
+        app.out.print(app.out.table(STATUS_COLUMNS, _status_rows(list(report)), numeric=("checkpoints", "live bytes", "archive bytes")))
+    else:
+        app.out.message("no thread to archive")
+    if backfill:
+        more = "; more to backfill: run again" if report.backfill_more else "; backfill done"
+        app.out.message(f"backfilled {plural(report.backfilled, 'thread')}{more}")
+    app.out.message(
+        f"read {report.examined} activity {'entry' if report.examined == 1 else 'entries'}, dropped {report.dropped} stale"
+        + ("; more to do: run again" if report.more else "; nothing more to do")
+    )
 
 
 @click.command("restore", short_help='Bring an archived thread back to live objects.')

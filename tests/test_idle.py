@@ -1,0 +1,211 @@
+"""archive_idle bounded per run (issue 35, item 1): activity entries, a cursor, a report.
+
+* requests for ``archive_idle(limit=1)`` do not grow with the threads ever written
+  (20 and 200 threads, half of them archived);
+* a run cut short by its budget resumes from its cursor, in a new process too;
+* a thread written after its entry's day is not archived (its stale entry goes),
+  nor one written between the run's look and the archive's mark; a deleted
+  thread's entry goes with it;
+* threads without entries (written before they existed) are found by the backfill;
+* erase_thread leaves no activity entry naming the thread.
+
+Entries land on the day of the checkpoint's ``ts``, never before the writer's
+yesterday: an old history is written under a pinned clock (the process's
+``time``), as a process ten days ago would have.
+"""
+
+from __future__ import annotations
+
+import types
+from datetime import datetime, timedelta, timezone
+
+import boto3
+import pytest
+
+from conftest import BUCKET, TABLE, make_saver
+from helpers import checkpoint, config
+from s3_saver import IdleReport
+from s3_saver._ops import context, idle
+
+DAY = 86400.0
+
+
+def _put(saver, tid: str, ts: datetime, step: int = 0) -> None:
+    parent = saver.get_tuple(config(tid))
+    cp = checkpoint({"n": step}, {"n": str(step + 1)})
+    cp["ts"] = ts.isoformat()
+    saver.put(parent.config if parent else config(tid), cp, {"source": "loop", "step": step}, {"n": str(step + 1)})
+
+
+def _at(monkeypatch, when: float | None) -> None:
+    """Pin the clock of writes (``ctx.now``) and of archive_idle; None: the real one."""
+    import time
+
+    clock = time if when is None else types.SimpleNamespace(time=lambda: when)
+    monkeypatch.setattr(context, "time", clock)
+    monkeypatch.setattr(idle, "time", clock)
+
+
+def _entries(endpoint: str, index_mode: str, prefix: str = "") -> list[tuple[str, str]]:
+    """Every activity entry of ``prefix``, as (day, thread), read straight from the store."""
+    if index_mode == "dynamodb":
+        table = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+        mark = f"{prefix.rstrip('/') + '%2F' if prefix else ''}#active#"
+        items = [i for page in table.get_paginator("scan").paginate(TableName=TABLE) for i in page.get("Items", [])]
+        return sorted(tuple(i["sk"]["S"].split("!")) for i in items if i["pk"]["S"].startswith(mark))  # type: ignore[misc]
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    root = f"{prefix}listing/active/"
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=root)
+    return sorted(tuple(o["Key"][len(root) :].split("/")) for p in pages for o in p.get("Contents", []))  # type: ignore[misc]
+
+
+def _requests(saver) -> int:
+    snap = saver.stats.snapshot()
+    saver.stats.reset()
+    return sum(snap.requests.values())
+
+
+def _grown(endpoint: str, index_mode: str, count: int) -> int:
+    """Requests of archive_idle(limit=1) over ``count`` threads, the first half archived."""
+    saver = make_saver(endpoint, index_mode, prefix=f"n{count}/")
+    saver.setup()
+    old = datetime.now(timezone.utc) - timedelta(days=2)
+    ids = [f"t{i:04d}" for i in range(count)]
+    for tid in ids:
+        cp = checkpoint({"n": 0}, {"n": "1"})
+        cp["ts"] = old.isoformat()
+        saver.put(config(tid), cp, {"source": "input", "step": -1}, {"n": "1"})
+    for tid in ids[: count // 2]:
+        saver.archive_thread(tid)
+    saver.stats.reset()
+    report = saver.archive_idle(timedelta(days=1), limit=1)
+    assert len(report) == 1 and report[0].thread_id == ids[count // 2] and report.more
+    requests = _requests(saver)
+    saver.close()
+    return requests
+
+
+def test_archive_idle_requests_do_not_grow_with_the_threads(endpoint, index_mode) -> None:
+    small, large = _grown(endpoint, index_mode, 20), _grown(endpoint, index_mode, 200)
+    assert large <= 1.5 * small, (small, large)
+
+
+def test_a_run_cut_by_its_budget_resumes_from_its_cursor(endpoint, index_mode, monkeypatch) -> None:
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    now = datetime.now(timezone.utc).timestamp()
+    _at(monkeypatch, now - 10 * DAY)
+    for tid in "abcdef":
+        _put(saver, tid, datetime.fromtimestamp(now - 10 * DAY, timezone.utc))
+    _at(monkeypatch, None)
+    for tid in "abc":  # written again today: their entries of ten days ago are stale
+        _put(saver, tid, datetime.now(timezone.utc), step=1)
+    first = saver.archive_idle(timedelta(days=5), budget=2)
+    assert isinstance(first, IdleReport) and first == [] and first.more
+    assert (first.examined, first.dropped) == (2, 2)
+    # Another process (a Lambda's next invocation) goes on where that run stopped.
+    other = make_saver(endpoint, index_mode)
+    other.stats.reset()
+    second = other.archive_idle(timedelta(days=5), budget=2)
+    assert [s.thread_id for s in second] == ["d"] and second.examined == 2 and second.more
+    third = other.archive_idle(timedelta(days=5), budget=10)
+    assert [s.thread_id for s in third] == ["e", "f"] and not third.more
+    assert {t.thread_id: t.archived for t in other.list_threads()} == dict.fromkeys("abc") | dict.fromkeys(
+        "def", "GLACIER_IR"
+    )
+    # What is left: the entries of today's writes, nothing behind the cursor.
+    assert [t for _, t in _entries(endpoint, index_mode)] == ["a", "b", "c"]
+    assert other.archive_idle(timedelta(days=5)) == [] and other.archive_idle(timedelta(days=5)).examined == 0
+    saver.close()
+    other.close()
+
+
+def test_a_thread_written_after_its_entry_or_the_look_is_not_archived(endpoint, index_mode, monkeypatch) -> None:
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    now = datetime.now(timezone.utc).timestamp()
+    _at(monkeypatch, now - 10 * DAY)
+    for tid in ("later", "raced", "deleted"):
+        _put(saver, tid, datetime.fromtimestamp(now - 10 * DAY, timezone.utc))
+    _at(monkeypatch, None)
+    _put(saver, "later", datetime.now(timezone.utc), step=1)
+    saver.delete_thread("deleted")  # its entry goes with it
+    assert "deleted" not in {t for _, t in _entries(endpoint, index_mode)}
+    # "raced" is written (by another process) between the run's look, which saw
+    # it old, and the archive's mark.
+    look, writer = idle._latest_ts, make_saver(endpoint, index_mode)
+
+    def stale_look(ctx, thread_ids):
+        found = yield from look(ctx, thread_ids)
+        _put(writer, "raced", datetime.now(timezone.utc), step=1)
+        return found
+
+    monkeypatch.setattr(idle, "_latest_ts", stale_look)
+    report = saver.archive_idle(timedelta(days=5))
+    assert report == [] and (report.examined, report.dropped) == (2, 1)
+    # Left: the entry of "later"'s write today, and "raced"'s: the next run decides on it.
+    assert sorted(t for _, t in _entries(endpoint, index_mode)) == ["later", "raced", "raced"]
+    assert {t.thread_id: t.archived for t in saver.list_threads()} == {"later": None, "raced": None}
+    assert saver.get_tuple(config("raced")).checkpoint["channel_values"] == {"n": 1}
+    saver.close()
+    writer.close()
+
+
+def test_the_backfill_gives_threads_without_entries_one(endpoint, index_mode, monkeypatch) -> None:
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    now = datetime.now(timezone.utc).timestamp()
+    _at(monkeypatch, now - 10 * DAY)
+    for tid in ("x", "y", "z"):
+        _put(saver, tid, datetime.fromtimestamp(now - 10 * DAY, timezone.utc))
+    _at(monkeypatch, None)
+    _drop_every_entry(endpoint, index_mode)  # as written before entries existed
+    assert saver.archive_idle(timedelta(days=5)) == []
+    first = saver.archive_idle(timedelta(days=5), backfill=True, budget=2)
+    assert (first.backfilled, first.backfill_more) == (2, True) and len(first) == 2
+    second = saver.archive_idle(timedelta(days=5), backfill=True, budget=2)
+    assert (second.backfilled, second.backfill_more) == (1, False) and len(second) == 1
+    assert {t.archived for t in saver.list_threads()} == {"GLACIER_IR"}
+    done = saver.archive_idle(timedelta(days=5), backfill=True)
+    assert (done.backfilled, done.backfill_more, done) == (0, False, [])
+    saver.close()
+
+
+def _drop_every_entry(endpoint: str, index_mode: str) -> None:
+    if index_mode == "dynamodb":
+        table = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+        for page in table.get_paginator("scan").paginate(TableName=TABLE):
+            for item in page.get("Items", []):
+                if "#active#" in item["pk"]["S"]:
+                    table.delete_item(TableName=TABLE, Key={"pk": item["pk"], "sk": item["sk"]})
+        return
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="listing/active/"):
+        for o in page.get("Contents", []):
+            s3.delete_object(Bucket=BUCKET, Key=o["Key"])
+
+
+@pytest.mark.parametrize("versioned", [False, True], ids=["unversioned", "versioned"])
+def test_erase_leaves_no_activity_entry(endpoint, index_mode, monkeypatch, versioned) -> None:
+    from conftest import make_versioned
+
+    if versioned:
+        make_versioned(endpoint)
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    now = datetime.now(timezone.utc).timestamp()
+    _at(monkeypatch, now - 10 * DAY)
+    _put(saver, "gone", datetime.fromtimestamp(now - 10 * DAY, timezone.utc))
+    _put(saver, "kept", datetime.fromtimestamp(now - 10 * DAY, timezone.utc))
+    _at(monkeypatch, None)
+    _put(saver, "gone", datetime.now(timezone.utc), step=1)
+    assert {t for _, t in _entries(endpoint, index_mode)} == {"gone", "kept"}
+    report = saver.erase_thread("gone")
+    assert report.complete, report.remaining
+    assert {t for _, t in _entries(endpoint, index_mode)} == {"kept"}
+    if versioned and index_mode == "manifest":
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        left = s3.list_object_versions(Bucket=BUCKET, Prefix="listing/active/")
+        named = [v["Key"] for v in left.get("Versions", []) + left.get("DeleteMarkers", []) if v["Key"].endswith("/gone")]
+        assert named == []
+    saver.close()
