@@ -278,9 +278,11 @@ class KeyLayout:
         return _checked(f"{self.manifest_dir(thread_id)}head")
 
     def erase_key(self, thread_id: str, token: str) -> str:
-        """An erase's record of the keys outside the thread's own prefixes that
-        name it (its listing and run hints), written before the delete takes
-        them out of the head: an erase cut short finds them here again."""
+        """A record of keys outside the thread's own prefixes that name it (its
+        listing and run hints): written by an erase before its delete takes them
+        out of the head (an erase cut short finds them here again), and on a
+        versioned bucket by a prune before it deletes the hints of runs it took
+        out (their noncurrent versions are then still found by an erase)."""
         return _checked(f"{self.manifest_dir(thread_id)}{ERASE_MARK}{token}")
 
     def segment_key(self, thread_id: str, number: int, token: str) -> str:

@@ -201,6 +201,16 @@ def test_erase_cut_after_every_call(moto_endpoint: str, mode: str) -> None:
     _fail(tally, f"{mode} erase cut after every call ({covered} of {total} calls, base seed {base})")
 
 
+def test_erase_after_a_prune_pinned(moto_endpoint: str) -> None:
+    """Seed 332802 (manifest, versioned): a prune dropped the last checkpoints of
+    run 1 and deleted its run hint, which the bucket kept as a noncurrent version
+    naming the thread; no head named run 1 any more, so the erase left the
+    version and its delete marker. The prune now records the hint for the erase."""
+    tally = Tally()
+    _run(World(moto_endpoint, "manifest", versioned=True), Spec("manifest", "erase", 332802, "one", [-1, 0, 0], versioned=True), tally)
+    _fail(tally, "manifest erase seed 332802")
+
+
 # Schedules of the stale kinds (workload.Workshop.stale), one per last call of the
 # stale process: the first seed whose workload makes it that call (picked before
 # the schedule runs), so that each runs on every change. The pairs of

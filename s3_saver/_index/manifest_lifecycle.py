@@ -194,7 +194,19 @@ class ManifestLifecycle:
         yield from self._update(thread_id, bury, self._cached(thread_id))
 
     def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:
-        yield from _delete_keys(self.s3, [self.layout.run_key(r, t) for r, t in pairs])
+        keys = [self.layout.run_key(r, t) for r, t in pairs]
+        if self.versioned_bucket and keys:
+            # A versioned bucket keeps a deleted hint as a noncurrent version that names the
+            # thread, and once its run leaves the head nothing names it: an erase could not
+            # find it. So its key goes first into an erase record in the thread's folder
+            # (objects first), which erase_thread reads and removes with everything else.
+            by_thread: dict[str, list[str]] = {}
+            for (_, t), key in zip(pairs, keys):
+                by_thread.setdefault(t, []).append(key)
+            yield from put_immutable(
+                self.s3, {self.layout.erase_key(t, new_token()): "\n".join(sorted(ks)).encode() for t, ks in by_thread.items()}
+            )
+        yield from _delete_keys(self.s3, keys)
 
     def all_threads(self) -> Op[list[CheckpointEntry]]:
         """Lists the manifests (the admin path), then reads every head and segment."""
