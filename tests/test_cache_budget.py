@@ -17,6 +17,7 @@ import pytest
 from conftest import _ready, make_saver
 from helpers import checkpoint, config
 from s3_saver import S3Saver
+from s3_saver._archive import decode_archive
 from s3_saver._cache import DEFAULT_BYTES, MIB, default_bytes
 from s3_saver.errors import ConfigurationError
 
@@ -115,6 +116,8 @@ def test_a_manifest_history_of_sealed_segments_reads_whole_under_a_small_budget(
     reader = make_saver(endpoint, "manifest", cache_bytes=1 * MIB)
     assert [t.checkpoint["id"] for t in reader.list(config("long"))] == expected
     assert len(expected) == 150
+    # Every segment in one wave (an export reads the whole thread): more than the budget holds.
+    assert len(decode_archive(reader.export_thread("long"), "export").entries) == 150
     _within(reader, 1 * MIB)
     writer.close()
     reader.close()
