@@ -1,5 +1,6 @@
 """s3_saver: a LangGraph checkpoint saver on S3 immutable objects with a DynamoDB index."""
 
+from s3_saver._cache import CacheStats, CacheUse
 from s3_saver._index.dynamo_items import (
     PARTITION_KEY,
     SORT_KEY,
@@ -58,6 +59,8 @@ __all__ = [
     "ArchiveStatus",
     "IdleReport",
     "BucketNotFoundError",
+    "CacheStats",
+    "CacheUse",
     "CheckpointTooLargeError",
     "ConfigurationError",
     "CorruptObjectError",

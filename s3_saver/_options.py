@@ -8,6 +8,7 @@ from typing import Any
 
 from botocore.config import Config
 
+from s3_saver._cache import MIN_BYTES
 from s3_saver._retry import RetryPolicy
 from s3_saver.errors import ConfigurationError
 
@@ -70,6 +71,9 @@ def check_options(options: dict[str, Any]) -> None:
         value = options[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             refuse(name, f"an int >= {least}")
+    value = options["cache_bytes"]
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < MIN_BYTES):
+        refuse("cache_bytes", f"an int of at least {MIN_BYTES} (1 MiB), or None for the default")
 
 
 # Durations as operators write them: the command line's options and LangGraph Server's
@@ -100,3 +104,20 @@ def format_duration(delta: timedelta) -> str:
         if seconds and seconds % _UNITS[unit] == 0:
             return f"{int(seconds // _UNITS[unit])}{unit}"
     return f"{seconds:g}s"
+
+
+# Sizes as operators write them: LangGraph Server's CHECKPOINT_CACHE_BYTES.
+_SIZE = re.compile(r"(\d+)\s*(|b|kb|kib|mb|mib|gb|gib)")
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "kib": 2**10, "mb": 10**6, "mib": 2**20, "gb": 10**9, "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """``67108864``, ``64MiB``, ``64MB``, ``512KiB``, ``1GiB`` (case aside) as bytes.
+
+    Raises:
+        ValueError: Anything else.
+    """
+    found = _SIZE.fullmatch(text.strip().lower())
+    if found is None:
+        raise ValueError(text)
+    return int(found.group(1)) * _SIZE_UNITS[found.group(2)]

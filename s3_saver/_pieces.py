@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import math
 import struct
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
+
+from s3_saver._cache import KEY_BYTES, CacheBudget
 
 # The size tiers: pieces below MERGE KB are tier 0, then each tier is MERGE times larger.
 MERGE = 4
@@ -115,33 +115,23 @@ class Held:
 
 class HeldLists:
     """The serialized list values this process last wrote or read, by the stored
-    object that holds them; bounded in bytes (a Lambda holds a few threads)."""
+    object that holds them, charged to the saver's cache budget. One evicted
+    makes the next version of its list a keyframe (stored whole): a cost, never
+    another value (a base is used only when its bytes prove the extension)."""
 
-    def __init__(self, budget: int = 32 * 1024 * 1024) -> None:
-        self._budget = budget
-        self._used = 0
-        self._data: OrderedDict[tuple[Any, ...], Held] = OrderedDict()
-        self._lock = threading.Lock()
+    def __init__(self, budget: CacheBudget | None = None) -> None:
+        self._budget = budget if budget is not None else CacheBudget()
+        self._data = self._budget.cache("lists")
 
     def get(self, key: tuple[Any, ...]) -> Held | None:
-        with self._lock:
-            found = self._data.get(key)
-            if found is not None:
-                self._data.move_to_end(key)
-            return found
+        return self._data.get(key)  # type: ignore[no-any-return]
 
     def put(self, key: tuple[Any, ...], held: Held) -> None:
-        if len(held.data) > self._budget // 4:
+        # A list over a quarter of the budget would push out most of what the
+        # process holds: it is stored whole next time.
+        if len(held.data) > self._budget.limit // 4:
             return
-        with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self._used -= len(old.data)
-            self._data[key] = held
-            self._used += len(held.data)
-            while self._used > self._budget:
-                _, gone = self._data.popitem(last=False)
-                self._used -= len(gone.data)
+        self._data.put(key, held, len(held.data) + KEY_BYTES + 8 * len(held.sizes))
 
 
 def extends(held: Held, data: bytes) -> tuple[int, int] | None:

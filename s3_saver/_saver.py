@@ -22,6 +22,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from s3_saver._archive import check_live_class
+from s3_saver._cache import CacheBudget, CacheStats, default_bytes
 from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._keys import KeyLayout
@@ -136,6 +137,14 @@ class S3Saver(
             replication) and of the index: reads fall over to it when this
             one fails, lag-safe; [promote()][s3_saver.S3Saver.promote] makes it the one written to.
             See [Replica][s3_saver.Replica].
+        cache_bytes: The memory, in bytes, that the saver's caches may take
+            together (manifest heads and segments, committed bodies, list
+            values, decoded archives, loc maps; both regions' with a
+            replica); least recently used entries go first. At least 1 MiB.
+            None: 64 MiB, or in a Lambda function an eighth of its memory
+            (``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``), at most 64 MiB. A smaller
+            budget costs requests (what was evicted is read again), never
+            another answer. See [cache_stats()][s3_saver.S3Saver.cache_stats].
     """
 
     def __init__(
@@ -161,6 +170,7 @@ class S3Saver(
         retry: RetryPolicy | None = None,
         storage_class: str | None = None,
         replica: Replica | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         super().__init__(serde=serde)
         check_options(locals())
@@ -181,6 +191,7 @@ class S3Saver(
                 "inline_threshold": inline_threshold,
                 "list_deltas": list_deltas,
                 "ttl_seconds": int(ttl.total_seconds()) if ttl else None,
+                "budget": CacheBudget(cache_bytes if cache_bytes is not None else default_bytes()),
             },
         }
         if storage_class is not None:
@@ -261,6 +272,18 @@ class S3Saver(
         if ctx.serde is not self.serde:
             ctx = self._reader_ctx = dataclasses.replace(ctx, serde=self.serde)
         return ctx
+
+    def cache_stats(self) -> CacheStats:
+        """What the saver's caches hold now: their estimated bytes, entries and
+        evictions, per cache, within the budget (``cache_bytes``). Costs no request.
+
+        Example:
+            ```python
+            stats = saver.cache_stats()
+            print(f"{stats.used} of {stats.budget} bytes")
+            ```
+        """
+        return self._base_ctx.budget.stats()
 
     def deadline(self, seconds: float) -> AbstractContextManager[None]:
         """Within this block, the saver starts no retry that would end more than

@@ -86,6 +86,8 @@ def make_site(
     ``partner``: the other region's bucket, which may own the table too)."""
     where = Where(bucket, table, site=key)
     s3_calls = S3Calls(bucket, where, layout.root, storage_class)
+    # The saver's one cache budget; each region's caches apart within it.
+    budget = settings["budget"].site(key, key == PRIMARY)
     index: DynamoIndex | ManifestIndex
     if table:
         index = DynamoIndex(table, layout, where)
@@ -95,7 +97,7 @@ def make_site(
         claims = not (global_table and key == REPLICA)
         index.owner = Ownership(table, layout, where, endpoints["s3"], partner, claims)
     else:
-        index = ManifestIndex(s3_calls, layout)
+        index = ManifestIndex(s3_calls, layout, budget)
     clients = Clients(
         where=where,
         region_name=region_name,
@@ -106,7 +108,7 @@ def make_site(
         aioboto3_session=aioboto3_session,
     )
     site = Site(key, where, clients, [c for c in given.values() if c is not None], index.owner)
-    return site, Context(layout=layout, s3=s3_calls, index=index, **settings)
+    return site, Context(layout=layout, s3=s3_calls, index=index, **{**settings, "budget": budget})
 
 
 class Route:

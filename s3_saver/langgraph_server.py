@@ -37,6 +37,9 @@ like the server reaches the same store:
   deployment creates them ahead (``infra/``) and runs with narrower rights.
 - ``CHECKPOINT_TTL``: how long a checkpoint stays readable (``30d``, ``12h``,
   ``2w``, ``1h30m`` or seconds), the saver's ``ttl``; unset, no expiry.
+- ``CHECKPOINT_CACHE_BYTES``: the memory the saver's caches may take
+  together (``64MiB``, ``256MB`` or bytes), the saver's ``cache_bytes``; unset,
+  its default (64 MiB).
 - ``CHECKPOINT_ERASE_ON_DELETE``: ``1`` (same switches) makes the server's thread
   deletes (``DELETE /threads/{id}``, a prune with the "delete" strategy) erase
   the thread ([S3Saver.erase_thread()][s3_saver.S3Saver.erase_thread]: every version of its objects goes,
@@ -67,7 +70,8 @@ from typing import Any
 
 from s3_saver._ops.erase import EraseReport
 from s3_saver._saver import S3Saver
-from s3_saver._options import TABLE_NAME, bucket_name_ok, parse_duration
+from s3_saver._cache import MIN_BYTES
+from s3_saver._options import TABLE_NAME, bucket_name_ok, parse_bytes, parse_duration
 from s3_saver._serde_spec import load_serde
 from s3_saver.errors import ConfigurationError
 
@@ -96,6 +100,7 @@ class ServerSettings:
         setup: ``CHECKPOINT_SETUP``: create the bucket and table at start.
         ttl: ``CHECKPOINT_TTL``: how long a checkpoint stays readable (the saver's ``ttl``).
         erase_on_delete: ``CHECKPOINT_ERASE_ON_DELETE``: thread deletes erase.
+        cache_bytes: ``CHECKPOINT_CACHE_BYTES``: the caches' budget (the saver's ``cache_bytes``).
     """
 
     bucket: str
@@ -109,6 +114,7 @@ class ServerSettings:
     setup: bool = False
     ttl: timedelta | None = None
     erase_on_delete: bool = False
+    cache_bytes: int | None = None
 
     def saver(self) -> S3Saver:
         """A new S3Saver with these settings (no network call; see [S3Saver.setup()][s3_saver.S3Saver.setup]).
@@ -133,6 +139,7 @@ class ServerSettings:
             dynamodb_endpoint_url=self.dynamodb_endpoint_url,
             serde=serde,
             ttl=self.ttl,
+            cache_bytes=self.cache_bytes,
         )
 
 
@@ -202,6 +209,18 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSetting
                 f"CHECKPOINT_TTL={ttl_text!r} is not a duration of at least a second "
                 "(90s, 30m, 12h, 30d, 2w, 1h30m or plain seconds)"
             )
+    cache_text = get("CHECKPOINT_CACHE_BYTES")
+    cache_bytes = None
+    if cache_text is not None:
+        try:
+            cache_bytes = parse_bytes(cache_text)
+        except ValueError:
+            cache_bytes = None
+        if cache_bytes is None or cache_bytes < MIN_BYTES:
+            raise ConfigurationError(
+                f"CHECKPOINT_CACHE_BYTES={cache_text!r} is not a size of at least 1 MiB "
+                "(64MiB, 256MB, 1GiB or plain bytes)"
+            )
     return ServerSettings(
         bucket=bucket,
         table=table,
@@ -215,6 +234,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSetting
         setup=setup,
         ttl=ttl,
         erase_on_delete=erase,
+        cache_bytes=cache_bytes,
     )
 
 

@@ -89,6 +89,16 @@ def test_settings_from_env_reads_every_variable() -> None:
     assert type(saver.serde).__name__ == "JsonPlusSerializer"
 
 
+@pytest.mark.parametrize(
+    ("text", "size"), [("8MiB", 8 * 2**20), ("256 MB", 256 * 10**6), ("1GiB", 2**30), ("2097152", 2 * 2**20)]
+)
+def test_the_cache_budget_comes_from_checkpoint_cache_bytes(text: str, size: int) -> None:
+    env = {"CHECKPOINT_BUCKET": "b-1", "CHECKPOINT_CACHE_BYTES": text}
+    assert settings_from_env(env).cache_bytes == size
+    assert saver_from_env(env).cache_stats().budget == size
+    assert settings_from_env({"CHECKPOINT_BUCKET": "b-1"}).cache_bytes is None  # the saver's default
+
+
 def test_settings_defaults_are_the_manifest_index_without_setup() -> None:
     settings = settings_from_env({"CHECKPOINT_BUCKET": "b-1", "CHECKPOINT_TABLE": "", "AWS_DEFAULT_REGION": "us-west-2"})
     assert settings == ServerSettings(bucket="b-1", region="us-west-2")
@@ -115,6 +125,9 @@ def test_settings_defaults_are_the_manifest_index_without_setup() -> None:
         ({"CHECKPOINT_TTL": "a month"}, "CHECKPOINT_TTL='a month' is not a duration"),
         ({"CHECKPOINT_TTL": "0s"}, "CHECKPOINT_TTL='0s' is not a duration"),
         ({"CHECKPOINT_ERASE_ON_DELETE": "erase"}, "CHECKPOINT_ERASE_ON_DELETE='erase' is not a switch"),
+        ({"CHECKPOINT_CACHE_BYTES": "lots"}, "CHECKPOINT_CACHE_BYTES='lots' is not a size of at least 1 MiB"),
+        ({"CHECKPOINT_CACHE_BYTES": "512KiB"}, "CHECKPOINT_CACHE_BYTES='512KiB' is not a size of at least 1 MiB"),
+        ({"CHECKPOINT_CACHE_BYTES": "-64MiB"}, "CHECKPOINT_CACHE_BYTES='-64MiB' is not a size of at least 1 MiB"),
     ],
 )
 def test_a_wrong_variable_is_named(env: dict[str, str], message: str) -> None:

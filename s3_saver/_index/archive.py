@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._archive import Archive
+from s3_saver._cache import KEY_BYTES, entry_bytes
 from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, unpack
 from s3_saver._index.base import (
     ArchiveRef,
@@ -49,6 +50,11 @@ class ArchiveIndex(Index):
             layout.checkpoint_key(archive.thread_id, ns, cid): unpack(body, CHECKPOINT_FORMAT, f"{self._where}: checkpoint {cid}")
             for (ns, cid), body in archive.records.items()
         }
+        # What it holds, estimated for the cache budget (``Context.archives``):
+        # the entries with their bodies, and each record's decoded bytes.
+        held = [*archive.entries, *archive.writes]
+        decoded = [*archive.blobs.values(), *archive.records.values()]
+        self.size = sum(map(entry_bytes, held)) + sum(len(b) + KEY_BYTES for b in decoded)
 
     def describe(self) -> str:
         return self._where

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import random
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from s3_saver._cache import CacheBudget, entry_bytes
 from s3_saver._codec import CHECKPOINT_FORMAT, unpack
 from s3_saver._index.base import (
     REGULAR_PART,
@@ -91,8 +91,6 @@ _SWAP_BACKOFF_MAX = 0.5  # seconds
 # another process deleted; every commit of a batch refused (``manifest_group``).
 _REFUSALS = (Fenced, ParentGone, ThreadArchivedError, ConfigurationError, MissingObjectError, BatchRefused)
 _JITTER = random.SystemRandom()  # never the random module's shared state (see _keys.new_token)
-_CACHE_HEADS = 512
-_CACHE_SEGMENTS = 256
 
 Segment = tuple[list[CheckpointEntry], list[WritesEntry]]
 
@@ -114,17 +112,24 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Manife
     local_lookups = True
     lists_in_prepare = True
 
-    def __init__(self, s3: S3Calls, layout: KeyLayout) -> None:
+    def __init__(self, s3: S3Calls, layout: KeyLayout, budget: CacheBudget | None = None) -> None:
         self.s3 = s3
         self.layout = layout
+        budget = budget if budget is not None else CacheBudget()
         # The last head seen per thread (a consistent snapshot with its ETag) and
         # sealed segments (immutable): lookups of older checkpoints cost nothing.
-        self._heads: OrderedDict[str, Head] = OrderedDict()
-        self._segments: OrderedDict[str, Segment] = OrderedDict()
-        # Segments written ahead by prepare(), waiting for the commit that refers to them.
+        # Both are charged to the saver's budget (``_cache``). Invariant: a head
+        # evicted is read again (its ETag stood in for a read: ``prepare``,
+        # ``_commit``), a segment evicted is fetched again; no decision rests on
+        # finding one (``unnote`` reads the head it lacks, ``_load_segments``
+        # answers from what it loaded, not from the cache).
+        self._heads = budget.cache("heads")
+        self._segments = budget.cache("segments")
+        # Segments written ahead by prepare(), waiting for the commit that refers
+        # to them (at most one plan per thread, its keys and refs: the bytes went out).
         self._sealed: dict[str, _SealPlan] = {}
         # What this process committed, for the segments it seals (manifest_seal.Bodies).
-        self.bodies = Bodies()
+        self.bodies = Bodies(budget)
         self._lock = threading.Lock()
         self._group = GroupCommit(threading.Lock())
 
@@ -304,15 +309,10 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Manife
             yield from request(self.s3.delete_many(unused))
 
     def _remember(self, head: Head) -> None:
-        with self._lock:
-            self._heads[head.thread_id] = head
-            self._heads.move_to_end(head.thread_id)
-            while len(self._heads) > _CACHE_HEADS:
-                self._heads.popitem(last=False)
+        self._heads.put(head.thread_id, head, _head_bytes(head))
 
     def _cached(self, thread_id: str) -> Head | None:
-        with self._lock:
-            return self._heads.get(thread_id)
+        return self._heads.get(thread_id)  # type: ignore[no-any-return]
 
     # -- segments ------------------------------------------------------------------------
     def _load_segments(self, thread_id: str, refs: list[SegmentRef], buried: bool = False) -> Op[list[Segment]]:
@@ -322,23 +322,23 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Manife
         (a cleanup cut short between that delete and the head's swap leaves the
         head naming them): one that is gone lists nothing left to delete."""
         keys = [self.layout.segment_key(thread_id, r.number, r.token) for r in refs]
-        with self._lock:
-            missing = [k for k in keys if k not in self._segments]
+        # Invariant: the answer is what was found or loaded here, never a second
+        # look at the cache, which may have evicted a segment meanwhile (another
+        # thread's read, or this wave alone over the budget).
+        found = {k: s for k in keys if (s := self._segments.get(k)) is not None}
+        missing = [k for k in keys if k not in found]
         if missing:
             calls = [self.s3.get(k) for k in missing]
             results = yield tuple(calls)
-            with self._lock:
-                for key, call, result in zip(missing, calls, results):
-                    if isinstance(result, BaseException):
-                        if buried and classify(result, "get_object") == OBJECT_MISSING:
-                            continue
-                        raise_failure(call, result)
-                    where = f"s3://{self.s3.bucket}/{key}"
-                    self._segments[key] = decode_segment(thread_id, result["Body"], where)
-                    while len(self._segments) > _CACHE_SEGMENTS:
-                        self._segments.popitem(last=False)
-        with self._lock:
-            return [self._segments[k] for k in keys if not buried or k in self._segments]
+            for key, call, result in zip(missing, calls, results):
+                if isinstance(result, BaseException):
+                    if buried and classify(result, "get_object") == OBJECT_MISSING:
+                        continue
+                    raise_failure(call, result)
+                where = f"s3://{self.s3.bucket}/{key}"
+                segment = found[key] = decode_segment(thread_id, result["Body"], where)
+                self._segments.put(key, segment, _segment_bytes(segment))
+        return [found[k] for k in keys if not buried or k in found]
 
     def _find(self, head: Head, ns: str, checkpoint_id: str) -> Op[CheckpointEntry | None]:
         """A checkpoint with its writes, from the head or the segments whose id range
@@ -411,8 +411,11 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Manife
         assert head is not None
         sealed = results[: len(plan.objects)] if plan else []
         if plan is not None and not any(isinstance(r, BaseException) for r in sealed):
+            # Written: a commit may now refer to it. Kept without the segments'
+            # bytes (sent already; ``_drop_unused`` needs their keys only).
+            kept = replace(plan, objects=[(k, b"") for k, _ in plan.objects])
             with self._lock:
-                self._sealed[thread_id] = plan  # written: a commit may now refer to it
+                self._sealed[thread_id] = kept
         hints = (active is not None) + (listing is not None)
         for obj, result in zip(objects[len(objects) - hints :], results[len(results) - hints :]):
             # 412: the entry exists (another write of the day, or a retried attempt of this one).
@@ -473,6 +476,10 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Manife
         if run_id is not None:
             keys.append(self.layout.run_key(run_id, thread_id))
         head = self._cached(thread_id)
+        if head is None and created is not None:
+            # Invariant: the listing object goes only when the head does not name
+            # its time; a head this process no longer holds (evicted) is read.
+            head = yield from self._read_head(thread_id)
         if head is not None and created is not None and head.created == created:
             keys = keys[1:]
         if keys:
@@ -543,8 +550,7 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Manife
         """Older checkpoints, from the heads and segments this process has read:
         no request (the resolver reads the object of one it does not find)."""
         yield from ()
-        with self._lock:
-            segments = list(self._segments.values())
+        segments = self._segments.values()
         found: dict[Key3, CheckpointEntry | None] = {}
         for thread_id, ns, checkpoint_id in keys:
             head = self._cached(thread_id)
@@ -646,6 +652,19 @@ class ManifestIndex(ManifestHoldings, ManifestArchive, ManifestLifecycle, Manife
 
 
 # -- helpers ---------------------------------------------------------------------------
+def _head_bytes(head: Head) -> int:
+    """A cached head's estimated bytes: its entries with their bodies, and the
+    bodies it pins (bytes shared with ``Bodies`` are counted in both: the budget
+    bounds from above what the caches keep alive)."""
+    parts = [*head.entries, *head.writes, *head.graveyard]
+    return sum(map(entry_bytes, parts)) + sum(len(b) for b in head.pinned.values()) + 64 * len(head.segments)
+
+
+def _segment_bytes(segment: Segment) -> int:
+    entries, writes = segment
+    return sum(map(entry_bytes, entries)) + sum(map(entry_bytes, writes))
+
+
 @dataclass
 class _Merge:
     """A history read under way: the head it began with, entries read and not

@@ -10,12 +10,11 @@ imports it.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from s3_saver._cache import KEY_BYTES, CacheBudget
 from s3_saver._index.base import CheckpointEntry, WritesEntry
 from s3_saver._index.manifest_bodies import write_key as _write_key
 from s3_saver._index.manifest_doc import BODY_IN_SEGMENT_MAX, Head, SegmentRef, encode_segment, pieces_read
@@ -61,36 +60,29 @@ _MAX_SWAPS = 24
 
 class Bodies:
     """The bodies of the checkpoints and writes parts this process committed to a
-    head, by entry, up to ``limit`` bytes (oldest out first). A head keeps the
-    bodies of only what "latest" reads, and a head read back after another
-    writer's swap has lost the rest: a seal takes them from here, so the segments
-    it writes carry them and a history reads no object per checkpoint. A body
-    is the immutable object's bytes under a key no other content ever takes."""
+    head, by entry, charged to the saver's cache budget (least recently used out
+    first). A head keeps the bodies of only what "latest" reads, and a head read
+    back after another writer's swap has lost the rest: a seal takes them from
+    here, so the segments it writes carry them and a history reads no object per
+    checkpoint. A body is the immutable object's bytes under a key no other
+    content ever takes: one evicted is read from its object (a segment sealed
+    without it names the object, as a head written by another process does)."""
 
-    def __init__(self, limit: int = 16 * 1024 * 1024) -> None:
-        self._limit, self._size = limit, 0
-        self._data: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
-        self._lock = threading.Lock()
+    def __init__(self, budget: CacheBudget | None = None) -> None:
+        self._data = (budget if budget is not None else CacheBudget()).cache("bodies")
 
     def keep(self, entry: CheckpointEntry | WritesEntry) -> None:
         if entry.body is None or len(entry.body) > BODY_IN_SEGMENT_MAX:
             return
         key = _body_key(entry)
-        with self._lock:
-            if key in self._data:
-                return
-            self._data[key] = entry.body
-            self._size += len(entry.body)
-            while self._size > self._limit:
-                _, old = self._data.popitem(last=False)
-                self._size -= len(old)
+        if key not in self._data:
+            self._data.put(key, entry.body, len(entry.body) + 2 * KEY_BYTES)
 
     def fill(self, entry: Any) -> Any:
         """``entry`` with its body, when it lacks one this process holds."""
         if entry.body is not None:
             return entry
-        with self._lock:
-            body = self._data.get(_body_key(entry))
+        body = self._data.get(_body_key(entry))
         return entry if body is None else replace(entry, body=body)
 
 

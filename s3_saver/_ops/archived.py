@@ -56,8 +56,9 @@ def archive_context(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[Context
         archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}")
         index = ArchiveIndex(archive, ref, ctx.layout, ctx.s3.bucket)
         ctx.archives.put(ref.key, index)
-    # Its own loc cache: what a write learns must come from the live index.
-    return replace(ctx, index=index, locs=LocCache(256))
+    # Its own loc cache (this read's alone, with a budget of its own: it goes
+    # with the read): what a write learns must come from the live index.
+    return replace(ctx, index=index, locs=LocCache())
 
 
 def read_archive(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[bytes]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from s3_saver._cache import LOC_ITEM_BYTES, CacheBudget, key_bytes
 from s3_saver._index.base import CheckpointEntry, Index, Loc
 from s3_saver._keys import KeyLayout
 from s3_saver._pieces import HeldLists
@@ -22,6 +21,12 @@ from s3_saver.errors import ConfigurationError
 Known = tuple[Loc, int, str]
 
 
+# Entries of the tables a decision rests on (``fixed`` in ``_cache``): kept by
+# count, never evicted for bytes. 4,096 ids of ~36 characters take about 1.2 MB
+# per table (``_cache.key_bytes``), charged to the budget as they fill.
+_FIXED_ENTRIES = 4096
+
+
 class LocCache:
     """Remembers ``loc`` maps (and generations) of recently seen checkpoints.
 
@@ -30,36 +35,29 @@ class LocCache:
     that already holds them without reading the parent item first. A delete
     in another process is caught by the commit's fence on the generation
     kept here (or by the thread's record, read when it is not known).
+
+    The loc maps are charged to the cache budget: one evicted is read again
+    from the index (``put`` reads its parent; ``_joins`` asks the index). The
+    generation per thread is a fence: a count bound only (``fixed``).
     """
 
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._data: OrderedDict[tuple[str, str, str], Known] = OrderedDict()
+    def __init__(self, budget: CacheBudget | None = None) -> None:
+        budget = budget if budget is not None else CacheBudget()
+        self._data = budget.cache("locs")
         # Per thread, the generation of the checkpoint last put here (its newest).
-        self._gens: OrderedDict[str, int] = OrderedDict()
-        self._lock = threading.Lock()
+        self._gens = budget.cache("gens", entries=_FIXED_ENTRIES, fixed=True)
 
     def get(self, key: tuple[str, str, str]) -> Known | None:
-        with self._lock:
-            loc = self._data.get(key)
-            if loc is not None:
-                self._data.move_to_end(key)
-            return loc
+        return self._data.get(key)  # type: ignore[no-any-return]
 
     def put(self, key: tuple[str, str, str], known: Known) -> None:
-        with self._lock:
-            self._data[key] = known
-            self._data.move_to_end(key)
-            self._gens[key[0]] = known[1]
-            self._gens.move_to_end(key[0])
-            for data in (self._data, self._gens):
-                while len(data) > self._size:
-                    data.popitem(last=False)
+        with self._data.lock:
+            self._data.put(key, known, key_bytes(key) + LOC_ITEM_BYTES * len(known[0]))
+            self._gens.put(key[0], known[1], key_bytes(key[0]))
 
     def thread_gen(self, thread_id: str) -> int | None:
         """The generation of the thread's checkpoint this process put or read last."""
-        with self._lock:
-            return self._gens.get(thread_id)
+        return self._gens.get(thread_id)  # type: ignore[no-any-return]
 
     def forget_thread(self, thread_id: str) -> None:
         """Drop the thread's loc maps. The generation last seen stays: the writes
@@ -67,9 +65,9 @@ class LocCache:
         or restore (none of which lowers it), and a newer one refuses them unless
         their checkpoint is there (``put._joins``); forgotten, they would read the
         newest and be taken into it."""
-        with self._lock:
-            for key in [k for k in self._data if k[0] == thread_id]:
-                del self._data[key]
+        with self._data.lock:
+            for key in [k for k in self._data.keys() if k[0] == thread_id]:  # type: ignore[index]
+                self._data.pop(key)
 
 
 class Starting:
@@ -77,13 +75,14 @@ class Starting:
     namespace, no parent) being put, or put already, in a generation. LangGraph
     sends the writes of a run's steps before their checkpoints' puts land (each
     put waits for the previous one); they belong where the run's first
-    checkpoint went (see ``put._joins``)."""
+    checkpoint went (see ``put._joins``). A decision rests on it: a count
+    bound only (``fixed``)."""
 
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._putting: dict[str, int] = {}
-        self._began: OrderedDict[str, int] = OrderedDict()  # thread -> generation
-        self._lock = threading.Lock()
+    def __init__(self, budget: CacheBudget | None = None) -> None:
+        budget = budget if budget is not None else CacheBudget()
+        self._putting: dict[str, int] = {}  # puts under way: as many as the calls in flight
+        self._began = budget.cache("began", entries=_FIXED_ENTRIES, fixed=True)  # thread -> generation
+        self._lock = self._began.lock
 
     def add(self, thread_id: str) -> None:
         with self._lock:
@@ -98,10 +97,7 @@ class Starting:
             else:
                 self._putting.pop(thread_id, None)
             if gen is not None:
-                self._began[thread_id] = gen
-                self._began.move_to_end(thread_id)
-                while len(self._began) > self._size:
-                    self._began.popitem(last=False)
+                self._began.put(thread_id, gen, key_bytes(thread_id))
 
     def began(self, thread_id: str, gen: int) -> bool:
         """Whether this process is starting the thread, or started it in ``gen``."""
@@ -113,76 +109,65 @@ class WriteSlots:
     """The pending-write slots ((task_id, part)) of recently seen checkpoints:
     those this process wrote or read. A checkpoint put after them names its
     parent's in its entry (``CheckpointEntry.parent_writes``), at no request:
-    LangGraph makes a child from writes its process wrote or loaded."""
+    LangGraph makes a child from writes its process wrote or loaded. Charged
+    to the cache budget: a checkpoint whose parent's slots were evicted names
+    none (unknown, as from a process that never saw them)."""
 
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._data: OrderedDict[tuple[str, str, str], frozenset[tuple[str, str]]] = OrderedDict()
-        self._lock = threading.Lock()
+    def __init__(self, budget: CacheBudget | None = None) -> None:
+        self._data = (budget if budget is not None else CacheBudget()).cache("slots")
 
     def get(self, key: tuple[str, str, str]) -> frozenset[tuple[str, str]] | None:
-        with self._lock:
-            return self._data.get(key)
+        return self._data.get(key)  # type: ignore[no-any-return]
 
     def add(self, key: tuple[str, str, str], slots: Any) -> frozenset[tuple[str, str]]:
         """Adds ``slots`` (the key is known from now on); returns those that are new."""
-        with self._lock:
-            had = self._data.get(key, frozenset())
+        with self._data.lock:
+            had = self._data.get(key) or frozenset()
             new = frozenset(slots) - had
-            self._data[key] = had | new
-            self._data.move_to_end(key)
-            while len(self._data) > self._size:
-                self._data.popitem(last=False)
+            self._put(key, had | new)
             return new
 
     def discard(self, key: tuple[str, str, str], slots: frozenset[tuple[str, str]]) -> None:
-        with self._lock:
-            if key in self._data:
-                self._data[key] = self._data[key] - slots
+        with self._data.lock:
+            had = self._data.get(key)
+            if had is not None:
+                self._put(key, had - slots)
+
+    def _put(self, key: tuple[str, str, str], slots: frozenset[tuple[str, str]]) -> None:
+        size = key_bytes(key) + sum(key_bytes(s) for s in slots)
+        self._data.put(key, slots, size)
 
 
 class Noted:
     """Hints this process has written or seen written, each written once: the
-    (run, thread) pairs, and the (thread, generation) pairs listed."""
+    (run, thread) pairs, and the (thread, generation) pairs listed. One
+    forgotten is written again (an immutable object, or an idempotent item):
+    a count bound only (``fixed``)."""
 
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._data: OrderedDict[tuple[str, Any], None] = OrderedDict()
-        self._lock = threading.Lock()
+    def __init__(self, budget: CacheBudget | None = None, kind: str = "noted") -> None:
+        self._data = (budget if budget is not None else CacheBudget()).cache(kind, entries=_FIXED_ENTRIES, fixed=True)
 
     def __contains__(self, pair: tuple[str, Any]) -> bool:
-        with self._lock:
-            return pair in self._data
+        return pair in self._data
 
     def add(self, pair: tuple[str, Any]) -> None:
-        with self._lock:
-            self._data[pair] = None
-            while len(self._data) > self._size:
-                self._data.popitem(last=False)
+        self._data.put(pair, None, key_bytes(pair))
 
 
 class Archives:
     """Archived threads this process has read, decoded (an archive object never
     changes: a key names one content): the next read of the thread costs one
-    index request and no GET."""
+    index request and no GET. Charged to the cache budget by what each holds
+    (``ArchiveIndex.size``); one evicted is read again (one GET)."""
 
-    def __init__(self, size: int = 8) -> None:
-        self._size = size
-        self._data: OrderedDict[str, Index] = OrderedDict()
-        self._lock = threading.Lock()
+    def __init__(self, budget: CacheBudget | None = None) -> None:
+        self._data = (budget if budget is not None else CacheBudget()).cache("archives")
 
     def get(self, key: str) -> Index | None:
-        with self._lock:
-            found = self._data.get(key)
-            if found is not None:
-                self._data.move_to_end(key)
-            return found
+        return self._data.get(key)  # type: ignore[no-any-return]
 
     def put(self, key: str, index: Index) -> None:
-        with self._lock:
-            self._data[key] = index
-            while len(self._data) > self._size:
-                self._data.popitem(last=False)
+        self._data.put(key, index, getattr(index, "size", 0) + key_bytes(key))
 
 
 @dataclass
@@ -195,18 +180,41 @@ class Context:
     ttl_seconds: int | None
     # Lists that extend their parent's value are stored as deltas (see ``_pieces``).
     list_deltas: bool = True
-    locs: LocCache = field(default_factory=LocCache)
-    noted: Noted = field(default_factory=Noted)
-    listed: Noted = field(default_factory=Noted)
+    # The saver's one cache budget (``_cache``): every cache below is charged to
+    # it, and the manifest index's too (``_sites.make_site`` gives it the same).
+    budget: CacheBudget = field(default_factory=CacheBudget)
+    # Made from ``budget`` when not given (``dataclasses.replace`` passes them on).
+    locs: LocCache = None  # type: ignore[assignment]
+    noted: Noted = None  # type: ignore[assignment]
+    listed: Noted = None  # type: ignore[assignment]
     # (thread, day) activity entries this process wrote or saw recorded (``_ops/idle``).
-    active: Noted = field(default_factory=Noted)
-    archives: Archives = field(default_factory=Archives)
-    starting: Starting = field(default_factory=Starting)
+    active: Noted = None  # type: ignore[assignment]
+    archives: Archives = None  # type: ignore[assignment]
+    starting: Starting = None  # type: ignore[assignment]
     # List values last written or read, the bases of deltas (see ``_pieces``).
-    lists: HeldLists = field(default_factory=HeldLists)
-    slots: WriteSlots = field(default_factory=WriteSlots)
+    lists: HeldLists = None  # type: ignore[assignment]
+    slots: WriteSlots = None  # type: ignore[assignment]
     # Set for a replica region's reads: lag-safe (``_ops/lagged.py``).
     replica: ReplicaReads | None = None
+
+    def __post_init__(self) -> None:
+        b = self.budget
+        if self.locs is None:
+            self.locs = LocCache(b)
+        if self.noted is None:
+            self.noted = Noted(b, "noted")
+        if self.listed is None:
+            self.listed = Noted(b, "listed")
+        if self.active is None:
+            self.active = Noted(b, "active")
+        if self.archives is None:
+            self.archives = Archives(b)
+        if self.starting is None:
+            self.starting = Starting(b)
+        if self.lists is None:
+            self.lists = HeldLists(b)
+        if self.slots is None:
+            self.slots = WriteSlots(b)
 
     def now(self) -> int:
         return int(time.time())
