@@ -51,6 +51,10 @@ ROOT_READS = {"dynamodb": 1, "manifest": 0}
 # The one request a thread's first checkpoint adds: its listing entry (a
 # TransactWriteItems that also stamps the thread item / an empty object).
 LISTING_WRITE = {"dynamodb": ("dynamodb", "transact_write_items"), "manifest": ("s3", "put_object")}
+# A thread's first write of a day records its activity (archive_idle's entries): in
+# DynamoDB mode inside the commit's transaction, in manifest mode an empty object
+# beside the checkpoint's (the old thread's entry of the day exists already).
+ACTIVITY_WRITE = {"dynamodb": None, "manifest": ("s3", "put_object")}
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -347,6 +351,8 @@ def test_put_costs_more_only_when_it_creates_a_thread(saver, index_mode) -> None
     expected = _plus(old_cost, LISTING_WRITE[index_mode])
     if COLD_READ[index_mode] is not None:
         expected = _plus(expected, COLD_READ[index_mode])
+    if ACTIVITY_WRITE[index_mode] is not None:
+        expected = _plus(expected, ACTIVITY_WRITE[index_mode])
     assert created_cost == expected
     # A parentless root checkpoint of a listed thread (invoke with no checkpoint_id)
     # does not list it again.
