@@ -184,8 +184,8 @@ def test_a_late_write_that_missed_the_tombstone_is_refused_or_invisible(endpoint
     index_type = type(in_flight._ctx.index)
     prepare = index_type.prepare
 
-    def stale_prepare(index, thread_id, ns, parent_id, list_at=None, gen=None):  # the read that came just before the delete
-        prepared = yield from prepare(index, thread_id, ns, parent_id, list_at, gen)
+    def stale_prepare(index, thread_id, ns, parent_id, *args, **kwargs):  # the read that came just before the delete
+        prepared = yield from prepare(index, thread_id, ns, parent_id, *args, **kwargs)
         return dataclasses.replace(prepared, gen=0)
 
     monkeypatch.setattr(index_type, "prepare", stale_prepare)
