@@ -26,7 +26,7 @@ from s3_saver._cache import CacheBudget, CacheStats, default_bytes
 from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._keys import KeyLayout
-from s3_saver._ops import delta, put, read, setup
+from s3_saver._ops import delta, put, put_writes, read, setup
 from s3_saver._ops.context import Context
 from s3_saver._options import check_options
 from s3_saver._protocol import PRIMARY, RequestStats
@@ -463,7 +463,7 @@ class S3Saver(
         Raises:
             ThreadDeletedError: The thread was deleted after the checkpoint was written.
         """
-        self._sync.run(put.put_writes(self._ctx, config, writes, task_id, task_path))
+        self._sync.run(put_writes.put_writes(self._ctx, config, writes, task_id, task_path))
 
     async def aput_writes(
         self,
@@ -473,7 +473,7 @@ class S3Saver(
         task_path: str = "",
     ) -> None:
         """Async version of [put_writes()][s3_saver.S3Saver.put_writes]."""
-        await self._async.run(put.put_writes(self._ctx, config, writes, task_id, task_path))
+        await self._async.run(put_writes.put_writes(self._ctx, config, writes, task_id, task_path))
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]

@@ -12,317 +12,59 @@ Rules every backend keeps:
 * Readers never see a deleted generation (``delete_thread``'s tombstones) or an
   expired entry.
 * Entries carry full ``loc`` maps in memory, whatever a backend stores.
+
+The entries and the records an index exchanges are in ``entries`` (re-exported here).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from s3_saver._index.entries import (
+    ENTRY_BUDGET,
+    IN_BLOB_OBJECT,
+    IN_CHECKPOINT_OBJECT,
+    REGULAR_PART,
+    SPECIAL_PART,
+    Activity,
+    Archived,
+    ArchiveRef,
+    CheckpointEntry,
+    Cut,
+    DepthHint,
+    Fenced,
+    Holdings,
+    IndexEntry,
+    Key3,
+    Loc,
+    ParentGone,
+    Prepared,
+    Ref,
+    Release,
+    ThreadRef,
+    Tombstone,
+    WritesEntry,
+    WritesOutcome,
+    as_ref,
+    make_ref,
+    one_line,
+    ref_pieces,
+    ref_tag,
+    retag,
+)
 from s3_saver._protocol import Op
-from s3_saver.errors import ThreadArchivedError
 
-# loc entry kinds: where the value of (channel, version) is stored.
-IN_CHECKPOINT_OBJECT = 0
-IN_BLOB_OBJECT = 1
+__all__ = [
+    "ENTRY_BUDGET", "IN_BLOB_OBJECT", "IN_CHECKPOINT_OBJECT", "REGULAR_PART", "SPECIAL_PART", "Activity",
+    "ArchiveRef", "Archived", "CheckpointEntry", "Cut", "DepthHint", "Fenced", "Holdings", "Index",
+    "IndexEntry", "Key3", "Loc", "ParentGone", "Prepared", "Ref", "Release", "ThreadRef", "Tombstone",
+    "WritesEntry", "WritesOutcome", "as_ref", "make_ref", "one_line", "ref_pieces", "ref_tag", "retag",
+]
 
-# Pending-write parts: a task's regular writes ("r<extent>"), or one special
-# channel's slot ("s<k>" for the channel with index -k in WRITES_IDX_MAP).
-REGULAR_PART = "r"
-SPECIAL_PART = "s"
-
-# A checkpoint object (with the values inside it) and its index entry are sized
-# to fit a DynamoDB item (400 KB, less room for keys and attribute names)
-# whichever index is used, so a thread can move between index modes.
-ENTRY_BUDGET = 400 * 1024 - 8 * 1024
 # Threads per page when an admin operation walks the whole listing.
 _LISTING_PAGE = 100
-
-Key3 = tuple[str, str, str]  # (thread_id, checkpoint_ns, checkpoint_id)
-# channel -> a reference to the object that holds the value of its version:
-# (version, source checkpoint id, IN_CHECKPOINT_OBJECT | IN_BLOB_OBJECT, put time[, tag[, pieces]]).
-# The tag (see ``_keys``) is there only when the object was written tagged.
-# ``pieces``: the value is a list stored as a delta (see ``_pieces``); the refs
-# of the earlier pieces it reads, keyframe first (each a ref without pieces,
-# put time 0), and the reference's own object holds the last piece.
-Ref = tuple[Any, ...]
-Loc = dict[str, Ref]
-
-
-def ref_tag(ref: Ref) -> str:
-    return ref[4] if len(ref) > 4 else ""
-
-
-def make_ref(version: Any, source: str, kind: int, put_at: int, tag: str = "", pieces: tuple[Ref, ...] = ()) -> Ref:
-    if pieces:
-        return (version, source, kind, put_at, tag, tuple(pieces))
-    return (version, source, kind, put_at, tag) if tag else (version, source, kind, put_at)
-
-
-def ref_pieces(ref: Ref) -> tuple[Ref, ...]:
-    """Every stored object the value reads, in order: a whole value is one; a
-    delta's earlier pieces (keyframe first), then its own."""
-    if len(ref) > 5:
-        return (*ref[5], make_ref(ref[0], ref[1], ref[2], ref[3], ref[4]))
-    return (ref,)
-
-
-def as_ref(value: Any) -> Ref:
-    """A reference as decoded from msgpack (lists) made a tuple again, pieces included."""
-    if len(value) > 5:
-        return (*value[:5], tuple(tuple(p) for p in value[5]))
-    return tuple(value)
-
-
-def retag(ref: Ref, tag: str) -> Ref:
-    """The same reference to the copy of its objects written under ``tag`` (a
-    thread's objects are copied together, the pieces of its deltas too)."""
-    pieces = tuple(make_ref(p[0], p[1], p[2], p[3], tag) for p in ref[5]) if len(ref) > 5 else ()
-    return make_ref(ref[0], ref[1], ref[2], ref[3], tag, pieces)
-
-
-# How many ancestors a walk from this checkpoint probably reads (None: no idea);
-# a backend that reads the chain in pieces reads that many at once.
-DepthHint = Callable[["CheckpointEntry"], "int | None"]
-
-
-@dataclass
-class CheckpointEntry:
-    """A checkpoint as the index describes it (values not yet loaded)."""
-
-    thread_id: str
-    ns: str
-    checkpoint_id: str
-    parent_id: str | None
-    # channel -> the reference to its value's object (see ``Ref``)
-    loc: Loc
-    body: bytes | None = None
-    metadata: tuple[str, bytes] | None = None
-    expires_at: int | None = None
-    # The thread's delete generation when the entry was written (see Tombstone).
-    gen: int = 0
-    # None: not read yet (the resolver asks the index for them).
-    writes: list[WritesEntry] | None = field(default_factory=list)
-    # The run that wrote it (metadata "run_id"), for delete_for_runs.
-    run_id: str | None = None
-    # Taken out of the thread's history by prune or delete_for_runs, and kept
-    # only because checkpoints that stay read through it: values they point at
-    # (``loc``), or the writes a DeltaChannel replays. Never listed or returned.
-    hidden: bool = False
-    # The tag of its checkpoint object's key ("" for a put's own write; see ``_keys``).
-    tag: str = ""
-    # What a reader of a replicated index needs to prove this checkpoint's past
-    # complete (a global table replicates item by item; see ``_ops/lagged``):
-    # ``chained``: the entry was written by a version that records the two
-    # fields below, so its parent missing from the index is a hole unless
-    # ``parent_gone`` says it was taken out (prune, delete_for_runs, a
-    # failback's merge). ``parent_writes``: the (task_id, part) slots of the
-    # parent's pending writes this checkpoint was made from, as the writer knew
-    # them (None: it did not know them).
-    chained: bool = False
-    parent_writes: tuple[tuple[str, str], ...] | None = None
-    parent_gone: bool = False
-
-    @property
-    def key(self) -> Key3:
-        return (self.thread_id, self.ns, self.checkpoint_id)
-
-
-@dataclass
-class WritesEntry:
-    """The pending writes of one task for one checkpoint: its regular writes
-    (``part`` "r<n>") or one special channel's slot (``part`` "s<k>")."""
-
-    thread_id: str
-    ns: str
-    checkpoint_id: str
-    task_id: str
-    part: str
-    token: str
-    body: bytes | None = None
-    gen: int = 0
-    expires_at: int | None = None
-    # DynamoDB: the bucket of the region that committed the part. A global
-    # table merges both regions' items after a failover (last writer wins per
-    # part), so one task's parts can come from two regions: see ``one_line``.
-    site: str | None = None
-
-
-@dataclass
-class Tombstone:
-    """The thread's record (``ns`` None): everything of the thread written before
-    generation ``gen`` is deleted (``delete_thread`` moves it on), and where the
-    thread lives (its archive, the marks of operations under way). With ``ns``:
-    a namespace's tombstone, which earlier versions' deletes wrote (still honoured).
-
-    Entries carry the generation they were written in, so an entry that a run
-    in flight committed after the delete started is recognised as deleted too.
-    """
-
-    thread_id: str
-    ns: str | None
-    gen: int
-    deleted_at: int = 0
-    # On the thread's item (``ns`` None): when the thread was listed (0: it is not),
-    # and the runs delete_for_runs deleted from it.
-    created: int = 0
-    dead_runs: frozenset[str] = frozenset()
-    # Archived (a marker: the thread reads from the archive object), and an
-    # archive object a restore left to delete.
-    archive: ArchiveRef | None = None
-    stale_archive: str | None = None
-    # DynamoDB: an archive under way (the key of the object it writes): the
-    # archive switches only if no commit came meanwhile (a commit takes the
-    # mark off); and a restore under way (an archive's cleanup stops).
-    archiving: str | None = None
-    restoring: str | None = None
-    # A delete's listing entry still to remove (the time it was listed at).
-    unlisting: int = 0
-    # The day (yyyymmdd) of the thread's latest activity entry, as writes recorded
-    # it (0: none known): an archive removes that entry (``_ops/archive``).
-    active: int = 0
-
-
-@dataclass
-class ArchiveRef:
-    """Where an archived thread lives: one object under ``archive/`` (see ``_archive``).
-
-    Written into the index by ``Index.archive`` (the switch: from then on the
-    thread reads from the archive) and taken out by ``Index.unarchive``.
-    """
-
-    key: str
-    storage_class: str
-    size: int  # bytes of the archive object
-    archived_at: int
-    # The newest checkpoint archived per namespace: a cleanup run again after a
-    # crash removes the live entries up to these, never a write that came later.
-    newest: dict[str, str]
-    # The root namespace's latest checkpoint, its object without values (the
-    # thread listing shows it without reading the archive); None: no root checkpoint.
-    latest: CheckpointEntry | None = None
-    checkpoints: int = 0  # how many it holds
-    live_bytes: int = 0  # what its objects weighed live
-    # The runs it holds checkpoints of: a delete of the archived thread removes
-    # their hints without reading the archive.
-    runs: list[str] = field(default_factory=list)
-
-
-class Archived(ThreadArchivedError):
-    """Raised by an index read of an archived thread; the operations catch it and
-    read the archive (instant classes) or tell the caller to restore it."""
-
-    def __init__(self, thread_id: str, ref: ArchiveRef) -> None:
-        super().__init__(
-            f"thread {thread_id!r} is archived in s3 object {ref.key} ({ref.storage_class}): "
-            f"restore_thread({thread_id!r}) brings it back before it can be changed",
-            thread_id,
-            ref.storage_class,
-            ref.key,
-        )
-        self.ref = ref
-
-
-IndexEntry = CheckpointEntry | WritesEntry | Tombstone
-
-
-class Fenced(Exception):
-    """A commit the thread's record refused: it was deleted since the writer
-    read it (``gen``), archived, being archived (a DynamoDB mark the writer may
-    take off), or the writer's run was deleted. ``record`` is the record as the
-    index holds it; the operation decides (``_ops.put``)."""
-
-    def __init__(self, record: Tombstone) -> None:
-        super().__init__(f"thread {record.thread_id!r}: the commit was refused by the thread's record")
-        self.record = record
-
-
-class ParentGone(Exception):
-    """A checkpoint commit whose parent entry left the index (pruned, deleted by
-    delete_for_runs) or was written anew (restored, under another tag) since the
-    writer read it: the values it carries from the parent may be gone, so it
-    stores them itself and commits again."""
-# Called by an index once entries are out of it: ``release(gone, staying)``
-# deletes the objects ``gone`` names that nothing in ``staying`` names (``_reach``).
-Release = Callable[[list[Any], list[Any]], "Op[None]"]
-
-
-@dataclass
-class Cut:
-    """What prune or delete_for_runs takes out of a thread: checkpoints to hide
-    (newer ones read through them) and checkpoints to drop, with their writes."""
-
-    hide: list[CheckpointEntry] = field(default_factory=list)
-    drop: list[CheckpointEntry] = field(default_factory=list)
-
-
-@dataclass
-class Prepared:
-    """What a writer reads beside its object writes."""
-
-    gen: int  # the thread's delete generation (0: never deleted)
-    parent: CheckpointEntry | None  # the parent's entry as stored, when asked for
-    listed: bool  # the thread is in the thread listing already
-    # Not listed: the time to list it at, beside the commit (None: it cannot be
-    # listed by this write; see ManifestIndex.prepare).
-    listing: int | None = None
-    # Runs delete_for_runs deleted from the thread: they may write no more.
-    dead_runs: frozenset[str] = frozenset()
-    # The thread is archived: it is restored before this write goes on.
-    archive: ArchiveRef | None = None
-    # The day (yyyymmdd) of the activity entry the commit records (the manifest's
-    # prepare wrote it; a table's commit writes it), None: none to record.
-    active: int | None = None
-
-
-@dataclass(frozen=True)
-class Activity:
-    """An activity entry: thread ``thread_id`` was written on ``day`` (yyyymmdd, UTC).
-    ``shard`` and ``position`` place it in the walk (a cursor per shard)."""
-
-    day: int
-    thread_id: str
-    shard: str
-    position: str
-
-
-@dataclass
-class ThreadRef:
-    """A thread in the listing: its id and when its first checkpoint was written."""
-
-    thread_id: str
-    created: int
-    archived: str | None = None  # the archive's storage class
-
-
-@dataclass
-class Holdings:
-    """What one thread's index refers to, for ``audit`` and ``collect_garbage``.
-
-    ``live``: entries a reader may follow (their objects must exist, unless the
-    entry has expired: ``audit`` checks ``expires_at``). ``kept``: entries no
-    reader follows any more whose objects are not garbage either: a delete,
-    prune or archive still to finish them, writes parked under an archive.
-    ``index_keys``: the index's own objects (a manifest's head and segments;
-    none for DynamoDB).
-    """
-
-    live: list[Any] = field(default_factory=list)
-    kept: list[Any] = field(default_factory=list)
-    kept_keys: set[str] = field(default_factory=set)  # objects not to collect (a restore's stale archive...)
-    index_keys: set[str] = field(default_factory=set)
-    found: bool = False  # the index holds anything of the thread at all
-
-
-@dataclass
-class WritesOutcome:
-    """What committing pending-write parts left unreferenced: object tokens of parts
-    that lost a first-wins race or that a last-wins write replaced."""
-
-    unused: list[tuple[WritesEntry, str]] = field(default_factory=list)
-
 
 class Index(ABC):
     """One index backend; ``describe()`` names it in messages."""
@@ -655,25 +397,3 @@ class Index(ABC):
         """Everything the index holds of one thread, tombstoned, hidden, expired and
         archived included, and the index's own objects; a damaged index raises
         (``CorruptObjectError``, ``MissingObjectError``)."""
-
-
-def one_line(writes: list[WritesEntry], site: str) -> list[WritesEntry]:
-    """The pending writes of one checkpoint, one region's line per task.
-
-    After a failover both regions can have run the same task of the same
-    checkpoint (the old one before the outage, its writes never replicated;
-    the promoted one after). A global table then holds parts of both, and a
-    task whose writes came from two runs would read as a state no run made.
-    Per (namespace, checkpoint, task), only the parts of one region stay: the
-    reading region's own (the one written to), else those of the region whose
-    part comes first. Writes without a site (the manifest, whose head is one
-    region's) pass as they are.
-    """
-    sites: dict[tuple[str, str, str], set[str]] = {}
-    for w in writes:
-        if w.site is not None:
-            sites.setdefault((w.ns, w.checkpoint_id, w.task_id), set()).add(w.site)
-    mixed = {task: (site if site in found else min(found)) for task, found in sites.items() if len(found) > 1}
-    if not mixed:
-        return writes
-    return [w for w in writes if mixed.get((w.ns, w.checkpoint_id, w.task_id), w.site) == w.site]

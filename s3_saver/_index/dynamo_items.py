@@ -1,10 +1,14 @@
-"""The DynamoDB index's table: its shape, item formats and the calls that read and write it.
+"""The DynamoDB index's item formats: entries to items and back, and the calls built on them.
 
 One item per checkpoint, one per part of a task's pending writes, and the
 tombstones ``delete_thread`` leaves, all items of a thread in one partition.
 Checkpoint items carry the checkpoint object itself when it fits (so reads
 rarely touch S3) and always carry ``loc``: for every channel, the version and
 the checkpoint whose object holds its value.
+
+``DynamoCalls`` builds every call; the table's shape, attribute names and
+plain calls are in ``dynamo_table`` (its names re-exported here), the thread
+listing, run hints and thread-record updates in ``dynamo_thread_items``.
 """
 
 from __future__ import annotations
@@ -18,67 +22,55 @@ from s3_saver import _keys
 from s3_saver._archive import decode_ref, encode_ref
 from s3_saver._codec import attr_size, from_attrs, plain, squeeze, to_attrs
 from s3_saver._index.base import ENTRY_BUDGET as ITEM_BUDGET
-from s3_saver._index.base import Archived, CheckpointEntry, IndexEntry, Tombstone, WritesEntry, as_ref
-from s3_saver._keys import KeyLayout, new_token
+from s3_saver._index.base import (
+    Archived,
+    CheckpointEntry,
+    IndexEntry,
+    Tombstone,
+    WritesEntry,
+    as_ref,
+)
+from s3_saver._index.dynamo_table import (
+    ACTIVE,
+    ARCHIVE,
+    ARCHIVING,
+    COPIED_FROM,
+    CREATED,
+    DEAD_RUNS,
+    GEN,
+    HIDDEN,
+    KIND_CHECKPOINT,
+    KIND_WRITES,
+    PARENT_GONE,
+    PARENT_WRITES,
+    PARTITION_KEY,
+    RESTORING,
+    RUN,
+    SITE,
+    SORT_KEY,
+    STALE_ARCHIVE,
+    TABLE_ATTRIBUTE_DEFINITIONS,
+    TABLE_GLOBAL_SECONDARY_INDEXES,
+    TABLE_KEY_SCHEMA,
+    TAG,
+    TTL_ATTRIBUTE,
+    UNLISTING,
+    DynamoTable,
+    _transaction,
+)
+from s3_saver._index.dynamo_thread_items import DynamoThreadItems
+from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Call
 from s3_saver.errors import CorruptObjectError, Where, error_code
 
-PARTITION_KEY = "pk"
-SORT_KEY = "sk"
-TTL_ATTRIBUTE = "expires_at"
-# On items copy_thread wrote: the source thread's partition key, so a copy cut
-# short can be told apart from the target's own items and completed.
-COPIED_FROM = "copied_from"
-TABLE_KEY_SCHEMA = (
-    {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
-    {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
-)
-TABLE_ATTRIBUTE_DEFINITIONS = (
-    {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
-    {"AttributeName": SORT_KEY, "AttributeType": "S"},
-)
-TABLE_GLOBAL_SECONDARY_INDEXES: tuple[dict[str, Any], ...] = ()
-"""The saver needs no secondary index: every read is a key lookup or a range of one partition."""
-
-
-KIND_CHECKPOINT = "c"
-KIND_WRITES = "w"
-
-# The delete generation an item was written in; absent means 0.
-GEN = "gen"
-# On checkpoint items: the run that wrote it; set when prune kept it only for
-# the checkpoints that read through it.
-RUN = "run"
-HIDDEN = "hidden"
-# On checkpoint items written tagged (restore, import, copy): the tag of its object's key.
-TAG = "tag"
-# On writes items, with a global table's replica: the bucket of the region that committed it.
-SITE = "site"
-# On checkpoint and link items (see CheckpointEntry.chained): the parent's
-# pending-write slots the checkpoint was made from (msgpack: a list of
-# [task_id, part], or nil when the writer did not know them), and the mark of
-# a parent taken out of the history since. Items written before these existed
-# have neither: a replica reads them as before, trusting what arrived (it has
-# nothing to prove a hole with); see ``_ops/lagged``.
-PARENT_WRITES = "pw"
-PARENT_GONE = "pg"
-# On the thread's tombstone item: when the thread was listed; the runs deleted from it.
-CREATED = "created"
-DEAD_RUNS = "dead_runs"
-# On the thread's tombstone item: the day of its latest activity entry (``_index/activity``).
-ACTIVE = "active"
-# On the thread's item and on each namespace's tombstone item: the thread is
-# archived (see ``_archive``); a namespace's marker is what its readers meet first.
-ARCHIVE = "archive"
-# On the thread's item: an archive object a restore (or delete) still has to remove.
-STALE_ARCHIVE = "stale_archive"
-# On the thread's item: an archive under way (the key of the object it writes),
-# which any commit takes off (the archive then does not switch); a restore
-# under way, which stops an archive's cleanup.
-ARCHIVING = "archiving"
-RESTORING = "restoring"
-# On the thread's item: a delete's listing entry still to remove (when it was listed).
-UNLISTING = "unlisting"
+# The table's names, re-exported: every dynamo module imports them from here.
+__all__ = [
+    "ACTIVE", "ARCHIVE", "ARCHIVING", "COPIED_FROM", "CREATED", "DEAD_RUNS", "GEN", "HIDDEN",
+    "KIND_CHECKPOINT", "KIND_WRITES", "PARENT_GONE", "PARENT_WRITES", "PARTITION_KEY", "RESTORING", "RUN",
+    "SITE", "SORT_KEY", "STALE_ARCHIVE", "TABLE_ATTRIBUTE_DEFINITIONS", "TABLE_GLOBAL_SECONDARY_INDEXES",
+    "TABLE_KEY_SCHEMA", "TAG", "TTL_ATTRIBUTE", "UNLISTING", "DynamoCalls", "Link", "_gen_of",
+    "_listed_first", "_live", "_live_gen", "_thread_item",
+]
 
 
 @dataclass
@@ -98,7 +90,7 @@ class Link:
 
 
 # -- calls -------------------------------------------------------------------------
-class DynamoCalls:
+class DynamoCalls(DynamoThreadItems, DynamoTable):
     """Builds the DynamoDB calls for one table and key prefix, and reads its items."""
 
     def __init__(self, table: str, layout: KeyLayout, where: Where | None = None) -> None:
@@ -318,89 +310,6 @@ class DynamoCalls:
         sk = _keys.THREAD_TOMBSTONE_SK if ns is None else _keys.ns_tombstone_sort_key(ns)
         return to_attrs({PARTITION_KEY: self.pk(thread_id), SORT_KEY: sk})
 
-    # -- the thread listing and run hints: partitions of their own (see dynamo_listing) --
-    def listing_item(self, created: int, thread_id: str, unsharded: bool = False) -> dict[str, Any]:
-        """The thread's listing item: in its shard, or (``unsharded``) where
-        earlier versions wrote it."""
-        shard = None if unsharded else _keys.shard_of(thread_id)
-        return to_attrs(
-            {
-                PARTITION_KEY: self.layout.listing_partition("threads", shard),
-                SORT_KEY: _keys.listing_sort_key(created, thread_id),
-            }
-        )
-
-    def run_key(self, run_id: str, thread_id: str, unsharded: bool = False) -> dict[str, Any]:
-        return self.run_item(run_id, thread_id, unsharded)
-
-    def run_item(self, run_id: str, thread_id: str, unsharded: bool = False) -> dict[str, Any]:
-        """A run's hint: in the run's shard (one query finds a run's threads), or
-        (``unsharded``) where earlier versions wrote it."""
-        shard = None if unsharded else _keys.shard_of(run_id)
-        pk = self.layout.listing_partition("runs", shard)
-        return to_attrs({PARTITION_KEY: pk, SORT_KEY: _keys.run_sort_key(run_id, thread_id)})
-
-    def list_thread(self, created: int, thread_id: str) -> Call:
-        """Records the creation time on the thread's tombstone item (only if none is
-        there: two writers that both saw a new thread list it once) and puts the
-        thread in the listing, in one request."""
-        update = {
-            "TableName": self.table,
-            "Key": self.tombstone_key(thread_id),
-            "UpdateExpression": f"SET #{CREATED} = :t",
-            "ConditionExpression": f"attribute_not_exists(#{CREATED})",
-            "ExpressionAttributeNames": {f"#{CREATED}": CREATED},
-            "ExpressionAttributeValues": {":t": {"N": str(created)}},
-        }
-        put = {"TableName": self.table, "Item": self.listing_item(created, thread_id)}
-        return _transaction(self, [{"Update": update}, {"Put": put}])
-
-    def bury_runs(self, thread_id: str, run_ids: list[str]) -> Call:
-        return self._call(
-            "update_item",
-            {
-                "TableName": self.table,
-                "Key": self.tombstone_key(thread_id),
-                "UpdateExpression": f"ADD #{DEAD_RUNS} :r",
-                # An archived thread keeps its runs (delete_for_runs refuses it).
-                "ConditionExpression": "attribute_not_exists(#a)",
-                "ExpressionAttributeNames": {f"#{DEAD_RUNS}": DEAD_RUNS, "#a": ARCHIVE},
-                "ExpressionAttributeValues": {":r": {"SS": sorted(run_ids)}},
-                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-            },
-        )
-
-    def bury_thread(self, thread_id: str, gen: int, now: int, stale: str | None, created: int) -> Call:
-        """``delete_thread``'s switch: the thread's record moves to generation
-        ``gen`` (every item below it is deleted for readers and writers), with no
-        archive, marks or deleted runs left, and not listed (a run that starts it
-        afresh lists it anew); the archive object (``stale``) and the listing
-        entry (``unlisting``: when it was listed) wait on it until removed."""
-        names = {
-            "#g": GEN, "#d": "deleted_at", "#a": ARCHIVE, "#m": ARCHIVING, "#r": RESTORING, "#x": DEAD_RUNS, "#c": CREATED,
-        }
-        values: dict[str, Any] = {":g": {"N": str(gen)}, ":t": {"N": str(now)}}
-        update = "SET #g = :g, #d = :t"
-        if stale is not None:
-            update += ", #s = :s"
-            names["#s"] = STALE_ARCHIVE
-            values[":s"] = {"S": stale}
-        if created:
-            update += ", #u = :u"
-            names["#u"] = UNLISTING
-            values[":u"] = {"N": str(created)}
-        update += " REMOVE #a, #m, #r, #x, #c"
-        return self._call(
-            "update_item",
-            {
-                "TableName": self.table,
-                "Key": self.tombstone_key(thread_id),
-                "UpdateExpression": update,
-                "ExpressionAttributeNames": names,
-                "ExpressionAttributeValues": values,
-            },
-        )
-
     def hide(self, entry: CheckpointEntry) -> dict[str, Any]:
         """A transaction's action marking a checkpoint hidden (prune), if it is still there."""
         return {
@@ -440,159 +349,11 @@ class DynamoCalls:
         sk = _keys.writes_sort_key(entry.ns, entry.checkpoint_id, entry.task_id, entry.part)
         return to_attrs({PARTITION_KEY: self.pk(entry.thread_id), SORT_KEY: sk})
 
-    def unlist_thread(self, created: int, thread_id: str, pending: bool = False) -> Call:
-        """Takes the thread out of the listing, in one request: its listing entry
-        and, if the item says it was listed at ``created``, that time off the item
-        (``created``; ``pending``: a delete's ``unlisting``)."""
-        listed = [self.listing_item(created, thread_id, unsharded) for unsharded in (False, True)]
-        attribute = UNLISTING if pending else CREATED
-        update: dict[str, Any] = {
-            "TableName": self.table,
-            "Key": self.tombstone_key(thread_id),
-            "UpdateExpression": "REMOVE #c",
-            "ConditionExpression": "#c = :t",
-            "ExpressionAttributeNames": {"#c": attribute},
-            "ExpressionAttributeValues": {":t": {"N": str(created)}},
-        }
-        # Both places the item may be: its shard, or the unsharded partition of a
-        # table setup() has not moved yet (a Delete of no item is no error).
-        deletes = [{"Delete": {"TableName": self.table, "Key": key}} for key in listed]
-        return _transaction(self, [*deletes, {"Update": update}])
-
-    def query_listing(self, pk: str, after: str | None, limit: int, consistent: bool = False) -> Call:
-        """One listing partition (a shard, or the unsharded one) above ``after``."""
-        params: dict[str, Any] = {
-            "TableName": self.table,
-            "KeyConditionExpression": "pk = :pk" + (" AND sk > :b" if after is not None else ""),
-            "ExpressionAttributeValues": {":pk": {"S": pk}},
-            "Limit": limit,
-        }
-        if after is not None:
-            params["ExpressionAttributeValues"][":b"] = {"S": after}
-        if consistent:
-            params["ConsistentRead"] = True
-        return self._call("query", params)
-
-    def query_run(self, pk: str, run_id: str, start_key: dict[str, Any] | None) -> Call:
-        params: dict[str, Any] = {
-            "TableName": self.table,
-            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",
-            "ExpressionAttributeValues": {":pk": {"S": pk}, ":p": {"S": _keys.run_sort_prefix(run_id)}},
-        }
-        if start_key is not None:
-            params["ExclusiveStartKey"] = start_key
-        return self._call("query", params)
-
-    # -- calls -----------------------------------------------------------------------
-    def put(self, item: dict[str, Any], **options: Any) -> Call:
-        return self._call("put_item", {"TableName": self.table, "Item": item, **options})
-
-    def get(self, key: dict[str, Any]) -> Call:
-        return self._call("get_item", {"TableName": self.table, "Key": key, "ConsistentRead": True})
-
     def get_checkpoint(self, thread_id: str, ns: str, checkpoint_id: str) -> Call:
         return self.get(self.key_of(thread_id, ns, checkpoint_id))
 
     def get_tombstone(self, thread_id: str, ns: str | None = None) -> Call:
         return self.get(self.tombstone_key(thread_id, ns))
-
-    def batch_get(self, keys: list[dict[str, Any]]) -> Call:
-        # Only older checkpoints are fetched this way, and their items never
-        # change: an eventually consistent read (half the read units) is enough.
-        # One not visible yet is read from its S3 object instead (see Resolver).
-        return self._call("batch_get_item", {"RequestItems": {self.table: {"Keys": keys}}})
-
-    def query(
-        self,
-        thread_id: str,
-        *,
-        begins_with: str | None = None,
-        between: tuple[str, str] | None = None,
-        newest_first: bool = True,
-        limit: int | None = None,
-        start_key: dict[str, Any] | None = None,
-        projection: tuple[str, ...] | None = None,
-        not_copied_from: str | None = None,
-        min_gen: int = 0,
-    ) -> Call:
-        condition = "pk = :pk"
-        values: dict[str, Any] = {":pk": {"S": self.pk(thread_id)}}
-        if begins_with is not None:
-            condition += " AND begins_with(sk, :p)"
-            values[":p"] = {"S": begins_with}
-        elif between is not None:
-            condition += " AND sk BETWEEN :lo AND :hi"
-            values[":lo"], values[":hi"] = {"S": between[0]}, {"S": between[1]}
-        params: dict[str, Any] = {
-            "TableName": self.table,
-            "KeyConditionExpression": condition,
-            "ExpressionAttributeValues": values,
-            "ScanIndexForward": not newest_first,
-            "ConsistentRead": True,
-        }
-        if limit is not None:
-            params["Limit"] = limit
-        if start_key is not None:
-            params["ExclusiveStartKey"] = start_key
-        # Attribute names go through placeholders: DynamoDB reserves hundreds of words.
-        names: dict[str, str] = {}
-        if projection is not None:
-            params["ProjectionExpression"] = ", ".join(f"#{name}" for name in projection)
-            names.update({f"#{name}": name for name in projection})
-        filters = []
-        if not_copied_from is not None:
-            # Checkpoint and writes items (tombstones have no kind) that no copy wrote.
-            filters.append(f"attribute_exists(#kind) AND (attribute_not_exists(#{COPIED_FROM}) OR #{COPIED_FROM} <> :src)")
-            names["#kind"] = "kind"
-            names[f"#{COPIED_FROM}"] = COPIED_FROM
-            values[":src"] = {"S": not_copied_from}
-        if min_gen:
-            filters.append(f"#{GEN} >= :gen")
-            names[f"#{GEN}"] = GEN
-            values[":gen"] = {"N": str(min_gen)}
-        if filters:
-            params["FilterExpression"] = " AND ".join(filters)
-        if names:
-            params["ExpressionAttributeNames"] = names
-        return self._call("query", params)
-
-    def scan(self, start_key: dict[str, Any] | None = None) -> Call:
-        params: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
-        if start_key is not None:
-            params["ExclusiveStartKey"] = start_key
-        return self._call("scan", params)
-
-    def delete(self, key: dict[str, Any]) -> Call:
-        return self._call("delete_item", {"TableName": self.table, "Key": key})
-
-    def batch_write(self, requests: list[dict[str, Any]]) -> Call:
-        return self._call("batch_write_item", {"RequestItems": {self.table: requests}})
-
-    def describe(self) -> Call:
-        return self._call("describe_table", {"TableName": self.table})
-
-    def create(self) -> Call:
-        return self._call(
-            "create_table",
-            {
-                "TableName": self.table,
-                "KeySchema": list(TABLE_KEY_SCHEMA),
-                "AttributeDefinitions": list(TABLE_ATTRIBUTE_DEFINITIONS),
-                "BillingMode": "PAY_PER_REQUEST",
-            },
-        )
-
-    def describe_ttl(self) -> Call:
-        return self._call("describe_time_to_live", {"TableName": self.table})
-
-    def enable_ttl(self) -> Call:
-        return self._call(
-            "update_time_to_live",
-            {
-                "TableName": self.table,
-                "TimeToLiveSpecification": {"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
-            },
-        )
 
 
 def _pack_slots(slots: tuple[tuple[str, str], ...] | None) -> bytes:
@@ -602,13 +363,6 @@ def _pack_slots(slots: tuple[tuple[str, str], ...] | None) -> bytes:
 def _unpack_slots(raw: bytes) -> tuple[tuple[str, str], ...] | None:
     slots = ormsgpack.unpackb(raw)
     return None if slots is None else tuple((str(t), str(p)) for t, p in slots)
-
-
-def _transaction(calls: DynamoCalls, actions: list[dict[str, Any]]) -> Call:
-    """A TransactWriteItems with a token of its own: the call sent again (a retry
-    after a lost answer) is applied once (DynamoDB's idempotency window is 10
-    minutes), and botocore draws no ``uuid.uuid4`` to make one (see ``no_uuid4``)."""
-    return calls._call("transact_write_items", {"TransactItems": actions, "ClientRequestToken": new_token()})
 
 
 # -- a tombstone GetItem's answer --------------------------------------------------

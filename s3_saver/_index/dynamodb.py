@@ -88,7 +88,7 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, DynamoActivity
             # Deleted-stays-deleted without a read: the commit's fence (the thread's
             # record at generation ``gen``, no archive, no mark, the run alive)
             # refuses what a read here would have, and hands the record back
-            # (``put._fenced`` decides then). A write costs its objects and the commit.
+            # (``refused._fenced`` decides then). A write costs its objects and the commit.
             return Prepared(gen, None, True, None, active=active)
         calls = [self.calls.get_tombstone(thread_id)]
         if parent_id is not None:

@@ -1,14 +1,16 @@
-"""put and put_writes: objects first, index entry last (the commit point)."""
+"""put: a checkpoint's objects first, its index entry last (the commit point).
+
+A task's pending writes (``put_writes``) are in ``put_writes``; what a writer
+does when its commit is refused, which both share, in ``refused``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import ormsgpack
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
@@ -16,42 +18,32 @@ from langgraph.checkpoint.base import (
 )
 
 from s3_saver import _keys
-from s3_saver._codec import WRITES_FORMAT, pack
 from s3_saver._index.activity import activity_day
 from s3_saver._index.base import (
     ENTRY_BUDGET,
-    REGULAR_PART,
-    SPECIAL_PART,
-    ArchiveRef,
     CheckpointEntry,
     Fenced,
     Loc,
     ParentGone,
-    Prepared,
-    Tombstone,
-    WritesEntry,
     ref_pieces,
 )
-from s3_saver._ops.archive import restore_before_write
-from s3_saver._ops.context import Context, target
-from s3_saver._ops.delete import delete_keys
-from s3_saver._ops.stage import LOC_HEADROOM, held_key, stage, store_late
 from s3_saver._keys import new_token
+from s3_saver._ops.context import Context, target
+from s3_saver._ops.refused import (
+    _MAX_FENCED,
+    _busy,
+    _deleted,
+    _fenced,
+    _restore_first,
+    _run_deleted,
+    _take_back,
+    _untouch,
+)
+from s3_saver._ops.stage import LOC_HEADROOM, held_key, stage, store_late
 from s3_saver._protocol import Op, gather
 from s3_saver._reach import closure_keys
 from s3_saver._s3 import put_immutable
-from s3_saver.errors import (
-    CheckpointTooLargeError,
-    RunDeletedError,
-    S3SaverError,
-    ThreadArchivedError,
-    ThreadDeletedError,
-)
-
-# Commits refused by the thread's record and tried again (after a restore, an
-# archive's mark taken off...): each round has a reason that does not repeat
-# unless archives and restores keep racing the write.
-_MAX_FENCED = 6
+from s3_saver.errors import CheckpointTooLargeError, ThreadDeletedError
 
 
 def put(
@@ -65,7 +57,7 @@ def put(
     if parent_id is not None or ns != "":
         return (yield from _put(ctx, config, checkpoint, metadata, new_versions))
     # A run starting afresh: the writes of its steps sent before their puts land
-    # go into the generation this one goes into (see _joins).
+    # go into the generation this one goes into (see refused._joins).
     ctx.starting.add(thread_id)
     gen = None
     try:
@@ -298,183 +290,6 @@ def _put(
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
 
-def _fenced(ctx: Context, record: Tombstone, entry: Any, objects: list[str], created: bool) -> Op[None]:
-    """What a writer does when the thread's record refused its commit, before it
-    tries again; raises when it must not. ``created``: the write starts the
-    thread (a checkpoint without parent), so a delete since its read only
-    moves it to the new generation."""
-    thread_id = entry.thread_id
-    if record.archive is not None:
-        # Archived after this write began: it is live again before the write goes on.
-        yield from _restore_first(ctx, thread_id, record.archive, objects)
-        return
-    run_id = getattr(entry, "run_id", None)
-    if run_id is not None and run_id in record.dead_runs:
-        yield from _take_back(ctx, objects)
-        raise _run_deleted(ctx, thread_id, run_id, entry.checkpoint_id)
-    if record.gen != entry.gen:
-        if created:
-            entry.gen = record.gen
-            return
-        yield from _take_back(ctx, objects)
-        raise _deleted(ctx, thread_id, entry.checkpoint_id)
-    if record.archiving is not None:
-        # An archive read the thread before this commit: its switch must not
-        # happen. Taking its mark off fails it (read-decide-act is fenced here).
-        yield from ctx.index.cancel_archiving(thread_id, record.archiving)
-
-
-def _joins(ctx: Context, own: tuple[str, str, str], gen: int) -> Op[bool]:
-    """Whether pending writes of checkpoint ``own``, made before a delete (or by a
-    process that never saw the thread), go into its generation ``gen``: only
-    with their checkpoint. It is there when this process put or read it in
-    ``gen``, or the index has it in ``gen``; or it will be when this process
-    started the thread afresh in ``gen`` or is starting it (a new run's writes
-    come before the puts of their checkpoints, which wait for its first one).
-    Otherwise the checkpoint continues the deleted history (its put is refused)
-    and so are they: committed into ``gen`` they would name a checkpoint no
-    read shows, and stay stored after the delete (invariant: a deleted thread
-    keeps nothing of its runs)."""
-    seen = ctx.locs.get(own)
-    if seen is not None:
-        return seen[1] == gen
-    if ctx.starting.began(own[0], gen):
-        return True
-    found = (yield from ctx.index.entries([own])).get(own)
-    if found is not None and found.gen == gen:
-        ctx.locs.put(own, (found.loc, found.gen, found.tag))
-        return True
-    return False
-
-
-def _writes_deleted(ctx: Context, thread_id: str, checkpoint_id: str) -> ThreadDeletedError:
-    return ThreadDeletedError(
-        f"thread {thread_id!r} was deleted while a run wrote to it ({ctx.index.describe()}): "
-        f"the pending writes of its checkpoint {checkpoint_id!r} are refused. Start the thread "
-        "afresh (invoke without a checkpoint_id) to use the id again."
-    )
-
-
-def _deleted(ctx: Context, thread_id: str, checkpoint_id: str) -> ThreadDeletedError:
-    return ThreadDeletedError(
-        f"thread {thread_id!r} was deleted after its checkpoint {checkpoint_id!r} was written "
-        f"({ctx.index.describe()}); a run in flight cannot continue it. Start the thread "
-        "afresh (invoke without a checkpoint_id) to use the id again."
-    )
-
-
-def _run_deleted(ctx: Context, thread_id: str, run_id: str, checkpoint_id: str) -> RunDeletedError:
-    return RunDeletedError(
-        f"run {run_id!r} of thread {thread_id!r} was deleted (delete_for_runs) while it ran; "
-        f"its checkpoint {checkpoint_id!r} is refused ({ctx.index.describe()})"
-    )
-
-
-def _busy(ctx: Context, thread_id: str) -> S3SaverError:
-    return S3SaverError(
-        f"thread {thread_id!r}: the commit kept being refused by archives and restores of the "
-        f"thread running at the same time ({ctx.index.describe()}); nothing was committed"
-    )
-
-
-def put_writes(
-    ctx: Context,
-    config: RunnableConfig,
-    writes: Sequence[tuple[str, Any]],
-    task_id: str,
-    task_path: str,
-) -> Op[None]:
-    """Store a task's writes: its regular writes as one part, each special channel as its own.
-
-    Which write wins follows the order in which the index commits them, never a
-    clock: the regular part is written only if no part of the same extent
-    exists (first wins, a retried task changes nothing), a special channel's
-    slot is overwritten (last wins). LangGraph only ever writes a task's
-    regular writes again as the same list or that list extended (the null
-    task's writes accumulate), so parts of different extents agree on the slots
-    they share, and readers take the shortest part first.
-    """
-    thread_id, ns, checkpoint_id = target(config, need_checkpoint_id=True)
-    assert checkpoint_id is not None
-    parts = _write_parts(ctx, writes)
-    # One token per call: a retried request of this call meets its own object
-    # and its own index item, a task run again writes new ones. (Never drawn
-    # from uuid.uuid4, which a user's tests may patch: see _keys.new_token.)
-    token = new_token()
-    objects: dict[str, bytes] = {}
-    entries: list[WritesEntry] = []
-    for part, rows in parts.items():
-        key = ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, part, token)
-        _keys.writes_sort_key(ns, checkpoint_id, task_id, part)
-        body = pack(
-            {
-                "format": WRITES_FORMAT,
-                "checkpoint_id": checkpoint_id,
-                "task_id": task_id,
-                "task_path": task_path,
-                "part": part,
-                "writes": rows,
-            }
-        )
-        objects[key] = body
-        entries.append(WritesEntry(thread_id, ns, checkpoint_id, task_id, part, token, body))
-    if not entries:
-        return
-    # A checkpoint this process wrote or read carries its generation: the
-    # commit's fence checks it, nothing is read first (see put). LangGraph sends
-    # a step's writes while the put of their checkpoint may still be under way
-    # (or not begun): then the thread's generation as this process last saw it
-    # stands in. Made in an older generation than the thread has now, or by a
-    # process that never saw the thread once it has been deleted, they go into
-    # the new one only with their checkpoint (_joins).
-    own = (thread_id, ns, checkpoint_id)
-    known = ctx.locs.get(own)
-    made_in = known[1] if known is not None else ctx.locs.thread_gen(thread_id)
-    _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None, None, made_in))
-    if prepared.archive is not None:
-        yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
-        prepared = yield from ctx.index.prepare(thread_id, ns, None)
-    gen = prepared.gen
-    if gen and (made_in is None or made_in < gen) and not (yield from _joins(ctx, own, gen)):
-        yield from _take_back(ctx, list(objects))
-        raise _writes_deleted(ctx, thread_id, checkpoint_id)
-    expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
-    for entry in entries:
-        entry.gen, entry.expires_at = gen, expires_at
-    # The slots are known before the commit returns: LangGraph may put the next
-    # checkpoint, made from these writes, while it is under way (durability
-    # "async"); a commit that fails takes them back.
-    slots = ctx.slots.add((thread_id, ns, checkpoint_id), [(e.task_id, e.part) for e in entries])
-    try:
-        for _ in range(_MAX_FENCED):
-            # The commit point: objects first, index entries last.
-            try:
-                outcome = yield from ctx.index.commit_writes(entries)
-                break
-            except Fenced as fenced:
-                # A delete since the generation these writes were made in: they go
-                # with their checkpoint, into the new generation only if it is there.
-                record = fenced.record
-                moves = record.archive is None and record.gen != entries[0].gen
-                joins = moves and (yield from _joins(ctx, own, record.gen))
-                yield from _fenced(ctx, record, entries[0], list(objects), created=joins)
-                for entry in entries:
-                    entry.gen = entries[0].gen
-        else:
-            raise _busy(ctx, thread_id)
-    except BaseException:
-        ctx.slots.discard((thread_id, ns, checkpoint_id), slots)
-        raise
-    unused = [
-        ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, token)
-        for entry, token in outcome.unused
-    ]
-    if unused:
-        # Objects no index entry names any more (a lost first-wins race, a
-        # replaced special slot): what leaves the index is released.
-        yield from _take_back(ctx, unused)
-
-
 # -- helpers ---------------------------------------------------------------------
 def _slots_of(ctx: Context, parent: tuple[str, str, str]) -> tuple[tuple[str, str], ...] | None:
     slots = ctx.slots.get(parent)
@@ -505,41 +320,3 @@ def _carry(
             loc[ch] = known
         elif ch in values:
             fresh[ch] = version
-
-
-def _write_parts(ctx: Context, writes: Sequence[tuple[str, Any]]) -> dict[str, list[list[Any]]]:
-    """Rows ``[idx, channel, type, data]`` by part: "r<extent>" for the regular
-    writes, "s<k>" for the special channel with index -k (WRITES_IDX_MAP)."""
-    parts: dict[str, list[list[Any]]] = {}
-    regular: list[list[Any]] = []
-    for idx, (channel, value) in enumerate(writes):
-        row = [WRITES_IDX_MAP.get(channel, idx), channel, *ctx.serde.dumps_typed(value)]
-        if channel in WRITES_IDX_MAP:
-            parts[f"{SPECIAL_PART}{-row[0]}"] = [row]  # within one call, the last one wins
-        else:
-            regular.append(row)
-    if regular:
-        parts[f"{REGULAR_PART}{regular[-1][0] + 1}"] = regular
-    return parts
-
-
-def _restore_first(ctx: Context, thread_id: str, ref: ArchiveRef, objects: list[str]) -> Op[None]:
-    """Restore an archived thread before a write to it; when its archive must be
-    restored from a cold class first, take this write's objects back and say so."""
-    try:
-        yield from restore_before_write(ctx, thread_id, ref)
-    except ThreadArchivedError:
-        yield from _take_back(ctx, objects)
-        raise
-
-
-def _untouch(ctx: Context, thread_id: str, prepared: Prepared) -> Op[None]:
-    """A refused write takes back the activity entry its prepare wrote (a hint of a
-    write that never was), unless the thread's index records that day itself."""
-    if prepared.active is not None:
-        yield from ctx.index.untouch(thread_id, prepared.active)
-
-
-def _take_back(ctx: Context, keys: list[str]) -> Op[None]:
-    """Delete objects no index entry refers to (writes that were refused or lost)."""
-    yield from delete_keys(ctx, keys, "refused or superseded writes")

@@ -241,7 +241,7 @@ class Resolver:
         """The entry's pending writes in ``writes_sort_key`` order.
 
         Each special slot has one item (the last committed); regular slots come
-        from the task's regular parts, shortest first (see ``put.put_writes``).
+        from the task's regular parts, shortest first (see ``put_writes.put_writes``).
         Writes older than their checkpoint's delete generation belong to a
         deleted thread that had a checkpoint of the same id.
         """
