@@ -81,6 +81,14 @@ SLOW_VARIANTS = frozenset(
         "test_soundness_list.py::test_item10_listing_every_namespace_is_the_same_after_archive_and_restore[dynamodb]",
         # 960 puts of ~50 KB; the manifest variant (heads, segments: the caches the review found) stays.
         "test_cache_budget.py::test_the_reviews_scenario_stays_within_the_budget_and_reads_the_same[dynamodb]",
+        # The scale drills grow hundreds of threads or ~50 KB states (1-2 min each on 2 cores);
+        # make test keeps the idle index's manifest variant, eviction under a small budget
+        # (test_a_manifest_history_of_sealed_segments_reads_whole_under_a_small_budget) and
+        # the unsharded items' listing and move; CI's make test-slow runs these.
+        "test_cache_budget.py::test_the_reviews_scenario_stays_within_the_budget_and_reads_the_same[manifest]",
+        "test_idle.py::test_archive_idle_requests_do_not_grow_with_the_threads[dynamodb]",
+        "test_listing_shards.py::test_four_hundred_new_threads_spread_over_the_shards[dynamodb]",
+        "test_listing_shards.py::test_the_move_cut_short_at_any_request_then_run_again",
     }
 )
 
