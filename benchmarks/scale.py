@@ -188,10 +188,11 @@ def _brief(result: Any) -> str:
 
 
 def cache_bytes(saver: Any) -> int | None:
-    """The saver's own count of the bytes its caches hold, where it keeps one."""
-    found = getattr(saver, "cache_bytes", None)
-    found = found() if callable(found) else found
-    return found if isinstance(found, int) else None
+    """The bytes the saver's caches hold, by its own count (``cache_stats().used``);
+    None for a saver before issue 35's budget, which keeps no count."""
+    stats = getattr(saver, "cache_stats", None)
+    used = getattr(stats(), "used", None) if callable(stats) else None
+    return used if isinstance(used, int) else None
 
 
 def run_read(target: Any, n: int) -> dict[str, Any]:
