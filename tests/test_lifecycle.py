@@ -321,9 +321,10 @@ LIFECYCLE_COSTS = {
         # The run's hints, the run marked deleted on the thread's record (first: then the
         # thread is read), the thread, its 20 checkpoints with links and writes (one fenced
         # transaction), the thread again, their objects, the hints looked up again (a copy
-        # made meanwhile is found), the hints.
+        # made meanwhile is found), the hints. Each hint lookup reads the run's shard and
+        # the unsharded partition of earlier versions (2 queries, one round trip).
         "delete_for_runs (1 run of 5)": (8, {
-            "dynamodb:batch_write_item": 1, "dynamodb:query": 4, "dynamodb:transact_write_items": 1,
+            "dynamodb:batch_write_item": 1, "dynamodb:query": 6, "dynamodb:transact_write_items": 1,
             "dynamodb:update_item": 1, "s3:delete_objects": 1,
         }),
         # The target, the source, the objects (a new tag), the target again beside what an
@@ -335,8 +336,9 @@ LIFECYCLE_COSTS = {
             # The hints of the copy's 5 runs, and its activity entry (``_index/activity``).
             "dynamodb:put_item": 6,
         }),
-        # The listing, then each thread's latest beside its record.
-        "list_threads(limit=3)": (2, {"dynamodb:get_item": 3, "dynamodb:query": 4}),
+        # The listing (its 16 shards and the unsharded partition: 17 queries, one round
+        # trip), then each thread's latest beside its record.
+        "list_threads(limit=3)": (2, {"dynamodb:get_item": 3, "dynamodb:query": 20}),
     },
     "manifest": {
         # The head, its segments, one swap (of that very head), the objects and retired
