@@ -46,6 +46,16 @@ def _at(monkeypatch, when: float | None) -> None:
     monkeypatch.setattr(idle, "time", clock)
 
 
+def _written_days_ago(saver, monkeypatch, thread_ids, days: int = 10) -> None:
+    """One checkpoint on each thread, written (clock and ``ts``) ``days`` ago; the
+    clock is then the real one again."""
+    now = datetime.now(timezone.utc).timestamp()
+    _at(monkeypatch, now - days * DAY)
+    for tid in thread_ids:
+        _put(saver, tid, datetime.fromtimestamp(now - days * DAY, timezone.utc))
+    _at(monkeypatch, None)
+
+
 def _entries(endpoint: str, index_mode: str, prefix: str = "") -> list[tuple[str, str]]:
     """Every activity entry of ``prefix``, as (day, thread), read straight from the store."""
     if index_mode == "dynamodb":
@@ -93,11 +103,7 @@ def test_archive_idle_requests_do_not_grow_with_the_threads(endpoint, index_mode
 def test_a_run_cut_by_its_budget_resumes_from_its_cursor(endpoint, index_mode, monkeypatch) -> None:
     saver = make_saver(endpoint, index_mode)
     saver.setup()
-    now = datetime.now(timezone.utc).timestamp()
-    _at(monkeypatch, now - 10 * DAY)
-    for tid in "abcdef":
-        _put(saver, tid, datetime.fromtimestamp(now - 10 * DAY, timezone.utc))
-    _at(monkeypatch, None)
+    _written_days_ago(saver, monkeypatch, "abcdef")
     for tid in "abc":  # written again today: their entries of ten days ago are stale
         _put(saver, tid, datetime.now(timezone.utc), step=1)
     first = saver.archive_idle(timedelta(days=5), budget=2)
@@ -123,11 +129,7 @@ def test_a_run_cut_by_its_budget_resumes_from_its_cursor(endpoint, index_mode, m
 def test_a_thread_written_after_its_entry_or_the_look_is_not_archived(endpoint, index_mode, monkeypatch) -> None:
     saver = make_saver(endpoint, index_mode)
     saver.setup()
-    now = datetime.now(timezone.utc).timestamp()
-    _at(monkeypatch, now - 10 * DAY)
-    for tid in ("later", "raced", "deleted"):
-        _put(saver, tid, datetime.fromtimestamp(now - 10 * DAY, timezone.utc))
-    _at(monkeypatch, None)
+    _written_days_ago(saver, monkeypatch, ("later", "raced", "deleted"))
     _put(saver, "later", datetime.now(timezone.utc), step=1)
     saver.delete_thread("deleted")  # its entry goes with it
     assert "deleted" not in {t for _, t in _entries(endpoint, index_mode)}
@@ -154,11 +156,7 @@ def test_a_thread_written_after_its_entry_or_the_look_is_not_archived(endpoint, 
 def test_the_backfill_gives_threads_without_entries_one(endpoint, index_mode, monkeypatch) -> None:
     saver = make_saver(endpoint, index_mode)
     saver.setup()
-    now = datetime.now(timezone.utc).timestamp()
-    _at(monkeypatch, now - 10 * DAY)
-    for tid in ("x", "y", "z"):
-        _put(saver, tid, datetime.fromtimestamp(now - 10 * DAY, timezone.utc))
-    _at(monkeypatch, None)
+    _written_days_ago(saver, monkeypatch, ("x", "y", "z"))
     _drop_every_entry(endpoint, index_mode)  # as written before entries existed
     assert saver.archive_idle(timedelta(days=5)) == []
     first = saver.archive_idle(timedelta(days=5), backfill=True, budget=2)
@@ -193,11 +191,7 @@ def test_erase_leaves_no_activity_entry(endpoint, index_mode, monkeypatch, versi
         make_versioned(endpoint)
     saver = make_saver(endpoint, index_mode)
     saver.setup()
-    now = datetime.now(timezone.utc).timestamp()
-    _at(monkeypatch, now - 10 * DAY)
-    _put(saver, "gone", datetime.fromtimestamp(now - 10 * DAY, timezone.utc))
-    _put(saver, "kept", datetime.fromtimestamp(now - 10 * DAY, timezone.utc))
-    _at(monkeypatch, None)
+    _written_days_ago(saver, monkeypatch, ("gone", "kept"))
     _put(saver, "gone", datetime.now(timezone.utc), step=1)
     assert {t for _, t in _entries(endpoint, index_mode)} == {"gone", "kept"}
     report = saver.erase_thread("gone")
