@@ -246,3 +246,23 @@ def test_erase_with_a_replica_erases_the_replica_bucket_and_index(regions, mode:
         _assert_erased(regions.moto, index_mode, bucket=bucket, table=TABLE_NAME, region=region)
     assert sorted((v["Key"], v["VersionId"]) for v in _versions(regions.moto, REPLICA_BUCKET, KEPT, REPLICA_REGION)) == kept
     assert saver.get_tuple(_cfg(KEPT)) is not None and saver.get_tuple(_cfg(DOOMED)) is None
+
+
+def test_erase_finds_the_hints_of_a_thread_s_earlier_lives(endpoint: str, index_mode: str) -> None:
+    """A thread deleted, then started afresh by a new run: its earlier life's run
+    hints and listing object (deleted by key, so on a versioned bucket a noncurrent
+    version and a delete marker each) are no longer named by the head; the delete
+    recorded them for an erase to find."""
+    from conftest import make_versioned
+
+    make_versioned(endpoint)
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    _write(saver, DOOMED, turns=2, archive=False)
+    saver.delete_thread(DOOMED)
+    _run((_graph(saver),), DOOMED, range(5, 6), run_id="second-life-run")
+    report = saver.erase_thread(DOOMED)
+    assert report.complete, report.remaining
+    _assert_erased(endpoint, index_mode)
+    assert saver.get_tuple(_cfg(DOOMED)) is None
+    saver.close()
