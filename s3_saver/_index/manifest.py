@@ -213,6 +213,7 @@ class ManifestIndex(
                 copied_from=None,
                 created=head.created or created or 0,
                 active=max(head.active, active or 0),
+                since=min(head.since, active) if head.since and active else head.since or active or 0,
             )
 
         yield from self._commit(entry.thread_id, change, check)

@@ -170,6 +170,10 @@ class ManifestLifecycle:
         head = yield from self._read_head(thread_id)
         return head.created or None
 
+    def activity_since(self, thread_id: str) -> Op[tuple[int, int]]:
+        head = yield from self._read_head(thread_id)
+        return head.created, head.since
+
     def runs(self, run_ids: list[str]) -> Op[dict[str, list[str]]]:
         found: dict[str, list[str]] = {r: [] for r in run_ids}
         pending: dict[str, str | None] = {r: None for r in run_ids}
@@ -277,6 +281,9 @@ class ManifestLifecycle:
                 stale_archive=h.archive.key if h.archive is not None else h.stale_archive,
                 # Its activity entry's day, until the entry is removed (below).
                 active=h.active,
+                # The entries of earlier days wait for archive_idle's walk (a
+                # versioned bucket keeps them after): an erase looks from here.
+                since=h.since,
             )
 
         archived_runs = head.archive.runs if head.archive is not None else []

@@ -157,7 +157,7 @@ def _erase_in(
     hints: list[str] = []
     # The days the thread's activity entries can be on, known before the delete
     # takes its listing time (``idle.activity_span``).
-    days = (yield from _activity_span(ctx, thread_id)) if own_index else []
+    days = (yield from _activity_span(ctx, thread_id, versioned)) if own_index else []
     if versioned and own_index:
         hints = yield from _record_hints(ctx, thread_id, [ctx.layout.activity_key(d, thread_id) for d in days])
     elif versioned:
@@ -249,9 +249,9 @@ def _versioned(ctx: Context) -> Op[bool]:
     return result.get("Status") in ("Enabled", "Suspended")
 
 
-def _activity_span(ctx: Context, thread_id: str) -> Op[list[int]]:
+def _activity_span(ctx: Context, thread_id: str, versioned: bool) -> Op[list[int]]:
     try:
-        return (yield from idle.activity_span(ctx, thread_id))
+        return (yield from idle.activity_span(ctx, thread_id, versioned))
     except TableNotFoundError:
         return []
 
