@@ -13,9 +13,10 @@ A version Object Lock holds is reported, never an error that stops the rest.
 Order, so that a call cut short anywhere and called again finishes:
 
 1. versioned bucket, manifest index: the keys outside the thread's ranges that
-   name it (listing and run hints, ``Index.erase_hints``) go into a record of
-   their own in the thread's manifest folder *before* the delete takes them
-   out of the head;
+   name it (listing and run hints, ``Index.erase_hints``, and activity entries)
+   go into a record of their own in the thread's manifest folder *before* the
+   delete takes them out of the head (an earlier delete or prune recorded those
+   of the thread's earlier lives: ``ManifestLifecycle._unname``);
 2. ``delete_thread`` (gone for readers and writers from its first write);
 3. every noncurrent version and delete marker in the ranges and of those keys
    goes, and every current object older than ``GRACE`` that the index does
