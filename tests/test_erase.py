@@ -266,3 +266,26 @@ def test_erase_finds_the_hints_of_a_thread_s_earlier_lives(endpoint: str, index_
     _assert_erased(endpoint, index_mode)
     assert saver.get_tuple(_cfg(DOOMED)) is None
     saver.close()
+
+
+@pytest.mark.parametrize("mode", ("manifest", "dynamodb"))
+def test_erase_with_a_replica_finds_the_earlier_life_there_too(regions, mode: str) -> None:
+    """The replica received the earlier life's run hints and listing object and
+    then their delete markers; the erase in the replica finds them through the
+    delete's record, which replicated with the thread's folder."""
+    from regions import PRIMARY_BUCKET, PRIMARY_REGION, REPLICA_BUCKET, REPLICA_REGION, TABLE_NAME
+    from test_replica import _saver
+
+    saver = _saver(regions, mode)
+    _write(saver, DOOMED, turns=2, archive=False)
+    regions.replicator.sync()
+    saver.delete_thread(DOOMED)
+    _run((_graph(saver),), DOOMED, range(5, 6), run_id="second-life-run")
+    regions.replicator.sync()
+    if mode == "manifest":  # the earlier life's run hint, in the replica too
+        assert any("/runs/doomed-thread-run0/" in v["Key"] for v in _versions(regions.moto, REPLICA_BUCKET, DOOMED, REPLICA_REGION))
+
+    report = saver.erase_thread(DOOMED)
+    assert report.buckets == (PRIMARY_BUCKET, REPLICA_BUCKET) and report.complete, report.remaining
+    for bucket, region in ((PRIMARY_BUCKET, PRIMARY_REGION), (REPLICA_BUCKET, REPLICA_REGION)):
+        _assert_erased(regions.moto, mode, bucket=bucket, table=TABLE_NAME, region=region)
