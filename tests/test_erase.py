@@ -289,3 +289,29 @@ def test_erase_with_a_replica_finds_the_earlier_life_there_too(regions, mode: st
     assert report.buckets == (PRIMARY_BUCKET, REPLICA_BUCKET) and report.complete, report.remaining
     for bucket, region in ((PRIMARY_BUCKET, PRIMARY_REGION), (REPLICA_BUCKET, REPLICA_REGION)):
         _assert_erased(regions.moto, mode, bucket=bucket, table=TABLE_NAME, region=region)
+
+
+def test_a_run_that_lands_before_the_erase_s_delete_leaves_no_hint(endpoint: str, index_mode: str, monkeypatch) -> None:
+    """A run writes the thread after the erase recorded its hints and before the
+    erase's delete: the delete records the new run's hint, and the erase reads
+    that record before it lists the versions."""
+    from conftest import make_versioned
+    from s3_saver._ops import erase
+
+    make_versioned(endpoint)
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    _write(saver, DOOMED, turns=1, archive=False)
+    writer = make_saver(endpoint, index_mode)
+    delete = erase.delete.delete_thread
+
+    def raced(ctx, thread_id):
+        _run((_graph(writer),), DOOMED, range(7, 8), run_id="raced-run")
+        return (yield from delete(ctx, thread_id))
+
+    monkeypatch.setattr(erase.delete, "delete_thread", raced)
+    report = saver.erase_thread(DOOMED)
+    assert report.complete, report.remaining
+    _assert_erased(endpoint, index_mode)
+    writer.close()
+    saver.close()
