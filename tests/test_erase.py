@@ -315,3 +315,22 @@ def test_a_run_that_lands_before_the_erase_s_delete_leaves_no_hint(endpoint: str
     _assert_erased(endpoint, index_mode)
     writer.close()
     saver.close()
+
+
+def test_a_refused_write_of_a_new_run_leaves_no_hint_after_an_erase(versioned_saver, index_mode: str, endpoint: str) -> None:
+    """A process that holds the thread starts a new run on it after another process
+    deleted it: its put sends the run's hint with its objects, the commit is
+    refused and the hint is taken back (on a versioned bucket, a version and a
+    delete marker no head names). The erase after finds it."""
+    _write(versioned_saver, DOOMED, turns=1, archive=False)
+    latest = versioned_saver.get_tuple(_cfg(DOOMED))
+    other = make_saver(endpoint, index_mode)
+    other.delete_thread(DOOMED)
+    versions = {**latest.checkpoint["channel_versions"], "turn": versioned_saver.get_next_version(None)}
+    with pytest.raises(ThreadDeletedError):
+        versioned_saver.put(
+            latest.config, checkpoint({"turn": 99}, versions), {"step": 99, "run_id": "late-run"}, {"turn": versions["turn"]}
+        )
+    assert other.erase_thread(DOOMED).complete
+    _assert_erased(endpoint, index_mode)
+    other.close()
