@@ -184,8 +184,9 @@ class KeyLayout:
         """A record of keys outside the thread's own prefixes that name it (its
         listing and run hints): written by an erase before its delete takes them
         out of the head (an erase cut short finds them here again), and on a
-        versioned bucket by a prune before it deletes the hints of runs it took
-        out (their noncurrent versions are then still found by an erase)."""
+        versioned bucket by a prune or a delete before it deletes the keys it
+        takes out (their noncurrent versions are then still found by an erase,
+        after the thread started afresh too)."""
         return _checked(f"{self.manifest_dir(thread_id)}{ERASE_MARK}{token}")
 
     def segment_key(self, thread_id: str, number: int, token: str) -> str:

@@ -246,3 +246,91 @@ def test_erase_with_a_replica_erases_the_replica_bucket_and_index(regions, mode:
         _assert_erased(regions.moto, index_mode, bucket=bucket, table=TABLE_NAME, region=region)
     assert sorted((v["Key"], v["VersionId"]) for v in _versions(regions.moto, REPLICA_BUCKET, KEPT, REPLICA_REGION)) == kept
     assert saver.get_tuple(_cfg(KEPT)) is not None and saver.get_tuple(_cfg(DOOMED)) is None
+
+
+def test_erase_finds_the_hints_of_a_thread_s_earlier_lives(endpoint: str, index_mode: str) -> None:
+    """A thread deleted, then started afresh by a new run: its earlier life's run
+    hints and listing object (deleted by key, so on a versioned bucket a noncurrent
+    version and a delete marker each) are no longer named by the head; the delete
+    recorded them for an erase to find."""
+    from conftest import make_versioned
+
+    make_versioned(endpoint)
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    _write(saver, DOOMED, turns=2, archive=False)
+    saver.delete_thread(DOOMED)
+    _run((_graph(saver),), DOOMED, range(5, 6), run_id="second-life-run")
+    report = saver.erase_thread(DOOMED)
+    assert report.complete, report.remaining
+    _assert_erased(endpoint, index_mode)
+    assert saver.get_tuple(_cfg(DOOMED)) is None
+    saver.close()
+
+
+@pytest.mark.parametrize("mode", ("manifest", "dynamodb"))
+def test_erase_with_a_replica_finds_the_earlier_life_there_too(regions, mode: str) -> None:
+    """The replica received the earlier life's run hints and listing object and
+    then their delete markers; the erase in the replica finds them through the
+    delete's record, which replicated with the thread's folder."""
+    from regions import PRIMARY_BUCKET, PRIMARY_REGION, REPLICA_BUCKET, REPLICA_REGION, TABLE_NAME
+    from test_replica import _saver
+
+    saver = _saver(regions, mode)
+    _write(saver, DOOMED, turns=2, archive=False)
+    regions.replicator.sync()
+    saver.delete_thread(DOOMED)
+    _run((_graph(saver),), DOOMED, range(5, 6), run_id="second-life-run")
+    regions.replicator.sync()
+    if mode == "manifest":  # the earlier life's run hint, in the replica too
+        assert any("/runs/doomed-thread-run0/" in v["Key"] for v in _versions(regions.moto, REPLICA_BUCKET, DOOMED, REPLICA_REGION))
+
+    report = saver.erase_thread(DOOMED)
+    assert report.buckets == (PRIMARY_BUCKET, REPLICA_BUCKET) and report.complete, report.remaining
+    for bucket, region in ((PRIMARY_BUCKET, PRIMARY_REGION), (REPLICA_BUCKET, REPLICA_REGION)):
+        _assert_erased(regions.moto, mode, bucket=bucket, table=TABLE_NAME, region=region)
+
+
+def test_a_run_that_lands_before_the_erase_s_delete_leaves_no_hint(endpoint: str, index_mode: str, monkeypatch) -> None:
+    """A run writes the thread after the erase recorded its hints and before the
+    erase's delete: the delete records the new run's hint, and the erase reads
+    that record before it lists the versions."""
+    from conftest import make_versioned
+    from s3_saver._ops import erase
+
+    make_versioned(endpoint)
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    _write(saver, DOOMED, turns=1, archive=False)
+    writer = make_saver(endpoint, index_mode)
+    delete = erase.delete.delete_thread
+
+    def raced(ctx, thread_id):
+        _run((_graph(writer),), DOOMED, range(7, 8), run_id="raced-run")
+        return (yield from delete(ctx, thread_id))
+
+    monkeypatch.setattr(erase.delete, "delete_thread", raced)
+    report = saver.erase_thread(DOOMED)
+    assert report.complete, report.remaining
+    _assert_erased(endpoint, index_mode)
+    writer.close()
+    saver.close()
+
+
+def test_a_refused_write_of_a_new_run_leaves_no_hint_after_an_erase(versioned_saver, index_mode: str, endpoint: str) -> None:
+    """A process that holds the thread starts a new run on it after another process
+    deleted it: its put sends the run's hint with its objects, the commit is
+    refused and the hint is taken back (on a versioned bucket, a version and a
+    delete marker no head names). The erase after finds it."""
+    _write(versioned_saver, DOOMED, turns=1, archive=False)
+    latest = versioned_saver.get_tuple(_cfg(DOOMED))
+    other = make_saver(endpoint, index_mode)
+    other.delete_thread(DOOMED)
+    versions = {**latest.checkpoint["channel_versions"], "turn": versioned_saver.get_next_version(None)}
+    with pytest.raises(ThreadDeletedError):
+        versioned_saver.put(
+            latest.config, checkpoint({"turn": 99}, versions), {"step": 99, "run_id": "late-run"}, {"turn": versions["turn"]}
+        )
+    assert other.erase_thread(DOOMED).complete
+    _assert_erased(endpoint, index_mode)
+    other.close()

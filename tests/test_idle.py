@@ -203,3 +203,64 @@ def test_erase_leaves_no_activity_entry(endpoint, index_mode, monkeypatch, versi
         named = [v["Key"] for v in left.get("Versions", []) + left.get("DeleteMarkers", []) if v["Key"].endswith("/gone")]
         assert named == []
     saver.close()
+
+
+def _named_by(endpoint: str, index_mode: str, thread_id: str) -> list[str]:
+    """The activity entries naming ``thread_id`` that an erase must remove: a
+    table's items, or a bucket's objects with every version and delete marker."""
+    if index_mode == "dynamodb":
+        return [f"{day}/{t}" for day, t in _entries(endpoint, index_mode) if t == thread_id]
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    pages = s3.get_paginator("list_object_versions").paginate(Bucket=BUCKET, Prefix="listing/active/")
+    found = [v["Key"] for p in pages for v in p.get("Versions", []) + p.get("DeleteMarkers", [])]
+    return [k for k in found if k.endswith(f"/{thread_id}")]
+
+
+def _written_on(saver, monkeypatch, tid: str, days_ago: int, step: int) -> None:
+    now = datetime.now(timezone.utc).timestamp()
+    _at(monkeypatch, now - days_ago * DAY)
+    _put(saver, tid, datetime.fromtimestamp(now - days_ago * DAY, timezone.utc), step=step)
+    _at(monkeypatch, None)
+
+
+@pytest.mark.parametrize("versioned", [False, True], ids=["unversioned", "versioned"])
+def test_erase_removes_the_activity_entries_of_a_thread_s_earlier_lives(endpoint, index_mode, monkeypatch, versioned) -> None:
+    """A thread written on two days, deleted (the delete removes its latest day's
+    entry; the older one waits for the walk), then started afresh today: the erase
+    removes the older life's entry too, though the new life was listed today."""
+    from conftest import make_versioned
+
+    if versioned:
+        make_versioned(endpoint)
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    _written_on(saver, monkeypatch, "again", 10, step=0)
+    _written_on(saver, monkeypatch, "again", 9, step=1)
+    saver.delete_thread("again")
+    _put(saver, "again", datetime.now(timezone.utc), step=0)
+    _written_days_ago(saver, monkeypatch, ("kept",))
+    assert saver.erase_thread("again").complete
+    assert _named_by(endpoint, index_mode, "again") == []
+    assert {t for _, t in _entries(endpoint, index_mode)} == {"kept"}
+    saver.close()
+
+
+def test_erase_removes_the_versions_of_entries_the_walk_dropped(endpoint, index_mode, monkeypatch) -> None:
+    """On a versioned bucket, the walk's drop of a stale entry (a plain delete) keeps
+    it as a noncurrent version behind a delete marker, and the walk's cursor moves
+    past its day: the erase still finds it."""
+    from conftest import make_versioned
+
+    make_versioned(endpoint)
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    _written_on(saver, monkeypatch, "gone", 10, step=0)
+    _written_on(saver, monkeypatch, "other", 9, step=0)
+    _put(saver, "gone", datetime.now(timezone.utc), step=1)
+    _put(saver, "other", datetime.now(timezone.utc), step=1)
+    walked = saver.archive_idle(timedelta(days=5))
+    assert (walked.examined, walked.dropped, walked) == (2, 2, [])
+    assert saver.erase_thread("gone").complete
+    assert _named_by(endpoint, index_mode, "gone") == []
+    assert {t for _, t in _entries(endpoint, index_mode)} == {"other"}
+    saver.close()

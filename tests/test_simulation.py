@@ -173,7 +173,8 @@ def test_random(world: World) -> None:
 # erase_thread with a writer, on versioned buckets (a delete leaves versions there):
 # cut after every call of the schedule (the erase's and the writer's), then retried by
 # a fresh process. The pairs of workload.PAIRS run it beside the other operations.
-ERASE_SCENARIOS = ("erase", "erase+writes")  # alone, the version check applies to every schedule
+# "relive": delete_thread, a new run starting the thread afresh, then erase_thread (its earlier life's keys).
+ERASE_SCENARIOS = ("erase", "erase+writes", "relive")  # alone, the version check applies to every schedule
 
 
 @pytest.mark.parametrize("mode", INDEX_MODES)
@@ -209,6 +210,18 @@ def test_erase_after_a_prune_pinned(moto_endpoint: str) -> None:
     tally = Tally()
     _run(World(moto_endpoint, "manifest", versioned=True), Spec("manifest", "erase", 332802, "one", [-1, 0, 0], versioned=True), tally)
     _fail(tally, "manifest erase seed 332802")
+
+
+def test_erase_after_a_new_life_pinned(moto_endpoint: str) -> None:
+    """Seed 1 of "relive" (manifest, versioned): delete_thread deleted the run hints
+    of runs 1 and 2 (a noncurrent version and a delete marker each, naming the
+    thread); a new run started the thread afresh, whose head names neither run,
+    so the erase left them. The delete now records them for the erase. The
+    version check did not apply before: it asked that no write succeed after the
+    first delete (``check.erased_cleanly``), and no schedule started a new life."""
+    tally = Tally()
+    _run(World(moto_endpoint, "manifest", versioned=True), Spec("manifest", "relive", 1, "one", [-1, 0, 0], versioned=True), tally)
+    _fail(tally, "manifest relive seed 1")
 
 
 # Schedules of the stale kinds (workload.Workshop.stale), one per last call of the

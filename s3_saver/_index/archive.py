@@ -168,6 +168,9 @@ class ArchiveIndex(Index):
     def erase_activity(self, thread_id: str, days: list[int]) -> Op[list[str]]:
         raise self._refuse("erase_thread")
 
+    def activity_since(self, thread_id: str) -> Op[tuple[int, int]]:
+        raise self._refuse("erase_thread")
+
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
         raise self._refuse("a write")
 

@@ -378,6 +378,12 @@ class Index(ABC):
         processed, so either of two racing runs' cursors is right)."""
 
     @abstractmethod
+    def activity_since(self, thread_id: str) -> Op[tuple[int, int]]:
+        """When the thread was listed (0: it is not) and the first day (yyyymmdd)
+        whose activity entry a write recorded, in any of its lives (0: none known):
+        where ``erase_thread`` starts looking for its entries (``idle.activity_span``)."""
+
+    @abstractmethod
     def erase_activity(self, thread_id: str, days: list[int]) -> Op[list[str]]:
         """Remove the thread's activity entries of ``days``; returns the bucket keys
         they were (their older versions are ``erase_thread``'s; a table: none)."""

@@ -38,6 +38,7 @@ from s3_saver._index.dynamo_table import (
     CREATED,
     DEAD_RUNS,
     GEN,
+    SINCE,
     HIDDEN,
     KIND_CHECKPOINT,
     KIND_WRITES,
@@ -67,7 +68,7 @@ from s3_saver.errors import CorruptObjectError, Where, error_code
 __all__ = [
     "ACTIVE", "ARCHIVE", "ARCHIVING", "COPIED_FROM", "CREATED", "DEAD_RUNS", "GEN", "HIDDEN",
     "KIND_CHECKPOINT", "KIND_WRITES", "PARENT_GONE", "PARENT_WRITES", "PARTITION_KEY", "RESTORING", "RUN",
-    "SITE", "SORT_KEY", "STALE_ARCHIVE", "TABLE_ATTRIBUTE_DEFINITIONS", "TABLE_GLOBAL_SECONDARY_INDEXES",
+    "SINCE", "SITE", "SORT_KEY", "STALE_ARCHIVE", "TABLE_ATTRIBUTE_DEFINITIONS", "TABLE_GLOBAL_SECONDARY_INDEXES",
     "TABLE_KEY_SCHEMA", "TAG", "TTL_ATTRIBUTE", "UNLISTING", "DynamoCalls", "Link", "_gen_of",
     "_listed_first", "_live", "_live_gen", "_thread_item",
 ]
@@ -297,6 +298,7 @@ class DynamoCalls(DynamoThreadItems, DynamoTable):
                 item.get(RESTORING),
                 item.get(UNLISTING, 0),
                 item.get(ACTIVE, 0),
+                item.get(SINCE, 0),
             )
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(

@@ -143,6 +143,11 @@ class DynamoLifecycle:
         found = yield from request_one(self.calls.get_tombstone(thread_id))
         return _thread_item(self.calls, found).created or None
 
+    def activity_since(self, thread_id: str) -> Op[tuple[int, int]]:
+        found = yield from request_one(self.calls.get_tombstone(thread_id))
+        record = _thread_item(self.calls, found)
+        return record.created, record.since
+
     def runs(self, run_ids: list[str]) -> Op[dict[str, list[str]]]:
         return (yield from run_threads(self.calls, run_ids))
 

@@ -58,6 +58,8 @@ CREATED = "created"
 DEAD_RUNS = "dead_runs"
 # On the thread's tombstone item: the day of its latest activity entry (``_index/activity``).
 ACTIVE = "active"
+# ... and the first such day, in any of its lives (a delete keeps it: ``idle.activity_span``).
+SINCE = "since"
 # On the thread's item and on each namespace's tombstone item: the thread is
 # archived (see ``_archive``); a namespace's marker is what its readers meet first.
 ARCHIVE = "archive"

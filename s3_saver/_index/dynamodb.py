@@ -35,7 +35,7 @@ from s3_saver._index.base import (
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._index.dynamo_items import ACTIVE, DynamoCalls, Link, _listed_first, _live_gen, _thread_item
+from s3_saver._index.dynamo_items import ACTIVE, SINCE, DynamoCalls, Link, _listed_first, _live_gen, _thread_item
 from s3_saver._index.activity import DynamoActivity
 from s3_saver._index.dynamo_audit import DynamoHoldings
 from s3_saver._index.dynamo_archive import DynamoArchive
@@ -123,8 +123,10 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, DynamoActivity
             # The thread's record then names the entry's day (an archive removes
             # that entry): the fence's check becomes an update under the same condition.
             check = fence.pop("ConditionCheck")
-            check["UpdateExpression"] = "SET #act = :act"
+            # The first such day stays (a delete keeps it too): an erase looks from there.
+            check["UpdateExpression"] = "SET #act = :act, #since = if_not_exists(#since, :act)"
             check["ExpressionAttributeNames"]["#act"] = ACTIVE
+            check["ExpressionAttributeNames"]["#since"] = SINCE
             check["ExpressionAttributeValues"][":act"] = {"N": str(active)}
             fence["Update"] = check
         actions = [

@@ -175,6 +175,9 @@ class Tombstone:
     # The day (yyyymmdd) of the thread's latest activity entry, as writes recorded
     # it (0: none known): an archive removes that entry (``_ops/archive``).
     active: int = 0
+    # The first such day in any of the thread's lives (a delete keeps it): where
+    # an erase starts looking for the thread's entries (``idle.activity_span``).
+    since: int = 0
 
 
 @dataclass

@@ -49,7 +49,7 @@ from s3_saver._index.manifest_lifecycle import ManifestLifecycle
 from s3_saver._index.manifest_reads import ManifestReads
 from s3_saver._index.manifest_seal import Bodies, _plan_seal, _SealPlan
 from s3_saver._keys import KeyLayout
-from s3_saver._protocol import Op, raise_failure, request
+from s3_saver._protocol import Op, raise_failure
 from s3_saver._s3 import S3Calls, put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
@@ -213,6 +213,7 @@ class ManifestIndex(
                 copied_from=None,
                 created=head.created or created or 0,
                 active=max(head.active, active or 0),
+                since=min(head.since, active) if head.since and active else head.since or active or 0,
             )
 
         yield from self._commit(entry.thread_id, change, check)
@@ -239,8 +240,9 @@ class ManifestIndex(
             head = yield from self._read_head(thread_id)
         if head is not None and created is not None and head.created == created:
             keys = keys[1:]
-        if keys:
-            yield from request(self.s3.delete_many(keys))
+        # A refused write's run hint or listing object is named by no head: on a
+        # versioned bucket its key is recorded for an erase first (``_unname``).
+        yield from self._unname({thread_id: keys})
 
     def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
         thread_id = entries[0].thread_id

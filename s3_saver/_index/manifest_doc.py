@@ -102,6 +102,9 @@ class Head:
     # The latest day (yyyymmdd) whose activity entry a write made (``_index/activity``):
     # a writer of a day not after it writes none. 0: none known.
     active: int = 0
+    # The first day whose activity entry a write recorded, in any of the thread's
+    # lives (a delete keeps it): an erase looks for entries from there on (``idle.activity_span``).
+    since: int = 0
     # The bucket it was written to: after a failback, a region's own last head
     # is told from the other region's heads replicated over it (_ops/settle).
     site: str | None = None
@@ -171,6 +174,7 @@ def encode_head(head: Head, versioned: bool = False) -> bytes:
         "unlisting": head.unlisting,
         "archiving": head.archiving,
         "active": head.active,
+        "since": head.since,
         "site": head.site,
     }
     return pack(doc)
@@ -223,6 +227,7 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         unlisting=doc.get("unlisting", 0),
         archiving=doc.get("archiving"),
         active=doc.get("active", 0),
+        since=doc.get("since", 0),
         etag=etag,
         pinned=bodies.unpack_pinned(doc.get(bodies.PINNED), where),
     )
@@ -352,4 +357,5 @@ def record_of(head: Head) -> Tombstone:
     return Tombstone(
         head.thread_id, None, head.gen, head.deleted_at, head.created, frozenset(head.dead_runs),
         head.archive, head.stale_archive, head.archiving, None, head.unlisting, head.active,
+        head.since,
     )

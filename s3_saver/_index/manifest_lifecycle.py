@@ -170,6 +170,10 @@ class ManifestLifecycle:
         head = yield from self._read_head(thread_id)
         return head.created or None
 
+    def activity_since(self, thread_id: str) -> Op[tuple[int, int]]:
+        head = yield from self._read_head(thread_id)
+        return head.created, head.since
+
     def runs(self, run_ids: list[str]) -> Op[dict[str, list[str]]]:
         found: dict[str, list[str]] = {r: [] for r in run_ids}
         pending: dict[str, str | None] = {r: None for r in run_ids}
@@ -194,17 +198,28 @@ class ManifestLifecycle:
         yield from self._update(thread_id, bury, self._cached(thread_id))
 
     def forget_runs(self, pairs: list[tuple[str, str]]) -> Op[None]:
-        keys = [self.layout.run_key(r, t) for r, t in pairs]
+        by_thread: dict[str, list[str]] = {}
+        for run_id, thread_id in pairs:
+            by_thread.setdefault(thread_id, []).append(self.layout.run_key(run_id, thread_id))
+        yield from self._unname(by_thread)
+
+    def _unname(self, by_thread: dict[str, list[str]]) -> Op[None]:
+        """Delete keys outside the threads' own folders that name them (run hints,
+        a listing object, an activity entry), by thread: a prune's and a delete's.
+
+        A versioned bucket keeps each as a noncurrent version behind a delete
+        marker, both keys holding the thread id; once the head no longer names
+        the key (its run pruned, or the thread deleted and started afresh)
+        nothing would, and an erase could not find it. So on a versioned bucket
+        the keys go first (objects first) into an erase record in the thread's
+        manifest folder, which ``erase_thread`` reads and removes with everything
+        else. The record replicates with the folder, so a replica's erase finds
+        them too (a delete by version id would not replicate)."""
+        keys = [k for ks in by_thread.values() for k in ks]
         if self.versioned_bucket and keys:
-            # A versioned bucket keeps a deleted hint as a noncurrent version that names the
-            # thread, and once its run leaves the head nothing names it: an erase could not
-            # find it. So its key goes first into an erase record in the thread's folder
-            # (objects first), which erase_thread reads and removes with everything else.
-            by_thread: dict[str, list[str]] = {}
-            for (_, t), key in zip(pairs, keys):
-                by_thread.setdefault(t, []).append(key)
             yield from put_immutable(
-                self.s3, {self.layout.erase_key(t, new_token()): "\n".join(sorted(ks)).encode() for t, ks in by_thread.items()}
+                self.s3,
+                {self.layout.erase_key(t, new_token()): "\n".join(sorted(ks)).encode() for t, ks in by_thread.items() if ks},
             )
         yield from _delete_keys(self.s3, keys)
 
@@ -266,6 +281,9 @@ class ManifestLifecycle:
                 stale_archive=h.archive.key if h.archive is not None else h.stale_archive,
                 # Its activity entry's day, until the entry is removed (below).
                 active=h.active,
+                # The entries of earlier days wait for archive_idle's walk (a
+                # versioned bucket keeps them after): an erase looks from here.
+                since=h.since,
             )
 
         archived_runs = head.archive.runs if head.archive is not None else []
@@ -279,10 +297,12 @@ class ManifestLifecycle:
             runs.update(e.run_id for e in entries if e.run_id is not None)
         # The records that find the thread go first, while the head still names them
         # (the graveyard's runs, ``unlisting``): a delete cut short finds them again.
+        # Versioned, their keys are recorded for an erase first (``_unname``): the
+        # thread's next life's head names none of them.
         hints = [self.layout.run_key(r, thread_id) for r in sorted(runs)]
         listing = [self.layout.listing_key(head.unlisting, thread_id)] if head.unlisting else []
         listing += [self.layout.activity_key(head.active, thread_id)] if head.active else []
-        yield from _delete_keys(self.s3, hints + listing)
+        yield from self._unname({thread_id: hints + listing})
         yield from self._clear_graveyard(head, release, unlist=True)
 
     def drop(self, thread_id: str, plan: Callable[[list[CheckpointEntry]], Op[Cut]], release: Release) -> Op[None]:

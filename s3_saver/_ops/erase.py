@@ -13,9 +13,10 @@ A version Object Lock holds is reported, never an error that stops the rest.
 Order, so that a call cut short anywhere and called again finishes:
 
 1. versioned bucket, manifest index: the keys outside the thread's ranges that
-   name it (listing and run hints, ``Index.erase_hints``) go into a record of
-   their own in the thread's manifest folder *before* the delete takes them
-   out of the head;
+   name it (listing and run hints, ``Index.erase_hints``, and activity entries)
+   go into a record of their own in the thread's manifest folder *before* the
+   delete takes them out of the head (an earlier delete or prune recorded those
+   of the thread's earlier lives: ``ManifestLifecycle._unname``);
 2. ``delete_thread`` (gone for readers and writers from its first write);
 3. every noncurrent version and delete marker in the ranges and of those keys
    goes, and every current object older than ``GRACE`` that the index does
@@ -155,13 +156,14 @@ def _erase_in(
     young = time.time() - GRACE if written else float("inf")
     versioned = yield from _versioned(ctx)
     hints: list[str] = []
+    read: set[str] = set()  # the hint records whose keys are in ``hints``
     # The days the thread's activity entries can be on, known before the delete
     # takes its listing time (``idle.activity_span``).
-    days = (yield from _activity_span(ctx, thread_id)) if own_index else []
+    days = (yield from _activity_span(ctx, thread_id, versioned)) if own_index else []
     if versioned and own_index:
-        hints = yield from _record_hints(ctx, thread_id, [ctx.layout.activity_key(d, thread_id) for d in days])
+        hints = yield from _record_hints(ctx, thread_id, [ctx.layout.activity_key(d, thread_id) for d in days], read)
     elif versioned:
-        hints = yield from _hints_recorded(ctx, thread_id)
+        hints = yield from _hints_recorded(ctx, thread_id, read)
     indexed = own_index
     if own_index:
         try:
@@ -170,8 +172,15 @@ def _erase_in(
             indexed = False  # a replica's table never made (promote builds it): nothing to delete there
         if indexed:
             # The entries that name the thread (a table's items; a bucket's objects,
-            # whose older versions go with the hints below).
-            yield from ctx.index.erase_activity(thread_id, days)
+            # whose older versions go with the hints below). Versioned, a bucket
+            # whose hints are objects (as its activity entries): the delete recorded
+            # the keys it deleted, which a write that landed since the record
+            # above may have added to (a run's hint): read beside.
+            _, more = yield from gather(
+                ctx.index.erase_activity(thread_id, days),
+                _hints_recorded(ctx, thread_id, read) if versioned and ctx.index.activity_objects else _none(),
+            )
+            hints = sorted({*hints, *more})
     # The ranges and the hint keys are listed side by side (a page each per round trip).
     prefixes = _ranges(ctx.layout, thread_id) + hints
     pages = yield from gather(*(_listed(ctx, p, versioned) for p in prefixes))
@@ -186,8 +195,11 @@ def _erase_in(
         if (v.key == prefix if prefix in hints else _belongs(ctx.layout, thread_id, v.key))
     ]
     marks = ctx.layout.erase_key(thread_id, "")
-    hint_records = [v for v in found if v.key.startswith(marks)]
+    # A record written after the last read (another call's) stays, for the next erase.
+    hint_records = [v for v in found if v.key.startswith(marks) and v.key in read]
+    unread = [v for v in found if v.key.startswith(marks) and v.key not in read and v.current]
     purge, left = _sort_out(ctx, [v for v in found if not v.key.startswith(marks)], keep, own, young)
+    left += [RemainingVersion(ctx.s3.bucket, v.key, v.version_id, RECORD) for v in unread]
     # Versions first, then the delete markers of keys none of whose versions a
     # lock kept: a marker taken off a locked version would make it current again.
     count, locked = yield from _purge(ctx, [v for v in purge if not v.marker])
@@ -249,43 +261,53 @@ def _versioned(ctx: Context) -> Op[bool]:
     return result.get("Status") in ("Enabled", "Suspended")
 
 
-def _activity_span(ctx: Context, thread_id: str) -> Op[list[int]]:
+def _activity_span(ctx: Context, thread_id: str, versioned: bool) -> Op[list[int]]:
     try:
-        return (yield from idle.activity_span(ctx, thread_id))
+        return (yield from idle.activity_span(ctx, thread_id, versioned))
     except TableNotFoundError:
         return []
 
 
-def _record_hints(ctx: Context, thread_id: str, activity: list[str]) -> Op[list[str]]:
+def _record_hints(ctx: Context, thread_id: str, activity: list[str], read: set[str]) -> Op[list[str]]:
     """The hint keys the index names now (and the thread's ``activity`` entry keys,
     which a bucket holds in manifest mode) and those earlier calls recorded; a
     record of any new ones is written before the delete removes them from the index."""
-    named, recorded = yield from _gather_hints(ctx, thread_id)
+    named, recorded = yield from _gather_hints(ctx, thread_id, read)
     if ctx.index.activity_objects:
         named = [*named, *activity]
     new = sorted(set(named) - set(recorded))
     if new:
         # Immutable: a PUT sent again after its answer was lost meets its own bytes.
-        yield from put_immutable(ctx.s3, {ctx.layout.erase_key(thread_id, new_token()): "\n".join(new).encode()})
+        key = ctx.layout.erase_key(thread_id, new_token())
+        yield from put_immutable(ctx.s3, {key: "\n".join(new).encode()})
+        read.add(key)
     return sorted(set(named) | set(recorded))
 
 
-def _gather_hints(ctx: Context, thread_id: str) -> Op[tuple[list[str], list[str]]]:
+def _gather_hints(ctx: Context, thread_id: str, read: set[str]) -> Op[tuple[list[str], list[str]]]:
     named = yield from ctx.index.erase_hints(thread_id)
-    recorded = yield from _hints_recorded(ctx, thread_id)
+    recorded = yield from _hints_recorded(ctx, thread_id, read)
     return named, recorded
 
 
-def _hints_recorded(ctx: Context, thread_id: str) -> Op[list[str]]:
+def _none() -> Op[list[str]]:
+    yield from ()
+    return []
+
+
+def _hints_recorded(ctx: Context, thread_id: str, read: set[str]) -> Op[list[str]]:
+    """The keys the thread's hint records name, of the records not in ``read``
+    (which gains them)."""
     prefix = ctx.layout.erase_key(thread_id, "")
     keys: list[str] = []
     token: str | None = None
     while True:
         page = yield from request_one(ctx.s3.list_keys(prefix, token))
-        keys += [o["Key"] for o in page.get("Contents", [])]
+        keys += [o["Key"] for o in page.get("Contents", []) if o["Key"] not in read]
         token = page.get("NextContinuationToken")
         if not token:
             break
+    read.update(keys)
     if not keys:
         return []
     calls = [ctx.s3.get(k) for k in keys]

@@ -258,17 +258,27 @@ def _day_at(ctx: Context, position: str) -> int:
     return int((position[len(root) :] if position.startswith(root) else position)[:8])
 
 
-def activity_span(ctx: Context, thread_id: str) -> Op[list[int]]:
+def activity_span(ctx: Context, thread_id: str, versioned: bool) -> Op[list[int]]:
     """The days a thread's activity entries can be on (``erase_thread``): none is
-    behind the walk's cursor, nor before the day before the thread was listed,
-    nor after tomorrow."""
-    cursor, created = yield from gather(ctx.index.load_cursor(CURSOR), ctx.index.created(thread_id))
+    before the first day a write recorded one in any of the thread's lives (a
+    delete keeps that day: an earlier life's entries of older days wait for the
+    walk), nor before the day before it was listed, nor after tomorrow; and
+    none is behind the walk's cursor, which passes only entries it removed,
+    unless the bucket keeps versions of them (``versioned``, entries that are
+    objects): the walk's delete leaves each a noncurrent version there.
+
+    Why from the first day, not a record of each entry the walk drops: the walk
+    and the writes pay nothing for it (no request, a few bytes in the record),
+    and a replica's erase finds the same days in the replicated record. The
+    erase pays one listing per day of the thread's life (an admin call)."""
+    cursor, (created, since) = yield from gather(ctx.index.load_cursor(CURSOR), ctx.index.activity_since(thread_id))
     today = day_of(time.time())
+    starts = [shift_day(day_of(created), -1)] if created else []
+    starts += [since] if since else []
+    first = min(starts) if starts else None
     lows = [_day_at(ctx, p) for p in cursor.values()]
-    first = min(lows) if lows else None
-    if created:
-        listed = shift_day(day_of(created), -1)
-        first = listed if first is None else max(first, listed)
+    if lows and (first is None or not (versioned and ctx.index.activity_objects)):
+        first = min(lows) if first is None else max(first, min(lows))
     first = shift_day(today, -2) if first is None else min(first, shift_day(today, -2))
     days = [first]
     while days[-1] < shift_day(today, 1):

@@ -191,25 +191,36 @@ def settled_after_delete(history: list[Any], t: str) -> bool:
     return deleted and all(
         op.outcome is not None and op.outcome[0] != "abandoned" and not op.cuts for op in history if t in op.step.model.threads
     )
+
+
 def erased_cleanly(history: list[Any], state: M.ModelState, t: str) -> bool:
-    """Whether the version check applies to ``t``: the leftover check does, an
-    erase_thread of it answered, and every other operation on it ended before
+    """Whether the version check applies to ``t``: an erase_thread of it answered,
+    the model's final thread is empty, every other operation on it ended before
     that erase began (a write refused after it, or one it kept as maybe in
-    flight, leaves versions by design: the next erase's)."""
-    if not deleted_cleanly(history, state, t):
-        return False
+    flight, leaves versions by design: the next erase's), and none but a delete
+    was abandoned or cut (a write cut short leaves young objects: reported).
+
+    Not ``deleted_cleanly``'s rule that no write succeed after the first delete:
+    a write after a delete starts the thread afresh, and the erase after it must
+    remove both lives (the earlier one's run hints and listing object too)."""
     erases = [
         op for op in history
         if isinstance(op.step.model, M.EraseThread) and op.step.model.t == t and op.outcome and op.outcome[0] == "ok"
     ]
-    if not erases:
+    if not erases or not state.nothing(t):
         return False
     last = max(erases, key=lambda op: op.end)
+    for op in history:
+        if t not in op.step.model.threads or op is last or isinstance(op.step.model, M.DeleteThread):
+            continue
+        if op.outcome is None or op.outcome[0] == "abandoned" or op.cuts:
+            return False
     # A collect_garbage that listed the thread's objects before the erase deleted
     # them deletes them again after it: a delete marker in a versioned bucket.
+    # Ticks count calls: an answer at the tick an op starts came before its first call.
     gcs = [op for op in history if isinstance(op.step.model, M.CollectGarbage)]
     return all(
-        op.end is not None and last.start is not None and op.end < last.start
+        op.end is not None and last.start is not None and op.end <= last.start
         for op in history
         if (t in op.step.model.threads and op is not last) or (op in gcs and not (op.start or 0) > last.end)
     )

@@ -335,7 +335,7 @@ class Workshop:
             if rng.random() < 0.4:
                 steps.append(writes_step(b, target, rng.choice([None, RESUME])))
             return steps
-        if kind in ("prune", "delete_runs", "delete", "erase") or kind.startswith("prune_"):
+        if kind in ("prune", "delete_runs", "delete", "erase", "relive") or kind.startswith("prune_"):
             self.sc.deleting.add(t)
         if kind == "prune":
             return [prune_step([t], rng.choice([None, 1, 2]))]
@@ -360,6 +360,17 @@ class Workshop:
             return [delete_step(t)]
         if kind == "erase":
             return [erase_step(t)]
+        if kind == "relive":
+            # The thread deleted, started afresh by a new run, then erased: the
+            # erase must find what its earlier life left (run hints, its listing
+            # object: keys outside its folders that its new head does not name).
+            # Other processes' writes build on the setup's checkpoints, which the
+            # delete takes: only a put from no parent starts a new life.
+            made, fresh = put_step(b, t, "", self.runs[4], None, fork=True)
+            steps = [delete_step(t), fresh]
+            if rng.random() < 0.5:
+                steps.append(writes_step(b, made))
+            return [*steps, erase_step(t)]
         if kind == "read":
             return [rng.choice([get_step(t, ""), list_step(t, None, limit=rng.choice([None, 3])), get_step(t, SUB_NS)])]
         if kind in ("stale_restore", "stale_archive"):
@@ -376,7 +387,7 @@ class Workshop:
 PROCESS_KINDS = (
     "run", "fork", "subput", "writes", "prune", "delete_runs", "archive", "restore", "archive_restore",
     "export_import", "copy", "gc", "delete", "read", "prune_archive", "prune_copy", "prune_export", "fanout",
-    "stale_restore", "stale_archive", "erase",
+    "stale_restore", "stale_archive", "erase", "relive",
 )
 WRITERS = ("run", "writes", "fanout")
 ADMIN = ("prune", "delete_runs", "archive", "restore", "export_import", "copy", "gc", "delete", "erase")
