@@ -157,6 +157,33 @@ ONE_VARIANT = {
     "test_soundness_values.py::test_item11_saver_leaves_the_global_random_state_alone": "dynamodb",
     "test_soundness_values.py::test_item11_no_uuid4_is_drawn_on_the_saver_s_behalf": "manifest",
     "test_stateful.py::test_stateful": "dynamodb",
+    # Second tier (5-20 worker-seconds a variant): a mode each where both modes' lighter
+    # tests of the same operation stay in make test.
+    "test_graphs.py::test_fresh_instance_continues_thread": "dynamodb",
+    "test_graphs.py::test_one_saver_serves_invoke_then_ainvoke": "manifest",
+    "test_erase.py::test_erase_with_a_replica_erases_the_replica_bucket_and_index": "manifest",
+    "test_archive_cut.py::test_a_checkpoint_racing_the_archive_is_never_lost": "dynamodb",
+    "test_replica.py::test_promote_refuses_while_replication_lags_and_force_leaves_them_for_verify": "dynamodb-global",
+    "test_replica.py::test_verify_after_a_forced_promote_reports_a_thread_only_the_old_primary_holds": "manifest",
+    "test_replica_drill.py::test_failover_drill": "manifest",
+    "test_infra_stack.py::test_failover_with_the_two_stacks_outputs": "global-table",
+    "test_outage.py::test_failback_keeps_the_old_primarys_writes_the_promoted_region_only_saw_in_part": "dynamodb-global",
+    "test_concurrency.py::test_aput_writes_from_tasks": "seaweedfs",
+    "test_deltas.py::test_a_custom_serializer_reads_back_what_it_wrote": "manifest",
+    "test_deltas.py::test_subgraph_messages_are_stored_as_deltas_in_their_namespace": "dynamodb",
+    "test_deltas.py::test_a_fork_from_an_old_checkpoint_reads_its_own_branch": "manifest",
+    "test_deltas.py::test_an_async_conversation_stores_deltas_and_reads_back": "dynamodb",
+    "test_deltas.py::test_list_deltas_false_stores_every_version_whole": "manifest",
+    "test_archive.py::test_live_objects_are_written_in_the_saver_storage_class": "dynamodb",
+    "test_audit.py::test_a_used_store_audits_clean": "manifest",
+    "test_audit.py::test_missing_objects_are_named": "dynamodb",
+    "test_lifecycle.py::test_delete_for_runs_removes_one_run_of_three_and_a_fork": "manifest",
+    "test_lifecycle.py::test_prune_keep_latest_keeps_delta_state_and_values": "dynamodb",
+    "test_lifecycle.py::test_prune_keep_last_then_fork_and_copy": "manifest",
+    "test_migrate.py::test_threads_in_parallel": "dynamodb",
+    "test_delta_history.py::test_expired_ancestors_end_the_walk_as_in_the_base_walk": "manifest",
+    "test_faults.py::test_kill_between_object_and_commit": None,
+    "test_faults.py::test_reset_after_every_write": None,
 }
 
 

@@ -109,7 +109,7 @@ def _archive_race(endpoint: str, mode: str, monkeypatch, prior: int, racing: int
     chain(writer, "twin", [{"counter": i, "doc": "D"} if i == 0 else {"counter": i} for i in range(prior)])
     total = count_waves(lambda: fresh(endpoint, mode).archive_thread("twin"), monkeypatch)
     bad = []
-    for at in cut_points(total, most=6):
+    for at in cut_points(total, most=4):
         reset(endpoint, mode)
         thread_id = f"t{at}"
         written = chain(writer, thread_id, [{"counter": i, "doc": "D"} if i == 0 else {"counter": i} for i in range(prior)])
