@@ -28,9 +28,10 @@ demo: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# `make test`: the suite a newcomer runs first (about 16 minutes on 2 cores; the goal is 10). Every public
-# operation in both index modes; the tests marked slow (cost invariants over large stores,
-# the rest of the drills' variants, the infra linters) wait for `make test-slow`.
+# `make test`: the suite a newcomer runs first (about 10 minutes on 2 cores, install included). Every public
+# operation in both index modes; the tests marked slow (every other combination of the test
+# parameters, the rest of the drills' variants, cost invariants over large stores, the infra
+# linters) wait for `make test-slow`.
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

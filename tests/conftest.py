@@ -53,6 +53,8 @@ SLOW_VARIANTS = frozenset(
         "test_replica.py::test_lag_every_read_is_a_complete_checkpoint_the_primary_had[manifest]",
         "test_outage.py::test_outage_promote_continue_failback[dynamodb-hang-refused]",
         "test_deltas.py::test_copy_export_archive_and_rebuild_carry_the_pieces[dynamodb]",
+        # delete_for_runs after another process restored: both modes on moto stay in make test.
+        "test_stale_head.py::test_delete_for_runs_after_another_process_restored_on_seaweedfs",
         # Twins of a drill that stays in make test: writes that seal racing the archive
         # (manifest) are raced at every round trip by test_soundness_races' item4; the
         # manifest index runs the conformance suite and every concurrency drill on SeaweedFS
@@ -103,12 +105,141 @@ SLOW_VARIANTS = frozenset(
 )
 
 
+# Drills that `make test` runs in one variant only: the one in the index mode named (its first
+# in collection order), picked so that each operation they drill meets both modes in make test
+# through this list or through its lighter tests. Each costs 15-60 worker-seconds a variant
+# (the measured list: `pytest --durations=0`); make test-slow runs their other variants.
+ONE_VARIANT = {
+    # LangGraph fidelity: every graph shape runs in make test (the covering rule below);
+    # the whole shape x mode x driver matrix, and SeaweedFS's, in make test-slow.
+    "test_graphs_seaweedfs.py::test_graph_matches_in_memory_on_seaweedfs": None,
+    # Regions: one outage kind each in make test, both modes across the three.
+    "test_replica.py::test_outage_reads_come_from_the_replica": "manifest",
+    "test_replica.py::test_async_promote_and_verify_equal_sync": "dynamodb",
+    "test_replica.py::test_recheck_after_zero_tries_the_primary_again_and_failback_is_automatic": "manifest",
+    "test_outage.py::test_failback_cut_short_then_called_again": "dynamodb",
+    # Archive, delete, rebuild and history rewrites cut short or raced: both modes across them.
+    "test_archive.py::test_delete_thread_removes_an_archived_thread": "manifest",
+    "test_archive.py::test_deep_archive_refuses_reads_and_writes_until_restored": "dynamodb",
+    "test_archive.py::test_write_to_an_archived_thread_restores_it_first": "manifest",
+    "test_soundness_switches.py::test_extra_cut_after_deleting_sealed_segments_then_called_again": "manifest",
+    "test_soundness_switches.py::test_item12_delete_thread_leaves_at_most_one_small_record": "dynamodb",
+    "test_soundness_races.py::test_extra_a_put_restoring_the_thread_during_archive_cleanup_is_not_deleted": "dynamodb",
+    "test_soundness_races.py::test_item8_a_put_between_archive_s_read_and_switch_stays_the_latest": "manifest",
+    "test_soundness_races.py::test_item9_a_resume_write_racing_the_archive_wins_after_restore": "dynamodb",
+    "test_soundness_races.py::test_item3_delete_for_runs_racing_the_run_s_next_checkpoint": "manifest",
+    "test_safety.py::test_a_history_rewrite_whose_index_writes_answers_are_lost_leaves_the_kept_history_whole": "dynamodb",
+    "test_safety.py::test_a_delete_cut_short_at_any_request_leaves_each_namespace_whole_or_gone": "manifest",
+    "test_rebuild.py::test_rebuild_of_a_long_thread_seals_or_pages": "manifest",
+    "test_rebuild.py::test_rebuilt_index_reads_as_before": "dynamodb",
+    "test_rebuild.py::test_rebuild_brings_back_archived_threads": "manifest",
+    "test_erase.py::test_erase_leaves_no_version_of_the_thread_and_the_other_reads_the_same": "manifest",
+    "test_migrate.py::test_a_migration_stopped_anywhere_completes_when_run_again": "dynamodb",
+    "test_migrate.py::test_writes_lost_after_their_put_are_sent_again": "manifest",
+    "test_migrate.py::test_sqlite_to_s3_keeps_every_graph_state": "manifest",
+    # Long histories, deltas and request counts: one mode each, both across them.
+    "test_requests.py::test_budget_holds_and_does_not_grow_with_thread_length": "manifest",
+    "test_requests.py::test_list_before_across_namespaces_reads_few_pages": "dynamodb",
+    "test_delta_history.py::test_delta_history_without_a_depth_hint": "dynamodb",
+    "test_delta_history.py::test_delta_channel_state_matches_in_memory_and_base_walk": "manifest",
+    "test_deltas.py::test_a_conversation_is_stored_linearly_and_read_back_exactly": "manifest",
+    "test_deltas.py::test_the_latest_read_keeps_its_round_trips": "dynamodb",
+    "test_deltas.py::test_a_process_that_reads_then_writes_stores_deltas": "manifest",
+    "test_deltas.py::test_prune_keeps_every_piece_the_kept_versions_read": "dynamodb",
+    "test_soundness_list.py::test_item7_list_limit_is_exact_across_index_pages": "manifest",
+    "test_list_threads.py::test_alist_threads_gives_what_list_threads_gives": "dynamodb",
+    "test_versioned.py::test_both_modes_read_a_versioned_bucket_whole_and_keep_little": "manifest",
+    # Concurrency and faults: the manifest mode meets them on SeaweedFS too (SLOW_VARIANTS).
+    "test_concurrency.py::test_put_writes_from_threads": "seaweedfs",
+    "test_concurrency.py::test_concurrent_forks_of_one_parent": "dynamodb",
+    "test_concurrency.py::test_parallel_branches_match_in_memory": "seaweedfs",
+    "test_concurrency.py::test_many_puts_while_segments_seal": "seaweedfs",
+    "test_faults.py::test_fault_kind": None,
+    "test_faults.py::test_eight_writers_one_thread": "manifest",
+    "test_soundness_values.py::test_item11_saver_leaves_the_global_random_state_alone": "dynamodb",
+    "test_soundness_values.py::test_item11_no_uuid4_is_drawn_on_the_saver_s_behalf": "manifest",
+    "test_stateful.py::test_stateful": "dynamodb",
+    # Second tier (5-20 worker-seconds a variant): a mode each where both modes' lighter
+    # tests of the same operation stay in make test.
+    "test_graphs.py::test_fresh_instance_continues_thread": "dynamodb",
+    "test_graphs.py::test_one_saver_serves_invoke_then_ainvoke": "manifest",
+    "test_erase.py::test_erase_with_a_replica_erases_the_replica_bucket_and_index": "manifest",
+    "test_archive_cut.py::test_a_checkpoint_racing_the_archive_is_never_lost": "dynamodb",
+    "test_replica.py::test_promote_refuses_while_replication_lags_and_force_leaves_them_for_verify": "dynamodb-global",
+    "test_replica.py::test_verify_after_a_forced_promote_reports_a_thread_only_the_old_primary_holds": "manifest",
+    "test_replica_drill.py::test_failover_drill": "manifest",
+    "test_infra_stack.py::test_failover_with_the_two_stacks_outputs": "global-table",
+    "test_outage.py::test_failback_keeps_the_old_primarys_writes_the_promoted_region_only_saw_in_part": "dynamodb-global",
+    "test_concurrency.py::test_aput_writes_from_tasks": "seaweedfs",
+    "test_deltas.py::test_a_custom_serializer_reads_back_what_it_wrote": "manifest",
+    "test_deltas.py::test_subgraph_messages_are_stored_as_deltas_in_their_namespace": "dynamodb",
+    "test_deltas.py::test_a_fork_from_an_old_checkpoint_reads_its_own_branch": "manifest",
+    "test_deltas.py::test_an_async_conversation_stores_deltas_and_reads_back": "dynamodb",
+    "test_deltas.py::test_list_deltas_false_stores_every_version_whole": "manifest",
+    "test_archive.py::test_live_objects_are_written_in_the_saver_storage_class": "dynamodb",
+    "test_audit.py::test_a_used_store_audits_clean": "manifest",
+    "test_audit.py::test_missing_objects_are_named": "dynamodb",
+    "test_lifecycle.py::test_delete_for_runs_removes_one_run_of_three_and_a_fork": "manifest",
+    "test_lifecycle.py::test_prune_keep_latest_keeps_delta_state_and_values": "dynamodb",
+    "test_lifecycle.py::test_prune_keep_last_then_fork_and_copy": "manifest",
+    "test_migrate.py::test_threads_in_parallel": "dynamodb",
+    "test_delta_history.py::test_expired_ancestors_end_the_walk_as_in_the_base_walk": "manifest",
+    "test_faults.py::test_kill_between_object_and_commit": None,
+    "test_faults.py::test_reset_after_every_write": None,
+}
+
+
+def _parameters(item) -> set[tuple[str, str]]:
+    callspec = getattr(item, "callspec", None)
+    return {(name, repr(value)) for name, value in callspec.params.items()} if callspec else set()
+
+
+def _one_variant_too_many(name: str, variants: list) -> list:
+    """Which variants of one test function make test leaves to make test-slow.
+
+    ``ONE_VARIANT`` names: all but one. Any other parametrized test: a variant whose
+    every parameter value an earlier variant already ran (each value of each parameter,
+    the index mode included, runs in make test; their every combination in make test-slow).
+    """
+    if name in ONE_VARIANT:
+        mode = ONE_VARIANT[name]
+        keep = next((v for v in variants if mode is None or ("[" + mode) in v.name or ("-" + mode) in v.name), None)
+        if keep is None:
+            raise pytest.UsageError(f"ONE_VARIANT: {name} has no variant in mode {mode!r}")
+        return [v for v in variants if v is not keep]
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for v in variants:
+        new = _parameters(v) - seen
+        if new:
+            seen |= new
+        else:
+            out.append(v)
+    return out
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items) -> None:
     names = {item.nodeid.split("/")[-1] for item in items}
     for item in items:
         if item.nodeid.split("/")[-1] in SLOW_VARIANTS:
             item.add_marker(pytest.mark.slow)
+    # The same collection in every xdist worker and in both sessions (make test, make
+    # test-slow): the split is deterministic, and the two runs together run every variant.
+    functions: dict[str, list] = {}
+    for item in items:
+        if getattr(item, "callspec", None) is not None and not item.get_closest_marker("slow"):
+            functions.setdefault(item.nodeid.split("/")[-1].split("[")[0], []).append(item)
+    for name, variants in functions.items():
+        for item in _one_variant_too_many(name, variants):
+            item.add_marker(pytest.mark.slow)
+    # A renamed test would silently run all its variants again: an entry whose file was
+    # collected must name a test of it.
+    files = {n.split("::")[0] for n in names}
+    tests = {n.split("[")[0] for n in names}
+    missing = sorted(n for n in ONE_VARIANT if n.split("::")[0] in files and n not in tests)
+    if missing:
+        raise pytest.UsageError(f"ONE_VARIANT names tests that do not exist: {missing}")
     # A misspelled or renamed entry would silently keep its drill in make test: an entry
     # whose test function was collected must name one of its variants.
     functions = {name.split("[")[0] for name in names}

@@ -96,7 +96,7 @@ def _grown(endpoint: str, index_mode: str, count: int) -> int:
 
 
 def test_archive_idle_requests_do_not_grow_with_the_threads(endpoint, index_mode) -> None:
-    small, large = _grown(endpoint, index_mode, 20), _grown(endpoint, index_mode, 200)
+    small, large = _grown(endpoint, index_mode, 20), _grown(endpoint, index_mode, 80)
     assert large <= 1.5 * small, (small, large)
 
 

@@ -3,7 +3,7 @@
 See tests/sim/__init__.py for the harness. In both index modes:
 
 * ``test_every_pair``: each operation pair of ``workload.PAIRS`` once (seeded faults;
-  budget 20 s, 60 s in make test-all, a soak repeats it), in two halves (make test runs the
+  budget 8 s, 60 s in make test-all, a soak repeats it), in two halves (make test runs the
   first, CI both);
 * ``test_exhaustive``: small pairs, every interleaving of their calls (no faults),
   then one fault (lost reply, request not sent, cut then retried or abandoned) at
@@ -14,11 +14,11 @@ See tests/sim/__init__.py for the harness. In both index modes:
 * ``test_failover``: two regions (tests/sim/failover.py): writers on P, an outage before
   any call, ``promote``, writers on R, failback, a fresh process reading; half the budget
   on seeded outages, half on one seed with the outage before each of its calls in turn
-  (budget 20 s, 120 s in make test-all);
+  (budget 8 s, 120 s in make test-all);
 * ``test_failover_pinned``: the two-region schedules that found a defect, replayed;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
-Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 20 (60 in make
+Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 8 (60 in make
 test-all: the pairs a run does not reach, the next run's rotation starts at), exhaustive 6
 (10 in make test-all), random 5 (15 in make test-all)),
 ``SIM_SEED`` (base seed; default: new each run, printed), ``SIM_KEEP_GOING=1``
@@ -96,13 +96,13 @@ def _run(world: World, spec: Spec, tally: Tally) -> Outcome:
 def test_every_pair(world: World, half: int) -> None:
     """Each pair of its half of ``workload.PAIRS`` once (in a soak: round after round,
     new seeds), starting at a pair the base seed picks; stops when the budget (default
-    20 s) is spent, saying how many pairs it covered."""
+    8 s) is spent, saying how many pairs it covered."""
     base = _base_seed()
     tally = Tally()
     soak = bool(os.environ.get("SOAK_MINUTES"))
     # make test: a few pairs from a random start (the seed's); the rotation and make
     # test-all reach the others.
-    deadline = time.monotonic() + budget_seconds(20, long=60)
+    deadline = time.monotonic() + budget_seconds(8, long=60)
     mine = W.PAIRS[half::2]
     pairs = mine[base % len(mine):] + mine[: base % len(mine)]
     i = 0
@@ -186,7 +186,7 @@ def test_erase_cut_after_every_call(moto_endpoint: str, mode: str) -> None:
     world = World(moto_endpoint, mode, versioned=True)
     base = _base_seed()
     tally = Tally()
-    share = budget_seconds(10, long=1800) / len(ERASE_SCENARIOS)
+    share = budget_seconds(6, long=1800) / len(ERASE_SCENARIOS)
     cut, covered, total = 3, 0, 0  # scheduler.FAULTS[3]: cut after the call was applied
     for i, scenario in enumerate(ERASE_SCENARIOS):
         deadline = time.monotonic() + share
@@ -276,7 +276,7 @@ def test_failover(moto_endpoint: str, mode: str) -> None:
     regions = RegionWorld(moto_endpoint, mode)
     base = _base_seed()
     tally = Tally()
-    budget = budget_seconds(20, long=120)
+    budget = budget_seconds(8, long=120)
     began = time.monotonic()
     deadline = began + budget
     i = 0

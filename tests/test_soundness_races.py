@@ -14,7 +14,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from conftest import make_saver
-from helpers import checkpoint, config
+from helpers import checkpoint, config, cut_points
 from soundness_support import RESUME, Race, chain, count_waves, fresh, mentions, objects, reset
 from test_graphs import review_builder
 
@@ -99,7 +99,7 @@ def _ids(configs: list[dict]) -> list[str]:
 
 
 def _archive_race(endpoint: str, mode: str, monkeypatch, prior: int, racing: int, check) -> list[Any]:
-    """For each round trip of archive_thread in turn: a thread of ``prior``
+    """For each round trip of archive_thread in turn (make test: a sample, ``cut_points``): a thread of ``prior``
     checkpoints, then archive_thread with another process putting ``racing``
     checkpoints (children of the latest) right before that round trip. ``check``
     (thread id, ids of every checkpoint whose put returned, the archive's outcome)
@@ -109,7 +109,7 @@ def _archive_race(endpoint: str, mode: str, monkeypatch, prior: int, racing: int
     chain(writer, "twin", [{"counter": i, "doc": "D"} if i == 0 else {"counter": i} for i in range(prior)])
     total = count_waves(lambda: fresh(endpoint, mode).archive_thread("twin"), monkeypatch)
     bad = []
-    for at in range(total):
+    for at in cut_points(total, most=4):
         reset(endpoint, mode)
         thread_id = f"t{at}"
         written = chain(writer, thread_id, [{"counter": i, "doc": "D"} if i == 0 else {"counter": i} for i in range(prior)])

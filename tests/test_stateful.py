@@ -227,7 +227,7 @@ class SaverMachine(RuleBasedStateMachine):
 @pytest.mark.parametrize("mode", INDEX_MODES)
 def test_stateful(moto_endpoint: str, mode: str) -> None:
     machine = type(f"SaverMachine_{mode}", (SaverMachine,), {"world": World(moto_endpoint, mode)})
-    budget = float(os.environ.get("SIM_STATEFUL_SECONDS", 0)) or budget_seconds(8, long=12)
+    budget = float(os.environ.get("SIM_STATEFUL_SECONDS", 0)) or budget_seconds(4, long=12)
     examples = int(os.environ.get("SIM_HYPOTHESIS_EXAMPLES", "4"))
     steps = int(os.environ.get("SIM_HYPOTHESIS_STEPS", "8"))
     # Shrinking a failure can take minutes: on in a soak (or SIM_HYPOTHESIS_SHRINK=1).
