@@ -55,6 +55,10 @@ SLOW_VARIANTS = frozenset(
         "test_deltas.py::test_copy_export_archive_and_rebuild_carry_the_pieces[dynamodb]",
         # delete_for_runs after another process restored: both modes on moto stay in make test.
         "test_stale_head.py::test_delete_for_runs_after_another_process_restored_on_seaweedfs",
+        # list_threads, prune and delete_for_runs on SeaweedFS: in make test the listing's S3
+        # calls (MaxKeys and StartAfter pages) meet SeaweedFS in test_s3_compat, and the
+        # manifest mode runs the conformance suite there.
+        "test_lifecycle.py::test_lifecycle_on_seaweedfs",
         # Twins of a drill that stays in make test: writes that seal racing the archive
         # (manifest) are raced at every round trip by test_soundness_races' item4; the
         # manifest index runs the conformance suite and every concurrency drill on SeaweedFS
@@ -186,6 +190,12 @@ ONE_VARIANT = {
     "test_delta_history.py::test_expired_ancestors_end_the_walk_as_in_the_base_walk": "manifest",
     "test_faults.py::test_kill_between_object_and_commit": None,
     "test_faults.py::test_reset_after_every_write": None,
+    "test_outage.py::test_failback_reports_the_old_primarys_run_that_the_promoted_one_replaced": "dynamodb",
+    "test_outage.py::test_failback_refuses_an_unversioned_bucket": "manifest",
+    "test_list_threads.py::test_deleted_thread_is_not_listed_until_started_again": "manifest",
+    "test_replica.py::test_a_lagging_latest_older_or_raise": "manifest",
+    "test_idle.py::test_a_run_cut_by_its_budget_resumes_from_its_cursor": "dynamodb",
+    "test_audit.py::test_a_copy_run_again_after_it_finished_leaves_no_orphan": "dynamodb",
 }
 
 
