@@ -334,3 +334,56 @@ def test_a_refused_write_of_a_new_run_leaves_no_hint_after_an_erase(versioned_sa
     assert other.erase_thread(DOOMED).complete
     _assert_erased(endpoint, index_mode)
     other.close()
+
+
+@pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "unversioned"])
+def test_an_archived_thread_s_delete_cut_after_any_round_trip_forgets_its_runs(
+    endpoint: str, index_mode: str, versioned: bool, monkeypatch
+) -> None:
+    """An archived thread's runs are named only by its archive reference, which the
+    delete's switch takes out: a delete cut short after the switch and called again
+    still removes their hints (and, versioned, records them for an erase)."""
+    import urllib.request
+
+    from conftest import make_versioned
+
+    runs = [f"{DOOMED}-run{turn}" for turn in range(2)]
+
+    def archived() -> Any:
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).close()
+        if versioned:
+            make_versioned(endpoint)
+        writer = make_saver(endpoint, index_mode)
+        writer.setup()
+        _write(writer, DOOMED, turns=len(runs), archive=False)
+        writer.archive_thread(DOOMED)
+        assert writer.threads_of_runs(runs) == {r: [DOOMED] for r in runs}
+        return writer
+
+    archived().close()
+    counter = make_saver(endpoint, index_mode)
+    counter.delete_thread(DOOMED)
+    total = counter.stats.round_trips
+    print(f"\n{index_mode}: delete_thread of an archived thread takes {total} round trips, {counter.stats.total_requests} requests")
+    counter.close()
+
+    for cut in range(1, total):
+        writer = archived()
+        deleter = make_saver(endpoint, index_mode)
+        with monkeypatch.context() as patch:
+            cutter = _Cut(patch, cut)
+            with pytest.raises(ConnectionError):
+                deleter.delete_thread(DOOMED)
+            assert cutter.fired
+        again = make_saver(endpoint, index_mode)  # another process calls it again
+        again.delete_thread(DOOMED)
+        assert again.threads_of_runs(runs) == {}, cut
+        if index_mode == "manifest":
+            s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+            hints = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", []) if "/runs/" in o["Key"]]
+            assert [k for k in hints if DOOMED in k] == [], cut
+        if versioned:
+            assert again.erase_thread(DOOMED).complete, cut
+            _assert_erased(endpoint, index_mode)
+        for s in (deleter, again, writer):
+            s.close()

@@ -32,6 +32,7 @@ from s3_saver._index.dynamo_items import (
     RESTORING,
     SORT_KEY,
     STALE_ARCHIVE,
+    STALE_RUNS,
     TAG,
     DynamoCalls,
     Link,
@@ -198,6 +199,21 @@ class DynamoArchive:
 
     def forget_archive(self, thread_id: str, key: str) -> Op[None]:
         yield from self._update(thread_id, "REMOVE #s", "#s = :key", {"#s": STALE_ARCHIVE}, {":key": {"S": key}})
+
+    def forget_deleted_archive(self, thread_id: str, key: str | None, runs: list[str]) -> Op[None]:
+        """A delete's ``forget_archive``: ``key`` off ``stale_archive`` (its object is
+        deleted) and ``runs`` off ``stale_runs`` (their hints are deleted), in one
+        update. Only these runs: a delete of a later life may have added others."""
+        if not runs:
+            if key is not None:
+                yield from self.forget_archive(thread_id, key)
+            return
+        names, values = {"#r": STALE_RUNS}, {":r": {"SS": sorted(runs)}}
+        if key is not None:
+            both = {**values, ":key": {"S": key}}
+            if (yield from self._update(thread_id, "REMOVE #s DELETE #r :r", "#s = :key", {**names, "#s": STALE_ARCHIVE}, both)):
+                return
+        yield from self._update(thread_id, "DELETE #r :r", "attribute_exists(#r)", names, values)
 
     def _update(
         self,

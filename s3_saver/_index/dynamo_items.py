@@ -50,6 +50,7 @@ from s3_saver._index.dynamo_table import (
     SITE,
     SORT_KEY,
     STALE_ARCHIVE,
+    STALE_RUNS,
     TABLE_ATTRIBUTE_DEFINITIONS,
     TABLE_GLOBAL_SECONDARY_INDEXES,
     TABLE_KEY_SCHEMA,
@@ -299,6 +300,7 @@ class DynamoCalls(DynamoThreadItems, DynamoTable):
                 item.get(UNLISTING, 0),
                 item.get(ACTIVE, 0),
                 item.get(SINCE, 0),
+                frozenset(item.get(STALE_RUNS, ())),
             )
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(

@@ -267,12 +267,22 @@ class DynamoLifecycle:
         record = _thread_item(calls, found)
         gen = record.gen + 1
         stale = record.archive.key if record.archive is not None else record.stale_archive
-        yield from request(calls.bury_thread(thread_id, gen, now, stale, record.created or record.unlisting))
+        archived_runs = record.archive.runs if record.archive is not None else []
+        # The switch takes the archive reference out, and with it the only thing
+        # that named the archive's runs: it keeps them (``stale_runs``) until their
+        # hints are deleted, so a delete cut short after it and called again
+        # still deletes them.
+        runs = sorted({*record.stale_runs, *archived_runs})
+        yield from request(calls.bury_thread(thread_id, gen, now, stale, record.created or record.unlisting, archived_runs))
         if record.archiving is not None:
             yield from release([ArchiveRef(record.archiving, "", 0, 0, {})], [])
-        if stale is not None:
-            yield from release([ArchiveRef(stale, "", 0, 0, {})], [])
-            yield from self.forget_archive(thread_id, stale)  # type: ignore[attr-defined]
+        if stale is not None or runs:
+            # The hints and the object go before the record forgets them.
+            yield from gather(
+                release([ArchiveRef(stale, "", 0, 0, {})] if stale is not None else [], []),
+                self.forget_runs([(r, thread_id) for r in runs]),  # type: ignore[attr-defined]
+            )
+            yield from self.forget_deleted_archive(thread_id, stale, runs)  # type: ignore[attr-defined]
         # The records that find the thread go first (while what names them is
         # still there: a delete cut short and called again finds them).
         # Its activity entry too (the day its record names, which the switch keeps:
@@ -286,8 +296,6 @@ class DynamoLifecycle:
                 raise_failure(call, unlisted)
         else:
             yield from self.drop_active(active)  # type: ignore[attr-defined]
-        if record.archive is not None:
-            yield from self.forget_runs([(r, thread_id) for r in record.archive.runs])  # type: ignore[attr-defined]
         for _ in range(_MAX_DELETE_PASSES):
             found_any = False
             start: dict[str, Any] | None = None

@@ -65,6 +65,9 @@ SINCE = "since"
 ARCHIVE = "archive"
 # On the thread's item: an archive object a restore (or delete) still has to remove.
 STALE_ARCHIVE = "stale_archive"
+# On the thread's item: a deleted archive's runs, whose hints a delete still has
+# to remove (its switch took the archive, which named them, out).
+STALE_RUNS = "stale_runs"
 # On the thread's item: an archive under way (the key of the object it writes),
 # which any commit takes off (the archive then does not switch); a restore
 # under way, which stops an archive's cleanup.

@@ -20,6 +20,7 @@ from s3_saver._index.dynamo_table import (
     RESTORING,
     SORT_KEY,
     STALE_ARCHIVE,
+    STALE_RUNS,
     UNLISTING,
     _transaction,
 )
@@ -87,12 +88,13 @@ class DynamoThreadItems:
             },
         )
 
-    def bury_thread(self, thread_id: str, gen: int, now: int, stale: str | None, created: int) -> Call:
+    def bury_thread(self, thread_id: str, gen: int, now: int, stale: str | None, created: int, runs: list[str]) -> Call:
         """``delete_thread``'s switch: the thread's record moves to generation
         ``gen`` (every item below it is deleted for readers and writers), with no
         archive, marks or deleted runs left, and not listed (a run that starts it
         afresh lists it anew); the archive object (``stale``) and the listing
-        entry (``unlisting``: when it was listed) wait on it until removed."""
+        entry (``unlisting``: when it was listed) wait on it until removed, and so
+        do the archive's ``runs`` (the archive reference, which named them, goes)."""
         names = {
             "#g": GEN, "#d": "deleted_at", "#a": ARCHIVE, "#m": ARCHIVING, "#r": RESTORING, "#x": DEAD_RUNS, "#c": CREATED,
         }
@@ -107,6 +109,10 @@ class DynamoThreadItems:
             names["#u"] = UNLISTING
             values[":u"] = {"N": str(created)}
         update += " REMOVE #a, #m, #r, #x, #c"
+        if runs:
+            update += " ADD #sr :sr"
+            names["#sr"] = STALE_RUNS
+            values[":sr"] = {"SS": sorted(runs)}
         return self._call(
             "update_item",
             {

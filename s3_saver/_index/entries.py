@@ -178,6 +178,8 @@ class Tombstone:
     # The first such day in any of the thread's lives (a delete keeps it): where
     # an erase starts looking for the thread's entries (``idle.activity_span``).
     since: int = 0
+    # DynamoDB: a deleted archive's runs whose hints a delete still has to remove.
+    stale_runs: frozenset[str] = frozenset()
 
 
 @dataclass

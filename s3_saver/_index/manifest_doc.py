@@ -95,6 +95,10 @@ class Head:
     archive: ArchiveRef | None = None
     # An archive object a restore or delete still has to remove.
     stale_archive: str | None = None
+    # A deleted archive's runs, whose hints still name the thread: the delete's
+    # switch takes the archive reference (which named them) out, so a delete
+    # cut short after it learns them here (``ManifestLifecycle.delete_thread``).
+    stale_runs: list[str] = field(default_factory=list)
     # A delete's listing object still to remove (the time it was listed at).
     unlisting: int = 0
     # An archive under way: the key of the object it writes (its switch needs it).
@@ -177,6 +181,8 @@ def encode_head(head: Head, versioned: bool = False) -> bytes:
         "since": head.since,
         "site": head.site,
     }
+    if head.stale_runs:  # only while a delete is under way: no byte on every other write
+        doc["stale_runs"] = head.stale_runs
     return pack(doc)
 
 
@@ -223,6 +229,7 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         dead_runs=list(doc.get("dead_runs", [])),
         archive=decode_ref(thread_id, doc["archive"], where) if doc.get("archive") is not None else None,
         stale_archive=doc.get("stale_archive"),
+        stale_runs=list(doc.get("stale_runs", [])),
         site=doc.get("site"),
         unlisting=doc.get("unlisting", 0),
         archiving=doc.get("archiving"),

@@ -279,6 +279,11 @@ class ManifestLifecycle:
                 unlisting=h.created or h.unlisting,
                 # An archived thread's archive goes with the rest.
                 stale_archive=h.archive.key if h.archive is not None else h.stale_archive,
+                # Its runs too: the archive reference was all that named them, and
+                # this swap takes it out. Kept here until their hints are gone
+                # (``_clear_graveyard``), so a delete cut short after this swap
+                # and called again still finds (and, versioned, records) them.
+                stale_runs=sorted({*h.stale_runs, *(h.archive.runs if h.archive is not None else [])}),
                 # Its activity entry's day, until the entry is removed (below).
                 active=h.active,
                 # The entries of earlier days wait for archive_idle's walk (a
@@ -286,13 +291,12 @@ class ManifestLifecycle:
                 since=h.since,
             )
 
-        archived_runs = head.archive.runs if head.archive is not None else []
         head = yield from self._update(thread_id, bury, head)
         if marked[0] is not None:
             # An archive under way (its switch now fails) or cut short: its object goes.
             yield from release([ArchiveRef(marked[0], "", 0, 0, {})], [])
         runs = {e.run_id for e in head.graveyard if isinstance(e, CheckpointEntry) and e.run_id is not None}
-        runs.update(archived_runs)
+        runs.update(head.stale_runs)
         for entries, _ in (yield from self._load_segments(thread_id, head.graveyard_segments, buried=True)):
             runs.update(e.run_id for e in entries if e.run_id is not None)
         # The records that find the thread go first, while the head still names them
@@ -420,7 +424,9 @@ class ManifestLifecycle:
             dropped_stale = bool(stale) and h.stale_archive == head.stale_archive
             # A delete's activity entry is removed (delete_thread): the head forgets its day.
             inactive = unlist and bool(head.active) and h.active == head.active
-            if not (h.graveyard or h.graveyard_segments or h.retired or unlisted or dropped_stale or inactive):
+            # A delete removed the hints of these runs (delete_thread, before this).
+            unhinted = [r for r in h.stale_runs if r in head.stale_runs] if unlist else []
+            if not (h.graveyard or h.graveyard_segments or h.retired or unlisted or dropped_stale or inactive or unhinted):
                 return None
             # Only what this call removed: another may have buried more meanwhile.
             return replace(
@@ -431,6 +437,7 @@ class ManifestLifecycle:
                 unlisting=0 if unlisted else h.unlisting,
                 stale_archive=None if dropped_stale else h.stale_archive,
                 active=0 if inactive else h.active,
+                stale_runs=[r for r in h.stale_runs if r not in unhinted],
             )
 
         return (yield from self._update(thread_id, clear, head))
