@@ -80,6 +80,19 @@ def _assert_erased(endpoint: str, mode: str, bucket: str = BUCKET, table: str = 
         assert len(items) <= 1 and all(_size(i) <= RECORD_MAX_BYTES for i in items), items
 
 
+def _cut_then_called_again(monkeypatch, cut: int, saver, method: str):
+    """``method`` of DOOMED on a new saver, cut short after ``cut`` round trips; returns
+    another new saver (another process) for the test to call it again on."""
+    cut_short = saver()
+    with monkeypatch.context() as patch:
+        cutter = _Cut(patch, cut)
+        with pytest.raises(ConnectionError):
+            getattr(cut_short, method)(DOOMED)
+        assert cutter.fired
+    cut_short.close()
+    return saver()
+
+
 @pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "unversioned"])
 def test_erase_leaves_no_version_of_the_thread_and_the_other_reads_the_same(
     endpoint: str, index_mode: str, versioned: bool
@@ -210,18 +223,12 @@ def test_erase_cut_after_any_round_trip_finishes_when_called_again(endpoint: str
     for cut in cut_points(total, most=8):
         writer = fresh_bucket()
         before = _view(writer, KEPT)
-        eraser = make_saver(endpoint, index_mode)
-        with monkeypatch.context() as patch:
-            cutter = _Cut(patch, cut)
-            with pytest.raises(ConnectionError):
-                eraser.erase_thread(DOOMED)
-            assert cutter.fired
-        again = make_saver(endpoint, index_mode)  # another process calls it again
+        again = _cut_then_called_again(monkeypatch, cut, lambda: make_saver(endpoint, index_mode), "erase_thread")
         assert again.erase_thread(DOOMED).complete, cut
         _assert_erased(endpoint, index_mode)
         assert _view(again, KEPT) == before and _view(again, DOOMED) == [], cut
         assert again.audit(older_than=timedelta(0)).problems == [], cut
-        for s in (eraser, again, writer):
+        for s in (again, writer):
             s.close()
 
 
@@ -367,15 +374,9 @@ def test_an_archived_thread_s_delete_cut_after_any_round_trip_forgets_its_runs(
     print(f"\n{index_mode}: delete_thread of an archived thread takes {total} round trips, {counter.stats.total_requests} requests")
     counter.close()
 
-    for cut in range(1, total):
+    for cut in [c for c in cut_points(total, most=8) if c >= 1]:
         writer = archived()
-        deleter = make_saver(endpoint, index_mode)
-        with monkeypatch.context() as patch:
-            cutter = _Cut(patch, cut)
-            with pytest.raises(ConnectionError):
-                deleter.delete_thread(DOOMED)
-            assert cutter.fired
-        again = make_saver(endpoint, index_mode)  # another process calls it again
+        again = _cut_then_called_again(monkeypatch, cut, lambda: make_saver(endpoint, index_mode), "delete_thread")
         again.delete_thread(DOOMED)
         assert again.threads_of_runs(runs) == {}, cut
         if index_mode == "manifest":
@@ -385,5 +386,5 @@ def test_an_archived_thread_s_delete_cut_after_any_round_trip_forgets_its_runs(
         if versioned:
             assert again.erase_thread(DOOMED).complete, cut
             _assert_erased(endpoint, index_mode)
-        for s in (deleter, again, writer):
+        for s in (again, writer):
             s.close()
