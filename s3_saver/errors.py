@@ -56,6 +56,35 @@ class TableOwnedError(ConfigurationError):
     """
 
 
+class IndexModeMismatchError(ConfigurationError):
+    """The bucket prefix belongs to the other index mode.
+
+    Both modes keep the same objects under ``<prefix>live/``; a saver of the
+    other mode would read no threads there, start second histories under the
+    same thread ids, and collect the other mode's objects as garbage. A marker
+    written by ``setup()`` (or the first write) records the prefix's mode; a
+    saver of the other mode is refused before it reads, writes or deletes.
+    The message names the bucket, the prefix, the mode found (and its table)
+    and what to pass instead.
+
+    Attributes:
+        bucket: The bucket.
+        prefix: The saver's prefix.
+        found: The prefix's index mode: ``"dynamodb"`` or ``"manifest"``.
+        table: The table the marker names (DynamoDB mode), when known.
+    """
+
+    def __init__(self, message: str, bucket: str = "", prefix: str = "", found: str = "", table: str | None = None) -> None:
+        super().__init__(message)
+        self.bucket = bucket
+        self.prefix = prefix
+        self.found = found
+        self.table = table
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.bucket, self.prefix, self.found, self.table))
+
+
 class ResourceMissingError(S3SaverError):
     """The bucket or the table does not exist: run ``setup()`` first."""
 
