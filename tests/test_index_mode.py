@@ -340,3 +340,35 @@ def test_an_unreadable_marker_is_an_error(endpoint, index_mode) -> None:
     with pytest.raises(S3SaverError, match="the marker of the prefix's index mode, cannot be read"):
         saver.get_tuple(config("t"))
     saver.close()
+
+
+def test_a_promoted_replica_keeps_the_prefix_mode(regions, index_mode) -> None:
+    """Replication copies the marker with the threads: after a failover the promoted
+    region goes on in the saver's mode, and refuses a saver of the other one."""
+    from regions import Replicator
+
+    saver = regions.make_saver(index_mode, recheck_after=3600)
+    replicator = regions.replicator
+    if index_mode == "dynamodb":
+        regions.create_replica_table()  # promote() rebuilds the index there from the bucket
+        replicator = Replicator.between(regions.primary, regions.replica, tables=False)
+    last = grow_thread(saver, "t", 3)
+    replicator.run()
+    regions.proxy.refuse()
+    saver.promote()
+    version = saver.get_next_version("00000000000000000000000000000009.1", None)
+    saver.put(last, checkpoint({"counter": 9, "doc": "a document"}, {"counter": version, "doc": "1"}), {}, {"counter": version})
+    assert saver.get_tuple(config("t")).checkpoint["channel_values"]["counter"] == 9
+    marker = regions.replica.s3.get_object(Bucket=regions.replica.bucket, Key=MARKER)["Body"].read()
+    assert json.loads(marker)["index"] == index_mode
+    from s3_saver import S3Saver
+
+    other = S3Saver(
+        regions.replica.bucket,
+        table=regions.replica.table if index_mode == "manifest" else None,
+        region_name=regions.replica.region,
+        endpoint_url=regions.moto,
+    )
+    with pytest.raises(IndexModeMismatchError):
+        other.get_tuple(config("t"))
+    other.close()
