@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from s3_saver._keys import LISTING_PREFIX, KeyLayout
@@ -85,6 +86,7 @@ class ModeMark:
         read: The marker was asked for and is absent (or unreadable for lack
             of ``s3:ListBucket``, where S3 answers 403 for a missing key): the
             next write claims it.
+        tried: Its GET failed on a read's wave: the next write reads it again.
         surveyed: An admin call found no threads of the other mode under the
             prefix (asked only while no marker exists).
     """
@@ -98,6 +100,10 @@ class ModeMark:
         self.checked = False
         self.read = False
         self.surveyed = False
+        # The GET that rode on a wave failed (no answer, a 5xx after the retries):
+        # reads no longer carry it. A DynamoDB-mode read that needs no S3 object
+        # must not wait for S3's failures at every wave; the next write settles it.
+        self.tried = False
         # Admin calls under way that survey before the marker is written: a
         # claim that another check's write sets off in between (the table's
         # owner record, ``_owner``) surveys first too.
@@ -124,6 +130,8 @@ class ModeMark:
                 self.read = True
             elif strict:
                 raise_failure(self.read_call(), found)
+            else:
+                self.tried = True
             return
         record = self._decode(found.get("Body"))
         if record["index"] != self.mode:
@@ -225,12 +233,12 @@ class ModeMark:
         cutoff = time.time() - _SETTLED_SECONDS
         settled = [
             o for o in live
-            if self.layout.parse_object_key(o["Key"]) is not None and o["LastModified"].timestamp() <= cutoff
+            if self.layout.parse_object_key(o["Key"]) is not None and _epoch(o["LastModified"]) <= cutoff
         ]
         if self.mode == MANIFEST and settled and not manifests:
             raise self.mismatch(
                 DYNAMODB, None, "no marker yet, but it holds checkpoint objects and no manifest",
-                f", e.g. {settled[0]['Key']!r}, written {settled[0]['LastModified']:%Y-%m-%d %H:%M} UTC: a saver "
+                f", e.g. {settled[0]['Key']!r}, written {settled[0]['LastModified']:%Y-%m-%d %H:%M}: a saver "
                 "with a table wrote them. If they are leftovers of writes that never committed, no thread of "
                 "this prefix reads them: delete them and call again",
             )
@@ -289,7 +297,7 @@ def marked(op: Op[T], marks: Callable[[str], ModeMark | None]) -> Op[T]:
             for mark in claimers:
                 # Before the wave, alone: settled, and written when absent.
                 yield from mark.claim()
-            pending = [m for m in pending if not m.checked and not m.read]
+            pending = [m for m in pending if not m.checked and not m.read and not m.tried]
             if not pending:
                 reply = yield step
                 continue
@@ -316,6 +324,11 @@ def _waits(call: Call, mark: ModeMark) -> bool:
         # never reads them.
         return not keys[0].startswith((mark.layout.root, mark.layout.prefix + LISTING_PREFIX))
     return True
+
+
+def _epoch(modified: datetime) -> float:
+    # A store that answers without a zone means UTC (as S3 does).
+    return (modified if modified.tzinfo else modified.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def _keys_of(call: Call) -> list[str]:

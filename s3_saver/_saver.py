@@ -342,7 +342,7 @@ class S3Saver(
 
     def check(self) -> None:
         """Check that the bucket exists, that its prefix is of this saver's index
-        mode and that it owns the table's prefix (an admin call: two round trips).
+        mode and that it owns the table's prefix (an admin call: a few round trips).
 
         The command line runs it before each command: the index alone can
         answer for a bucket that is gone, a prefix of the other index mode, or

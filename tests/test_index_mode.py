@@ -372,3 +372,21 @@ def test_a_promoted_replica_keeps_the_prefix_mode(regions, index_mode) -> None:
     with pytest.raises(IndexModeMismatchError):
         other.get_tuple(config("t"))
     other.close()
+
+
+def test_a_dynamodb_read_does_not_wait_for_a_failing_s3_at_every_wave(endpoint) -> None:
+    """The marker's GET rides on a read's first wave; failing (S3 unreachable), it is
+    not sent again by reads that need nothing from S3: the next write settles it."""
+    from s3_saver import RetryPolicy, S3Saver
+
+    written = _written(endpoint, "dynamodb")
+    reader = S3Saver(
+        BUCKET, table=TABLE, region_name="us-east-1", s3_endpoint_url="http://127.0.0.1:9",
+        dynamodb_endpoint_url=endpoint, retry=RetryPolicy(attempts=2, base=0),
+    )
+    for _ in range(2):
+        assert reader.get_tuple(config("chat")).checkpoint["channel_values"]["counter"] == 2
+    sent = reader.stats.snapshot().requests
+    assert sent[("s3", "get_object")] == 2, sent  # the first wave's GET and its one retry, then none
+    reader.close()
+    written.close()
