@@ -288,7 +288,8 @@ class DynamoLifecycle:
         # Its activity entry too (the day its record names, which the switch keeps:
         # a call again finds it), beside the listing's.
         unlisting = record.created or record.unlisting
-        active = [Activity(record.active, thread_id, "", "")] if record.active else []
+        # Only as the record names it (its token): a new life's entry of the same day stays.
+        active = [Activity(record.active, thread_id, token=record.active_token)] if record.active else []
         if unlisting:
             call = calls.unlist_thread(unlisting, thread_id, pending=True)
             unlisted, _ = yield from gather(_answer(call), self.drop_active(active))  # type: ignore[attr-defined]

@@ -104,8 +104,10 @@ class Head:
     # An archive under way: the key of the object it writes (its switch needs it).
     archiving: str | None = None
     # The latest day (yyyymmdd) whose activity entry a write made (``_index/activity``):
-    # a writer of a day not after it writes none. 0: none known.
+    # a writer of a day not after it writes none. 0: none known. And that entry's
+    # token: an archive or a delete removes that entry (its key) and no other.
     active: int = 0
+    active_token: str = ""
     # The first day whose activity entry a write recorded, in any of the thread's
     # lives (a delete keeps it): an erase looks for entries from there on (``idle.activity_span``).
     since: int = 0
@@ -178,6 +180,7 @@ def encode_head(head: Head, versioned: bool = False) -> bytes:
         "unlisting": head.unlisting,
         "archiving": head.archiving,
         "active": head.active,
+        "active_tok": head.active_token,
         "since": head.since,
         "site": head.site,
     }
@@ -234,6 +237,7 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         unlisting=doc.get("unlisting", 0),
         archiving=doc.get("archiving"),
         active=doc.get("active", 0),
+        active_token=doc.get("active_tok", ""),
         since=doc.get("since", 0),
         etag=etag,
         pinned=bodies.unpack_pinned(doc.get(bodies.PINNED), where),
@@ -364,5 +368,5 @@ def record_of(head: Head) -> Tombstone:
     return Tombstone(
         head.thread_id, None, head.gen, head.deleted_at, head.created, frozenset(head.dead_runs),
         head.archive, head.stale_archive, head.archiving, None, head.unlisting, head.active,
-        head.since,
+        head.since, active_token=head.active_token,
     )

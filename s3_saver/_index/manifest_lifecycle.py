@@ -284,8 +284,9 @@ class ManifestLifecycle:
                 # (``_clear_graveyard``), so a delete cut short after this swap
                 # and called again still finds (and, versioned, records) them.
                 stale_runs=sorted({*h.stale_runs, *(h.archive.runs if h.archive is not None else [])}),
-                # Its activity entry's day, until the entry is removed (below).
+                # Its activity entry (day and token), until the entry is removed (below).
                 active=h.active,
+                active_token=h.active_token,
                 # The entries of earlier days wait for archive_idle's walk (a
                 # versioned bucket keeps them after): an erase looks from here.
                 since=h.since,
@@ -305,7 +306,9 @@ class ManifestLifecycle:
         # thread's next life's head names none of them.
         hints = [self.layout.run_key(r, thread_id) for r in sorted(runs)]
         listing = [self.layout.listing_key(head.unlisting, thread_id)] if head.unlisting else []
-        listing += [self.layout.activity_key(head.active, thread_id)] if head.active else []
+        # The activity entry the head names, by its key (its token): only that one
+        # (another entry of the thread waits for the walk, or an erase).
+        listing += [self.layout.activity_key(head.active, thread_id, head.active_token)] if head.active else []
         yield from self._unname({thread_id: hints + listing})
         yield from self._clear_graveyard(head, release, unlist=True)
 
@@ -423,7 +426,7 @@ class ManifestLifecycle:
             unlisted = unlist and bool(head.unlisting) and h.unlisting == head.unlisting
             dropped_stale = bool(stale) and h.stale_archive == head.stale_archive
             # A delete's activity entry is removed (delete_thread): the head forgets its day.
-            inactive = unlist and bool(head.active) and h.active == head.active
+            inactive = unlist and bool(head.active) and (h.active, h.active_token) == (head.active, head.active_token)
             # A delete removed the hints of these runs (delete_thread, before this).
             unhinted = [r for r in h.stale_runs if r in head.stale_runs] if unlist else []
             if not (h.graveyard or h.graveyard_segments or h.retired or unlisted or dropped_stale or inactive or unhinted):
@@ -437,6 +440,7 @@ class ManifestLifecycle:
                 unlisting=0 if unlisted else h.unlisting,
                 stale_archive=None if dropped_stale else h.stale_archive,
                 active=0 if inactive else h.active,
+                active_token="" if inactive else h.active_token,
                 stale_runs=[r for r in h.stale_runs if r not in unhinted],
             )
 

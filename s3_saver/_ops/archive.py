@@ -155,8 +155,9 @@ def archive_thread(
             thread_id,
         )
     # The thread's activity entry goes with the live thread (archive_idle would
-    # find it stale): the one of the day its record names, beside the cleanup.
-    drop = [Activity(own.active, thread_id, "", "")] if own.active else []
+    # find it stale): the one its record names (day and token), beside the
+    # cleanup. Only that one: a restore may have written another since the switch.
+    drop = [Activity(own.active, thread_id, token=own.active_token)] if own.active else []
     yield from gather(ctx.index.finish_archive(thread_id, ref, deleter(ctx, thread_id)), ctx.index.drop_active(drop))
     ctx.locs.forget_thread(thread_id)
     return _status(thread_id, "archived", ref)

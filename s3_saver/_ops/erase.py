@@ -192,7 +192,7 @@ def _erase_in(
         v
         for prefix, listed in zip(prefixes, pages)
         for v in listed
-        if (v.key == prefix if prefix in hints else _belongs(ctx.layout, thread_id, v.key))
+        if (_hinted(ctx.layout, prefix, v.key) if prefix in hints else _belongs(ctx.layout, thread_id, v.key))
     ]
     marks = ctx.layout.erase_key(thread_id, "")
     # A record written after the last read (another call's) stays, for the next erase.
@@ -343,6 +343,16 @@ def _belongs(layout: KeyLayout, thread_id: str, key: str) -> bool:
             rest = key[len(folder) :]
             return bool(rest) and (rest.count("/") == 0 or (rest.startswith("segments/") and rest.count("/") == 1))
     return False
+
+
+def _hinted(layout: KeyLayout, hint: str, key: str) -> bool:
+    """A key ``hint`` names: itself, or, when the hint is an activity entry's day
+    folder (``KeyLayout.activity_key`` without a token), an entry of that thread
+    and day under any token (each entry written has its own)."""
+    if key == hint:
+        return True
+    folder, entry = layout.parse_activity_key(hint), layout.parse_activity_key(key)
+    return folder is not None and entry is not None and not folder[2] and entry[:2] == folder[:2]
 
 
 def _listed(ctx: Context, prefix: str, versioned: bool) -> Op[list[_Version]]:
