@@ -371,3 +371,56 @@ def test_two_runs_racing_a_writer_leave_no_idle_thread_live(endpoint, index_mode
     assert _archived(later) == dict.fromkeys(threads, "GLACIER_IR")
     for s in (writer, later, *runs):
         s.close()
+
+
+def test_delete_and_archive_remove_the_entries_every_writer_of_the_day_made(endpoint, index_mode) -> None:
+    """Three processes write a thread on one day, each its own entry (the manifest:
+    a key each; a table: one item, each write replacing its token): an archive
+    removes them all, and so does a delete of the thread restored by a write."""
+    writers = [make_saver(endpoint, index_mode) for _ in range(3)]
+    writers[0].setup()
+    for step, w in enumerate(writers):
+        _put(w, "t", datetime.now(timezone.utc), step=step)
+    assert {t for _, t in _entries(endpoint, index_mode)} == {"t"}
+    writers[0].archive_thread("t")
+    assert _entries(endpoint, index_mode) == []
+    fresh = make_saver(endpoint, index_mode)  # a process with nothing cached: the write restores
+    _put(fresh, "t", datetime.now(timezone.utc), step=3)
+    _put(writers[1], "t", datetime.now(timezone.utc), step=4)
+    writers[2].delete_thread("t")
+    # The restore's entry is not one a write recorded: the next run drops it (stale).
+    left = [t for _, t in _entries(endpoint, index_mode)]
+    assert left in ([], ["t"]), left
+    report = fresh.archive_idle(timedelta(0))
+    assert (report, report.dropped, _entries(endpoint, index_mode)) == ([], len(left), [])
+    for s in (*writers, fresh):
+        s.close()
+
+
+def test_erase_keeps_the_entry_of_a_life_started_during_it(endpoint, index_mode, monkeypatch) -> None:
+    """A run starts the thread afresh right after the erase's delete: the erase
+    removes what the earlier life left, and the new life's activity entry, which
+    its process will not write again that day, stays: a later run archives it."""
+    from s3_saver._ops import delete
+
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    _written_days_ago(saver, monkeypatch, ("again",), days=3)
+    _put(saver, "again", datetime.now(timezone.utc), step=1)
+    writer = make_saver(endpoint, index_mode)
+    real = delete.delete_thread
+
+    def then_afresh(ctx, thread_id):
+        yield from real(ctx, thread_id)
+        cp = checkpoint({"n": 0}, {"n": "1"})
+        writer.put(config(thread_id), cp, {"source": "input", "step": -1}, {"n": "1"})
+
+    monkeypatch.setattr(delete, "delete_thread", then_afresh)
+    saver.erase_thread("again")
+    monkeypatch.setattr(delete, "delete_thread", real)
+    # The earlier life's two entries (three days ago, today) are gone; the new life's stays.
+    assert [t for _, t in _entries(endpoint, index_mode)] == ["again"]
+    later = make_saver(endpoint, index_mode)
+    assert [s.thread_id for s in later.archive_idle(timedelta(0))] == ["again"]
+    for s in (saver, writer, later):
+        s.close()

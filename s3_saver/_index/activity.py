@@ -44,8 +44,9 @@ from typing import Any
 
 from s3_saver import _keys
 from s3_saver._codec import to_attrs
-from s3_saver._index.base import Activity
+from s3_saver._index.base import Activity, Tombstone
 from s3_saver._index.dynamo_items import _thread_item
+from s3_saver._index.manifest_doc import record_of
 from s3_saver._protocol import Op, gather, raise_failure, request, request_one
 from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import CONDITION_FAILED_CODES, OBJECT_MISSING, classify, error_code
@@ -205,7 +206,7 @@ class DynamoActivity:
         if found:
             # After the entries: a commit whose entry was read is in the record (one transaction).
             record = _thread_item(self.calls, (yield from request_one(self.calls.get_tombstone(thread_id))))
-            yield from self.drop_active(_lives_on(found, record.active, record.active_token))
+            yield from self.drop_active(_lives_on(found, record))
         return []
 
 
@@ -213,14 +214,15 @@ def _token(item: dict[str, Any]) -> str:
     return item[TOKEN]["S"] if TOKEN in item else ""
 
 
-def _lives_on(found: list[Activity], day: int, token: str) -> list[Activity]:
-    """The entries an erase deletes: all but the one the thread's record names,
-    read after the delete and after ``found``. A delete removes that entry
-    (``delete_thread``) and clears (manifest) or keeps (table) the name; an
-    entry written once has its own token, so a named one found after the
+def _lives_on(found: list[Activity], record: Tombstone) -> list[Activity]:
+    """The entries an erase deletes: all but those the thread's record names,
+    read after the delete and after ``found``. A delete removes those entries
+    (``delete_thread``) and clears (manifest) or keeps (table) their names; an
+    entry is written once under its own token, so a named one found after the
     delete is a new life's (a run that started the thread afresh meanwhile),
     which the thread needs to be found idle later."""
-    return [a for a in found if not (token and (a.day, a.token) == (day, token))]
+    named = {(a.day, a.token) for a in record.named_entries() if a.token}
+    return [a for a in found if (a.day, a.token) not in named]
 
 
 class ManifestActivity:
@@ -240,7 +242,7 @@ class ManifestActivity:
         # Its own key: no other write made it. Kept if the head names it (a commit
         # that landed, its answer lost, then refused when sent again).
         head = self._cached(entry.thread_id)  # type: ignore[attr-defined]
-        if head is None or (head.active, head.active_token) != (entry.day, entry.token):
+        if head is None or head.active != entry.day or entry.token not in head.active_tokens:
             yield from self.drop_active([entry])
 
     def active_page(self, cursor: dict[str, str], until: int, size: int) -> Op[list[Activity]]:
@@ -290,7 +292,7 @@ class ManifestActivity:
         found = [a for entries in listed for a in entries]
         if found:
             head = yield from self._read_head(thread_id)  # type: ignore[attr-defined]
-            yield from self.drop_active(_lives_on(found, head.active, head.active_token))
+            yield from self.drop_active(_lives_on(found, record_of(head)))
         return folders
 
     def _listed(self, folder: str) -> Op[list[Activity]]:

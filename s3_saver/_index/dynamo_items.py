@@ -302,7 +302,7 @@ class DynamoCalls(DynamoThreadItems, DynamoTable):
                 item.get(ACTIVE, 0),
                 item.get(SINCE, 0),
                 frozenset(item.get(STALE_RUNS, ())),
-                item.get(ACTIVE_TOKEN, ""),
+                (item[ACTIVE_TOKEN],) if ACTIVE_TOKEN in item else (),
             )
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(

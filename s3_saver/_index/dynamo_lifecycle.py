@@ -16,7 +16,6 @@ from typing import Any
 
 from s3_saver import _keys
 from s3_saver._index.base import (
-    Activity,
     ArchiveRef,
     Archived,
     CheckpointEntry,
@@ -289,7 +288,7 @@ class DynamoLifecycle:
         # a call again finds it), beside the listing's.
         unlisting = record.created or record.unlisting
         # Only as the record names it (its token): a new life's entry of the same day stays.
-        active = [Activity(record.active, thread_id, token=record.active_token)] if record.active else []
+        active = record.named_entries()
         if unlisting:
             call = calls.unlist_thread(unlisting, thread_id, pending=True)
             unlisted, _ = yield from gather(_answer(call), self.drop_active(active))  # type: ignore[attr-defined]

@@ -180,9 +180,17 @@ class Tombstone:
     since: int = 0
     # DynamoDB: a deleted archive's runs whose hints a delete still has to remove.
     stale_runs: frozenset[str] = frozenset()
-    # The token of the activity entry of ``active`` that the writes recorded (""
-    # none known): an archive or a delete removes that entry and no other.
-    active_token: str = ""
+    # The tokens of the activity entries of day ``active`` that writes recorded (a
+    # table: the one it holds; a manifest: the last few, one per process that
+    # wrote that day): an archive or a delete removes those entries and no other.
+    active_tokens: tuple[str, ...] = ()
+
+    def named_entries(self) -> list[Activity]:
+        """The activity entries this record names (an entry written before tokens:
+        the day's key alone)."""
+        if not self.active:
+            return []
+        return [Activity(self.active, self.thread_id, token=t) for t in self.active_tokens or ("",)]
 
 
 @dataclass
