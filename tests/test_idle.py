@@ -282,7 +282,27 @@ def test_a_thread_restored_by_a_write_while_a_run_archives_it_stays_found(endpoi
     the switch), a process that wrote x today writes it again: it restores x,
     writes the day's entry anew, and, remembering it wrote x's entry today,
     writes no other. R's drops must leave that entry: a later run finds x idle."""
-    writer = make_saver(endpoint, index_mode)
+    _restored_while_archived(
+        lambda: make_saver(endpoint, index_mode), lambda: [t for _, t in _entries(endpoint, index_mode)], monkeypatch, where
+    )
+
+
+def test_a_thread_restored_by_a_write_while_a_run_archives_it_stays_found_on_seaweedfs(seaweedfs_bucket, monkeypatch) -> None:
+    """The same on a real S3 server (manifest mode): the entries' keys, listed and deleted there."""
+    from conftest import seaweedfs_client, seaweedfs_saver
+
+    endpoint, bucket = seaweedfs_bucket
+
+    def listed() -> list[str]:
+        pages = seaweedfs_client(endpoint).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="listing/active/")
+        return sorted(o["Key"].split("/")[3] for p in pages for o in p.get("Contents", []))
+
+    _restored_while_archived(lambda: seaweedfs_saver(endpoint, bucket), listed, monkeypatch, "after the archive")
+
+
+def _restored_while_archived(make, listed, monkeypatch, where: str) -> None:
+    """``make``: a saver of a new process; ``listed``: the threads the entries name."""
+    writer = make()
     writer.setup()
     _put(writer, "x", datetime.now(timezone.utc))  # its entry of today, remembered by this process
     real = idle.archive_thread
@@ -308,15 +328,15 @@ def test_a_thread_restored_by_a_write_while_a_run_archives_it_stays_found(endpoi
         return status
 
     monkeypatch.setattr(idle, "archive_thread", racing_archive)
-    runner = make_saver(endpoint, index_mode)
+    runner = make()
     raced = runner.archive_idle(timedelta(0))
     assert [s.thread_id for s in raced] == ["x"] and written == [where]
     assert _archived(runner) == {"x": None}  # restored by the write
-    assert [t for _, t in _entries(endpoint, index_mode)] == ["x"]
+    assert listed() == ["x"]
     monkeypatch.setattr(idle, "archive_thread", real)
-    later = make_saver(endpoint, index_mode)
+    later = make()
     assert [s.thread_id for s in later.archive_idle(timedelta(0))] == ["x"]
-    assert _archived(later) == {"x": "GLACIER_IR"} and _entries(endpoint, index_mode) == []
+    assert _archived(later) == {"x": "GLACIER_IR"} and listed() == []
     assert later.get_tuple(config("x")).checkpoint["channel_values"] == {"n": 1}
     for s in (writer, runner, later):
         s.close()
