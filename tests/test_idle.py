@@ -444,3 +444,20 @@ def test_erase_keeps_the_entry_of_a_life_started_during_it(endpoint, index_mode,
     assert [s.thread_id for s in later.archive_idle(timedelta(0))] == ["again"]
     for s in (saver, writer, later):
         s.close()
+
+
+def test_activity_keys_parse_exactly() -> None:
+    """An entry's key names its day, thread and token (none: an earlier version's
+    key); a key this layout does not build (another saver's, nested under the
+    folder) is no entry."""
+    from s3_saver._keys import KeyLayout, new_token
+
+    layout = KeyLayout("p")
+    token = new_token(8)
+    for thread_id in ("a", "a/b", "%2F", "", "日本", "x" * 40):
+        for tok in ("", token):
+            key = layout.activity_key(20261127, thread_id, tok)
+            assert layout.parse_activity_key(key) == (20261127, thread_id, tok)
+    folder = layout.activity_key(20261127, "a")
+    for key in (folder + "/live/t/x", folder + "/" + token.upper(), folder + "/", "p/listing/active/2026112/a", folder[2:]):
+        assert layout.parse_activity_key(key) is None, key
