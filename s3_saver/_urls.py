@@ -60,8 +60,9 @@ def open_saver(url: str, *, create: bool = True) -> AbstractContextManager[BaseC
 
     Example:
         ```python
-        with open_saver("sqlite:///checkpoints.db") as source, open_saver("s3://my-bucket?table=T") as target:
-            migrate(source, target)
+        with open_saver("sqlite:///checkpoints.db") as source:
+            with open_saver("s3://my-bucket?table=T") as target:
+                migrate(source, target)
         ```
 
     Args:
@@ -218,7 +219,7 @@ def _s3(url: str) -> AbstractContextManager[BaseCheckpointSaver]:
 def _missing(url: str, what: str, extra: str, exc: ImportError) -> ConfigurationError:
     return ConfigurationError(
         f"{mask(url)} needs {what}, which is not installed ({exc}): "
-        f"pip install 'langgraph-s3-saver[{extra}]'"
+        f"pip install '.[{extra}]' in a checkout of s3_saver (or its path instead of '.')"
     )
 
 

@@ -13,8 +13,8 @@ without ``/`` as ``module.attribute``, so ``s3_saver.langgraph_server:checkpoint
 does not load. [checkpointer()][s3_saver.langgraph_server.checkpointer] is an async context manager factory: the server enters
 it once per event loop it runs graphs on, and leaves it at shutdown, which closes
 the saver's async clients. The server uses the saver's async methods only, so the
-``async`` extra (aioboto3) must be installed: ``pip install
-'langgraph-s3-saver[async]'``. It finds ``adelete_thread``, ``adelete_for_runs``,
+``async`` extra (aioboto3) must be installed: ``pip install '.[async]'`` in a
+checkout (the package is not on PyPI yet). It finds ``adelete_thread``, ``adelete_for_runs``,
 ``acopy_thread`` and ``aprune`` on S3Saver, so deleting and copying threads,
 deleting runs (and rolling them back) and pruning reach the bucket and the index.
 
