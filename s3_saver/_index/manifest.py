@@ -66,7 +66,7 @@ class _Pinned:
         self._index = index
 
     def get(self, key: str) -> dict[str, Any] | None:
-        o = self._index.layout.parse_object_key(key)
+        o = self._index.layout.parts_of(key)  # a key of a reference: this layout built it
         head = self._index._cached(o.thread_id) if o is not None and o.kind == "checkpoint" else None
         body = head.pinned.get((o.ns, o.checkpoint_id, o.tag)) if head is not None and o is not None else None
         return None if body is None else unpack(body, CHECKPOINT_FORMAT, f"{key}, pinned in its thread's head")

@@ -18,7 +18,7 @@ from typing import Any
 from s3_saver._index.base import ArchiveRef, Archived, CheckpointEntry, Cut, Release, ThreadRef, WritesEntry
 from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes, decode_head, record_of
 from s3_saver._index.manifest_seal import _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
-from s3_saver._keys import KeyLayout, decode, new_token
+from s3_saver._keys import KeyLayout, new_token
 from s3_saver._protocol import Op, gather, raise_failure, request
 from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import (
@@ -47,7 +47,7 @@ class ManifestLifecycle:
     # -- setup ---------------------------------------------------------------------------
     def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:
         """Check that the store honours conditional writes: the manifest relies on them."""
-        key = f"{self.layout.manifest_root}.setup-probe/{new_token()}"
+        key = self.layout.probe_key(new_token())
         (first,) = yield (self.s3.put_new(key, b"1"),)
         if isinstance(first, BaseException):
             raise_failure(self.s3.put_new(key, b"1"), first)
@@ -182,8 +182,8 @@ class ManifestLifecycle:
             pages = yield from request(*(self.s3.list_keys(self.layout.runs_dir(r), pending[r]) for r in order))
             pending = {}
             for run_id, page in zip(order, pages):
-                prefix = self.layout.runs_dir(run_id)
-                found[run_id] += [decode(o["Key"][len(prefix) :]) for o in page.get("Contents", [])]
+                threads = (self.layout.thread_of_run(run_id, o["Key"]) for o in page.get("Contents", []))
+                found[run_id] += [t for t in threads if t is not None]
                 if page.get("NextContinuationToken"):
                     pending[run_id] = page["NextContinuationToken"]
         return found
