@@ -97,8 +97,8 @@ def builds(layout: KeyLayout, key: str) -> bool:
         if len(parts) == 2 and parts[0] == "threads":
             inverted, dot, encoded = parts[1].partition(".")
             return bool(dot) and inverted.isdigit() and exact_id(encoded) is not None
-        if len(parts) == 3 and parts[0] == "active":
-            return parts[1].isdigit() and exact_id(parts[2]) is not None
+        if len(parts) in (3, 4) and parts[0] == "active":  # <day>/<thread>[/<token>]
+            return parts[1].isdigit() and exact_id(parts[2]) is not None and (len(parts) == 3 or bool(parts[3]))
         return len(parts) == 3 and parts[0] == "runs" and exact_id(parts[1]) is not None and exact_id(parts[2]) is not None
     if folder in (ARCHIVE_PREFIX, SET_ASIDE_PREFIX):
         return len(parts) == 2 and exact_id(parts[0]) is not None and bool(parts[1])

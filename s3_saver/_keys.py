@@ -113,6 +113,9 @@ __all__ = [
 ]
 
 
+_HEX = "0123456789abcdef"  # the characters of a ``new_token``
+
+
 class KeyLayout:
     """Builds object keys and index keys for one bucket prefix, and parses them back.
 
@@ -308,16 +311,29 @@ class KeyLayout:
     def activity_root(self) -> str:
         return self.prefix + ACTIVITY_PREFIX
 
-    def activity_key(self, day: int, thread_id: str) -> str:
-        # Day first: S3 lists keys ascending, so a walk reads the oldest day first.
-        return _checked(f"{self.activity_root}{day:08d}/{encode(thread_id)}")
+    def activity_key(self, day: int, thread_id: str, token: str = "") -> str:
+        """An activity entry of ``thread_id`` on ``day``. Day first: S3 lists keys
+        ascending, so a walk reads the oldest day first. ``token``: new for every
+        entry written, so no write ever lands on a key a walk has read (the walk
+        deletes what it read by key: "delete only what you read"); without one,
+        the day's folder of the thread's entries (and the key earlier versions
+        wrote, one per thread and day)."""
+        return _checked(f"{self.activity_root}{day:08d}/{encode(thread_id)}" + (f"/{token}" if token else ""))
 
-    def parse_activity_key(self, key: str) -> tuple[int, str] | None:
-        day, slash, encoded = key[len(self.activity_root) :].partition("/")
-        if not key.startswith(self.activity_root) or not slash or not day.isdigit():
+    def parse_activity_key(self, key: str) -> tuple[int, str, str] | None:
+        """(day, thread, token) of a key ``activity_key`` builds ("" token: an
+        entry of an earlier version), else None (a key of a saver nested under
+        this one's folders included)."""
+        if not key.startswith(self.activity_root):
+            return None
+        day, slash, rest = key[len(self.activity_root) :].partition("/")
+        encoded, _, token = rest.partition("/")  # ``encode`` never produces "/"
+        if not slash or len(day) != 8 or not day.isdigit() or token.strip(_HEX):
             return None
         thread_id = self._own(key, exact_id(encoded))
-        return None if thread_id is None else (int(day), thread_id)
+        if thread_id is None or self.activity_key(int(day), thread_id, token) != key:
+            return None
+        return int(day), thread_id, token
 
     def activity_cursor_key(self, name: str) -> str:
         """The object holding ``archive_idle``'s cursor ``name``: in the manifest

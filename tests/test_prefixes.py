@@ -274,6 +274,7 @@ def _every_key(layout: KeyLayout, thread_id: str, other: str) -> list[str]:
         layout.set_aside_key(thread_id, "ab12"),
         layout.listing_key(1_700_000_000, thread_id),
         layout.activity_key(20261127, thread_id),
+        layout.activity_key(20261127, thread_id, "ab12cd34"),
         layout.run_key(other, thread_id),
     ]
 

@@ -197,7 +197,7 @@ def _erase_in(
         v
         for prefix, listed in zip(prefixes, pages)
         for v in listed
-        if (v.key == prefix if prefix in hints else _belongs(ctx.layout, thread_id, v.key))
+        if (_hinted(ctx.layout, prefix, v.key) if prefix in hints else _belongs(ctx.layout, thread_id, v.key))
     ]
     # Delete only what is the thread's for certain: what a saver whose prefix lies
     # inside the thread's folders builds (a prefix an earlier version accepted)
@@ -358,6 +358,16 @@ def _belongs(layout: KeyLayout, thread_id: str, key: str) -> bool:
         o = layout.parse_object_key(key)
         return o is not None and o.thread_id == thread_id
     return thread_id in (layout.thread_of_manifest(key), layout.thread_of_archive(key), layout.thread_of_set_aside(key))
+
+
+def _hinted(layout: KeyLayout, hint: str, key: str) -> bool:
+    """A key ``hint`` names: itself, or, when the hint is an activity entry's day
+    folder (``KeyLayout.activity_key`` without a token), an entry of that thread
+    and day under any token (each entry written has its own)."""
+    if key == hint:
+        return True
+    folder, entry = layout.parse_activity_key(hint), layout.parse_activity_key(key)
+    return folder is not None and entry is not None and not folder[2] and entry[:2] == folder[:2]
 
 
 def _listed(ctx: Context, prefix: str, versioned: bool) -> Op[list[_Version]]:
