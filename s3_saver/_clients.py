@@ -175,8 +175,8 @@ def _import_aioboto3() -> Any:
         import aioboto3
     except ImportError as exc:
         raise ImportError(
-            "the async methods need aioboto3: pip install 'langgraph-s3-saver[async]' "
-            "(from a checkout: pip install '.[async]')"
+            "the async methods need aioboto3: pip install '.[async]' in a checkout of "
+            "s3_saver (or its path instead of '.'), or pip install aioboto3"
         ) from exc
     return aioboto3
 

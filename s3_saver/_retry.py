@@ -109,10 +109,14 @@ def _after(started: float, seconds: float | None) -> float:
 @contextmanager
 def deadline(seconds: float) -> Iterator[None]:
     """Within this block, no saver call starts a retry that would end more than
-    ``seconds`` from now (sync code, threads and asyncio tasks alike)."""
-    if not isinstance(seconds, (int, float)) or seconds < 0:
-        raise ConfigurationError(f"deadline needs a number of seconds >= 0, got {seconds!r}")
-    token = _DEADLINE.set(time.monotonic() + seconds)
+    ``seconds`` from now (sync code, threads and asyncio tasks alike). Zero or less: the
+    deadline has passed, each request is sent once and none is retried."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds):
+        raise ConfigurationError(f"deadline needs a number of seconds, got {seconds!r}")
+    # Negative is a time already past, not a mistake: a Lambda handler passes its remaining
+    # time less a margin, and with less than the margin left that is below zero. Refusing it
+    # failed the step with a ConfigurationError that a retry-free step would not have met.
+    token = _DEADLINE.set(time.monotonic() + max(seconds, 0.0))
     try:
         yield
     finally:

@@ -69,8 +69,8 @@ class S3Saver(
         ```python
         from s3_saver import S3Saver
 
-        saver = S3Saver("my-bucket", table="langgraph-checkpoints", region_name="us-east-1")
-        saver.setup()
+        saver = S3Saver("my-bucket", table="langgraph-checkpoints")
+        saver.setup()  # once, from a deploy step: creates the bucket and table
         graph = builder.compile(checkpointer=saver)
         graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}})
         ```
@@ -304,7 +304,11 @@ class S3Saver(
                     return graph.invoke(event["input"], config)
             ```
 
-        Works the same around ``await graph.ainvoke(...)``.
+        Works the same around ``await graph.ainvoke(...)``. Zero or less (less than the
+        margin left) means no retry at all: each request is still sent once.
+
+        Raises:
+            ConfigurationError: ``seconds`` is not a number.
         """
         return retry_deadline(seconds)
 

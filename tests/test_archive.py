@@ -892,9 +892,10 @@ ARCHIVE_COSTS = {
         # items again (by key, to delete) and then the record (a restore under way
         # keeps them); the live objects; the items (a transaction conditioned on the
         # record: a restore's mark stops it); beside the cleanup, the thread's activity
-        # entry (``_index/activity``: archive_idle would find it stale).
+        # entry (``_index/activity``: archive_idle would find it stale), a delete
+        # on the token the record names.
         "archive_thread": (9, {
-            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 2, "dynamodb:query": 2,
+            "dynamodb:delete_item": 1, "dynamodb:get_item": 2, "dynamodb:query": 2,
             "dynamodb:transact_write_items": 1, "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:put_object": 1,
         }),
         # Archived already: the record, and what is left of the live thread (nothing).
@@ -917,7 +918,7 @@ ARCHIVE_COSTS = {
         }),
         "restore_thread of a live thread": (1, {"dynamodb:get_item": 1}),
         "archive_thread DEEP_ARCHIVE": (9, {
-            "dynamodb:batch_write_item": 1, "dynamodb:get_item": 2, "dynamodb:query": 2,
+            "dynamodb:delete_item": 1, "dynamodb:get_item": 2, "dynamodb:query": 2,
             "dynamodb:transact_write_items": 1, "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:put_object": 1,
         }),
         "get_tuple DEEP_ARCHIVE (refused)": (2, {"dynamodb:get_item": 1, "dynamodb:query": 1, "s3:head_object": 1}),
