@@ -35,6 +35,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from s3_saver._key_owner import MODE_MARKER
 from s3_saver._keys import LISTING_PREFIX, KeyLayout
 from s3_saver._protocol import Call, Op, T, raise_failure, site_of
 from s3_saver._s3 import S3Calls
@@ -50,7 +51,7 @@ from s3_saver.errors import (
     error_code,
 )
 
-MARKER_NAME = "#index-mode"
+MARKER_NAME = MODE_MARKER
 DYNAMODB, MANIFEST = "dynamodb", "manifest"
 # Objects younger than this may belong to a write still committing (as for
 # collect_garbage's default grace period): never evidence of the other mode.
@@ -63,9 +64,6 @@ _RESOURCE_CALLS = frozenset(
     {"head_bucket", "create_bucket", "put_bucket_versioning", "create_table", "describe_table",
      "update_time_to_live", "describe_time_to_live"}
 )
-# Where the manifest's setup() probes conditional writes (``manifest_lifecycle``):
-# an object nothing reads, deleted by the probe itself.
-_PROBE = ".setup-probe/"
 # Calls that change nothing.
 _READS = frozenset(
     {
@@ -96,7 +94,7 @@ class ModeMark:
         self.layout = layout
         self.mode = DYNAMODB if table else MANIFEST
         self.table = table
-        self.key = layout.root + MARKER_NAME
+        self.key = layout.mode_marker_key
         self.checked = False
         self.read = False
         self.surveyed = False
@@ -314,7 +312,9 @@ def _waits(call: Call, mark: ModeMark) -> bool:
     if call.operation in _READS:
         return False
     keys = _keys_of(call) if call.service == "s3" else []
-    if keys and all(k.startswith(mark.layout.manifest_root + _PROBE) for k in keys):
+    if keys and all(k.startswith(mark.layout.probe_key("")) for k in keys):
+        # The manifest's setup() probe of conditional writes: nothing reads it,
+        # and the probe deletes it itself.
         return False
     if call.operation in ("put_object", "copy_object") and call.params.get("IfNoneMatch") == "*":
         # A new object of a thread: nothing reads it until an index commits it,
