@@ -88,7 +88,9 @@ class ManifestLifecycle:
             ]
             if not page.get("IsTruncated"):
                 break
-            marker = (page["NextKeyMarker"], page["NextVersionIdMarker"])
+            # A page that says more follow names where (checked: _answers); the version
+            # marker is absent where the key's versions ended with the page.
+            marker = (page["NextKeyMarker"], page.get("NextVersionIdMarker") or "")
         listed.sort(reverse=True)
         heads: list[Head] = []
         found_at: Any = None
