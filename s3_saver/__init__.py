@@ -44,6 +44,7 @@ from s3_saver.errors import (
     TableOwnedError,
     ThreadArchivedError,
     ThreadDeletedError,
+    UnreadableAnswerError,
 )
 
 __all__ = [
@@ -96,6 +97,7 @@ __all__ = [
     "ThreadArchivedError",
     "ThreadDeletedError",
     "ThreadInfo",
+    "UnreadableAnswerError",
     "migrate",
     "open_saver",
 ]
