@@ -45,6 +45,7 @@ from s3_saver.errors import (
     TableOwnedError,
     ThreadArchivedError,
     ThreadDeletedError,
+    UnreadableAnswerError,
 )
 
 __all__ = [
@@ -98,6 +99,7 @@ __all__ = [
     "ThreadArchivedError",
     "ThreadDeletedError",
     "ThreadInfo",
+    "UnreadableAnswerError",
     "migrate",
     "open_saver",
 ]

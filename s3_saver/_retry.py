@@ -6,7 +6,8 @@ the manifest head's compare-and-swap (a retry that meets its own swap finds it
 on the re-read), index items written whole or conditionally with a token that
 recognises the writer's own commit, batch writes and deletes of fixed keys.
 So the saver retries them itself, the same way under boto3 and aioboto3:
-connection failures, timeouts, 5xx answers and throttling are sent again after
+connection failures, timeouts, 5xx answers, answers that are not the store's
+(``_answers``: a 200 that confirms nothing, as good as no answer) and throttling are sent again after
 a jittered (full jitter), capped, exponential backoff, within a time budget that
 a Lambda handler can tie to its remaining time ([deadline()][s3_saver.S3Saver.deadline]). Two kinds are
 told apart. A store that fails (no answer, a timeout, a 5xx) gets a few attempts:
@@ -124,7 +125,7 @@ def deadline(seconds: float) -> Iterator[None]:
 
 
 def transient(call: Call, result: Any) -> bool:
-    """A failure worth sending again: no answer, a 5xx, or throttling."""
+    """A failure worth sending again: no answer (an unreadable one included), a 5xx, or throttling."""
     return isinstance(result, BaseException) and classify(result, call.operation) == UNAVAILABLE
 
 

@@ -185,6 +185,57 @@ class StoreUnavailableError(S3SaverError):
     """
 
 
+class UnreadableAnswerError(StoreUnavailableError):
+    """S3 or DynamoDB "answered" 200 with something that is not their answer: a body
+    that is not the document the call returns (a sign-in page, an empty or truncated
+    body), or without what every real answer carries (a stored object's ``ETag``).
+
+    Something between the saver and the store answered in its place: a captive
+    portal, a proxy or gateway, a store that does not speak the API. Such an answer
+    confirms nothing: a write it answered is not reported saved. The call is sent
+    again first, as after a dropped connection (every call the saver sends is safe
+    to send again); this is raised once the retries are spent.
+
+    Attributes:
+        service: ``"s3"`` or ``"dynamodb"``.
+        operation: The boto3 method (``put_object``, ``transact_write_items``).
+        bucket: The bucket of the saver.
+        table: The DynamoDB table (DynamoDB calls).
+        region: The region of the service's client.
+        key: The object key, or the thread's partition key, the call named.
+        missing: What the answer lacked, in words.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        service: str = "",
+        operation: str = "",
+        bucket: str | None = None,
+        table: str | None = None,
+        region: str | None = None,
+        key: str | None = None,
+        missing: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.service = service
+        self.operation = operation
+        self.bucket = bucket
+        self.table = table
+        self.region = region
+        self.key = key
+        self.missing = missing
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = ("service", "operation", "bucket", "table", "region", "key", "missing")
+        return (_rebuild_unreadable, (str(self), {f: getattr(self, f) for f in fields}))
+
+
+def _rebuild_unreadable(message: str, fields: dict[str, Any]) -> UnreadableAnswerError:
+    return UnreadableAnswerError(message, **fields)
+
+
 class PrimaryUnavailableError(StoreUnavailableError):
     """The primary region failed and the saver has a replica: reads went there,
     but a write cannot (the replica is read-only until ``promote()``).
@@ -332,6 +383,9 @@ def classify(exc: BaseException, operation: str = "") -> str | None:
         operation: The boto3 method name (``head_bucket``): a bare 404 means a
             missing bucket for HeadBucket and a missing object otherwise.
     """
+    if isinstance(exc, UnreadableAnswerError):
+        # Not the store's answer: as good as none (retried as a dropped connection is).
+        return UNAVAILABLE
     if isinstance(exc, BotoCoreError):
         # Not an AWS answer: nothing came back (connection refused or reset,
         # timeouts, after botocore's retries) or the call could not be made.
@@ -427,6 +481,8 @@ def translate(
         operation: The boto3 method name.
         where: Bucket, table, regions and endpoints, named in the message.
     """
+    if isinstance(exc, S3SaverError):
+        return exc  # named already, with its call and place (an unreadable answer)
     kind = classify(exc, operation)
     place = where.describe(service) if where is not None else (service or "AWS")
     code = error_code(exc)

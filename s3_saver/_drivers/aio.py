@@ -14,6 +14,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
+from s3_saver._answers import confirm
 from s3_saver._clients import prepare
 from s3_saver._drivers.sync import MarkLookup, OwnerLookup, checked
 from s3_saver._retry import RetryPolicy, resilient
@@ -112,7 +113,7 @@ class AsyncDriver:
             if type(exc).__module__.split(".")[0] == "aiohttp":  # ClientPayloadError and kin
                 return ConnectionClosedError(endpoint_url=f"{call.describe()}: {type(exc).__name__}: {exc}")
             raise
-        return response
+        return confirm(call, response)  # as the sync driver does (_answers)
 
     async def _client(self, service: str, site: str = PRIMARY) -> Any:
         loop = asyncio.get_running_loop()

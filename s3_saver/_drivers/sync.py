@@ -11,6 +11,7 @@ from typing import Any
 import urllib3
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError
 
+from s3_saver._answers import confirm
 from s3_saver._mode import ModeMark, marked
 from s3_saver._owner import Ownership, owned
 from s3_saver._retry import RetryPolicy, resilient
@@ -107,7 +108,9 @@ class SyncDriver:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             # Below botocore, should a path not wrap it: the same failure as above.
             return ConnectionClosedError(endpoint_url=f"{call.describe()}: {type(exc).__name__}: {exc}")
-        return response
+        # Every answer is checked before an operation reads it (an answer that
+        # confirms nothing comes back as a failure: _answers).
+        return confirm(call, response)
 
     def _client(self, service: str, site: str = PRIMARY) -> Any:
         key = client_key(service, site)

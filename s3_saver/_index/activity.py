@@ -49,7 +49,7 @@ from s3_saver._index.dynamo_items import _thread_item
 from s3_saver._index.manifest_doc import record_of
 from s3_saver._protocol import Op, gather, raise_failure, request, request_one
 from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
-from s3_saver.errors import CONDITION_FAILED_CODES, OBJECT_MISSING, classify, error_code
+from s3_saver.errors import CONDITION_FAILED_CODES, OBJECT_MISSING, CorruptObjectError, classify, error_code
 
 # The one shard of the manifest's entries (S3 spreads a prefix's keys by itself).
 _ONE = "0"
@@ -93,6 +93,17 @@ def activity_day(ts: Any, now: float) -> int:
 
 def _cursor_body(cursor: dict[str, str]) -> str:
     return json.dumps(cursor, sort_keys=True)
+
+
+def _read_cursor(data: str | bytes, where: str) -> dict[str, str]:
+    """A stored cursor; a body that is not one is CorruptObjectError, never a bare ValueError."""
+    try:
+        cursor = json.loads(data)
+    except ValueError as exc:
+        raise CorruptObjectError(f"{where}: not an archive_idle cursor ({exc})") from exc
+    if not isinstance(cursor, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in cursor.items()):
+        raise CorruptObjectError(f"{where}: not an archive_idle cursor (a JSON object of strings)")
+    return cursor
 
 
 class DynamoActivity:
@@ -179,7 +190,10 @@ class DynamoActivity:
 
     def load_cursor(self, name: str) -> Op[dict[str, str]]:
         found = yield from request_one(self.calls.get(self._cursor_key(name)))
-        return json.loads(found["Item"]["at"]["S"]) if "Item" in found else {}
+        if "Item" not in found:
+            return {}
+        where = f"DynamoDB table {self.calls.table!r}: cursor {name!r}"
+        return _read_cursor(found["Item"].get("at", {}).get("S", ""), where)
 
     def save_cursor(self, name: str, cursor: dict[str, str]) -> Op[None]:
         item = {**self._cursor_key(name), "at": {"S": _cursor_body(cursor)}}
@@ -272,7 +286,7 @@ class ManifestActivity:
             if classify(result, "get_object") == OBJECT_MISSING:
                 return {}
             raise_failure(call, result)
-        return json.loads(result["Body"])
+        return _read_cursor(result["Body"], f"s3://{self.s3.bucket}/{self.layout.activity_cursor_key(name)}")
 
     def save_cursor(self, name: str, cursor: dict[str, str]) -> Op[None]:
         # A plain PUT: the cursor is replaced (last writer wins, see Index.save_cursor).

@@ -42,7 +42,14 @@ from s3_saver._ops.audit import _referenced
 from s3_saver._ops.context import Context, target
 from s3_saver._protocol import Op, gather, raise_failure, request, request_one
 from s3_saver._s3 import DELETE_BATCH, put_immutable
-from s3_saver.errors import DENIED_CODES, AccessDeniedError, S3SaverError, TableNotFoundError, error_code
+from s3_saver.errors import (
+    DENIED_CODES,
+    AccessDeniedError,
+    CorruptObjectError,
+    S3SaverError,
+    TableNotFoundError,
+    error_code,
+)
 
 LOCKED = "object lock"
 NEWER = "an unreferenced object younger than the grace period"
@@ -340,7 +347,11 @@ def _hints_recorded(ctx: Context, thread_id: str, read: set[str]) -> Op[list[str
             if error_code(result) in _GONE:
                 continue  # another erase finished meanwhile: what it named is gone
             raise_failure(call, result)
-        lines.update(line for line in result["Body"].decode().split("\n") if line)
+        try:
+            text = result["Body"].decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptObjectError(f"s3://{ctx.s3.bucket}/{call.params['Key']}: not an erase record ({exc})") from exc
+        lines.update(line for line in text.split("\n") if line)
     return sorted(lines)
 
 
