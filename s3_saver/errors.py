@@ -20,6 +20,7 @@ from botocore.exceptions import (
     ParamValidationError,
     PartialCredentialsError,
 )
+from langgraph.store.base import InvalidNamespaceError
 
 
 class S3SaverError(Exception):
@@ -525,3 +526,89 @@ def translate(
         return exc
     new.__cause__ = exc
     return new
+
+
+# -- The store (long-term memory) -------------------------------------------------------------
+
+
+class NamespaceError(ConfigurationError, InvalidNamespaceError):
+    """A memory namespace the store refuses: one LangGraph refuses (empty where an item
+    is put, a label that is not a string, is empty, or holds a ``.`` or a NUL), or a
+    label that is not valid Unicode text or holds U+10FFFF (a noncharacter the store
+    reserves as the upper bound of its namespace ranges).
+
+    It is LangGraph's ``InvalidNamespaceError`` as well, so code written for
+    ``InMemoryStore`` catches it. Raised before anything is sent.
+
+    Attributes:
+        namespace: The namespace (or namespace prefix, or match path) at fault.
+    """
+
+    def __init__(self, message: str, namespace: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.namespace = namespace
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.namespace))
+
+
+class InvalidKeyError(ConfigurationError):
+    """An item key the store cannot hold: not a string, or not valid Unicode text.
+
+    Raised before anything is sent. (A key over the length limit is a
+    ``KeyTooLongError``.)
+
+    Attributes:
+        namespace: The item's namespace.
+        key: The key at fault.
+    """
+
+    def __init__(self, message: str, namespace: tuple[Any, ...] = (), key: Any = None) -> None:
+        super().__init__(message)
+        self.namespace = namespace
+        self.key = key
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.namespace, self.key))
+
+
+class InvalidFilterError(ConfigurationError):
+    """A search filter the store cannot evaluate: an unknown operator (the store knows
+    ``$eq``, ``$ne``, ``$gt``, ``$gte``, ``$lt``, ``$lte``), a ``$gt``-like operator whose
+    operand is not a number, or a key that is not a string.
+
+    A ``ValueError``, as ``InMemoryStore``'s "Unsupported operator" is; raised for the
+    whole filter before anything is read, whether or not an item would have reached
+    the bad part.
+
+    Attributes:
+        namespace: The searched namespace prefix.
+        filter: The filter as given.
+    """
+
+    def __init__(self, message: str, namespace: tuple[Any, ...] = (), filter: Any = None) -> None:
+        super().__init__(message)
+        self.namespace = namespace
+        self.filter = filter
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.namespace, self.filter))
+
+
+class EmbeddingError(ConfigurationError):
+    """The store's embedder returned vectors that cannot be stored: not one vector per
+    text, or a vector whose length is not the index's ``dims``, or whose values are not
+    numbers. Raised before anything is sent: nothing of the batch is stored.
+
+    Attributes:
+        namespace: The item's namespace (the searched prefix for a query), when one is at fault.
+        key: The item's key, when one is at fault.
+    """
+
+    def __init__(self, message: str, namespace: tuple[Any, ...] | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.namespace = namespace
+        self.key = key
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.namespace, self.key))
