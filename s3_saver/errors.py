@@ -552,26 +552,6 @@ class NamespaceError(ConfigurationError, InvalidNamespaceError):
         return (type(self), (str(self), self.namespace))
 
 
-class InvalidKeyError(ConfigurationError):
-    """An item key the store cannot hold: not a string, or not valid Unicode text.
-
-    Raised before anything is sent. (A key over the length limit is a
-    ``KeyTooLongError``.)
-
-    Attributes:
-        namespace: The item's namespace.
-        key: The key at fault.
-    """
-
-    def __init__(self, message: str, namespace: tuple[Any, ...] = (), key: Any = None) -> None:
-        super().__init__(message)
-        self.namespace = namespace
-        self.key = key
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.namespace, self.key))
-
-
 class InvalidFilterError(ConfigurationError):
     """A search filter the store cannot evaluate: an unknown operator (the store knows
     ``$eq``, ``$ne``, ``$gt``, ``$gte``, ``$lt``, ``$lte``), a ``$gt``-like operator whose

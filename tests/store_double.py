@@ -15,7 +15,18 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.store.base import BaseStore, GetOp, IndexConfig, Item, ListNamespacesOp, Op, Result, SearchOp, TTLConfig, ensure_embeddings
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    IndexConfig,
+    Item,
+    ListNamespacesOp,
+    Op,
+    Result,
+    SearchOp,
+    TTLConfig,
+    ensure_embeddings,
+)
 
 from s3_saver._store import embedding, listing, rank, rows
 from s3_saver._store import ttl as ttl_core
@@ -43,6 +54,8 @@ class DictStore(BaseStore):
         self.embeddings = None
         self.fields: embedding.Fields | None = None
         self.dims = 0
+        # As InMemoryStore and PostgresStore: LangGraph's tests read index_config["dims"/"embed"].
+        self.index_config = dict(index) if index else None
         if index:
             self.dims = embedding.check_dims(index)
             self.embeddings = ensure_embeddings(index.get("embed"))
@@ -111,33 +124,39 @@ class DictStore(BaseStore):
         vectors: list[dict[str, list[float]]] | None,
     ) -> list[Result]:
         results: list[Result] = [None] * len(prepared.ops)
-        returned: list[tuple[tuple[str, ...], str, bool]] = []
-        for position in prepared.gets:
-            op = prepared.ops[position]
-            assert isinstance(op, GetOp)
-            row = self._row(op.namespace, op.key)
-            if row is not None and row.live(self.clock.now()):
-                results[position] = self._item(op.namespace, row)
-                returned.append((op.namespace, op.key, ttl_core.read_refresh(op.refresh_ttl, self.ttl_config)))
+        returned: list[tuple[tuple[str, ...], rows.Row, bool]] = []
+        now = self.clock.now()
+        for namespace, positions in prepared.get_groups().items():
+            for position in positions:
+                op = prepared.ops[position]
+                assert isinstance(op, GetOp)
+                row = self._row(namespace, op.key)
+                if row is not None and row.live(now):
+                    results[position] = self._item(namespace, row)
+                    returned.append((namespace, row, ttl_core.read_refresh(op.refresh_ttl, self.ttl_config)))
         for position in prepared.searches:
             op = prepared.ops[position]
             assert isinstance(op, SearchOp)
             query = queries.get(op.query) if op.query else None
-            found = rank.answer(op, self._candidates(op.namespace_prefix, self.clock.now()), query)
+            found = rank.answer(op, self._candidates(op.namespace_prefix, now), query)
             results[position] = found
             refresh = ttl_core.read_refresh(op.refresh_ttl, self.ttl_config)
-            returned.extend((item.namespace, item.key, refresh) for item in found)
+            for item in found:
+                row = self._row(item.namespace, item.key)
+                assert row is not None
+                returned.append((item.namespace, row, refresh))
         for position in prepared.listings:
             op = prepared.ops[position]
             assert isinstance(op, ListNamespacesOp)
             results[position] = listing.page_namespaces(sorted(self._registry), op)
         # Refreshes first (the batch's puts, applied after, win over them).
-        for namespace, key, refresh in returned:
-            row = self._row(namespace, key)
-            now = self.clock.now()
-            if refresh and row is not None and ttl_core.refresh_due(row.expires_us, row.ttl_minutes, now, self.slack):
-                moved = row.with_expiry(ttl_core.expires_at(now, row.ttl_minutes))
-                self._rows[namespace][key] = rows.dumps_row(moved)
+        moves = ttl_core.plan_refreshes(returned, prepared.written(), now, self.slack)
+        for namespace, refreshes in moves.items():
+            for move in refreshes:
+                row = self._row(namespace, move.key)
+                # The fence a storage write carries: the expiry is still the one read.
+                assert row is not None and row.expires_us == move.seen_us
+                self._rows[namespace][move.key] = rows.dumps_row(row.with_expiry(move.expires_us))
         for namespace, numbers in prepared.groups.items():
             for number in numbers:
                 put = prepared.puts[number]

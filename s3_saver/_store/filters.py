@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from s3_saver.errors import InvalidFilterError
 from s3_saver._store.names import show
+from s3_saver.errors import InvalidFilterError
 
 OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 _NUMERIC = frozenset({"$gt", "$gte", "$lt", "$lte"})

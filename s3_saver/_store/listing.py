@@ -22,8 +22,8 @@ from typing import Any
 
 from langgraph.store.base import ListNamespacesOp, MatchCondition
 
-from s3_saver.errors import ConfigurationError
 from s3_saver._store.names import check_labels, registry_key, show
+from s3_saver.errors import ConfigurationError
 
 WILDCARD = "*"
 

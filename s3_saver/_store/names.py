@@ -26,7 +26,7 @@ from typing import Any
 
 import ormsgpack
 
-from s3_saver.errors import InvalidKeyError, KeyTooLongError, NamespaceError
+from s3_saver.errors import ConfigurationError, KeyTooLongError, NamespaceError
 
 MAX_KEY_BYTES = 1000
 MAX_REGISTRY_KEY_BYTES = 1024
@@ -116,22 +116,18 @@ def check_item_namespace(namespace: Any) -> tuple[str, ...]:
 def check_key(namespace: tuple[str, ...], key: Any) -> str:
     """The key, once it is text the store can hold within ``MAX_KEY_BYTES``.
 
-    Raises InvalidKeyError (not a string, not valid Unicode) or KeyTooLongError, naming
+    Raises ConfigurationError (not a string, not valid Unicode) or KeyTooLongError, naming
     the namespace and the key. ``""`` is a valid key (LangGraph's ``str(key)`` of anything).
     """
     if not isinstance(key, str):
-        raise InvalidKeyError(
-            f"key {show(key)} in namespace {show(namespace)}: keys are strings, got {type(key).__name__}",
-            namespace,
-            key,
+        raise ConfigurationError(
+            f"key {show(key)} in namespace {show(namespace)}: keys are strings, got {type(key).__name__}"
         )
     try:
         size = len(key.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise InvalidKeyError(
-            f"key {show(key)} in namespace {show(namespace)} is not valid Unicode text ({exc.reason} at {exc.start})",
-            namespace,
-            key,
+        raise ConfigurationError(
+            f"key {show(key)} in namespace {show(namespace)} is not valid Unicode text ({exc.reason} at {exc.start})"
         ) from exc
     if size > MAX_KEY_BYTES:
         raise KeyTooLongError(

@@ -26,13 +26,25 @@ from typing import Any
 
 from langgraph.store.base import GetOp, ListNamespacesOp, Op, PutOp, SearchOp, TTLConfig
 
-from s3_saver.errors import ConfigurationError, EmbeddingError
-from s3_saver._store.embedding import Fields, TextPlan, check_index_arg, check_vector, plan_texts
+from s3_saver._store.embedding import (
+    Fields,
+    TextPlan,
+    check_index_arg,
+    check_vector,
+    plan_texts,
+)
 from s3_saver._store.filters import check_filter
 from s3_saver._store.listing import check_count, check_list_op
-from s3_saver._store.names import check_item_namespace, check_key, check_labels, registry_key, show
+from s3_saver._store.names import (
+    check_item_namespace,
+    check_key,
+    check_labels,
+    registry_key,
+    show,
+)
 from s3_saver._store.rows import COMPRESS_MIN, ValueCell, pack_value
 from s3_saver._store.ttl import put_ttl
+from s3_saver.errors import ConfigurationError, EmbeddingError
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +75,21 @@ class Prepared:
     """What to embed for the puts (empty without an index)."""
     queries: list[str] = field(default_factory=list)
     """The distinct non-empty queries of the searches, to embed (empty without an index)."""
+
+    def get_groups(self) -> dict[tuple[str, ...], list[int]]:
+        """Namespace -> positions of its GetOps, namespaces in op order: one read of a
+        namespace answers all its gets (manifest mode: one head GET; DynamoDB mode: one
+        BatchGetItem), whatever their number."""
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for position in self.gets:
+            op = self.ops[position]
+            assert isinstance(op, GetOp)
+            groups.setdefault(op.namespace, []).append(position)
+        return groups
+
+    def written(self) -> set[tuple[tuple[str, ...], str]]:
+        """The (namespace, key) pairs this batch puts or deletes."""
+        return {(p.namespace, p.key) for p in self.puts}
 
     def registering(self) -> list[tuple[str, ...]]:
         """Namespaces that receive an item in this batch, in registration order."""

@@ -39,9 +39,9 @@ from typing import Any
 import ormsgpack
 from langgraph.store.base import Item
 
-from s3_saver.errors import CorruptObjectError, EmbeddingError, SerializationError
 from s3_saver._store.names import show
 from s3_saver._store.ttl import is_expired, to_datetime
+from s3_saver.errors import CorruptObjectError, EmbeddingError, SerializationError
 
 TOMBSTONE = 1
 _KNOWN_FLAGS = TOMBSTONE
@@ -90,7 +90,7 @@ class VectorsCell:
 
     def vectors(self) -> list[list[float]]:
         """The vectors as lists of Python floats, in ``paths`` order."""
-        code, width = DTYPES[self.dtype]
+        code, _ = DTYPES[self.dtype]
         flat = struct.unpack(f"<{len(self.paths) * self.dims}{code}", self.raw)
         return [list(flat[i : i + self.dims]) for i in range(0, len(flat), self.dims)]
 

@@ -25,18 +25,19 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta, timezone
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
 from langgraph.store.base import NotProvided, TTLConfig
 
-from s3_saver.errors import ConfigurationError
 from s3_saver._store.names import show
+from s3_saver.errors import ConfigurationError
 
 US_PER_MINUTE = 60_000_000
 DEFAULT_REFRESH_SLACK = 0.1
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TTL_KEYS = frozenset({"default_ttl", "refresh_on_read", "sweep_interval_minutes", "omit_expired"})
 
 
@@ -49,7 +50,7 @@ class Clock:
 
     ``source`` returns UTC microseconds (the wall clock by default). Thread-safe."""
 
-    __slots__ = ("_source", "_last", "_lock")
+    __slots__ = ("_last", "_lock", "_source")
 
     def __init__(self, source: Callable[[], int] | None = None) -> None:
         self._source = source or _wall_us
@@ -156,3 +157,56 @@ def refresh_due(expires_us: int | None, ttl_minutes: float | None, now: int, sla
     if ttl_minutes is None or expires_us is None or expires_us <= now:
         return False
     return expires_us - now < ttl_us(ttl_minutes) * (1 - slack)
+
+
+class Expiring(Protocol):
+    """What a refresh plan reads of a row: its key, expiry and ttl."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def expires_us(self) -> int | None: ...
+
+    @property
+    def ttl_minutes(self) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    """A due refresh of one item: its expiry moves from ``seen_us`` (as the read found it)
+    to ``expires_us``. The write is fenced on ``seen_us``, so a refresh never revives a
+    deleted item nor shortens the expiry a newer write gave it."""
+
+    key: str
+    seen_us: int
+    expires_us: int
+
+
+def plan_refreshes(
+    returned: Iterable[tuple[tuple[str, ...], Expiring, bool]],
+    written: Collection[tuple[tuple[str, ...], str]],
+    now: int,
+    slack: float = DEFAULT_REFRESH_SLACK,
+) -> dict[tuple[str, ...], list[Refresh]]:
+    """The refreshes a batch's reads call for, per namespace (one write per namespace in
+    manifest mode), from ``returned``: ``(namespace, row as read, whether that read
+    refreshes)`` for every item a get or search returned.
+
+    An item is refreshed once however many reads returned it, only when due
+    (``refresh_due``), and not at all when the batch itself puts or deletes it
+    (``written``): that write lands after the reads and settles the item's expiry
+    (InMemoryStore's order: a batch's reads, then its puts)."""
+    plan: dict[tuple[str, ...], list[Refresh]] = {}
+    seen: set[tuple[tuple[str, ...], str]] = set()
+    for namespace, row, refresh in returned:
+        where = (namespace, row.key)
+        if not refresh or where in seen or where in written:
+            continue
+        if row.expires_us is None or not refresh_due(row.expires_us, row.ttl_minutes, now, slack):
+            continue
+        seen.add(where)
+        moved = expires_at(now, row.ttl_minutes)
+        assert moved is not None  # refresh_due is False without a ttl
+        plan.setdefault(namespace, []).append(Refresh(row.key, row.expires_us, moved))
+    return plan
