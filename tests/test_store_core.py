@@ -780,6 +780,23 @@ def test_a_batch_refreshes_each_due_item_once_and_never_one_it_writes() -> None:
     assert ttl.plan_refreshes(returned, set(), now, slack=0)[("a",)][1] == ttl.Refresh("fresh", now + minute - 1, now + minute)
 
 
+def test_with_the_default_slack_reads_write_an_item_at_most_once_a_tenth_of_its_ttl() -> None:
+    time = FakeTime()
+    store = DictStore(ttl={"default_ttl": 1}, clock=ttl.Clock(time))
+    store.put(("n",), "k", {"a": 1})
+    written = store._row(("n",), "k").expires_us
+    seconds = 1_000_000
+    time.us += 5 * seconds  # 55 s left of 60: not due (a tenth of the ttl has not gone by)
+    assert store.get(("n",), "k") is not None and store.search(("n",))
+    assert store._row(("n",), "k").expires_us == written
+    time.us += 2 * seconds  # 53 s left: due; one refresh however many reads return it
+    found = store.batch([GetOp(("n",), "k"), SearchOp(("n",)), GetOp(("n",), "k")])
+    assert all(found)
+    assert store._row(("n",), "k").expires_us - time.us in range(60 * seconds, 60 * seconds + 5)
+    time.us += 61 * seconds
+    assert store.get(("n",), "k") is None and store.search(("n",)) == []
+
+
 def test_gets_are_grouped_by_namespace_and_writes_are_known() -> None:
     prepared = prepare(
         [GetOp(("a",), "k1"), GetOp(("b",), "k"), GetOp((), "k"), GetOp(("a",), "k2"), PutOp(("a",), "k1", None)],

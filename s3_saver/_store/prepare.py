@@ -11,6 +11,12 @@ item. Within a batch, the namespaces that receive one are registered in the orde
 their first deduplicated put (a delete included: InMemoryStore's dict for the namespace
 is created by the first op that touches it), ``Prepared.groups``'s order.
 
+Per-namespace work, what a storage backend sends: the puts and deletes of one namespace
+are one commit (``Prepared.groups``: manifest mode, one head swap), the gets of one
+namespace one read (``Prepared.get_groups``); each search and listing is its own read; the
+refreshes the reads call for are planned after them (``ttl.plan_refreshes``), one write
+per namespace, and go before the puts (which win over them).
+
 Checks (see ``names``, ``filters``, ``listing``, ``ttl``): labels of every op (ops handed
 straight to ``batch`` included), an empty namespace where an item is put, keys, limits,
 filters, ``limit``/``offset``, match conditions, ``index`` arguments, ttls, and values (a
