@@ -558,6 +558,15 @@ def test_vectors_that_cannot_be_stored_raise_before_anything_is_stored(answer: A
     assert store.search(("n",)) == [] and store.list_namespaces() == []
 
 
+def test_an_index_needs_positive_int_dims() -> None:
+    assert embedding.check_dims({"dims": 3}) == 3
+    for bad in (0, -1, 2.0, "3", True, None):
+        with pytest.raises(ConfigurationError, match="'dims' must be a positive int"):
+            embedding.check_dims({"dims": bad})
+    with pytest.raises(ConfigurationError):
+        DictStore(index={"dims": 0, "embed": HashEmbeddings(2)})
+
+
 @given(st.lists(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=4, max_size=4), min_size=1, max_size=3))
 def test_float64_vectors_are_stored_bit_for_bit_in_8_bytes_a_dimension(vectors: list[list[float]]) -> None:
     by_path = {f"p{i}": v for i, v in enumerate(vectors)}
