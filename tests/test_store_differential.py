@@ -19,6 +19,7 @@ from langgraph.store.base import (
     NOT_PROVIDED,
     GetOp,
     InvalidNamespaceError,
+    ListNamespacesOp,
     PutOp,
     SearchOp,
 )
@@ -345,6 +346,56 @@ VECTOR_EDGES = [
     *[_search(("test",), query=q) for q in ("", None, "test " * 100, "test!@#$%^&*()")],
 ]
 
+# The store-generic tests of PostgresStore (and RedisStore, MemgraphStore...): one batch of
+# every op kind, reads that do not see the batch's puts, non-ASCII text, trailing newlines.
+BATCH_ORDER = [
+    _put(("test", "foo"), "key1", {"data": "value1"}),
+    _put(("test", "bar"), "key2", {"data": "value2"}),
+    (
+        "batch",
+        [
+            GetOp(("test", "foo"), "key1"),
+            PutOp(("test", "bar"), "key2", {"data": "value2"}),
+            SearchOp(("test",), {"data": "value1"}, 10, 0),
+            ListNamespacesOp(None, None, 10, 0),
+            GetOp(("test",), "key3"),
+        ],
+    ),
+    (
+        "batch",
+        [
+            PutOp(("test", "foo"), "key3", {"data": "value3"}),
+            GetOp(("test", "foo"), "key3"),
+            SearchOp(("test",)),
+            PutOp(("test", "new"), "key", {"data": "new"}),
+            ListNamespacesOp(None, None, 10, 0),
+            PutOp(("test", "foo"), "key1", None),
+            GetOp(("test", "foo"), "key1"),
+        ],
+    ),
+    ("get", ("test", "foo"), "key3", None),
+    ("get", ("test", "foo"), "key1", None),
+    _search(("test",)),
+    _list(),
+]
+
+TEXT = [
+    _put(("user_123", "memories"), "1", {"text": "这是中文"}),
+    _put(("user_123", "memories"), "2", {"text": "これは日本語です"}),
+    _put(("user_123", "memories"), "3", {"text": "이건 한국어야"}),
+    _put(("user_123", "memories"), "4", {"text": "Это русский"}),
+    _put(("user_123", "memories"), "5", {"text": "यह हिंदी है"}),
+    _put(("user_123", "memories", "日本"), "6", {"text": "emoji 🎉"}),
+    _put(("trailing\n",), "key\n", {"text": "line\n"}),
+    _search(("user_123",), {"text": "这是中文"}),
+    _search(("user_123", "memories"), query="日本語"),
+    _search(()),
+    ("get", ("trailing\n",), "key\n", None),
+    ("get", ("trailing",), "key", None),
+    _list(suffix=("日本",)),
+    _list(("trailing\n",)),
+]
+
 SCENARIOS = {
     "listing_basic": LISTING_BASIC,
     "listing_wildcards": LISTING_WILDCARDS,
@@ -358,6 +409,8 @@ SCENARIOS = {
     "vector_batched": _batched_docs(),
     "vector_pages": VECTOR_PAGES,
     "vector_edges": VECTOR_EDGES,
+    "batch_order": BATCH_ORDER,
+    "text": TEXT,
 }
 LANGGRAPH_INDEX = {"dims": 32, "embed": HashEmbeddings(32)}
 
