@@ -69,6 +69,7 @@ valid_namespaces = st.lists(valid_labels, max_size=4).map(tuple)
 # -- 1. namespaces and keys ---------------------------------------------------------------
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(st.text(max_size=4), st.integers(), st.none()), max_size=4).map(tuple))
 def test_labels_are_refused_exactly_where_langgraph_refuses_them(namespace: tuple[Any, ...]) -> None:
     try:
@@ -146,7 +147,7 @@ def test_registry_keys_up_to_1024_bytes() -> None:
         prepare([SearchOp(("a" * 1025,))], serde=SERDE)
 
 
-@settings(max_examples=500)
+@settings(deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_namespaces, valid_namespaces)
 def test_registry_keys_sort_as_python_sorts_the_tuples(a: tuple[str, ...], b: tuple[str, ...]) -> None:
     ka, kb = names.registry_key(a), names.registry_key(b)
@@ -173,7 +174,7 @@ def prefix_and_namespace(draw: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return prefix, draw(valid_namespaces)
 
 
-@settings(max_examples=500)
+@settings(deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(prefix_and_namespace())
 def test_registry_bounds_hold_exactly_the_namespaces_under_a_prefix(pair: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
     prefix, ns = pair
@@ -233,7 +234,7 @@ def _floatable(value: Any) -> bool:
         return False
 
 
-@settings(max_examples=400)
+@settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.dictionaries(st.sampled_from(["a", "b", "c", "$eq"]), filter_values, max_size=4),
     st.dictionaries(st.sampled_from(["a", "b", "c", "$eq", "missing"]), _conditions(), max_size=3),
@@ -321,7 +322,7 @@ list_ops = st.builds(
 )
 
 
-@settings(max_examples=400)
+@settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(namespace_sets, st.randoms(), list_ops)
 def test_namespace_pages_equal_inmemory(namespaces: set[tuple[str, ...]], random: Any, op: ListNamespacesOp) -> None:
     reference = InMemoryStore()
@@ -381,6 +382,7 @@ def test_match_paths_limits_and_types() -> None:
 vector_values = st.floats(-4, 4, allow_nan=False, allow_infinity=False, width=64)
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(vector_values, min_size=3, max_size=3),
     st.lists(st.one_of(st.lists(vector_values, min_size=3, max_size=3), st.just([0.0, 0.0, 0.0])), max_size=6),
@@ -403,7 +405,7 @@ search_items = st.lists(
 )
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(
     search_items,
     st.sampled_from([(), ("a",), ("a", "b"), ("b",)]),
@@ -485,7 +487,7 @@ index_args = st.one_of(
 )
 
 
-@settings(max_examples=300)
+@settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.tuples(st.sampled_from(["k1", "k2", "k3"]), st.one_of(st.none(), embed_values), index_args), max_size=5),
     st.lists(st.sampled_from(["text", "tags[*]", "meta", "$", "meta.tag"]), max_size=3),
@@ -567,6 +569,7 @@ def test_an_index_needs_positive_int_dims() -> None:
         DictStore(index={"dims": 0, "embed": HashEmbeddings(2)})
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=4, max_size=4), min_size=1, max_size=3))
 def test_float64_vectors_are_stored_bit_for_bit_in_8_bytes_a_dimension(vectors: list[list[float]]) -> None:
     by_path = {f"p{i}": v for i, v in enumerate(vectors)}
@@ -623,6 +626,7 @@ def any_rows(draw: Any) -> rows.Row:
     )
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(any_rows())
 def test_rows_round_trip(row: rows.Row) -> None:
     assert rows.loads_row(rows.dumps_row(row), "t") == row
@@ -633,7 +637,7 @@ def _damaged(wire: list[Any]) -> st.SearchStrategy[bytes]:
     return st.tuples(st.integers(0, 8), junk).map(lambda p: ormsgpack.packb(wire[: p[0]] + [p[1]] + wire[p[0] + 1 :]))
 
 
-@settings(max_examples=400)
+@settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.binary(max_size=64), any_rows().map(rows.row_to_wire).flatmap(_damaged)))
 def test_garbage_is_a_corrupt_object_error_or_a_row_and_nothing_else(data: bytes) -> None:
     try:
