@@ -908,11 +908,12 @@ ARCHIVE_COSTS = {
         # The record, the archive, what is left of the archive's cleanup, the restore's
         # mark, the objects (a new tag), the items (a transaction that needs the mark to
         # be this restore's), the switch, the record's note of the archive, its object;
-        # the owner's record, in the first round trip of a new saver object. Beside the
-        # switch, the thread's activity entry of the day (archive_idle's clock starts anew).
+        # the owner's record, in the first round trip of a new saver object. The switch
+        # is a transaction with the thread's activity entry of the day (archive_idle's
+        # clock starts anew), which the record names then: a delete removes it.
         "restore_thread": (9, {
-            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 2, "dynamodb:put_item": 1, "dynamodb:query": 1,
-            "dynamodb:update_item": 3, "s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 5,
+            "dynamodb:transact_write_items": 2, "dynamodb:get_item": 2, "dynamodb:query": 1,
+            "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 5,
         }),
         "restore_thread of a live thread": (1, {"dynamodb:get_item": 1}),
         "archive_thread DEEP_ARCHIVE": (9, {
@@ -924,8 +925,8 @@ ARCHIVE_COSTS = {
             "dynamodb:get_item": 1, "s3:head_object": 1, "s3:restore_object": 1,
         }),
         "restore_thread DEEP_ARCHIVE (done)": (10, {
-            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 1, "dynamodb:put_item": 1, "dynamodb:query": 1,
-            "dynamodb:update_item": 3, "s3:delete_objects": 1, "s3:get_object": 1, "s3:head_object": 1, "s3:put_object": 5,
+            "dynamodb:transact_write_items": 2, "dynamodb:get_item": 1, "dynamodb:query": 1,
+            "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:get_object": 1, "s3:head_object": 1, "s3:put_object": 5,
         }),
     },
     "manifest": {
@@ -937,7 +938,8 @@ ARCHIVE_COSTS = {
         "get_tuple cold": (2, {"s3:get_object": 2}),
         "get_tuple warm": (1, {"s3:get_object": 1}),
         "list warm": (1, {"s3:get_object": 1}),
-        # (The activity entry of the day: one more PUT, beside the switch.)
+        # (The activity entry of the day: one more PUT, beside the last objects, which
+        # the switch records in the head.)
         "restore_thread": (8, {"s3:delete_objects": 1, "s3:get_object": 4, "s3:put_object": 8}),
         "restore_thread of a live thread": (1, {"s3:get_object": 1}),
         "archive_thread DEEP_ARCHIVE": (6, {"s3:delete_objects": 2, "s3:get_object": 1, "s3:put_object": 4}),

@@ -19,6 +19,8 @@ See tests/sim/__init__.py for the harness. In both index modes:
   after each of its calls in turn (from a seeded start, within the budget); and
   ``test_idle_restore_between_archive_and_drop_pinned``, the one that found issue 41;
 * ``test_failover_pinned``: the two-region schedules that found a defect, replayed;
+* ``test_restore_beside_delete_*_pinned``: restore_thread beside delete_thread, the
+  schedules that found a defect;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
 Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 8 (60 in make
@@ -225,6 +227,25 @@ def test_erase_after_a_new_life_pinned(moto_endpoint: str) -> None:
     tally = Tally()
     _run(World(moto_endpoint, "manifest", versioned=True), Spec("manifest", "relive", 1, "one", [-1, 0, 0], versioned=True), tally)
     _fail(tally, "manifest relive seed 1")
+
+
+# restore_thread beside delete_thread ("restore+delete", no faults) in the schedules
+# that found a defect: (mode, seed).
+RESTORE_DELETE_ENTRY_PINNED = (
+    # The restore's activity entry was written beside its switch, named by no record:
+    # the delete before the switch (manifest: the restore then found the thread gone)
+    # or after it (DynamoDB) left it. The switch now records it, and a refused
+    # switch takes it back: (c).
+    ("manifest", 1),
+    ("dynamodb", 1),
+)
+
+
+@pytest.mark.parametrize(("mode", "seed"), RESTORE_DELETE_ENTRY_PINNED)
+def test_restore_beside_delete_leaves_no_activity_entry_pinned(moto_endpoint: str, mode: str, seed: int) -> None:
+    tally = Tally()
+    _run(World(moto_endpoint, mode), Spec(mode, "restore+delete", seed, "none"), tally)
+    _fail(tally, f"{mode} restore+delete seed {seed}")
 
 
 # Schedules of the stale kinds (workload.Workshop.stale), one per last call of the

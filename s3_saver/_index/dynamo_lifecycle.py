@@ -16,6 +16,7 @@ from typing import Any
 
 from s3_saver import _keys
 from s3_saver._index.base import (
+    Activity,
     ArchiveRef,
     Archived,
     CheckpointEntry,
@@ -205,7 +206,12 @@ class DynamoLifecycle:
         return list(live.values())
 
     def restore(
-        self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int
+        self,
+        thread_id: str,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        created: int,
+        active: Activity | None = None,
     ) -> Op[None]:
         # Entries keep the generation they come with (0 for a rebuild): where a
         # record survived the loss of the rest of the index, what it deleted
@@ -229,7 +235,8 @@ class DynamoLifecycle:
             if (w.ns, w.checkpoint_id, w.task_id, w.part) not in slots
         ]
         yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in gone], what)
-        yield from self.note(thread_id, created, None)
+        gen = max((e.gen for e in entries), default=0)
+        yield from gather(self.note(thread_id, created, None), self.record_active(thread_id, gen, active))  # type: ignore[attr-defined]
 
     def _write_whole(
         self,
@@ -272,7 +279,14 @@ class DynamoLifecycle:
         # hints are deleted, so a delete cut short after it and called again
         # still deletes them.
         runs = sorted({*record.stale_runs, *archived_runs})
-        yield from request(calls.bury_thread(thread_id, gen, now, stale, record.created or record.unlisting, archived_runs))
+        (buried,) = yield from request(
+            calls.bury_thread(thread_id, gen, now, stale, record.created or record.unlisting, archived_runs)
+        )
+        # The activity entry the record named at the switch, not at the read: a
+        # commit, a restore's switch or an import's entry that landed in between
+        # named its own, and none lands after (each needs the old generation, or
+        # the archive reference, which the switch took out).
+        at_switch = _thread_item(calls, {"Item": buried["Attributes"]}) if "Attributes" in buried else record
         if record.archiving is not None:
             yield from release([ArchiveRef(record.archiving, "", 0, 0, {})], [])
         if stale is not None or runs:
@@ -288,7 +302,7 @@ class DynamoLifecycle:
         # a call again finds it), beside the listing's.
         unlisting = record.created or record.unlisting
         # Only as the record names it (its token): a new life's entry of the same day stays.
-        active = record.named_entries()
+        active = at_switch.named_entries()
         if unlisting:
             call = calls.unlist_thread(unlisting, thread_id, pending=True)
             unlisted, _ = yield from gather(_answer(call), self.drop_active(active))  # type: ignore[attr-defined]
@@ -406,7 +420,14 @@ class DynamoLifecycle:
         return dropped
 
     def copy_thread(
-        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int, release: Release
+        self,
+        source: str,
+        dest: str,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        now: int,
+        release: Release,
+        active: Activity | None = None,
     ) -> Op[None]:
         """Write the entries of a copy (objects copied already) into ``dest``, marked
         as copies of ``source``: a copy cut short is completed by a call again,
@@ -444,7 +465,11 @@ class DynamoLifecycle:
         if earlier or earlier_writes:
             yield from release([*earlier, *earlier_writes], [*entries, *writes])
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
-        yield from gather(self.note(dest, now, None), *(self.note(dest, None, r) for r in runs))  # type: ignore[attr-defined]
+        yield from gather(
+            self.note(dest, now, None),  # type: ignore[attr-defined]
+            *(self.note(dest, None, r) for r in runs),  # type: ignore[attr-defined]
+            self.record_active(dest, record.gen, active),  # type: ignore[attr-defined]
+        )
 
     def check_copy_target(self, source: str, dest: str) -> Op[Tombstone]:
         """The target's record; refuses a target archived, or holding checkpoints of

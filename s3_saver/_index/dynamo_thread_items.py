@@ -94,7 +94,10 @@ class DynamoThreadItems:
         archive, marks or deleted runs left, and not listed (a run that starts it
         afresh lists it anew); the archive object (``stale``) and the listing
         entry (``unlisting``: when it was listed) wait on it until removed, and so
-        do the archive's ``runs`` (the archive reference, which named them, goes)."""
+        do the archive's ``runs`` (the archive reference, which named them, goes).
+        It answers with the record as it was just before (``ALL_OLD``): the
+        activity entry it names then is the thread's last (no commit, restore,
+        import or copy names one after this switch)."""
         names = {
             "#g": GEN, "#d": "deleted_at", "#a": ARCHIVE, "#m": ARCHIVING, "#r": RESTORING, "#x": DEAD_RUNS, "#c": CREATED,
         }
@@ -121,6 +124,7 @@ class DynamoThreadItems:
                 "UpdateExpression": update,
                 "ExpressionAttributeNames": names,
                 "ExpressionAttributeValues": values,
+                "ReturnValues": "ALL_OLD",
             },
         )
 
