@@ -583,6 +583,37 @@ def test_restore_sends_days_only_where_s3_takes_them(endpoint, index_mode, monke
     reader.close()
 
 
+@pytest.mark.parametrize("meanwhile", ["deleted", "restored"])
+def test_restore_whose_archive_goes_under_it_answers_live(endpoint, index_mode, monkeypatch, meanwhile) -> None:
+    """Between restore_thread's read of the thread's record and its GET of the archive,
+    another process deletes the thread or restores it (each deletes the archive
+    object): the restore reads the record again and answers "live", as a call
+    begun after the other one does, never MissingObjectError (the archive is not lost)."""
+    from s3_saver._ops import archive as archive_op
+
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    grow_thread(saver, "t", 3)
+    before = list(saver.list(config("t")))
+    saver.archive_thread("t")
+    other = make_saver(endpoint, index_mode)
+    real = archive_op.archive_body
+
+    def after_the_other(ctx, ref):
+        monkeypatch.setattr(archive_op, "archive_body", real)
+        getattr(other, f"{meanwhile[:-1]}_thread")("t")  # delete_thread / restore_thread
+        return (yield from real(ctx, ref))
+
+    monkeypatch.setattr(archive_op, "archive_body", after_the_other)
+    status = make_saver(endpoint, index_mode).restore_thread("t")
+    assert status.state == "live" and status.key is None
+    assert not _objects(endpoint, "archive/")
+    after = list(make_saver(endpoint, index_mode).list(config("t")))
+    assert after == ([] if meanwhile == "deleted" else before)
+    for s in (saver, other):
+        s.close()
+
+
 # -- 3. a write to a thread archived in an instant class restores it ---------------------------
 def _checkpoints(history: list[StateSnapshot]) -> list[tuple]:
     """What a write leaves as it was (the tasks of the latest checkpoint change: the

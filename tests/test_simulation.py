@@ -248,6 +248,25 @@ def test_restore_beside_delete_leaves_no_activity_entry_pinned(moto_endpoint: st
     _fail(tally, f"{mode} restore+delete seed {seed}")
 
 
+# restore_thread meeting a delete_thread ("restore+delete", no faults): (mode, seed).
+RESTORE_DELETE_ANSWER_PINNED = (
+    # The delete took the archive object between the restore's read of the thread's
+    # record and its GET: the restore raised MissingObjectError, an answer the model
+    # gives no restore (it has no effect, and says the archive is lost when it was
+    # deleted). The record, read again, no longer names that archive: "live", as
+    # a restore that began after the delete answers (restore_before_write did so).
+    ("dynamodb", 5),
+    ("manifest", 0),
+)
+
+
+@pytest.mark.parametrize(("mode", "seed"), RESTORE_DELETE_ANSWER_PINNED)
+def test_restore_meeting_a_delete_answers_live_pinned(moto_endpoint: str, mode: str, seed: int) -> None:
+    tally = Tally()
+    _run(World(moto_endpoint, mode), Spec(mode, "restore+delete", seed, "none"), tally)
+    _fail(tally, f"{mode} restore+delete seed {seed}")
+
+
 # Schedules of the stale kinds (workload.Workshop.stale), one per last call of the
 # stale process: the first seed whose workload makes it that call (picked before
 # the schedule runs), so that each runs on every change. The pairs of

@@ -60,6 +60,9 @@ from s3_saver.errors import (
 _WAVE = 100  # objects read or written per round trip
 _EXPORT_ATTEMPTS = 3
 _RESTORE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8)
+# Reads of the thread's record by restore_thread when its archive object is gone
+# under it (restored or deleted by another call, the thread archived again since).
+_RESTORE_READS = 3
 _TIERS = ("Standard", "Bulk", "Expedited")
 # HeadObject's ArchiveStatus of an INTELLIGENT_TIERING object that must be restored first.
 INTELLIGENT_TIERING_ARCHIVE_TIERS = frozenset({"ARCHIVE_ACCESS", "DEEP_ARCHIVE_ACCESS"})
@@ -232,17 +235,31 @@ def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[Arc
     if tier not in _TIERS:
         raise ConfigurationError(f"tier must be one of {', '.join(_TIERS)}; got {tier!r}")
     own = yield from ctx.index.archive_of(thread_id)
-    if own.archive is None:
-        if own.stale_archive is not None:
-            yield from _remove_stale(ctx, thread_id, own.stale_archive)
-        return ArchiveStatus(thread_id, "live")
-    ref = own.archive
-    data, head = yield from archive_body(ctx, ref)
-    if data is None:
-        return (yield from _request_restore(ctx, thread_id, ref, head, days, tier))
-    archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}")
-    live_bytes = yield from install(ctx, thread_id, archive, ref)
-    return ArchiveStatus(thread_id, "live", ref.storage_class, ref.key, ref.size, len(archive.entries), live_bytes)
+    for attempt in range(_RESTORE_READS):
+        if own.archive is None:
+            if own.stale_archive is not None:
+                yield from _remove_stale(ctx, thread_id, own.stale_archive)
+            return ArchiveStatus(thread_id, "live")
+        ref = own.archive
+        try:
+            data, head = yield from archive_body(ctx, ref)
+            if data is None:
+                return (yield from _request_restore(ctx, thread_id, ref, head, days, tier))
+        except MissingObjectError:
+            # The archive object went after the record was read: another restore
+            # finished (and deleted it), or a delete_thread took the thread. The
+            # record, read again, says which: no longer naming this archive, the
+            # call answers as it would have had it begun now (a live or deleted
+            # thread: "live"; archived again: that archive). Still naming it, the
+            # object is lost: raised.
+            own = yield from ctx.index.archive_of(thread_id)
+            if attempt == _RESTORE_READS - 1 or (own.archive is not None and own.archive.key == ref.key):
+                raise
+            continue
+        archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}")
+        live_bytes = yield from install(ctx, thread_id, archive, ref)
+        return ArchiveStatus(thread_id, "live", ref.storage_class, ref.key, ref.size, len(archive.entries), live_bytes)
+    raise AssertionError("unreachable")
 
 
 def _request_restore(
