@@ -583,6 +583,35 @@ def test_restore_sends_days_only_where_s3_takes_them(endpoint, index_mode, monke
     reader.close()
 
 
+def test_delete_whose_read_an_archive_switch_follows_removes_the_archive(endpoint, monkeypatch) -> None:
+    """DynamoDB: another process archives the thread between delete_thread's read of
+    the thread's record (live) and its switch. The switch holds only on the record
+    as read: refused, the delete reads it again and deletes the archive object too,
+    which no record would name after it. (The manifest's switch is a swap of the
+    very head it read: a head changed since fails it, and it reads again.)"""
+    from s3_saver._index.dynamo_items import DynamoCalls
+
+    saver = make_saver(endpoint, "dynamodb")
+    saver.setup()
+    grow_thread(saver, "t", 3)
+    archiver = make_saver(endpoint, "dynamodb")
+    real = DynamoCalls.bury_thread
+
+    def archived_first(self, *args, **kwargs):
+        monkeypatch.setattr(DynamoCalls, "bury_thread", real)
+        archiver.archive_thread("t")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DynamoCalls, "bury_thread", archived_first)
+    saver.delete_thread("t")
+    assert not _objects(endpoint, "archive/") and not _objects(endpoint, "live/t/")
+    for reader in (saver, make_saver(endpoint, "dynamodb")):
+        assert reader.get_tuple(config("t")) is None
+        assert [t.thread_id for t in reader.list_threads()] == []
+    for s in (saver, archiver):
+        s.close()
+
+
 @pytest.mark.parametrize("meanwhile", ["deleted", "restored"])
 def test_restore_whose_archive_goes_under_it_answers_live(endpoint, index_mode, monkeypatch, meanwhile) -> None:
     """Between restore_thread's read of the thread's record and its GET of the archive,

@@ -19,8 +19,8 @@ See tests/sim/__init__.py for the harness. In both index modes:
   after each of its calls in turn (from a seeded start, within the budget); and
   ``test_idle_restore_between_archive_and_drop_pinned``, the one that found issue 41;
 * ``test_failover_pinned``: the two-region schedules that found a defect, replayed;
-* ``test_restore_beside_delete_*_pinned``: restore_thread beside delete_thread, the
-  schedules that found a defect;
+* ``test_restore_beside_delete_*_pinned``, ``test_delete_beside_an_archive_switch_pinned``:
+  restore_thread (or archive_thread) beside delete_thread, the schedules that found a defect;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
 Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 8 (60 in make
@@ -265,6 +265,17 @@ def test_restore_meeting_a_delete_answers_live_pinned(moto_endpoint: str, mode: 
     tally = Tally()
     _run(World(moto_endpoint, mode), Spec(mode, "restore+delete", seed, "none"), tally)
     _fail(tally, f"{mode} restore+delete seed {seed}")
+
+
+def test_delete_beside_an_archive_switch_pinned(moto_endpoint: str) -> None:
+    """Seed 20 of "prune_archive+delete" (DynamoDB): the delete read the thread's
+    record (live), the archive switched, then the delete's switch took the archive
+    reference out on what it had read, naming no archive object to delete: the
+    object stayed, named by nothing (c). The switch now holds only on the record
+    as read (else it is read and decided again)."""
+    tally = Tally()
+    _run(World(moto_endpoint, "dynamodb"), Spec("dynamodb", "prune_archive+delete", 20, "none"), tally)
+    _fail(tally, "dynamodb prune_archive+delete seed 20")
 
 
 # Schedules of the stale kinds (workload.Workshop.stale), one per last call of the

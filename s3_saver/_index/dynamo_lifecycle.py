@@ -50,6 +50,7 @@ from s3_saver.errors import (
     TABLE_MISSING,
     TABLE_RACING_CODES,
     ConfigurationError,
+    S3SaverError,
     SetupMismatchError,
     SetupTimeoutError,
     classify,
@@ -59,6 +60,9 @@ from s3_saver.errors import (
 # Passes of a delete over the thread: a second one finds what a pass left (a
 # page written during the first); a third is for good measure.
 _MAX_DELETE_PASSES = 3
+# Attempts of delete_thread's switch, each on the thread's record as read just
+# before (an archive's switch or a listing in between makes it read again).
+_MAX_SWITCHES = 5
 # A transaction's actions besides the thread's record check (100 at most).
 _TRANSACTION_ACTIONS = 99
 # What a delete or an archive's cleanup reads of each item: enough to name its objects.
@@ -270,18 +274,31 @@ class DynamoLifecycle:
         )
         if "Item" not in found and not first.get("Items"):
             return  # nothing was ever stored: leave no trace
-        record = _thread_item(calls, found)
-        gen = record.gen + 1
-        stale = record.archive.key if record.archive is not None else record.stale_archive
-        archived_runs = record.archive.runs if record.archive is not None else []
-        # The switch takes the archive reference out, and with it the only thing
-        # that named the archive's runs: it keeps them (``stale_runs``) until their
-        # hints are deleted, so a delete cut short after it and called again
-        # still deletes them.
-        runs = sorted({*record.stale_runs, *archived_runs})
-        (buried,) = yield from request(
-            calls.bury_thread(thread_id, gen, now, stale, record.created or record.unlisting, archived_runs)
-        )
+        for _ in range(_MAX_SWITCHES):
+            record = _thread_item(calls, found)
+            gen = record.gen + 1
+            stale = record.archive.key if record.archive is not None else record.stale_archive
+            archived_runs = record.archive.runs if record.archive is not None else []
+            # The switch takes the archive reference out, and with it the only thing
+            # that named the archive's runs: it keeps them (``stale_runs``) until their
+            # hints are deleted, so a delete cut short after it and called again
+            # still deletes them.
+            runs = sorted({*record.stale_runs, *archived_runs})
+            call = calls.bury_thread(thread_id, gen, now, stale, record.created or record.unlisting, archived_runs, record)
+            (buried,) = yield (call,)
+            if not isinstance(buried, BaseException):
+                break
+            if error_code(buried) not in CONDITION_FAILED_CODES:
+                raise_failure(call, buried)
+            # An archive switched (or marked), or a restore, an import or a copy
+            # listed the thread, since the read: decided again on the record as it is.
+            found = yield from request_one(calls.get_tombstone(thread_id))
+        else:
+            raise S3SaverError(
+                f"DynamoDB table {self.table}: the record of thread {thread_id!r} kept changing under "
+                f"delete_thread (archives, restores, listings); gave up after {_MAX_SWITCHES} attempts, "
+                "nothing was deleted: call again"
+            )
         # The activity entry the record named at the switch, not at the read: a
         # commit, a restore's switch or an import's entry that landed in between
         # named its own, and none lands after (each needs the old generation, or
