@@ -19,8 +19,9 @@ See tests/sim/__init__.py for the harness. In both index modes:
   after each of its calls in turn (from a seeded start, within the budget); and
   ``test_idle_restore_between_archive_and_drop_pinned``, the one that found issue 41;
 * ``test_failover_pinned``: the two-region schedules that found a defect, replayed;
-* ``test_restore_beside_delete_*_pinned``, ``test_delete_beside_an_archive_switch_pinned``:
-  restore_thread (or archive_thread) beside delete_thread, the schedules that found a defect;
+* ``test_restore_beside_delete_*_pinned``, ``test_delete_beside_an_archive_switch_pinned``,
+  ``test_copy_or_import_then_delete_leaves_nothing_pinned``: restore_thread, archive_thread,
+  copy_thread or import_thread beside or before delete_thread, the schedules that found a defect;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
 Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 8 (60 in make
@@ -265,6 +266,20 @@ def test_restore_meeting_a_delete_answers_live_pinned(moto_endpoint: str, mode: 
     tally = Tally()
     _run(World(moto_endpoint, mode), Spec(mode, "restore+delete", seed, "none"), tally)
     _fail(tally, f"{mode} restore+delete seed {seed}")
+
+
+# A copy or an import then a delete of it (workload kinds copy_delete, import_delete), no
+# faults: the copy's (the import's) activity entry, written beside its commit and named by
+# no record, stayed after the delete in every such schedule: (c). (scenario, seed).
+COPY_IMPORT_DELETE_PINNED = (("copy_delete+run", 0), ("import_delete+writes", 0))
+
+
+@pytest.mark.parametrize(("scenario", "seed"), COPY_IMPORT_DELETE_PINNED)
+@pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
+def test_copy_or_import_then_delete_leaves_nothing_pinned(world: World, scenario: str, seed: int) -> None:
+    tally = Tally()
+    _run(world, Spec(world.mode, scenario, seed, "none"), tally)
+    _fail(tally, f"{world.mode} {scenario} seed {seed}")
 
 
 def test_delete_beside_an_archive_switch_pinned(moto_endpoint: str) -> None:
