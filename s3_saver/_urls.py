@@ -218,7 +218,7 @@ def _s3(url: str) -> AbstractContextManager[BaseCheckpointSaver]:
 def _missing(url: str, what: str, extra: str, exc: ImportError) -> ConfigurationError:
     return ConfigurationError(
         f"{mask(url)} needs {what}, which is not installed ({exc}): "
-        f"pip install 'langgraph-s3-saver[{extra}]'"
+        f"in a checkout of the repository, pip install '.[{extra}]'"
     )
 
 

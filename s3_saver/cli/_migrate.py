@@ -13,7 +13,7 @@ import click
 
 from s3_saver.cli._app import App, pass_app
 from s3_saver._urls import mask
-from s3_saver.cli._output import human_bytes
+from s3_saver.cli._output import human_bytes, shown
 
 URL_FORMS = "sqlite:///file.db, postgresql://user:password@host/db, s3://bucket/prefix?table=T&region=R&endpoint_url=U"
 
@@ -55,7 +55,7 @@ def migrate_command(
         with app.out.progress("migrate", unit="checkpoints") as tracker:
 
             def on_progress(step: Any) -> None:
-                tracker.update(done=step.done, total=step.total, nbytes=step.bytes, description=f"migrate {step.thread_id}")
+                tracker.update(done=step.done, total=step.total, nbytes=step.bytes, description=f"migrate {shown(step.thread_id)}")
 
             report = migrate(
                 source,
