@@ -19,9 +19,9 @@ stderr (and the JSON error document with ``--json``), exit 130. Nothing is raise
 nothing can be lost or leave a lock held.
 
 Ending there is what a crash does, and what the saver is built to survive: an
-operation cut short at any request leaves every thread readable, and running the
-command again finishes it. The files the command line writes (``export``) appear
-under their name only once complete.
+operation cut short at any request leaves every thread readable or gone, and running
+the command again finishes the work. The files the command line writes (``export``)
+appear under their name only once complete.
 """
 
 from __future__ import annotations
