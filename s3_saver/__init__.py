@@ -28,6 +28,7 @@ from s3_saver.errors import (
     ConfigurationError,
     CorruptObjectError,
     ImmutableObjectConflictError,
+    IndexModeMismatchError,
     KeyTooLongError,
     MigrationError,
     MissingObjectError,
@@ -44,6 +45,7 @@ from s3_saver.errors import (
     TableOwnedError,
     ThreadArchivedError,
     ThreadDeletedError,
+    UnreadableAnswerError,
 )
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "CorruptObjectError",
     "EraseReport",
     "ImmutableObjectConflictError",
+    "IndexModeMismatchError",
     "KeyTooLongError",
     "MigrationError",
     "MigrationProgress",
@@ -96,6 +99,7 @@ __all__ = [
     "ThreadArchivedError",
     "ThreadDeletedError",
     "ThreadInfo",
+    "UnreadableAnswerError",
     "migrate",
     "open_saver",
 ]

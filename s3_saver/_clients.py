@@ -19,6 +19,7 @@ from typing import Any
 from botocore.config import Config
 from botocore.credentials import RefreshableCredentials
 
+from s3_saver._answers import watch
 from s3_saver._keys import new_token
 from s3_saver.errors import ConfigurationError, Where
 
@@ -175,8 +176,8 @@ def _import_aioboto3() -> Any:
         import aioboto3
     except ImportError as exc:
         raise ImportError(
-            "the async methods need aioboto3: pip install 'langgraph-s3-saver[async]' "
-            "(from a checkout: pip install '.[async]')"
+            "the async methods need aioboto3: pip install '.[async]' in a checkout of "
+            "s3_saver (or its path instead of '.'), or pip install aioboto3"
         ) from exc
     return aioboto3
 
@@ -227,9 +228,10 @@ def _session_with(aioboto3: Any, credentials: Any, profile: str | None, region: 
 
 
 def prepare(client: Any) -> Any:
-    """A client of either driver, as the saver sends its requests: see ``no_uuid4`` and
-    ``_upload_integrity``."""
+    """A client of either driver, as the saver sends its requests and reads its answers:
+    see ``no_uuid4``, ``_upload_integrity`` and ``_answers.watch``."""
     client.meta.events.register("before-call.s3.PutObject", _upload_integrity, unique_id="s3_saver-integrity")
+    watch(client)
     return no_uuid4(client)
 
 

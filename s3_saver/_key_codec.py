@@ -38,6 +38,10 @@ ARCHIVE_PREFIX = "archive/"
 """Sub-prefix of archived threads: one object per thread (``archive_thread``), in a
 cold storage class; lifecycle rules may move it colder still."""
 
+FOLDERS = tuple(p.rstrip("/") for p in (LIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX, SET_ASIDE_PREFIX, ARCHIVE_PREFIX))
+"""The folders every key of a saver starts with, after its prefix. No prefix may
+have one as a segment (``check_prefix``): that is what keeps two savers' trees apart."""
+
 S3_KEY_MAX_BYTES = 1024
 DYNAMODB_PARTITION_KEY_MAX_BYTES = 2048
 DYNAMODB_SORT_KEY_MAX_BYTES = 1024
@@ -110,6 +114,59 @@ def _check_text(segment: str) -> None:
         # Reserved: it marks namespace tombstones in the index (a noncharacter,
         # never part of real text).
         raise ConfigurationError(f"id {segment!r} contains U+10FFFF, which ids may not contain")
+
+
+class LegacyPrefix(str):
+    """A prefix ``check_prefix`` refuses, given to open what an earlier version,
+    which accepted it, stored under it: to move its threads elsewhere
+    (``open_saver(url, create=False)``, migrate's source)."""
+
+
+def check_prefix(prefix: str, bucket: str | None = None, table: str | None = None) -> str:
+    """The prefix as keys start with it ("" or ending in "/"), or ConfigurationError
+    naming it (and ``bucket``, ``table`` when given).
+
+    Every key a saver writes, lists or deletes is ``<prefix><folder>/...`` with
+    ``<folder>`` one of ``FOLDERS``. For a key to lie in two savers' trees, one
+    prefix must extend the other, and the part the longer adds must begin with a
+    folder name as a whole segment (``"live/a/"`` over ``""``): whatever the ids
+    after it, the outer saver would then read the inner saver's keys as its own
+    threads' (``live/a/live/blobs/=/checkpoints/<id>`` as a value of thread
+    ``a``) and its gc or erase would delete them. So a prefix with a folder name
+    as a segment is refused (in any letter case: a store on a case-insensitive
+    disk takes ``Live`` for ``live``), and two accepted savers' trees never
+    meet, at no request. A proxy or a store that normalises paths ("a/./b",
+    "a/../b", "a//b") only drops segments, so it never makes a folder name
+    appear; but ``.`` and ``..`` segments are refused too, as ids never make
+    them (see ``encode``): resolved, they would give two prefixes one tree.
+    """
+    if not isinstance(prefix, str):
+        raise ConfigurationError(f"prefix must be a string, got {type(prefix).__name__}: {prefix!r}")
+    given = prefix
+    prefix = str(prefix)
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    if isinstance(given, LegacyPrefix):
+        return prefix
+    where = f"prefix {given!r}" + (f" of bucket {bucket!r}" if bucket else "")
+    segments = prefix.split("/")[:-1]
+    for i, segment in enumerate(segments):
+        outer = "".join(s + "/" for s in segments[:i])
+        if segment.lower() in FOLDERS:
+            source = f"s3://{bucket or 'BUCKET'}/{quote(prefix, safe='/')}" + (f"?table={table}" if table else "")
+            target = f"s3://{bucket or 'BUCKET'}/NEW-PREFIX" + (f"?table={table}" if table else "")
+            raise ConfigurationError(
+                f"{where}: its segment {segment!r} is the name of a folder every saver keeps under its own "
+                f"prefix ({', '.join(FOLDERS)}), so a saver with prefix {outer!r} on the bucket would take this "
+                f"one's objects for its own; choose a prefix with none of those names as a segment. Threads "
+                f"stored under it move with: langgraph-s3-saver migrate --from '{source}' --to '{target}'"
+            )
+        if segment in (".", ".."):
+            raise ConfigurationError(
+                f"{where}: its segment {segment!r} is one a proxy or a store may resolve, moving every key "
+                "(possibly onto another prefix's); give a prefix without '.' or '..' segments"
+            )
+    return prefix
 
 
 def sort_encode(segment: str) -> str:

@@ -25,9 +25,10 @@ so that, read newest first, a namespace's tombstone comes before all of its
 items, each checkpoint item is followed by its own writes, and ids order
 exactly as Python orders the strings (see ``sort_encode``).
 
-This module holds ``KeyLayout``; the encoding of ids, tokens and the key
-checks are in ``_key_codec``, the DynamoDB sort keys and listing shards in
-``_sort_keys``, both re-exported here.
+This module holds ``KeyLayout``; the encoding of ids, tokens, the key and
+prefix checks are in ``_key_codec``, the DynamoDB sort keys and listing shards
+in ``_sort_keys``, both re-exported here, and which keys of a tree are another
+saver's in ``_key_owner``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from s3_saver._key_codec import (
     DYNAMODB_PARTITION_KEY_MAX_BYTES,
     DYNAMODB_SORT_KEY_MAX_BYTES,
     ERASE_MARK,
+    FOLDERS,
     LINK_MARK,
     LISTING_PREFIX,
     LIVE_PREFIX,
@@ -48,11 +50,13 @@ from s3_saver._key_codec import (
     SET_ASIDE_PREFIX,
     THREAD_TOMBSTONE_SK,
     WRITES_MARK,
+    LegacyPrefix,
     ObjectKey,
     _checked,
     _checked_index,
     _tagged,
     _untagged,
+    check_prefix,
     decode,
     encode,
     new_tag,
@@ -61,6 +65,16 @@ from s3_saver._key_codec import (
     sort_decode,
     sort_encode,
     version_segment,
+)
+from s3_saver._key_owner import (
+    CURSORS,
+    ERASE_NAME,
+    MODE_MARKER,
+    PROBES,
+    SEGMENT_NAME,
+    builds,
+    exact_id,
+    nested_prefix,
 )
 from s3_saver._sort_keys import (
     _LISTING_CLOCK,
@@ -84,14 +98,15 @@ from s3_saver._sort_keys import (
     writes_sort_key,
     writes_sort_prefix,
 )
+from s3_saver.errors import ConfigurationError, KeyTooLongError
 
 # The encoding and the sort keys, re-exported: code imports them from here.
 __all__ = [
     "ACTIVITY_PREFIX", "ACTIVITY_SHARDS", "ARCHIVE_PREFIX", "CHECKPOINT_SUFFIX",
-    "DYNAMODB_PARTITION_KEY_MAX_BYTES", "DYNAMODB_SORT_KEY_MAX_BYTES", "ERASE_MARK", "LINK_MARK",
-    "LISTING_PREFIX", "LISTING_SHARDS", "LIVE_PREFIX", "MANIFEST_PREFIX", "S3_KEY_MAX_BYTES",
+    "DYNAMODB_PARTITION_KEY_MAX_BYTES", "DYNAMODB_SORT_KEY_MAX_BYTES", "ERASE_MARK", "FOLDERS", "LINK_MARK",
+    "LISTING_PREFIX", "LISTING_SHARDS", "LIVE_PREFIX", "LegacyPrefix", "MANIFEST_PREFIX", "S3_KEY_MAX_BYTES",
     "SET_ASIDE_PREFIX", "THREAD_TOMBSTONE_SK", "WRITES_MARK", "KeyLayout", "ObjectKey", "SortKey",
-    "activity_shard", "activity_sort_key", "checkpoint_sort_key", "checkpoint_sort_prefix", "decode",
+    "activity_shard", "activity_sort_key", "check_prefix", "checkpoint_sort_key", "checkpoint_sort_prefix", "decode",
     "encode", "link_ns_prefix", "link_sort_key", "listing_sort_key", "new_tag", "new_token",
     "ns_sort_prefix", "ns_tombstone_sort_key", "parse_activity_sort_key", "parse_listing_sort_key",
     "parse_sort_key", "parse_version", "run_sort_key", "run_sort_prefix", "shard_of", "sort_decode",
@@ -99,12 +114,23 @@ __all__ = [
 ]
 
 
-class KeyLayout:
-    """Builds object keys and index keys for one bucket prefix."""
+_HEX = "0123456789abcdef"  # the characters of a ``new_token``
 
-    def __init__(self, prefix: str = "") -> None:
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
+
+class KeyLayout:
+    """Builds object keys and index keys for one bucket prefix, and parses them back.
+
+    Parsing is exact: a key counts as this layout's only if its builder makes
+    exactly that key again, and no saver whose prefix lies inside this one's
+    tree builds it (``nested_prefix``). ``check_prefix`` refuses the prefixes
+    that could nest; such a tree may still hold what an earlier version wrote.
+    """
+
+    def __init__(self, prefix: str = "", *, nested: bool = False) -> None:
+        # ``nested`` (or a LegacyPrefix): a prefix check_prefix refuses, that an
+        # earlier version accepted: to read its threads (migrate's source) and
+        # to tell its keys apart inside another saver's tree.
+        prefix = check_prefix(LegacyPrefix(prefix) if nested else prefix)
         self.prefix = prefix
         self.root = prefix + LIVE_PREFIX
 
@@ -146,7 +172,26 @@ class KeyLayout:
 
     def parse_object_key(self, key: str) -> ObjectKey | None:
         """The parts of a ``live/`` object key (listing the bucket), or None for
-        anything else: the inverse of the key builders above."""
+        anything else: the exact inverse of the key builders above. A key another
+        saver's prefix inside this tree builds is not this layout's, even when
+        it reads as one (``live/a/live/blobs/=/checkpoints/1`` is a value of
+        thread ``a`` here, and a checkpoint of thread ``blobs`` under
+        ``live/a/``): a gc or an erase never takes it (see ``nested_prefix``)."""
+        o = self._live_object(key)
+        return o if o is not None and self.nested_prefix(key) is None else None
+
+    def _live_object(self, key: str) -> ObjectKey | None:
+        """``parse_object_key`` without asking whether a nested saver builds the key."""
+        o = self.parts_of(key)
+        try:
+            return o if o is not None and self.object_key(o) == key else None
+        except (ConfigurationError, KeyTooLongError):
+            return None
+
+    def parts_of(self, key: str) -> ObjectKey | None:
+        """The parts of a ``live/`` key this layout built itself (an index entry's
+        reference: cheap). A key found by listing the bucket goes through
+        ``parse_object_key``, which asks whose it is."""
         if not key.startswith(self.root):
             return None
         parts = key[len(self.root) :].split("/")
@@ -189,6 +234,16 @@ class KeyLayout:
         after the thread started afresh too)."""
         return _checked(f"{self.manifest_dir(thread_id)}{ERASE_MARK}{token}")
 
+    @property
+    def mode_marker_key(self) -> str:
+        """The marker of the prefix's index mode (``_mode``): in the live folder,
+        where no thread's folder is ("#": ``encode`` never produces it)."""
+        return f"{self.root}{MODE_MARKER}"
+
+    def probe_key(self, token: str) -> str:
+        """Where ``setup()`` checks that the store honours conditional writes."""
+        return f"{self.manifest_root}{PROBES}/{token}"
+
     def segment_key(self, thread_id: str, number: int, token: str) -> str:
         return _checked(f"{self.manifest_dir(thread_id)}segments/{number:08d}.{token}")
 
@@ -196,7 +251,16 @@ class KeyLayout:
         """The thread id of a manifest head's key (listing the bucket), else None."""
         rest = key[len(self.manifest_root) :] if key.startswith(self.manifest_root) else ""
         encoded, _, name = rest.partition("/")
-        return decode(encoded) if name == "head" and encoded else None
+        return self._own(key, exact_id(encoded)) if name == "head" else None
+
+    def thread_of_manifest(self, key: str) -> str | None:
+        """The thread of a key in a thread's manifest folder (its head, a sealed
+        segment, an erase's record), else None."""
+        rest = key[len(self.manifest_root) :] if key.startswith(self.manifest_root) else ""
+        encoded, _, name = rest.partition("/")
+        if name == "head" or ERASE_NAME.fullmatch(name) or SEGMENT_NAME.fullmatch(name):
+            return self._own(key, exact_id(encoded))
+        return None
 
     # -- what a failback's merge set aside ---------------------------------------
     def set_aside_dir(self, thread_id: str) -> str:
@@ -215,9 +279,17 @@ class KeyLayout:
 
     def thread_of_archive(self, key: str) -> str | None:
         """The thread id of an archive object's key (listing the bucket), else None."""
-        rest = key[len(self.archive_root) :] if key.startswith(self.archive_root) else ""
+        return self._thread_of_file(key, self.archive_root)
+
+    def thread_of_set_aside(self, key: str) -> str | None:
+        """The thread id of a failback's record of what it set aside, else None."""
+        return self._thread_of_file(key, self.prefix + SET_ASIDE_PREFIX)
+
+    def _thread_of_file(self, key: str, root: str) -> str | None:
+        """The thread of ``<root><encoded thread>/<name>``, else None."""
+        rest = key[len(root) :] if key.startswith(root) else ""
         encoded, _, name = rest.partition("/")
-        return decode(encoded) if name and "/" not in name and encoded else None
+        return self._own(key, exact_id(encoded)) if name and "/" not in name else None
 
     def archive_key(self, thread_id: str, token: str) -> str:
         # A new key per archive call, recorded in the index before the object is
@@ -238,28 +310,43 @@ class KeyLayout:
         inverted, dot, encoded = key[len(self.threads_root) :].partition(".")
         if not key.startswith(self.threads_root) or not dot or not inverted.isdigit():
             return None
-        return _LISTING_CLOCK - int(inverted), decode(encoded)
+        thread_id = self._own(key, exact_id(encoded))
+        return None if thread_id is None else (_LISTING_CLOCK - int(inverted), thread_id)
 
     # -- the activity entries (archive_idle's index of threads by the day they were written) --
     @property
     def activity_root(self) -> str:
         return self.prefix + ACTIVITY_PREFIX
 
-    def activity_key(self, day: int, thread_id: str) -> str:
-        # Day first: S3 lists keys ascending, so a walk reads the oldest day first.
-        return _checked(f"{self.activity_root}{day:08d}/{encode(thread_id)}")
+    def activity_key(self, day: int, thread_id: str, token: str = "") -> str:
+        """An activity entry of ``thread_id`` on ``day``. Day first: S3 lists keys
+        ascending, so a walk reads the oldest day first. ``token``: new for every
+        entry written, so no write ever lands on a key a walk has read (the walk
+        deletes what it read by key: "delete only what you read"); without one,
+        the day's folder of the thread's entries (and the key earlier versions
+        wrote, one per thread and day)."""
+        return _checked(f"{self.activity_root}{day:08d}/{encode(thread_id)}" + (f"/{token}" if token else ""))
 
-    def parse_activity_key(self, key: str) -> tuple[int, str] | None:
-        day, slash, encoded = key[len(self.activity_root) :].partition("/")
-        if not key.startswith(self.activity_root) or not slash or not day.isdigit() or not encoded:
+    def parse_activity_key(self, key: str) -> tuple[int, str, str] | None:
+        """(day, thread, token) of a key ``activity_key`` builds ("" token: an
+        entry of an earlier version), else None (a key of a saver nested under
+        this one's folders included)."""
+        if not key.startswith(self.activity_root):
             return None
-        return int(day), decode(encoded)
+        day, slash, rest = key[len(self.activity_root) :].partition("/")
+        encoded, _, token = rest.partition("/")  # ``encode`` never produces "/"
+        if not slash or len(day) != 8 or not day.isdigit() or token.strip(_HEX):
+            return None
+        thread_id = self._own(key, exact_id(encoded))
+        if thread_id is None or self.activity_key(int(day), thread_id, token) != key:
+            return None
+        return int(day), thread_id, token
 
     def activity_cursor_key(self, name: str) -> str:
         """The object holding ``archive_idle``'s cursor ``name``: in the manifest
         folder (read and written like heads); ``encode`` never produces "#", so
         no thread's folder is this one."""
-        return f"{self.manifest_root}#active/{name}"
+        return f"{self.manifest_root}{CURSORS}/{name}"
 
     def activity_partition(self, shard: int | None) -> str:
         """The DynamoDB partition of one shard of the activity entries (None: the
@@ -273,7 +360,26 @@ class KeyLayout:
     def run_key(self, run_id: str, thread_id: str) -> str:
         return _checked(self.runs_dir(run_id) + encode(thread_id))
 
-    # -- DynamoDB partition keys --------------------------------------------
+    def thread_of_run(self, run_id: str, key: str) -> str | None:
+        """The thread of a run hint's key, else None."""
+        prefix = self.runs_dir(run_id)
+        return self._own(key, exact_id(key[len(prefix) :])) if key.startswith(prefix) else None
+
+    # -- whose key is it ---------------------------------------------------------
+    def _own(self, key: str, thread_id: str | None) -> str | None:
+        """``thread_id`` (a key's parsed thread), unless a nested saver builds the key."""
+        return thread_id if thread_id is not None and self.nested_prefix(key) is None else None
+
+    def nested_prefix(self, key: str) -> str | None:
+        """The prefix of a saver inside this one's folders under which ``key`` is a
+        key that saver builds, else None (see ``_key_owner``)."""
+        return nested_prefix(self, key)
+
+    def builds(self, key: str) -> bool:
+        """Whether ``key`` has the shape of a key this layout builds, in any of its
+        folders (ids exact, tokens not checked)."""
+        return builds(self, key)
+
     def listing_partition(self, what: str, shard: int | None = None) -> str:
         """A partition of the thread listing ("threads") or of the run hints
         ("runs"): ``<prefix>#<what>#<shard>``, or with no shard the single

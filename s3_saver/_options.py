@@ -9,6 +9,7 @@ from typing import Any
 from botocore.config import Config
 
 from s3_saver._cache import MIN_BYTES
+from s3_saver._key_codec import check_prefix
 from s3_saver._retry import RetryPolicy
 from s3_saver.errors import ConfigurationError
 
@@ -50,6 +51,8 @@ def check_options(options: dict[str, Any]) -> None:
         )
     if not isinstance(options["prefix"], str):
         refuse("prefix", "a string")
+    # No prefix lies inside another's tree: see check_prefix.
+    check_prefix(options["prefix"], options["bucket"], options["table"])
     for name in ("region_name", "endpoint_url", "s3_endpoint_url", "dynamodb_endpoint_url"):
         value = options[name]
         if value is not None and (not isinstance(value, str) or not value):

@@ -6,7 +6,8 @@ the manifest head's compare-and-swap (a retry that meets its own swap finds it
 on the re-read), index items written whole or conditionally with a token that
 recognises the writer's own commit, batch writes and deletes of fixed keys.
 So the saver retries them itself, the same way under boto3 and aioboto3:
-connection failures, timeouts, 5xx answers and throttling are sent again after
+connection failures, timeouts, 5xx answers, answers that are not the store's
+(``_answers``: a 200 that confirms nothing, as good as no answer) and throttling are sent again after
 a jittered (full jitter), capped, exponential backoff, within a time budget that
 a Lambda handler can tie to its remaining time ([deadline()][s3_saver.S3Saver.deadline]). Two kinds are
 told apart. A store that fails (no answer, a timeout, a 5xx) gets a few attempts:
@@ -109,10 +110,14 @@ def _after(started: float, seconds: float | None) -> float:
 @contextmanager
 def deadline(seconds: float) -> Iterator[None]:
     """Within this block, no saver call starts a retry that would end more than
-    ``seconds`` from now (sync code, threads and asyncio tasks alike)."""
-    if not isinstance(seconds, (int, float)) or seconds < 0:
-        raise ConfigurationError(f"deadline needs a number of seconds >= 0, got {seconds!r}")
-    token = _DEADLINE.set(time.monotonic() + seconds)
+    ``seconds`` from now (sync code, threads and asyncio tasks alike). Zero or less: the
+    deadline has passed, each request is sent once and none is retried."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds):
+        raise ConfigurationError(f"deadline needs a number of seconds, got {seconds!r}")
+    # Negative is a time already past, not a mistake: a Lambda handler passes its remaining
+    # time less a margin, and with less than the margin left that is below zero. Refusing it
+    # failed the step with a ConfigurationError that a retry-free step would not have met.
+    token = _DEADLINE.set(time.monotonic() + max(seconds, 0.0))
     try:
         yield
     finally:
@@ -120,7 +125,7 @@ def deadline(seconds: float) -> Iterator[None]:
 
 
 def transient(call: Call, result: Any) -> bool:
-    """A failure worth sending again: no answer, a 5xx, or throttling."""
+    """A failure worth sending again: no answer (an unreadable one included), a 5xx, or throttling."""
     return isinstance(result, BaseException) and classify(result, call.operation) == UNAVAILABLE
 
 

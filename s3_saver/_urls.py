@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
+from s3_saver._key_codec import LegacyPrefix
 from s3_saver._saver import S3Saver
 from s3_saver.errors import ConfigurationError
 
@@ -60,15 +61,20 @@ def open_saver(url: str, *, create: bool = True) -> AbstractContextManager[BaseC
 
     Example:
         ```python
-        with open_saver("sqlite:///checkpoints.db") as source, open_saver("s3://my-bucket?table=T") as target:
-            migrate(source, target)
+        with open_saver("sqlite:///checkpoints.db") as source:
+            with open_saver("s3://my-bucket?table=T") as target:
+                migrate(source, target)
         ```
 
     Args:
         url: One of the forms above.
         create: False for a store that is read from: a SQLite file that does
             not exist is then an error (a mistyped path would otherwise give an
-            empty database, and a migration of nothing).
+            empty database, and a migration of nothing), and an S3 prefix that
+            `S3Saver` refuses (one with a segment ``live``, ``manifests``,
+            ``listing``, ``archive`` or ``set-aside``, see
+            [Configuration][prefix-rules]) opens, to move what an earlier version
+            stored under it to another prefix.
 
     Raises:
         ConfigurationError: An unknown scheme, a malformed URL, a missing
@@ -86,7 +92,7 @@ def open_saver(url: str, *, create: bool = True) -> AbstractContextManager[BaseC
     if scheme in ("postgresql", "postgres"):
         return _postgres(url)
     if scheme == "s3":
-        return _s3(url)
+        return _s3(url, create)
     named = f"scheme {scheme!r}" if scheme else "no scheme"
     raise ConfigurationError(f"{mask(url)}: unknown saver URL ({named}); expected {FORMS}")
 
@@ -95,14 +101,16 @@ def refuse_same_store(source: BaseCheckpointSaver, target: BaseCheckpointSaver) 
     """Raise ConfigurationError when ``source`` and ``target`` store into the same place."""
     # Two S3Savers on one bucket and prefix write the same object keys whatever
     # their index: a "migration" between index modes there would leave each
-    # index's objects to the other's gc and delete.
+    # index's objects to the other's gc and delete. A prefix belongs to one index
+    # mode (``_mode``): another mode's threads go under another prefix or bucket.
     same = source is target or (
         isinstance(source, S3Saver) and isinstance(target, S3Saver) and source._location() == target._location()
     )
     if same:
         raise ConfigurationError(
             f"source and target are the same store ({_describe(source)}): "
-            "to change index mode in place, use rebuild_index; to move threads, give another bucket or prefix"
+            "a prefix belongs to one index mode, so to change index mode or move threads, give the target "
+            "another bucket or prefix"
         )
 
 
@@ -184,7 +192,7 @@ def _postgres(url: str) -> AbstractContextManager[BaseCheckpointSaver]:
 
 
 # -- s3 ----------------------------------------------------------------------------------------
-def _s3(url: str) -> AbstractContextManager[BaseCheckpointSaver]:
+def _s3(url: str, create: bool) -> AbstractContextManager[BaseCheckpointSaver]:
     try:
         parts = urlsplit(url)
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
@@ -195,7 +203,10 @@ def _s3(url: str) -> AbstractContextManager[BaseCheckpointSaver]:
         raise ConfigurationError(
             f"{mask(url)}: an S3 URL is s3://bucket[/prefix]?table=...: no user, port or #fragment"
         )
-    kwargs: dict[str, Any] = {"prefix": unquote(parts.path.lstrip("/"))}
+    prefix = unquote(parts.path.lstrip("/"))
+    # A source may be a prefix savers refuse now (one inside another's folders)
+    # that an earlier version accepted: read, to move its threads elsewhere.
+    kwargs: dict[str, Any] = {"prefix": prefix if create else LegacyPrefix(prefix)}
     for name, value in pairs:
         if name not in S3_PARAMETERS:
             raise ConfigurationError(
@@ -218,7 +229,7 @@ def _s3(url: str) -> AbstractContextManager[BaseCheckpointSaver]:
 def _missing(url: str, what: str, extra: str, exc: ImportError) -> ConfigurationError:
     return ConfigurationError(
         f"{mask(url)} needs {what}, which is not installed ({exc}): "
-        f"in a checkout of the repository, pip install '.[{extra}]'"
+        f"pip install '.[{extra}]' in a checkout of s3_saver (or its path instead of '.')"
     )
 
 

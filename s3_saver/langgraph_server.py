@@ -13,8 +13,8 @@ without ``/`` as ``module.attribute``, so ``s3_saver.langgraph_server:checkpoint
 does not load. [checkpointer()][s3_saver.langgraph_server.checkpointer] is an async context manager factory: the server enters
 it once per event loop it runs graphs on, and leaves it at shutdown, which closes
 the saver's async clients. The server uses the saver's async methods only, so the
-``async`` extra (aioboto3) must be installed: ``pip install
-'langgraph-s3-saver[async]'``. It finds ``adelete_thread``, ``adelete_for_runs``,
+``async`` extra (aioboto3) must be installed: ``pip install '.[async]'`` in a
+checkout (the package is not on PyPI yet). It finds ``adelete_thread``, ``adelete_for_runs``,
 ``acopy_thread`` and ``aprune`` on S3Saver, so deleting and copying threads,
 deleting runs (and rolling them back) and pruning reach the bucket and the index.
 
@@ -71,6 +71,7 @@ from typing import Any
 from s3_saver._ops.erase import EraseReport
 from s3_saver._saver import S3Saver
 from s3_saver._cache import MIN_BYTES
+from s3_saver._key_codec import check_prefix
 from s3_saver._options import TABLE_NAME, bucket_name_ok, parse_bytes, parse_duration
 from s3_saver._serde_spec import load_serde
 from s3_saver.errors import ConfigurationError
@@ -221,11 +222,16 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> ServerSetting
                 f"CHECKPOINT_CACHE_BYTES={cache_text!r} is not a size of at least 1 MiB "
                 "(64MiB, 256MB, 1GiB or plain bytes)"
             )
+    # The prefix keeps its spaces: it is part of every key, as given.
+    prefix = env.get("CHECKPOINT_PREFIX", "")
+    try:
+        check_prefix(prefix, bucket, table)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"CHECKPOINT_PREFIX={prefix!r}: {exc}") from exc
     return ServerSettings(
         bucket=bucket,
         table=table,
-        # The prefix keeps its spaces: it is part of every key, as given.
-        prefix=env.get("CHECKPOINT_PREFIX", ""),
+        prefix=prefix,
         region=region,
         endpoint_url=endpoints["AWS_ENDPOINT_URL"],
         s3_endpoint_url=endpoints["AWS_ENDPOINT_URL_S3"],

@@ -19,11 +19,21 @@ decides whether to inject a fault and which one:
 * ``reset_mid_body`` (not in ``ALL_KINDS``: ask for it): forwarded, then the answer's
   head (with the full ``Content-Length``) and half of its body are sent and the
   connection is reset: a connection dropped while a GetObject body is read.
+* ``GARBAGE_KINDS`` (not in ``ALL_KINDS``: ask for them): a ``200`` whose body the
+  saver cannot read, what a captive portal, a corporate proxy or a half-compatible
+  store may send. ``ok_html``: a sign-in page (well-formed XHTML, so that botocore's
+  own "200 with an XML error" check lets it through), nothing forwarded; ``ok_empty``:
+  no header, no body, nothing forwarded; ``ok_truncated``: forwarded (the upstream
+  applies it), then its answer is sent with every header but half of its body (with
+  a ``Content-Length`` that says so): a store's answer cut by a proxy; ``ok_replaced``:
+  forwarded, then its answer's body is replaced by the sign-in page, its headers kept
+  (``ETag`` included) but for the checksums of the body: an object that does not decode.
 
 Knobs (attributes, changeable at run time): ``enabled``, ``rate``, ``kinds``,
 ``window`` (seconds: faults stop this long after the first one, e.g. a store that
 throttles every write for 3 s),
-``operations`` (a predicate on :class:`Req`, e.g. :func:`writes_only`),
+``operations`` (a predicate on :class:`Req`, e.g. :func:`writes_only`, or
+:func:`calls` for the requests of some boto3 methods: ``calls("put_object")``),
 ``max_faults`` (a cap, so that a 100 % rate ends), ``first_attempt_only`` (fault a
 call's first attempt only, read from the SDK's ``amz-sdk-request`` header, so that
 "every write is reset once after it was applied" can be asked for). A fault kind that does not apply
@@ -61,6 +71,12 @@ DDB_KINDS = ("ddb_throttle", "ddb_provisioned", "ddb_500")
 NET_KINDS = ("reset_before", "reset_after", "hold")
 ALL_KINDS = S3_KINDS + DDB_KINDS + NET_KINDS
 BODY_KINDS = ("reset_mid_body",)
+GARBAGE_KINDS = ("ok_html", "ok_empty", "ok_truncated", "ok_replaced")
+CAPTIVE_PORTAL = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<html xmlns="http://www.w3.org/1999/xhtml">'
+    b"<head><title>Sign in to the network</title></head>"
+    b'<body><form action="/login"><p>Accept the terms to continue.</p></form></body></html>'
+)
 
 _DDB_ERRORS = {
     "ddb_throttle": (400, "ThrottlingException", "Rate of requests exceeds the allowed throughput."),
@@ -95,6 +111,8 @@ class Req:
     # The request's identity (method, path, body): the saver's own retries are new SDK
     # calls (attempt=1 again) carrying the same request.
     digest: str = ""
+    # The boto3 method that sent it (``put_object``, ``transact_write_items``).
+    call: str = ""
 
     @property
     def is_write(self) -> bool:
@@ -113,6 +131,45 @@ class Req:
         if self.service == "dynamodb":
             return self.operation in _DDB_WRITES
         return self.method == "PUT" and "/manifests/" in self.path
+
+
+def calls(*names: str) -> Callable[[Req], bool]:
+    """A predicate for ``operations``: the requests of these boto3 methods."""
+    wanted = frozenset(names)
+    return lambda req: req.call in wanted
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def s3_call(method: str, path: str, query: str, headers: Any) -> str:
+    """The boto3 method of an S3 request (path-style addressing: ``/bucket[/key]``)."""
+    params = {part.split("=", 1)[0] for part in query.split("&") if part}
+    on_object = "/" in path.strip("/")
+    if method == "GET":
+        if on_object:
+            return "get_object"
+        for sub, name in (("list-type", "list_objects_v2"), ("versions", "list_object_versions"),
+                          ("versioning", "get_bucket_versioning"),
+                          ("lifecycle", "get_bucket_lifecycle_configuration")):
+            if sub in params:
+                return name
+        return "list_objects"
+    if method == "HEAD":
+        return "head_object" if on_object else "head_bucket"
+    if method == "POST":
+        return "delete_objects" if "delete" in params else "restore_object" if "restore" in params else "post"
+    if method == "DELETE":
+        return "delete_object" if on_object else "delete_bucket"
+    if method == "PUT":
+        if on_object:
+            return "copy_object" if headers.get("x-amz-copy-source") else "put_object"
+        for sub in ("versioning", "lifecycle", "policy", "tagging"):
+            if sub in params:
+                return {"lifecycle": "put_bucket_lifecycle_configuration"}.get(sub, f"put_bucket_{sub}")
+        return "create_bucket"
+    return method.lower()
 
 
 def writes_only(req: Req) -> bool:
@@ -194,7 +251,7 @@ class FaultProxy:
     def _decide(self, req: Req) -> str | None:
         with self._lock:
             self.requests += 1
-            self.ops[f"{req.service}:{req.operation}"] += 1
+            self.ops[f"{req.service}:{req.call or req.operation}"] += 1
             if not self.enabled or self.rate <= 0 or not self.kinds:
                 return None
             if self.operations is not None and not self.operations(req):
@@ -207,7 +264,7 @@ class FaultProxy:
                 return None
             applicable = [
                 k for k in self.kinds
-                if k in NET_KINDS + BODY_KINDS or (k in S3_KINDS) == (req.service == "s3")
+                if k in NET_KINDS + BODY_KINDS + GARBAGE_KINDS or (k in S3_KINDS) == (req.service == "s3")
             ]
             if not applicable or self.rng.random() >= self.rate:
                 return None
@@ -289,9 +346,11 @@ class FaultProxy:
                 n = int(attempt.group(1)) if attempt else 1
                 digest = hashlib.sha256(f"{self.command} {self.path}\n".encode() + body).hexdigest()
                 if target:
-                    req = Req("dynamodb", target.rsplit(".", 1)[-1], self.command, path, n, digest)
+                    action = target.rsplit(".", 1)[-1]
+                    req = Req("dynamodb", action, self.command, path, n, digest, _snake(action))
                 else:
-                    req = Req("s3", self.command, self.command, path, n, digest)
+                    name = s3_call(self.command, path, urlsplit(self.path).query, self.headers)
+                    req = Req("s3", self.command, self.command, path, n, digest, name)
                 kind = proxy._decide(req)
                 if kind == "reset_before":
                     return self._reset()
@@ -313,12 +372,21 @@ class FaultProxy:
                     ]
                     reason = "Bad Request" if status == 400 else "Internal Server Error"
                     return self._send(status, reason, headers, data)
+                if kind == "ok_html":
+                    return self._send(200, "OK", [("Content-Type", "text/html; charset=utf-8")], CAPTIVE_PORTAL)
+                if kind == "ok_empty":
+                    return self._send(200, "OK", [], b"")
                 try:
                     status, reason, headers, data = self._forward(body)
                 except OSError:
                     return self._reset()
                 if kind == "reset_after":
                     return self._reset()
+                if kind == "ok_truncated" and 200 <= status < 300:
+                    return self._send(status, reason, headers, data[: len(data) // 2])
+                if kind == "ok_replaced" and 200 <= status < 300:
+                    kept = [(k, v) for k, v in headers if "checksum" not in k.lower() and k.lower() != "x-amz-crc32"]
+                    return self._send(status, reason, kept, CAPTIVE_PORTAL)
                 if kind == "hold":
                     proxy._stop.wait(proxy.hold_seconds)
                 # Only an applied request pauses (the object is stored): moto may answer a

@@ -88,8 +88,10 @@ def test_the_missing_aioboto3_error_names_this_package(monkeypatch) -> None:
     monkeypatch.setattr(builtins, "__import__", no_aioboto3)
     with pytest.raises(ImportError) as caught:
         asyncio.run(saver.aget_tuple(config("t")))
-    # 's3-saver' on the package index is an unrelated package.
-    assert "pip install 'langgraph-s3-saver[async]'" in str(caught.value)
+    # The package is not on the package index (and 's3-saver' there is an unrelated
+    # package): the command that works is the checkout's.
+    assert "pip install '.[async]' in a checkout" in str(caught.value)
+    assert "langgraph-s3-saver[" not in str(caught.value) and "s3-saver" not in str(caught.value)
 
 
 def test_an_async_handler_per_invocation_leaves_no_unclosed_session(saver, capfd) -> None:

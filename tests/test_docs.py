@@ -3,8 +3,10 @@
 Every fenced block of README.md and docs/**/*.md is checked by its language:
 
 - ```python: a complete program. Each one runs in a fresh namespace with only
-  ``AWS_ENDPOINT_URL`` pointing at the moto server (the blocks never name an endpoint), on
-  an emptied moto, so a docs edit that breaks an example fails here. Blocks that define a
+  ``AWS_ENDPOINT_URL`` pointing at the moto server (the blocks never name an endpoint). A
+  page's programs run in page order on one emptied moto, as a reader who runs them one after
+  another sees them, so a docs edit that breaks an example, or an output that holds only on a
+  fresh store, fails here. Blocks that define a
   Lambda ``handler`` are invoked the way Lambda would: twice, with a context object, and for
   async ones under two separate ``asyncio.run`` loops, with no "Unclosed client session"
   allowed.
@@ -19,12 +21,16 @@ Every fenced block of README.md and docs/**/*.md is checked by its language:
   migrate) is made just before the first command that shows it. A pipe into another
   program (`| jq`) checks that the command line printed JSON; jq is not run. The progress
   bar block is not a command.
-- ```bash: install, ``make`` and local set-up commands only (asserted). Not run: they install
-  packages, start the suite itself, or start a local server (this file starts moto itself).
+- ```bash: install, ``make`` and local set-up commands (not run: they install packages, start
+  the suite itself, or start a local server; this file starts moto itself), and runs of the
+  command line (a deploy step's ``setup``), which run where the page shows them.
 - ```text: diagrams (the key layout). Not code. A ```text block titled "Output" right after a
   program is what that program prints: compared line by line, checkpoint ids masked.
 
-A fence with no language, or another language, fails: no block is skipped silently.
+A fence with no language, or another language, fails: no block is skipped silently. Every
+code line fits the page at 1280 px, and so does every table (CODE_WIDTH, TABLE_BOX_PX). User
+pages name no issue, commit or test file; the errors page names every exported exception; the
+API page's headings nest.
 EXPECTED_BLOCKS pins the number of blocks of each kind, so a renamed fence or a dropped
 example cannot make this file pass with less to run. test_site_builds_strict builds the site
 with ``mkdocs build --strict`` (broken links, missing anchors, unresolvable API names fail).
@@ -58,7 +64,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)(?P<info>[^\n]*)\n(?
 
 # The blocks of each kind in README.md and docs/. Adding or removing one means changing
 # this count too: a block that stops being found must not pass as "nothing to run".
-EXPECTED_BLOCKS = {"python": 14, "json": 4, "yaml": 0, "console": 16, "bash": 7, "text": 5}
+EXPECTED_BLOCKS = {"python": 14, "json": 4, "yaml": 0, "console": 16, "bash": 10, "text": 6}
 LANGUAGES = set(EXPECTED_BLOCKS)
 # The command line's page: its console transcripts run, in page order (test_cli_transcripts_run).
 CLI_PAGE = "docs/reference/cli.md"
@@ -122,8 +128,10 @@ def test_every_block_is_found_and_has_a_known_language() -> None:
 # The bucket and the table an example names (literals, or the defaults of CHECKPOINT_BUCKET and
 # CHECKPOINT_TABLE): a reader who runs the pages in order must never put two buckets on one table.
 _BUCKET_NAME = re.compile(r'(?:CHECKPOINT_BUCKET",\s*|S3Saver\(\s*)"([^"]+)"')
-_TABLE_NAME = re.compile(r'table=(?:os\.environ\.get\("CHECKPOINT_TABLE",\s*)?"([^"]+)"')
-_CLI_PAIR = re.compile(r"CHECKPOINT_BUCKET=(\S+) CHECKPOINT_TABLE=(\S+)|s3://([^/?\s]+)/\S*\?table=([^&\s]+)")
+_TABLE_NAME = re.compile(r'table\s*=\s*(?:os\.environ\.get\("CHECKPOINT_TABLE",\s*)?"([^"]+)"')
+_CLI_PAIR = re.compile(
+    r"CHECKPOINT_BUCKET=(\S+) CHECKPOINT_TABLE=(\S+)|s3://([^/?\s]+)/\S*\?table=([^&\s]+)|--bucket (\S+) --table (\S+)"
+)
 
 
 def test_each_table_of_the_docs_belongs_to_one_bucket() -> None:
@@ -131,7 +139,7 @@ def test_each_table_of_the_docs_belongs_to_one_bucket() -> None:
     bucket a table of its own, as their readers should."""
     owners: dict[str, set[str]] = {}
     for block in BLOCKS:
-        pairs = [(m[0] or m[2], m[1] or m[3]) for m in _CLI_PAIR.findall(block.code)]
+        pairs = [(m[0] or m[2] or m[4], m[1] or m[3] or m[5]) for m in _CLI_PAIR.findall(block.code)]
         buckets = set(_BUCKET_NAME.findall(block.code))
         if len(buckets) == 1:
             pairs += [(next(iter(buckets)), table) for table in _TABLE_NAME.findall(block.code)]
@@ -173,10 +181,13 @@ def _exec_block(block: Block) -> dict[str, Any]:
 
 
 class _LambdaContext:
-    """The part of Lambda's context object the handlers use: 5 minutes left."""
+    """The part of Lambda's context object the handlers use: 5 minutes left, or ``millis``."""
+
+    def __init__(self, millis: int = 300_000) -> None:
+        self.millis = millis
 
     def get_remaining_time_in_millis(self) -> int:
-        return 300_000
+        return self.millis
 
 
 def _check_interrupt_handler(handler: Any) -> None:
@@ -198,6 +209,8 @@ def _check_async_handler(handler: Any) -> None:
 def _check_deadline_handler(handler: Any) -> None:
     assert handler({"thread_id": "visitor-1"}, _LambdaContext()) == {"visits": 1}
     assert handler({"thread_id": "visitor-1"}, _LambdaContext()) == {"visits": 2}
+    # Less than the handler's margin left: the step still runs, with no time for a retry.
+    assert handler({"thread_id": "visitor-1"}, _LambdaContext(400)) == {"visits": 3}
 
 
 CHECKS = {
@@ -207,8 +220,44 @@ CHECKS = {
 }
 
 
-@pytest.mark.parametrize("block", _of("python"), ids=lambda b: b.id)
-def test_python_block_runs(block: Block, aws_env: str, capfd: pytest.CaptureFixture[str]) -> None:
+# A reader runs a page's programs one after another, on one store: a later example meets what
+# an earlier one wrote (the quick start's async example continues the sync example's thread).
+# So each page's programs run here in page order on one emptied store, each output compared
+# with what that reader sees. A bash block that runs the command line (the Lambda guide's
+# deploy step, `langgraph-s3-saver setup`) runs too, where the page shows it.
+PROGRAM_PAGES = sorted({b.page for b in _of("python")})
+
+
+def _page_steps(page: str) -> list[Block]:
+    return [b for b in BLOCKS if b.page == page and (b.lang == "python" or (b.lang == "bash" and _cli_lines(b)))]
+
+
+def _cli_lines(block: Block) -> list[tuple[dict[str, str], list[str]]]:
+    """The command-line runs of a bash block: (the VAR=value words before it, its arguments)."""
+    runs = []
+    for line in block.code.splitlines():
+        words = shlex.split(line.split("#", 1)[0])
+        assignments = {}
+        while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+            name, _, value = words.pop(0).partition("=")
+            assignments[name] = value
+        if words and words[0] == "langgraph-s3-saver":
+            runs.append((assignments, words[1:]))
+    return runs
+
+
+@pytest.mark.parametrize("page", PROGRAM_PAGES)
+def test_page_programs_run_in_page_order(page: str, aws_env: str, capfd: pytest.CaptureFixture[str]) -> None:
+    for block in _page_steps(page):
+        if block.lang == "bash":
+            for assignments, args in _cli_lines(block):
+                code, _, err = _cli(args, assignments)
+                assert code == 0, f"{block.id}: langgraph-s3-saver {shlex.join(args)}: {err.decode()}"
+            continue
+        _run_program(block, capfd)
+
+
+def _run_program(block: Block, capfd: pytest.CaptureFixture[str]) -> None:
     kind = _kind(block.code)
     assert kind != "unknown handler", f"a new handler pattern in {block.id}: add a check for it here"
     with no_unclosed_sessions(capfd) as captured:
@@ -307,14 +356,20 @@ def test_iam_page_shows_the_policy_of_each_index_mode() -> None:
 
 # Not run: they install packages, start the suite itself, or start a local server and point
 # the environment at it (Installation's "Running locally"; this file does the same with moto).
+# A run of the command line (a deploy step's `setup`) is run, by test_page_programs_run_in_page_order.
 RUN_LOCALLY = ("pip install ", "make ", "moto_server ", "export AWS_")
 
 
 @pytest.mark.parametrize("block", _of("bash"), ids=lambda b: b.id)
 def test_bash_block_only_installs_or_makes(block: Block) -> None:
-    for line in block.code.splitlines():
-        command = line.split("#", 1)[0].strip()
-        assert command.startswith(RUN_LOCALLY), f"{block.id}: {line!r} is neither an install, a make target nor a local set-up"
+    runs = len(_cli_lines(block))
+    commands = [c for c in (line.split("#", 1)[0].strip() for line in block.code.splitlines()) if c]
+    for command in commands:
+        assert command.startswith(RUN_LOCALLY) or "langgraph-s3-saver " in command, (
+            f"{block.id}: {command!r} is neither an install, a make target, a local set-up nor a run of the command line"
+        )
+    assert runs == sum("langgraph-s3-saver " in c for c in commands), f"{block.id}: a command-line run this file would not run"
+    assert not runs or block.page in PROGRAM_PAGES, f"{block.id}: runs only on a page with programs"
 
 
 # -- console ------------------------------------------------------------------------------
@@ -347,6 +402,181 @@ def test_console_blocks_are_transcripts_of_the_cli_page() -> None:
 
 
 # -- the site -----------------------------------------------------------------------------
+
+# The widest code line a page shows whole. Measured in headless Chromium (Debian's chromium 156)
+# on the site `make docs` builds (mkdocs-material 9.8 and docs/stylesheets/extra.css), at a
+# 1280x800 window: a code block at the top level of a page gets a 656 px box, 80.2 characters
+# of its 13.6 px monospace font (0.6 em a character: Roboto Mono, or the DejaVu Sans Mono a
+# browser without web fonts falls back to). A 1240 px window fits 80 too, 1220 px 78; below
+# 1220 px the table of contents folds away and the box widens. Docstring examples show in the
+# API page's admonitions, in a smaller font (97 fit): they are held to the same 80.
+# Re-measure after a change of the theme, its fonts or the stylesheet:
+#     apt-get install -y chromium && make docs && .venv/bin/python tests/render_docs.py
+# prints the characters a top-level block fits and each code block or table that overflows.
+CODE_WIDTH = 80
+# The command line's transcripts show what it prints: its tables are as wide as their longest
+# row and its messages are one line, so they may be wider. They scroll, with a scrollbar that
+# is always drawn and a shadow at the edge that hides text (extra.css).
+MAY_SCROLL = {"console"}
+STYLESHEET = REPO / "docs" / "stylesheets" / "extra.css"
+
+
+def _docstring_blocks() -> list[Block]:
+    """The fenced examples of the package's docstrings, which the API page renders."""
+    found = []
+    for path in sorted((REPO / "s3_saver").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for m in FENCE.finditer(text):
+            line = text.count("\n", 0, m.start("body")) + 1
+            found.append(Block(str(path.relative_to(REPO)), line, m.group("lang"), textwrap.dedent(m.group("body"))))
+    return found
+
+
+def test_code_lines_fit_the_page_at_1280px() -> None:
+    blocks = [b for b in BLOCKS + _docstring_blocks() if b.lang not in MAY_SCROLL]
+    assert len(blocks) > 30 and any(b.page.startswith("s3_saver/") for b in blocks)
+    too_wide = [
+        f"{b.page}:{b.line + i}: {len(line)} characters"
+        for b in blocks
+        for i, line in enumerate(b.code.splitlines())
+        if len(line) > CODE_WIDTH
+    ]
+    assert too_wide == [], f"code lines over {CODE_WIDTH} characters are cut off at 1280 px"
+
+
+def test_what_may_be_wider_scrolls_visibly() -> None:
+    css = re.sub(r"/\*.*?\*/", "", STYLESHEET.read_text(), flags=re.DOTALL)
+    rules = dict(re.findall(r"([^{}]+)\{([^}]*)\}", css))
+    code = next(body for selector, body in rules.items() if selector.strip() == ".md-typeset pre > code")
+    # The theme's own scrollbar-color would make Chrome ignore the ::-webkit-scrollbar rules.
+    assert "scrollbar-color: auto" in code and "local" in code and "scroll" in code, code
+    assert any("pre > code::-webkit-scrollbar-track" in selector for selector in rules), rules
+
+
+# Tables: the browser wraps a cell at its spaces, so a table overflows only when its columns'
+# narrowest widths add up to more than its box. Measured as above at 1280 px: a table's box is
+# 720 px; the theme pads each cell 16 px on either side and makes a column at least 100 px
+# (its `th` min-width). A column's narrowest width is its widest unbreakable run: 7.2 px a
+# character of text at the tables' 12.8 px (7.8 bold, in the header row), 6.6 px a character
+# of code plus 6 px of its padding. This estimate was 0.98x to 1.49x of the widths Chromium
+# laid out for the site's 35 tables, and found the 4 that overflowed: it is held 20 px short.
+TABLE_BOX_PX = 720
+TABLE_MARGIN_PX = 20
+_TABLE_ROW = re.compile(r"^\|.*\|[ \t]*$")
+_TABLE_RULE = re.compile(r"^\|(?:[ \t]*:?-+:?[ \t]*\|)+[ \t]*$")
+
+
+def _tables(text: str) -> list[list[list[str]]]:
+    """The pipe tables of a page outside its code blocks: rows of cells (the rule row left out)."""
+    text = FENCE.sub("", text)
+    tables, rows = [], []
+    for line in text.splitlines() + [""]:
+        if _TABLE_ROW.match(line):
+            rows.append(line)
+            continue
+        if len(rows) >= 2 and _TABLE_RULE.match(rows[1]):
+            tables.append([_cells(row) for i, row in enumerate(rows) if i != 1])
+        rows = []
+    return tables
+
+
+def _cells(row: str) -> list[str]:
+    cells, cell, in_code = [], "", False
+    for char in row.strip()[1:-1]:
+        if char == "`":
+            in_code = not in_code
+        if char == "|" and not in_code:
+            cells.append(cell.strip())
+            cell = ""
+        else:
+            cell += char
+    return [*cells, cell.strip()]
+
+
+def _narrowest_px(cell: str, bold: bool = False) -> float:
+    """The widest run of a cell that the browser does not break (it breaks at spaces)."""
+    cell = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell).replace("**", "")
+    widest = run = 0.0
+    for i, part in enumerate(re.split(r"`", cell)):
+        in_code = i % 2 == 1
+        for j, word in enumerate(part.split(" ")):
+            if j > 0:
+                widest, run = max(widest, run), 0.0
+            run += len(word) * (6.6 if in_code else 7.8 if bold else 7.2) + (6 if in_code and j == 0 else 0)
+    return max(widest, run)
+
+
+def _table_px(rows: list[list[str]]) -> float:
+    columns = max(len(row) for row in rows)
+    return sum(
+        max(100.0, 32 + max(_narrowest_px(row[c], bold=r == 0) for r, row in enumerate(rows) if c < len(row)))
+        for c in range(columns)
+    )
+
+
+def test_tables_fit_the_page_at_1280px() -> None:
+    site_pages = [p for p in PAGES if p.is_relative_to(REPO / "docs")]
+    tables = [(p.relative_to(REPO), rows) for p in site_pages for rows in _tables(p.read_text(encoding="utf-8"))]
+    assert len(tables) > 30, len(tables)
+    too_wide = [
+        f"{page}: {' | '.join(rows[0])[:70]}: {_table_px(rows):.0f} px"
+        for page, rows in tables
+        if _table_px(rows) > TABLE_BOX_PX - TABLE_MARGIN_PX
+    ]
+    assert too_wide == [], f"tables wider than their {TABLE_BOX_PX} px box at 1280 px hide their last columns"
+
+
+# -- what user pages say ------------------------------------------------------------------
+
+# Pages for the project's developers, which may speak of its history and its test files.
+DEVELOPER_PAGES = {"docs/contributing.md", "docs/changelog.md", "docs/concepts/design-notes.md"}
+_HISTORY = re.compile(r"\bissues? #?\d+|\btests/[\w/]*\.py\b|\btest_\w+\.py\b|\bmain at [0-9a-f]{7}", re.IGNORECASE)
+
+
+def test_user_pages_speak_of_the_product_not_its_history() -> None:
+    user_pages = [p for p in PAGES if str(p.relative_to(REPO)) not in DEVELOPER_PAGES]
+    assert len(user_pages) > 20
+    found = [
+        f"{p.relative_to(REPO)}:{n}: {m.group(0)}"
+        for p in user_pages
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        for m in _HISTORY.finditer(line)
+    ]
+    assert found == [], "an issue number, a commit or a test file on a user page"
+
+
+def test_every_exported_exception_is_on_the_errors_page() -> None:
+    import s3_saver
+
+    exported = [name for name in s3_saver.__all__ if isinstance(getattr(s3_saver, name), type)]
+    exceptions = [name for name in exported if issubclass(getattr(s3_saver, name), BaseException)]
+    assert "S3SaverError" in exceptions and len(exceptions) > 10
+    page = (REPO / "docs" / "reference" / "errors.md").read_text(encoding="utf-8")
+    assert [name for name in exceptions if f"`{name}`" not in page] == []
+
+
+def test_api_page_headings_nest() -> None:
+    """Each `::: name` block's heading sits below the section it is in: at the section's own
+    level it would end that section in the table of contents and take the next names along."""
+    plugins = yaml.safe_load((REPO / "mkdocs.yml").read_text())["plugins"]
+    handler = next(p["mkdocstrings"] for p in plugins if isinstance(p, dict) and "mkdocstrings" in p)
+    default = handler["handlers"]["python"]["options"]["heading_level"]
+    section, checked, wrong = 0, 0, []
+    lines = (REPO / "docs" / "reference" / "api.md").read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("#"):
+            section = len(line) - len(line.lstrip("#"))
+        elif line.startswith("::: "):
+            following = lines[i + 1 :]
+            end = next((n for n, o in enumerate(following) if o and not o[0].isspace()), len(following))
+            options = "\n".join(following[:end])
+            own = re.search(r"^\s+heading_level: (\d)", options, re.MULTILINE)
+            level = int(own.group(1)) if own else default
+            checked += 1
+            if "show_root_heading: false" not in options and level <= section:
+                wrong.append(f"{line[4:]}: level {level} in a level-{section} section")
+    assert checked > 50 and wrong == []
+
 
 
 def test_site_builds_strict(tmp_path: Path) -> None:

@@ -7,7 +7,10 @@
   nor one written between the run's look and the archive's mark; a deleted
   thread's entry goes with it;
 * threads without entries (written before they existed) are found by the backfill;
-* erase_thread leaves no activity entry naming the thread.
+* erase_thread leaves no activity entry naming the thread;
+* a run drops an entry only as it read it (issue 41): a thread restored by a write
+  between a run's read of its entry and the drop keeps the entry that write made,
+  and a later run archives it; two runs racing a writer leave no idle thread live.
 
 Entries land on the day of the checkpoint's ``ts``, never before the writer's
 yesterday: an old history is written under a pinned clock (the process's
@@ -16,6 +19,7 @@ yesterday: an old history is written under a pinned clock (the process's
 
 from __future__ import annotations
 
+import threading
 import types
 from datetime import datetime, timedelta, timezone
 
@@ -66,7 +70,8 @@ def _entries(endpoint: str, index_mode: str, prefix: str = "") -> list[tuple[str
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     root = f"{prefix}listing/active/"
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=root)
-    return sorted(tuple(o["Key"][len(root) :].split("/")) for p in pages for o in p.get("Contents", []))  # type: ignore[misc]
+    # <day>/<thread>/<token>: the (day, thread) of each object.
+    return sorted(tuple(o["Key"][len(root) :].split("/")[:2]) for p in pages for o in p.get("Contents", []))  # type: ignore[misc]
 
 
 def _requests(saver) -> int:
@@ -200,8 +205,7 @@ def test_erase_leaves_no_activity_entry(endpoint, index_mode, monkeypatch, versi
     if versioned and index_mode == "manifest":
         s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
         left = s3.list_object_versions(Bucket=BUCKET, Prefix="listing/active/")
-        named = [v["Key"] for v in left.get("Versions", []) + left.get("DeleteMarkers", []) if v["Key"].endswith("/gone")]
-        assert named == []
+        assert _named_by(endpoint, index_mode, "gone") == []
     saver.close()
 
 
@@ -213,7 +217,7 @@ def _named_by(endpoint: str, index_mode: str, thread_id: str) -> list[str]:
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     pages = s3.get_paginator("list_object_versions").paginate(Bucket=BUCKET, Prefix="listing/active/")
     found = [v["Key"] for p in pages for v in p.get("Versions", []) + p.get("DeleteMarkers", [])]
-    return [k for k in found if k.endswith(f"/{thread_id}")]
+    return [k for k in found if k[len("listing/active/") :].split("/")[1] == thread_id]
 
 
 def _written_on(saver, monkeypatch, tid: str, days_ago: int, step: int) -> None:
@@ -264,3 +268,196 @@ def test_erase_removes_the_versions_of_entries_the_walk_dropped(endpoint, index_
     assert _named_by(endpoint, index_mode, "gone") == []
     assert {t for _, t in _entries(endpoint, index_mode)} == {"other"}
     saver.close()
+
+
+def _archived(saver) -> dict[str, str | None]:
+    return {t.thread_id: t.archived for t in saver.list_threads()}
+
+
+@pytest.mark.parametrize("where", ["after the archive", "inside the archive"])
+def test_a_thread_restored_by_a_write_while_a_run_archives_it_stays_found(endpoint, index_mode, monkeypatch, where) -> None:
+    """Run R reads thread x's entry and archives x. Before R drops the entry (at
+    the end of its chunk: ``after the archive``; or before the archive's own
+    cleanup drops the one the record names: ``inside the archive``, right after
+    the switch), a process that wrote x today writes it again: it restores x,
+    writes the day's entry anew, and, remembering it wrote x's entry today,
+    writes no other. R's drops must leave that entry: a later run finds x idle."""
+    _restored_while_archived(
+        lambda: make_saver(endpoint, index_mode), lambda: [t for _, t in _entries(endpoint, index_mode)], monkeypatch, where
+    )
+
+
+def test_a_thread_restored_by_a_write_while_a_run_archives_it_stays_found_on_seaweedfs(seaweedfs_bucket, monkeypatch) -> None:
+    """The same on a real S3 server (manifest mode): the entries' keys, listed and deleted there."""
+    from conftest import seaweedfs_client, seaweedfs_saver
+
+    endpoint, bucket = seaweedfs_bucket
+
+    def listed() -> list[str]:
+        pages = seaweedfs_client(endpoint).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="listing/active/")
+        return sorted(o["Key"].split("/")[3] for p in pages for o in p.get("Contents", []))
+
+    _restored_while_archived(lambda: seaweedfs_saver(endpoint, bucket), listed, monkeypatch, "after the archive")
+
+
+def _restored_while_archived(make, listed, monkeypatch, where: str) -> None:
+    """``make``: a saver of a new process; ``listed``: the threads the entries name."""
+    writer = make()
+    writer.setup()
+    _put(writer, "x", datetime.now(timezone.utc))  # its entry of today, remembered by this process
+    real = idle.archive_thread
+    written = []
+
+    def write_again() -> None:
+        _put(writer, "x", datetime.now(timezone.utc), step=1)  # restores x first
+        written.append(where)
+
+    def racing_archive(ctx, thread_id, storage_class, still=None):
+        switch = ctx.index.switch_archive
+
+        def switched(*args):
+            done = yield from switch(*args)
+            if where == "inside the archive":
+                write_again()
+            return done
+
+        monkeypatch.setattr(ctx.index, "switch_archive", switched)
+        status = yield from real(ctx, thread_id, storage_class, still)
+        if where == "after the archive":
+            write_again()
+        return status
+
+    monkeypatch.setattr(idle, "archive_thread", racing_archive)
+    runner = make()
+    raced = runner.archive_idle(timedelta(0))
+    assert [s.thread_id for s in raced] == ["x"] and written == [where]
+    assert _archived(runner) == {"x": None}  # restored by the write
+    assert listed() == ["x"]
+    monkeypatch.setattr(idle, "archive_thread", real)
+    later = make()
+    assert [s.thread_id for s in later.archive_idle(timedelta(0))] == ["x"]
+    assert _archived(later) == {"x": "GLACIER_IR"} and listed() == []
+    assert later.get_tuple(config("x")).checkpoint["channel_values"] == {"n": 1}
+    for s in (writer, runner, later):
+        s.close()
+
+
+def test_two_runs_racing_a_writer_leave_no_idle_thread_live(endpoint, index_mode) -> None:
+    """Two archive_idle runs at once, and a process writing the threads again as
+    they go (each write to an archived thread restores it, and writes the day's
+    entry anew once the runs dropped theirs); then runs until one has nothing
+    to do: every thread, idle by then, ends archived."""
+    threads = [f"t{i:02d}" for i in range(8)]
+    writer = make_saver(endpoint, index_mode)
+    writer.setup()
+    for tid in threads:
+        _put(writer, tid, datetime.now(timezone.utc))
+    runs = [make_saver(endpoint, index_mode) for _ in range(2)]
+    running = threading.Event()
+    running.set()
+    failures: list[Exception] = []
+
+    def run(saver) -> None:
+        try:
+            saver.archive_idle(timedelta(0))
+        except Exception as exc:  # reported below
+            failures.append(exc)
+
+    def write() -> None:
+        step = 1
+        try:
+            while running.is_set():
+                for tid in threads:
+                    _put(writer, tid, datetime.now(timezone.utc), step=step)
+                step += 1
+        except Exception as exc:  # reported below
+            failures.append(exc)
+
+    workers = [threading.Thread(target=run, args=(s,)) for s in runs]
+    pen = threading.Thread(target=write)
+    pen.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    running.clear()
+    pen.join()
+    assert not failures, failures
+    later = make_saver(endpoint, index_mode)
+    for _ in range(6):
+        report = later.archive_idle(timedelta(0))
+        if not report and not report.more:
+            break
+    assert _archived(later) == dict.fromkeys(threads, "GLACIER_IR")
+    for s in (writer, later, *runs):
+        s.close()
+
+
+def test_delete_and_archive_remove_the_entries_every_writer_of_the_day_made(endpoint, index_mode) -> None:
+    """Three processes write a thread on one day, each its own entry (the manifest:
+    a key each; a table: one item, each write replacing its token): an archive
+    removes them all, and so does a delete of the thread restored by a write."""
+    writers = [make_saver(endpoint, index_mode) for _ in range(3)]
+    writers[0].setup()
+    for step, w in enumerate(writers):
+        _put(w, "t", datetime.now(timezone.utc), step=step)
+    assert {t for _, t in _entries(endpoint, index_mode)} == {"t"}
+    writers[0].archive_thread("t")
+    assert _entries(endpoint, index_mode) == []
+    fresh = make_saver(endpoint, index_mode)  # a process with nothing cached: the write restores
+    _put(fresh, "t", datetime.now(timezone.utc), step=3)
+    _put(writers[1], "t", datetime.now(timezone.utc), step=4)
+    writers[2].delete_thread("t")
+    # The restore's entry is not one a write recorded: the next run drops it (stale).
+    left = [t for _, t in _entries(endpoint, index_mode)]
+    assert left in ([], ["t"]), left
+    report = fresh.archive_idle(timedelta(0))
+    assert (report, report.dropped, _entries(endpoint, index_mode)) == ([], len(left), [])
+    for s in (*writers, fresh):
+        s.close()
+
+
+def test_erase_keeps_the_entry_of_a_life_started_during_it(endpoint, index_mode, monkeypatch) -> None:
+    """A run starts the thread afresh right after the erase's delete: the erase
+    removes what the earlier life left, and the new life's activity entry, which
+    its process will not write again that day, stays: a later run archives it."""
+    from s3_saver._ops import delete
+
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    _written_days_ago(saver, monkeypatch, ("again",), days=3)
+    _put(saver, "again", datetime.now(timezone.utc), step=1)
+    writer = make_saver(endpoint, index_mode)
+    real = delete.delete_thread
+
+    def then_afresh(ctx, thread_id):
+        yield from real(ctx, thread_id)
+        cp = checkpoint({"n": 0}, {"n": "1"})
+        writer.put(config(thread_id), cp, {"source": "input", "step": -1}, {"n": "1"})
+
+    monkeypatch.setattr(delete, "delete_thread", then_afresh)
+    saver.erase_thread("again")
+    monkeypatch.setattr(delete, "delete_thread", real)
+    # The earlier life's two entries (three days ago, today) are gone; the new life's stays.
+    assert [t for _, t in _entries(endpoint, index_mode)] == ["again"]
+    later = make_saver(endpoint, index_mode)
+    assert [s.thread_id for s in later.archive_idle(timedelta(0))] == ["again"]
+    for s in (saver, writer, later):
+        s.close()
+
+
+def test_activity_keys_parse_exactly() -> None:
+    """An entry's key names its day, thread and token (none: an earlier version's
+    key); a key this layout does not build (another saver's, nested under the
+    folder) is no entry."""
+    from s3_saver._keys import KeyLayout, new_token
+
+    layout = KeyLayout("p")
+    token = new_token(8)
+    for thread_id in ("a", "a/b", "%2F", "", "日本", "x" * 40):
+        for tok in ("", token):
+            key = layout.activity_key(20261127, thread_id, tok)
+            assert layout.parse_activity_key(key) == (20261127, thread_id, tok)
+    folder = layout.activity_key(20261127, "a")
+    for key in (folder + "/live/t/x", folder + "/" + token.upper(), folder + "/", "p/listing/active/2026112/a", folder[2:]):
+        assert layout.parse_activity_key(key) is None, key

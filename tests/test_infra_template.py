@@ -10,10 +10,11 @@ import re
 import pytest
 from infra_support import REPO, Stack, load_template, statement_resources
 
-from s3_saver._keys import LISTING_PREFIX, MANIFEST_PREFIX, SET_ASIDE_PREFIX
+from s3_saver._keys import LISTING_PREFIX, MANIFEST_PREFIX, SET_ASIDE_PREFIX, KeyLayout
 
 from s3_saver import (
     ARCHIVE_PREFIX,
+    ConfigurationError,
     LIVE_PREFIX,
     TABLE_ATTRIBUTE_DEFINITIONS,
     TABLE_GLOBAL_SECONDARY_INDEXES,
@@ -67,7 +68,7 @@ def test_parameters_have_defaults_descriptions_and_readme_entries(template: dict
         assert params[name]["Type"] == "Number" and params[name]["MinValue"] == 0
 
 
-@pytest.mark.parametrize("prefix", ["", "agents/", "agents/prod-1/", "a.b_c(d)/x/"])
+@pytest.mark.parametrize("prefix", ["", "agents/", "agents/prod-1/", "a.b_c(d)/x/", "lives/", "archive-2/"])
 def test_key_prefix_accepts_what_the_saver_uses_as_is(template: dict, prefix: str) -> None:
     assert re.fullmatch(template["Parameters"]["KeyPrefix"]["AllowedPattern"], prefix)
 
@@ -77,6 +78,15 @@ def test_key_prefix_rejects_what_would_widen_or_shift_the_iam_resource(template:
     # The saver appends "/" to a prefix without one; the template pastes the prefix
     # into ARNs, where "*" and "?" are wildcards.
     assert not re.fullmatch(template["Parameters"]["KeyPrefix"]["AllowedPattern"], prefix)
+
+
+@pytest.mark.parametrize("prefix", ["live/", "agents/archive/", "x/Manifests/", "listing/a/", "set-aside/", "./", "a/../"])
+def test_key_prefix_rejects_what_the_saver_refuses(template: dict, prefix: str) -> None:
+    # A prefix that lies inside another saver's folders (or has a "." or ".." segment)
+    # is refused by S3Saver: the stack refuses it at deploy time, not at the first call.
+    assert not re.fullmatch(template["Parameters"]["KeyPrefix"]["AllowedPattern"], prefix)
+    with pytest.raises(ConfigurationError):
+        KeyLayout(prefix)
 
 
 # -- bucket ------------------------------------------------------------------------------

@@ -128,6 +128,8 @@ def test_settings_defaults_are_the_manifest_index_without_setup() -> None:
         ({"CHECKPOINT_CACHE_BYTES": "lots"}, "CHECKPOINT_CACHE_BYTES='lots' is not a size of at least 1 MiB"),
         ({"CHECKPOINT_CACHE_BYTES": "512KiB"}, "CHECKPOINT_CACHE_BYTES='512KiB' is not a size of at least 1 MiB"),
         ({"CHECKPOINT_CACHE_BYTES": "-64MiB"}, "CHECKPOINT_CACHE_BYTES='-64MiB' is not a size of at least 1 MiB"),
+        ({"CHECKPOINT_PREFIX": "live/a"}, "CHECKPOINT_PREFIX='live/a': prefix 'live/a' of bucket 'b-1': its segment 'live'"),
+        ({"CHECKPOINT_PREFIX": "app/../x"}, "CHECKPOINT_PREFIX='app/../x': prefix 'app/../x' of bucket 'b-1': its segment '..'"),
     ],
 )
 def test_a_wrong_variable_is_named(env: dict[str, str], message: str) -> None:

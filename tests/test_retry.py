@@ -101,9 +101,22 @@ def test_policy_and_deadline_refuse_bad_values() -> None:
         RetryPolicy(attempts=0)
     with pytest.raises(ConfigurationError, match="budget"):
         RetryPolicy(budget=-1)
-    with pytest.raises(ConfigurationError, match="deadline"):
-        with deadline(-1):
-            pass
+    for bad in ("1", float("nan"), None, True):
+        with pytest.raises(ConfigurationError, match="deadline"):
+            with deadline(bad):  # type: ignore[arg-type]
+                pass
+
+
+def test_a_deadline_already_past_sends_each_request_once() -> None:
+    """A Lambda handler passes its remaining time less a margin: with less than the margin
+    left that is below zero. The step still runs, with no time for any retry."""
+    answers = {"a": [{"Body": b"A"}], "b": [{"Body": b"B"}]}
+    with deadline(-0.6):
+        assert _drive(resilient(_two_reads(), RetryPolicy(attempts=5)), answers)[1] == ["a", "b"]
+    answers = {"a": [_error("SlowDown", 503)] * 5 + [{"Body": b"A"}], "b": [{"Body": b"B"}]}
+    with deadline(-0.6), pytest.raises(StoreUnavailableError):
+        _drive(resilient(_two_reads(), RetryPolicy(attempts=5)), answers)
+    assert len(answers["a"]) == 5  # sent once
 
 
 def test_a_call_without_key_is_described() -> None:

@@ -15,6 +15,9 @@ See tests/sim/__init__.py for the harness. In both index modes:
   any call, ``promote``, writers on R, failback, a fresh process reading; half the budget
   on seeded outages, half on one seed with the outage before each of its calls in turn
   (budget 8 s, 120 s in make test-all);
+* ``test_idle_preempted_once``: archive_idle beside writers, the run preempted once
+  after each of its calls in turn (from a seeded start, within the budget); and
+  ``test_idle_restore_between_archive_and_drop_pinned``, the one that found issue 41;
 * ``test_failover_pinned``: the two-region schedules that found a defect, replayed;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
@@ -25,7 +28,7 @@ test-all: the pairs a run does not reach, the next run's rotation starts at), ex
 (run the whole budget and report every failure instead of stopping at the first),
 ``SIM_FAILURES_FILE`` (append each failed schedule as a JSON line),
 ``SIM_EXHAUSTIVE_CAP`` (schedules per pair and fault kind, default 12), ``SIM_CHECKS``
-(which of the checks a,b,c,d,e of tests/sim/check.py run; default all).
+(which of the checks a,b,c,d,e,f of tests/sim/check.py run; default all).
 ``make soak SOAK_MINUTES=N`` splits N minutes across these and the stateful tests.
 """
 
@@ -261,6 +264,56 @@ def test_stale_cache(world: World, scenario: str, call: str) -> None:
     tally = Tally()
     _run(world, Spec(world.mode, scenario, seed, "none"), tally)
     _fail(tally, f"{world.mode} {scenario} seed {seed} (last call {call})")
+
+
+# archive_idle beside writers, preempted once: the run goes k calls, then the other
+# processes run (to their end, or until they wait), then the run finishes. The race
+# of issue 41 needs a writer's whole restore (about 30 calls) between a run's archive
+# switch and its drop of the entry it read, which random schedules rarely reach.
+IDLE_SCENARIOS = ("idle+run", "idle+fanout")
+_OTHERS_RUN = [1] * 400  # past the run's k calls: always the next process (index 1)
+
+
+def _preempted_at(k: int) -> list[int]:
+    return [0] * k + _OTHERS_RUN
+
+
+@pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
+def test_idle_preempted_once(world: World) -> None:
+    """Each idle scenario once unpreempted (its run's calls counted), then preempted
+    after its run's k-th call, for every k from one the base seed picks, within the
+    budget (default 6 s: a few k; make test-all: every one)."""
+    base = _base_seed()
+    tally = Tally()
+    share = budget_seconds(6, long=120) / len(IDLE_SCENARIOS)
+    covered, total = 0, 0
+    for i, scenario in enumerate(IDLE_SCENARIOS):
+        deadline = time.monotonic() + share
+        seed = base + i
+        first = _run(world, Spec(world.mode, scenario, seed, "none", []), tally)
+        calls = sum(1 for line in first.trace if " P0." in line and "#" in line)
+        total += calls
+        for j in range(calls):
+            if (tally.failures and not KEEP_GOING) or time.monotonic() >= deadline:
+                break
+            _run(world, Spec(world.mode, scenario, seed, "none", _preempted_at((base + j) % calls)), tally)
+            covered += 1
+    _fail(tally, f"{world.mode} idle preempted once ({covered} of {total} preemption points, base seed {base})")
+
+
+@pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
+def test_idle_restore_between_archive_and_drop_pinned(world: World) -> None:
+    """Seed 0 of "idle+run", preempted right after the run's archive switch (the
+    call after the archive object's PUT): the writer restores the thread (the
+    day's activity entry written again, by the restore and by its commit) before
+    the run's drops, which took it by day and thread alone; the writer's process
+    remembered its entry of the day, so no run found the thread again: (f)."""
+    tally = Tally()
+    first = _run(world, Spec(world.mode, "idle+run", 0, "none", []), tally)
+    put = next(line for line in first.trace if " P0." in line and "put_object" in line and "/archive/" in line)
+    switch = int(put.split()[0]) + 1
+    _run(world, Spec(world.mode, "idle+run", 0, "none", _preempted_at(switch)), tally)
+    _fail(tally, f"{world.mode} idle+run seed 0 preempted after the archive switch (call {switch})")
 
 
 # Two regions (tests/sim/failover.py): writers on P, an outage, promote, writers on

@@ -143,14 +143,14 @@ class ArchiveIndex(Index):
         raise self._refuse("a write")
 
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: int | None = None
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: Any = None
     ) -> Op[None]:
         raise self._refuse("a write")
 
     def touch(self, thread_id: str, day: int) -> Op[None]:
         raise self._refuse("a write")
 
-    def untouch(self, thread_id: str, day: int) -> Op[None]:
+    def untouch(self, entry: Any) -> Op[None]:
         raise self._refuse("a write")
 
     def active_page(self, cursor: dict[str, str], until: int, size: int) -> Op[list[Any]]:

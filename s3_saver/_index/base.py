@@ -125,11 +125,12 @@ class Index(ABC):
         this process (and, with ``list_at``, the thread known listed in it):
         an index whose commit fences on the generation need read nothing.
         ``active``: the day (yyyymmdd) whose activity entry the thread needs
-        (``_ops/idle``); ``Prepared.active`` says what the commit records."""
+        (``_ops/idle``); ``Prepared.active`` says what the commit records (a new
+        entry, its own token)."""
 
     @abstractmethod
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: int | None = None
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: Activity | None = None
     ) -> Op[None]:
         """The commit point of ``put``, fenced: atomically with the write, the
         thread's record must still be in ``entry.gen``, not archived nor being
@@ -138,7 +139,8 @@ class Index(ABC):
         entry must still be in the index with that tag (else ``ParentGone``).
         ``created``: the thread is new; record when (``note`` lists it).
         ``active``: ``Prepared.active``, the thread's activity entry of that day,
-        recorded with the commit (a hint, never the commit point)."""
+        recorded with the commit (a hint, never the commit point): the thread's
+        record names its day and token."""
 
     @abstractmethod
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
@@ -348,15 +350,21 @@ class Index(ABC):
         """Drop ``key`` from ``stale_archive`` (once its object is deleted), if it is there."""
 
     # -- activity entries (``_ops/idle``: archive_idle walks them by day) ------------------
+    # Delete only what you read: every entry written has a token of its own, and
+    # every delete of an entry names the token it read (``Activity.token``). A
+    # delete by day and thread alone would remove another process's entry written
+    # after the read (a restore's, a new life's), which that process, remembering
+    # its write of the day, would not write again: the thread would stay live,
+    # never examined again, until written on a later day.
     @abstractmethod
     def touch(self, thread_id: str, day: int) -> Op[None]:
-        """Write the thread's activity entry of ``day`` by itself (an install, the
-        backfill); idempotent."""
+        """Write a new activity entry of the thread on ``day`` by itself (an install,
+        the backfill): its own token, whatever entries the day has already."""
 
     @abstractmethod
-    def untouch(self, thread_id: str, day: int) -> Op[None]:
-        """Take back the activity entry of ``day`` that ``prepare`` wrote for a write
-        then refused, unless the thread's record names that day (another write's)."""
+    def untouch(self, entry: Activity) -> Op[None]:
+        """Take back the activity entry that ``prepare`` wrote for a write then
+        refused, unless the thread's record names it."""
 
     @abstractmethod
     def active_page(self, cursor: dict[str, str], until: int, size: int) -> Op[list[Activity]]:
@@ -366,7 +374,8 @@ class Index(ABC):
 
     @abstractmethod
     def drop_active(self, entries: list[Activity]) -> Op[None]:
-        """Remove activity entries (stale ones, those of archived threads)."""
+        """Remove activity entries (stale ones, those of archived threads), each only
+        as read: with its token (another entry of the same day and thread stays)."""
 
     @abstractmethod
     def load_cursor(self, name: str) -> Op[dict[str, str]]:
@@ -385,8 +394,9 @@ class Index(ABC):
 
     @abstractmethod
     def erase_activity(self, thread_id: str, days: list[int]) -> Op[list[str]]:
-        """Remove the thread's activity entries of ``days``; returns the bucket keys
-        they were (their older versions are ``erase_thread``'s; a table: none)."""
+        """Remove the thread's activity entries of ``days``, every one found (read
+        first, then deleted as read); returns the bucket keys under which they
+        were (their older versions are ``erase_thread``'s; a table: none)."""
 
     # -- erase -------------------------------------------------------------------------
     def erase_hints(self, thread_id: str) -> Op[list[str]]:

@@ -32,6 +32,7 @@ from s3_saver._index.base import (
 )
 from s3_saver._index.dynamo_table import (
     ACTIVE,
+    ACTIVE_TOKEN,
     ARCHIVE,
     ARCHIVING,
     COPIED_FROM,
@@ -67,7 +68,7 @@ from s3_saver.errors import CorruptObjectError, Where, error_code
 
 # The table's names, re-exported: every dynamo module imports them from here.
 __all__ = [
-    "ACTIVE", "ARCHIVE", "ARCHIVING", "COPIED_FROM", "CREATED", "DEAD_RUNS", "GEN", "HIDDEN",
+    "ACTIVE", "ACTIVE_TOKEN", "ARCHIVE", "ARCHIVING", "COPIED_FROM", "CREATED", "DEAD_RUNS", "GEN", "HIDDEN",
     "KIND_CHECKPOINT", "KIND_WRITES", "PARENT_GONE", "PARENT_WRITES", "PARTITION_KEY", "RESTORING", "RUN",
     "SINCE", "SITE", "SORT_KEY", "STALE_ARCHIVE", "TABLE_ATTRIBUTE_DEFINITIONS", "TABLE_GLOBAL_SECONDARY_INDEXES",
     "TABLE_KEY_SCHEMA", "TAG", "TTL_ATTRIBUTE", "UNLISTING", "DynamoCalls", "Link", "_gen_of",
@@ -301,6 +302,7 @@ class DynamoCalls(DynamoThreadItems, DynamoTable):
                 item.get(ACTIVE, 0),
                 item.get(SINCE, 0),
                 frozenset(item.get(STALE_RUNS, ())),
+                (item[ACTIVE_TOKEN],) if ACTIVE_TOKEN in item else (),
             )
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(

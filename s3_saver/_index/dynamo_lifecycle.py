@@ -16,7 +16,6 @@ from typing import Any
 
 from s3_saver import _keys
 from s3_saver._index.base import (
-    Activity,
     ArchiveRef,
     Archived,
     CheckpointEntry,
@@ -288,7 +287,8 @@ class DynamoLifecycle:
         # Its activity entry too (the day its record names, which the switch keeps:
         # a call again finds it), beside the listing's.
         unlisting = record.created or record.unlisting
-        active = [Activity(record.active, thread_id, "", "")] if record.active else []
+        # Only as the record names it (its token): a new life's entry of the same day stays.
+        active = record.named_entries()
         if unlisting:
             call = calls.unlist_thread(unlisting, thread_id, pending=True)
             unlisted, _ = yield from gather(_answer(call), self.drop_active(active))  # type: ignore[attr-defined]

@@ -56,8 +56,10 @@ PARENT_GONE = "pg"
 # On the thread's tombstone item: when the thread was listed; the runs deleted from it.
 CREATED = "created"
 DEAD_RUNS = "dead_runs"
-# On the thread's tombstone item: the day of its latest activity entry (``_index/activity``).
+# On the thread's tombstone item: the day of its latest activity entry (``_index/activity``),
+# and that entry's token (an archive or a delete removes that entry only as written).
 ACTIVE = "active"
+ACTIVE_TOKEN = "active_tok"
 # ... and the first such day, in any of its lives (a delete keeps it: ``idle.activity_span``).
 SINCE = "since"
 # On the thread's item and on each namespace's tombstone item: the thread is

@@ -24,6 +24,7 @@ from typing import Any
 from s3_saver import _keys
 from s3_saver._index.base import (
     REGULAR_PART,
+    Activity,
     CheckpointEntry,
     DepthHint,
     Fenced,
@@ -35,8 +36,8 @@ from s3_saver._index.base import (
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._index.dynamo_items import ACTIVE, SINCE, DynamoCalls, Link, _listed_first, _live_gen, _thread_item
-from s3_saver._index.activity import DynamoActivity
+from s3_saver._index.dynamo_items import ACTIVE, ACTIVE_TOKEN, SINCE, DynamoCalls, Link, _listed_first, _live_gen, _thread_item
+from s3_saver._index.activity import DynamoActivity, new_entry
 from s3_saver._index.dynamo_audit import DynamoHoldings
 from s3_saver._index.dynamo_archive import DynamoArchive
 from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
@@ -84,12 +85,13 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, DynamoActivity
         active: int | None = None,
     ) -> Op[Prepared]:
         # The activity entry goes in the commit's transaction (no request here).
+        entry = new_entry(thread_id, active) if active is not None else None
         if gen is not None and parent_id is None:
             # Deleted-stays-deleted without a read: the commit's fence (the thread's
             # record at generation ``gen``, no archive, no mark, the run alive)
             # refuses what a read here would have, and hands the record back
             # (``refused._fenced`` decides then). A write costs its objects and the commit.
-            return Prepared(gen, None, True, None, active=active)
+            return Prepared(gen, None, True, None, active=entry)
         calls = [self.calls.get_tombstone(thread_id)]
         if parent_id is not None:
             calls.append(self.calls.get_checkpoint(thread_id, ns, parent_id))
@@ -105,11 +107,11 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, DynamoActivity
             list_at,
             thread.dead_runs,
             thread.archive,
-            active,
+            entry,
         )
 
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: int | None = None
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: Activity | None = None
     ) -> Op[None]:
         """One transaction: the item and its link (what the ancestor walk reads),
         checked against the thread's record (``DynamoCalls.fence``) and, when the
@@ -120,14 +122,17 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, DynamoActivity
         calls = self.calls
         fence = calls.fence(entry.thread_id, entry.gen, entry.run_id)
         if active is not None:
-            # The thread's record then names the entry's day (an archive removes
-            # that entry): the fence's check becomes an update under the same condition.
+            # The thread's record then names the entry's day and token (an archive
+            # or a delete removes that entry, as written here and by no other):
+            # the fence's check becomes an update under the same condition.
             check = fence.pop("ConditionCheck")
             # The first such day stays (a delete keeps it too): an erase looks from there.
-            check["UpdateExpression"] = "SET #act = :act, #since = if_not_exists(#since, :act)"
+            check["UpdateExpression"] = "SET #act = :act, #atok = :atok, #since = if_not_exists(#since, :act)"
             check["ExpressionAttributeNames"]["#act"] = ACTIVE
+            check["ExpressionAttributeNames"]["#atok"] = ACTIVE_TOKEN
             check["ExpressionAttributeNames"]["#since"] = SINCE
-            check["ExpressionAttributeValues"][":act"] = {"N": str(active)}
+            check["ExpressionAttributeValues"][":act"] = {"N": str(active.day)}
+            check["ExpressionAttributeValues"][":atok"] = {"S": active.token}
             fence["Update"] = check
         actions = [
             {"Put": {"TableName": self.table, "Item": calls.checkpoint_item(entry)}},
@@ -137,7 +142,7 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, DynamoActivity
         if parent_tag is not None and entry.parent_id is not None:
             actions.append(calls.parent_fence(entry.thread_id, entry.ns, entry.parent_id, parent_tag))
         if active is not None:
-            actions.append({"Put": {"TableName": self.table, "Item": self.activity_item(active, entry.thread_id)}})
+            actions.append({"Put": {"TableName": self.table, "Item": self.activity_item(active)}})
         refused = yield from self.transact(actions, f"checkpoint {entry.checkpoint_id} of thread {entry.thread_id!r}")
         if refused:
             self._fenced(entry.thread_id, refused[2])

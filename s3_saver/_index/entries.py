@@ -180,6 +180,17 @@ class Tombstone:
     since: int = 0
     # DynamoDB: a deleted archive's runs whose hints a delete still has to remove.
     stale_runs: frozenset[str] = frozenset()
+    # The tokens of the activity entries of day ``active`` that writes recorded (a
+    # table: the one it holds; a manifest: the last few, one per process that
+    # wrote that day): an archive or a delete removes those entries and no other.
+    active_tokens: tuple[str, ...] = ()
+
+    def named_entries(self) -> list[Activity]:
+        """The activity entries this record names (an entry written before tokens:
+        the day's key alone)."""
+        if not self.active:
+            return []
+        return [Activity(self.active, self.thread_id, token=t) for t in self.active_tokens or ("",)]
 
 
 @dataclass
@@ -269,20 +280,26 @@ class Prepared:
     dead_runs: frozenset[str] = frozenset()
     # The thread is archived: it is restored before this write goes on.
     archive: ArchiveRef | None = None
-    # The day (yyyymmdd) of the activity entry the commit records (the manifest's
+    # The activity entry the commit records, with its day and token (the manifest's
     # prepare wrote it; a table's commit writes it), None: none to record.
-    active: int | None = None
+    active: Activity | None = None
 
 
 @dataclass(frozen=True)
 class Activity:
     """An activity entry: thread ``thread_id`` was written on ``day`` (yyyymmdd, UTC).
-    ``shard`` and ``position`` place it in the walk (a cursor per shard)."""
+    ``shard`` and ``position`` place it in the walk (a cursor per shard).
+
+    ``token``: new for every entry written (``_index/activity``), so that a write of
+    the same thread and day is never taken for an entry read before it: a delete
+    removes the entry only as it was read (its token), never a newer write under
+    the same day and thread. "": an entry written before tokens (or none known)."""
 
     day: int
     thread_id: str
-    shard: str
-    position: str
+    shard: str = ""
+    position: str = ""
+    token: str = ""
 
 
 @dataclass

@@ -29,9 +29,10 @@ from typing import Any
 
 from s3_saver._cache import CacheBudget
 from s3_saver._codec import CHECKPOINT_FORMAT, unpack
-from s3_saver._index.activity import ManifestActivity
+from s3_saver._index.activity import ManifestActivity, new_entry
 from s3_saver._index.base import (
     REGULAR_PART,
+    Activity,
     CheckpointEntry,
     Fenced,
     Index,
@@ -42,7 +43,7 @@ from s3_saver._index.base import (
 )
 from s3_saver._index.manifest_archive import ManifestArchive
 from s3_saver._index.manifest_audit import ManifestHoldings
-from s3_saver._index.manifest_doc import Head, _in, record_of
+from s3_saver._index.manifest_doc import ACTIVE_TOKENS_KEPT, Head, _in, record_of
 from s3_saver._index.manifest_group import GroupCommit
 from s3_saver._index.manifest_head import ManifestHead
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
@@ -65,7 +66,7 @@ class _Pinned:
         self._index = index
 
     def get(self, key: str) -> dict[str, Any] | None:
-        o = self._index.layout.parse_object_key(key)
+        o = self._index.layout.parts_of(key)  # a key of a reference: this layout built it
         head = self._index._cached(o.thread_id) if o is not None and o.kind == "checkpoint" else None
         body = head.pinned.get((o.ns, o.checkpoint_id, o.tag)) if head is not None and o is not None else None
         return None if body is None else unpack(body, CHECKPOINT_FORMAT, f"{key}, pinned in its thread's head")
@@ -135,7 +136,9 @@ class ManifestIndex(
 
         So does the activity entry of day ``active``, unless the head this
         process holds records it (or a later one): the commit records the day
-        in the head only once the entry is written."""
+        (and the entry's token) in the head only once the entry is written. A
+        new key each time (its token): a write never lands on an entry a walk
+        read and is about to drop (``_index/activity``)."""
         cached = self._cached(thread_id)
         limits = self._limits
         seal = cached is not None and len(cached.entries) > limits.seal_at
@@ -143,9 +146,9 @@ class ManifestIndex(
         objects = list(plan.objects) if plan else []
         maybe_new = not cached.created if cached is not None else parent_id is None
         listing = list_at if list_at is not None and ns == "" and maybe_new else None
-        active = active if active is not None and (cached is None or cached.active < active) else None
-        if active is not None:
-            objects.append((self.layout.activity_key(active, thread_id), b""))
+        entry = new_entry(thread_id, active) if active is not None and (cached is None or cached.active < active) else None
+        if entry is not None:
+            objects.append((self.entry_key(entry), b""))
         if listing is not None:
             objects.append((self.layout.listing_key(listing, thread_id), b""))
         # The head this process last read or wrote stands in for a read: the
@@ -173,16 +176,16 @@ class ManifestIndex(
             kept = replace(plan, objects=[(k, b"") for k, _ in plan.objects])
             with self._lock:
                 self._sealed[thread_id] = kept
-        hints = (active is not None) + (listing is not None)
+        hints = (entry is not None) + (listing is not None)
         for obj, result in zip(objects[len(objects) - hints :], results[len(results) - hints :]):
-            # 412: the entry exists (another write of the day, or a retried attempt of this one).
+            # 412: the object exists (the listing of another write; a retried attempt of this one).
             if isinstance(result, BaseException) and error_code(result) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
                 raise_failure(self.s3.put_new(*obj), result)
         parent = (yield from self._find(head, ns, parent_id)) if parent_id is not None else None
-        return Prepared(head.gen, parent, bool(head.created), listing, frozenset(head.dead_runs), head.archive, active)
+        return Prepared(head.gen, parent, bool(head.created), listing, frozenset(head.dead_runs), head.archive, entry)
 
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: int | None = None
+        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: Activity | None = None
     ) -> Op[None]:
         """One swap of the head: the commit point. Refused (``Fenced``) when the
         head says the thread was deleted since the writer read it, is archived,
@@ -207,13 +210,22 @@ class ManifestIndex(
             # Its own checkpoint: the thread is no longer a copy to bring up to date.
             # The first writer to list the thread sets the time its listing
             # entry must carry; another writer's entry (a race) does not count.
+            day = active.day if active is not None else 0
+            # The head names the newest day's entries by their tokens (an archive or
+            # a delete removes them by key); an entry of an older day is left to the walk.
+            tokens = head.active_tokens
+            if active is not None and day > head.active:
+                tokens = [active.token]
+            elif active is not None and day == head.active and active.token not in tokens:
+                tokens = [*tokens, active.token][-ACTIVE_TOKENS_KEPT:]
             return replace(
                 head,
                 entries=[*rest, stored],
                 copied_from=None,
                 created=head.created or created or 0,
-                active=max(head.active, active or 0),
-                since=min(head.since, active) if head.since and active else head.since or active or 0,
+                active=max(head.active, day),
+                active_tokens=tokens,
+                since=min(head.since, day) if head.since and day else head.since or day,
             )
 
         yield from self._commit(entry.thread_id, change, check)

@@ -44,6 +44,9 @@ BODY_IN_HEAD_MAX = 8 * 1024
 BODY_IN_SEGMENT_MAX = 64 * 1024
 # Metadata rides along up to this size (list(filter=) reads no objects then).
 META_MAX = 16 * 1024
+# The tokens of a day's activity entries a head names (``Head.active_tokens``): more
+# processes writing the thread that day leave their entries to the walk.
+ACTIVE_TOKENS_KEPT = 8
 
 _FULL, _DELTA = 0, 1
 
@@ -104,8 +107,12 @@ class Head:
     # An archive under way: the key of the object it writes (its switch needs it).
     archiving: str | None = None
     # The latest day (yyyymmdd) whose activity entry a write made (``_index/activity``):
-    # a writer of a day not after it writes none. 0: none known.
+    # a writer of a day not after it writes none. 0: none known. And the tokens of
+    # that day's entries the commits recorded (one per process whose head did not
+    # show the day yet; the last ``ACTIVE_TOKENS_KEPT``): an archive or a delete
+    # removes those entries (their keys) and no other.
     active: int = 0
+    active_tokens: list[str] = field(default_factory=list)
     # The first day whose activity entry a write recorded, in any of the thread's
     # lives (a delete keeps it): an erase looks for entries from there on (``idle.activity_span``).
     since: int = 0
@@ -178,6 +185,7 @@ def encode_head(head: Head, versioned: bool = False) -> bytes:
         "unlisting": head.unlisting,
         "archiving": head.archiving,
         "active": head.active,
+        "active_toks": head.active_tokens,
         "since": head.since,
         "site": head.site,
     }
@@ -234,6 +242,7 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         unlisting=doc.get("unlisting", 0),
         archiving=doc.get("archiving"),
         active=doc.get("active", 0),
+        active_tokens=list(doc.get("active_toks", [])),
         since=doc.get("since", 0),
         etag=etag,
         pinned=bodies.unpack_pinned(doc.get(bodies.PINNED), where),
@@ -364,5 +373,5 @@ def record_of(head: Head) -> Tombstone:
     return Tombstone(
         head.thread_id, None, head.gen, head.deleted_at, head.created, frozenset(head.dead_runs),
         head.archive, head.stale_archive, head.archiving, None, head.unlisting, head.active,
-        head.since,
+        head.since, active_tokens=tuple(head.active_tokens),
     )

@@ -16,9 +16,9 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._index.base import ArchiveRef, Archived, CheckpointEntry, Cut, Release, ThreadRef, WritesEntry
-from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes, decode_head
+from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes, decode_head, record_of
 from s3_saver._index.manifest_seal import _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
-from s3_saver._keys import KeyLayout, decode, new_token
+from s3_saver._keys import KeyLayout, new_token
 from s3_saver._protocol import Op, gather, raise_failure, request
 from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import (
@@ -47,9 +47,11 @@ class ManifestLifecycle:
     # -- setup ---------------------------------------------------------------------------
     def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:
         """Check that the store honours conditional writes: the manifest relies on them."""
-        key = f"{self.layout.manifest_root}.setup-probe/{new_token()}"
+        key = self.layout.probe_key(new_token())
         (first,) = yield (self.s3.put_new(key, b"1"),)
-        if isinstance(first, BaseException):
+        # The key is new (a fresh token): a 412 is this write's own retry meeting it
+        # (its first answer was lost or unreadable), as good as a 200.
+        if isinstance(first, BaseException) and error_code(first) not in PRECONDITION_FAILED_CODES:
             raise_failure(self.s3.put_new(key, b"1"), first)
         second, stale = yield (self.s3.put_new(key, b"2"), self.s3.put_swap(key, b"3", '"0"'))
         yield from request(self.s3.delete_many([key]))
@@ -86,7 +88,9 @@ class ManifestLifecycle:
             ]
             if not page.get("IsTruncated"):
                 break
-            marker = (page["NextKeyMarker"], page["NextVersionIdMarker"])
+            # A page that says more follow names where (checked: _answers); the version
+            # marker is absent where the key's versions ended with the page.
+            marker = (page["NextKeyMarker"], page.get("NextVersionIdMarker") or "")
         listed.sort(reverse=True)
         heads: list[Head] = []
         found_at: Any = None
@@ -182,8 +186,8 @@ class ManifestLifecycle:
             pages = yield from request(*(self.s3.list_keys(self.layout.runs_dir(r), pending[r]) for r in order))
             pending = {}
             for run_id, page in zip(order, pages):
-                prefix = self.layout.runs_dir(run_id)
-                found[run_id] += [decode(o["Key"][len(prefix) :]) for o in page.get("Contents", [])]
+                threads = (self.layout.thread_of_run(run_id, o["Key"]) for o in page.get("Contents", []))
+                found[run_id] += [t for t in threads if t is not None]
                 if page.get("NextContinuationToken"):
                     pending[run_id] = page["NextContinuationToken"]
         return found
@@ -284,8 +288,9 @@ class ManifestLifecycle:
                 # (``_clear_graveyard``), so a delete cut short after this swap
                 # and called again still finds (and, versioned, records) them.
                 stale_runs=sorted({*h.stale_runs, *(h.archive.runs if h.archive is not None else [])}),
-                # Its activity entry's day, until the entry is removed (below).
+                # Its activity entries (day and tokens), until they are removed (below).
                 active=h.active,
+                active_tokens=h.active_tokens,
                 # The entries of earlier days wait for archive_idle's walk (a
                 # versioned bucket keeps them after): an erase looks from here.
                 since=h.since,
@@ -305,7 +310,9 @@ class ManifestLifecycle:
         # thread's next life's head names none of them.
         hints = [self.layout.run_key(r, thread_id) for r in sorted(runs)]
         listing = [self.layout.listing_key(head.unlisting, thread_id)] if head.unlisting else []
-        listing += [self.layout.activity_key(head.active, thread_id)] if head.active else []
+        # The activity entries the head names, by their keys (their tokens): only
+        # those (another entry of the thread waits for the walk, or an erase).
+        listing += [self.entry_key(a) for a in record_of(head).named_entries()]  # type: ignore[attr-defined]
         yield from self._unname({thread_id: hints + listing})
         yield from self._clear_graveyard(head, release, unlist=True)
 
@@ -423,7 +430,7 @@ class ManifestLifecycle:
             unlisted = unlist and bool(head.unlisting) and h.unlisting == head.unlisting
             dropped_stale = bool(stale) and h.stale_archive == head.stale_archive
             # A delete's activity entry is removed (delete_thread): the head forgets its day.
-            inactive = unlist and bool(head.active) and h.active == head.active
+            inactive = unlist and bool(head.active) and (h.active, h.active_tokens) == (head.active, head.active_tokens)
             # A delete removed the hints of these runs (delete_thread, before this).
             unhinted = [r for r in h.stale_runs if r in head.stale_runs] if unlist else []
             if not (h.graveyard or h.graveyard_segments or h.retired or unlisted or dropped_stale or inactive or unhinted):
@@ -437,6 +444,7 @@ class ManifestLifecycle:
                 unlisting=0 if unlisted else h.unlisting,
                 stale_archive=None if dropped_stale else h.stale_archive,
                 active=0 if inactive else h.active,
+                active_tokens=[] if inactive else h.active_tokens,
                 stale_runs=[r for r in h.stale_runs if r not in unhinted],
             )
 

@@ -39,7 +39,7 @@ from s3_saver._archive import (
 )
 from s3_saver._codec import plain, squeeze
 from s3_saver._index.activity import day_of
-from s3_saver._index.base import Activity, Archived, ArchiveRef, CheckpointEntry, retag
+from s3_saver._index.base import Archived, ArchiveRef, CheckpointEntry, retag
 from s3_saver._keys import ObjectKey, new_tag, new_token
 from s3_saver._reach import closure, moved, own_object
 from s3_saver._ops.archived import RESTORE_DONE, archive_body, cold_error, read_archive
@@ -154,9 +154,10 @@ def archive_thread(
             "nothing was archived: call archive_thread again",
             thread_id,
         )
-    # The thread's activity entry goes with the live thread (archive_idle would
-    # find it stale): the one of the day its record names, beside the cleanup.
-    drop = [Activity(own.active, thread_id, "", "")] if own.active else []
+    # The thread's activity entries go with the live thread (archive_idle would
+    # find them stale): those its record names (day and token), beside the
+    # cleanup. Only those: a restore may have written another since the switch.
+    drop = own.named_entries()
     yield from gather(ctx.index.finish_archive(thread_id, ref, deleter(ctx, thread_id)), ctx.index.drop_active(drop))
     ctx.locs.forget_thread(thread_id)
     return _status(thread_id, "archived", ref)

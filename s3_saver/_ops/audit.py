@@ -26,7 +26,6 @@ names objects written after it.
 
 from __future__ import annotations
 
-import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -35,7 +34,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from s3_saver._index.base import ArchiveRef, CheckpointEntry, Holdings, WritesEntry
-from s3_saver._keys import KeyLayout, decode
+from s3_saver._keys import ERASE_MARK, KeyLayout
+from s3_saver._mode import settle_mode
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
 from s3_saver._ops.versioning import noncurrent_warning
@@ -45,13 +45,11 @@ from s3_saver.errors import (
     OBJECT_MISSING,
     ConfigurationError,
     CorruptObjectError,
-    KeyTooLongError,
     MissingObjectError,
     classify,
 )
 
 MISSING, ORPHAN, IN_FLIGHT, UNINDEXED, BROKEN = "missing", "orphan", "in_flight", "unindexed", "broken"
-_SEGMENT = re.compile(r"segments/\d{8}\.[^/]+")
 _HEAD_WAVE = 100  # HEADs of missing candidates per round trip
 _LISTING_PAGE = 100
 
@@ -149,19 +147,28 @@ def audit(
         raise ConfigurationError(f"older_than must not be negative, got {older_than} s")
     if isinstance(thread_ids, str):
         raise ConfigurationError(f"thread_ids must be a list of thread ids, not the string {thread_ids!r}")
+    # First: a prefix of the other index mode would read as all orphans and
+    # unindexed threads (and collect_garbage would delete them).
+    yield from settle_mode(ctx.mode, survey=True, claim=False)
     report = StoreReport()
     note = yield from noncurrent_warning(ctx)
     report.notes += [note] if note is not None else []
     # The bucket first, the index after (see the module's docstring).
+    nested: dict[str, int] = defaultdict(int)
     if thread_ids is None:
-        listed = yield from _list_all(ctx)
+        listed = yield from _list_all(ctx, nested)
         names = set(listed)
         names.update((yield from _listed_threads(ctx, report)))
     else:
         names = {target({"configurable": {"thread_id": t}})[0] for t in thread_ids}
         listed = defaultdict(list)
         for thread_id in sorted(names):
-            listed.update((yield from _list_thread(ctx, thread_id)))
+            listed.update((yield from _list_thread(ctx, thread_id, nested)))
+    report.notes += [
+        f"{count} objects under s3://{ctx.s3.bucket}/{prefix} are another saver's, whose prefix lies inside this "
+        f"one's folders (a prefix refused now): never collected here; move its threads to another prefix with migrate"
+        for prefix, count in sorted(nested.items())
+    ]
     cutoff = time.time() - older_than
     done = 0
     for thread_id in sorted(names):
@@ -347,33 +354,39 @@ def _listed_threads(ctx: Context, report: StoreReport) -> Op[set[str]]:
         return names
 
 
-def _list_all(ctx: Context) -> Op[dict[str, list[_Object]]]:
+def _list_all(ctx: Context, nested: dict[str, int]) -> Op[dict[str, list[_Object]]]:
     found: dict[str, list[_Object]] = defaultdict(list)
     for root in (ctx.layout.root, ctx.layout.archive_root, ctx.layout.manifest_root):
-        yield from _list_into(ctx, root, root, found)
+        yield from _list_into(ctx, root, root, found, nested)
     return found
 
 
-def _list_thread(ctx: Context, thread_id: str) -> Op[dict[str, list[_Object]]]:
+def _list_thread(ctx: Context, thread_id: str, nested: dict[str, int]) -> Op[dict[str, list[_Object]]]:
     found: dict[str, list[_Object]] = defaultdict(list)
     layout = ctx.layout
-    yield from _list_into(ctx, layout.thread_dir(thread_id), layout.root, found)
-    yield from _list_into(ctx, layout.archive_dir(thread_id), layout.archive_root, found)
-    yield from _list_into(ctx, layout.manifest_dir(thread_id), layout.manifest_root, found)
+    yield from _list_into(ctx, layout.thread_dir(thread_id), layout.root, found, nested)
+    yield from _list_into(ctx, layout.archive_dir(thread_id), layout.archive_root, found, nested)
+    yield from _list_into(ctx, layout.manifest_dir(thread_id), layout.manifest_root, found, nested)
     return found
 
 
-def _list_into(ctx: Context, prefix: str, root: str, found: dict[str, list[_Object]]) -> Op[None]:
+def _list_into(
+    ctx: Context, prefix: str, root: str, found: dict[str, list[_Object]], nested: dict[str, int]
+) -> Op[None]:
     """Objects under ``prefix`` by thread. Only keys this layout builds count: a
-    key of another saver whose prefix nests inside this one's folders (prefix
-    ``app/live`` inside ``app``'s ``live/``), or anything else put there, is
-    never taken for a thread's object, so never collected."""
+    key of a saver whose prefix lies inside this one's folders (``app/live``
+    inside ``app``'s ``live/``, as an earlier version accepted: counted in
+    ``nested`` by its prefix), or anything else put there, is never taken for a
+    thread's object, so never collected."""
     token: str | None = None
     while True:
         page = yield from request_one(ctx.s3.list_keys(prefix, token))
         for obj in page.get("Contents", []):
             thread_id = _thread_of(ctx.layout, root, obj["Key"])
             if thread_id is None:
+                inner = ctx.layout.nested_prefix(obj["Key"])
+                if inner is not None:
+                    nested[inner] += 1
                 continue
             modified = obj["LastModified"]
             if modified.tzinfo is None:
@@ -386,22 +399,12 @@ def _list_into(ctx: Context, prefix: str, root: str, found: dict[str, list[_Obje
 
 def _thread_of(layout: KeyLayout, root: str, key: str) -> str | None:
     """The thread of a key the layout builds under ``root``, None for any other key:
-    the key must parse, and the parts build exactly the same key again."""
-    try:
-        if root == layout.root:
-            o = layout.parse_object_key(key)
-            if o is None:
-                return None
-            return o.thread_id if layout.object_key(o) == key else None
-        if root == layout.archive_root:
-            thread_id = layout.thread_of_archive(key)
-            return thread_id if thread_id is not None and key.startswith(layout.archive_dir(thread_id)) else None
-        encoded, _, rest = key[len(root) :].partition("/")
-        thread_id = decode(encoded)
-        if key == layout.manifest_head_key(thread_id) or (
-            key.startswith(layout.manifest_dir(thread_id)) and _SEGMENT.fullmatch(rest)
-        ):
-            return thread_id
-    except (ConfigurationError, KeyTooLongError, UnicodeDecodeError, ValueError):
-        return None
-    return None
+    the key must parse, the parts build exactly the same key again, and no saver
+    whose prefix lies inside this one's tree builds it (``KeyLayout.nested_prefix``)."""
+    if root == layout.root:
+        o = layout.parse_object_key(key)
+        return o.thread_id if o is not None else None
+    if root == layout.archive_root:
+        return layout.thread_of_archive(key)
+    # A manifest's head and sealed segments (an erase's records are its business).
+    return layout.thread_of_manifest(key) if not key.rpartition("/")[2].startswith(ERASE_MARK) else None

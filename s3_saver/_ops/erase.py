@@ -36,12 +36,20 @@ from datetime import datetime
 from typing import Any
 
 from s3_saver._keys import KeyLayout, new_token
+from s3_saver._mode import settle_mode
 from s3_saver._ops import delete, idle
 from s3_saver._ops.audit import _referenced
 from s3_saver._ops.context import Context, target
 from s3_saver._protocol import Op, gather, raise_failure, request, request_one
 from s3_saver._s3 import DELETE_BATCH, put_immutable
-from s3_saver.errors import DENIED_CODES, AccessDeniedError, S3SaverError, TableNotFoundError, error_code
+from s3_saver.errors import (
+    DENIED_CODES,
+    AccessDeniedError,
+    CorruptObjectError,
+    S3SaverError,
+    TableNotFoundError,
+    error_code,
+)
 
 LOCKED = "object lock"
 NEWER = "an unreferenced object younger than the grace period"
@@ -50,6 +58,7 @@ NEWER = "an unreferenced object younger than the grace period"
 GRACE = 3600.0
 RECORD = "the erase's record of the keys it has still to erase"
 IN_USE = "named by the index"
+NESTED = "a key of a saver whose prefix lies inside this one's folders"
 # Stores without the versioning API answer these: the bucket keeps no versions.
 _NO_VERSIONING = frozenset({"NotImplemented", "MethodNotAllowed", "XNotImplemented"})
 _GONE = frozenset({"NoSuchVersion", "NoSuchKey", "404", "405", "MethodNotAllowed"})
@@ -70,7 +79,11 @@ class RemainingVersion:
             ``"named by the index"`` (the thread was used again meanwhile, or a
             replica's index has not caught up with the delete yet). While any
             of those stays, so does the erase's own record of the listing and
-            run-hint keys it has still to erase (manifest mode).
+            run-hint keys it has still to erase (manifest mode). Or ``"a key of
+            a saver whose prefix lies inside this one's folders"``: a prefix
+            such as ``live/<thread>``, refused now, that an earlier version
+            accepted; its objects are never deleted from outside (move its
+            threads to another prefix with ``migrate``).
         mode: Object Lock retention mode (``"GOVERNANCE"`` or ``"COMPLIANCE"``).
         retain_until: End of the retention period.
         legal_hold: A legal hold is on.
@@ -154,6 +167,9 @@ def _erase_in(
     # A replica gets no write of its own: an object there that no entry names is
     # a copy of what the delete removed (replication never sends it again).
     young = time.time() - GRACE if written else float("inf")
+    # First: a prefix of the other index mode holds objects this index never
+    # names; they must not be taken for the thread's leftovers.
+    yield from settle_mode(ctx.mode, survey=True, claim=False)
     versioned = yield from _versioned(ctx)
     hints: list[str] = []
     read: set[str] = set()  # the hint records whose keys are in ``hints``
@@ -192,14 +208,22 @@ def _erase_in(
         v
         for prefix, listed in zip(prefixes, pages)
         for v in listed
-        if (v.key == prefix if prefix in hints else _belongs(ctx.layout, thread_id, v.key))
+        if (_hinted(ctx.layout, prefix, v.key) if prefix in hints else _belongs(ctx.layout, thread_id, v.key))
+    ]
+    # Delete only what is the thread's for certain: what a saver whose prefix lies
+    # inside the thread's folders builds (a prefix an earlier version accepted)
+    # stays, reported: it may be that saver's, or (ids named as folders) the thread's.
+    nested = [
+        RemainingVersion(ctx.s3.bucket, v.key, v.version_id, NESTED)
+        for prefix, listed in zip(prefixes, pages) if prefix not in hints
+        for v in listed if ctx.layout.nested_prefix(v.key) is not None
     ]
     marks = ctx.layout.erase_key(thread_id, "")
     # A record written after the last read (another call's) stays, for the next erase.
     hint_records = [v for v in found if v.key.startswith(marks) and v.key in read]
     unread = [v for v in found if v.key.startswith(marks) and v.key not in read and v.current]
     purge, left = _sort_out(ctx, [v for v in found if not v.key.startswith(marks)], keep, own, young)
-    left += [RemainingVersion(ctx.s3.bucket, v.key, v.version_id, RECORD) for v in unread]
+    left += [RemainingVersion(ctx.s3.bucket, v.key, v.version_id, RECORD) for v in unread] + nested
     # Versions first, then the delete markers of keys none of whose versions a
     # lock kept: a marker taken off a locked version would make it current again.
     count, locked = yield from _purge(ctx, [v for v in purge if not v.marker])
@@ -303,7 +327,12 @@ def _hints_recorded(ctx: Context, thread_id: str, read: set[str]) -> Op[list[str
     token: str | None = None
     while True:
         page = yield from request_one(ctx.s3.list_keys(prefix, token))
-        keys += [o["Key"] for o in page.get("Contents", []) if o["Key"] not in read]
+        # A record's key exactly: what another saver nested in this folder put
+        # under the same start is never read as a list of keys to erase.
+        keys += [
+            o["Key"] for o in page.get("Contents", [])
+            if o["Key"] not in read and ctx.layout.thread_of_manifest(o["Key"]) == thread_id
+        ]
         token = page.get("NextContinuationToken")
         if not token:
             break
@@ -318,7 +347,11 @@ def _hints_recorded(ctx: Context, thread_id: str, read: set[str]) -> Op[list[str
             if error_code(result) in _GONE:
                 continue  # another erase finished meanwhile: what it named is gone
             raise_failure(call, result)
-        lines.update(line for line in result["Body"].decode().split("\n") if line)
+        try:
+            text = result["Body"].decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptObjectError(f"s3://{ctx.s3.bucket}/{call.params['Key']}: not an erase record ({exc})") from exc
+        lines.update(line for line in text.split("\n") if line)
     return sorted(lines)
 
 
@@ -333,16 +366,23 @@ def _ranges(layout: KeyLayout, thread_id: str) -> list[str]:
 
 
 def _belongs(layout: KeyLayout, thread_id: str, key: str) -> bool:
-    """A key this layout builds for the thread (another saver's prefix may nest
-    inside these folders: its keys are never taken for the thread's)."""
+    """A key this layout builds for the thread, exactly (``KeyLayout``'s parsing):
+    never one of a saver whose prefix lies inside these folders, nor anything
+    else put there."""
     if key.startswith(layout.thread_dir(thread_id)):
         o = layout.parse_object_key(key)
-        return o is not None and o.thread_id == thread_id and layout.object_key(o) == key
-    for folder in (layout.manifest_dir(thread_id), layout.archive_dir(thread_id), layout.set_aside_dir(thread_id)):
-        if key.startswith(folder):
-            rest = key[len(folder) :]
-            return bool(rest) and (rest.count("/") == 0 or (rest.startswith("segments/") and rest.count("/") == 1))
-    return False
+        return o is not None and o.thread_id == thread_id
+    return thread_id in (layout.thread_of_manifest(key), layout.thread_of_archive(key), layout.thread_of_set_aside(key))
+
+
+def _hinted(layout: KeyLayout, hint: str, key: str) -> bool:
+    """A key ``hint`` names: itself, or, when the hint is an activity entry's day
+    folder (``KeyLayout.activity_key`` without a token), an entry of that thread
+    and day under any token (each entry written has its own)."""
+    if key == hint:
+        return True
+    folder, entry = layout.parse_activity_key(hint), layout.parse_activity_key(key)
+    return folder is not None and entry is not None and not folder[2] and entry[:2] == folder[:2]
 
 
 def _listed(ctx: Context, prefix: str, versioned: bool) -> Op[list[_Version]]:

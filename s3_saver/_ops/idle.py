@@ -142,6 +142,7 @@ def _settle(
     (up to ``limit`` in the run: the entries after that are left to the next)."""
     latest = yield from _latest_ts(ctx, sorted({a.thread_id for a in chunk}))
     stale: list[Activity] = []
+    waiting: set[str] = set()  # written since the look: its other entries here stay too
     for entry in chunk:
         if limit is not None and len(walk.report) >= limit:
             break
@@ -154,23 +155,31 @@ def _settle(
                 stale.append(entry)  # written on a later day, which has its own entry
             else:
                 gone = False  # the thread's current entry: idle later, maybe
+        elif entry.thread_id in waiting:
+            gone = False
         else:
             try:
                 status = yield from archive_thread(ctx, entry.thread_id, storage_class, lambda a: _idle(ctx, a, cutoff))
                 if status is None:
                     gone = False  # written to since it was read here: the next run decides
+                    waiting.add(entry.thread_id)
                 else:
                     walk.report.append(status)
                     latest[entry.thread_id] = None  # another entry of it in this chunk is stale
             except ThreadArchivedError:
                 gone = False  # written to while archived: the next run sees it
+                waiting.add(entry.thread_id)
             except ConfigurationError:
-                pass  # no checkpoint left to archive (expired): nothing to do
+                latest[entry.thread_id] = None  # no checkpoint left to archive (expired): nothing to do
             if gone:
                 stale.append(entry)
         walk.done(entry, gone)
     if stale:
         walk.report.dropped += len(stale)
+        # Each entry as read (its token), never by day and thread alone: a process
+        # that restored a thread archived here, or wrote it afresh, may have
+        # written the same day's entry again since this read; that one stays, so
+        # a later run examines the thread again (``_index/activity``).
         yield from ctx.index.drop_active(stale)
 
 

@@ -117,9 +117,9 @@ def _restore_first(ctx: Context, thread_id: str, ref: ArchiveRef, objects: list[
 
 def _untouch(ctx: Context, thread_id: str, prepared: Prepared) -> Op[None]:
     """A refused write takes back the activity entry its prepare wrote (a hint of a
-    write that never was), unless the thread's index records that day itself."""
+    write that never was), unless the thread's index records that entry itself."""
     if prepared.active is not None:
-        yield from ctx.index.untouch(thread_id, prepared.active)
+        yield from ctx.index.untouch(prepared.active)
 
 
 def _take_back(ctx: Context, keys: list[str]) -> Op[None]:

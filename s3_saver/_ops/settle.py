@@ -300,7 +300,7 @@ def set_aside(ctx: Context, thread_id: str) -> Op[list[ReplicationGap]]:
     token: str | None = None
     while True:
         page = yield from request_one(ctx.s3.list_keys(ctx.layout.set_aside_dir(thread_id), token))
-        keys += [obj["Key"] for obj in page.get("Contents", [])]
+        keys += [obj["Key"] for obj in page.get("Contents", []) if ctx.layout.thread_of_set_aside(obj["Key"]) == thread_id]
         token = page.get("NextContinuationToken")
         if not token:
             break

@@ -14,7 +14,12 @@
     writes racing the delete were committed into the new generation, invisible
     to every read, so (a) cannot see them, and (c) skips a thread written during
     its delete; before the collection, which takes such writes out, put_writes
-    must have refused them).
+    must have refused them);
+(f) last, after a schedule with ``archive_idle``: runs of it until one has
+    nothing to do archive every live thread (all idle by then) that no cut-off
+    operation touched: no run's drop took away an activity entry that a write
+    made after the run read it (issue 41: a writer restoring a thread the run
+    archived writes the day's entry again, and writes no other that day).
 """
 
 from __future__ import annotations
@@ -235,3 +240,26 @@ def erased_leftovers(world: Any, prefix: str, t: str) -> list[str]:
     if left:
         return [f"(c) erased thread {t} left {len(left)} versions or delete markers (key, size, current): {left[:6]}"]
     return []
+
+
+def idle_not_found(world: Any, prefix: str, history: list[Any], state: M.ModelState, threads: list[str]) -> list[str]:
+    """(f) The live threads that runs of ``archive_idle`` (no grace: every thread
+    is idle now) leave live, of those no operation left in flight (abandoned:
+    it may still land) and with a root checkpoint for sure."""
+    watched = [
+        t for t in threads
+        if any(ns == "" for ns, _ in state.certain(t))
+        and not any(t in op.step.model.threads and (op.outcome is None or op.outcome[0] == "abandoned") for op in history)
+    ]
+    if not watched:
+        return []
+    saver = world.saver(prefix)
+    try:
+        for _ in range(3):
+            report = saver.archive_idle(timedelta(0))
+            if not report and not report.more:
+                break
+        live = [t for t in watched if saver._sync.run(saver._ctx.index.archive_of(t)).archive is None]
+    except Exception as exc:
+        return [f"(f) archive_idle after the schedule raised {_err(exc)}"]
+    return [f"(f) {t} is live and idle, and no archive_idle run archives it: no activity entry names it" for t in live]

@@ -603,6 +603,41 @@ class ArchiveThread(ModelOp):
         return []
 
 
+class ArchiveIdle(ModelOp):
+    """archive_idle: archives the threads its report names (any of the prefix's:
+    ``threads`` is the scenario's list, complete once it is built). To readers
+    nothing changes; prune, delete_for_runs and copy_thread then refuse them."""
+
+    name = "archive_idle"
+
+    def __init__(self, threads: list[str]) -> None:
+        self._threads = threads
+
+    @property
+    def threads(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(self._threads)
+
+    def _archived(self, state: ModelState, ts: Any) -> ModelState:
+        s = state.clone()
+        s.archived.update(ts)
+        return s
+
+    def apply(self, state, outcome, op, ctx):
+        kind, value = outcome
+        if kind == "ok":
+            named = {status.thread_id for status in value}
+            return [] if any(state.nothing(t) for t in named) else [self._archived(state, named)]
+        may = [t for t in self.threads if not state.nothing(t) and t not in state.archived]
+        # Cut short, or a thread's live objects moved or went under an archive's
+        # read (another archive, a delete): any of them may have been archived first.
+        if kind == "abandoned" or (
+            isinstance(value, MissingObjectError) and any(t in ctx.deleting or t in ctx.rearchiving for t in self.threads)
+        ):
+            subsets = [[t for i, t in enumerate(may) if mask >> i & 1] for mask in range(1 << len(may))]
+            return [self._archived(state, sub) for sub in subsets]
+        return []
+
+
 class RestoreThread(ModelOp):
     name = "restore_thread"
 

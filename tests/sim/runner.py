@@ -155,9 +155,9 @@ def _done(out: Outcome, world: World, calls_before: int, began: float) -> Outcom
     return out
 
 
-# Which checks run (SIM_CHECKS=a,b,c,d,e; default all): leaving one out lets a
+# Which checks run (SIM_CHECKS=a,b,c,d,e,f; default all): leaving one out lets a
 # long run look past a known defect (e.g. SIM_CHECKS=a,b,d while leftovers are fixed).
-CHECKS = set((os.environ.get("SIM_CHECKS") or "a,b,c,d,e").split(","))
+CHECKS = set((os.environ.get("SIM_CHECKS") or "a,b,c,d,e,f").split(","))
 
 
 def _verify(world: World, prefix: str, scenario: W.Scenario, history: list[Any], state: M.ModelState, rng: random.Random, out: Outcome) -> None:
@@ -207,6 +207,9 @@ def _verify(world: World, prefix: str, scenario: W.Scenario, history: list[Any],
         problems.extend(C.orphan_writes(world.saver(prefix), t, "after collect_garbage"))
     if not found.ok and scenario.archiving:
         _after_restore(world, prefix, scenario, history, state, problems)
+    # (f) last: it archives the threads it checks.
+    if found.ok and "f" in CHECKS and any(isinstance(op.step.model, M.ArchiveIdle) for op in history):
+        problems.extend(C.idle_not_found(world, prefix, history, found.state, threads))
 
 
 def _gc_changes_nothing(world: World, prefix: str, threads: list[str], observed: dict[str, Any], problems: list[str]) -> None:
@@ -223,8 +226,9 @@ def _gc_changes_nothing(world: World, prefix: str, threads: list[str], observed:
 def _ctx(scenario: W.Scenario, history: list[Any]) -> M.Ctx:
     archive_ops: dict[str, list[Any]] = {t: [] for t in scenario.archiving}
     for op in history:
-        if isinstance(op.step.model, M.ArchiveThread):
-            archive_ops.setdefault(op.step.model.t, []).append(op)
+        if isinstance(op.step.model, (M.ArchiveThread, M.ArchiveIdle)):
+            for t in op.step.model.threads:
+                archive_ops.setdefault(t, []).append(op)
     return M.Ctx(
         archiving=set(scenario.archiving),
         deleting=set(scenario.deleting),

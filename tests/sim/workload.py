@@ -64,6 +64,9 @@ class Builder:
         self.next_version = next_version
         self.made: dict[tuple[str, str], list[Made]] = {}
         self.tasks = 0
+        # Every checkpoint's ``ts``: days back (its activity entry is yesterday's, see
+        # ``activity_day``), or today's (``idle``: the day a restore writes its entry on).
+        self.ts = datetime(2026, 11, 24, tzinfo=timezone.utc).isoformat()
 
     def text(self, words: int) -> str:
         return " ".join(self.rng.choice(_WORDS) for _ in range(words))
@@ -103,7 +106,7 @@ class Builder:
         checkpoint = {
             "v": 4,
             "id": cid,
-            "ts": datetime(2026, 11, 24, tzinfo=timezone.utc).isoformat(),
+            "ts": self.ts,
             "channel_values": dict(values),
             "channel_versions": dict(versions),
             "versions_seen": {"agent": {ch: versions[ch] for ch in sorted(changed)}},
@@ -184,6 +187,12 @@ def erase_step(t: str) -> Step:
     return Step("erase_thread", lambda s, env: s.erase_thread(t), M.EraseThread(t))
 
 
+def idle_step(threads: list[str]) -> Step:
+    """archive_idle with no grace (every thread written before it is idle): it may
+    archive any thread of the prefix (``threads``: the scenario's, once built)."""
+    return Step("archive_idle", lambda s, env: s.archive_idle(timedelta(0)), M.ArchiveIdle(threads))
+
+
 def get_step(t: str, ns: str = "", cid: str | None = None) -> Step:
     return Step("get_tuple", lambda s, env: s.get_tuple(cfg(t, ns, cid)), M.GetTuple(t, ns, cid))
 
@@ -230,6 +239,7 @@ class Workshop:
         self.runs = {k: f"{prefix}-run{k}" for k in (1, 2, 3, 4)}
         self.setup_made: dict[tuple[str, str], int] = {}
         self.deletes_runs = False  # a process calls delete_for_runs
+        self.idles = 0  # processes calling archive_idle
 
     def base(self, t: str, ns: str = "") -> list[Made]:
         """The checkpoints made by the setup (committed before any process runs):
@@ -375,6 +385,12 @@ class Workshop:
             return [rng.choice([get_step(t, ""), list_step(t, None, limit=rng.choice([None, 3])), get_step(t, SUB_NS)])]
         if kind in ("stale_restore", "stale_archive"):
             return self.stale(kind, t)
+        if kind == "idle":
+            # The operator's schedule beside the writers: a writer restoring a thread
+            # the run archives writes the day's activity entry again, which the run's
+            # drops must leave (check (f) of tests/sim/check.py).
+            self.idles += 1
+            return [idle_step(self.sc.threads)]
         if kind == "prune_archive":  # issue 21's shape, within one process
             return [prune_step([t], None), archive_step(t), restore_step(t)]
         if kind == "prune_copy":
@@ -387,7 +403,7 @@ class Workshop:
 PROCESS_KINDS = (
     "run", "fork", "subput", "writes", "prune", "delete_runs", "archive", "restore", "archive_restore",
     "export_import", "copy", "gc", "delete", "read", "prune_archive", "prune_copy", "prune_export", "fanout",
-    "stale_restore", "stale_archive", "erase", "relive",
+    "stale_restore", "stale_archive", "erase", "relive", "idle",
 )
 WRITERS = ("run", "writes", "fanout")
 ADMIN = ("prune", "delete_runs", "archive", "restore", "export_import", "copy", "gc", "delete", "erase")
@@ -412,6 +428,10 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("erase", "delete"),
     ("erase", "archive_restore"),
     ("erase", "copy"),
+    # archive_idle beside writers that restore what it archives, and beside another run.
+    ("idle", "run"),
+    ("idle", "fanout"),
+    ("idle", "idle"),
 )
 
 
@@ -419,6 +439,10 @@ def build(rng: random.Random, prefix: str, next_version: Callable[[Any], str], k
     """A scenario of one process per kind on thread A (grown in setup first)."""
     w = Workshop(rng, prefix, next_version)
     w.sc.name = "+".join(kinds)
+    if "idle" in kinds:
+        # Written today: the writes' entries and a restore's are of one day, the
+        # race ``idle`` is there for (a run's drop meeting a restore's entry).
+        w.b.ts = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0).isoformat()
     t = w.thread("A")
     long = "long" in kinds
     kinds = tuple("run" if k == "long" else k for k in kinds)
@@ -441,6 +465,10 @@ def build(rng: random.Random, prefix: str, next_version: Callable[[Any], str], k
             w.sc.processes.append(w.proc(k, t, i))
     if "delete_runs" in kinds or w.deletes_runs:
         w.sc.deleting |= set(w.sc.threads)  # a run may hold checkpoints in every thread
+    if w.idles:
+        w.sc.archiving |= set(w.sc.threads)  # a run may archive every thread
+        for x in w.sc.threads:
+            w.sc.archives[x] = w.sc.archives.get(x, 0) + w.idles
     return w.sc
 
 
