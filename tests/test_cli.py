@@ -369,12 +369,12 @@ def test_hints_name_commands_and_options(endpoint: str, chats, tmp_path) -> None
     ok(run_cli(endpoint, "archive", "chat-bob", "--class", "GLACIER"))
     line = error("show", "chat-bob")
     assert "run `restore 'chat-bob'`:" in line and "run it again once done" in line
-    # migrate: the same store; a saver URL's own words (its parameters) stay.
-    same = f"s3://{BUCKET}?table={TABLE}&endpoint_url={endpoint}&region=us-east-1"
-    line = error("--table", "", "migrate", "--to", same)
-    assert "to change index mode in place, use `rebuild-index`" in line
+    # A prefix of the other index mode: the option that reaches it.
+    line = error("--table", "", "threads")
+    assert f"Pass --table {TABLE} (or CHECKPOINT_TABLE={TABLE})" in line and "command line:" not in line
+    # migrate: a saver URL's own words (its parameters) stay.
     line = error_line(run_cli(endpoint, "migrate", "--to", f"s3://{BUCKET}/x?table=a b"), 1)
-    assert "table='a b' is not a DynamoDB table name" in line and "leave table out of the URL" in line
+    assert "the table 'a b' is not a DynamoDB table name" in line and "leave table out of the URL" in line
     assert [line for line in said if PYTHON_NAMES.search(line)] == []
 
 
@@ -463,6 +463,7 @@ NOT_IN_CLI_WORDS = {
     "a directory bucket stores every object": "the live objects' storage class: no option sets it",
     "storage_class 'x' for the live objects": "the live objects' storage class: no option sets it",
     "the async methods cannot use the credentials": "the async methods: the command line calls the sync ones",
+    "setup_replica() and promote() refuse a bucket": "a replica's setup and promote: no command does either",
     "replication lag: x checkpoints or pending writes": "promote(): no command promotes a replica",
     "Replica(table='x') needs a DynamoDB index": "Replica(): no option configures a replica",
     "x() needs a replica: build the saver": "Replica(): no option configures a replica",
@@ -520,6 +521,9 @@ def test_every_python_name_in_the_librarys_messages_has_its_words() -> None:
         ("Give this saver a table of its own (table=...) or another prefix (prefix=...)", "(--table) or another prefix (--prefix)"),
         ("archive_idle on thread 'a', read from its archive", "`archive --idle` on thread 'a'"),
         ("pass serde=EncryptedSerializer(...) with the key it was written with", "pass --serde MODULE:ATTR naming an"),
+        ("Pass the table that indexes them (table=...; command line: --table NAME, or CHECKPOINT_TABLE)", "(--table NAME, or"),
+        ("it holds {...}, written once by setup()", "written once by the `setup` command"),
+        ("give the saver a table of its own (setup() creates it with that schema)", "(the `setup` command creates it"),
     ]:
         assert cli in cli_words(python) and not PYTHON_NAMES.search(cli_words(python)), python
 

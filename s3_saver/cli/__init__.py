@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 MISSING_EXTRA = (
     "the command line needs the cli extra (click and rich), which is not installed: "
-    "in a checkout of the repository, pip install '.[cli]'"
+    "pip install '.[cli]' in a checkout of s3_saver (or its path instead of '.')"
 )
 
 

@@ -17,9 +17,6 @@ import re
 # A Python string literal as repr() writes it (the ids and names the messages quote).
 _QUOTED = r"""(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
 
-# migrate's PostgreSQL source or target: PostgresSaver.setup() creates or migrates its tables.
-_POSTGRES_SETUP = (r": setup\(\) failed: ", ": creating or migrating its tables failed: ")
-
 # Whole phrases first: their grammar changes with the words.
 _PHRASES: list[tuple[str, str]] = [
     # The import of a thread that exists (import_thread), and copy_thread likewise.
@@ -43,6 +40,16 @@ _PHRASES: list[tuple[str, str]] = [
         r"`setup` created nothing: give --region \1 if the table lives with the bucket "
         "(a table in another region than its bucket takes the Python API's clients)",
     ),
+    # A prefix of the other index mode: the library names both spellings; the command line's.
+    (rf"Pass table={_QUOTED} \(command line: (--table [^,]*), or (CHECKPOINT_TABLE=[^)]*)\)", r"Pass \1 (or \2)"),
+    (
+        r"Pass the table that indexes them \(table=\.\.\.; command line: --table NAME, or CHECKPOINT_TABLE\)",
+        "Pass the table that indexes them (--table NAME, or CHECKPOINT_TABLE)",
+    ),
+    (r"Leave the table out \(command line: ", "Leave the table out ("),
+    (r"written once by setup\(\)", "written once by the `setup` command"),
+    # A table of another key schema.
+    (r"\(setup\(\) creates it with that schema\)", "(the `setup` command creates it with that schema)"),
     # Another bucket's table or prefix; a store without conditional writes.
     (r"\(table=\.\.\.\) or another prefix \(prefix=\.\.\.\)", "(--table) or another prefix (--prefix)"),
     (r"a DynamoDB table \(table=\.\.\.\)", "a DynamoDB table (--table)"),
@@ -73,7 +80,8 @@ _PHRASES: list[tuple[str, str]] = [
     (r" within the retry budget and deadline\(\)\)", " within the retry budget)"),
     (r", within the retry budget and deadline\(\)\)", ", within the retry budget)"),
     (r"within the retry budget and deadline\(\)", "within the retry budget"),
-    _POSTGRES_SETUP,
+    # migrate's PostgreSQL source or target: PostgresSaver.setup() creates or migrates its tables.
+    (r": setup\(\) failed: ", ": creating or migrating its tables failed: "),
 ]
 
 # Then the saver's methods, named as the commands that call them.
@@ -94,14 +102,14 @@ COMMANDS = {
 _METHOD = re.compile(r"\b(?:saver\.)?(" + "|".join(COMMANDS) + r")\b(?:\(\))?")
 
 # A saver URL's own errors (migrate --from/--to s3://...): there the S3Saver arguments
-# are the URL's parameters, not the global options.
+# are the URL's parameters, not the global options. `url_words()` says them so before
+# `cli_words()` sees the message (nothing Python-named is left for it to rewrite).
 _URL_PHRASES: list[tuple[str, str]] = [
+    (rf"(?<![\w.?&])(bucket|table)=(?={_QUOTED})", r"the \1 "),
     (r"pass table=None for the manifest index", "leave table out of the URL for the manifest index"),
     (r"the prefix goes in prefix=", "the prefix goes in the URL's path"),
     (r"\bregion_name\b", "region"),
-    _POSTGRES_SETUP,
 ]
-_URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
 
 _RULES = [(re.compile(pattern), replacement) for pattern, replacement in _PHRASES]
 _URL_RULES = [(re.compile(pattern), replacement) for pattern, replacement in _URL_PHRASES]
@@ -109,10 +117,13 @@ _URL_RULES = [(re.compile(pattern), replacement) for pattern, replacement in _UR
 
 def cli_words(message: str) -> str:
     """``message`` with the Python names of its advice replaced by the command line's."""
-    if _URL.match(message):
-        for pattern, replacement in _URL_RULES:
-            message = pattern.sub(replacement, message)
-        return _METHOD.sub(lambda m: f"`{COMMANDS[m.group(1)]}`", message)
     for pattern, replacement in _RULES:
         message = pattern.sub(replacement, message)
     return _METHOD.sub(lambda m: f"`{COMMANDS[m.group(1)]}`", message)
+
+
+def url_words(message: str) -> str:
+    """An error of a saver opened from a URL, in the URL's words (``table=`` is its parameter)."""
+    for pattern, replacement in _URL_RULES:
+        message = pattern.sub(replacement, message)
+    return message
