@@ -175,7 +175,8 @@ def main() -> int:
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="demo-checkpoints")["Contents"]]
     kinds = {}
     for key in keys:
-        kinds.setdefault(key.split("/")[4], []).append(key)
+        parts = key.split("/")  # agents/live/<thread>/<namespace>/<kind>/..., or the index-mode marker
+        kinds.setdefault(parts[4] if len(parts) > 4 else parts[-1], []).append(key)
     for kind, members in sorted(kinds.items()):
         print(f"   {len(members):>3} x {kind:<12} e.g. {members[0]}")
     print("   (unchanged channels are never written again; small values ride inside the checkpoint object)")

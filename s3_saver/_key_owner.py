@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 # probes of conditional writes (written and deleted at once).
 CURSORS = "#active"
 PROBES = ".setup-probe"
+# In the live folder besides the threads' folders: the marker of the prefix's
+# index mode (``_mode``; "#": never in a thread's folder name).
+MODE_MARKER = "#index-mode"
 # In a thread's manifest folder, besides its head: an erase's records and sealed segments.
 ERASE_NAME = re.compile(re.escape(ERASE_MARK) + r"[^/]+")
 SEGMENT_NAME = re.compile(r"segments/\d{8}\.[^/]+")
@@ -85,7 +88,7 @@ def builds(layout: KeyLayout, key: str) -> bool:
     folder += "/"
     parts = rest.split("/")
     if folder == LIVE_PREFIX:
-        return layout._live_object(key) is not None
+        return rest == MODE_MARKER or layout._live_object(key) is not None
     if folder == MANIFEST_PREFIX:
         if len(parts) == 2 and parts[0] in (CURSORS, PROBES):
             return bool(parts[1])

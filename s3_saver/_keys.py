@@ -69,6 +69,7 @@ from s3_saver._key_codec import (
 from s3_saver._key_owner import (
     CURSORS,
     ERASE_NAME,
+    MODE_MARKER,
     PROBES,
     SEGMENT_NAME,
     builds,
@@ -232,6 +233,12 @@ class KeyLayout:
         takes out (their noncurrent versions are then still found by an erase,
         after the thread started afresh too)."""
         return _checked(f"{self.manifest_dir(thread_id)}{ERASE_MARK}{token}")
+
+    @property
+    def mode_marker_key(self) -> str:
+        """The marker of the prefix's index mode (``_mode``): in the live folder,
+        where no thread's folder is ("#": ``encode`` never produces it)."""
+        return f"{self.root}{MODE_MARKER}"
 
     def probe_key(self, token: str) -> str:
         """Where ``setup()`` checks that the store honours conditional writes."""

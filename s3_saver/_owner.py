@@ -25,7 +25,7 @@ from typing import Any
 from s3_saver._codec import from_attrs, to_attrs
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Call, Op, T, raise_failure, site_of
-from s3_saver.errors import CONDITION_FAILED_CODES, TableOwnedError, Where, error_code
+from s3_saver.errors import CONDITION_FAILED_CODES, KEY_SCHEMA, TableOwnedError, Where, classify, error_code
 
 OWNER_SORT_KEY = "owner"
 # On the record: the buckets of the owner's replica regions (S3 replication,
@@ -111,8 +111,11 @@ class Ownership:
     def settle(self, found: Any) -> Op[None]:
         """Judge the record a wave read (claim it when there is none). A failed
         read leaves the check for the next call: the operation reports its own
-        failures, and a missing table is setup()'s to create."""
+        failures, and a missing table is setup()'s to create. A table of another
+        key schema is named here: this read is the first call to touch the table."""
         if isinstance(found, BaseException):
+            if classify(found) == KEY_SCHEMA:
+                raise_failure(self.read_call(), found)  # SetupMismatchError
             return
         item = found.get("Item")
         if item is None:
@@ -123,6 +126,8 @@ class Ownership:
             if not isinstance(claimed, BaseException):
                 self.checked = True
                 return
+            if classify(claimed) == KEY_SCHEMA:
+                raise_failure(self.claim_call(), claimed)  # SetupMismatchError
             if error_code(claimed) not in CONDITION_FAILED_CODES:
                 return
             (found,) = yield (self.read_call(),)  # lost the race: whose is it?

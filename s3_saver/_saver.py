@@ -80,6 +80,9 @@ class S3Saver(
         table: DynamoDB table name for the index; None (the default) keeps the
             index in the bucket (manifest mode: no database, needs a store that
             honours conditional writes, which [setup()][s3_saver.S3Saver.setup] checks).
+            A bucket prefix belongs to one index mode: a saver of the other
+            mode raises [IndexModeMismatchError][s3_saver.errors.IndexModeMismatchError]
+            at its first call, before it reads, writes or deletes.
         prefix: Key prefix inside the bucket (several savers can share a bucket).
         region_name: AWS region for the clients the saver creates.
         endpoint_url: Endpoint for both services (moto, LocalStack...). Use
@@ -235,8 +238,13 @@ class S3Saver(
         # Each site's table names the bucket that owns it; checked on the first
         # wave sent there (see ``_owner``).
         owners = lambda site: sites[site].owner  # noqa: E731
-        self._sync = SyncDriver(lambda service, site: sites[site].clients.make_sync(service), self.stats, max_concurrency, policy, owners)
-        self._async = AsyncDriver(lambda service, site: sites[site].clients.make_async(service), self.stats, policy, owners)
+        # Each site's prefix belongs to one index mode; checked on the first
+        # wave sent there too (see ``_mode``).
+        marks = lambda site: sites[site].mode  # noqa: E731
+        self._sync = SyncDriver(
+            lambda service, site: sites[site].clients.make_sync(service), self.stats, max_concurrency, policy, owners, marks
+        )
+        self._async = AsyncDriver(lambda service, site: sites[site].clients.make_async(service), self.stats, policy, owners, marks)
 
     def __repr__(self) -> str:
         # What a log line needs to tell two savers apart: the store, never credentials.
@@ -323,8 +331,12 @@ class S3Saver(
         warning when no lifecycle rule expires noncurrent versions under the
         manifest prefix.
 
+        Both: it records the prefix's index mode (a marker object under
+        ``live/``, written once), after refusing a prefix of the other mode.
+
         Raises:
             SetupMismatchError: The table exists with another key schema.
+            IndexModeMismatchError: The bucket prefix belongs to the other index mode.
         """
         self._sync.run(setup.setup(self._ctx, self.region_name, self.replica is not None))
 
@@ -333,13 +345,16 @@ class S3Saver(
         await self._async.run(setup.setup(self._ctx, self.region_name, self.replica is not None))
 
     def check(self) -> None:
-        """Check that the bucket exists and owns the table's prefix (an admin call: two round trips).
+        """Check that the bucket exists, that its prefix is of this saver's index
+        mode and that it owns the table's prefix (an admin call: a few round trips).
 
         The command line runs it before each command: the index alone can
-        answer for a bucket that is gone, or for another bucket's table.
+        answer for a bucket that is gone, a prefix of the other index mode, or
+        another bucket's table.
 
         Raises:
             BucketNotFoundError: The bucket does not exist.
+            IndexModeMismatchError: The bucket prefix belongs to the other index mode.
             TableOwnedError: The table's prefix belongs to another bucket.
         """
         self._sync.run(setup.check(self._ctx))

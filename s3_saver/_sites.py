@@ -31,6 +31,7 @@ from s3_saver._clients import client_config as merged_config
 from s3_saver._index.dynamodb import DynamoIndex
 from s3_saver._index.manifest import ManifestIndex
 from s3_saver._keys import KeyLayout
+from s3_saver._mode import ModeMark
 from s3_saver._ops.context import Context
 from s3_saver._ops.lagged import lag_safe
 from s3_saver._owner import Ownership
@@ -56,6 +57,8 @@ class Site:
     given: list[Any]
     # The table's ownership check (``_owner``); None in manifest mode.
     owner: Ownership | None = None
+    # The prefix's index-mode check (``_mode``), in both modes.
+    mode: ModeMark | None = None
 
     def describe(self) -> str:
         region = self.where.region("s3")
@@ -107,8 +110,11 @@ def make_site(
         given=given,
         aioboto3_session=aioboto3_session,
     )
-    site = Site(key, where, clients, [c for c in given.values() if c is not None], index.owner)
-    return site, Context(layout=layout, s3=s3_calls, index=index, **{**settings, "budget": budget})
+    # Each region's bucket carries the marker (replication copies it): a promoted
+    # replica finds it there; the table it names is only reported.
+    mode = ModeMark(s3_calls, layout, table)
+    site = Site(key, where, clients, [c for c in given.values() if c is not None], index.owner, mode)
+    return site, Context(layout=layout, s3=s3_calls, index=index, mode=mode, **{**settings, "budget": budget})
 
 
 class Route:

@@ -101,14 +101,16 @@ def refuse_same_store(source: BaseCheckpointSaver, target: BaseCheckpointSaver) 
     """Raise ConfigurationError when ``source`` and ``target`` store into the same place."""
     # Two S3Savers on one bucket and prefix write the same object keys whatever
     # their index: a "migration" between index modes there would leave each
-    # index's objects to the other's gc and delete.
+    # index's objects to the other's gc and delete. A prefix belongs to one index
+    # mode (``_mode``): another mode's threads go under another prefix or bucket.
     same = source is target or (
         isinstance(source, S3Saver) and isinstance(target, S3Saver) and source._location() == target._location()
     )
     if same:
         raise ConfigurationError(
             f"source and target are the same store ({_describe(source)}): "
-            "to change index mode in place, use rebuild_index; to move threads, give another bucket or prefix"
+            "a prefix belongs to one index mode, so to change index mode or move threads, give the target "
+            "another bucket or prefix"
         )
 
 

@@ -56,6 +56,35 @@ class TableOwnedError(ConfigurationError):
     """
 
 
+class IndexModeMismatchError(ConfigurationError):
+    """The bucket prefix belongs to the other index mode.
+
+    Both modes keep the same objects under ``<prefix>live/``; a saver of the
+    other mode would read no threads there, start second histories under the
+    same thread ids, and collect the other mode's objects as garbage. A marker
+    written by ``setup()`` (or the first write) records the prefix's mode; a
+    saver of the other mode is refused before it reads, writes or deletes.
+    The message names the bucket, the prefix, the mode found (and its table)
+    and what to pass instead.
+
+    Attributes:
+        bucket: The bucket.
+        prefix: The saver's prefix.
+        found: The prefix's index mode: ``"dynamodb"`` or ``"manifest"``.
+        table: The table the marker names (DynamoDB mode), when known.
+    """
+
+    def __init__(self, message: str, bucket: str = "", prefix: str = "", found: str = "", table: str | None = None) -> None:
+        super().__init__(message)
+        self.bucket = bucket
+        self.prefix = prefix
+        self.found = found
+        self.table = table
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.bucket, self.prefix, self.found, self.table))
+
+
 class ResourceMissingError(S3SaverError):
     """The bucket or the table does not exist: run ``setup()`` first."""
 
@@ -69,7 +98,10 @@ class TableNotFoundError(ResourceMissingError):
 
 
 class SetupMismatchError(S3SaverError):
-    """The table exists but its key schema is not the one the saver uses."""
+    """The table exists but its key schema is not the one the saver uses
+    (``s3_saver.TABLE_KEY_SCHEMA``): raised by ``setup()``, and by the first call
+    that touches such a table without it. The message names the table and its
+    region."""
 
 
 class AccessDeniedError(S3SaverError, PermissionError):
@@ -303,6 +335,17 @@ CONDITIONAL_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "409"})
 CONDITION_FAILED_CODES = frozenset({"ConditionalCheckFailedException"})
 BUCKET_OURS_CODES = frozenset({"BucketAlreadyOwnedByYou"})
 TABLE_RACING_CODES = frozenset({"ResourceInUseException"})  # another process is creating it
+# DynamoDB's ValidationException texts for a key that does not fit the table's
+# key schema (names or types): a table made for something else.
+KEY_SCHEMA_MESSAGES = (
+    "key element does not match the schema",
+    "missing the key",
+    "missed key schema element",
+    "type mismatch for key",
+)
+# The key schema the saver needs, in words (``s3_saver.TABLE_KEY_SCHEMA``;
+# tests/test_index_mode.py checks the two agree).
+KEY_SCHEMA_TEXT = "partition key 'pk' (string) and sort key 'sk' (string)"
 
 # botocore failures raised before anything reached AWS that only the user can fix.
 _CONFIGURATION_FAILURES = (
@@ -320,6 +363,7 @@ OBJECT_MISSING = "object-missing"
 DENIED = "denied"
 UNAVAILABLE = "unavailable"
 MISCONFIGURED = "misconfigured"
+KEY_SCHEMA = "key-schema"
 
 
 def error_code(exc: BaseException) -> str | None:
@@ -355,12 +399,19 @@ def classify(exc: BaseException, operation: str = "") -> str | None:
         return TABLE_MISSING
     if code in DENIED_CODES:
         return DENIED
+    if code == "ValidationException" and _about_key_schema(exc):
+        return KEY_SCHEMA
     if code in OBJECT_MISSING_CODES:
         return OBJECT_MISSING
     status = _status(exc)
     if code in TRANSIENT_CODES or status == 429 or status >= 500 or throttled(exc):
         return UNAVAILABLE
     return None
+
+
+def _about_key_schema(exc: BaseException) -> bool:
+    message = str((getattr(exc, "response", None) or {}).get("Error", {}).get("Message") or "").lower()
+    return any(text in message for text in KEY_SCHEMA_MESSAGES)
 
 
 def _status(exc: BaseException) -> int:
@@ -409,6 +460,10 @@ class Where:
         return f"{text} at endpoint {endpoint}" if endpoint else text
 
 
+def _message(exc: BaseException) -> str:
+    return str((getattr(exc, "response", None) or {}).get("Error", {}).get("Message") or exc)
+
+
 def translate(
     exc: BaseException,
     *,
@@ -441,6 +496,14 @@ def translate(
             f"{what}: {place} was not found. It may live in another region: check region_name "
             "(setup() there would create a second, empty index). If it does not exist yet, "
             "run saver.setup() or deploy infra/"
+        )
+    elif kind == KEY_SCHEMA and service == "dynamodb":
+        # A table of another key schema, used without setup() (which checks it):
+        # the first call that touches it says so, whichever call that is.
+        new = SetupMismatchError(
+            f"{what}: {place} does not have the key schema the saver needs ({KEY_SCHEMA_TEXT}; "
+            f"s3_saver.TABLE_KEY_SCHEMA): DynamoDB answered {code}: {_message(exc)}. It was made for "
+            "something else: give the saver a table of its own (setup() creates it with that schema)"
         )
     elif kind == DENIED:
         new = AccessDeniedError(f"{what}: access denied ({code}) on {place}; see infra/ for the IAM policy")

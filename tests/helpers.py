@@ -13,6 +13,8 @@ from typing import Any
 from langgraph.checkpoint.base import Checkpoint
 from langgraph.checkpoint.base.id import uuid6
 
+from s3_saver._mode import MARKER_NAME
+
 
 def checkpoint(values: dict[str, Any], versions: dict[str, Any], checkpoint_id: str | None = None) -> Checkpoint:
     return Checkpoint(
@@ -32,6 +34,12 @@ def config(thread_id: str, ns: str = "", checkpoint_id: str | None = None) -> di
     if checkpoint_id is not None:
         configurable["checkpoint_id"] = checkpoint_id
     return {"configurable": configurable}
+
+
+def is_marker(key: str) -> bool:
+    """The prefix's index-mode marker (``<prefix>live/#index-mode``, one object per
+    prefix, written by setup() or the first write): no thread's object."""
+    return key.endswith("live/" + MARKER_NAME)
 
 
 def grow_thread(saver: Any, thread_id: str, length: int, ns: str = "") -> dict[str, Any]:

@@ -46,7 +46,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Interrupt, StateSnapshot, interrupt
 
 from conftest import BUCKET, make_saver
-from helpers import checkpoint, concat, config, grow_thread
+from helpers import checkpoint, concat, config, grow_thread, is_marker
 from s3_saver import (
     ArchiveStatus,
     ConfigurationError,
@@ -360,7 +360,7 @@ def _logical(keys: list[str]) -> list[str]:
 
 def _classes(endpoint: str, prefix: str = "", bucket: str = BUCKET) -> dict[str, str]:
     pages = _s3(endpoint).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-    return {o["Key"]: o.get("StorageClass", "STANDARD") for page in pages for o in page.get("Contents", [])}
+    return {o["Key"]: o.get("StorageClass", "STANDARD") for page in pages for o in page.get("Contents", []) if not is_marker(o["Key"])}
 
 
 def _head(endpoint: str, key: str) -> dict:
@@ -961,19 +961,21 @@ ARCHIVE_COSTS = {
         # Archived already: the record, and what is left of the live thread (nothing).
         "archive_thread again": (2, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
         # The index read (the thread's record beside it says "archived"), the archive.
-        # A new saver object: its first round trip also reads the table's owner (``_owner``).
-        "get_tuple cold": (2, {"dynamodb:get_item": 2, "dynamodb:query": 1, "s3:get_object": 1}),
+        # A new saver object: its first round trip also reads the table's owner (``_owner``)
+        # and the prefix's index-mode marker (``_mode``).
+        "get_tuple cold": (2, {"dynamodb:get_item": 2, "dynamodb:query": 1, "s3:get_object": 2}),
         "get_tuple warm": (1, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
         "list warm": (1, {"dynamodb:get_item": 1, "dynamodb:query": 1}),
         # The record, the archive, what is left of the archive's cleanup, the restore's
         # mark, the objects (a new tag), the items (a transaction that needs the mark to
         # be this restore's), the switch, the record's note of the archive, its object;
-        # the owner's record, in the first round trip of a new saver object. The switch
-        # is a transaction with the thread's activity entry of the day (archive_idle's
-        # clock starts anew), which the record names then: a delete removes it.
+        # the owner's record and the index-mode marker, in the first round trip of a new
+        # saver object. The switch is a transaction with the thread's activity entry of
+        # the day (archive_idle's clock starts anew), which the record names then: a
+        # delete removes it.
         "restore_thread": (9, {
             "dynamodb:transact_write_items": 2, "dynamodb:get_item": 2, "dynamodb:query": 1,
-            "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:get_object": 1, "s3:put_object": 5,
+            "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:get_object": 2, "s3:put_object": 5,
         }),
         "restore_thread of a live thread": (1, {"dynamodb:get_item": 1}),
         "archive_thread DEEP_ARCHIVE": (9, {
@@ -995,12 +997,14 @@ ARCHIVE_COSTS = {
         # graveyard cleared, and beside it the thread's activity entry.
         "archive_thread": (6, {"s3:delete_objects": 2, "s3:get_object": 1, "s3:put_object": 4}),
         "archive_thread again": (1, {"s3:get_object": 1}),
-        "get_tuple cold": (2, {"s3:get_object": 2}),
+        # (A new saver object: its first round trip also reads the index-mode marker.)
+        "get_tuple cold": (2, {"s3:get_object": 3}),
         "get_tuple warm": (1, {"s3:get_object": 1}),
         "list warm": (1, {"s3:get_object": 1}),
         # (The activity entry of the day: one more PUT, beside the last objects, which
-        # the switch records in the head.)
-        "restore_thread": (8, {"s3:delete_objects": 1, "s3:get_object": 4, "s3:put_object": 8}),
+        # the switch records in the head; the index-mode marker, in the first round
+        # trip of a new saver object.)
+        "restore_thread": (8, {"s3:delete_objects": 1, "s3:get_object": 5, "s3:put_object": 8}),
         "restore_thread of a live thread": (1, {"s3:get_object": 1}),
         "archive_thread DEEP_ARCHIVE": (6, {"s3:delete_objects": 2, "s3:get_object": 1, "s3:put_object": 4}),
         "get_tuple DEEP_ARCHIVE (refused)": (2, {"s3:get_object": 1, "s3:head_object": 1}),

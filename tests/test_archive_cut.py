@@ -17,7 +17,7 @@ from langgraph.checkpoint.base import WRITES_IDX_MAP
 from langgraph.checkpoint.memory import InMemorySaver
 
 from conftest import BUCKET, make_saver
-from helpers import checkpoint, cut_points, grow_thread
+from helpers import checkpoint, cut_points, grow_thread, is_marker
 from soundness_support import fresh
 from s3_saver import ThreadArchivedError
 from s3_saver._drivers.sync import SyncDriver
@@ -65,7 +65,7 @@ def _empty(endpoint: str, writer) -> None:
 def _objects(endpoint: str, prefix: str) -> list[str]:
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
-    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []) if not is_marker(o["Key"]))
 
 
 def _cfg(thread_id: str) -> dict[str, Any]:

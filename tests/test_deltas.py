@@ -23,6 +23,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
 from conftest import BUCKET, make_saver
+from helpers import is_marker
 from s3_saver._codec import CHECKPOINT_PIECES_FORMAT, PIECE_FORMAT, unpack
 from s3_saver._pieces import MAX_PIECES, array_header, header, keep
 
@@ -61,7 +62,7 @@ def bucket_objects(endpoint: str) -> dict[str, int]:
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     out: dict[str, int] = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
-        out.update((o["Key"], o["Size"]) for o in page.get("Contents", []))
+        out.update((o["Key"], o["Size"]) for o in page.get("Contents", []) if not is_marker(o["Key"]))
     return out
 
 

@@ -14,7 +14,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
 from conftest import BUCKET, make_saver
-from helpers import checkpoint, concat, config, cut_points
+from helpers import checkpoint, concat, config, cut_points, is_marker
 from s3_saver import ConfigurationError, S3SaverError
 from s3_saver._drivers.sync import SyncDriver
 
@@ -60,7 +60,7 @@ def _values(graph, thread_id: str) -> list[dict]:
 def _objects(endpoint: str, prefix: str) -> list[str]:
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
-    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+    return [o["Key"] for page in pages for o in page.get("Contents", []) if not is_marker(o["Key"])]
 
 
 def test_prune_keep_latest_keeps_delta_state_and_values(endpoint, index_mode) -> None:

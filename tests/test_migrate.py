@@ -689,9 +689,9 @@ def test_open_saver_sqlite_paths(tmp_path, monkeypatch) -> None:
 def test_open_saver_names_the_missing_extra(monkeypatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "langgraph.checkpoint.sqlite", None)
     monkeypatch.setitem(__import__("sys").modules, "langgraph.checkpoint.postgres", None)
-    with pytest.raises(ConfigurationError, match=r"pip install 'langgraph-s3-saver\[sqlite\]'"):
+    with pytest.raises(ConfigurationError, match=r"pip install '\.\[sqlite\]'"):
         open_saver("sqlite:///x.db")
-    with pytest.raises(ConfigurationError, match=r"pip install 'langgraph-s3-saver\[postgres\]'") as info:
+    with pytest.raises(ConfigurationError, match=r"pip install '\.\[postgres\]'") as info:
         open_saver("postgres://me:secret@db.example/app")
     assert "me:***@db.example" in str(info.value) and "secret" not in str(info.value)
 

@@ -1,7 +1,9 @@
 """A table's key prefix belongs to one bucket (issue 32): another bucket is refused.
 
 The manifest index lives in the bucket itself, so only the DynamoDB mode can
-put two buckets on one index; these tests are of that mode.
+put two buckets on one index; these tests are of that mode. So are those of a
+table made for something else (another key schema), which the owner check's
+read, the first call to touch the table, names.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from botocore.exceptions import ClientError
 from conftest import BUCKET, TABLE, make_saver
 from helpers import config, grow_thread
 
-from s3_saver import S3Saver, TableOwnedError
+from s3_saver import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA, S3Saver, SetupMismatchError, TableOwnedError
 from s3_saver._keys import KeyLayout
+from s3_saver.errors import KEY_SCHEMA_TEXT
 
 OTHER = "other-app-bucket"
 
@@ -137,9 +140,11 @@ def test_check_rides_on_the_first_wave_once(endpoint, dynamo_saver) -> None:
     """Cold: one more request in a round trip already sent; then nothing."""
     grow_thread(dynamo_saver, "t", 3)
     fresh = make_saver(endpoint)
+    fresh._sites["primary"].mode.checked = True  # the index-mode check's own request aside (test_index_mode)
     fresh.get_tuple(config("t"))
     cold = fresh.stats.snapshot()
     warm_ref = make_saver(endpoint)
+    warm_ref._sites["primary"].mode.checked = True
     warm_ref._sites["primary"].owner.checked = True  # as if checked before
     warm_ref.get_tuple(config("t"))
     base = warm_ref.stats.snapshot()
@@ -209,3 +214,44 @@ def test_one_bucket_through_two_endpoints_is_one_bucket(endpoint, dynamo_saver) 
         through.delete_thread("user-1")
         through.close()
     assert dynamo_saver.get_tuple(config("user-1")) is None
+
+
+# -- a table of another key schema, used without setup() --------------------------------
+def test_the_key_schema_in_words_is_the_tables() -> None:
+    for key, attribute in zip(TABLE_KEY_SCHEMA, TABLE_ATTRIBUTE_DEFINITIONS):
+        assert f"key {key['AttributeName']!r} (string)" in KEY_SCHEMA_TEXT and attribute["AttributeType"] == "S"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        ([{"AttributeName": "id", "KeyType": "HASH"}], [{"AttributeName": "id", "AttributeType": "S"}]),
+        (TABLE_KEY_SCHEMA, [{"AttributeName": "pk", "AttributeType": "S"}, {"AttributeName": "sk", "AttributeType": "N"}]),
+    ],
+    ids=["other-names", "other-types"],
+)
+def test_a_table_of_another_key_schema_without_setup_is_named(endpoint, schema) -> None:
+    """The Lambda guide drops setup() from the handler: the first call that touches a
+    table made for something else names it (sync and async), whichever call it is."""
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    key_schema, attributes = schema
+    boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1").create_table(
+        TableName=TABLE, KeySchema=list(key_schema), AttributeDefinitions=list(attributes), BillingMode="PAY_PER_REQUEST"
+    )
+    saver = make_saver(endpoint)
+    for call in (lambda: saver.get_tuple(config("t")), lambda: grow_thread(saver, "t", 1)):
+        with pytest.raises(SetupMismatchError) as exc:
+            call()
+        text = str(exc.value)
+        assert f"table {TABLE!r}" in text and "us-east-1" in text and KEY_SCHEMA_TEXT in text, text
+        assert "TABLE_KEY_SCHEMA" in text
+    saver.close()
+    fresh = make_saver(endpoint)
+
+    async def asynchronous() -> None:
+        with pytest.raises(SetupMismatchError):
+            await fresh.aget_tuple(config("t"))
+        await fresh.aclose()
+
+    asyncio.run(asynchronous())
+    fresh.close()

@@ -270,6 +270,7 @@ def _every_key(layout: KeyLayout, thread_id: str, other: str) -> list[str]:
         layout.segment_key(thread_id, 1, "ab12"),
         layout.activity_cursor_key("walk"),
         layout.probe_key("ab12"),
+        layout.mode_marker_key,
         layout.archive_key(thread_id, "ab12"),
         layout.set_aside_key(thread_id, "ab12"),
         layout.listing_key(1_700_000_000, thread_id),
@@ -308,7 +309,7 @@ def test_two_accepted_prefixes_have_disjoint_trees(a: str, b: str, thread_id: st
     # Its own keys are its own; only ids named as folders can make one look like a nested
     # saver's (a namespace "archive" with a checkpoint under it): then it is never taken.
     if not {encode(thread_id), encode(other)} & set(FOLDERS):
-        own = [k for k in _every_key(outer, thread_id, other) if "#active" not in k and ".setup-probe" not in k]
+        own = [k for k in _every_key(outer, thread_id, other) if not any(n in k for n in ("#active", ".setup-probe", "#index-mode"))]
         assert all(_taken(outer, k, (other,)) for k in own), (a, thread_id, other)
 
 

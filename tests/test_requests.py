@@ -153,12 +153,16 @@ def test_cold_process_put_stays_within_two_round_trips(endpoint, saver, index_mo
     assert round_trips == 2
     if index_mode == "dynamodb":
         # The parent's item and the thread's record, beside the object write;
-        # a new process also reads the table's owner there, once (see _owner).
-        assert requests == {("s3", "put_object"): 1, ("dynamodb", "get_item"): 3, ("dynamodb", "transact_write_items"): 1}
+        # a new process also reads the table's owner (see _owner) and the
+        # prefix's index-mode marker (see _mode) there, once.
+        assert requests == {
+            ("s3", "put_object"): 1, ("s3", "get_object"): 1, ("dynamodb", "get_item"): 3, ("dynamodb", "transact_write_items"): 1
+        }
     else:
         # The parent is in the head. The thread's activity entry of the day (``_index/activity``)
         # goes beside the objects: a process without the head cannot know it is there.
-        assert requests == {("s3", "put_object"): 3, ("s3", "get_object"): 1}
+        # A new process reads the prefix's index-mode marker there too, once (see _mode).
+        assert requests == {("s3", "put_object"): 3, ("s3", "get_object"): 2}
     got = fresh.get_tuple(config("cold"))
     assert got.checkpoint["channel_values"] == {"counter": 99, "doc": "a document"}
     fresh.close()
@@ -232,7 +236,8 @@ def test_source_item_not_visible_falls_back_to_its_object(endpoint, dynamo_saver
     got = fresh.get_tuple(config("fallback"))
     round_trips, requests = _counts(fresh)
     assert got.checkpoint["channel_values"] == {"counter": 2, "doc": "a document"}
-    assert round_trips == 3 and requests[("s3", "get_object")] == 1
+    # The item's object, and (beside the first wave, once per process) the index-mode marker.
+    assert round_trips == 3 and requests[("s3", "get_object")] == 2
     fresh.close()
 
 
@@ -400,7 +405,8 @@ def test_manifest_documents_carry_bodies_compressed_together_and_read_the_format
     reader = make_saver(endpoint, "manifest")
     latest = reader.get_tuple(config("t"))
     assert (latest.checkpoint["id"], latest.checkpoint["channel_values"], latest.pending_writes) == expected[0]
-    assert _counts(reader) == (1, {("s3", "get_object"): 1})  # the head: its frame and pinned bodies read
+    # The head (its frame and pinned bodies read), and beside it, once per process, the index-mode marker.
+    assert _counts(reader) == (1, {("s3", "get_object"): 2})
     gets: list[str] = []
     real = SyncDriver._wave
 

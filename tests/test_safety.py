@@ -19,7 +19,7 @@ from langgraph.constants import TASKS
 from langgraph.types import Interrupt
 
 from conftest import BUCKET, TABLE, make_saver
-from helpers import checkpoint, config, grow_thread
+from helpers import checkpoint, config, grow_thread, is_marker
 from s3_saver import KeyTooLongError, ThreadDeletedError
 from s3_saver._drivers.sync import SyncDriver
 from s3_saver._ops import copy as copy_op
@@ -31,7 +31,7 @@ NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
 def _objects(endpoint: str, prefix: str = "") -> list[str]:
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
-    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+    return [o["Key"] for page in pages for o in page.get("Contents", []) if not is_marker(o["Key"])]
 
 
 def _state(saver, thread_id: str, ns: str | None = "") -> list[Any]:

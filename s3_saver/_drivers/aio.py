@@ -16,8 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedErro
 
 from s3_saver._answers import confirm
 from s3_saver._clients import prepare
-from s3_saver._drivers.sync import OwnerLookup
-from s3_saver._owner import owned
+from s3_saver._drivers.sync import MarkLookup, OwnerLookup, checked
 from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, Wait, client_key, site_of
 
@@ -31,15 +30,17 @@ class AsyncDriver:
         stats: RequestStats,
         policy: RetryPolicy,
         owners: OwnerLookup = lambda site: None,
+        marks: MarkLookup = lambda site: None,
     ) -> None:
         self._make_client = make_client
         self._owners = owners
+        self._marks = marks
         self._stats = stats
         self._policy = policy
         self._loops: dict[asyncio.AbstractEventLoop, _LoopClients] = {}
 
     async def run(self, op: Op[T], policy: RetryPolicy | None = None) -> T:
-        op = resilient(owned(op, self._owners), policy or self._policy)
+        op = resilient(checked(op, self._owners, self._marks), policy or self._policy)
         reply: Any = None
         try:
             while True:
@@ -52,7 +53,7 @@ class AsyncDriver:
             op.close()  # as the sync driver does: a cancelled task hands on at once
 
     async def iterate(self, op: Op[Any], policy: RetryPolicy | None = None) -> AsyncIterator[Any]:
-        op = resilient(owned(op, self._owners), policy or self._policy)
+        op = resilient(checked(op, self._owners, self._marks), policy or self._policy)
         reply: Any = None
         try:
             while True:

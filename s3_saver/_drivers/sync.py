@@ -12,12 +12,21 @@ import urllib3
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError
 
 from s3_saver._answers import confirm
+from s3_saver._mode import ModeMark, marked
 from s3_saver._owner import Ownership, owned
 from s3_saver._retry import RetryPolicy, resilient
 from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, Wait, client_key, site_of
 
 ClientFactory = Callable[[str, str], Any]  # (service, site) -> client
 OwnerLookup = Callable[[str], Ownership | None]  # site -> its table's ownership check
+MarkLookup = Callable[[str], ModeMark | None]  # site -> its prefix's index-mode check
+
+
+def checked(op: Op[T], owners: OwnerLookup, marks: MarkLookup) -> Op[T]:
+    """``op`` with the checks that ride on a site's first wave: the prefix's index
+    mode (outside: judged first, so a saver of the other mode claims no table
+    record either) and the table's owner."""
+    return marked(owned(op, owners), marks)
 
 
 class SyncDriver:
@@ -28,9 +37,11 @@ class SyncDriver:
         max_concurrency: int,
         policy: RetryPolicy,
         owners: OwnerLookup = lambda site: None,
+        marks: MarkLookup = lambda site: None,
     ) -> None:
         self._make_client = make_client
         self._owners = owners
+        self._marks = marks
         self._stats = stats
         self._policy = policy
         self._max_concurrency = max_concurrency
@@ -48,7 +59,7 @@ class SyncDriver:
 
     def iterate(self, op: Op[T], policy: RetryPolicy | None = None) -> Iterator[Any]:
         """Yield the operation's Emit values; return its return value."""
-        op = resilient(owned(op, self._owners), policy or self._policy)
+        op = resilient(checked(op, self._owners, self._marks), policy or self._policy)
         reply: Any = None
         try:
             while True:

@@ -35,6 +35,7 @@ from typing import Any
 
 from s3_saver._index.base import ArchiveRef, CheckpointEntry, Holdings, WritesEntry
 from s3_saver._keys import ERASE_MARK, KeyLayout
+from s3_saver._mode import settle_mode
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
 from s3_saver._ops.versioning import noncurrent_warning
@@ -146,6 +147,9 @@ def audit(
         raise ConfigurationError(f"older_than must not be negative, got {older_than} s")
     if isinstance(thread_ids, str):
         raise ConfigurationError(f"thread_ids must be a list of thread ids, not the string {thread_ids!r}")
+    # First: a prefix of the other index mode would read as all orphans and
+    # unindexed threads (and collect_garbage would delete them).
+    yield from settle_mode(ctx.mode, survey=True, claim=False)
     report = StoreReport()
     note = yield from noncurrent_warning(ctx)
     report.notes += [note] if note is not None else []

@@ -196,6 +196,9 @@ class Context:
     slots: WriteSlots = None  # type: ignore[assignment]
     # Set for a replica region's reads: lag-safe (``_ops/lagged.py``).
     replica: ReplicaReads | None = None
+    # The site's index-mode check (``_mode.ModeMark``): admin calls settle it
+    # first (``_mode.settle_mode``); None in contexts made without a site.
+    mode: Any = None
 
     def __post_init__(self) -> None:
         b = self.budget

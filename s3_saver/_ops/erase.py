@@ -36,6 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from s3_saver._keys import KeyLayout, new_token
+from s3_saver._mode import settle_mode
 from s3_saver._ops import delete, idle
 from s3_saver._ops.audit import _referenced
 from s3_saver._ops.context import Context, target
@@ -166,6 +167,9 @@ def _erase_in(
     # A replica gets no write of its own: an object there that no entry names is
     # a copy of what the delete removed (replication never sends it again).
     young = time.time() - GRACE if written else float("inf")
+    # First: a prefix of the other index mode holds objects this index never
+    # names; they must not be taken for the thread's leftovers.
+    yield from settle_mode(ctx.mode, survey=True, claim=False)
     versioned = yield from _versioned(ctx)
     hints: list[str] = []
     read: set[str] = set()  # the hint records whose keys are in ``hints``

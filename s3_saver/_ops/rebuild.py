@@ -36,6 +36,7 @@ from s3_saver._index.base import (
     make_ref,
 )
 from s3_saver._keys import ObjectKey
+from s3_saver._mode import settle_mode
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.put import run_of
 from s3_saver._archive import INSTANT_CLASSES, decode_archive, latest_of, metadata_newest, newest_of
@@ -55,6 +56,9 @@ def rebuild_index(ctx: Context, thread_id: str | None, incomplete: list[str] | N
     order): index only the checkpoints whose objects have all arrived, and
     append the others to it as ``thread/ns/checkpoint_id``.
     """
+    # First: objects of the other index mode's threads are never indexed here
+    # (a second history of each); the index's first write claims the prefix.
+    yield from settle_mode(ctx.mode, survey=True, claim=False)
     if thread_id is not None:
         thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
         prefix = ctx.layout.thread_dir(thread_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from s3_saver._mode import settle_mode
 from s3_saver._ops.context import Context
 from s3_saver._ops.versioning import warn_setup
 from s3_saver._protocol import Op, raise_failure, request, request_one
@@ -25,10 +26,17 @@ def setup(ctx: Context, region: str | None, versioned: bool = False) -> Op[None]
             yield from request_one(ctx.s3.enable_versioning())
     else:
         bucket_region = _bucket_region(head)
+    # Before the index is made or touched: the prefix's index mode is read, and
+    # surveyed when it has no marker (a store of an earlier version); a prefix
+    # of the other mode is refused with nothing created.
+    yield from settle_mode(ctx.mode, survey=True, claim=False)
     yield from ctx.index.setup(ctx.s3.bucket, bucket_region, bool(ctx.ttl_seconds))
     if ctx.index.owner is not None:
         # Record (or check) which bucket owns the table's prefix.
         yield from ctx.index.owner.ensure()
+    # Once the index is ready (a store setup() refuses stays free for the other
+    # mode): the prefix's mode is recorded, if the owner's record did not already.
+    yield from settle_mode(ctx.mode, survey=True, claim=True)
     # After the ownership check (a refused saver writes nothing): a table of an
     # earlier version has its listing and run hints moved into their shards.
     yield from ctx.index.reshard()
@@ -37,11 +45,15 @@ def setup(ctx: Context, region: str | None, versioned: bool = False) -> Op[None]
 
 
 def check(ctx: Context) -> Op[None]:
-    """The bucket exists, and owns the table's prefix (an index read alone
-    cannot tell a bucket that is gone, or another app's table)."""
+    """The bucket exists, its prefix is of the saver's index mode, and owns the
+    table's prefix (an index read alone cannot tell a bucket that is gone, a
+    prefix of the other mode, or another app's table)."""
     (head,) = yield (ctx.s3.head_bucket(),)
     if isinstance(head, BaseException):
         raise_failure(ctx.s3.head_bucket(), head)
+    # The command line's first call: a prefix of the other index mode is
+    # refused before a command answers "no threads" (nothing is written).
+    yield from settle_mode(ctx.mode, survey=True, claim=False)
     owner = ctx.index.owner
     if owner is not None and not owner.checked:
         # After the HeadBucket (the driver's check does not ride on it): a

@@ -8,6 +8,7 @@ operator's shell configured like the function reaches the same store.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -15,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
-from s3_saver.cli._output import Output
+from s3_saver.cli._messages import cli_words
+from s3_saver.cli._output import Output, live_progress
 from s3_saver.cli._params import load_serde
 
 if TYPE_CHECKING:
@@ -68,10 +71,19 @@ class App:
     no_progress: bool = False
     debug: bool = False
     out: Output = field(init=False)
+    # The global options given on the command line before the command's name.
+    before: set[str] = field(default_factory=set, repr=False)
     _saver: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.out = Output(json_mode=self.json, progress=not self.no_progress)
+
+    def set(self, name: str, value: Any) -> None:
+        """A global option given after the command's name (before the saver is made)."""
+        assert self._saver is None, "the saver is made after the command's options are read"
+        setattr(self, name, value)
+        if name in ("json", "no_progress"):
+            self.out = Output(json_mode=self.json, progress=not self.no_progress)
 
     @property
     def mode(self) -> str:
@@ -136,49 +148,94 @@ pass_app = click.make_pass_decorator(App)
 _current: list[App] = []
 
 
+# The global options: every command takes them before its name and after it
+# (`--json threads` and `threads --json`), as users type them. Read from the environment
+# (envvar) by the group only: a command's copy takes what its own words say.
+GLOBAL_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("--bucket",), dict(envvar="CHECKPOINT_BUCKET", metavar="NAME", help="S3 bucket (required).")),
+    (
+        ("--table",),
+        dict(
+            envvar="CHECKPOINT_TABLE",
+            metavar="NAME",
+            help="DynamoDB table of the index; without it the index is the manifest in the bucket.",
+        ),
+    ),
+    (("--prefix",), dict(envvar="CHECKPOINT_PREFIX", metavar="PREFIX", help="Key prefix in the bucket.")),
+    (
+        ("--region",),
+        dict(envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], metavar="REGION", help="AWS region of the bucket and table."),
+    ),
+    (("--endpoint-url",), dict(envvar="AWS_ENDPOINT_URL", metavar="URL", help="One endpoint for S3 and DynamoDB.")),
+    (("--s3-endpoint-url",), dict(envvar="AWS_ENDPOINT_URL_S3", metavar="URL", help="S3 endpoint (MinIO, R2...).")),
+    (("--dynamodb-endpoint-url",), dict(envvar="AWS_ENDPOINT_URL_DYNAMODB", metavar="URL", help="DynamoDB endpoint.")),
+    (
+        ("--serde",),
+        dict(
+            envvar="CHECKPOINT_SERDE",
+            metavar="MODULE:ATTR",
+            help="Serializer the threads were written with: an object, or a class or zero-argument factory of one.",
+        ),
+    ),
+    (("--json", "json"), dict(is_flag=True, help="Machine-readable output: one JSON document on stdout.")),
+    (("--no-progress",), dict(is_flag=True, help="No progress bars (they are shown only on a terminal anyway).")),
+    (("--debug",), dict(is_flag=True, help="Print the traceback of an error.")),
+]
+
+
+def _global_options(command: Any) -> Any:
+    for decls, settings in reversed(GLOBAL_OPTIONS):
+        extra = {"show_envvar": True} if "envvar" in settings else {}
+        command = click.option(*decls, **settings, **extra)(command)
+    return command
+
+
 @click.group(
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog=EPILOG,
 )
-@click.option("--bucket", envvar="CHECKPOINT_BUCKET", show_envvar=True, metavar="NAME", help="S3 bucket (required).")
-@click.option(
-    "--table",
-    envvar="CHECKPOINT_TABLE",
-    show_envvar=True,
-    metavar="NAME",
-    help="DynamoDB table of the index; without it the index is the manifest in the bucket.",
-)
-@click.option("--prefix", envvar="CHECKPOINT_PREFIX", show_envvar=True, metavar="PREFIX", help="Key prefix in the bucket.")
-@click.option(
-    "--region",
-    envvar=["AWS_REGION", "AWS_DEFAULT_REGION"],
-    show_envvar=True,
-    metavar="REGION",
-    help="AWS region of the bucket and table.",
-)
-@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", show_envvar=True, metavar="URL", help="One endpoint for S3 and DynamoDB.")
-@click.option("--s3-endpoint-url", envvar="AWS_ENDPOINT_URL_S3", show_envvar=True, metavar="URL", help="S3 endpoint (MinIO, R2...).")
-@click.option(
-    "--dynamodb-endpoint-url", envvar="AWS_ENDPOINT_URL_DYNAMODB", show_envvar=True, metavar="URL", help="DynamoDB endpoint."
-)
-@click.option(
-    "--serde",
-    envvar="CHECKPOINT_SERDE",
-    show_envvar=True,
-    metavar="MODULE:ATTR",
-    help="Serializer the threads were written with: an object, or a class or zero-argument factory of one.",
-)
-@click.option("--json", "json_mode", is_flag=True, help="Machine-readable output: one JSON document on stdout.")
-@click.option("--no-progress", is_flag=True, help="No progress bars (they are shown only on a terminal anyway).")
-@click.option("--debug", is_flag=True, help="Print the traceback of an error.")
+@_global_options
 @click.version_option(package_name="langgraph-s3-saver", message="%(prog)s %(version)s")
 @click.pass_context
-def cli(ctx: click.Context, json_mode: bool, **options: Any) -> None:
-    """Inspect and maintain LangGraph checkpoints stored by s3_saver's S3Saver."""
-    app = App(json=json_mode, **options)
+def cli(ctx: click.Context, **options: Any) -> None:
+    """Inspect and maintain LangGraph checkpoints stored by s3_saver's S3Saver.
+
+    The options below may also follow the command: `threads --json`."""
+    app = App(**options)
+    app.before = {name for name in options if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE}
     _current[:] = [app]
     ctx.obj = app
     ctx.call_on_close(app.close)
+
+
+def _after_the_command(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """A global option given after the command's name: it wins over the environment. Given
+    on both sides, it must say the same: which one was meant is not for the tool to guess."""
+    if value is None or value is False or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+        return
+    app = ctx.find_object(App)
+    current = getattr(app, param.name)
+    if param.name in app.before and current != value:
+        flag = param.opts[0]
+        raise click.UsageError(
+            f"{flag} is given before the command ({current!r}) and after it ({value!r}): give it once", ctx
+        )
+    app.set(param.name, value)
+
+
+def _late_copies(command: click.Command) -> None:
+    """Give ``command`` a hidden copy of each global option (no envvar: the group reads it)."""
+    if command.epilog is None:
+        command.epilog = "The global options (--bucket, --json...: see the program's --help) may follow the command too."
+    taken = {opt for param in command.params for opt in param.opts}
+    for decls, settings in GLOBAL_OPTIONS:
+        flags = [d for d in decls if d.startswith("-")]
+        assert not taken & set(flags), f"{command.name} has an option of its own named {flags}"
+        copy = {k: v for k, v in settings.items() if k not in ("envvar",)}
+        default = False if copy.get("is_flag") else None
+        command.params.append(
+            click.Option(decls, default=default, expose_value=False, hidden=True, callback=_after_the_command, **copy)
+        )
 
 
 def _register() -> None:
@@ -186,6 +243,7 @@ def _register() -> None:
 
     for module in (_maintain, _inspect, _lifecycle, _migrate):
         for command in module.COMMANDS:
+            _late_copies(command)
             cli.add_command(command)
 
 
@@ -233,36 +291,40 @@ def run(args: Sequence[str] | None = None, prog_name: str | None = None) -> int:
 def _fail(message: str, code: int, exc: BaseException) -> int:
     if _current and _current[0].debug:
         traceback.print_exception(exc)
-    first, *rest = (cli_hints(message) or type(exc).__name__).splitlines() or [""]
+    first, *rest = (cli_words(message) or type(exc).__name__).splitlines() or [""]
     line = " ".join([first, *(part.strip() for part in rest)]).strip()
     click.echo(f"error: {line}", err=True)
     _emit_json_error(type(exc).__name__, line, code)
     return code
 
 
+def _json_wanted() -> bool:
+    return bool(_current and _current[0].json or _json_asked and _json_asked[0])
+
+
+def _json_error(kind: str, message: str, code: int) -> str:
+    return json.dumps({"error": {"kind": kind, "message": message, "exit_code": code}}, ensure_ascii=False) + "\n"
+
+
 def _emit_json_error(kind: str, message: str, code: int) -> None:
     """With --json, an error is a JSON document on stdout too: a script reads one place."""
-    if _current and _current[0].json or _json_asked and _json_asked[0]:
-        document = {"error": {"kind": kind, "message": message, "exit_code": code}}
-        sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
+    if _json_wanted():
+        sys.stdout.write(_json_error(kind, message, code))
         sys.stdout.flush()
 
 
-# The library's errors advise a Python caller; on the command line the same advice
-# names the command or option. Each phrase is pinned by tests/test_cli.py, which
-# meets every one of them through a command.
-_CLI_HINTS = (
-    ("(delete_thread it first, or pass thread_id=...)", "(delete it first with `delete THREAD`, or import under another id with --as)"),
-    ("(delete_thread it first)", "(delete it first with `delete THREAD`)"),
-    ("run saver.setup() or deploy infra/", "run the `setup` command or deploy infra/"),
-    ("run setup() again", "run the `setup` command again"),
-)
-
-
-def cli_hints(message: str) -> str:
-    for python, cli in _CLI_HINTS:
-        message = message.replace(python, cli)
-    return message
+def interrupted(frame: Any) -> None:
+    """What a run ended by Ctrl-C says (SIGINT's handler, in the main thread; the process
+    ends right after). Straight to the file descriptors: the command's thread may hold
+    the locks of sys.stdout and sys.stderr, and what it buffered but did not write is
+    not written."""
+    if live_progress():
+        os.write(2, b"\n\x1b[?25h")  # below the bar, the cursor the bar hid shown again
+    if frame is not None and _current and _current[0].debug:
+        os.write(2, ("Traceback of the command when interrupted:\n" + "".join(traceback.format_stack(frame))).encode())
+    os.write(2, b"error: interrupted\n")
+    if _json_wanted():
+        os.write(1, _json_error("KeyboardInterrupt", "interrupted", EXIT_INTERRUPTED).encode())
 
 
 def _silence_stdout() -> None:
