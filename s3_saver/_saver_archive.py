@@ -72,7 +72,8 @@ class ThreadArchival:
         ``state == "restoring"``; call again later (S3 takes minutes to 48 hours,
         by class and ``tier``) and it returns ``"live"``. Afterwards every read
         equals what it was before the archive, and the archive object is
-        deleted. A live thread is left as it is.
+        deleted. A live thread is left as it is, and so is one that another
+        call deletes or restores while this one runs (``"live"`` either way).
 
         Args:
             thread_id: The thread.

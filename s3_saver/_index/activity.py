@@ -45,7 +45,7 @@ from typing import Any
 from s3_saver import _keys
 from s3_saver._codec import to_attrs
 from s3_saver._index.base import Activity, Tombstone
-from s3_saver._index.dynamo_items import _thread_item
+from s3_saver._index.dynamo_items import ACTIVE, ACTIVE_TOKEN, GEN, SINCE, _thread_item
 from s3_saver._index.manifest_doc import record_of
 from s3_saver._protocol import Op, gather, raise_failure, request, request_one
 from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
@@ -127,6 +127,46 @@ class DynamoActivity:
 
     def touch(self, thread_id: str, day: int) -> Op[None]:
         yield from request_one(self.calls.put(self.activity_item(new_entry(thread_id, day))))
+
+    def stage_active(self, thread_id: str, day: int) -> Op[Activity]:
+        """Nothing sent: the commit's transaction writes the item (``recording``)."""
+        yield from ()
+        return new_entry(thread_id, day)
+
+    def recording(self, active: Activity) -> tuple[str, dict[str, str], dict[str, Any], dict[str, Any]]:
+        """What a commit's transaction adds to record ``active``: the SET clause of
+        the thread's record naming its day and token (an archive or a delete
+        removes that entry, as written there and by no other; the first such
+        day stays, a delete keeps it too: an erase looks from there), its
+        names and values, and the Put of the entry's item. One transaction: the
+        entry is never there without the commit, nor named without being there."""
+        names = {"#act": ACTIVE, "#atok": ACTIVE_TOKEN, "#since": SINCE}
+        values = {":act": {"N": str(active.day)}, ":atok": {"S": active.token}}
+        put = {"Put": {"TableName": self.table, "Item": self.activity_item(active)}}
+        return "#act = :act, #atok = :atok, #since = if_not_exists(#since, :act)", names, values, put
+
+    def record_active(self, thread_id: str, gen: int, active: Activity | None) -> Op[None]:
+        """An import's or a copy's entry, in a transaction of its own once the
+        entries are written (they are many items, in batches): the record names
+        it only while the thread is still in ``gen``, the generation the entries
+        were written in. A delete since took them (nothing to name): no entry."""
+        if active is None:
+            return
+        clause, names, values, put = self.recording(active)
+        values[":g"] = {"N": str(gen)}
+        # A thread never deleted has no generation on its record (or no record).
+        condition = "#g = :g" if gen else "(attribute_not_exists(#g) OR #g = :g)"
+        update = {
+            "Update": {
+                "TableName": self.table,
+                "Key": self.calls.tombstone_key(thread_id),
+                "UpdateExpression": "SET " + clause,
+                "ConditionExpression": condition,
+                "ExpressionAttributeNames": {**names, "#g": GEN},
+                "ExpressionAttributeValues": values,
+            }
+        }
+        yield from self.transact([update, put], f"the activity entry of thread {thread_id!r}")  # type: ignore[attr-defined]
 
     def untouch(self, entry: Activity) -> Op[None]:
         """Nothing to take back: a refused commit's transaction wrote no entry."""
@@ -251,6 +291,13 @@ class ManifestActivity:
 
     def touch(self, thread_id: str, day: int) -> Op[None]:
         yield from put_immutable(self.s3, {self.entry_key(new_entry(thread_id, day)): b""})
+
+    def stage_active(self, thread_id: str, day: int) -> Op[Activity]:
+        """The entry's object, written now: the swap that records it in the head
+        comes after (``with_active``), so a head names only entries written."""
+        entry = new_entry(thread_id, day)
+        yield from put_immutable(self.s3, {self.entry_key(entry): b""})
+        return entry
 
     def untouch(self, entry: Activity) -> Op[None]:
         # Its own key: no other write made it. Kept if the head names it (a commit

@@ -150,6 +150,9 @@ class ArchiveIndex(Index):
     def touch(self, thread_id: str, day: int) -> Op[None]:
         raise self._refuse("a write")
 
+    def stage_active(self, thread_id: str, day: int) -> Op[Any]:
+        raise self._refuse("a write")
+
     def untouch(self, entry: Any) -> Op[None]:
         raise self._refuse("a write")
 
@@ -198,7 +201,9 @@ class ArchiveIndex(Index):
     def all_threads(self) -> Op[list[CheckpointEntry]]:
         raise self._refuse("list(None)")
 
-    def restore(self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int) -> Op[None]:
+    def restore(
+        self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int, active: Any = None
+    ) -> Op[None]:
         raise self._refuse("rebuild_index")
 
     def delete_thread(self, thread_id: str, now: int, release: Any) -> Op[None]:
@@ -210,7 +215,9 @@ class ArchiveIndex(Index):
     def drop_strays(self, thread_id: str, strays: list[WritesEntry]) -> Op[list[WritesEntry]]:
         raise self._refuse("collect_garbage")
 
-    def copy_thread(self, source: str, dest: str, entries: Any, writes: Any, now: int, release: Any) -> Op[None]:
+    def copy_thread(
+        self, source: str, dest: str, entries: Any, writes: Any, now: int, release: Any, active: Any = None
+    ) -> Op[None]:
         raise self._refuse("copy_thread")
 
     def check_copy_target(self, source: str, dest: str) -> Op[Any]:
@@ -231,7 +238,9 @@ class ArchiveIndex(Index):
     def finish_archive(self, thread_id: str, ref: ArchiveRef, release: Any) -> Op[None]:
         raise self._refuse("archive_thread")
 
-    def unarchive(self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]) -> Op[None]:
+    def unarchive(
+        self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry], active: Any = None
+    ) -> Op[None]:
         raise self._refuse("restore_thread")
 
     def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:

@@ -258,12 +258,19 @@ class Index(ABC):
 
     @abstractmethod
     def restore(
-        self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int
+        self,
+        thread_id: str,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        created: int,
+        active: Activity | None = None,
     ) -> Op[None]:
-        """Write the entries of a thread read back from its objects (``rebuild_index``),
-        replacing what the index holds for it, except what a surviving tombstone
-        or delete says is deleted; list the thread (as created at ``created``)
-        unless it is listed."""
+        """Write the entries of a thread read back from its objects (``rebuild_index``,
+        ``import_thread``), replacing what the index holds for it, except what a
+        surviving tombstone or delete says is deleted; list the thread (as
+        created at ``created``) unless it is listed. ``active``: the activity
+        entry ``stage_active`` made, recorded on the thread's record (unless a
+        delete came since the entries' generation: then nothing names it)."""
 
     # -- delete, prune and copy ------------------------------------------------------
     @abstractmethod
@@ -291,12 +298,20 @@ class Index(ABC):
 
     @abstractmethod
     def copy_thread(
-        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int, release: Release
+        self,
+        source: str,
+        dest: str,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        now: int,
+        release: Release,
+        active: Activity | None = None,
     ) -> Op[None]:
         """Install a copy of ``source`` (its objects written already, under ``dest``)
         into ``dest``, listed as created ``now``; refuses (ConfigurationError) a
         ``dest`` with checkpoints of its own (an earlier copy of ``source`` is not:
-        what it holds that this copy does not goes, through ``release``)."""
+        what it holds that this copy does not goes, through ``release``).
+        ``active``: as for ``restore``, recorded on ``dest``'s record."""
 
     @abstractmethod
     def check_copy_target(self, source: str, dest: str) -> Op[Any]:
@@ -333,13 +348,21 @@ class Index(ABC):
 
     @abstractmethod
     def unarchive(
-        self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]
+        self,
+        thread_id: str,
+        ref: ArchiveRef,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        active: Activity | None = None,
     ) -> Op[bool]:
         """Install the entries read back from ``ref`` (their objects are written,
         under a tag no cleanup deletes) and take the archive out, in that order
         (the commit point), with ``ref``'s object left to delete (``stale_archive``).
-        False: another restore switched first (what this one wrote may be named
-        by nothing)."""
+        False: another restore switched first, or a delete took the archive out
+        (what this one wrote may be named by nothing). ``active``: the activity
+        entry ``stage_active`` made, recorded by the switch itself (as
+        ``commit_checkpoint`` records a write's): a delete or an archive after
+        it removes that entry."""
 
     @abstractmethod
     def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:
@@ -362,9 +385,18 @@ class Index(ABC):
         the backfill): its own token, whatever entries the day has already."""
 
     @abstractmethod
+    def stage_active(self, thread_id: str, day: int) -> Op[Activity]:
+        """A new activity entry of the thread on ``day`` (its own token) for a
+        restore, an import or a copy to record with its commit (``unarchive``,
+        ``restore``, ``copy_thread`` take it), as ``prepare`` stages a write's:
+        the manifest writes its object here, in the wave of the call's own
+        objects (a head never names an entry that was not written); a table
+        writes its item in the commit's transaction (nothing is sent here)."""
+
+    @abstractmethod
     def untouch(self, entry: Activity) -> Op[None]:
-        """Take back the activity entry that ``prepare`` wrote for a write then
-        refused, unless the thread's record names it."""
+        """Take back the activity entry that ``prepare`` (or ``stage_active``)
+        wrote for a write then refused, unless the thread's record names it."""
 
     @abstractmethod
     def active_page(self, cursor: dict[str, str], until: int, size: int) -> Op[list[Activity]]:

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._archive import encode_ref
-from s3_saver._index.base import ArchiveRef, CheckpointEntry, Release, Tombstone, WritesEntry
+from s3_saver._index.base import Activity, ArchiveRef, CheckpointEntry, Release, Tombstone, WritesEntry
 from s3_saver._index.dynamo_items import (
     ARCHIVE,
     ARCHIVING,
@@ -136,14 +136,21 @@ class DynamoArchive:
                 return  # a restore began: the items are its own now
 
     def unarchive(
-        self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]
+        self,
+        thread_id: str,
+        ref: ArchiveRef,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        active: Activity | None = None,
     ) -> Op[bool]:
         """The restore's mark first (``restoring``: a token of this call, taking
         over any earlier restore's; an archive's cleanup stops at it), then the
         entries, unseen while the record names the archive, in transactions that
         need the mark to still be this call's, then the switch, which needs it
         too. So the entries readers see after a switch are all one restore's: a
-        restore that was taken over writes no more and does not switch."""
+        restore that was taken over writes no more and does not switch. The
+        switch records ``active`` (and writes its item) in one transaction: a
+        switch refused (taken over, or a delete took the archive out) leaves none."""
         calls = self.calls
         token = new_token(8)
         marked = yield from self._update(
@@ -179,12 +186,25 @@ class DynamoArchive:
             if (yield from self.transact([*puts, ours], f"entries of thread {thread_id!r}")):  # type: ignore[attr-defined]
                 return False  # another restore took over: it writes every entry again
         # Then the switch (the commit point): the archive object is left to delete.
-        switched = yield from self._update(
-            thread_id, "REMOVE #a, #r SET #s = :key", "#a = :ref AND #r = :t",
-            {"#a": ARCHIVE, "#r": RESTORING, "#s": STALE_ARCHIVE},
-            {":key": {"S": ref.key}, ":ref": {"B": encode_ref(ref)}, ":t": {"S": token}},
-        )
-        return switched is not None
+        update = "REMOVE #a, #r SET #s = :key"
+        condition = "#a = :ref AND #r = :t"
+        names = {"#a": ARCHIVE, "#r": RESTORING, "#s": STALE_ARCHIVE}
+        values = {":key": {"S": ref.key}, ":ref": {"B": encode_ref(ref)}, ":t": {"S": token}}
+        if active is None:
+            return (yield from self._update(thread_id, update, condition, names, values)) is not None
+        clause, more_names, more_values, put = self.recording(active)  # type: ignore[attr-defined]
+        switch = {
+            "Update": {
+                "TableName": self.table,
+                "Key": calls.tombstone_key(thread_id),
+                "UpdateExpression": f"{update}, {clause}",
+                "ConditionExpression": condition,
+                "ExpressionAttributeNames": {**names, **more_names},
+                "ExpressionAttributeValues": {**values, **more_values},
+            }
+        }
+        refused = yield from self.transact([switch, put], f"the restore of thread {thread_id!r}")  # type: ignore[attr-defined]
+        return not refused
 
     def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:
         """A commit found an archive under way: take its mark off (its switch then

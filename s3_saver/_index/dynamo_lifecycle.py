@@ -16,6 +16,7 @@ from typing import Any
 
 from s3_saver import _keys
 from s3_saver._index.base import (
+    Activity,
     ArchiveRef,
     Archived,
     CheckpointEntry,
@@ -49,6 +50,7 @@ from s3_saver.errors import (
     TABLE_MISSING,
     TABLE_RACING_CODES,
     ConfigurationError,
+    S3SaverError,
     SetupMismatchError,
     SetupTimeoutError,
     classify,
@@ -58,6 +60,9 @@ from s3_saver.errors import (
 # Passes of a delete over the thread: a second one finds what a pass left (a
 # page written during the first); a third is for good measure.
 _MAX_DELETE_PASSES = 3
+# Attempts of delete_thread's switch, each on the thread's record as read just
+# before (an archive's switch or a listing in between makes it read again).
+_MAX_SWITCHES = 5
 # A transaction's actions besides the thread's record check (100 at most).
 _TRANSACTION_ACTIONS = 99
 # What a delete or an archive's cleanup reads of each item: enough to name its objects.
@@ -205,7 +210,12 @@ class DynamoLifecycle:
         return list(live.values())
 
     def restore(
-        self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int
+        self,
+        thread_id: str,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        created: int,
+        active: Activity | None = None,
     ) -> Op[None]:
         # Entries keep the generation they come with (0 for a rebuild): where a
         # record survived the loss of the rest of the index, what it deleted
@@ -229,7 +239,8 @@ class DynamoLifecycle:
             if (w.ns, w.checkpoint_id, w.task_id, w.part) not in slots
         ]
         yield from self.write_batches([{"DeleteRequest": {"Key": k}} for k in gone], what)
-        yield from self.note(thread_id, created, None)
+        gen = max((e.gen for e in entries), default=0)
+        yield from gather(self.note(thread_id, created, None), self.record_active(thread_id, gen, active))  # type: ignore[attr-defined]
 
     def _write_whole(
         self,
@@ -263,16 +274,36 @@ class DynamoLifecycle:
         )
         if "Item" not in found and not first.get("Items"):
             return  # nothing was ever stored: leave no trace
-        record = _thread_item(calls, found)
-        gen = record.gen + 1
-        stale = record.archive.key if record.archive is not None else record.stale_archive
-        archived_runs = record.archive.runs if record.archive is not None else []
-        # The switch takes the archive reference out, and with it the only thing
-        # that named the archive's runs: it keeps them (``stale_runs``) until their
-        # hints are deleted, so a delete cut short after it and called again
-        # still deletes them.
-        runs = sorted({*record.stale_runs, *archived_runs})
-        yield from request(calls.bury_thread(thread_id, gen, now, stale, record.created or record.unlisting, archived_runs))
+        for _ in range(_MAX_SWITCHES):
+            record = _thread_item(calls, found)
+            gen = record.gen + 1
+            stale = record.archive.key if record.archive is not None else record.stale_archive
+            archived_runs = record.archive.runs if record.archive is not None else []
+            # The switch takes the archive reference out, and with it the only thing
+            # that named the archive's runs: it keeps them (``stale_runs``) until their
+            # hints are deleted, so a delete cut short after it and called again
+            # still deletes them.
+            runs = sorted({*record.stale_runs, *archived_runs})
+            call = calls.bury_thread(thread_id, gen, now, stale, record.created or record.unlisting, archived_runs, record)
+            (buried,) = yield (call,)
+            if not isinstance(buried, BaseException):
+                break
+            if error_code(buried) not in CONDITION_FAILED_CODES:
+                raise_failure(call, buried)
+            # An archive switched (or marked), or a restore, an import or a copy
+            # listed the thread, since the read: decided again on the record as it is.
+            found = yield from request_one(calls.get_tombstone(thread_id))
+        else:
+            raise S3SaverError(
+                f"DynamoDB table {self.table}: the record of thread {thread_id!r} kept changing under "
+                f"delete_thread (archives, restores, listings); gave up after {_MAX_SWITCHES} attempts, "
+                "nothing was deleted: call again"
+            )
+        # The activity entry the record named at the switch, not at the read: a
+        # commit, a restore's switch or an import's entry that landed in between
+        # named its own, and none lands after (each needs the old generation, or
+        # the archive reference, which the switch took out).
+        at_switch = _thread_item(calls, {"Item": buried["Attributes"]}) if "Attributes" in buried else record
         if record.archiving is not None:
             yield from release([ArchiveRef(record.archiving, "", 0, 0, {})], [])
         if stale is not None or runs:
@@ -288,7 +319,7 @@ class DynamoLifecycle:
         # a call again finds it), beside the listing's.
         unlisting = record.created or record.unlisting
         # Only as the record names it (its token): a new life's entry of the same day stays.
-        active = record.named_entries()
+        active = at_switch.named_entries()
         if unlisting:
             call = calls.unlist_thread(unlisting, thread_id, pending=True)
             unlisted, _ = yield from gather(_answer(call), self.drop_active(active))  # type: ignore[attr-defined]
@@ -406,7 +437,14 @@ class DynamoLifecycle:
         return dropped
 
     def copy_thread(
-        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int, release: Release
+        self,
+        source: str,
+        dest: str,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        now: int,
+        release: Release,
+        active: Activity | None = None,
     ) -> Op[None]:
         """Write the entries of a copy (objects copied already) into ``dest``, marked
         as copies of ``source``: a copy cut short is completed by a call again,
@@ -444,7 +482,11 @@ class DynamoLifecycle:
         if earlier or earlier_writes:
             yield from release([*earlier, *earlier_writes], [*entries, *writes])
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
-        yield from gather(self.note(dest, now, None), *(self.note(dest, None, r) for r in runs))  # type: ignore[attr-defined]
+        yield from gather(
+            self.note(dest, now, None),  # type: ignore[attr-defined]
+            *(self.note(dest, None, r) for r in runs),  # type: ignore[attr-defined]
+            self.record_active(dest, record.gen, active),  # type: ignore[attr-defined]
+        )
 
     def check_copy_target(self, source: str, dest: str) -> Op[Tombstone]:
         """The target's record; refuses a target archived, or holding checkpoints of

@@ -10,6 +10,7 @@ from typing import Any
 
 from s3_saver import _keys
 from s3_saver._codec import to_attrs
+from s3_saver._archive import encode_ref
 from s3_saver._index.dynamo_table import (
     ARCHIVE,
     ARCHIVING,
@@ -24,6 +25,7 @@ from s3_saver._index.dynamo_table import (
     UNLISTING,
     _transaction,
 )
+from s3_saver._index.entries import Tombstone
 from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Call
 
@@ -88,13 +90,26 @@ class DynamoThreadItems:
             },
         )
 
-    def bury_thread(self, thread_id: str, gen: int, now: int, stale: str | None, created: int, runs: list[str]) -> Call:
+    def bury_thread(
+        self, thread_id: str, gen: int, now: int, stale: str | None, created: int, runs: list[str], read: Tombstone
+    ) -> Call:
         """``delete_thread``'s switch: the thread's record moves to generation
         ``gen`` (every item below it is deleted for readers and writers), with no
         archive, marks or deleted runs left, and not listed (a run that starts it
         afresh lists it anew); the archive object (``stale``) and the listing
         entry (``unlisting``: when it was listed) wait on it until removed, and so
-        do the archive's ``runs`` (the archive reference, which named them, goes)."""
+        do the archive's ``runs`` (the archive reference, which named them, goes).
+        It answers with the record as it was just before (``ALL_OLD``): the
+        activity entry it names then is the thread's last (no commit, restore,
+        import or copy names one after this switch).
+
+        Only on the record as the delete ``read`` it, in what the delete decided
+        from it (the archive, an archive's mark, the listing time), or on one
+        switched already (``gen``: this request sent again, or a racing delete
+        of the same generation): this write takes those out, and an archive
+        switched or a thread listed in between would be named by nothing after
+        it. Refused (a conditional check failure), the record is read again and
+        the delete decided again."""
         names = {
             "#g": GEN, "#d": "deleted_at", "#a": ARCHIVE, "#m": ARCHIVING, "#r": RESTORING, "#x": DEAD_RUNS, "#c": CREATED,
         }
@@ -113,14 +128,25 @@ class DynamoThreadItems:
             update += " ADD #sr :sr"
             names["#sr"] = STALE_RUNS
             values[":sr"] = {"SS": sorted(runs)}
+        as_read = []
+        for name, value in (("#a", read.archive), ("#m", read.archiving), ("#c", read.created or None)):
+            if value is None:
+                as_read.append(f"attribute_not_exists({name})")
+            else:
+                as_read.append(f"{name} = :read{name[1:]}")
+                values[f":read{name[1:]}"] = (
+                    {"B": encode_ref(value)} if name == "#a" else {"S": value} if name == "#m" else {"N": str(value)}
+                )
         return self._call(
             "update_item",
             {
                 "TableName": self.table,
                 "Key": self.tombstone_key(thread_id),
                 "UpdateExpression": update,
+                "ConditionExpression": f"({' AND '.join(as_read)}) OR #g = :g",
                 "ExpressionAttributeNames": names,
                 "ExpressionAttributeValues": values,
+                "ReturnValues": "ALL_OLD",
             },
         )
 

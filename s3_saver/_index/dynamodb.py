@@ -36,7 +36,7 @@ from s3_saver._index.base import (
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._index.dynamo_items import ACTIVE, ACTIVE_TOKEN, SINCE, DynamoCalls, Link, _listed_first, _live_gen, _thread_item
+from s3_saver._index.dynamo_items import DynamoCalls, Link, _listed_first, _live_gen, _thread_item
 from s3_saver._index.activity import DynamoActivity, new_entry
 from s3_saver._index.dynamo_audit import DynamoHoldings
 from s3_saver._index.dynamo_archive import DynamoArchive
@@ -121,18 +121,15 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, DynamoActivity
         and never there without the commit."""
         calls = self.calls
         fence = calls.fence(entry.thread_id, entry.gen, entry.run_id)
+        put_active = None
         if active is not None:
-            # The thread's record then names the entry's day and token (an archive
-            # or a delete removes that entry, as written here and by no other):
-            # the fence's check becomes an update under the same condition.
+            # The thread's record then names the entry (``recording``): the
+            # fence's check becomes an update under the same condition.
             check = fence.pop("ConditionCheck")
-            # The first such day stays (a delete keeps it too): an erase looks from there.
-            check["UpdateExpression"] = "SET #act = :act, #atok = :atok, #since = if_not_exists(#since, :act)"
-            check["ExpressionAttributeNames"]["#act"] = ACTIVE
-            check["ExpressionAttributeNames"]["#atok"] = ACTIVE_TOKEN
-            check["ExpressionAttributeNames"]["#since"] = SINCE
-            check["ExpressionAttributeValues"][":act"] = {"N": str(active.day)}
-            check["ExpressionAttributeValues"][":atok"] = {"S": active.token}
+            update, names, values, put_active = self.recording(active)
+            check["UpdateExpression"] = "SET " + update
+            check["ExpressionAttributeNames"].update(names)
+            check["ExpressionAttributeValues"].update(values)
             fence["Update"] = check
         actions = [
             {"Put": {"TableName": self.table, "Item": calls.checkpoint_item(entry)}},
@@ -141,8 +138,8 @@ class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, DynamoActivity
         ]
         if parent_tag is not None and entry.parent_id is not None:
             actions.append(calls.parent_fence(entry.thread_id, entry.ns, entry.parent_id, parent_tag))
-        if active is not None:
-            actions.append({"Put": {"TableName": self.table, "Item": self.activity_item(active)}})
+        if put_active is not None:
+            actions.append(put_active)
         refused = yield from self.transact(actions, f"checkpoint {entry.checkpoint_id} of thread {entry.thread_id!r}")
         if refused:
             self._fenced(entry.thread_id, refused[2])

@@ -43,7 +43,7 @@ from s3_saver._index.base import (
 )
 from s3_saver._index.manifest_archive import ManifestArchive
 from s3_saver._index.manifest_audit import ManifestHoldings
-from s3_saver._index.manifest_doc import ACTIVE_TOKENS_KEPT, Head, _in, record_of
+from s3_saver._index.manifest_doc import Head, _in, record_of, with_active
 from s3_saver._index.manifest_group import GroupCommit
 from s3_saver._index.manifest_head import ManifestHead
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
@@ -210,23 +210,8 @@ class ManifestIndex(
             # Its own checkpoint: the thread is no longer a copy to bring up to date.
             # The first writer to list the thread sets the time its listing
             # entry must carry; another writer's entry (a race) does not count.
-            day = active.day if active is not None else 0
-            # The head names the newest day's entries by their tokens (an archive or
-            # a delete removes them by key); an entry of an older day is left to the walk.
-            tokens = head.active_tokens
-            if active is not None and day > head.active:
-                tokens = [active.token]
-            elif active is not None and day == head.active and active.token not in tokens:
-                tokens = [*tokens, active.token][-ACTIVE_TOKENS_KEPT:]
-            return replace(
-                head,
-                entries=[*rest, stored],
-                copied_from=None,
-                created=head.created or created or 0,
-                active=max(head.active, day),
-                active_tokens=tokens,
-                since=min(head.since, day) if head.since and day else head.since or day,
-            )
+            new = replace(head, entries=[*rest, stored], copied_from=None, created=head.created or created or 0)
+            return with_active(new, active)
 
         yield from self._commit(entry.thread_id, change, check)
         self.bodies.keep(entry)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._index.base import SPECIAL_PART, ArchiveRef, CheckpointEntry, Release, Tombstone, WritesEntry
-from s3_saver._index.manifest_doc import Head, _tips, record_of
+from s3_saver._index.base import SPECIAL_PART, Activity, ArchiveRef, CheckpointEntry, Release, Tombstone, WritesEntry
+from s3_saver._index.manifest_doc import Head, _tips, record_of, with_active
 from s3_saver._protocol import Op
 from s3_saver.errors import ThreadArchivedError
 
@@ -85,8 +85,15 @@ class ManifestArchive:
             yield from self._clear_graveyard(head, release, unlist=False)  # type: ignore[attr-defined]
 
     def unarchive(
-        self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry]
+        self,
+        thread_id: str,
+        ref: ArchiveRef,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        active: Activity | None = None,
     ) -> Op[bool]:
+        # The swap that switches also records ``active`` (its object is written):
+        # a delete or an archive after it removes that entry by its key.
         switched = [False]
 
         def install(h: Head) -> Head | None:
@@ -106,7 +113,7 @@ class ManifestArchive:
             tips = _tips(entries)
             switched[0] = True
             restored = [replace(w, gen=h.gen, body=w.body if (w.ns, w.checkpoint_id) in tips else None) for w in writes]
-            return replace(
+            new = replace(
                 h,
                 entries=[
                     replace(e, gen=h.gen, writes=[], body=e.body if (e.ns, e.checkpoint_id) in tips else None)
@@ -118,6 +125,7 @@ class ManifestArchive:
                 archive=None,
                 stale_archive=ref.key,
             )
+            return with_active(new, active)
 
         yield from self._update(thread_id, install)  # type: ignore[attr-defined]
         return switched[0]

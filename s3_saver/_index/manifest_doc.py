@@ -22,6 +22,7 @@ from s3_saver._codec import pack, unpack
 from s3_saver._index import manifest_bodies as bodies
 from s3_saver._index.base import (
     IN_CHECKPOINT_OBJECT,
+    Activity,
     ArchiveRef,
     CheckpointEntry,
     Loc,
@@ -374,4 +375,21 @@ def record_of(head: Head) -> Tombstone:
         head.thread_id, None, head.gen, head.deleted_at, head.created, frozenset(head.dead_runs),
         head.archive, head.stale_archive, head.archiving, None, head.unlisting, head.active,
         head.since, active_tokens=tuple(head.active_tokens),
+    )
+
+
+def with_active(head: Head, active: Activity | None) -> Head:
+    """``head`` recording the activity entry ``active``, written before the swap
+    that installs it (a put's, a restore's, an import's, a copy's commit): the
+    newest day's entries by their tokens, which an archive or a delete removes
+    by key; an entry of an older day is left to the walk."""
+    if active is None:
+        return head
+    day, tokens = active.day, head.active_tokens
+    if day > head.active:
+        tokens = [active.token]
+    elif day == head.active and active.token not in tokens:
+        tokens = [*tokens, active.token][-ACTIVE_TOKENS_KEPT:]
+    return replace(
+        head, active=max(head.active, day), active_tokens=tokens, since=min(head.since, day) if head.since else day
     )

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._index.base import ArchiveRef, Archived, CheckpointEntry, Cut, Release, ThreadRef, WritesEntry
-from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes, decode_head, record_of
+from s3_saver._index.base import Activity, ArchiveRef, Archived, CheckpointEntry, Cut, Release, ThreadRef, WritesEntry
+from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes, decode_head, record_of, with_active
 from s3_saver._index.manifest_seal import _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
 from s3_saver._keys import KeyLayout, new_token
 from s3_saver._protocol import Op, gather, raise_failure, request
@@ -237,7 +237,12 @@ class ManifestLifecycle:
         return out
 
     def restore(
-        self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int
+        self,
+        thread_id: str,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        created: int,
+        active: Activity | None = None,
     ) -> Op[None]:
         head = yield from self._read_head(thread_id)
         # What an interrupted delete buried stays deleted.
@@ -246,13 +251,15 @@ class ManifestLifecycle:
         writes = [w for w in writes if _grave_key(w) not in buried]
 
         def install(h: Head) -> Head | None:
-            return replace(
+            # ``active`` (its object written) is recorded by the same swap.
+            new = replace(
                 h,
                 entries=[replace(e, gen=h.gen, writes=[]) for e in entries],
                 writes=[replace(w, gen=h.gen) for w in writes],
                 segments=[],
                 created=h.created or created,
             )
+            return with_active(new, active)
 
         yield from self._install(head, install)
 
@@ -451,7 +458,14 @@ class ManifestLifecycle:
         return (yield from self._update(thread_id, clear, head))
 
     def copy_thread(
-        self, source: str, dest: str, entries: list[CheckpointEntry], writes: list[WritesEntry], now: int, release: Release
+        self,
+        source: str,
+        dest: str,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        now: int,
+        release: Release,
+        active: Activity | None = None,
     ) -> Op[None]:
         """Write the entries of a copy (objects copied already) into ``dest``'s head
         in one swap: a copy cut short leaves the target as it was. The swap checks
@@ -463,7 +477,7 @@ class ManifestLifecycle:
         def install(h: Head) -> Head | None:
             if (h.entries or h.segments) and h.copied_from != source:
                 raise ConfigurationError(f"thread {dest!r} got checkpoints of its own while being copied into")
-            return replace(
+            new = replace(
                 h,
                 entries=[replace(e, gen=h.gen, writes=[]) for e in entries],
                 writes=[replace(w, gen=h.gen) for w in writes],
@@ -471,6 +485,7 @@ class ManifestLifecycle:
                 copied_from=source,
                 created=h.created or now,
             )
+            return with_active(new, active)  # recorded by the same swap (its object is written)
 
         earlier = yield from self._contents(target)  # what a copy cut short and called again left
         installed = yield from self._install(target, install)

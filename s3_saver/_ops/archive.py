@@ -60,6 +60,9 @@ from s3_saver.errors import (
 _WAVE = 100  # objects read or written per round trip
 _EXPORT_ATTEMPTS = 3
 _RESTORE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8)
+# Reads of the thread's record by restore_thread when its archive object is gone
+# under it (restored or deleted by another call, the thread archived again since).
+_RESTORE_READS = 3
 _TIERS = ("Standard", "Bulk", "Expedited")
 # HeadObject's ArchiveStatus of an INTELLIGENT_TIERING object that must be restored first.
 INTELLIGENT_TIERING_ARCHIVE_TIERS = frozenset({"ARCHIVE_ACCESS", "DEEP_ARCHIVE_ACCESS"})
@@ -232,17 +235,31 @@ def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[Arc
     if tier not in _TIERS:
         raise ConfigurationError(f"tier must be one of {', '.join(_TIERS)}; got {tier!r}")
     own = yield from ctx.index.archive_of(thread_id)
-    if own.archive is None:
-        if own.stale_archive is not None:
-            yield from _remove_stale(ctx, thread_id, own.stale_archive)
-        return ArchiveStatus(thread_id, "live")
-    ref = own.archive
-    data, head = yield from archive_body(ctx, ref)
-    if data is None:
-        return (yield from _request_restore(ctx, thread_id, ref, head, days, tier))
-    archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}")
-    live_bytes = yield from install(ctx, thread_id, archive, ref)
-    return ArchiveStatus(thread_id, "live", ref.storage_class, ref.key, ref.size, len(archive.entries), live_bytes)
+    for attempt in range(_RESTORE_READS):
+        if own.archive is None:
+            if own.stale_archive is not None:
+                yield from _remove_stale(ctx, thread_id, own.stale_archive)
+            return ArchiveStatus(thread_id, "live")
+        ref = own.archive
+        try:
+            data, head = yield from archive_body(ctx, ref)
+            if data is None:
+                return (yield from _request_restore(ctx, thread_id, ref, head, days, tier))
+        except MissingObjectError:
+            # The archive object went after the record was read: another restore
+            # finished (and deleted it), or a delete_thread took the thread. The
+            # record, read again, says which: no longer naming this archive, the
+            # call answers as it would have had it begun now (a live or deleted
+            # thread: "live"; archived again: that archive). Still naming it, the
+            # object is lost: raised.
+            own = yield from ctx.index.archive_of(thread_id)
+            if attempt == _RESTORE_READS - 1 or (own.archive is not None and own.archive.key == ref.key):
+                raise
+            continue
+        archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}")
+        live_bytes = yield from install(ctx, thread_id, archive, ref)
+        return ArchiveStatus(thread_id, "live", ref.storage_class, ref.key, ref.size, len(archive.entries), live_bytes)
+    raise AssertionError("unreachable")
 
 
 def _request_restore(
@@ -342,39 +359,49 @@ def install(
         objects[layout.blob_key(thread_id, ns, ch, version, cid, tag)] = squeeze(body)
     for (ns, cid), body in archive.records.items():
         objects[layout.checkpoint_key(thread_id, ns, cid, tag)] = squeeze(body)
+    # Live again (restored, imported, copied): archive_idle's clock starts anew. The
+    # thread's activity entry of the day is staged with the last wave of objects and
+    # recorded by the commit, as a write's is (``Index.stage_active``): the thread's
+    # record names it, so a delete or an archive after this removes it, and a
+    # commit refused takes it back. Written beside the commit and named by nothing,
+    # it outlived every delete of the thread.
     keys = list(objects)
-    for i in range(0, len(keys), _WAVE):
+    last = max(len(keys) - 1, 0) // _WAVE * _WAVE
+    for i in range(0, last, _WAVE):
         yield from put_immutable(ctx.s3, {k: objects[k] for k in keys[i : i + _WAVE]})
+    _, active = yield from gather(
+        put_immutable(ctx.s3, {k: objects[k] for k in keys[last:]}), ctx.index.stage_active(thread_id, day_of(ctx.now()))
+    )
     expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
     writes = [replace(w, body=squeeze(w.body or b""), expires_at=expires_at) for w in writes]
     entries = [replace(e, body=squeeze(e.body or b""), expires_at=expires_at) for e in entries]
     ctx.locs.forget_thread(thread_id)
-    # Live again (restored, imported, copied): archive_idle's clock starts anew. The
-    # thread's activity entry of the day goes beside the commit (a hint, see note()).
-    touch = ctx.index.touch(thread_id, day_of(ctx.now()))
     if ref is not None:
-        switched, _ = yield from gather(ctx.index.unarchive(thread_id, ref, entries, writes), touch)
-        if not switched:  # the commit point
+        if not (yield from ctx.index.unarchive(thread_id, ref, entries, writes, active)):  # the commit point
             # Another restore switched first, or took over (a step's put and
-            # put_writes both restore): what this call wrote and no entry names goes.
+            # put_writes both restore), or a delete took the archive out: what this
+            # call wrote and no entry names goes, its activity entry too (unless
+            # the record names it: this call's switch landed, its answer lost).
             # No entry can come to name it: only this call writes under its tag, and
             # a restore that took over writes every entry again before it switches.
             try:
                 staying = yield from ctx.index.contents(thread_id)
             except Archived:
                 staying = []
-            yield from deleter(ctx, thread_id)([*entries, *writes], staying)
+            yield from gather(deleter(ctx, thread_id)([*entries, *writes], staying), ctx.index.untouch(active))
             # The archive object is the winner's to delete, once switched (if it is
             # cut short, the archive is all there is). Give it a moment to switch.
             yield from _wait_restored(ctx, thread_id, ref)
         else:
             yield from _remove_stale(ctx, thread_id, ref.key)
     elif copied_from is not None:
-        yield from gather(
-            ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now(), deleter(ctx, thread_id)), touch
-        )
+        try:
+            yield from ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now(), deleter(ctx, thread_id), active)
+        except ConfigurationError:
+            yield from ctx.index.untouch(active)  # refused: the target got checkpoints of its own
+            raise
     else:
-        yield from gather(ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now()), touch)
+        yield from ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now(), active)
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
         yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
     ctx.locs.forget_thread(thread_id)

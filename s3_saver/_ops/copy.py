@@ -52,13 +52,16 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
     }
     old_writes = [w for e in entries for w in e.writes or ()]
     pairs.update((layout.object_key(own_object(w)), layout.object_key(own_object(n))) for w, n in zip(old_writes, writes))
-    yield from copy_immutable(ctx.s3, pairs)
+    # The copy's activity entry of the day (archive_idle, ``_index/activity``) is
+    # staged beside the objects and recorded by the commit on the target's record,
+    # so that a delete or an archive of the copy removes it (``archive.install``).
+    _, active = yield from gather(copy_immutable(ctx.s3, pairs), ctx.index.stage_active(dest, day_of(ctx.now())))
     ctx.locs.forget_thread(dest)
-    # The copy's activity entry of the day (archive_idle, ``_index/activity``) goes beside its commit.
-    yield from gather(
-        ctx.index.copy_thread(source, dest, copies, writes, ctx.now(), deleter(ctx, dest)),
-        ctx.index.touch(dest, day_of(ctx.now())),
-    )
+    try:
+        yield from ctx.index.copy_thread(source, dest, copies, writes, ctx.now(), deleter(ctx, dest), active)
+    except ConfigurationError:
+        yield from ctx.index.untouch(active)  # refused: the target got checkpoints of its own
+        raise
     ctx.locs.forget_thread(dest)
     yield from _no_deleted_runs(ctx, source, dest, entries)
 
