@@ -9,7 +9,7 @@ from s3_saver._index.dynamo_table import (
     TABLE_KEY_SCHEMA,
     TTL_ATTRIBUTE,
 )
-from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
+from s3_saver._format.keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._migrate import MigrationProgress, MigrationReport, migrate
 from s3_saver._ops.archive import ArchiveStatus
 from s3_saver._ops.idle import IdleReport

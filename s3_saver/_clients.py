@@ -20,7 +20,7 @@ from botocore.config import Config
 from botocore.credentials import RefreshableCredentials
 
 from s3_saver._answers import watch
-from s3_saver._keys import new_token
+from s3_saver._format.keys import new_token
 from s3_saver.errors import ConfigurationError, Where
 
 # Lambda-minded defaults: an unreachable store fails in seconds, not minutes.

@@ -9,7 +9,7 @@ from typing import Any
 from botocore.config import Config
 
 from s3_saver._cache import MIN_BYTES
-from s3_saver._key_codec import check_prefix
+from s3_saver._format.key_codec import check_prefix
 from s3_saver._retry import RetryPolicy
 from s3_saver.errors import ConfigurationError
 

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from s3_saver._codec import from_attrs, to_attrs
-from s3_saver._keys import KeyLayout
+from s3_saver._format.codec import from_attrs, to_attrs
+from s3_saver._format.keys import KeyLayout
 from s3_saver._protocol import Call, Op, T, raise_failure, site_of
 from s3_saver.errors import CONDITION_FAILED_CODES, KEY_SCHEMA, TableOwnedError, Where, classify, error_code
 

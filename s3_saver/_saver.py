@@ -21,11 +21,11 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from s3_saver._archive import check_live_class
 from s3_saver._cache import CacheBudget, CacheStats, default_bytes
 from s3_saver._drivers.aio import AsyncDriver
 from s3_saver._drivers.sync import SyncDriver
-from s3_saver._keys import KeyLayout
+from s3_saver._format.archive import check_live_class
+from s3_saver._format.keys import KeyLayout
 from s3_saver._ops import delta, put, put_writes, read, setup
 from s3_saver._ops.context import Context
 from s3_saver._options import check_options

@@ -28,9 +28,9 @@ from botocore.config import Config
 
 from s3_saver._clients import Clients
 from s3_saver._clients import client_config as merged_config
+from s3_saver._format.keys import KeyLayout
 from s3_saver._index.dynamodb import DynamoIndex
 from s3_saver._index.manifest import ManifestIndex
-from s3_saver._keys import KeyLayout
 from s3_saver._mode import ModeMark
 from s3_saver._ops.context import Context
 from s3_saver._ops.lagged import lag_safe

@@ -352,7 +352,7 @@ def _logical(keys: list[str]) -> list[str]:
     object again under keys no earlier write used."""
     from dataclasses import replace
 
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
 
     layout = KeyLayout()
     return sorted(repr(replace(layout.parse_object_key(k), tag="", token="")) for k in keys)
@@ -424,7 +424,7 @@ def test_archive_read_restore_matches_in_memory(endpoint, index_mode, aio) -> No
         restored = await ours.call(ours.cp, "restore_thread", "t")
         assert (restored.state, restored.key, restored.checkpoints) == ("live", status.key, status.checkpoints)
         assert not _objects(endpoint, "archive/")
-        # The same objects, written again under a new tag (see s3_saver._keys).
+        # The same objects, written again under a new tag (see s3_saver._format.keys).
         assert _logical(_objects(endpoint, "live/t/")) == _logical(live)
         assert _archived_classes(ours.cp) == {"t": None}
         after = savers.new()

@@ -15,7 +15,7 @@ from s3_saver import (
     SetupMismatchError,
     TableNotFoundError,
 )
-from s3_saver._keys import (
+from s3_saver._format.keys import (
     THREAD_TOMBSTONE_SK,
     SortKey,
     checkpoint_sort_key,

@@ -33,7 +33,7 @@ from s3_saver import (
 from s3_saver._index.base import CheckpointEntry
 from s3_saver._index.dynamo_table import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA
 from s3_saver._index.dynamodb import DynamoIndex
-from s3_saver._keys import KeyLayout, encode
+from s3_saver._format.keys import KeyLayout, encode
 from s3_saver._ops import read, setup
 from s3_saver._ops.context import Context
 from s3_saver._protocol import Call, Emit, Sleep

@@ -34,7 +34,7 @@ from test_list_threads import (
 )
 
 from s3_saver._drivers.sync import SyncDriver
-from s3_saver._keys import LISTING_SHARDS, KeyLayout, shard_of
+from s3_saver._format.keys import LISTING_SHARDS, KeyLayout, shard_of
 
 LAYOUT = KeyLayout("")
 

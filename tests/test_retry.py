@@ -384,8 +384,8 @@ def test_a_transaction_cancelled_by_throttling_is_ridden_out_as_throttling() -> 
     throttles one of its items: a ThrottlingError among its reasons. It gets the
     throttling schedule (7.5 s ridden out, every time), not the transaction's own
     10 conflict retries of at most 9 s in all (4.6 s on average)."""
+    from s3_saver._format.keys import KeyLayout
     from s3_saver._index.dynamodb import DynamoIndex
-    from s3_saver._keys import KeyLayout
     from s3_saver.errors import Where
 
     index = DynamoIndex("t", KeyLayout(""), Where("b", "t"))
@@ -410,8 +410,8 @@ def test_an_operations_own_retry_loops_keep_to_the_deadline() -> None:
     """A transaction that keeps conflicting, and items DynamoDB keeps leaving unprocessed,
     are retried by the operation itself (10 attempts, up to ~9 s of pauses): within
     deadline() it gives up before the deadline, as a retried request does."""
+    from s3_saver._format.keys import KeyLayout
     from s3_saver._index.dynamodb import DynamoIndex
-    from s3_saver._keys import KeyLayout
     from s3_saver.errors import S3SaverError, Where
 
     index = DynamoIndex("t", KeyLayout(""), Where("b", "t"))

@@ -42,8 +42,8 @@ import json
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
-from s3_saver import _keys
-from s3_saver._codec import to_attrs
+from s3_saver._format import keys as _keys
+from s3_saver._format.codec import to_attrs
 from s3_saver._index.base import Activity, Tombstone
 from s3_saver._index.dynamo_items import ACTIVE, ACTIVE_TOKEN, GEN, SINCE, _thread_item
 from s3_saver._index.manifest_doc import record_of

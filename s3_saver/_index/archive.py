@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._archive import Archive
 from s3_saver._cache import KEY_BYTES, entry_bytes
-from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, unpack
+from s3_saver._format.archive import Archive
+from s3_saver._format.codec import BLOB_FORMAT, CHECKPOINT_FORMAT, unpack
+from s3_saver._format.keys import KeyLayout
 from s3_saver._index.base import (
     ArchiveRef,
     CheckpointEntry,
@@ -28,7 +29,6 @@ from s3_saver._index.base import (
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Op
 from s3_saver.errors import ThreadArchivedError
 

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from s3_saver._index.entries import (
+from s3_saver._format.entries import (
     ENTRY_BUDGET,
     IN_BLOB_OBJECT,
     IN_CHECKPOINT_OBJECT,

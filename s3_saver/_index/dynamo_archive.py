@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._archive import encode_ref
+from s3_saver._format.archive import encode_ref
+from s3_saver._format.keys import new_token
 from s3_saver._index.base import Activity, ArchiveRef, CheckpointEntry, Release, Tombstone, WritesEntry
 from s3_saver._index.dynamo_items import (
     ARCHIVE,
@@ -38,7 +39,6 @@ from s3_saver._index.dynamo_items import (
     Link,
     _thread_item,
 )
-from s3_saver._keys import new_token
 from s3_saver._protocol import Op, raise_failure, request_one
 from s3_saver.errors import CONDITION_FAILED_CODES, ThreadArchivedError, error_code
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import ormsgpack
 
-from s3_saver import _keys
-from s3_saver._archive import decode_ref, encode_ref
-from s3_saver._codec import attr_size, from_attrs, plain, squeeze, to_attrs
+from s3_saver._format import keys as _keys
+from s3_saver._format.archive import decode_ref, encode_ref
+from s3_saver._format.codec import attr_size, from_attrs, plain, squeeze, to_attrs
 from s3_saver._index.base import ENTRY_BUDGET as ITEM_BUDGET
 from s3_saver._index.base import (
     Archived,
@@ -62,7 +62,7 @@ from s3_saver._index.dynamo_table import (
     _transaction,
 )
 from s3_saver._index.dynamo_thread_items import DynamoThreadItems
-from s3_saver._keys import KeyLayout
+from s3_saver._format.keys import KeyLayout
 from s3_saver._protocol import Call
 from s3_saver.errors import CorruptObjectError, Where, error_code
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from s3_saver import _keys
+from s3_saver._format import keys as _keys
 from s3_saver._index.base import (
     Activity,
     ArchiveRef,

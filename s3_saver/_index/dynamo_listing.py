@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from s3_saver import _keys
-from s3_saver._codec import to_attrs
+from s3_saver._format import keys as _keys
+from s3_saver._format.codec import to_attrs
 from s3_saver._index.dynamo_items import PARTITION_KEY, SORT_KEY, DynamoCalls
 from s3_saver._protocol import Op, request
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from s3_saver._keys import new_token
+from s3_saver._format.keys import new_token
 from s3_saver._protocol import Call
 
 if TYPE_CHECKING:

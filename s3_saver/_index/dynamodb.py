@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from s3_saver import _keys
+from s3_saver._format import keys as _keys
 from s3_saver._index.base import (
     REGULAR_PART,
     Activity,
@@ -41,7 +41,7 @@ from s3_saver._index.activity import DynamoActivity, new_entry
 from s3_saver._index.dynamo_audit import DynamoHoldings
 from s3_saver._index.dynamo_archive import DynamoArchive
 from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
-from s3_saver._keys import KeyLayout
+from s3_saver._format.keys import KeyLayout
 from s3_saver._protocol import Backoff, Op, backoff, gather, raise_failure, request, request_one
 from s3_saver.errors import S3SaverError, Where, error_code, throttled
 

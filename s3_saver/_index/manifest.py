@@ -28,7 +28,8 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._cache import CacheBudget
-from s3_saver._codec import CHECKPOINT_FORMAT, unpack
+from s3_saver._format.codec import CHECKPOINT_FORMAT, unpack
+from s3_saver._format.keys import KeyLayout
 from s3_saver._index.activity import ManifestActivity, new_entry
 from s3_saver._index.base import (
     REGULAR_PART,
@@ -49,7 +50,6 @@ from s3_saver._index.manifest_head import ManifestHead
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
 from s3_saver._index.manifest_reads import ManifestReads
 from s3_saver._index.manifest_seal import Bodies, _plan_seal, _SealPlan
-from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Op, raise_failure
 from s3_saver._s3 import S3Calls, put_immutable
 from s3_saver.errors import (

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from s3_saver._format.keys import KeyLayout
 from s3_saver._index.base import CheckpointEntry, Holdings
 from s3_saver._index.manifest_doc import Head, SegmentRef
-from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Op
 
 

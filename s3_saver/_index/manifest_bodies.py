@@ -26,8 +26,8 @@ from typing import Any
 
 import ormsgpack
 
-from s3_saver._archive import _zstd
-from s3_saver._codec import plain
+from s3_saver._format.archive import _zstd
+from s3_saver._format.codec import plain
 from s3_saver._index.base import CheckpointEntry, WritesEntry
 from s3_saver.errors import CorruptObjectError
 

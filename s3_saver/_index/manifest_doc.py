@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from s3_saver._archive import decode_ref, encode_ref
-from s3_saver._codec import pack, unpack
+from s3_saver._format.archive import decode_ref, encode_ref
+from s3_saver._format.codec import pack, unpack
 from s3_saver._index import manifest_bodies as bodies
 from s3_saver._index.base import (
     IN_CHECKPOINT_OBJECT,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from s3_saver._cache import Cache, entry_bytes
+from s3_saver._format.keys import KeyLayout
 from s3_saver._index.base import (
     Archived,
     CheckpointEntry,
@@ -43,7 +44,6 @@ from s3_saver._index.manifest_seal import (
     _plan_seal,
     _SealPlan,
 )
-from s3_saver._keys import KeyLayout
 from s3_saver._protocol import Backoff, Op, raise_failure, request
 from s3_saver._s3 import S3Calls, put_immutable
 from s3_saver.errors import (

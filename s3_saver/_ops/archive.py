@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from s3_saver._archive import (
+from s3_saver._format.archive import (
     ARCHIVE_CLASSES,
     Archive,
     archive_metadata,
@@ -37,11 +37,11 @@ from s3_saver._archive import (
     latest_of,
     newest_of,
 )
-from s3_saver._codec import plain, squeeze
+from s3_saver._format.codec import plain, squeeze
 from s3_saver._index.activity import day_of
 from s3_saver._index.base import Archived, ArchiveRef, CheckpointEntry, retag
-from s3_saver._keys import ObjectKey, new_tag, new_token
-from s3_saver._reach import closure, moved, own_object
+from s3_saver._format.keys import ObjectKey, new_tag, new_token
+from s3_saver._format.closure import closure, moved, own_object
 from s3_saver._ops.archived import RESTORE_DONE, archive_body, cold_error, read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys, deleter

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._archive import INSTANT_CLASSES, decode_archive
+from s3_saver._format.archive import INSTANT_CLASSES, decode_archive
 from s3_saver._index.archive import ArchiveIndex
 from s3_saver._index.base import ArchiveRef, Archived
 from s3_saver._ops.context import Context, LocCache

@@ -34,12 +34,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from s3_saver._index.base import ArchiveRef, CheckpointEntry, Holdings, WritesEntry
-from s3_saver._keys import ERASE_MARK, KeyLayout
+from s3_saver._format.keys import ERASE_MARK, KeyLayout
 from s3_saver._mode import settle_mode
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
 from s3_saver._ops.versioning import noncurrent_warning
-from s3_saver._reach import closure, closure_keys, own_object
+from s3_saver._format.closure import closure, closure_keys, own_object
 from s3_saver._protocol import Op, raise_failure, request_one
 from s3_saver.errors import (
     OBJECT_MISSING,

@@ -9,9 +9,9 @@ from typing import Any
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from s3_saver._cache import LOC_ITEM_BYTES, CacheBudget, key_bytes
+from s3_saver._format.keys import KeyLayout
+from s3_saver._format.pieces import HeldLists
 from s3_saver._index.base import CheckpointEntry, Index, Loc
-from s3_saver._keys import KeyLayout
-from s3_saver._pieces import HeldLists
 from s3_saver._replica import ReplicaReads
 from s3_saver._s3 import S3Calls
 from s3_saver.errors import ConfigurationError

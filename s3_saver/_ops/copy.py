@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from s3_saver._archive import decode_archive
+from s3_saver._format.archive import decode_archive
+from s3_saver._format.closure import closure, moved, own_object
+from s3_saver._format.keys import new_tag
 from s3_saver._index.activity import day_of
 from s3_saver._index.base import Archived, CheckpointEntry
-from s3_saver._keys import new_tag
 from s3_saver._ops.archive import install
 from s3_saver._ops.archived import read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import deleter
 from s3_saver._ops.prune import take_out_runs
 from s3_saver._protocol import Op, gather
-from s3_saver._reach import closure, moved, own_object
 from s3_saver._s3 import copy_immutable
 from s3_saver.errors import ConfigurationError
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import DeltaChannelHistory, PendingWrite
 
-from s3_saver._codec import loads
+from s3_saver._format.codec import loads
 from s3_saver._index.base import CheckpointEntry, DepthHint
 from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from s3_saver._keys import KeyLayout, new_token
+from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._mode import settle_mode
 from s3_saver._ops import delete, idle
 from s3_saver._ops.audit import _referenced

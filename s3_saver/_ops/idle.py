@@ -29,8 +29,8 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from s3_saver._archive import ARCHIVE_CLASSES, Archive, check_class
-from s3_saver._codec import CHECKPOINT_FORMAT, loads, typed, unpack
+from s3_saver._format.archive import ARCHIVE_CLASSES, Archive, check_class
+from s3_saver._format.codec import CHECKPOINT_FORMAT, loads, typed, unpack
 from s3_saver._index.activity import day_of, shift_day
 from s3_saver._index.base import Activity, Archived
 from s3_saver._ops import threads

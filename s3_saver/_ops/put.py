@@ -17,7 +17,9 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 
-from s3_saver import _keys
+from s3_saver._format import keys as _keys
+from s3_saver._format.closure import closure_keys
+from s3_saver._format.keys import new_token
 from s3_saver._index.activity import activity_day
 from s3_saver._index.base import (
     ENTRY_BUDGET,
@@ -27,7 +29,6 @@ from s3_saver._index.base import (
     ParentGone,
     ref_pieces,
 )
-from s3_saver._keys import new_token
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.refused import (
     _MAX_FENCED,
@@ -41,7 +42,6 @@ from s3_saver._ops.refused import (
 )
 from s3_saver._ops.stage import LOC_HEADROOM, held_key, stage, store_late
 from s3_saver._protocol import Op, gather
-from s3_saver._reach import closure_keys
 from s3_saver._s3 import put_immutable
 from s3_saver.errors import CheckpointTooLargeError, ThreadDeletedError
 

@@ -8,10 +8,10 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import WRITES_IDX_MAP
 
-from s3_saver import _keys
-from s3_saver._codec import WRITES_FORMAT, pack
+from s3_saver._format import keys as _keys
+from s3_saver._format.codec import WRITES_FORMAT, pack
+from s3_saver._format.keys import new_token
 from s3_saver._index.base import REGULAR_PART, SPECIAL_PART, Fenced, WritesEntry
-from s3_saver._keys import new_token
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.refused import (
     _MAX_FENCED,

@@ -13,7 +13,9 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, PendingWrite, writes_sort_key
 
-from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
+from s3_saver._format.closure import own_object, ref_object
+from s3_saver._format.codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
+from s3_saver._format.pieces import SPLITTABLE, Held, array_header, body_of, join
 from s3_saver._index.base import (
     IN_BLOB_OBJECT,
     REGULAR_PART,
@@ -27,9 +29,7 @@ from s3_saver._index.base import (
 )
 from s3_saver._ops.context import Context
 from s3_saver._ops.stage import held_key
-from s3_saver._pieces import SPLITTABLE, Held, array_header, body_of, join
 from s3_saver._protocol import Call, Op, gather, raise_failure
-from s3_saver._reach import own_object, ref_object
 from s3_saver.errors import (
     DENIED,
     OBJECT_MISSING,

@@ -47,7 +47,7 @@ from s3_saver._ops.delete import delete_thread
 from s3_saver._protocol import Op, gather, request_one
 from s3_saver._replica import ReplicationGap
 from s3_saver._s3 import put_immutable
-from s3_saver._reach import named_by
+from s3_saver._format.closure import named_by
 from s3_saver.errors import ResourceMissingError
 
 @dataclass

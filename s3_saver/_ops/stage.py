@@ -13,10 +13,16 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, CHECKPOINT_PIECES_FORMAT, PIECE_FORMAT, pack
+from s3_saver._format.codec import (
+    BLOB_FORMAT,
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_PIECES_FORMAT,
+    PIECE_FORMAT,
+    pack,
+)
 from s3_saver._index.base import ENTRY_BUDGET, IN_BLOB_OBJECT, IN_CHECKPOINT_OBJECT, Loc, Ref, make_ref, ref_pieces, ref_tag
 from s3_saver._ops.context import Context
-from s3_saver._pieces import SPLITTABLE, Held, array_header, extends, keep
+from s3_saver._format.pieces import SPLITTABLE, Held, array_header, extends, keep
 from s3_saver._protocol import Op
 from s3_saver._s3 import put_immutable
 

@@ -16,7 +16,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointMetadata
 
-from s3_saver._codec import loads, typed
+from s3_saver._format.codec import loads, typed
 from s3_saver._index.base import ThreadRef
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.read import _matches

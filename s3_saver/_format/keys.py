@@ -33,7 +33,7 @@ saver's in ``_key_owner``.
 
 from __future__ import annotations
 
-from s3_saver._key_codec import (
+from s3_saver._format.key_codec import (
     ACTIVITY_PREFIX,
     ACTIVITY_SHARDS,
     ARCHIVE_PREFIX,
@@ -66,7 +66,7 @@ from s3_saver._key_codec import (
     sort_encode,
     version_segment,
 )
-from s3_saver._key_owner import (
+from s3_saver._format.key_owner import (
     CURSORS,
     ERASE_NAME,
     MODE_MARKER,
@@ -76,7 +76,7 @@ from s3_saver._key_owner import (
     exact_id,
     nested_prefix,
 )
-from s3_saver._sort_keys import (
+from s3_saver._format.sort_keys import (
     _LISTING_CLOCK,
     LISTING_SHARDS,
     SortKey,

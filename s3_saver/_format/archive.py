@@ -28,7 +28,7 @@ from typing import Any
 
 import ormsgpack
 
-from s3_saver._codec import CHECKPOINT_FORMAT, pack, plain, unpack
+from s3_saver._format.codec import CHECKPOINT_FORMAT, pack, plain, unpack
 from s3_saver._index.base import ArchiveRef, CheckpointEntry, WritesEntry, as_ref
 from s3_saver.errors import ConfigurationError, CorruptObjectError
 

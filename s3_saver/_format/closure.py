@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._index.base import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry, Ref, WritesEntry, ref_pieces, ref_tag, retag
-from s3_saver._keys import KeyLayout, ObjectKey, new_token
+from s3_saver._format.keys import KeyLayout, ObjectKey, new_token
 
 
 def ref_object(thread_id: str, ns: str, channel: str, ref: Ref) -> ObjectKey:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from s3_saver._key_codec import (
+from s3_saver._format.key_codec import (
     ARCHIVE_PREFIX,
     ERASE_MARK,
     FOLDERS,
@@ -31,7 +31,7 @@ from s3_saver._key_codec import (
 from s3_saver.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
 
 # Names in the manifest folder besides the threads' folders: archive_idle's
 # cursors ("#": never in a thread's folder name, see ``encode``) and setup's

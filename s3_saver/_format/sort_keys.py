@@ -9,7 +9,7 @@ import hashlib
 import zlib
 from dataclasses import dataclass
 
-from s3_saver._key_codec import (
+from s3_saver._format.key_codec import (
     _NS_TOMBSTONE_MARK,
     _SORT_SEP,
     ACTIVITY_SHARDS,
