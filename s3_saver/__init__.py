@@ -1,6 +1,6 @@
 """s3_saver: a LangGraph checkpoint saver on S3 immutable objects with a DynamoDB index."""
 
-from s3_saver._cache import CacheStats, CacheUse
+from s3_saver._transport.budget import CacheStats, CacheUse
 from s3_saver._index.dynamo_table import (
     PARTITION_KEY,
     SORT_KEY,
@@ -16,9 +16,9 @@ from s3_saver._ops.idle import IdleReport
 from s3_saver._ops.audit import StoreProblem, StoreReport
 from s3_saver._ops.erase import EraseReport, RemainingVersion
 from s3_saver._ops.threads import ThreadInfo
-from s3_saver._protocol import RequestStats
+from s3_saver._transport.protocol import RequestStats
 from s3_saver._replica import Promotion, ReadSource, Replica, ReplicationGap, ReplicationReport
-from s3_saver._retry import RetryPolicy
+from s3_saver._transport.retry import RetryPolicy
 from s3_saver._saver import S3Saver
 from s3_saver._urls import open_saver
 from s3_saver.errors import (

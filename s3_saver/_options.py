@@ -8,9 +8,9 @@ from typing import Any
 
 from botocore.config import Config
 
-from s3_saver._cache import MIN_BYTES
+from s3_saver._transport.budget import MIN_BYTES
 from s3_saver._format.key_codec import check_prefix
-from s3_saver._retry import RetryPolicy
+from s3_saver._transport.retry import RetryPolicy
 from s3_saver.errors import ConfigurationError
 
 

@@ -21,22 +21,22 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from s3_saver._cache import CacheBudget, CacheStats, default_bytes
-from s3_saver._drivers.aio import AsyncDriver
-from s3_saver._drivers.sync import SyncDriver
 from s3_saver._format.archive import check_live_class
 from s3_saver._format.keys import KeyLayout
 from s3_saver._ops import delta, put, put_writes, read, setup
 from s3_saver._ops.context import Context
 from s3_saver._options import check_options
-from s3_saver._protocol import PRIMARY, RequestStats
 from s3_saver._replica import Replica
-from s3_saver._retry import RetryPolicy
-from s3_saver._retry import deadline as retry_deadline
 from s3_saver._saver_archive import ThreadArchival
 from s3_saver._saver_regions import Regions, replica_site
 from s3_saver._saver_threads import ThreadLifecycle
 from s3_saver._sites import REPLICA, Route, make_site
+from s3_saver._transport.aio import AsyncDriver
+from s3_saver._transport.budget import CacheBudget, CacheStats, default_bytes
+from s3_saver._transport.protocol import PRIMARY, RequestStats
+from s3_saver._transport.retry import RetryPolicy
+from s3_saver._transport.retry import deadline as retry_deadline
+from s3_saver._transport.sync import SyncDriver
 from s3_saver.errors import ConfigurationError
 
 # The random part of channel versions: from the OS's generator, never the random

@@ -14,9 +14,9 @@ from s3_saver._ops.archive import ArchiveStatus
 from s3_saver._ops.idle import IdleReport
 
 if TYPE_CHECKING:
-    from s3_saver._drivers.aio import AsyncDriver
-    from s3_saver._drivers.sync import SyncDriver
     from s3_saver._ops.context import Context
+    from s3_saver._transport.aio import AsyncDriver
+    from s3_saver._transport.sync import SyncDriver
 
 
 class ThreadArchival:

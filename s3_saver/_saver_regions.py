@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from s3_saver._ops import replication, setup
 from s3_saver._ops.context import Context
-from s3_saver._protocol import PRIMARY, Op, RequestStats, T
 from s3_saver._replica import Promotion, ReadSource, Replica, ReplicationReport
-from s3_saver._retry import RetryPolicy
 from s3_saver._sites import ONCE, REPLICA, Route, Site, make_site
+from s3_saver._transport.protocol import PRIMARY, Op, RequestStats, T
+from s3_saver._transport.retry import RetryPolicy
 from s3_saver.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from s3_saver._drivers.aio import AsyncDriver
-    from s3_saver._drivers.sync import SyncDriver
+    from s3_saver._transport.aio import AsyncDriver
+    from s3_saver._transport.sync import SyncDriver
 
 
 class Regions:

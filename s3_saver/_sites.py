@@ -26,19 +26,19 @@ from typing import Any
 
 from botocore.config import Config
 
-from s3_saver._clients import Clients
-from s3_saver._clients import client_config as merged_config
 from s3_saver._format.keys import KeyLayout
 from s3_saver._index.dynamodb import DynamoIndex
 from s3_saver._index.manifest import ManifestIndex
-from s3_saver._mode import ModeMark
 from s3_saver._ops.context import Context
 from s3_saver._ops.lagged import lag_safe
-from s3_saver._owner import Ownership
-from s3_saver._protocol import PRIMARY, Emit, Op, T
 from s3_saver._replica import ReadSource, Replica, ReplicaReads
-from s3_saver._retry import RetryPolicy, resilient
-from s3_saver._s3 import S3Calls
+from s3_saver._transport.clients import Clients
+from s3_saver._transport.clients import client_config as merged_config
+from s3_saver._transport.mode import ModeMark
+from s3_saver._transport.ownership import Ownership
+from s3_saver._transport.protocol import PRIMARY, Emit, Op, T
+from s3_saver._transport.retry import RetryPolicy, resilient
+from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import PrimaryUnavailableError, StoreUnavailableError, Where
 
 REPLICA = "replica"

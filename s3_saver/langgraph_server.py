@@ -70,7 +70,7 @@ from typing import Any
 
 from s3_saver._ops.erase import EraseReport
 from s3_saver._saver import S3Saver
-from s3_saver._cache import MIN_BYTES
+from s3_saver._transport.budget import MIN_BYTES
 from s3_saver._format.key_codec import check_prefix
 from s3_saver._options import TABLE_NAME, bucket_name_ok, parse_bytes, parse_duration
 from s3_saver._serde_spec import load_serde

@@ -9,9 +9,9 @@ import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
 
 from s3_saver import ConfigurationError, RetryPolicy, StoreUnavailableError
-from s3_saver._protocol import Call, Sleep, request
-from s3_saver._retry import deadline, resilient
-from s3_saver._s3 import S3Calls, put_immutable
+from s3_saver._transport.protocol import Call, Sleep, request
+from s3_saver._transport.retry import deadline, resilient
+from s3_saver._transport.s3 import S3Calls, put_immutable
 
 
 def _error(code: str, status: int) -> ClientError:
@@ -151,7 +151,7 @@ def test_a_group_commit_lead_cut_short_hands_on_at_once() -> None:
     import threading
 
     from s3_saver._index.manifest_group import GroupCommit
-    from s3_saver._protocol import Wait
+    from s3_saver._transport.protocol import Wait
 
     group = GroupCommit(threading.Lock())
 
@@ -185,7 +185,7 @@ def test_a_taken_commit_cut_short_is_never_handed_the_lead() -> None:
     import threading
 
     from s3_saver._index.manifest_group import GroupCommit
-    from s3_saver._protocol import Wait
+    from s3_saver._transport.protocol import Wait
 
     group = GroupCommit(threading.Lock())
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from s3_saver._protocol import Op
+from s3_saver._transport.protocol import Op
 from s3_saver.errors import ThreadArchivedError
 
 # loc entry kinds: where the value of (channel, version) is stored.

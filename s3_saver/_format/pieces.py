@@ -28,7 +28,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from s3_saver._cache import KEY_BYTES, CacheBudget
+from s3_saver._transport.budget import KEY_BYTES, CacheBudget
 
 # The size tiers: pieces below MERGE KB are tier 0, then each tier is MERGE times larger.
 MERGE = 4

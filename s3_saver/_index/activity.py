@@ -47,8 +47,8 @@ from s3_saver._format.codec import to_attrs
 from s3_saver._index.base import Activity, Tombstone
 from s3_saver._index.dynamo_items import ACTIVE, ACTIVE_TOKEN, GEN, SINCE, _thread_item
 from s3_saver._index.manifest_doc import record_of
-from s3_saver._protocol import Op, gather, raise_failure, request, request_one
-from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
+from s3_saver._transport.protocol import Op, gather, raise_failure, request, request_one
+from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import CONDITION_FAILED_CODES, OBJECT_MISSING, CorruptObjectError, classify, error_code
 
 # The one shard of the manifest's entries (S3 spreads a prefix's keys by itself).

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._cache import KEY_BYTES, entry_bytes
 from s3_saver._format.archive import Archive
 from s3_saver._format.codec import BLOB_FORMAT, CHECKPOINT_FORMAT, unpack
 from s3_saver._format.keys import KeyLayout
@@ -29,7 +28,8 @@ from s3_saver._index.base import (
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._protocol import Op
+from s3_saver._transport.budget import KEY_BYTES, entry_bytes
+from s3_saver._transport.protocol import Op
 from s3_saver.errors import ThreadArchivedError
 
 

@@ -54,7 +54,7 @@ from s3_saver._format.entries import (
     ref_tag,
     retag,
 )
-from s3_saver._protocol import Op
+from s3_saver._transport.protocol import Op
 
 __all__ = [
     "ENTRY_BUDGET", "IN_BLOB_OBJECT", "IN_CHECKPOINT_OBJECT", "REGULAR_PART", "SPECIAL_PART", "Activity",

@@ -39,7 +39,7 @@ from s3_saver._index.dynamo_items import (
     Link,
     _thread_item,
 )
-from s3_saver._protocol import Op, raise_failure, request_one
+from s3_saver._transport.protocol import Op, raise_failure, request_one
 from s3_saver.errors import CONDITION_FAILED_CODES, ThreadArchivedError, error_code
 
 _TRANSACTION_ACTIONS = 99  # and the record's check: 100 per transaction

@@ -12,7 +12,7 @@ from typing import Any
 
 from s3_saver._index.base import CheckpointEntry, Holdings, Tombstone, WritesEntry
 from s3_saver._index.dynamo_items import DynamoCalls
-from s3_saver._protocol import Op
+from s3_saver._transport.protocol import Op
 
 
 class DynamoHoldings:

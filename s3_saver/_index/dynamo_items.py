@@ -63,7 +63,7 @@ from s3_saver._index.dynamo_table import (
 )
 from s3_saver._index.dynamo_thread_items import DynamoThreadItems
 from s3_saver._format.keys import KeyLayout
-from s3_saver._protocol import Call
+from s3_saver._transport.protocol import Call
 from s3_saver.errors import CorruptObjectError, Where, error_code
 
 # The table's names, re-exported: every dynamo module imports them from here.

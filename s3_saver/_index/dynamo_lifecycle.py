@@ -44,7 +44,7 @@ from s3_saver._index.dynamo_items import (
     _thread_item,
 )
 from s3_saver._index.dynamo_listing import listing_page, move_unsharded, run_threads
-from s3_saver._protocol import Op, Sleep, gather, raise_failure, request, request_one
+from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure, request, request_one
 from s3_saver.errors import (
     CONDITION_FAILED_CODES,
     TABLE_MISSING,

@@ -19,7 +19,7 @@ from typing import Any
 from s3_saver._format import keys as _keys
 from s3_saver._format.codec import to_attrs
 from s3_saver._index.dynamo_items import PARTITION_KEY, SORT_KEY, DynamoCalls
-from s3_saver._protocol import Op, request
+from s3_saver._transport.protocol import Op, request
 
 # Items moved per transaction: a Put and a Delete each, of DynamoDB's 100 actions.
 _MOVE_BATCH = 50

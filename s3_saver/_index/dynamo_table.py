@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from s3_saver._format.keys import new_token
-from s3_saver._protocol import Call
+from s3_saver._transport.protocol import Call
 
 if TYPE_CHECKING:
     from s3_saver._index.dynamo_items import DynamoCalls

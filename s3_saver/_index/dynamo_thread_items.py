@@ -27,7 +27,7 @@ from s3_saver._index.dynamo_table import (
 )
 from s3_saver._format.entries import Tombstone
 from s3_saver._format.keys import KeyLayout
-from s3_saver._protocol import Call
+from s3_saver._transport.protocol import Call
 
 
 class DynamoThreadItems:

@@ -42,7 +42,7 @@ from s3_saver._index.dynamo_audit import DynamoHoldings
 from s3_saver._index.dynamo_archive import DynamoArchive
 from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
 from s3_saver._format.keys import KeyLayout
-from s3_saver._protocol import Backoff, Op, backoff, gather, raise_failure, request, request_one
+from s3_saver._transport.protocol import Backoff, Op, backoff, gather, raise_failure, request, request_one
 from s3_saver.errors import S3SaverError, Where, error_code, throttled
 
 BATCH_GET_MAX = 100  # BatchGetItem accepts at most 100 keys per request

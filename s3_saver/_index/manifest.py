@@ -27,7 +27,6 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._cache import CacheBudget
 from s3_saver._format.codec import CHECKPOINT_FORMAT, unpack
 from s3_saver._format.keys import KeyLayout
 from s3_saver._index.activity import ManifestActivity, new_entry
@@ -50,8 +49,9 @@ from s3_saver._index.manifest_head import ManifestHead
 from s3_saver._index.manifest_lifecycle import ManifestLifecycle
 from s3_saver._index.manifest_reads import ManifestReads
 from s3_saver._index.manifest_seal import Bodies, _plan_seal, _SealPlan
-from s3_saver._protocol import Op, raise_failure
-from s3_saver._s3 import S3Calls, put_immutable
+from s3_saver._transport.budget import CacheBudget
+from s3_saver._transport.protocol import Op, raise_failure
+from s3_saver._transport.s3 import S3Calls, put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from s3_saver._cache import Cache, entry_bytes
 from s3_saver._format.keys import KeyLayout
 from s3_saver._index.base import (
     Archived,
@@ -44,8 +43,9 @@ from s3_saver._index.manifest_seal import (
     _plan_seal,
     _SealPlan,
 )
-from s3_saver._protocol import Backoff, Op, raise_failure, request
-from s3_saver._s3 import S3Calls, put_immutable
+from s3_saver._transport.budget import Cache, entry_bytes
+from s3_saver._transport.protocol import Backoff, Op, raise_failure, request
+from s3_saver._transport.s3 import S3Calls, put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,

@@ -19,8 +19,8 @@ from s3_saver._index.base import Activity, ArchiveRef, Archived, CheckpointEntry
 from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes, decode_head, record_of, with_active
 from s3_saver._index.manifest_seal import _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
 from s3_saver._format.keys import KeyLayout, new_token
-from s3_saver._protocol import Op, gather, raise_failure, request
-from s3_saver._s3 import DELETE_BATCH, S3Calls, put_immutable
+from s3_saver._transport.protocol import Op, gather, raise_failure, request
+from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,

@@ -45,8 +45,8 @@ from s3_saver._format.closure import closure, moved, own_object
 from s3_saver._ops.archived import RESTORE_DONE, archive_body, cold_error, read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys, deleter
-from s3_saver._protocol import Op, Sleep, gather, raise_failure, request
-from s3_saver._s3 import put_immutable
+from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure, request
+from s3_saver._transport.s3 import put_immutable
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,

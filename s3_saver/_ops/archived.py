@@ -22,7 +22,7 @@ from s3_saver._format.archive import INSTANT_CLASSES, decode_archive
 from s3_saver._index.archive import ArchiveIndex
 from s3_saver._index.base import ArchiveRef, Archived
 from s3_saver._ops.context import Context, LocCache
-from s3_saver._protocol import Op, T, raise_failure, request_one
+from s3_saver._transport.protocol import Op, T, raise_failure, request_one
 from s3_saver.errors import MissingObjectError, ThreadArchivedError, error_code
 
 # S3's answer to a GET of an object in a class that must be restored first.

@@ -35,12 +35,12 @@ from typing import Any
 
 from s3_saver._index.base import ArchiveRef, CheckpointEntry, Holdings, WritesEntry
 from s3_saver._format.keys import ERASE_MARK, KeyLayout
-from s3_saver._mode import settle_mode
+from s3_saver._transport.mode import settle_mode
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
 from s3_saver._ops.versioning import noncurrent_warning
 from s3_saver._format.closure import closure, closure_keys, own_object
-from s3_saver._protocol import Op, raise_failure, request_one
+from s3_saver._transport.protocol import Op, raise_failure, request_one
 from s3_saver.errors import (
     OBJECT_MISSING,
     ConfigurationError,

@@ -8,12 +8,12 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from s3_saver._cache import LOC_ITEM_BYTES, CacheBudget, key_bytes
 from s3_saver._format.keys import KeyLayout
 from s3_saver._format.pieces import HeldLists
 from s3_saver._index.base import CheckpointEntry, Index, Loc
 from s3_saver._replica import ReplicaReads
-from s3_saver._s3 import S3Calls
+from s3_saver._transport.budget import LOC_ITEM_BYTES, CacheBudget, key_bytes
+from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import ConfigurationError
 
 # What put needs to know of a parent: its loc map, its delete generation and the

@@ -23,8 +23,8 @@ from s3_saver._ops.archived import read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import deleter
 from s3_saver._ops.prune import take_out_runs
-from s3_saver._protocol import Op, gather
-from s3_saver._s3 import copy_immutable
+from s3_saver._transport.protocol import Op, gather
+from s3_saver._transport.s3 import copy_immutable
 from s3_saver.errors import ConfigurationError
 
 

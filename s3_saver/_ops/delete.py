@@ -15,8 +15,8 @@ from typing import Any
 from s3_saver._index.base import Release
 from s3_saver._ops.context import Context, target
 from s3_saver._format.closure import released
-from s3_saver._protocol import Op, request
-from s3_saver._s3 import DELETE_BATCH
+from s3_saver._transport.protocol import Op, request
+from s3_saver._transport.s3 import DELETE_BATCH
 from s3_saver.errors import S3SaverError
 
 

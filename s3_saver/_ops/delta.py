@@ -21,7 +21,7 @@ from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.lagged import check_delta_chain, proves_items
 from s3_saver._ops.resolve import Resolver, load
-from s3_saver._protocol import Op
+from s3_saver._transport.protocol import Op
 
 
 def delta_channel_history(

@@ -36,12 +36,12 @@ from datetime import datetime
 from typing import Any
 
 from s3_saver._format.keys import KeyLayout, new_token
-from s3_saver._mode import settle_mode
 from s3_saver._ops import delete, idle
 from s3_saver._ops.audit import _referenced
 from s3_saver._ops.context import Context, target
-from s3_saver._protocol import Op, gather, raise_failure, request, request_one
-from s3_saver._s3 import DELETE_BATCH, put_immutable
+from s3_saver._transport.mode import settle_mode
+from s3_saver._transport.protocol import Op, gather, raise_failure, request, request_one
+from s3_saver._transport.s3 import DELETE_BATCH, put_immutable
 from s3_saver.errors import (
     DENIED_CODES,
     AccessDeniedError,

@@ -37,7 +37,7 @@ from s3_saver._ops import threads
 from s3_saver._ops.archive import ArchiveStatus, archive_thread
 from s3_saver._ops.context import Context
 from s3_saver._ops.resolve import Resolver
-from s3_saver._protocol import Op, drain, gather
+from s3_saver._transport.protocol import Op, drain, gather
 from s3_saver.errors import ConfigurationError, ThreadArchivedError
 
 CURSOR = "archive-idle"

@@ -34,7 +34,7 @@ from s3_saver._index.base import IN_CHECKPOINT_OBJECT, CheckpointEntry, Cut, Key
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_thread, deleter
 from s3_saver._ops.resolve import Resolver
-from s3_saver._protocol import Op, gather
+from s3_saver._transport.protocol import Op, gather
 from s3_saver.errors import ConfigurationError
 
 STRATEGIES = ("keep_latest", "delete")

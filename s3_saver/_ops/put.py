@@ -41,8 +41,8 @@ from s3_saver._ops.refused import (
     _untouch,
 )
 from s3_saver._ops.stage import LOC_HEADROOM, held_key, stage, store_late
-from s3_saver._protocol import Op, gather
-from s3_saver._s3 import put_immutable
+from s3_saver._transport.protocol import Op, gather
+from s3_saver._transport.s3 import put_immutable
 from s3_saver.errors import CheckpointTooLargeError, ThreadDeletedError
 
 

@@ -22,8 +22,8 @@ from s3_saver._ops.refused import (
     _take_back,
     _writes_deleted,
 )
-from s3_saver._protocol import Op, gather
-from s3_saver._s3 import put_immutable
+from s3_saver._transport.protocol import Op, gather
+from s3_saver._transport.s3 import put_immutable
 
 
 def put_writes(

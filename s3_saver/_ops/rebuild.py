@@ -36,11 +36,11 @@ from s3_saver._index.base import (
     make_ref,
 )
 from s3_saver._format.keys import ObjectKey
-from s3_saver._mode import settle_mode
+from s3_saver._transport.mode import settle_mode
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.put import run_of
 from s3_saver._format.archive import INSTANT_CLASSES, decode_archive, latest_of, metadata_newest, newest_of
-from s3_saver._protocol import Op, gather, request, request_one
+from s3_saver._transport.protocol import Op, gather, request, request_one
 
 _GET_WAVE = 100  # objects read per round trip
 _ABSENT = object()

@@ -12,7 +12,7 @@ from s3_saver._index.base import ArchiveRef, Prepared, Tombstone
 from s3_saver._ops.archive import restore_before_write
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_keys
-from s3_saver._protocol import Op
+from s3_saver._transport.protocol import Op
 from s3_saver.errors import (
     RunDeletedError,
     S3SaverError,

@@ -29,7 +29,7 @@ from s3_saver._index.base import (
 )
 from s3_saver._ops.context import Context
 from s3_saver._ops.stage import held_key
-from s3_saver._protocol import Call, Op, gather, raise_failure
+from s3_saver._transport.protocol import Call, Op, gather, raise_failure
 from s3_saver.errors import (
     DENIED,
     OBJECT_MISSING,

@@ -23,8 +23,8 @@ from s3_saver._format.codec import (
 from s3_saver._index.base import ENTRY_BUDGET, IN_BLOB_OBJECT, IN_CHECKPOINT_OBJECT, Loc, Ref, make_ref, ref_pieces, ref_tag
 from s3_saver._ops.context import Context
 from s3_saver._format.pieces import SPLITTABLE, Held, array_header, extends, keep
-from s3_saver._protocol import Op
-from s3_saver._s3 import put_immutable
+from s3_saver._transport.protocol import Op
+from s3_saver._transport.s3 import put_immutable
 
 # Room for keys, parent id and attribute names next to ``loc`` in the item.
 LOC_HEADROOM = 16 * 1024

@@ -21,7 +21,7 @@ from s3_saver._index.base import ThreadRef
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.read import _matches
 from s3_saver._ops.resolve import Resolver
-from s3_saver._protocol import Emit, Op
+from s3_saver._transport.protocol import Emit, Op
 from s3_saver.errors import ConfigurationError
 
 _PAGE = 100  # listing entries per request

@@ -14,11 +14,22 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
-from s3_saver._answers import confirm
-from s3_saver._clients import prepare
-from s3_saver._drivers.sync import MarkLookup, OwnerLookup, checked
-from s3_saver._retry import RetryPolicy, resilient
-from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, Wait, client_key, site_of
+from s3_saver._transport.answers import confirm
+from s3_saver._transport.clients import prepare
+from s3_saver._transport.sync import MarkLookup, OwnerLookup, checked
+from s3_saver._transport.retry import RetryPolicy, resilient
+from s3_saver._transport.protocol import (
+    PRIMARY,
+    Call,
+    Emit,
+    Op,
+    RequestStats,
+    Sleep,
+    T,
+    Wait,
+    client_key,
+    site_of,
+)
 
 ClientContextFactory = Callable[[str, str], Any]  # (service, site) -> async context manager of a client
 

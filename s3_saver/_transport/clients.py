@@ -19,7 +19,7 @@ from typing import Any
 from botocore.config import Config
 from botocore.credentials import RefreshableCredentials
 
-from s3_saver._answers import watch
+from s3_saver._transport.answers import watch
 from s3_saver._format.keys import new_token
 from s3_saver.errors import ConfigurationError, Where
 

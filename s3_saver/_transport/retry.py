@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from s3_saver._protocol import Backoff, Call, Op, Sleep, T
+from s3_saver._transport.protocol import Backoff, Call, Op, Sleep, T
 from s3_saver.errors import UNAVAILABLE, ConfigurationError, classify, throttled
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("s3_saver_deadline", default=None)

@@ -6,7 +6,7 @@ import operator
 from collections.abc import Callable, Generator
 from typing import Any
 
-from s3_saver._protocol import Call, Instruction, raise_failure
+from s3_saver._transport.protocol import Call, Instruction, raise_failure
 from s3_saver.errors import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,

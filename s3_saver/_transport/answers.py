@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from s3_saver._protocol import Call
+from s3_saver._transport.protocol import Call
 from s3_saver.errors import UnreadableAnswerError
 
 # What ``watch`` learnt of an answer's raw body, carried in the parsed answer under

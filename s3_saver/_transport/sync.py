@@ -11,11 +11,22 @@ from typing import Any
 import urllib3
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError
 
-from s3_saver._answers import confirm
-from s3_saver._mode import ModeMark, marked
-from s3_saver._owner import Ownership, owned
-from s3_saver._retry import RetryPolicy, resilient
-from s3_saver._protocol import PRIMARY, Call, Emit, Op, RequestStats, Sleep, T, Wait, client_key, site_of
+from s3_saver._transport.answers import confirm
+from s3_saver._transport.mode import ModeMark, marked
+from s3_saver._transport.ownership import Ownership, owned
+from s3_saver._transport.retry import RetryPolicy, resilient
+from s3_saver._transport.protocol import (
+    PRIMARY,
+    Call,
+    Emit,
+    Op,
+    RequestStats,
+    Sleep,
+    T,
+    Wait,
+    client_key,
+    site_of,
+)
 
 ClientFactory = Callable[[str, str], Any]  # (service, site) -> client
 OwnerLookup = Callable[[str], Ownership | None]  # site -> its table's ownership check
