@@ -1,7 +1,7 @@
 """s3_saver: a LangGraph checkpoint saver on S3 immutable objects with a DynamoDB index."""
 
 from s3_saver._transport.budget import CacheStats, CacheUse
-from s3_saver._index.dynamo_table import (
+from s3_saver._index.dynamodb.table import (
     PARTITION_KEY,
     SORT_KEY,
     TABLE_ATTRIBUTE_DEFINITIONS,

@@ -27,8 +27,8 @@ from typing import Any
 from botocore.config import Config
 
 from s3_saver._format.keys import KeyLayout
-from s3_saver._index.dynamodb import DynamoIndex
-from s3_saver._index.manifest import ManifestIndex
+from s3_saver._index.dynamodb.backend import DynamoIndex
+from s3_saver._index.manifest.backend import ManifestIndex
 from s3_saver._ops.context import Context
 from s3_saver._ops.lagged import lag_safe
 from s3_saver._replica import ReadSource, Replica, ReplicaReads

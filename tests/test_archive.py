@@ -589,7 +589,7 @@ def test_delete_whose_read_an_archive_switch_follows_removes_the_archive(endpoin
     as read: refused, the delete reads it again and deletes the archive object too,
     which no record would name after it. (The manifest's switch is a swap of the
     very head it read: a head changed since fails it, and it reads again.)"""
-    from s3_saver._index.dynamo_items import DynamoCalls
+    from s3_saver._index.dynamodb.items import DynamoCalls
 
     saver = make_saver(endpoint, "dynamodb")
     saver.setup()

@@ -31,8 +31,8 @@ from s3_saver import (
     TableNotFoundError,
 )
 from s3_saver._index.base import CheckpointEntry
-from s3_saver._index.dynamo_table import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA
-from s3_saver._index.dynamodb import DynamoIndex
+from s3_saver._index.dynamodb.table import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA
+from s3_saver._index.dynamodb.backend import DynamoIndex
 from s3_saver._format.keys import KeyLayout, encode
 from s3_saver._ops import read, setup
 from s3_saver._ops.context import Context

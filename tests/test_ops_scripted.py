@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from s3_saver._format.keys import KeyLayout, writes_sort_key
-from s3_saver._index.dynamodb import DynamoIndex
+from s3_saver._index.dynamodb.backend import DynamoIndex
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_thread
 from s3_saver._transport.protocol import Call, Emit, Sleep

@@ -898,7 +898,7 @@ def test_a_history_with_a_gap_below_a_complete_checkpoint_raises(regions, mode: 
 
 def _head_newest(event: Any) -> str | None:
     """The newest checkpoint a manifest head version (an event's body) names."""
-    from s3_saver._index.manifest_doc import decode_head
+    from s3_saver._index.manifest.doc import decode_head
 
     head = decode_head("gap", event.body, event.key, None)
     return max((e.checkpoint_id for e in head.entries), default=None)

@@ -298,7 +298,7 @@ def test_manifest_history_reads_sealed_checkpoints_from_their_segments(endpoint,
     import boto3
 
     from s3_saver._transport.sync import SyncDriver
-    from s3_saver._index.manifest_doc import decode_head
+    from s3_saver._index.manifest.doc import decode_head
 
     writer, other = make_saver(endpoint, "manifest"), make_saver(endpoint, "manifest")
     writer.setup()
@@ -351,8 +351,8 @@ def test_manifest_documents_carry_bodies_compressed_together_and_read_the_format
     from s3_saver._format.archive import _zstd
     from s3_saver._format.codec import pack, plain, squeeze
     from s3_saver._transport.sync import SyncDriver
-    from s3_saver._index import manifest_bodies
-    from s3_saver._index.manifest_doc import (
+    from s3_saver._index.manifest import bodies as manifest_bodies
+    from s3_saver._index.manifest.doc import (
         BODY_IN_SEGMENT_MAX,
         HEAD_FORMAT,
         SEGMENT_FORMAT,

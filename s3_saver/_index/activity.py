@@ -45,8 +45,8 @@ from typing import Any
 from s3_saver._format import keys as _keys
 from s3_saver._format.codec import to_attrs
 from s3_saver._index.base import Activity, Tombstone
-from s3_saver._index.dynamo_items import ACTIVE, ACTIVE_TOKEN, GEN, SINCE, _thread_item
-from s3_saver._index.manifest_doc import record_of
+from s3_saver._index.dynamodb.items import ACTIVE, ACTIVE_TOKEN, GEN, SINCE, _thread_item
+from s3_saver._index.manifest.doc import record_of
 from s3_saver._transport.protocol import Op, gather, raise_failure, request, request_one
 from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import CONDITION_FAILED_CODES, OBJECT_MISSING, CorruptObjectError, classify, error_code

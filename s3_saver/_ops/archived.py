@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._format.archive import INSTANT_CLASSES, decode_archive
-from s3_saver._index.archive import ArchiveIndex
+from s3_saver._index.archived import ArchiveIndex
 from s3_saver._index.base import ArchiveRef, Archived
 from s3_saver._ops.context import Context, LocCache
 from s3_saver._transport.protocol import Op, T, raise_failure, request_one

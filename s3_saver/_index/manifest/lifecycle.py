@@ -16,8 +16,8 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._index.base import Activity, ArchiveRef, Archived, CheckpointEntry, Cut, Release, ThreadRef, WritesEntry
-from s3_saver._index.manifest_doc import Head, SegmentRef, _with_writes, decode_head, record_of, with_active
-from s3_saver._index.manifest_seal import _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
+from s3_saver._index.manifest.doc import Head, SegmentRef, _with_writes, decode_head, record_of, with_active
+from s3_saver._index.manifest.seal import _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
 from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._transport.protocol import Op, gather, raise_failure, request
 from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable

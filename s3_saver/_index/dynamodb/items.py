@@ -30,7 +30,7 @@ from s3_saver._index.base import (
     WritesEntry,
     as_ref,
 )
-from s3_saver._index.dynamo_table import (
+from s3_saver._index.dynamodb.table import (
     ACTIVE,
     ACTIVE_TOKEN,
     ARCHIVE,
@@ -61,7 +61,7 @@ from s3_saver._index.dynamo_table import (
     DynamoTable,
     _transaction,
 )
-from s3_saver._index.dynamo_thread_items import DynamoThreadItems
+from s3_saver._index.dynamodb.thread_items import DynamoThreadItems
 from s3_saver._format.keys import KeyLayout
 from s3_saver._transport.protocol import Call
 from s3_saver.errors import CorruptObjectError, Where, error_code

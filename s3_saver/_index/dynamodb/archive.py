@@ -25,7 +25,7 @@ from typing import Any
 from s3_saver._format.archive import encode_ref
 from s3_saver._format.keys import new_token
 from s3_saver._index.base import Activity, ArchiveRef, CheckpointEntry, Release, Tombstone, WritesEntry
-from s3_saver._index.dynamo_items import (
+from s3_saver._index.dynamodb.items import (
     ARCHIVE,
     ARCHIVING,
     GEN,

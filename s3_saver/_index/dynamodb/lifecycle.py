@@ -27,7 +27,7 @@ from s3_saver._index.base import (
     Tombstone,
     WritesEntry,
 )
-from s3_saver._index.dynamo_items import (
+from s3_saver._index.dynamodb.items import (
     COPIED_FROM,
     GEN,
     RUN,
@@ -43,7 +43,7 @@ from s3_saver._index.dynamo_items import (
     _live,
     _thread_item,
 )
-from s3_saver._index.dynamo_listing import listing_page, move_unsharded, run_threads
+from s3_saver._index.dynamodb.listing import listing_page, move_unsharded, run_threads
 from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure, request, request_one
 from s3_saver.errors import (
     CONDITION_FAILED_CODES,

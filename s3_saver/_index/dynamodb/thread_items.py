@@ -11,7 +11,7 @@ from typing import Any
 from s3_saver._format import keys as _keys
 from s3_saver._format.codec import to_attrs
 from s3_saver._format.archive import encode_ref
-from s3_saver._index.dynamo_table import (
+from s3_saver._index.dynamodb.table import (
     ARCHIVE,
     ARCHIVING,
     CREATED,

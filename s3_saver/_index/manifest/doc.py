@@ -19,7 +19,6 @@ from typing import Any
 
 from s3_saver._format.archive import decode_ref, encode_ref
 from s3_saver._format.codec import pack, unpack
-from s3_saver._index import manifest_bodies as bodies
 from s3_saver._index.base import (
     IN_CHECKPOINT_OBJECT,
     Activity,
@@ -32,6 +31,7 @@ from s3_saver._index.base import (
     ref_pieces,
     ref_tag,
 )
+from s3_saver._index.manifest import bodies
 
 HEAD_FORMAT = "s3_saver.manifest-head/1"
 SEGMENT_FORMAT = "s3_saver.manifest-segment/1"

@@ -36,11 +36,11 @@ from s3_saver._index.base import (
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._index.dynamo_items import DynamoCalls, Link, _listed_first, _live_gen, _thread_item
+from s3_saver._index.dynamodb.items import DynamoCalls, Link, _listed_first, _live_gen, _thread_item
 from s3_saver._index.activity import DynamoActivity, new_entry
-from s3_saver._index.dynamo_audit import DynamoHoldings
-from s3_saver._index.dynamo_archive import DynamoArchive
-from s3_saver._index.dynamo_lifecycle import DynamoLifecycle
+from s3_saver._index.dynamodb.holdings import DynamoHoldings
+from s3_saver._index.dynamodb.archive import DynamoArchive
+from s3_saver._index.dynamodb.lifecycle import DynamoLifecycle
 from s3_saver._format.keys import KeyLayout
 from s3_saver._transport.protocol import Backoff, Op, backoff, gather, raise_failure, request, request_one
 from s3_saver.errors import S3SaverError, Where, error_code, throttled

@@ -22,7 +22,7 @@ from s3_saver._index.base import (
     ParentGone,
     WritesEntry,
 )
-from s3_saver._index.manifest_doc import (
+from s3_saver._index.manifest.doc import (
     Head,
     SegmentRef,
     _in,
@@ -32,8 +32,8 @@ from s3_saver._index.manifest_doc import (
     encode_head,
     pieces_read,
 )
-from s3_saver._index.manifest_group import BatchRefused, GroupCommit
-from s3_saver._index.manifest_seal import (
+from s3_saver._index.manifest.group import BatchRefused, GroupCommit
+from s3_saver._index.manifest.seal import (
     _MAX_SWAPS,
     LIMITS,
     VERSIONED_LIMITS,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from s3_saver._index.base import CheckpointEntry, DepthHint, Key3, WritesEntry
-from s3_saver._index.manifest_doc import Head, SegmentRef, _in, _newest, _with_writes
+from s3_saver._index.manifest.doc import Head, SegmentRef, _in, _newest, _with_writes
 from s3_saver._transport.budget import Cache
 from s3_saver._transport.protocol import Op
 

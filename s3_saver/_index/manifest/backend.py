@@ -41,14 +41,14 @@ from s3_saver._index.base import (
     WritesEntry,
     WritesOutcome,
 )
-from s3_saver._index.manifest_archive import ManifestArchive
-from s3_saver._index.manifest_audit import ManifestHoldings
-from s3_saver._index.manifest_doc import Head, _in, record_of, with_active
-from s3_saver._index.manifest_group import GroupCommit
-from s3_saver._index.manifest_head import ManifestHead
-from s3_saver._index.manifest_lifecycle import ManifestLifecycle
-from s3_saver._index.manifest_reads import ManifestReads
-from s3_saver._index.manifest_seal import Bodies, _plan_seal, _SealPlan
+from s3_saver._index.manifest.archive import ManifestArchive
+from s3_saver._index.manifest.doc import Head, _in, record_of, with_active
+from s3_saver._index.manifest.group import GroupCommit
+from s3_saver._index.manifest.head import ManifestHead
+from s3_saver._index.manifest.holdings import ManifestHoldings
+from s3_saver._index.manifest.lifecycle import ManifestLifecycle
+from s3_saver._index.manifest.reads import ManifestReads
+from s3_saver._index.manifest.seal import Bodies, _plan_seal, _SealPlan
 from s3_saver._transport.budget import CacheBudget
 from s3_saver._transport.protocol import Op, raise_failure
 from s3_saver._transport.s3 import S3Calls, put_immutable

@@ -12,7 +12,7 @@ from s3_saver._format.keys import new_token
 from s3_saver._transport.protocol import Call
 
 if TYPE_CHECKING:
-    from s3_saver._index.dynamo_items import DynamoCalls
+    from s3_saver._index.dynamodb.items import DynamoCalls
 
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from s3_saver._index.manifest_doc import Head
+from s3_saver._index.manifest.doc import Head
 from s3_saver._transport.protocol import Op, Signal, Wait
 
 WAIT_FOR_LEAD = 1.0  # seconds; a swap takes one round trip, its retries a few

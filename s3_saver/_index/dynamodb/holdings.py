@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from s3_saver._index.base import CheckpointEntry, Holdings, Tombstone, WritesEntry
-from s3_saver._index.dynamo_items import DynamoCalls
+from s3_saver._index.dynamodb.items import DynamoCalls
 from s3_saver._transport.protocol import Op
 
 

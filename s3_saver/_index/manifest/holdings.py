@@ -12,7 +12,7 @@ from typing import Any
 
 from s3_saver._format.keys import KeyLayout
 from s3_saver._index.base import CheckpointEntry, Holdings
-from s3_saver._index.manifest_doc import Head, SegmentRef
+from s3_saver._index.manifest.doc import Head, SegmentRef
 from s3_saver._transport.protocol import Op
 
 
