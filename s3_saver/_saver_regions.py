@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from s3_saver._ops import replication, setup
+from s3_saver._ops import setup
 from s3_saver._ops.context import Context
-from s3_saver._replica import Promotion, ReadSource, Replica, ReplicationReport
-from s3_saver._sites import ONCE, REPLICA, Route, Site, make_site
+from s3_saver._regions import replication
+from s3_saver._regions.replica import Promotion, ReadSource, Replica, ReplicationReport
+from s3_saver._regions.sites import ONCE, REPLICA, Route, Site, make_site
 from s3_saver._transport.protocol import PRIMARY, Op, RequestStats, T
 from s3_saver._transport.retry import RetryPolicy
 from s3_saver.errors import ConfigurationError

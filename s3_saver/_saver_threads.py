@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from s3_saver._transport.retry import RetryPolicy
     from s3_saver._transport.sync import SyncDriver
     from s3_saver._ops.context import Context
-    from s3_saver._replica import Replica
-    from s3_saver._sites import Route
+    from s3_saver._regions.replica import Replica
+    from s3_saver._regions.sites import Route
 
 
 

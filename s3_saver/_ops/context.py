@@ -11,7 +11,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from s3_saver._format.keys import KeyLayout
 from s3_saver._format.pieces import HeldLists
 from s3_saver._index.base import CheckpointEntry, Index, Loc
-from s3_saver._replica import ReplicaReads
+from s3_saver._regions.replica import ReplicaReads
 from s3_saver._transport.budget import LOC_ITEM_BYTES, CacheBudget, key_bytes
 from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import ConfigurationError

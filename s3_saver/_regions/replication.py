@@ -28,9 +28,9 @@ from s3_saver._index.base import Archived, CheckpointEntry
 from s3_saver._ops import setup
 from s3_saver._ops.context import Context
 from s3_saver._ops.rebuild import rebuild_index
-from s3_saver._ops.settle import object_keys, set_aside, settle
-from s3_saver._ops.settle import thread_ids as listed_threads
-from s3_saver._replica import Promotion, ReplicationGap, ReplicationReport
+from s3_saver._regions.replica import Promotion, ReplicationGap, ReplicationReport
+from s3_saver._regions.settle import object_keys, set_aside, settle
+from s3_saver._regions.settle import thread_ids as listed_threads
 from s3_saver._transport.protocol import Op, gather, request_one
 from s3_saver.errors import ReplicationLagError, StoreUnavailableError
 

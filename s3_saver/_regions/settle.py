@@ -45,7 +45,7 @@ from s3_saver._index.base import Archived, CheckpointEntry, WritesEntry, one_lin
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_thread
 from s3_saver._transport.protocol import Op, gather, request_one
-from s3_saver._replica import ReplicationGap
+from s3_saver._regions.replica import ReplicationGap
 from s3_saver._transport.s3 import put_immutable
 from s3_saver._format.closure import named_by
 from s3_saver.errors import ResourceMissingError
