@@ -19,7 +19,7 @@ from s3_saver._ops.threads import ThreadInfo
 from s3_saver._transport.protocol import RequestStats
 from s3_saver._regions.replica import Promotion, ReadSource, Replica, ReplicationGap, ReplicationReport
 from s3_saver._transport.retry import RetryPolicy
-from s3_saver._saver import S3Saver
+from s3_saver._saver.saver import S3Saver
 from s3_saver._urls import open_saver
 from s3_saver.errors import (
     AccessDeniedError,

@@ -30,7 +30,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from s3_saver._migrate_copy import Step, by_namespace, copy_checkpoint, parents_first, task_counts, whole_thread
 from s3_saver._migrate_verify import checkpoint_id_of, namespace_of, parent_id_of, verify_thread
-from s3_saver._saver import S3Saver
+from s3_saver._saver.saver import S3Saver
 from s3_saver._urls import refuse_same_store
 from s3_saver.errors import ConfigurationError
 

@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from s3_saver._format.key_codec import LegacyPrefix
-from s3_saver._saver import S3Saver
+from s3_saver._saver.saver import S3Saver
 from s3_saver.errors import ConfigurationError
 
 FORMS = (

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from s3_saver._options import BUCKET_RULE, TABLE_NAME, TABLE_RULE, bucket_name_ok
+from s3_saver._saver.options import BUCKET_RULE, TABLE_NAME, TABLE_RULE, bucket_name_ok
 from s3_saver.errors import ConfigurationError
 
 ON_LAG = ("older", "raise")

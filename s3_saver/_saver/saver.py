@@ -25,12 +25,12 @@ from s3_saver._format.archive import check_live_class
 from s3_saver._format.keys import KeyLayout
 from s3_saver._ops import delta, put, put_writes, read, setup
 from s3_saver._ops.context import Context
-from s3_saver._options import check_options
 from s3_saver._regions.replica import Replica
 from s3_saver._regions.sites import REPLICA, Route, make_site
-from s3_saver._saver_archive import ThreadArchival
-from s3_saver._saver_regions import Regions, replica_site
-from s3_saver._saver_threads import ThreadLifecycle
+from s3_saver._saver.archival import ThreadArchival
+from s3_saver._saver.options import check_options
+from s3_saver._saver.regions import Regions, replica_site
+from s3_saver._saver.threads import ThreadLifecycle
 from s3_saver._transport.aio import AsyncDriver
 from s3_saver._transport.budget import CacheBudget, CacheStats, default_bytes
 from s3_saver._transport.protocol import PRIMARY, RequestStats
