@@ -10,7 +10,7 @@ from s3_saver._index.dynamodb.table import (
     TTL_ATTRIBUTE,
 )
 from s3_saver._format.keys import ARCHIVE_PREFIX, LIVE_PREFIX
-from s3_saver._migrate import MigrationProgress, MigrationReport, migrate
+from s3_saver._migrate.run import MigrationProgress, MigrationReport, migrate
 from s3_saver._ops.archive import ArchiveStatus
 from s3_saver._ops.idle import IdleReport
 from s3_saver._ops.audit import StoreProblem, StoreReport
@@ -20,7 +20,7 @@ from s3_saver._transport.protocol import RequestStats
 from s3_saver._regions.replica import Promotion, ReadSource, Replica, ReplicationGap, ReplicationReport
 from s3_saver._transport.retry import RetryPolicy
 from s3_saver._saver.saver import S3Saver
-from s3_saver._urls import open_saver
+from s3_saver._migrate.urls import open_saver
 from s3_saver.errors import (
     AccessDeniedError,
     BucketNotFoundError,

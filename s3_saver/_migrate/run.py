@@ -4,7 +4,7 @@ The saver API does the copying (``list``, ``put``, ``put_writes``), so any
 ``BaseCheckpointSaver`` can be the source or the target: SqliteSaver, PostgresSaver,
 InMemorySaver, S3Saver in either index mode. A thread is read whole (every
 namespace), copied parents first, then compared with what the target reads back
-(`s3_saver._migrate_verify`). Only finding a SqliteSaver's or a
+(`verify`). Only finding a SqliteSaver's or a
 PostgresSaver's threads goes around it: one query of their ``checkpoints`` table.
 
 Threads may be copied several at once (``workers``); one thread's checkpoints
@@ -28,10 +28,17 @@ from dataclasses import dataclass
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
-from s3_saver._migrate_copy import Step, by_namespace, copy_checkpoint, parents_first, task_counts, whole_thread
-from s3_saver._migrate_verify import checkpoint_id_of, namespace_of, parent_id_of, verify_thread
+from s3_saver._migrate.copy import (
+    Step,
+    by_namespace,
+    copy_checkpoint,
+    parents_first,
+    task_counts,
+    whole_thread,
+)
+from s3_saver._migrate.verify import checkpoint_id_of, namespace_of, parent_id_of, verify_thread
 from s3_saver._saver.saver import S3Saver
-from s3_saver._urls import refuse_same_store
+from s3_saver._migrate.urls import refuse_same_store
 from s3_saver.errors import ConfigurationError
 
 

@@ -1,6 +1,6 @@
 """migrate's copying: one checkpoint and its pending writes into the target, parents first.
 
-Used by `s3_saver._migrate`, which runs it for each thread (one thread's
+Used by `run`, which runs it for each thread (one thread's
 checkpoints in order, on one worker) and adds what `copy_checkpoint()`
 returns to its report.
 """
@@ -22,7 +22,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from s3_saver._migrate_verify import checkpoint_id_of, namespace_of, parent_id_of, same
+from s3_saver._migrate.verify import checkpoint_id_of, namespace_of, parent_id_of, same
 from s3_saver.errors import MigrationError
 
 
