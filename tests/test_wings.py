@@ -106,7 +106,6 @@ KNOWN = {
 }
 KNOWN_CIRCLES = [
     ["s3_saver._format.key_owner", "s3_saver._format.keys"],
-    ["s3_saver._index.dynamodb.items", "s3_saver._index.dynamodb.table", "s3_saver._index.dynamodb.thread_items"],
     ["s3_saver.cli._app", "s3_saver.cli._inspect", "s3_saver.cli._lifecycle", "s3_saver.cli._maintain", "s3_saver.cli._migrate"],
     ["benchmarks.longconv_report", "benchmarks.report", "benchmarks.scale_report"],
 ]

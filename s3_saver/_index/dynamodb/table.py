@@ -1,18 +1,16 @@
 """The DynamoDB index's table: its shape, the attributes its items carry, and
 the plain calls that read and write it (``DynamoTable``, mixed into
-``DynamoCalls``). The item formats are in ``dynamo_items``, which re-exports
+``DynamoCalls``). The item formats are in ``items``, which re-exports
 these names.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from s3_saver._format.keys import new_token
 from s3_saver._transport.protocol import Call
-
-if TYPE_CHECKING:
-    from s3_saver._index.dynamodb.items import DynamoCalls
 
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
@@ -82,8 +80,10 @@ UNLISTING = "unlisting"
 class DynamoTable:
     """The table's plain calls, for ``DynamoCalls``."""
 
-    # What these methods rely on, from DynamoCalls: table, and _call and pk.
+    # What these methods rely on, from DynamoCalls: table, and _call and pk. Declared here,
+    # not imported: the item formats stand on the table, so the table names only itself.
     table: str
+    _call: Callable[[str, dict[str, Any]], Call]
 
     # -- calls -----------------------------------------------------------------------
     def put(self, item: dict[str, Any], **options: Any) -> Call:
@@ -192,7 +192,7 @@ class DynamoTable:
 
 
 
-def _transaction(calls: DynamoCalls, actions: list[dict[str, Any]]) -> Call:
+def _transaction(calls: DynamoTable, actions: list[dict[str, Any]]) -> Call:
     """A TransactWriteItems with a token of its own: the call sent again (a retry
     after a lost answer) is applied once (DynamoDB's idempotency window is 10
     minutes), and botocore draws no ``uuid.uuid4`` to make one (see ``no_uuid4``)."""
