@@ -106,7 +106,6 @@ KNOWN = {
 }
 KNOWN_CIRCLES = [
     ["s3_saver._format.key_owner", "s3_saver._format.keys"],
-    ["s3_saver.cli._app", "s3_saver.cli._inspect", "s3_saver.cli._lifecycle", "s3_saver.cli._maintain", "s3_saver.cli._migrate"],
     ["benchmarks.longconv_report", "benchmarks.report", "benchmarks.scale_report"],
 ]
 
