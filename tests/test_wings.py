@@ -106,7 +106,6 @@ KNOWN = {
 }
 KNOWN_CIRCLES = [
     ["s3_saver._format.key_owner", "s3_saver._format.keys"],
-    ["benchmarks.longconv_report", "benchmarks.report", "benchmarks.scale_report"],
 ]
 
 
