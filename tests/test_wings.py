@@ -105,7 +105,6 @@ KNOWN = {
     ("_regions/replica.py", "_saver/"), ("langgraph_server.py", "_ops/"),  # settings
 }
 KNOWN_CIRCLES = [
-    ["s3_saver._format.key_owner", "s3_saver._format.keys"],
 ]
 
 

@@ -15,7 +15,7 @@ saver whose prefix lies inside the layout's folders builds it either
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from s3_saver._format.key_codec import (
     ARCHIVE_PREFIX,
@@ -30,8 +30,18 @@ from s3_saver._format.key_codec import (
 )
 from s3_saver.errors import ConfigurationError
 
-if TYPE_CHECKING:
-    from s3_saver._format.keys import KeyLayout
+
+
+class Layout(Protocol):
+    """What these shape tests read of a ``keys.KeyLayout`` (which calls them): its prefix, how
+    its live keys parse, and its class, to make the layout of a nested prefix. Declared here,
+    not imported: ``keys`` stands on this module, so this module names only what it reads."""
+
+    prefix: str
+
+    def __init__(self, prefix: str, *, nested: bool = ...) -> None: ...
+
+    def _live_object(self, key: str) -> object | None: ...
 
 # Names in the manifest folder besides the threads' folders: archive_idle's
 # cursors ("#": never in a thread's folder name, see ``encode``) and setup's
@@ -56,7 +66,7 @@ def exact_id(encoded: str) -> str | None:
         return None
 
 
-def nested_prefix(layout: KeyLayout, key: str) -> str | None:
+def nested_prefix(layout: Layout, key: str) -> str | None:
     """The prefix of a saver inside ``layout``'s folders under which ``key`` is a key
     that saver builds, else None.
 
@@ -79,7 +89,7 @@ def nested_prefix(layout: KeyLayout, key: str) -> str | None:
     return None
 
 
-def builds(layout: KeyLayout, key: str) -> bool:
+def builds(layout: Layout, key: str) -> bool:
     """Whether ``key`` has the shape of a key ``layout`` builds, in any of its folders:
     ids exact (``exact_id``), tokens not checked (a looser test keeps more)."""
     if not key.startswith(layout.prefix):
