@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from s3_saver._ops.erase import EraseReport
+from s3_saver import EraseReport
 from s3_saver._saver.saver import S3Saver
 from s3_saver._transport.budget import MIN_BYTES
 from s3_saver._format.key_codec import check_prefix

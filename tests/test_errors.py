@@ -30,7 +30,7 @@ from s3_saver import (
     StoreUnavailableError,
     TableNotFoundError,
 )
-from s3_saver._index.base import CheckpointEntry
+from s3_saver._format.entries import CheckpointEntry
 from s3_saver._index.dynamodb.table import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA
 from s3_saver._index.dynamodb.backend import DynamoIndex
 from s3_saver._format.keys import KeyLayout, encode

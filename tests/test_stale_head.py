@@ -14,7 +14,7 @@ from typing import Any
 from conftest import make_saver
 from helpers import checkpoint, config
 from s3_saver import S3Saver
-from s3_saver._index.base import WritesEntry
+from s3_saver._format.entries import WritesEntry
 from s3_saver._format.keys import new_token
 
 

@@ -97,12 +97,10 @@ def imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
 # Imports against the map still in the code during the restructure: each goes with the commit
 # named. Empty at the end; then this list and its two uses go.
 KNOWN = {
-    ("_format/archive.py", "_index/"), ("_format/closure.py", "_index/"),  # entries
-    ("_format/entries.py", "_transport/"),  # entries (Release)
     ("_format/pieces.py", "_transport/"),  # heldlists
     ("_index/activity.py", "_index/dynamodb/"), ("_index/activity.py", "_index/manifest/"),  # the backends' splits
     ("_ops/context.py", "_regions/"), ("_ops/lagged.py", "_regions/"),  # source
-    ("_regions/replica.py", "_saver/"), ("langgraph_server.py", "_ops/"),  # settings
+    ("_regions/replica.py", "_saver/"),  # settings
 }
 KNOWN_CIRCLES = [
 ]

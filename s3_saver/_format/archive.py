@@ -29,7 +29,7 @@ from typing import Any
 import ormsgpack
 
 from s3_saver._format.codec import CHECKPOINT_FORMAT, pack, plain, unpack
-from s3_saver._index.base import ArchiveRef, CheckpointEntry, WritesEntry, as_ref
+from s3_saver._format.entries import ArchiveRef, CheckpointEntry, WritesEntry, as_ref
 from s3_saver.errors import ConfigurationError, CorruptObjectError
 
 ARCHIVE_FORMAT = "s3_saver.archive/2"

@@ -44,7 +44,8 @@ from typing import Any
 
 from s3_saver._format import keys as _keys
 from s3_saver._format.codec import to_attrs
-from s3_saver._index.base import Activity, Tombstone
+from s3_saver._format.entries import Activity
+from s3_saver._format.entries import Tombstone
 from s3_saver._index.dynamodb.items import ACTIVE, ACTIVE_TOKEN, GEN, SINCE, _thread_item
 from s3_saver._index.manifest.doc import record_of
 from s3_saver._transport.protocol import Op, gather, raise_failure, request, request_one

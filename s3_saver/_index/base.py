@@ -13,7 +13,8 @@ Rules every backend keeps:
   expired entry.
 * Entries carry full ``loc`` maps in memory, whatever a backend stores.
 
-The entries and the records an index exchanges are in ``entries`` (re-exported here).
+The entries are the format's (``_format/entries``); the records an index exchanges with
+operations are in ``terms``.
 """
 
 from __future__ import annotations
@@ -23,48 +24,27 @@ from collections.abc import Callable
 from typing import Any
 
 from s3_saver._format.entries import (
-    ENTRY_BUDGET,
-    IN_BLOB_OBJECT,
-    IN_CHECKPOINT_OBJECT,
-    REGULAR_PART,
-    SPECIAL_PART,
     Activity,
-    Archived,
     ArchiveRef,
     CheckpointEntry,
-    Cut,
-    DepthHint,
-    Fenced,
-    Holdings,
-    IndexEntry,
     Key3,
-    Loc,
-    ParentGone,
-    Prepared,
-    Ref,
-    Release,
-    ThreadRef,
     Tombstone,
     WritesEntry,
+)
+from s3_saver._index.terms import (
+    Cut,
+    DepthHint,
+    Holdings,
+    Prepared,
+    Release,
+    ThreadRef,
     WritesOutcome,
-    as_ref,
-    make_ref,
-    one_line,
-    ref_pieces,
-    ref_tag,
-    retag,
 )
 from s3_saver._transport.protocol import Op
 
-__all__ = [
-    "ENTRY_BUDGET", "IN_BLOB_OBJECT", "IN_CHECKPOINT_OBJECT", "REGULAR_PART", "SPECIAL_PART", "Activity",
-    "ArchiveRef", "Archived", "CheckpointEntry", "Cut", "DepthHint", "Fenced", "Holdings", "Index",
-    "IndexEntry", "Key3", "Loc", "ParentGone", "Prepared", "Ref", "Release", "ThreadRef", "Tombstone",
-    "WritesEntry", "WritesOutcome", "as_ref", "make_ref", "one_line", "ref_pieces", "ref_tag", "retag",
-]
-
 # Threads per page when an admin operation walks the whole listing.
 _LISTING_PAGE = 100
+
 
 class Index(ABC):
     """One index backend; ``describe()`` names it in messages."""

@@ -39,7 +39,8 @@ from s3_saver._format.archive import (
 )
 from s3_saver._format.codec import plain, squeeze
 from s3_saver._index.activity import day_of
-from s3_saver._index.base import Archived, ArchiveRef, CheckpointEntry, retag
+from s3_saver._index.terms import Archived
+from s3_saver._format.entries import ArchiveRef, CheckpointEntry, retag
 from s3_saver._format.keys import ObjectKey, new_tag, new_token
 from s3_saver._format.closure import closure, moved, own_object
 from s3_saver._ops.archived import RESTORE_DONE, archive_body, cold_error, read_archive

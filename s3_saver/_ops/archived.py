@@ -20,7 +20,8 @@ from typing import Any
 
 from s3_saver._format.archive import INSTANT_CLASSES, decode_archive
 from s3_saver._index.archived import ArchiveIndex
-from s3_saver._index.base import ArchiveRef, Archived
+from s3_saver._format.entries import ArchiveRef
+from s3_saver._index.terms import Archived
 from s3_saver._ops.context import Context, LocCache
 from s3_saver._transport.protocol import Op, T, raise_failure, request_one
 from s3_saver.errors import MissingObjectError, ThreadArchivedError, error_code

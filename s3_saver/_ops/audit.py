@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from s3_saver._index.base import ArchiveRef, CheckpointEntry, Holdings, WritesEntry
+from s3_saver._format.entries import ArchiveRef, CheckpointEntry, WritesEntry
+from s3_saver._index.terms import Holdings
 from s3_saver._format.keys import ERASE_MARK, KeyLayout
 from s3_saver._transport.mode import settle_mode
 from s3_saver._ops.context import Context, target

@@ -10,7 +10,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from s3_saver._format.keys import KeyLayout
 from s3_saver._format.pieces import HeldLists
-from s3_saver._index.base import CheckpointEntry, Index, Loc
+from s3_saver._format.entries import CheckpointEntry, Loc
+from s3_saver._index.base import Index
 from s3_saver._regions.replica import ReplicaReads
 from s3_saver._transport.budget import LOC_ITEM_BYTES, CacheBudget, key_bytes
 from s3_saver._transport.s3 import S3Calls

@@ -17,7 +17,8 @@ from s3_saver._format.archive import decode_archive
 from s3_saver._format.closure import closure, moved, own_object
 from s3_saver._format.keys import new_tag
 from s3_saver._index.activity import day_of
-from s3_saver._index.base import Archived, CheckpointEntry
+from s3_saver._index.terms import Archived
+from s3_saver._format.entries import CheckpointEntry
 from s3_saver._ops.archive import install
 from s3_saver._ops.archived import read_archive
 from s3_saver._ops.context import Context, target

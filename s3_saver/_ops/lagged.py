@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from langgraph.checkpoint.base import CheckpointTuple
 
-from s3_saver._index.base import CheckpointEntry
+from s3_saver._format.entries import CheckpointEntry
 from s3_saver._ops.context import Context
 from s3_saver._ops.resolve import Resolver, fetch_and_build
 from s3_saver._regions.replica import checkpoint_time

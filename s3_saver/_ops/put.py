@@ -21,13 +21,15 @@ from s3_saver._format import keys as _keys
 from s3_saver._format.closure import closure_keys
 from s3_saver._format.keys import new_token
 from s3_saver._index.activity import activity_day
-from s3_saver._index.base import (
+from s3_saver._format.entries import (
     ENTRY_BUDGET,
     CheckpointEntry,
-    Fenced,
     Loc,
-    ParentGone,
     ref_pieces,
+)
+from s3_saver._index.terms import (
+    Fenced,
+    ParentGone,
 )
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.refused import (

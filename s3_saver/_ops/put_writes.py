@@ -11,7 +11,8 @@ from langgraph.checkpoint.base import WRITES_IDX_MAP
 from s3_saver._format import keys as _keys
 from s3_saver._format.codec import WRITES_FORMAT, pack
 from s3_saver._format.keys import new_token
-from s3_saver._index.base import REGULAR_PART, SPECIAL_PART, Fenced, WritesEntry
+from s3_saver._format.entries import REGULAR_PART, SPECIAL_PART, WritesEntry
+from s3_saver._index.terms import Fenced
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.refused import (
     _MAX_FENCED,

@@ -7,7 +7,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
 
-from s3_saver._index.base import CheckpointEntry
+from s3_saver._format.entries import CheckpointEntry
 from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.lagged import Parents, Tail, build_listed, newest_complete, nothing_yet, proves_items

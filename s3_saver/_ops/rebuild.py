@@ -24,7 +24,7 @@ from collections import defaultdict
 from typing import Any
 
 from s3_saver._format.codec import CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
-from s3_saver._index.base import (
+from s3_saver._format.entries import (
     IN_BLOB_OBJECT,
     IN_CHECKPOINT_OBJECT,
     REGULAR_PART,

@@ -20,7 +20,16 @@ from s3_saver._format.codec import (
     PIECE_FORMAT,
     pack,
 )
-from s3_saver._index.base import ENTRY_BUDGET, IN_BLOB_OBJECT, IN_CHECKPOINT_OBJECT, Loc, Ref, make_ref, ref_pieces, ref_tag
+from s3_saver._format.entries import (
+    ENTRY_BUDGET,
+    IN_BLOB_OBJECT,
+    IN_CHECKPOINT_OBJECT,
+    Loc,
+    Ref,
+    make_ref,
+    ref_pieces,
+    ref_tag,
+)
 from s3_saver._ops.context import Context
 from s3_saver._format.pieces import SPLITTABLE, Held, array_header, extends, keep
 from s3_saver._transport.protocol import Op

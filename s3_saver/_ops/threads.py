@@ -17,7 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointMetadata
 
 from s3_saver._format.codec import loads, typed
-from s3_saver._index.base import ThreadRef
+from s3_saver._index.terms import ThreadRef
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.read import _matches
 from s3_saver._ops.resolve import Resolver

@@ -41,7 +41,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from s3_saver._index.base import Archived, CheckpointEntry, WritesEntry, one_line
+from s3_saver._index.terms import Archived, one_line
+from s3_saver._format.entries import CheckpointEntry, WritesEntry
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_thread
 from s3_saver._transport.protocol import Op, gather, request_one

@@ -24,7 +24,9 @@ from typing import Any
 
 from s3_saver._format.archive import encode_ref
 from s3_saver._format.keys import new_token
-from s3_saver._index.base import Activity, ArchiveRef, CheckpointEntry, Release, Tombstone, WritesEntry
+from s3_saver._format.entries import Activity
+from s3_saver._index.terms import Release
+from s3_saver._format.entries import ArchiveRef, CheckpointEntry, Tombstone, WritesEntry
 from s3_saver._index.dynamodb.items import (
     ARCHIVE,
     ARCHIVING,

@@ -22,19 +22,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s3_saver._format import keys as _keys
-from s3_saver._index.base import (
+from s3_saver._format.entries import (
     REGULAR_PART,
-    Activity,
     CheckpointEntry,
-    DepthHint,
-    Fenced,
-    Index,
     Key3,
-    ParentGone,
-    Prepared,
     Tombstone,
     WritesEntry,
+)
+from s3_saver._format.entries import (
+    Activity,
+)
+from s3_saver._index.terms import (
+    DepthHint,
+    Fenced,
+    ParentGone,
+    Prepared,
     WritesOutcome,
+)
+from s3_saver._index.base import (
+    Index,
 )
 from s3_saver._index.dynamodb.items import DynamoCalls, Link, _listed_first, _live_gen, _thread_item
 from s3_saver._index.activity import DynamoActivity, new_entry

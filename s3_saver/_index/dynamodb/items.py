@@ -21,9 +21,11 @@ import ormsgpack
 from s3_saver._format import keys as _keys
 from s3_saver._format.archive import decode_ref, encode_ref
 from s3_saver._format.codec import attr_size, from_attrs, plain, squeeze, to_attrs
-from s3_saver._index.base import ENTRY_BUDGET as ITEM_BUDGET
-from s3_saver._index.base import (
+from s3_saver._format.entries import ENTRY_BUDGET as ITEM_BUDGET
+from s3_saver._index.terms import (
     Archived,
+)
+from s3_saver._format.entries import (
     CheckpointEntry,
     IndexEntry,
     Tombstone,

@@ -15,15 +15,19 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._format import keys as _keys
-from s3_saver._index.base import (
+from s3_saver._format.entries import (
     Activity,
-    ArchiveRef,
+)
+from s3_saver._index.terms import (
     Archived,
-    CheckpointEntry,
     Cut,
-    Key3,
     Release,
     ThreadRef,
+)
+from s3_saver._format.entries import (
+    ArchiveRef,
+    CheckpointEntry,
+    Key3,
     Tombstone,
     WritesEntry,
 )

@@ -30,16 +30,22 @@ from typing import Any
 from s3_saver._format.codec import CHECKPOINT_FORMAT, unpack
 from s3_saver._format.keys import KeyLayout
 from s3_saver._index.activity import ManifestActivity, new_entry
-from s3_saver._index.base import (
+from s3_saver._format.entries import (
     REGULAR_PART,
-    Activity,
     CheckpointEntry,
+    WritesEntry,
+)
+from s3_saver._format.entries import (
+    Activity,
+)
+from s3_saver._index.terms import (
     Fenced,
-    Index,
     ParentGone,
     Prepared,
-    WritesEntry,
     WritesOutcome,
+)
+from s3_saver._index.base import (
+    Index,
 )
 from s3_saver._index.manifest.archive import ManifestArchive
 from s3_saver._index.manifest.doc import Head, _in, record_of, with_active

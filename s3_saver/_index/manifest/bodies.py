@@ -28,7 +28,7 @@ import ormsgpack
 
 from s3_saver._format.archive import _zstd
 from s3_saver._format.codec import plain
-from s3_saver._index.base import CheckpointEntry, WritesEntry
+from s3_saver._format.entries import CheckpointEntry, WritesEntry
 from s3_saver.errors import CorruptObjectError
 
 FIELD = "zbodies"

@@ -15,11 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from s3_saver._format.keys import KeyLayout
-from s3_saver._index.base import (
+from s3_saver._index.terms import (
     Archived,
-    CheckpointEntry,
     Fenced,
     ParentGone,
+)
+from s3_saver._format.entries import (
+    CheckpointEntry,
     WritesEntry,
 )
 from s3_saver._index.manifest.doc import (

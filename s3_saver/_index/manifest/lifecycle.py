@@ -15,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._index.base import Activity, ArchiveRef, Archived, CheckpointEntry, Cut, Release, ThreadRef, WritesEntry
+from s3_saver._format.entries import Activity
+from s3_saver._index.terms import Archived, Cut, Release, ThreadRef
+from s3_saver._format.entries import ArchiveRef, CheckpointEntry, WritesEntry
 from s3_saver._index.manifest.doc import Head, SegmentRef, _with_writes, decode_head, record_of, with_active
 from s3_saver._index.manifest.seal import _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
 from s3_saver._format.keys import KeyLayout, new_token

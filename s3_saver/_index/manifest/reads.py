@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from s3_saver._index.base import CheckpointEntry, DepthHint, Key3, WritesEntry
+from s3_saver._format.entries import CheckpointEntry, Key3, WritesEntry
+from s3_saver._index.terms import DepthHint
 from s3_saver._index.manifest.doc import Head, SegmentRef, _in, _newest, _with_writes
 from s3_saver._transport.budget import Cache
 from s3_saver._transport.protocol import Op
