@@ -97,7 +97,6 @@ def imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
 # Imports against the map still in the code during the restructure: each goes with the commit
 # named. Empty at the end; then this list and its two uses go.
 KNOWN = {
-    ("_format/pieces.py", "_transport/"),  # heldlists
     ("_index/activity.py", "_index/dynamodb/"), ("_index/activity.py", "_index/manifest/"),  # the backends' splits
     ("_ops/context.py", "_regions/"), ("_ops/lagged.py", "_regions/"),  # source
     ("_regions/replica.py", "_saver/"),  # settings

@@ -26,9 +26,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any
 
-from s3_saver._transport.budget import KEY_BYTES, CacheBudget
 
 # The size tiers: pieces below MERGE KB are tier 0, then each tier is MERGE times larger.
 MERGE = 4
@@ -111,27 +109,6 @@ class Held:
     start: int  # where its elements begin (the header's length)
     sizes: tuple[int, ...]  # the byte size of each stored piece, keyframe first (its elements only)
     oldest: int  # the put time of its oldest piece (a ttl restores values past half of it)
-
-
-class HeldLists:
-    """The serialized list values this process last wrote or read, by the stored
-    object that holds them, charged to the saver's cache budget. One evicted
-    makes the next version of its list a keyframe (stored whole): a cost, never
-    another value (a base is used only when its bytes prove the extension)."""
-
-    def __init__(self, budget: CacheBudget | None = None) -> None:
-        self._budget = budget if budget is not None else CacheBudget()
-        self._data = self._budget.cache("lists")
-
-    def get(self, key: tuple[Any, ...]) -> Held | None:
-        return self._data.get(key)  # type: ignore[no-any-return]
-
-    def put(self, key: tuple[Any, ...], held: Held) -> None:
-        # A list over a quarter of the budget would push out most of what the
-        # process holds: it is stored whole next time.
-        if len(held.data) > self._budget.limit // 4:
-            return
-        self._data.put(key, held, len(held.data) + KEY_BYTES + 8 * len(held.sizes))
 
 
 def extends(held: Held, data: bytes) -> tuple[int, int] | None:

@@ -9,11 +9,11 @@ from typing import Any
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from s3_saver._format.keys import KeyLayout
-from s3_saver._format.pieces import HeldLists
+from s3_saver._format.pieces import Held
 from s3_saver._format.entries import CheckpointEntry, Loc
 from s3_saver._index.base import Index
 from s3_saver._regions.replica import ReplicaReads
-from s3_saver._transport.budget import LOC_ITEM_BYTES, CacheBudget, key_bytes
+from s3_saver._transport.budget import KEY_BYTES, LOC_ITEM_BYTES, CacheBudget, key_bytes
 from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import ConfigurationError
 
@@ -251,3 +251,24 @@ def target(config: Any, *, need_checkpoint_id: bool = False) -> tuple[str, str, 
         if value is not None and not isinstance(value, str):
             raise ConfigurationError(f"{name} must be a string, got {type(value).__name__}: {value!r}")
     return thread_id, ns, checkpoint_id
+
+
+class HeldLists:
+    """The serialized list values this process last wrote or read, by the stored
+    object that holds them, charged to the saver's cache budget. One evicted
+    makes the next version of its list a keyframe (stored whole): a cost, never
+    another value (a base is used only when its bytes prove the extension)."""
+
+    def __init__(self, budget: CacheBudget | None = None) -> None:
+        self._budget = budget if budget is not None else CacheBudget()
+        self._data = self._budget.cache("lists")
+
+    def get(self, key: tuple[Any, ...]) -> Held | None:
+        return self._data.get(key)  # type: ignore[no-any-return]
+
+    def put(self, key: tuple[Any, ...], held: Held) -> None:
+        # A list over a quarter of the budget would push out most of what the
+        # process holds: it is stored whole next time.
+        if len(held.data) > self._budget.limit // 4:
+            return
+        self._data.put(key, held, len(held.data) + KEY_BYTES + 8 * len(held.sizes))
