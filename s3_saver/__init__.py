@@ -17,7 +17,8 @@ from s3_saver._ops.audit import StoreProblem, StoreReport
 from s3_saver._ops.erase import EraseReport, RemainingVersion
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver._transport.protocol import RequestStats
-from s3_saver._regions.replica import Promotion, ReadSource, Replica, ReplicationGap, ReplicationReport
+from s3_saver._regions.replica import Promotion, Replica, ReplicationGap, ReplicationReport
+from s3_saver._ops.source import ReadSource
 from s3_saver._transport.retry import RetryPolicy
 from s3_saver._saver.saver import S3Saver
 from s3_saver._migrate.urls import open_saver

@@ -98,8 +98,6 @@ def imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
 # named. Empty at the end; then this list and its two uses go.
 KNOWN = {
     ("_index/activity.py", "_index/dynamodb/"), ("_index/activity.py", "_index/manifest/"),  # the backends' splits
-    ("_ops/context.py", "_regions/"), ("_ops/lagged.py", "_regions/"),  # source
-    ("_regions/replica.py", "_saver/"),  # settings
 }
 KNOWN_CIRCLES = [
 ]

@@ -31,7 +31,8 @@ from s3_saver._index.dynamodb.backend import DynamoIndex
 from s3_saver._index.manifest.backend import ManifestIndex
 from s3_saver._ops.context import Context
 from s3_saver._ops.lagged import lag_safe
-from s3_saver._regions.replica import ReadSource, Replica, ReplicaReads
+from s3_saver._ops.source import ReadSource, ReplicaReads
+from s3_saver._regions.replica import Replica
 from s3_saver._transport.clients import Clients
 from s3_saver._transport.clients import client_config as merged_config
 from s3_saver._transport.mode import ModeMark

@@ -9,26 +9,10 @@ from typing import Any
 from botocore.config import Config
 
 from s3_saver._transport.budget import MIN_BYTES
+from s3_saver._transport.clients import BUCKET_RULE, TABLE_NAME, TABLE_RULE, bucket_name_ok
 from s3_saver._format.key_codec import check_prefix
 from s3_saver._transport.retry import RetryPolicy
 from s3_saver.errors import ConfigurationError
-
-
-# A bucket name: S3's rules as loose as its legacy names in us-east-1 (capitals and
-# underscores, up to 255), which still work and may hold years of threads. It catches
-# what never names a bucket (an s3:// URL, a path, spaces) before the first request.
-BUCKET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{1,253}[A-Za-z0-9]$")
-BUCKET_RULE = (
-    "letters, digits, dots and hyphens, starting and ending with a letter or digit; "
-    "the name alone, without s3:// or a prefix: the prefix goes in prefix="
-)
-# DynamoDB's table naming rules.
-TABLE_NAME = re.compile(r"^[a-zA-Z0-9_.\-]{3,255}$")
-TABLE_RULE = "3-255 letters, digits, '_', '-', '.'"
-
-
-def bucket_name_ok(name: str) -> bool:
-    return bool(BUCKET_NAME.match(name)) and ".." not in name
 
 
 def check_options(options: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import threading
 import uuid
 
@@ -282,3 +283,20 @@ def no_uuid4(client: Any) -> Any:
 def _invocation_id(context: dict[str, Any] | None = None, **kwargs: Any) -> None:
     if context is not None:
         context.setdefault("retries", {}).setdefault("invocation-id", str(uuid.UUID(new_token(), version=4)))
+
+
+# A bucket name: S3's rules as loose as its legacy names in us-east-1 (capitals and
+# underscores, up to 255), which still work and may hold years of threads. It catches
+# what never names a bucket (an s3:// URL, a path, spaces) before the first request.
+BUCKET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{1,253}[A-Za-z0-9]$")
+BUCKET_RULE = (
+    "letters, digits, dots and hyphens, starting and ending with a letter or digit; "
+    "the name alone, without s3:// or a prefix: the prefix goes in prefix="
+)
+# DynamoDB's table naming rules.
+TABLE_NAME = re.compile(r"^[a-zA-Z0-9_.\-]{3,255}$")
+TABLE_RULE = "3-255 letters, digits, '_', '-', '.'"
+
+
+def bucket_name_ok(name: str) -> bool:
+    return bool(BUCKET_NAME.match(name)) and ".." not in name
