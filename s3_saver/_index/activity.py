@@ -50,7 +50,8 @@ from s3_saver._index.dynamodb.items import ACTIVE, ACTIVE_TOKEN, GEN, SINCE, _th
 from s3_saver._index.manifest.doc import record_of
 from s3_saver._transport.protocol import Op, gather, raise_failure, request, request_one
 from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
-from s3_saver.errors import CONDITION_FAILED_CODES, OBJECT_MISSING, CorruptObjectError, classify, error_code
+from s3_saver._transport.failures import CONDITION_FAILED_CODES, OBJECT_MISSING, classify, error_code
+from s3_saver.errors import CorruptObjectError
 
 # The one shard of the manifest's entries (S3 spreads a prefix's keys by itself).
 _ONE = "0"

@@ -48,14 +48,16 @@ from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys, deleter
 from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure, request
 from s3_saver._transport.s3 import put_immutable
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,
+    error_code,
+)
+from s3_saver.errors import (
     ConfigurationError,
     MissingObjectError,
     S3SaverError,
     ThreadArchivedError,
-    error_code,
 )
 
 _WAVE = 100  # objects read or written per round trip

@@ -24,7 +24,8 @@ from s3_saver._format.entries import ArchiveRef
 from s3_saver._index.terms import Archived
 from s3_saver._ops.context import Context, LocCache
 from s3_saver._transport.protocol import Op, T, raise_failure, request_one
-from s3_saver.errors import MissingObjectError, ThreadArchivedError, error_code
+from s3_saver.errors import MissingObjectError, ThreadArchivedError
+from s3_saver._transport.failures import error_code
 
 # S3's answer to a GET of an object in a class that must be restored first.
 _NOT_READABLE_CODES = frozenset({"InvalidObjectState"})

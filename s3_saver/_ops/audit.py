@@ -42,12 +42,14 @@ from s3_saver._ops.delete import delete_keys
 from s3_saver._ops.versioning import noncurrent_warning
 from s3_saver._format.closure import closure, closure_keys, own_object
 from s3_saver._transport.protocol import Op, raise_failure, request_one
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     OBJECT_MISSING,
+    classify,
+)
+from s3_saver.errors import (
     ConfigurationError,
     CorruptObjectError,
     MissingObjectError,
-    classify,
 )
 
 MISSING, ORPHAN, IN_FLIGHT, UNINDEXED, BROKEN = "missing", "orphan", "in_flight", "unindexed", "broken"

@@ -42,13 +42,15 @@ from s3_saver._ops.context import Context, target
 from s3_saver._transport.mode import settle_mode
 from s3_saver._transport.protocol import Op, gather, raise_failure, request, request_one
 from s3_saver._transport.s3 import DELETE_BATCH, put_immutable
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     DENIED_CODES,
+    error_code,
+)
+from s3_saver.errors import (
     AccessDeniedError,
     CorruptObjectError,
     S3SaverError,
     TableNotFoundError,
-    error_code,
 )
 
 LOCKED = "object lock"

@@ -32,14 +32,16 @@ from s3_saver._index.terms import (
 from s3_saver._ops.context import Context
 from s3_saver._ops.stage import held_key
 from s3_saver._transport.protocol import Call, Op, gather, raise_failure
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     DENIED,
     OBJECT_MISSING,
+    classify,
+    error_code,
+)
+from s3_saver.errors import (
     AccessDeniedError,
     CorruptObjectError,
     MissingObjectError,
-    classify,
-    error_code,
 )
 
 

@@ -39,16 +39,18 @@ from s3_saver._format.key_owner import MODE_MARKER
 from s3_saver._format.keys import LISTING_PREFIX, KeyLayout
 from s3_saver._transport.protocol import Call, Op, T, raise_failure, site_of
 from s3_saver._transport.s3 import S3Calls
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     DENIED,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
+    classify,
+    error_code,
+)
+from s3_saver.errors import (
     CorruptObjectError,
     IndexModeMismatchError,
     StoreUnavailableError,
-    classify,
-    error_code,
 )
 
 MARKER_NAME = MODE_MARKER

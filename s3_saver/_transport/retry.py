@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from s3_saver._transport.protocol import Backoff, Call, Op, Sleep, T
-from s3_saver.errors import UNAVAILABLE, ConfigurationError, classify, throttled
+from s3_saver._transport.failures import UNAVAILABLE, classify, throttled
+from s3_saver.errors import ConfigurationError
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("s3_saver_deadline", default=None)
 # Jitter from the OS's generator: the random module's shared state is the user's

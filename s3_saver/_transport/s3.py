@@ -7,14 +7,16 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from s3_saver._transport.protocol import Call, Instruction, raise_failure
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
-    ImmutableObjectConflictError,
-    Where,
     classify,
     error_code,
+)
+from s3_saver.errors import (
+    ImmutableObjectConflictError,
+    Where,
 )
 
 DELETE_BATCH = 1000  # DeleteObjects accepts at most 1,000 keys per request

@@ -42,7 +42,8 @@ from s3_saver._index.dynamodb.items import (
     _thread_item,
 )
 from s3_saver._transport.protocol import Op, raise_failure, request_one
-from s3_saver.errors import CONDITION_FAILED_CODES, ThreadArchivedError, error_code
+from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
+from s3_saver.errors import ThreadArchivedError
 
 _TRANSACTION_ACTIONS = 99  # and the record's check: 100 per transaction
 _ITEM_ATTRIBUTES = (PARTITION_KEY, SORT_KEY, "loc", "token", GEN, TAG)

@@ -49,7 +49,8 @@ from s3_saver._index.dynamodb.archive import DynamoArchive
 from s3_saver._index.dynamodb.lifecycle import DynamoLifecycle
 from s3_saver._format.keys import KeyLayout
 from s3_saver._transport.protocol import Backoff, Op, backoff, gather, raise_failure, request, request_one
-from s3_saver.errors import S3SaverError, Where, error_code, throttled
+from s3_saver.errors import S3SaverError, Where
+from s3_saver._transport.failures import error_code, throttled
 
 BATCH_GET_MAX = 100  # BatchGetItem accepts at most 100 keys per request
 BATCH_WRITE_MAX = 25  # BatchWriteItem accepts at most 25 requests

@@ -66,7 +66,8 @@ from s3_saver._index.dynamodb.table import (
 from s3_saver._index.dynamodb.thread_items import DynamoThreadItems
 from s3_saver._format.keys import KeyLayout
 from s3_saver._transport.protocol import Call
-from s3_saver.errors import CorruptObjectError, Where, error_code
+from s3_saver.errors import CorruptObjectError, Where
+from s3_saver._transport.failures import error_code
 
 # The table's names, re-exported: every dynamo module imports them from here.
 __all__ = [

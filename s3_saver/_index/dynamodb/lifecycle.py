@@ -49,16 +49,18 @@ from s3_saver._index.dynamodb.items import (
 )
 from s3_saver._index.dynamodb.listing import listing_page, move_unsharded, run_threads
 from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure, request, request_one
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     CONDITION_FAILED_CODES,
     TABLE_MISSING,
     TABLE_RACING_CODES,
+    classify,
+    error_code,
+)
+from s3_saver.errors import (
     ConfigurationError,
     S3SaverError,
     SetupMismatchError,
     SetupTimeoutError,
-    classify,
-    error_code,
 )
 
 # Passes of a delete over the thread: a second one finds what a pass left (a

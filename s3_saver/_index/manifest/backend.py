@@ -58,7 +58,7 @@ from s3_saver._index.manifest.seal import Bodies, _plan_seal, _SealPlan
 from s3_saver._transport.budget import CacheBudget
 from s3_saver._transport.protocol import Op, raise_failure
 from s3_saver._transport.s3 import S3Calls, put_immutable
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,
     error_code,

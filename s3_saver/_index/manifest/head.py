@@ -48,16 +48,18 @@ from s3_saver._index.manifest.seal import (
 from s3_saver._transport.budget import Cache, entry_bytes
 from s3_saver._transport.protocol import Backoff, Op, raise_failure, request
 from s3_saver._transport.s3 import S3Calls, put_immutable
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
+    classify,
+    error_code,
+)
+from s3_saver.errors import (
     ConfigurationError,
     MissingObjectError,
     S3SaverError,
     ThreadArchivedError,
-    classify,
-    error_code,
 )
 
 _SWAP_BACKOFF_MAX = 0.5  # seconds

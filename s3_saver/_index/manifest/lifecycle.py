@@ -23,12 +23,14 @@ from s3_saver._index.manifest.seal import _MAX_SWAPS, Bodies, _apply_seal, _plan
 from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._transport.protocol import Op, gather, raise_failure, request
 from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,
+    error_code,
+)
+from s3_saver.errors import (
     ConfigurationError,
     S3SaverError,
-    error_code,
 )
 
 
