@@ -94,15 +94,6 @@ def imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
     return sorted({(line, m) for line, m in found if m.split(".")[0] in ("s3_saver", "benchmarks")})
 
 
-# Imports against the map still in the code during the restructure: each goes with the commit
-# named. Empty at the end; then this list and its two uses go.
-KNOWN = {
-    ("_index/activity.py", "_index/dynamodb/"), ("_index/activity.py", "_index/manifest/"),  # the backends' splits
-}
-KNOWN_CIRCLES = [
-]
-
-
 def problems(wings: dict[str, set[str]], sources: dict[Path, str | None]) -> list[str]:
     out = []
     for path, source in sources.items():
@@ -112,8 +103,6 @@ def problems(wings: dict[str, set[str]], sources: dict[Path, str | None]) -> lis
             continue
         for line, target in imports(path, source):
             there = wing_of(target, wings)
-            if (str(path.relative_to(PKG)), there) in KNOWN and source is None:
-                continue
             if target.startswith("s3_saver") and there != here and there not in wings[here]:
                 out.append(f"{path.relative_to(REPO)}:{line}: {here} imports {there} ({target}), "
                            f"against the map (it may import {', '.join(sorted(wings[here])) or 'nothing'})")
@@ -206,4 +195,4 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 @pytest.mark.parametrize("root", ["s3_saver", "benchmarks"])
 def test_no_import_circle(root: str) -> None:
-    assert [c for c in circles(_graph(REPO / root)) if c not in KNOWN_CIRCLES] == []
+    assert circles(_graph(REPO / root)) == []

@@ -43,7 +43,9 @@ from s3_saver._index.base import (
     Index,
 )
 from s3_saver._index.dynamodb.items import DynamoCalls, Link, _listed_first, _live_gen, _thread_item
-from s3_saver._index.activity import DynamoActivity, new_entry
+from s3_saver._index.activity import new_entry
+from s3_saver._index.dynamodb.activity import DynamoActivity
+from s3_saver._index.dynamodb.threads import DynamoThreads
 from s3_saver._index.dynamodb.holdings import DynamoHoldings
 from s3_saver._index.dynamodb.archive import DynamoArchive
 from s3_saver._index.dynamodb.lifecycle import DynamoLifecycle
@@ -73,7 +75,7 @@ class _HistoryCursor:
     first: bool = True
 
 
-class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoLifecycle, DynamoActivity, Index):
+class DynamoIndex(DynamoHoldings, DynamoArchive, DynamoThreads, DynamoLifecycle, DynamoActivity, Index):
     def __init__(self, table: str, layout: KeyLayout, where: Where | None = None) -> None:
         self.calls = DynamoCalls(table, layout, where)
         self.table = table

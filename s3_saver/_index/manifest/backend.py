@@ -29,7 +29,9 @@ from typing import Any
 
 from s3_saver._format.codec import CHECKPOINT_FORMAT, unpack
 from s3_saver._format.keys import KeyLayout
-from s3_saver._index.activity import ManifestActivity, new_entry
+from s3_saver._index.activity import new_entry
+from s3_saver._index.manifest.activity import ManifestActivity
+from s3_saver._index.manifest.threads import ManifestThreads
 from s3_saver._format.entries import (
     REGULAR_PART,
     CheckpointEntry,
@@ -79,7 +81,7 @@ class _Pinned:
 
 
 class ManifestIndex(
-    ManifestHead, ManifestReads, ManifestHoldings, ManifestArchive, ManifestLifecycle, ManifestActivity, Index
+    ManifestHead, ManifestReads, ManifestHoldings, ManifestArchive, ManifestThreads, ManifestLifecycle, ManifestActivity, Index
 ):
     local_lookups = True
     lists_in_prepare = True
