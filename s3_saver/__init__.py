@@ -11,7 +11,7 @@ from s3_saver._index.dynamodb.table import (
 )
 from s3_saver._format.keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._migrate.run import MigrationProgress, MigrationReport, migrate
-from s3_saver._ops.archive import ArchiveStatus
+from s3_saver._ops.archived import ArchiveStatus
 from s3_saver._ops.idle import IdleReport
 from s3_saver._ops.audit import StoreProblem, StoreReport
 from s3_saver._ops.erase import EraseReport, RemainingVersion

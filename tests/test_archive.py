@@ -618,7 +618,7 @@ def test_restore_whose_archive_goes_under_it_answers_live(endpoint, index_mode, 
     another process deletes the thread or restores it (each deletes the archive
     object): the restore reads the record again and answers "live", as a call
     begun after the other one does, never MissingObjectError (the archive is not lost)."""
-    from s3_saver._ops import archive as archive_op
+    from s3_saver._ops import install as archive_op
 
     saver = make_saver(endpoint, index_mode)
     saver.setup()

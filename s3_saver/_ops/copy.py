@@ -19,7 +19,7 @@ from s3_saver._format.keys import new_tag
 from s3_saver._index.activity import day_of
 from s3_saver._index.terms import Archived
 from s3_saver._format.entries import CheckpointEntry
-from s3_saver._ops.archive import install
+from s3_saver._ops.install import install
 from s3_saver._ops.archived import read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import deleter
@@ -55,7 +55,7 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
     pairs.update((layout.object_key(own_object(w)), layout.object_key(own_object(n))) for w, n in zip(old_writes, writes))
     # The copy's activity entry of the day (archive_idle, ``_index/activity``) is
     # staged beside the objects and recorded by the commit on the target's record,
-    # so that a delete or an archive of the copy removes it (``archive.install``).
+    # so that a delete or an archive of the copy removes it (``install.install``).
     _, active = yield from gather(copy_immutable(ctx.s3, pairs), ctx.index.stage_active(dest, day_of(ctx.now())))
     ctx.locs.forget_thread(dest)
     try:

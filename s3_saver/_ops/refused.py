@@ -10,7 +10,7 @@ from typing import Any
 
 from s3_saver._format.entries import ArchiveRef, Tombstone
 from s3_saver._index.terms import Prepared
-from s3_saver._ops.archive import restore_before_write
+from s3_saver._ops.install import restore_before_write
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_keys
 from s3_saver._transport.protocol import Op

@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from s3_saver._ops import archive, idle
-from s3_saver._ops.archive import ArchiveStatus
+from s3_saver._ops import archive, idle, install
+from s3_saver._ops.archived import ArchiveStatus
 from s3_saver._ops.idle import IdleReport
 
 if TYPE_CHECKING:
@@ -87,11 +87,11 @@ class ThreadArchival:
         Returns:
             ``state``: ``"live"`` or ``"restoring"``.
         """
-        return self._sync.run(archive.restore_thread(self._ctx, thread_id, days, tier))
+        return self._sync.run(install.restore_thread(self._ctx, thread_id, days, tier))
 
     async def arestore_thread(self, thread_id: str, *, days: int = 3, tier: str = "Standard") -> ArchiveStatus:
         """Async version of [restore_thread()][s3_saver.S3Saver.restore_thread]."""
-        return await self._async.run(archive.restore_thread(self._ctx, thread_id, days, tier))
+        return await self._async.run(install.restore_thread(self._ctx, thread_id, days, tier))
 
     def archive_idle(
         self,
@@ -171,8 +171,8 @@ class ThreadArchival:
             ConfigurationError: The thread has checkpoints already.
             CorruptObjectError: ``data`` is not an archive this version reads.
         """
-        return self._sync.run(archive.import_thread(self._ctx, data, thread_id))
+        return self._sync.run(install.import_thread(self._ctx, data, thread_id))
 
     async def aimport_thread(self, data: bytes, *, thread_id: str | None = None) -> str:
         """Async version of [import_thread()][s3_saver.S3Saver.import_thread]."""
-        return await self._async.run(archive.import_thread(self._ctx, data, thread_id))
+        return await self._async.run(install.import_thread(self._ctx, data, thread_id))
