@@ -14,7 +14,8 @@ from s3_saver._migrate.run import MigrationProgress, MigrationReport, migrate
 from s3_saver._ops.archived import ArchiveStatus
 from s3_saver._ops.idle import IdleReport
 from s3_saver._ops.audit import StoreProblem, StoreReport
-from s3_saver._ops.erase import EraseReport, RemainingVersion
+from s3_saver._ops.bucket import RemainingVersion
+from s3_saver._ops.erase import EraseReport
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver._transport.protocol import RequestStats
 from s3_saver._regions.replica import Promotion, Replica, ReplicationGap, ReplicationReport
