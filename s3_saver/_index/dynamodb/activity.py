@@ -13,11 +13,13 @@ from s3_saver._format.entries import (
 )
 from s3_saver._format.codec import to_attrs
 from s3_saver._index.activity import _cursor_body, _lives_on, _read_cursor, new_entry
-from s3_saver._index.dynamodb.items import (
+from s3_saver._index.dynamodb.table import (
     ACTIVE,
     ACTIVE_TOKEN,
     SINCE,
     GEN,
+)
+from s3_saver._index.dynamodb.items import (
     _thread_item,
 )
 from s3_saver._transport.protocol import Op, raise_failure, request, request_one

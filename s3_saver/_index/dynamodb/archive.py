@@ -27,7 +27,7 @@ from s3_saver._format.keys import new_token
 from s3_saver._format.entries import Activity
 from s3_saver._index.terms import Release
 from s3_saver._format.entries import ArchiveRef, CheckpointEntry, Tombstone, WritesEntry
-from s3_saver._index.dynamodb.items import (
+from s3_saver._index.dynamodb.table import (
     ARCHIVE,
     ARCHIVING,
     GEN,
@@ -37,6 +37,8 @@ from s3_saver._index.dynamodb.items import (
     STALE_ARCHIVE,
     STALE_RUNS,
     TAG,
+)
+from s3_saver._index.dynamodb.items import (
     DynamoCalls,
     Link,
     _thread_item,

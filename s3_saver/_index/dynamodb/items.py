@@ -7,8 +7,8 @@ rarely touch S3) and always carry ``loc``: for every channel, the version and
 the checkpoint whose object holds its value.
 
 ``DynamoCalls`` builds every call; the table's shape, attribute names and
-plain calls are in ``dynamo_table`` (its names re-exported here), the thread
-listing, run hints and thread-record updates in ``dynamo_thread_items``.
+plain calls are in ``table`` (imported from there), the thread listing, run hints
+and thread-record updates in ``thread_items``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from s3_saver._index.dynamodb.table import (
     ACTIVE_TOKEN,
     ARCHIVE,
     ARCHIVING,
-    COPIED_FROM,
     CREATED,
     DEAD_RUNS,
     GEN,
@@ -54,9 +53,6 @@ from s3_saver._index.dynamodb.table import (
     SORT_KEY,
     STALE_ARCHIVE,
     STALE_RUNS,
-    TABLE_ATTRIBUTE_DEFINITIONS,
-    TABLE_GLOBAL_SECONDARY_INDEXES,
-    TABLE_KEY_SCHEMA,
     TAG,
     TTL_ATTRIBUTE,
     UNLISTING,
@@ -69,14 +65,6 @@ from s3_saver._transport.protocol import Call
 from s3_saver.errors import CorruptObjectError, Where
 from s3_saver._transport.failures import error_code
 
-# The table's names, re-exported: every dynamo module imports them from here.
-__all__ = [
-    "ACTIVE", "ACTIVE_TOKEN", "ARCHIVE", "ARCHIVING", "COPIED_FROM", "CREATED", "DEAD_RUNS", "GEN", "HIDDEN",
-    "KIND_CHECKPOINT", "KIND_WRITES", "PARENT_GONE", "PARENT_WRITES", "PARTITION_KEY", "RESTORING", "RUN",
-    "SINCE", "SITE", "SORT_KEY", "STALE_ARCHIVE", "TABLE_ATTRIBUTE_DEFINITIONS", "TABLE_GLOBAL_SECONDARY_INDEXES",
-    "TABLE_KEY_SCHEMA", "TAG", "TTL_ATTRIBUTE", "UNLISTING", "DynamoCalls", "Link", "_gen_of",
-    "_listed_first", "_live", "_live_gen", "_thread_item",
-]
 
 
 @dataclass

@@ -25,13 +25,15 @@ from s3_saver._format.entries import (
     Tombstone,
     WritesEntry,
 )
-from s3_saver._index.dynamodb.items import (
+from s3_saver._index.dynamodb.table import (
     COPIED_FROM,
     GEN,
     RUN,
     PARTITION_KEY,
     SORT_KEY,
     TAG,
+)
+from s3_saver._index.dynamodb.items import (
     DynamoCalls,
     Link,
     _listed_first,

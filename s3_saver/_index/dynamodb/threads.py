@@ -21,10 +21,12 @@ from s3_saver._format.entries import (
     Tombstone,
     WritesEntry,
 )
-from s3_saver._index.dynamodb.items import (
+from s3_saver._index.dynamodb.table import (
     TABLE_ATTRIBUTE_DEFINITIONS,
     TABLE_KEY_SCHEMA,
     TTL_ATTRIBUTE,
+)
+from s3_saver._index.dynamodb.items import (
     DynamoCalls,
     _live,
     _thread_item,
