@@ -64,7 +64,7 @@ class LocCache:
         """Drop the thread's loc maps. The generation last seen stays: the writes
         of a run still in flight here fence on it after a delete, prune, archive
         or restore (none of which lowers it), and a newer one refuses them unless
-        their checkpoint is there (``refused._joins``); forgotten, they would read the
+        their checkpoint is there (``commit._joins``); forgotten, they would read the
         newest and be taken into it."""
         with self._data.lock:
             for key in [k for k in self._data.keys() if k[0] == thread_id]:  # type: ignore[index]
@@ -76,7 +76,7 @@ class Starting:
     namespace, no parent) being put, or put already, in a generation. LangGraph
     sends the writes of a run's steps before their checkpoints' puts land (each
     put waits for the previous one); they belong where the run's first
-    checkpoint went (see ``refused._joins``). A decision rests on it: a count
+    checkpoint went (see ``commit._joins``). A decision rests on it: a count
     bound only (``fixed``)."""
 
     def __init__(self, budget: CacheBudget | None = None) -> None:

@@ -72,6 +72,45 @@ class Staged:
         return any(len(ref) > 5 for ref in self.loc.values())
 
 
+@dataclass
+class Draft:
+    """One checkpoint as ``put`` carries it down its steps: what it stores, and what
+    the put learns on the way (the parent, the generation it goes into)."""
+
+    thread_id: str
+    ns: str
+    parent_id: str | None
+    checkpoint_id: str
+    ts: Any  # the checkpoint's "ts": the day of its activity entry
+    values: dict[str, Any]
+    now: int
+    loc_estimate: int
+    fresh: dict[str, Any]  # channel -> version: stored by this checkpoint
+    carried: dict[str, Any]  # channel -> version: unchanged since the parent
+    loc: Loc  # channel -> the ref to its value, as known so far
+    known: tuple[Loc, int, str] | None  # the parent as this process knows it: loc, generation, tag
+    head: dict[str, Any]  # the record's fields other than its values
+    metadata: Any  # merged with the config's
+    staged: Staged
+    objects: dict[str, bytes]  # every object written so far (taken back when refused)
+    fetch_parent: bool = False  # the parent is read beside the writes: this process did not know it
+    list_at: int | None = None
+    other_form: bool = False
+    day: int | None = None
+    active: int | None = None
+    gen: int = 0
+    listed_early: int | None = None
+    run_id: str | None = None
+
+    @property
+    def own(self) -> tuple[str, str, str]:
+        return (self.thread_id, self.ns, self.checkpoint_id)
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return {"configurable": {"thread_id": self.thread_id, "checkpoint_ns": self.ns, "checkpoint_id": self.checkpoint_id}}
+
+
 def held_key(thread_id: str, ns: str, channel: str, ref: Ref) -> tuple[Any, ...]:
     """The stored value a ref names (its last piece's object: versions alone may
     repeat across forks when a graph numbers them itself)."""

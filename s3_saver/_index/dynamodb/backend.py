@@ -85,7 +85,7 @@ class DynamoIndex(DynamoReads, DynamoHoldings, DynamoArchive, DynamoThreads, Dyn
             # Deleted-stays-deleted without a read: the commit's fence (the thread's
             # record at generation ``gen``, no archive, no mark, the run alive)
             # refuses what a read here would have, and hands the record back
-            # (``refused._fenced`` decides then). A write costs its objects and the commit.
+            # (``commit._fenced`` decides then). A write costs its objects and the commit.
             return Prepared(gen, None, True, None, active=entry)
         calls = [self.calls.get_tombstone(thread_id)]
         if parent_id is not None:
