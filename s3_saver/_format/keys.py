@@ -53,7 +53,6 @@ from s3_saver._format.key_codec import (
     LegacyPrefix,
     ObjectKey,
     _checked,
-    _checked_index,
     _tagged,
     _untagged,
     check_prefix,
@@ -77,6 +76,7 @@ from s3_saver._format.key_owner import (
     nested_prefix,
 )
 from s3_saver._format.sort_keys import (
+    PartitionKeys,
     _LISTING_CLOCK,
     LISTING_SHARDS,
     SortKey,
@@ -117,7 +117,7 @@ __all__ = [
 _HEX = "0123456789abcdef"  # the characters of a ``new_token``
 
 
-class KeyLayout:
+class KeyLayout(PartitionKeys):
     """Builds object keys and index keys for one bucket prefix, and parses them back.
 
     Parsing is exact: a key counts as this layout's only if its builder makes
@@ -348,12 +348,6 @@ class KeyLayout:
         no thread's folder is this one."""
         return f"{self.manifest_root}{CURSORS}/{name}"
 
-    def activity_partition(self, shard: int | None) -> str:
-        """The DynamoDB partition of one shard of the activity entries (None: the
-        one of the cursors). ``encode`` never produces "#": no thread's partition."""
-        base = f"{encode(self.prefix) if self.prefix else ''}#active"
-        return base if shard is None else f"{base}#{shard}"
-
     def runs_dir(self, run_id: str) -> str:
         return f"{self.prefix}{LISTING_PREFIX}runs/{encode(run_id)}/"
 
@@ -379,35 +373,6 @@ class KeyLayout:
         """Whether ``key`` has the shape of a key this layout builds, in any of its
         folders (ids exact, tokens not checked)."""
         return builds(self, key)
-
-    def listing_partition(self, what: str, shard: int | None = None) -> str:
-        """A partition of the thread listing ("threads") or of the run hints
-        ("runs"): ``<prefix>#<what>#<shard>``, or with no shard the single
-        partition earlier versions wrote (still read, until ``setup()`` moves
-        its items; see ``shard_of``). ``encode`` never produces "#", so no
-        thread's partition is one, and the prefix ends at the first "#"."""
-        base = f"{encode(self.prefix) if self.prefix else ''}#{what}"
-        return base if shard is None else f"{base}#{shard}"
-
-    def partition_key(self, thread_id: str) -> str:
-        """The index partition of a thread under this prefix.
-
-        Whatever the prefix separates in the bucket is separate in the index:
-        with a prefix the key is ``<encoded prefix>/<encoded thread>``. ``encode``
-        never produces "/", so the key is injective, and the bare encoded thread
-        of the empty prefix can never equal a prefixed one.
-        """
-        pk = f"{encode(self.prefix)}/{encode(thread_id)}" if self.prefix else encode(thread_id)
-        return _checked_index(pk, DYNAMODB_PARTITION_KEY_MAX_BYTES, "partition key")
-
-    def thread_of(self, pk: str) -> str | None:
-        """The thread id of a partition key, or None when it belongs to another prefix."""
-        if "#" in pk:
-            return None  # the thread listing or the run hints
-        head, _, tail = pk.rpartition("/")
-        if head != (encode(self.prefix) if self.prefix else ""):
-            return None
-        return decode(tail)
 
     def check_room(self, thread_id: str, ns: str, checkpoint_id: str) -> None:
         """Refuse ids that leave no room for the keys a thread goes on to need.

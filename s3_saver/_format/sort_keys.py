@@ -1,6 +1,7 @@
-"""DynamoDB sort keys: how a thread's index items, the thread listing, the
-activity entries and the run hints sort (see the order in ``_keys``), the
-listing shards, and parsing a sort key back. ``_keys`` re-exports these.
+"""The DynamoDB index's keys: the partitions of a prefix (a thread's, the thread listing's,
+the run hints', the activity entries': ``PartitionKeys``), how items sort within them (see the
+order in ``keys``), the listing shards, and parsing a sort key back. ``keys`` re-exports the
+functions; ``KeyLayout`` mixes ``PartitionKeys`` in.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from s3_saver._format.key_codec import (
     LINK_MARK,
     THREAD_TOMBSTONE_SK,
     WRITES_MARK,
+    DYNAMODB_PARTITION_KEY_MAX_BYTES,
+    _checked_index,
     _checked_sort,
     decode,
     encode,
@@ -145,3 +148,44 @@ def parse_sort_key(sk: str) -> SortKey:
         return SortKey("checkpoint", ns, checkpoint_id)
     return SortKey("writes", ns, checkpoint_id, sort_decode(parts[3]), parts[4])
 
+
+class PartitionKeys:
+    """The index partitions of a ``KeyLayout``'s prefix (it mixes this in): a thread's, the
+    thread listing's, the run hints' and the activity entries'."""
+
+    prefix: str
+
+    def activity_partition(self, shard: int | None) -> str:
+        """The DynamoDB partition of one shard of the activity entries (None: the
+        one of the cursors). ``encode`` never produces "#": no thread's partition."""
+        base = f"{encode(self.prefix) if self.prefix else ''}#active"
+        return base if shard is None else f"{base}#{shard}"
+
+    def listing_partition(self, what: str, shard: int | None = None) -> str:
+        """A partition of the thread listing ("threads") or of the run hints
+        ("runs"): ``<prefix>#<what>#<shard>``, or with no shard the single
+        partition earlier versions wrote (still read, until ``setup()`` moves
+        its items; see ``shard_of``). ``encode`` never produces "#", so no
+        thread's partition is one, and the prefix ends at the first "#"."""
+        base = f"{encode(self.prefix) if self.prefix else ''}#{what}"
+        return base if shard is None else f"{base}#{shard}"
+
+    def partition_key(self, thread_id: str) -> str:
+        """The index partition of a thread under this prefix.
+
+        Whatever the prefix separates in the bucket is separate in the index:
+        with a prefix the key is ``<encoded prefix>/<encoded thread>``. ``encode``
+        never produces "/", so the key is injective, and the bare encoded thread
+        of the empty prefix can never equal a prefixed one.
+        """
+        pk = f"{encode(self.prefix)}/{encode(thread_id)}" if self.prefix else encode(thread_id)
+        return _checked_index(pk, DYNAMODB_PARTITION_KEY_MAX_BYTES, "partition key")
+
+    def thread_of(self, pk: str) -> str | None:
+        """The thread id of a partition key, or None when it belongs to another prefix."""
+        if "#" in pk:
+            return None  # the thread listing or the run hints
+        head, _, tail = pk.rpartition("/")
+        if head != (encode(self.prefix) if self.prefix else ""):
+            return None
+        return decode(tail)
