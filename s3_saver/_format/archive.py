@@ -126,7 +126,7 @@ class Archive:
     checkpoint), and the records of checkpoints it has no entry of that its
     entries read values from (a pruned or expired ancestor's), by (ns, checkpoint).
 
-    Every object the entries name is here (``_reach.closure``), under its
+    Every object the entries name is here (``closure.closure``), under its
     logical name: no object key, no tag (an install writes them all anew).
     """
 

@@ -19,7 +19,7 @@ CHECKPOINT_FORMAT = "s3_saver.checkpoint/1"
 BLOB_FORMAT = "s3_saver.blob/1"
 WRITES_FORMAT = "s3_saver.writes/2"  # /2: one task's part, no clock sequence
 # A checkpoint object that holds pieces of list values stored as deltas, and a
-# piece in an object of its own (see ``_pieces``): new names, so a version that
+# piece in an object of its own (see ``_format/pieces``): new names, so a version that
 # predates deltas refuses them by name instead of reading a piece as a value.
 CHECKPOINT_PIECES_FORMAT = "s3_saver.checkpoint/2"
 PIECE_FORMAT = "s3_saver.piece/1"

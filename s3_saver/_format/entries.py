@@ -29,8 +29,8 @@ ENTRY_BUDGET = 400 * 1024 - 8 * 1024
 Key3 = tuple[str, str, str]  # (thread_id, checkpoint_ns, checkpoint_id)
 # channel -> a reference to the object that holds the value of its version:
 # (version, source checkpoint id, IN_CHECKPOINT_OBJECT | IN_BLOB_OBJECT, put time[, tag[, pieces]]).
-# The tag (see ``_keys``) is there only when the object was written tagged.
-# ``pieces``: the value is a list stored as a delta (see ``_pieces``); the refs
+# The tag (see ``_format/keys``) is there only when the object was written tagged.
+# ``pieces``: the value is a list stored as a delta (see ``_format/pieces``); the refs
 # of the earlier pieces it reads, keyframe first (each a ref without pieces,
 # put time 0), and the reference's own object holds the last piece.
 Ref = tuple[Any, ...]
@@ -92,7 +92,7 @@ class CheckpointEntry:
     # only because checkpoints that stay read through it: values they point at
     # (``loc``), or the writes a DeltaChannel replays. Never listed or returned.
     hidden: bool = False
-    # The tag of its checkpoint object's key ("" for a put's own write; see ``_keys``).
+    # The tag of its checkpoint object's key ("" for a put's own write; see ``_format/keys``).
     tag: str = ""
     # What a reader of a replicated index needs to prove this checkpoint's past
     # complete (a global table replicates item by item; see ``_ops/lagged``):
@@ -201,7 +201,7 @@ class Tombstone:
 
 @dataclass
 class ArchiveRef:
-    """Where an archived thread lives: one object under ``archive/`` (see ``_archive``).
+    """Where an archived thread lives: one object under ``archive/`` (see ``_format/archive``).
 
     Written into the index by ``Index.archive`` (the switch: from then on the
     thread reads from the archive) and taken out by ``Index.unarchive``.

@@ -1,6 +1,6 @@
 """Key encoding: the key prefixes, the percent-encoding of ids in object keys,
 the order-preserving encoding of ids in DynamoDB sort keys, tokens and tags,
-and the size checks every key goes through. ``_keys`` (the layout) builds
+and the size checks every key goes through. ``_format/keys`` (the layout) builds
 keys with these and re-exports them.
 """
 

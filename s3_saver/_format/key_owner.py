@@ -49,7 +49,7 @@ class Layout(Protocol):
 CURSORS = "#active"
 PROBES = ".setup-probe"
 # In the live folder besides the threads' folders: the marker of the prefix's
-# index mode (``_mode``; "#": never in a thread's folder name).
+# index mode (``_transport/mode``; "#": never in a thread's folder name).
 MODE_MARKER = "#index-mode"
 # In a thread's manifest folder, besides its head: an erase's records and sealed segments.
 ERASE_NAME = re.compile(re.escape(ERASE_MARK) + r"[^/]+")

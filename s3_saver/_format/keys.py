@@ -26,9 +26,9 @@ items, each checkpoint item is followed by its own writes, and ids order
 exactly as Python orders the strings (see ``sort_encode``).
 
 This module holds ``KeyLayout``; the encoding of ids, tokens, the key and
-prefix checks are in ``_key_codec``, the DynamoDB sort keys and listing shards
-in ``_sort_keys``, both re-exported here, and which keys of a tree are another
-saver's in ``_key_owner``.
+prefix checks are in ``_format/key_codec``, the DynamoDB sort keys and listing shards
+in ``_format/sort_keys``, both re-exported here, and which keys of a tree are another
+saver's in ``_format/key_owner``.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ class KeyLayout(PartitionKeys):
 
     @property
     def mode_marker_key(self) -> str:
-        """The marker of the prefix's index mode (``_mode``): in the live folder,
+        """The marker of the prefix's index mode (``_transport/mode``): in the live folder,
         where no thread's folder is ("#": ``encode`` never produces it)."""
         return f"{self.root}{MODE_MARKER}"
 
@@ -366,7 +366,7 @@ class KeyLayout(PartitionKeys):
 
     def nested_prefix(self, key: str) -> str | None:
         """The prefix of a saver inside this one's folders under which ``key`` is a
-        key that saver builds, else None (see ``_key_owner``)."""
+        key that saver builds, else None (see ``_format/key_owner``)."""
         return nested_prefix(self, key)
 
     def builds(self, key: str) -> bool:

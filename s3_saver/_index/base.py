@@ -2,7 +2,7 @@
 
 Two backends implement it, a DynamoDB table and a per-thread manifest in the
 bucket; every operation in ``_ops`` is written once against it. Each method is
-a generator operation (see ``_protocol``): it yields the calls it needs and
+a generator operation (see ``_transport/protocol``): it yields the calls it needs and
 returns entries, never a backend's raw response.
 
 Rules every backend keeps:
@@ -53,7 +53,7 @@ class Index(Upkeep):
     # True when ``prepare`` writes a new thread's listing record itself (the
     # commit then only makes it count): ``note`` is not asked to.
     lists_in_prepare = False
-    # Which bucket owns the index's prefix (``_owner``); None: the index lives
+    # Which bucket owns the index's prefix (``_transport/ownership``); None: the index lives
     # in the bucket itself, so no other bucket can share it.
     owner: Any = None
     # Where the index replaces objects in the bucket (a versioned bucket keeps

@@ -59,7 +59,7 @@ class ParentGone(Exception):
     writer read it: the values it carries from the parent may be gone, so it
     stores them itself and commits again."""
 # Called by an index once entries are out of it: ``release(gone, staying)``
-# deletes the objects ``gone`` names that nothing in ``staying`` names (``_reach``).
+# deletes the objects ``gone`` names that nothing in ``staying`` names (``_format/closure``).
 Release = Callable[[list[Any], list[Any]], "Op[None]"]
 
 

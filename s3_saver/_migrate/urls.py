@@ -102,7 +102,7 @@ def refuse_same_store(source: BaseCheckpointSaver, target: BaseCheckpointSaver) 
     # Two S3Savers on one bucket and prefix write the same object keys whatever
     # their index: a "migration" between index modes there would leave each
     # index's objects to the other's gc and delete. A prefix belongs to one index
-    # mode (``_mode``): another mode's threads go under another prefix or bucket.
+    # mode (``_transport/mode``): another mode's threads go under another prefix or bucket.
     same = source is target or (
         isinstance(source, S3Saver) and isinstance(target, S3Saver) and source._location() == target._location()
     )

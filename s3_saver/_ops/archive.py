@@ -4,7 +4,7 @@ restore and import: ``install``).
 Archive (read-decide-act, fenced at the commit): mark the thread with the key
 of the archive object about to be written (``Index.mark_archive``), read its
 whole history (``Index.snapshot``: every entry and every object they name,
-``_reach.closure``), write it as one archive object, and switch the index to
+``closure.closure``), write it as one archive object, and switch the index to
 it (``Index.switch_archive``, the commit point) only if nothing was committed
 since the read; then remove the live entries and objects
 (``Index.finish_archive``). Restore: finish that cleanup if it was cut short,
@@ -143,7 +143,7 @@ def _status(thread_id: str, state: str, ref: ArchiveRef) -> ArchiveStatus:
 
 
 def _collect(ctx: Context, thread_id: str, entries: list[CheckpointEntry], created: int) -> Op[tuple[Archive, int]]:
-    """The archive of ``entries``: every object they name (``_reach.closure``),
+    """The archive of ``entries``: every object they name (``closure.closure``),
     read in waves (bodies the index carries are not read again), under its
     logical name: tags go (an install writes every object anew)."""
     layout = ctx.layout

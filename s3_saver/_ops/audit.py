@@ -290,7 +290,7 @@ def _expired(ctx: Context, entry: Any) -> bool:
 
 
 def _referenced(ctx: Context, thread_id: str, held: Holdings) -> set[str]:
-    """Every object the index names, in any state (``_reach.closure``: hidden,
+    """Every object the index names, in any state (``closure.closure``: hidden,
     expired, kept for an operation to finish): none of them is garbage."""
     return held.index_keys | held.kept_keys | closure_keys(ctx.layout, held.live + held.kept, thread_id)
 

@@ -22,9 +22,9 @@ from s3_saver.errors import ConfigurationError
 Known = tuple[Loc, int, str]
 
 
-# Entries of the tables a decision rests on (``fixed`` in ``_cache``): kept by
+# Entries of the tables a decision rests on (``fixed`` in ``_transport/budget``): kept by
 # count, never evicted for bytes. 4,096 ids of ~36 characters take about 1.2 MB
-# per table (``_cache.key_bytes``), charged to the budget as they fill.
+# per table (``budget.key_bytes``), charged to the budget as they fill.
 _FIXED_ENTRIES = 4096
 
 
@@ -179,10 +179,10 @@ class Context:
     serde: SerializerProtocol
     inline_threshold: int
     ttl_seconds: int | None
-    # Lists that extend their parent's value are stored as deltas (see ``_pieces``).
+    # Lists that extend their parent's value are stored as deltas (see ``_format/pieces``).
     list_deltas: bool = True
-    # The saver's one cache budget (``_cache``): every cache below is charged to
-    # it, and the manifest index's too (``_sites.make_site`` gives it the same).
+    # The saver's one cache budget (``_transport/budget``): every cache below is charged to
+    # it, and the manifest index's too (``sites.make_site`` gives it the same).
     budget: CacheBudget = field(default_factory=CacheBudget)
     # Made from ``budget`` when not given (``dataclasses.replace`` passes them on).
     locs: LocCache = None  # type: ignore[assignment]
@@ -192,13 +192,13 @@ class Context:
     active: Noted = None  # type: ignore[assignment]
     archives: Archives = None  # type: ignore[assignment]
     starting: Starting = None  # type: ignore[assignment]
-    # List values last written or read, the bases of deltas (see ``_pieces``).
+    # List values last written or read, the bases of deltas (see ``_format/pieces``).
     lists: HeldLists = None  # type: ignore[assignment]
     slots: WriteSlots = None  # type: ignore[assignment]
     # Set for a replica region's reads: lag-safe (``_ops/lagged.py``).
     replica: ReplicaReads | None = None
-    # The site's index-mode check (``_mode.ModeMark``): admin calls settle it
-    # first (``_mode.settle_mode``); None in contexts made without a site.
+    # The site's index-mode check (``mode.ModeMark``): admin calls settle it
+    # first (``mode.settle_mode``); None in contexts made without a site.
     mode: Any = None
 
     def __post_init__(self) -> None:

@@ -1,10 +1,10 @@
 """copy_thread: the source's entries read, every object they name copied server-side
 under the target thread and a fresh tag, then the entries written under the target.
 
-What is copied is ``_reach.closure`` of the source's entries (the objects of
+What is copied is ``closure.closure`` of the source's entries (the objects of
 pruned or expired ancestors a copied checkpoint reads included), so the copy
 reads exactly as the source. Objects go before the first index entry, and under
-keys no earlier call used (``_reach.moved``): a copy cut short and called again
+keys no earlier call used (``closure.moved``): a copy cut short and called again
 never reuses an object a garbage collection may be deleting. An archived
 source is copied from its archive.
 """

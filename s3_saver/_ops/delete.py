@@ -44,7 +44,7 @@ def delete_keys(ctx: Context, keys: list[str], what: str) -> Op[None]:
 
 def deleter(ctx: Context, thread_id: str) -> Release:
     """What an index calls once entries are out of it: delete every object they
-    name (``_reach.closure``, archive objects included) that no entry staying
+    name (``closure.closure``, archive objects included) that no entry staying
     in the index names."""
 
     def release(gone: list[Any], staying: list[Any]) -> Op[None]:

@@ -137,7 +137,7 @@ def install(
     cleanup is finished first), as a copy of thread ``copied_from``, or into
     the empty thread (import). Returns the bytes written.
 
-    Every object is written under keys no earlier call wrote (``_reach.moved``):
+    Every object is written under keys no earlier call wrote (``closure.moved``):
     a cleanup or a garbage collection still running can never delete them."""
     layout = ctx.layout
     if ref is not None:

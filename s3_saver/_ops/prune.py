@@ -14,7 +14,7 @@ listed or returned, read only through the ones that stay): exactly the
 ancestors back to each delta channel's snapshot, with their writes, and the
 checkpoints whose objects hold values that stay. Everything else of what goes
 is deleted: entries first (``Index.drop``), then the objects they name that no
-entry still in the index names (``_reach``: a value a kept checkpoint reads from
+entry still in the index names (``_format/closure``: a value a kept checkpoint reads from
 a dropped one's object stays). A prune cut short leaves every kept checkpoint
 readable; running it again finishes what the index still holds (objects a cut
 left unreferenced are collect_garbage's).

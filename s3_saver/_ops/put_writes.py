@@ -69,7 +69,7 @@ def _draft_writes(
     parts = _write_parts(ctx, writes)
     # One token per call: a retried request of this call meets its own object
     # and its own index item, a task run again writes new ones. (Never drawn
-    # from uuid.uuid4, which a user's tests may patch: see _keys.new_token.)
+    # from uuid.uuid4, which a user's tests may patch: see keys.new_token.)
     token = new_token()
     objects: dict[str, bytes] = {}
     entries: list[WritesEntry] = []

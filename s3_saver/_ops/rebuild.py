@@ -255,7 +255,7 @@ def _chain(
         # Only a blob can be picked without its checkpoint's record: a whole
         # value, unless the checkpoint says it carries a delta (its source's
         # record has not arrived yet; a piece in a blob keeps its record, see
-        # ``_reach.named_by``).
+        # ``closure.named_by``).
         return None if carried_delta else ((), found[2])
     out, oldest = [], found[2]
     for version, piece_source in record.get("chains", {}).get(channel, ()):

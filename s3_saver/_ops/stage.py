@@ -2,7 +2,7 @@
 (and the blobs a put adds for values its parent does not account for).
 
 A fresh channel's value is stored whole, or, when it is a list that extends the
-value its parent stored, as a piece of a delta chain (``_pieces``): the record
+value its parent stored, as a piece of a delta chain (``_format/pieces``): the record
 (and the index entry that carries it) names the earlier pieces in the
 channel's ``loc`` ref, so every operation that follows refs follows the chain.
 """
@@ -64,7 +64,7 @@ class Staged:
     loc: Loc
     # What the process remembers of each list value once the commit is in.
     held: dict[str, Held] = field(default_factory=dict)
-    # The tag of every object written here (see ``_keys``).
+    # The tag of every object written here (see ``_format/keys``).
     tag: str = ""
 
     @property

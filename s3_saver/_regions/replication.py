@@ -73,7 +73,7 @@ def promote(
     """Make ``other`` the region written to (the caller swaps the roles after).
 
     ``indexed``: replication keeps an index in ``other`` (manifest heads, a
-    global table). Its index is then settled (``_ops/settle``): with ``ctx``
+    global table). Its index is then settled (``_regions/settle``): with ``ctx``
     answering, the union of both indexes' committed entries; without, its own
     entries whose objects all arrived. Without one (DynamoDB, no global table)
     and ``ctx`` down, nothing there holds an index: it is rebuilt from the bucket.

@@ -19,7 +19,7 @@ process can read as it is, in both directions:
 Only committed data is indexed: an entry comes from an index (never from an
 object alone, so a write that raised at the outage, its object written and its
 commit not, stays unreadable), and an entry is kept only when every object its
-closure names is in the bucket (``_reach``). Pending writes are kept per task:
+closure names is in the bucket (``_format/closure``). Pending writes are kept per task:
 for each (namespace, checkpoint, task), the parts of one region's run only (a
 mix of two runs is a state neither made). The authority ran the task itself
 only when it holds a call (a token) this region's parts lack: its run wins

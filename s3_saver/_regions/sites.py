@@ -56,9 +56,9 @@ class Site:
     where: Where
     clients: Clients
     given: list[Any]
-    # The table's ownership check (``_owner``); None in manifest mode.
+    # The table's ownership check (``_transport/ownership``); None in manifest mode.
     owner: Ownership | None = None
-    # The prefix's index-mode check (``_mode``), in both modes.
+    # The prefix's index-mode check (``_transport/mode``), in both modes.
     mode: ModeMark | None = None
 
     def describe(self) -> str:

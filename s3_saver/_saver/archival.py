@@ -1,6 +1,6 @@
 """The archival methods of S3Saver: archive, restore, export, import, archive idle threads.
 
-A mixin of [S3Saver][s3_saver.S3Saver], like ``_saver_threads``: each method is
+A mixin of [S3Saver][s3_saver.S3Saver], like ``_saver/threads``: each method is
 one line, an operation (``_ops.archive``) and a driver.
 """
 

@@ -28,7 +28,7 @@ from s3_saver._transport.retry import RetryPolicy
 from s3_saver._transport.sync import SyncDriver
 
 # The random part of channel versions: from the OS's generator, never the random
-# module's shared state, which a user's tests may seed (see _keys.new_token).
+# module's shared state, which a user's tests may seed (see keys.new_token).
 _VERSIONS = random.SystemRandom()
 
 

@@ -226,10 +226,10 @@ class S3Saver(
         if self._route is not None:
             policy = self._route.fast
         # Each site's table names the bucket that owns it; checked on the first
-        # wave sent there (see ``_owner``).
+        # wave sent there (see ``_transport/ownership``).
         owners = lambda site: sites[site].owner  # noqa: E731
         # Each site's prefix belongs to one index mode; checked on the first
-        # wave sent there too (see ``_mode``).
+        # wave sent there too (see ``_transport/mode``).
         marks = lambda site: sites[site].mode  # noqa: E731
         self._sync = SyncDriver(
             lambda service, site: sites[site].clients.make_sync(service), self.stats, max_concurrency, policy, owners, marks

@@ -124,7 +124,7 @@ class AsyncDriver:
             if type(exc).__module__.split(".")[0] == "aiohttp":  # ClientPayloadError and kin
                 return ConnectionClosedError(endpoint_url=f"{call.describe()}: {type(exc).__name__}: {exc}")
             raise
-        return confirm(call, response)  # as the sync driver does (_answers)
+        return confirm(call, response)  # as the sync driver does (``_transport/answers``)
 
     async def _client(self, service: str, site: str = PRIMARY) -> Any:
         loop = asyncio.get_running_loop()

@@ -22,7 +22,7 @@ answer; ``watch`` sees each answer's raw body first, in every client the saver u
 
 An answer that fails is an [UnreadableAnswerError][s3_saver.errors.UnreadableAnswerError],
 handed to the operation as a failed call is. It is retried as a dropped connection is
-(``_retry``: every call the saver sends is safe to send again, and a retry of a write
+(``_transport/retry``: every call the saver sends is safe to send again, and a retry of a write
 that did land meets it there): a proxy's hiccup is ridden out, a portal that answers
 every request fails the call after the retry policy's attempts, naming the call, the
 bucket or table, the region, the key and what the answer lacked. No request is added:

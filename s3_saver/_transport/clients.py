@@ -28,7 +28,7 @@ from s3_saver.errors import ConfigurationError, Where
 CONNECT_TIMEOUT = 2
 READ_TIMEOUT = 5  # seconds without a byte received, per attempt
 # botocore sends each request once: the saver retries in its operation core
-# (``_retry``), the same way for both drivers. A ``client_config`` that asks for
+# (``_transport/retry``), the same way for both drivers. A ``client_config`` that asks for
 # botocore retries gets them as well, under the saver's.
 TOTAL_MAX_ATTEMPTS = 1
 _ATTEMPT_KEYS = {"max_attempts", "total_max_attempts"}
@@ -230,7 +230,7 @@ def _session_with(aioboto3: Any, credentials: Any, profile: str | None, region: 
 
 def prepare(client: Any) -> Any:
     """A client of either driver, as the saver sends its requests and reads its answers:
-    see ``no_uuid4``, ``_upload_integrity`` and ``_answers.watch``."""
+    see ``no_uuid4``, ``_upload_integrity`` and ``answers.watch``."""
     client.meta.events.register("before-call.s3.PutObject", _upload_integrity, unique_id="s3_saver-integrity")
     watch(client)
     return no_uuid4(client)

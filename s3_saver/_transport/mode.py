@@ -106,7 +106,7 @@ class ModeMark:
         self.tried = False
         # Admin calls under way that survey before the marker is written: a
         # claim that another check's write sets off in between (the table's
-        # owner record, ``_owner``) surveys first too.
+        # owner record, ``_transport/ownership``) surveys first too.
         self.surveying = 0
 
     # -- calls ---------------------------------------------------------------------

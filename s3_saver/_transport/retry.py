@@ -7,7 +7,7 @@ on the re-read), index items written whole or conditionally with a token that
 recognises the writer's own commit, batch writes and deletes of fixed keys.
 So the saver retries them itself, the same way under boto3 and aioboto3:
 connection failures, timeouts, 5xx answers, answers that are not the store's
-(``_answers``: a 200 that confirms nothing, as good as no answer) and throttling are sent again after
+(``_transport/answers``: a 200 that confirms nothing, as good as no answer) and throttling are sent again after
 a jittered (full jitter), capped, exponential backoff, within a time budget that
 a Lambda handler can tie to its remaining time ([deadline()][s3_saver.S3Saver.deadline]). Two kinds are
 told apart. A store that fails (no answer, a timeout, a 5xx) gets a few attempts:
@@ -39,7 +39,7 @@ from s3_saver.errors import ConfigurationError
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("s3_saver_deadline", default=None)
 # Jitter from the OS's generator: the random module's shared state is the user's
-# (a test may seed it; the saver must not draw from it, see _keys.new_token).
+# (a test may seed it; the saver must not draw from it, see keys.new_token).
 _JITTER = random.SystemRandom()
 
 

@@ -120,7 +120,7 @@ class SyncDriver:
             # Below botocore, should a path not wrap it: the same failure as above.
             return ConnectionClosedError(endpoint_url=f"{call.describe()}: {type(exc).__name__}: {exc}")
         # Every answer is checked before an operation reads it (an answer that
-        # confirms nothing comes back as a failure: _answers).
+        # confirms nothing comes back as a failure: ``_transport/answers``).
         return confirm(call, response)
 
     def _client(self, service: str, site: str = PRIMARY) -> Any:

@@ -14,7 +14,7 @@ archive and no restore to be under way (a restore, ``unarchive``, puts its own
 mark, ``restoring``, first): a cleanup still running can never delete an item
 a restore wrote, nor its objects (a restore writes under a fresh tag).
 
-Mixed into ``DynamoIndex`` (``DynamoArchive``), as ``dynamo_lifecycle`` is.
+Mixed into ``DynamoIndex`` (``DynamoArchive``), as ``lifecycle`` is.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The DynamoDB index backend: every index operation as Query/GetItem/PutItem/batch calls.
 
-Newest first, each checkpoint item comes before its own writes (see ``_keys``),
+Newest first, each checkpoint item comes before its own writes (see ``_format/keys``),
 so "latest" is one ``Query`` with ``Limit=1`` and a history page is one
 ``Query``; every read sends a GetItem of the thread's record in the same round
 trip (archived? deleted below which generation?). Every commit is one
@@ -58,7 +58,7 @@ CONDITION_FAILED = "ConditionalCheckFailed"
 # Cancellation reasons worth sending a transaction again for ("None": an action
 # that did not fail; the others are transient).
 _RETRIED_REASONS = frozenset({"None", "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
-_JITTER = random.SystemRandom()  # never the random module's shared state (see _keys.new_token)
+_JITTER = random.SystemRandom()  # never the random module's shared state (see keys.new_token)
 
 
 class DynamoIndex(DynamoReads, DynamoHoldings, DynamoArchive, DynamoThreads, DynamoLifecycle, DynamoActivity, Index):

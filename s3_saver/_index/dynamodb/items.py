@@ -363,7 +363,7 @@ def _unpack_slots(raw: bytes) -> tuple[tuple[str, str], ...] | None:
 
 
 # -- a tombstone GetItem's answer --------------------------------------------------
-# Both modules of DynamoIndex read these; they live here because dynamo_lifecycle
+# Both modules of DynamoIndex read these; they live here because lifecycle
 # cannot import from dynamodb, which imports it.
 def _thread_item(calls: DynamoCalls, found: dict[str, Any]) -> Tombstone:
     """The thread's tombstone item from a GetItem's answer (generation 0, not

@@ -61,7 +61,7 @@ ACTIVE_TOKEN = "active_tok"
 # ... and the first such day, in any of its lives (a delete keeps it: ``idle.activity_span``).
 SINCE = "since"
 # On the thread's item and on each namespace's tombstone item: the thread is
-# archived (see ``_archive``); a namespace's marker is what its readers meet first.
+# archived (see ``_format/archive``); a namespace's marker is what its readers meet first.
 ARCHIVE = "archive"
 # On the thread's item: an archive object a restore (or delete) still has to remove.
 STALE_ARCHIVE = "stale_archive"

@@ -1,5 +1,5 @@
 """The DynamoDB index's thread-level items: the thread listing and run hints
-(partitions of their own, see ``dynamo_listing``) and the updates of a
+(partitions of their own, see ``listing``) and the updates of a
 thread's record (its tombstone item) that list, unlist and bury it.
 ``DynamoCalls`` mixes ``DynamoThreadItems`` in.
 """
@@ -38,7 +38,7 @@ class DynamoThreadItems:
     table: str
     layout: KeyLayout
 
-    # -- the thread listing and run hints: partitions of their own (see dynamo_listing) --
+    # -- the thread listing and run hints: partitions of their own (see listing) --
     def listing_item(self, created: int, thread_id: str, unsharded: bool = False) -> dict[str, Any]:
         """The thread's listing item: in its shard, or (``unsharded``) where
         earlier versions wrote it."""

@@ -10,7 +10,7 @@ whose objects are deleted after (``finish_archive``). Restoring is one swap
 back: the archive's entries, written under a fresh tag, come in with the
 reference out, and the archive object waits in ``stale_archive`` until deleted.
 
-Mixed into ``ManifestIndex`` (``ManifestArchive``), as ``manifest_lifecycle`` is.
+Mixed into ``ManifestIndex`` (``ManifestArchive``), as ``lifecycle`` is.
 """
 
 from __future__ import annotations

@@ -13,12 +13,13 @@ means "this key exists: compare bytes" (``put_immutable``). Different helpers.
 
 This module holds ``ManifestIndex`` itself and a checkpoint's write path:
 prepare, the commits of a checkpoint and of writes, the run and listing hints.
-The head (read, swap, update, cache) and the segments are in ``manifest_head``;
-reads, history and the ancestor walk in ``manifest_reads``. The store's setup
-and what concerns a thread as a whole (listing, runs, restore, delete, prune,
-copy) are in ``manifest_lifecycle``; all are mixed into ``ManifestIndex``.
-Sealing and the head's limits, which they use, are in ``manifest_seal``, and
-picking entries out of a document in ``manifest_doc``.
+The head (read, swap, update, cache) and the segments are in ``head``;
+reads, history and the ancestor walk in ``reads``. The store's setup and a
+thread as read whole (contents, listing, runs) are in ``threads``, a thread
+changed whole (restore, delete, prune, copy) in ``lifecycle``, the activity
+entries in ``activity``; all are mixed into ``ManifestIndex``.
+Sealing and the head's limits, which they use, are in ``seal``, and
+picking entries out of a document in ``doc``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class ManifestIndex(
         budget = budget if budget is not None else CacheBudget()
         # The last head seen per thread (a consistent snapshot with its ETag) and
         # sealed segments (immutable): lookups of older checkpoints cost nothing.
-        # Both are charged to the saver's budget (``_cache``). Invariant: a head
+        # Both are charged to the saver's budget (``_transport/budget``). Invariant: a head
         # evicted is read again (its ETag stood in for a read: ``prepare``,
         # ``_commit``), a segment evicted is fetched again; no decision rests on
         # finding one (``unnote`` reads the head it lacks, ``_load_segments``
@@ -102,7 +103,7 @@ class ManifestIndex(
         # Segments written ahead by prepare(), waiting for the commit that refers
         # to them (at most one plan per thread, its keys and refs: the bytes went out).
         self._sealed: dict[str, _SealPlan] = {}
-        # What this process committed, for the segments it seals (manifest_seal.Bodies).
+        # What this process committed, for the segments it seals (seal.Bodies).
         self.bodies = Bodies(budget)
         self._lock = threading.Lock()
         self._group = GroupCommit(threading.Lock())

@@ -12,11 +12,11 @@ them). Heads carried a frame too (the bodies of their checkpoints but the
 newest, up to 64 KB compressed) and the bodies pinned for "latest"; every
 write re-uploaded them (a head of ~40 KB in ``make bench``'s workload), and a
 versioned bucket kept each one as a noncurrent version. Heads are written
-without them now (``manifest_doc.encode_head``); a head written with them
+without them now (``doc.encode_head``); a head written with them
 still reads (``fill``, ``unpack_pinned``), as a head without them always did
 for a reader of an earlier version (it reads those bodies from their objects).
 A body read back from a frame is the plain record, which every reader of a body
-takes (``_codec.unpack``, ``same_record``).
+takes (``codec.unpack``, ``same_record``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from s3_saver._format.entries import CheckpointEntry, WritesEntry
 from s3_saver.errors import CorruptObjectError
 
 FIELD = "zbodies"
-# The field of pinned bodies in heads written before (see ``manifest_doc.Head.pinned``).
+# The field of pinned bodies in heads written before (see ``doc.Head.pinned``).
 PINNED = "zpinned"
 # A body larger than this (stored) is read from its object: a segment never
 # grows by one large value.

@@ -9,7 +9,7 @@ document, in full otherwise: a document decodes on its own.
 
 Last, how entries are picked out of a decoded document (by id, the newest of a
 namespace, an entry with its own writes): both modules of ``ManifestIndex``
-(``manifest`` and ``manifest_lifecycle``) do it.
+(``backend`` and ``lifecycle``) do it.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class Head:
     etag: str | None = None  # of the stored head this was read from (None: no head)
     # Bodies of sealed checkpoints whose objects hold values the newest
     # checkpoints read (unchanged channels, pieces of lists stored as deltas:
-    # see ``_pieces``), by (namespace, id, tag), that this process sealed or
+    # see ``_format/pieces``), by (namespace, id, tag), that this process sealed or
     # read in a head written before (they are no longer stored): its reads of
     # the latest state GET no such object.
     pinned: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
@@ -154,7 +154,7 @@ def encode_head(head: Head, versioned: bool = False) -> bytes:
     alone 2.1 / 2.2 / 2.1x, 4-6 / 2; no body 1.1 / 1.26 / 1.25x, 5-7 / 2;
     no body, the head sealing at 24 keeping 8, 0.89 / 0.82 / 0.93x, 5-7 / 2;
     the newest body and that sealing 1.35 / 1.42 / 1.56x; no body, sealing at
-    24 keeping 4 (``manifest_seal.VERSIONED_LIMITS``, chosen) 0.66 / 0.70 /
+    24 keeping 4 (``seal.VERSIONED_LIMITS``, chosen) 0.66 / 0.70 /
     0.82x, 5-7 / 2, 1% more write requests (the segments' PUTs); sealing at 16
     keeping 4, 0.67 / 0.68 / 0.82x for 4% more write requests and 80 round
     trips for a cold history of 200 turns (54 chosen). Bodies moved to immutable objects the head
@@ -253,7 +253,7 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
 
 
 def encode_segment(entries: list[CheckpointEntry], writes: list[WritesEntry]) -> bytes:
-    """Rows without bodies, and every body in one frame (``manifest_bodies``)."""
+    """Rows without bodies, and every body in one frame (``bodies``)."""
     doc = {
         "format": SEGMENT_FORMAT,
         "entries": _encode_entries(entries, 0, None),
@@ -318,7 +318,7 @@ def _decode_entries(thread_id: str, rows: list[list[Any]]) -> list[CheckpointEnt
     out = []
     for row in rows:
         # Rows written before run ids and prune's hidden mark have 8 fields; a
-        # tagged checkpoint's row has 11 (see ``_keys``).
+        # tagged checkpoint's row has 11 (see ``_format/keys``).
         ns, cid, parent_id, gen, expires_at, meta, body, loc = row[:8]
         run_id, hidden = row[8:10] if len(row) >= 10 else (None, False)
         tag = row[10] if len(row) > 10 else ""

@@ -1,7 +1,7 @@
 """The manifest index's head and segments: read, swap, update, cache.
 
 The head is a thread's one mutable object, replaced only by compare-and-swap;
-``_update`` retries the swap against other writers (see ``manifest``'s
+``_update`` retries the swap against other writers (see ``backend``'s
 docstring for the two kinds of 412). Sealed segments are immutable and cached.
 Every other part of ``ManifestIndex`` reads and writes through these methods;
 ``ManifestIndex`` mixes ``ManifestHead`` in.
@@ -66,9 +66,9 @@ _SWAP_BACKOFF_MAX = 0.5  # seconds
 # What a change or a check raises to refuse, on the head it was given: a fence
 # (deleted, archived, run deleted), a parent gone, an archive refused (busy, or
 # an archived thread's runs), a copy target taken; a segment the head names and
-# another process deleted; every commit of a batch refused (``manifest_group``).
+# another process deleted; every commit of a batch refused (``group``).
 _REFUSALS = (Fenced, ParentGone, ThreadArchivedError, ConfigurationError, MissingObjectError, BatchRefused)
-_JITTER = random.SystemRandom()  # never the random module's shared state (see _keys.new_token)
+_JITTER = random.SystemRandom()  # never the random module's shared state (see keys.new_token)
 
 Segment = tuple[list[CheckpointEntry], list[WritesEntry]]
 
@@ -231,7 +231,7 @@ class ManifestHead:
 
     def _commit(self, thread_id: str, change: Callable[[Head], Head | None], check: Callable[[Head], Op[None]]) -> Op[None]:
         """A writer's commit: one swap with the other commits this process makes
-        to the thread's head at the same time (``manifest_group``), on the head
+        to the thread's head at the same time (``group``), on the head
         this process holds (its ETag stands in for a read)."""
 
         def update(change: Callable[[Head], Head | None], check: Callable[[Head], Op[None]]) -> Op[Head]:

@@ -2,7 +2,7 @@
 and the ancestor walk, from the head and the sealed segments it names.
 
 ``ManifestIndex`` mixes ``ManifestReads`` in; the head and segment loading
-they read through are in ``manifest_head``.
+they read through are in ``head``.
 """
 
 from __future__ import annotations

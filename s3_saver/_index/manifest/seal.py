@@ -1,10 +1,10 @@
 """How a manifest head stays small: its limits, and the sealing of its oldest
 checkpoints into immutable segments.
 
-Both modules of ``ManifestIndex`` use these: the commit path (``manifest``)
-seals as the head grows, prune (``manifest_lifecycle``) seals the history it
+Both modules of ``ManifestIndex`` use these: the commit path (``backend``)
+seals as the head grows, prune (``lifecycle``) seals the history it
 rewrites, and both retry a head swap at most ``_MAX_SWAPS`` times. They live
-here because ``manifest_lifecycle`` cannot import from ``manifest``, which
+here because ``lifecycle`` cannot import from ``manifest``, which
 imports it.
 """
 
@@ -43,7 +43,7 @@ class Limits:
 # version: there the head seals twice as often and keeps 4, so its rows (the
 # bytes each replaced head keeps) stay few, and its segments hold 20 each (the
 # refs of the segments, which every head carries, grow slower than with 16).
-# Measured on a chat of 1 KB messages (see ``manifest_doc.encode_head``), as
+# Measured on a chat of 1 KB messages (see ``doc.encode_head``), as
 # ``make bench`` writes it, noncurrent bytes per byte of the thread's own at
 # 100 / 200 turns: 0.93 / 1.06x with 24/8; 0.86 / 0.96x with 24/4 (chosen),
 # for 1-2% more write requests (the segments). Written straight through the

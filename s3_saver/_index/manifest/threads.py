@@ -80,7 +80,7 @@ class ManifestThreads:
             ]
             if not page.get("IsTruncated"):
                 break
-            # A page that says more follow names where (checked: _answers); the version
+            # A page that says more follow names where (checked: ``_transport/answers``); the version
             # marker is absent where the key's versions ended with the page.
             marker = (page["NextKeyMarker"], page.get("NextVersionIdMarker") or "")
         listed.sort(reverse=True)
