@@ -5,7 +5,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from benchmarks import costs, crossregion, longconv_report, peers, scale_report, tables, yearcost
+from benchmarks import (
+    costs,
+    crossregion,
+    longconv_report,
+    peers,
+    scale_report,
+    tables,
+    yearcost,
+)
 from benchmarks.tables import MEMORY, S3, S3_MANIFEST
 from benchmarks.tables import short as _short
 from benchmarks.tables import table as _table

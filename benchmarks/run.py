@@ -24,8 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import (_guard, costs, crossregion, longconv, longconv_report, peers, report, scale,
-                        scale_report, yearcost)
+from benchmarks import (
+    _guard,
+    costs,
+    crossregion,
+    longconv,
+    longconv_report,
+    peers,
+    report,
+    scale,
+    scale_report,
+    yearcost,
+)
 from benchmarks.proxy import LatencyProxy, Request
 from benchmarks.workload import PHASES
 

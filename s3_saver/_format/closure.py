@@ -19,7 +19,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._format.entries import IN_BLOB_OBJECT, ArchiveRef, CheckpointEntry, Ref, WritesEntry, ref_pieces, ref_tag, retag
+from s3_saver._format.entries import (
+    IN_BLOB_OBJECT,
+    ArchiveRef,
+    CheckpointEntry,
+    Ref,
+    WritesEntry,
+    ref_pieces,
+    ref_tag,
+    retag,
+)
 from s3_saver._format.keys import KeyLayout, ObjectKey, new_token
 
 

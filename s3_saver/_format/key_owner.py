@@ -31,7 +31,6 @@ from s3_saver._format.key_codec import (
 from s3_saver.errors import ConfigurationError
 
 
-
 class Layout(Protocol):
     """What these shape tests read of a ``keys.KeyLayout`` (which calls them): its prefix, how
     its live keys parse, and its class, to make the layout of a nested prefix. Declared here,

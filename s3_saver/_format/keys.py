@@ -76,9 +76,9 @@ from s3_saver._format.key_owner import (
     nested_prefix,
 )
 from s3_saver._format.sort_keys import (
-    PartitionKeys,
     _LISTING_CLOCK,
     LISTING_SHARDS,
+    PartitionKeys,
     SortKey,
     activity_shard,
     activity_sort_key,

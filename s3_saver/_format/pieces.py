@@ -27,7 +27,6 @@ import math
 import struct
 from dataclasses import dataclass
 
-
 # The size tiers: pieces below MERGE KB are tier 0, then each tier is MERGE times larger.
 MERGE = 4
 _TIER_UNIT = 1024

@@ -43,8 +43,7 @@ from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 from s3_saver._format import keys as _keys
-from s3_saver._format.entries import Activity
-from s3_saver._format.entries import Tombstone
+from s3_saver._format.entries import Activity, Tombstone
 from s3_saver.errors import CorruptObjectError
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from s3_saver._format.archive import Archive
 from s3_saver._format.codec import BLOB_FORMAT, CHECKPOINT_FORMAT, unpack
-from s3_saver._format.keys import KeyLayout
 from s3_saver._format.entries import (
     ArchiveRef,
     CheckpointEntry,
@@ -22,15 +21,16 @@ from s3_saver._format.entries import (
     Tombstone,
     WritesEntry,
 )
+from s3_saver._format.keys import KeyLayout
+from s3_saver._index.base import (
+    Index,
+)
 from s3_saver._index.terms import (
     DepthHint,
     Holdings,
     Prepared,
     ThreadRef,
     WritesOutcome,
-)
-from s3_saver._index.base import (
-    Index,
 )
 from s3_saver._transport.budget import KEY_BYTES, entry_bytes
 from s3_saver._transport.protocol import Op

@@ -36,9 +36,14 @@ from s3_saver._migrate.copy import (
     task_counts,
     whole_thread,
 )
-from s3_saver._migrate.verify import checkpoint_id_of, namespace_of, parent_id_of, verify_thread
-from s3_saver._saver.saver import S3Saver
 from s3_saver._migrate.urls import refuse_same_store
+from s3_saver._migrate.verify import (
+    checkpoint_id_of,
+    namespace_of,
+    parent_id_of,
+    verify_thread,
+)
+from s3_saver._saver.saver import S3Saver
 from s3_saver.errors import ConfigurationError
 
 

@@ -36,20 +36,26 @@ from s3_saver._format.archive import (
     latest_of,
     newest_of,
 )
+from s3_saver._format.closure import closure, own_object
 from s3_saver._format.codec import plain
-from s3_saver._index.terms import Archived
 from s3_saver._format.entries import ArchiveRef, CheckpointEntry, retag
 from s3_saver._format.keys import ObjectKey, new_token
-from s3_saver._format.closure import closure, own_object
-from s3_saver._ops.archived import ArchiveStatus, read_archive, _remove_stale, _thread, _WAVE
+from s3_saver._index.terms import Archived
+from s3_saver._ops.archived import (
+    _WAVE,
+    ArchiveStatus,
+    _remove_stale,
+    _thread,
+    read_archive,
+)
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_keys, deleter
-from s3_saver._transport.protocol import Op, gather, raise_failure, request
 from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,
     error_code,
 )
+from s3_saver._transport.protocol import Op, gather, raise_failure, request
 from s3_saver.errors import (
     ConfigurationError,
     MissingObjectError,

@@ -19,14 +19,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from s3_saver._format.archive import INSTANT_CLASSES, decode_archive
-from s3_saver._index.archived import ArchiveIndex
 from s3_saver._format.entries import ArchiveRef
+from s3_saver._index.archived import ArchiveIndex
 from s3_saver._index.terms import Archived
 from s3_saver._ops.context import Context, LocCache, target
 from s3_saver._ops.delete import delete_keys
+from s3_saver._transport.failures import error_code
 from s3_saver._transport.protocol import Op, T, raise_failure, request_one
 from s3_saver.errors import ConfigurationError, MissingObjectError, ThreadArchivedError
-from s3_saver._transport.failures import error_code
 
 # S3's answer to a GET of an object in a class that must be restored first.
 _NOT_READABLE_CODES = frozenset({"InvalidObjectState"})

@@ -33,19 +33,19 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from s3_saver._format.closure import closure, closure_keys, own_object
 from s3_saver._format.entries import ArchiveRef, CheckpointEntry, WritesEntry
 from s3_saver._index.terms import Holdings
-from s3_saver._transport.mode import settle_mode
 from s3_saver._ops.bucket import _list_all, _list_thread, _Object
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
 from s3_saver._ops.versioning import noncurrent_warning
-from s3_saver._format.closure import closure, closure_keys, own_object
-from s3_saver._transport.protocol import Op, raise_failure
 from s3_saver._transport.failures import (
     OBJECT_MISSING,
     classify,
 )
+from s3_saver._transport.mode import settle_mode
+from s3_saver._transport.protocol import Op, raise_failure
 from s3_saver.errors import (
     ConfigurationError,
     CorruptObjectError,

@@ -13,17 +13,16 @@ from typing import Any
 
 from s3_saver._format.keys import ERASE_MARK, KeyLayout
 from s3_saver._ops.context import Context
-from s3_saver._transport.protocol import Op, raise_failure, request, request_one
-from s3_saver._transport.s3 import DELETE_BATCH
 from s3_saver._transport.failures import (
     DENIED_CODES,
     error_code,
 )
+from s3_saver._transport.protocol import Op, raise_failure, request, request_one
+from s3_saver._transport.s3 import DELETE_BATCH
 from s3_saver.errors import (
     AccessDeniedError,
     S3SaverError,
 )
-
 
 LOCKED = "object lock"
 

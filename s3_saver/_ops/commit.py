@@ -16,9 +16,9 @@ from typing import Any
 from s3_saver._format.entries import ArchiveRef, CheckpointEntry, Tombstone, ref_pieces
 from s3_saver._format.keys import new_token
 from s3_saver._index.terms import Fenced, ParentGone, Prepared
-from s3_saver._ops.install import restore_before_write
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_keys
+from s3_saver._ops.install import restore_before_write
 from s3_saver._ops.stage import Draft, stage, store_late
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import put_immutable

@@ -8,9 +8,9 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from s3_saver._format.entries import CheckpointEntry, Loc
 from s3_saver._format.keys import KeyLayout
 from s3_saver._format.pieces import Held
-from s3_saver._format.entries import CheckpointEntry, Loc
 from s3_saver._index.base import Index
 from s3_saver._ops.source import ReplicaReads
 from s3_saver._transport.budget import KEY_BYTES, LOC_ITEM_BYTES, CacheBudget, key_bytes

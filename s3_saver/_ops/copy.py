@@ -15,14 +15,14 @@ from dataclasses import replace
 
 from s3_saver._format.archive import decode_archive
 from s3_saver._format.closure import closure, moved, own_object
+from s3_saver._format.entries import CheckpointEntry
 from s3_saver._format.keys import new_tag
 from s3_saver._index.activity import day_of
 from s3_saver._index.terms import Archived
-from s3_saver._format.entries import CheckpointEntry
-from s3_saver._ops.install import install
 from s3_saver._ops.archived import read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import deleter
+from s3_saver._ops.install import install
 from s3_saver._ops.prune import take_out_runs
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import copy_immutable

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from s3_saver._format.closure import released
 from s3_saver._index.terms import Release
 from s3_saver._ops.context import Context, target
-from s3_saver._format.closure import released
 from s3_saver._transport.protocol import Op, request
 from s3_saver._transport.s3 import DELETE_BATCH
 from s3_saver.errors import S3SaverError

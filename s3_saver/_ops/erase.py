@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._ops import delete, idle
 from s3_saver._ops.audit import _referenced
-from s3_saver._ops.bucket import RemainingVersion, _listed, _purge, _Version, _GONE
+from s3_saver._ops.bucket import _GONE, RemainingVersion, _listed, _purge, _Version
 from s3_saver._ops.context import Context, target
-from s3_saver._transport.mode import settle_mode
-from s3_saver._transport.protocol import Op, gather, raise_failure, request_one
-from s3_saver._transport.s3 import put_immutable
 from s3_saver._transport.failures import (
     error_code,
 )
+from s3_saver._transport.mode import settle_mode
+from s3_saver._transport.protocol import Op, gather, raise_failure, request_one
+from s3_saver._transport.s3 import put_immutable
 from s3_saver.errors import (
     CorruptObjectError,
     TableNotFoundError,

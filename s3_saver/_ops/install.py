@@ -16,25 +16,33 @@ from s3_saver._format.archive import (
     Archive,
     decode_archive,
 )
+from s3_saver._format.closure import moved, own_object
 from s3_saver._format.codec import squeeze
-from s3_saver._index.activity import day_of
-from s3_saver._index.terms import Archived
 from s3_saver._format.entries import ArchiveRef
 from s3_saver._format.keys import new_tag
-from s3_saver._format.closure import moved, own_object
-from s3_saver._ops.archived import archive_body, ArchiveStatus, cold_error, read_archive, _remove_stale, RESTORE_DONE, _thread, _WAVE
+from s3_saver._index.activity import day_of
+from s3_saver._index.terms import Archived
+from s3_saver._ops.archived import (
+    _WAVE,
+    RESTORE_DONE,
+    ArchiveStatus,
+    _remove_stale,
+    _thread,
+    archive_body,
+    cold_error,
+    read_archive,
+)
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import deleter
-from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure
-from s3_saver._transport.s3 import put_immutable
 from s3_saver._transport.failures import (
     error_code,
 )
+from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure
+from s3_saver._transport.s3 import put_immutable
 from s3_saver.errors import (
     ConfigurationError,
     MissingObjectError,
 )
-
 
 _RESTORE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8)
 # Reads of the thread's record by restore_thread when its archive object is gone

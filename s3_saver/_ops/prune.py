@@ -30,7 +30,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from s3_saver._format.entries import IN_CHECKPOINT_OBJECT, CheckpointEntry, Key3, ref_pieces
+from s3_saver._format.entries import (
+    IN_CHECKPOINT_OBJECT,
+    CheckpointEntry,
+    Key3,
+    ref_pieces,
+)
 from s3_saver._index.terms import Cut
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_thread, deleter

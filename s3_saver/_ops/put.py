@@ -34,7 +34,14 @@ from s3_saver._format.closure import closure_keys
 from s3_saver._format.entries import ENTRY_BUDGET, CheckpointEntry, Loc
 from s3_saver._index.activity import activity_day
 from s3_saver._index.terms import Prepared
-from s3_saver._ops.commit import _deleted, _restore_first, _run_deleted, _take_back, _untouch, commit_checkpoint
+from s3_saver._ops.commit import (
+    _deleted,
+    _restore_first,
+    _run_deleted,
+    _take_back,
+    _untouch,
+    commit_checkpoint,
+)
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.stage import LOC_HEADROOM, Draft, held_key, stage, store_late
 from s3_saver._transport.protocol import Op, gather

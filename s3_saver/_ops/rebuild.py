@@ -23,7 +23,20 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from s3_saver._format.codec import CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
+from s3_saver._format.archive import (
+    INSTANT_CLASSES,
+    decode_archive,
+    latest_of,
+    metadata_newest,
+    newest_of,
+)
+from s3_saver._format.codec import (
+    CHECKPOINT_FORMAT,
+    WRITES_FORMAT,
+    loads,
+    typed,
+    unpack,
+)
 from s3_saver._format.entries import (
     IN_BLOB_OBJECT,
     IN_CHECKPOINT_OBJECT,
@@ -36,10 +49,9 @@ from s3_saver._format.entries import (
     make_ref,
 )
 from s3_saver._format.keys import ObjectKey
-from s3_saver._transport.mode import settle_mode
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.put import run_of
-from s3_saver._format.archive import INSTANT_CLASSES, decode_archive, latest_of, metadata_newest, newest_of
+from s3_saver._transport.mode import settle_mode
 from s3_saver._transport.protocol import Op, gather, request, request_one
 
 _GET_WAVE = 100  # objects read per round trip

@@ -6,9 +6,14 @@ from typing import Any
 
 from s3_saver._ops.context import Context
 from s3_saver._ops.versioning import warn_setup
+from s3_saver._transport.failures import (
+    BUCKET_MISSING,
+    BUCKET_OURS_CODES,
+    classify,
+    error_code,
+)
 from s3_saver._transport.mode import settle_mode
 from s3_saver._transport.protocol import Op, raise_failure, request, request_one
-from s3_saver._transport.failures import BUCKET_MISSING, BUCKET_OURS_CODES, classify, error_code
 from s3_saver.errors import ConfigurationError
 
 

@@ -13,7 +13,6 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-
 # uuid6 counts 100 ns since 1582-10-15; the Unix epoch is this many of them later.
 _UUID_EPOCH = 0x01B21DD213814000
 

@@ -30,8 +30,8 @@ from s3_saver._format.entries import (
     ref_pieces,
     ref_tag,
 )
-from s3_saver._ops.context import Context
 from s3_saver._format.pieces import SPLITTABLE, Held, array_header, extends, keep
+from s3_saver._ops.context import Context
 from s3_saver._transport.protocol import Op
 from s3_saver._transport.s3 import put_immutable
 

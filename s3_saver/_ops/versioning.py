@@ -19,8 +19,8 @@ import logging
 from typing import Any
 
 from s3_saver._ops.context import Context
-from s3_saver._transport.protocol import Op
 from s3_saver._transport.failures import error_code
+from s3_saver._transport.protocol import Op
 
 log = logging.getLogger("s3_saver")
 

@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from s3_saver._transport.clients import BUCKET_RULE, TABLE_NAME, TABLE_RULE, bucket_name_ok
+from s3_saver._transport.clients import (
+    BUCKET_RULE,
+    TABLE_NAME,
+    TABLE_RULE,
+    bucket_name_ok,
+)
 from s3_saver.errors import ConfigurationError
 
 ON_LAG = ("older", "raise")

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from s3_saver._index.terms import Archived
 from s3_saver._format.entries import CheckpointEntry
+from s3_saver._index.terms import Archived
 from s3_saver._ops import setup
 from s3_saver._ops.context import Context
 from s3_saver._ops.rebuild import rebuild_index

@@ -41,15 +41,16 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from s3_saver._index.terms import Archived, one_line
+from s3_saver._format.closure import named_by
 from s3_saver._format.entries import CheckpointEntry, WritesEntry
+from s3_saver._index.terms import Archived, one_line
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_thread
-from s3_saver._transport.protocol import Op, gather, request_one
 from s3_saver._regions.replica import ReplicationGap
+from s3_saver._transport.protocol import Op, gather, request_one
 from s3_saver._transport.s3 import put_immutable
-from s3_saver._format.closure import named_by
 from s3_saver.errors import ResourceMissingError
+
 
 @dataclass
 class Settled:

@@ -8,9 +8,14 @@ from typing import Any
 
 from botocore.config import Config
 
-from s3_saver._transport.budget import MIN_BYTES
-from s3_saver._transport.clients import BUCKET_RULE, TABLE_NAME, TABLE_RULE, bucket_name_ok
 from s3_saver._format.key_codec import check_prefix
+from s3_saver._transport.budget import MIN_BYTES
+from s3_saver._transport.clients import (
+    BUCKET_RULE,
+    TABLE_NAME,
+    TABLE_RULE,
+    bucket_name_ok,
+)
 from s3_saver._transport.retry import RetryPolicy
 from s3_saver.errors import ConfigurationError
 

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from s3_saver._ops import setup
 from s3_saver._ops.context import Context
+from s3_saver._ops.source import ReadSource
 from s3_saver._regions import replication
 from s3_saver._regions.replica import Promotion, Replica, ReplicationReport
-from s3_saver._ops.source import ReadSource
 from s3_saver._regions.sites import ONCE, REPLICA, Route, Site, make_site
 from s3_saver._transport.protocol import PRIMARY, Op, RequestStats, T
 from s3_saver._transport.retry import RetryPolicy

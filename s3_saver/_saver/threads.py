@@ -21,13 +21,13 @@ from s3_saver._ops.threads import ThreadInfo
 from s3_saver.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from s3_saver._ops.context import Context
+    from s3_saver._regions.replica import Replica
+    from s3_saver._regions.sites import Route
     from s3_saver._transport.aio import AsyncDriver
     from s3_saver._transport.protocol import Op
     from s3_saver._transport.retry import RetryPolicy
     from s3_saver._transport.sync import SyncDriver
-    from s3_saver._ops.context import Context
-    from s3_saver._regions.replica import Replica
-    from s3_saver._regions.sites import Route
 
 
 

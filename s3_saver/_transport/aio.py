@@ -12,12 +12,15 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ReadTimeoutError,
+)
 
 from s3_saver._transport.answers import confirm
 from s3_saver._transport.clients import prepare
-from s3_saver._transport.sync import MarkLookup, OwnerLookup, checked
-from s3_saver._transport.retry import RetryPolicy, resilient
 from s3_saver._transport.protocol import (
     PRIMARY,
     Call,
@@ -30,6 +33,8 @@ from s3_saver._transport.protocol import (
     client_key,
     site_of,
 )
+from s3_saver._transport.retry import RetryPolicy, resilient
+from s3_saver._transport.sync import MarkLookup, OwnerLookup, checked
 
 ClientContextFactory = Callable[[str, str], Any]  # (service, site) -> async context manager of a client
 

@@ -14,14 +14,13 @@ import os
 import re
 import threading
 import uuid
-
 from typing import Any
 
 from botocore.config import Config
 from botocore.credentials import RefreshableCredentials
 
-from s3_saver._transport.answers import watch
 from s3_saver._format.keys import new_token
+from s3_saver._transport.answers import watch
 from s3_saver.errors import ConfigurationError, Where
 
 # Lambda-minded defaults: an unreachable store fails in seconds, not minutes.

@@ -37,8 +37,6 @@ from typing import Any
 
 from s3_saver._format.key_owner import MODE_MARKER
 from s3_saver._format.keys import LISTING_PREFIX, KeyLayout
-from s3_saver._transport.protocol import Call, Op, T, raise_failure, site_of
-from s3_saver._transport.s3 import S3Calls
 from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     DENIED,
@@ -47,6 +45,8 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
+from s3_saver._transport.protocol import Call, Op, T, raise_failure, site_of
+from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import (
     CorruptObjectError,
     IndexModeMismatchError,

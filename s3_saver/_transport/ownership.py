@@ -24,8 +24,13 @@ from typing import Any
 
 from s3_saver._format.codec import from_attrs, to_attrs
 from s3_saver._format.keys import KeyLayout
+from s3_saver._transport.failures import (
+    CONDITION_FAILED_CODES,
+    KEY_SCHEMA,
+    classify,
+    error_code,
+)
 from s3_saver._transport.protocol import Call, Op, T, raise_failure, site_of
-from s3_saver._transport.failures import CONDITION_FAILED_CODES, KEY_SCHEMA, classify, error_code
 from s3_saver.errors import TableOwnedError, Where
 
 OWNER_SORT_KEY = "owner"

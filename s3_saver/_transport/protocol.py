@@ -22,8 +22,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from s3_saver.errors import Where
 from s3_saver._transport.failures import translate
+from s3_saver.errors import Where
 
 T = TypeVar("T")
 

@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from s3_saver._transport.protocol import Backoff, Call, Op, Sleep, T
 from s3_saver._transport.failures import UNAVAILABLE, classify, throttled
+from s3_saver._transport.protocol import Backoff, Call, Op, Sleep, T
 from s3_saver.errors import ConfigurationError
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("s3_saver_deadline", default=None)

@@ -6,7 +6,6 @@ import operator
 from collections.abc import Callable, Generator
 from typing import Any
 
-from s3_saver._transport.protocol import Call, Instruction, raise_failure
 from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
@@ -14,6 +13,7 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
+from s3_saver._transport.protocol import Call, Instruction, raise_failure
 from s3_saver.errors import (
     ImmutableObjectConflictError,
     Where,

@@ -14,7 +14,6 @@ from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedErro
 from s3_saver._transport.answers import confirm
 from s3_saver._transport.mode import ModeMark, marked
 from s3_saver._transport.ownership import Ownership, owned
-from s3_saver._transport.retry import RetryPolicy, resilient
 from s3_saver._transport.protocol import (
     PRIMARY,
     Call,
@@ -27,6 +26,7 @@ from s3_saver._transport.protocol import (
     client_key,
     site_of,
 )
+from s3_saver._transport.retry import RetryPolicy, resilient
 
 ClientFactory = Callable[[str, str], Any]  # (service, site) -> client
 OwnerLookup = Callable[[str], Ownership | None]  # site -> its table's ownership check

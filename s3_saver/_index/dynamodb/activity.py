@@ -8,25 +8,25 @@ from __future__ import annotations
 from typing import Any
 
 from s3_saver._format import keys as _keys
+from s3_saver._format.codec import to_attrs
 from s3_saver._format.entries import (
     Activity,
 )
-from s3_saver._format.codec import to_attrs
 from s3_saver._index.activity import _cursor_body, _lives_on, _read_cursor, new_entry
-from s3_saver._index.dynamodb.table import (
-    ACTIVE,
-    ACTIVE_TOKEN,
-    SINCE,
-    GEN,
-)
 from s3_saver._index.dynamodb.items import (
     _thread_item,
 )
-from s3_saver._transport.protocol import Op, raise_failure, request, request_one
+from s3_saver._index.dynamodb.table import (
+    ACTIVE,
+    ACTIVE_TOKEN,
+    GEN,
+    SINCE,
+)
 from s3_saver._transport.failures import (
     CONDITION_FAILED_CODES,
     error_code,
 )
+from s3_saver._transport.protocol import Op, raise_failure, request, request_one
 
 # DynamoDB: the attribute of an activity entry that holds its token.
 TOKEN = "tok"

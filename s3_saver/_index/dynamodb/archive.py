@@ -23,10 +23,19 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._format.archive import encode_ref
+from s3_saver._format.entries import (
+    Activity,
+    ArchiveRef,
+    CheckpointEntry,
+    Tombstone,
+    WritesEntry,
+)
 from s3_saver._format.keys import new_token
-from s3_saver._format.entries import Activity
-from s3_saver._index.terms import Release
-from s3_saver._format.entries import ArchiveRef, CheckpointEntry, Tombstone, WritesEntry
+from s3_saver._index.dynamodb.items import (
+    DynamoCalls,
+    Link,
+    _thread_item,
+)
 from s3_saver._index.dynamodb.table import (
     ARCHIVE,
     ARCHIVING,
@@ -38,13 +47,9 @@ from s3_saver._index.dynamodb.table import (
     STALE_RUNS,
     TAG,
 )
-from s3_saver._index.dynamodb.items import (
-    DynamoCalls,
-    Link,
-    _thread_item,
-)
-from s3_saver._transport.protocol import Op, raise_failure, request_one
+from s3_saver._index.terms import Release
 from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
+from s3_saver._transport.protocol import Op, raise_failure, request_one
 from s3_saver.errors import ThreadArchivedError
 
 _TRANSACTION_ACTIONS = 99  # and the record's check: 100 per transaction

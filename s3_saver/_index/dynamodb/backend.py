@@ -21,34 +21,32 @@ from typing import Any
 
 from s3_saver._format.entries import (
     REGULAR_PART,
+    Activity,
     CheckpointEntry,
     Tombstone,
     WritesEntry,
 )
-from s3_saver._format.entries import (
-    Activity,
+from s3_saver._format.keys import KeyLayout
+from s3_saver._index.activity import new_entry
+from s3_saver._index.base import (
+    Index,
 )
+from s3_saver._index.dynamodb.activity import DynamoActivity
+from s3_saver._index.dynamodb.archive import DynamoArchive
+from s3_saver._index.dynamodb.holdings import DynamoHoldings
+from s3_saver._index.dynamodb.items import DynamoCalls, _listed_first, _thread_item
+from s3_saver._index.dynamodb.lifecycle import DynamoLifecycle
+from s3_saver._index.dynamodb.reads import DynamoReads
+from s3_saver._index.dynamodb.threads import DynamoThreads
 from s3_saver._index.terms import (
     Fenced,
     ParentGone,
     Prepared,
     WritesOutcome,
 )
-from s3_saver._index.base import (
-    Index,
-)
-from s3_saver._index.dynamodb.items import DynamoCalls, _listed_first, _thread_item
-from s3_saver._index.activity import new_entry
-from s3_saver._index.dynamodb.activity import DynamoActivity
-from s3_saver._index.dynamodb.reads import DynamoReads
-from s3_saver._index.dynamodb.threads import DynamoThreads
-from s3_saver._index.dynamodb.holdings import DynamoHoldings
-from s3_saver._index.dynamodb.archive import DynamoArchive
-from s3_saver._index.dynamodb.lifecycle import DynamoLifecycle
-from s3_saver._format.keys import KeyLayout
+from s3_saver._transport.failures import error_code, throttled
 from s3_saver._transport.protocol import Backoff, Op, backoff, raise_failure, request
 from s3_saver.errors import S3SaverError, Where
-from s3_saver._transport.failures import error_code, throttled
 
 BATCH_WRITE_MAX = 25  # BatchWriteItem accepts at most 25 requests
 _MAX_BATCH_ATTEMPTS = 10

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from s3_saver._format.entries import CheckpointEntry, Tombstone, WritesEntry
-from s3_saver._index.terms import Holdings
 from s3_saver._index.dynamodb.items import DynamoCalls
+from s3_saver._index.terms import Holdings
 from s3_saver._transport.protocol import Op
 
 

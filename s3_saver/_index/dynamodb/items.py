@@ -22,9 +22,6 @@ from s3_saver._format import keys as _keys
 from s3_saver._format.archive import decode_ref, encode_ref
 from s3_saver._format.codec import attr_size, from_attrs, plain, squeeze, to_attrs
 from s3_saver._format.entries import ENTRY_BUDGET as ITEM_BUDGET
-from s3_saver._index.terms import (
-    Archived,
-)
 from s3_saver._format.entries import (
     CheckpointEntry,
     IndexEntry,
@@ -32,6 +29,7 @@ from s3_saver._format.entries import (
     WritesEntry,
     as_ref,
 )
+from s3_saver._format.keys import KeyLayout
 from s3_saver._index.dynamodb.table import (
     ACTIVE,
     ACTIVE_TOKEN,
@@ -40,7 +38,6 @@ from s3_saver._index.dynamodb.table import (
     CREATED,
     DEAD_RUNS,
     GEN,
-    SINCE,
     HIDDEN,
     KIND_CHECKPOINT,
     KIND_WRITES,
@@ -49,6 +46,7 @@ from s3_saver._index.dynamodb.table import (
     PARTITION_KEY,
     RESTORING,
     RUN,
+    SINCE,
     SITE,
     SORT_KEY,
     STALE_ARCHIVE,
@@ -60,11 +58,12 @@ from s3_saver._index.dynamodb.table import (
     _transaction,
 )
 from s3_saver._index.dynamodb.thread_items import DynamoThreadItems
-from s3_saver._format.keys import KeyLayout
+from s3_saver._index.terms import (
+    Archived,
+)
+from s3_saver._transport.failures import error_code
 from s3_saver._transport.protocol import Call
 from s3_saver.errors import CorruptObjectError, Where
-from s3_saver._transport.failures import error_code
-
 
 
 @dataclass

@@ -13,25 +13,10 @@ from typing import Any
 
 from s3_saver._format.entries import (
     Activity,
-)
-from s3_saver._index.terms import (
-    Archived,
-    Cut,
-    Release,
-)
-from s3_saver._format.entries import (
     ArchiveRef,
     CheckpointEntry,
     Tombstone,
     WritesEntry,
-)
-from s3_saver._index.dynamodb.table import (
-    COPIED_FROM,
-    GEN,
-    RUN,
-    PARTITION_KEY,
-    SORT_KEY,
-    TAG,
 )
 from s3_saver._index.dynamodb.items import (
     DynamoCalls,
@@ -40,11 +25,24 @@ from s3_saver._index.dynamodb.items import (
     _live,
     _thread_item,
 )
-from s3_saver._transport.protocol import Op, gather, raise_failure, request, request_one
+from s3_saver._index.dynamodb.table import (
+    COPIED_FROM,
+    GEN,
+    PARTITION_KEY,
+    RUN,
+    SORT_KEY,
+    TAG,
+)
+from s3_saver._index.terms import (
+    Archived,
+    Cut,
+    Release,
+)
 from s3_saver._transport.failures import (
     CONDITION_FAILED_CODES,
     error_code,
 )
+from s3_saver._transport.protocol import Op, gather, raise_failure, request, request_one
 from s3_saver.errors import (
     ConfigurationError,
     S3SaverError,

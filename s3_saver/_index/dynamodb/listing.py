@@ -18,8 +18,8 @@ from typing import Any
 
 from s3_saver._format import keys as _keys
 from s3_saver._format.codec import to_attrs
-from s3_saver._index.dynamodb.table import PARTITION_KEY, SORT_KEY
 from s3_saver._index.dynamodb.items import DynamoCalls
+from s3_saver._index.dynamodb.table import PARTITION_KEY, SORT_KEY
 from s3_saver._transport.protocol import Op, request
 
 # Items moved per transaction: a Put and a Delete each, of DynamoDB's 100 actions.

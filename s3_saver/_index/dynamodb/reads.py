@@ -17,10 +17,10 @@ from s3_saver._format.entries import (
     Tombstone,
     WritesEntry,
 )
+from s3_saver._index.dynamodb.items import DynamoCalls, Link, _live_gen
 from s3_saver._index.terms import (
     DepthHint,
 )
-from s3_saver._index.dynamodb.items import DynamoCalls, Link, _live_gen
 from s3_saver._transport.protocol import Op, gather, request, request_one
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from s3_saver._format import keys as _keys
-from s3_saver._format.codec import to_attrs
 from s3_saver._format.archive import encode_ref
+from s3_saver._format.codec import to_attrs
+from s3_saver._format.entries import Tombstone
+from s3_saver._format.keys import KeyLayout
 from s3_saver._index.dynamodb.table import (
     ARCHIVE,
     ARCHIVING,
@@ -25,8 +27,6 @@ from s3_saver._index.dynamodb.table import (
     UNLISTING,
     _transaction,
 )
-from s3_saver._format.entries import Tombstone
-from s3_saver._format.keys import KeyLayout
 from s3_saver._transport.protocol import Call
 
 

@@ -11,20 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 from s3_saver._format import keys as _keys
-from s3_saver._index.terms import (
-    Archived,
-    ThreadRef,
-)
 from s3_saver._format.entries import (
     CheckpointEntry,
     Key3,
     Tombstone,
     WritesEntry,
-)
-from s3_saver._index.dynamodb.table import (
-    TABLE_ATTRIBUTE_DEFINITIONS,
-    TABLE_KEY_SCHEMA,
-    TTL_ATTRIBUTE,
 )
 from s3_saver._index.dynamodb.items import (
     DynamoCalls,
@@ -32,7 +23,15 @@ from s3_saver._index.dynamodb.items import (
     _thread_item,
 )
 from s3_saver._index.dynamodb.listing import listing_page, move_unsharded, run_threads
-from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure, request_one
+from s3_saver._index.dynamodb.table import (
+    TABLE_ATTRIBUTE_DEFINITIONS,
+    TABLE_KEY_SCHEMA,
+    TTL_ATTRIBUTE,
+)
+from s3_saver._index.terms import (
+    Archived,
+    ThreadRef,
+)
 from s3_saver._transport.failures import (
     CONDITION_FAILED_CODES,
     TABLE_MISSING,
@@ -40,6 +39,7 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
+from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure, request_one
 from s3_saver.errors import (
     ConfigurationError,
     SetupMismatchError,

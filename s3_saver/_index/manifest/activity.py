@@ -5,14 +5,13 @@ are in ``_index/activity``); ``ManifestIndex`` mixes ``ManifestActivity`` in.
 
 from __future__ import annotations
 
-
 from s3_saver._format import keys as _keys
 from s3_saver._format.entries import Activity
+from s3_saver._index.activity import _cursor_body, _lives_on, _read_cursor, new_entry
 from s3_saver._index.manifest.doc import record_of
+from s3_saver._transport.failures import OBJECT_MISSING, classify
 from s3_saver._transport.protocol import Op, gather, raise_failure, request, request_one
 from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
-from s3_saver._transport.failures import OBJECT_MISSING, classify
-from s3_saver._index.activity import _cursor_body, _lives_on, _read_cursor, new_entry
 
 # The one shard of the manifest's entries (S3 spreads a prefix's keys by itself).
 _ONE = "0"

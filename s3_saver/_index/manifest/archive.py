@@ -18,10 +18,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._format.entries import SPECIAL_PART, ArchiveRef, CheckpointEntry, Tombstone, WritesEntry
-from s3_saver._format.entries import Activity
-from s3_saver._index.terms import Release
+from s3_saver._format.entries import (
+    SPECIAL_PART,
+    Activity,
+    ArchiveRef,
+    CheckpointEntry,
+    Tombstone,
+    WritesEntry,
+)
 from s3_saver._index.manifest.doc import Head, _tips, record_of, with_active
+from s3_saver._index.terms import Release
 from s3_saver._transport.protocol import Op
 from s3_saver.errors import ThreadArchivedError
 

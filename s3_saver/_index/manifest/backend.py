@@ -29,27 +29,18 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._format.codec import CHECKPOINT_FORMAT, unpack
-from s3_saver._format.keys import KeyLayout
-from s3_saver._index.activity import new_entry
-from s3_saver._index.manifest.activity import ManifestActivity
-from s3_saver._index.manifest.threads import ManifestThreads
 from s3_saver._format.entries import (
     REGULAR_PART,
+    Activity,
     CheckpointEntry,
     WritesEntry,
 )
-from s3_saver._format.entries import (
-    Activity,
-)
-from s3_saver._index.terms import (
-    Fenced,
-    ParentGone,
-    Prepared,
-    WritesOutcome,
-)
+from s3_saver._format.keys import KeyLayout
+from s3_saver._index.activity import new_entry
 from s3_saver._index.base import (
     Index,
 )
+from s3_saver._index.manifest.activity import ManifestActivity
 from s3_saver._index.manifest.archive import ManifestArchive
 from s3_saver._index.manifest.doc import Head, _in, record_of, with_active
 from s3_saver._index.manifest.group import GroupCommit
@@ -58,14 +49,21 @@ from s3_saver._index.manifest.holdings import ManifestHoldings
 from s3_saver._index.manifest.lifecycle import ManifestLifecycle
 from s3_saver._index.manifest.reads import ManifestReads
 from s3_saver._index.manifest.seal import Bodies, _plan_seal, _SealPlan
+from s3_saver._index.manifest.threads import ManifestThreads
+from s3_saver._index.terms import (
+    Fenced,
+    ParentGone,
+    Prepared,
+    WritesOutcome,
+)
 from s3_saver._transport.budget import CacheBudget
-from s3_saver._transport.protocol import Op, raise_failure
-from s3_saver._transport.s3 import S3Calls, put_immutable
 from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,
     error_code,
 )
+from s3_saver._transport.protocol import Op, raise_failure
+from s3_saver._transport.s3 import S3Calls, put_immutable
 
 
 class _Pinned:

@@ -21,6 +21,7 @@ from s3_saver._format.archive import decode_ref, encode_ref
 from s3_saver._format.codec import pack, unpack
 from s3_saver._format.entries import (
     IN_CHECKPOINT_OBJECT,
+    Activity,
     ArchiveRef,
     CheckpointEntry,
     Loc,
@@ -29,9 +30,6 @@ from s3_saver._format.entries import (
     as_ref,
     ref_pieces,
     ref_tag,
-)
-from s3_saver._format.entries import (
-    Activity,
 )
 from s3_saver._index.manifest import bodies
 

@@ -14,16 +14,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from s3_saver._format.keys import KeyLayout
-from s3_saver._index.terms import (
-    Archived,
-    Fenced,
-    ParentGone,
-)
 from s3_saver._format.entries import (
     CheckpointEntry,
     WritesEntry,
 )
+from s3_saver._format.keys import KeyLayout
 from s3_saver._index.manifest.doc import (
     Head,
     SegmentRef,
@@ -45,9 +40,12 @@ from s3_saver._index.manifest.seal import (
     _plan_seal,
     _SealPlan,
 )
+from s3_saver._index.terms import (
+    Archived,
+    Fenced,
+    ParentGone,
+)
 from s3_saver._transport.budget import Cache, entry_bytes
-from s3_saver._transport.protocol import Backoff, Op, raise_failure, request
-from s3_saver._transport.s3 import S3Calls, put_immutable
 from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
@@ -55,6 +53,8 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
+from s3_saver._transport.protocol import Backoff, Op, raise_failure, request
+from s3_saver._transport.s3 import S3Calls, put_immutable
 from s3_saver.errors import (
     ConfigurationError,
     MissingObjectError,

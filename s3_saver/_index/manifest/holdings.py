@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from s3_saver._format.keys import KeyLayout
 from s3_saver._format.entries import CheckpointEntry
-from s3_saver._index.terms import Holdings
+from s3_saver._format.keys import KeyLayout
 from s3_saver._index.manifest.doc import Head, SegmentRef
+from s3_saver._index.terms import Holdings
 from s3_saver._transport.protocol import Op
 
 

@@ -11,13 +11,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._format.entries import Activity
-from s3_saver._index.terms import Cut, Release
-from s3_saver._format.entries import ArchiveRef, CheckpointEntry, WritesEntry
+from s3_saver._format.entries import Activity, ArchiveRef, CheckpointEntry, WritesEntry
+from s3_saver._format.keys import KeyLayout
 from s3_saver._index.manifest.doc import Head, SegmentRef, record_of, with_active
 from s3_saver._index.manifest.seal import _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
 from s3_saver._index.manifest.threads import _delete_keys
-from s3_saver._format.keys import KeyLayout
+from s3_saver._index.terms import Cut, Release
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import S3Calls, put_immutable
 from s3_saver.errors import (

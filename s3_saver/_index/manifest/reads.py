@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from s3_saver._format.entries import CheckpointEntry, Key3, WritesEntry
-from s3_saver._index.terms import DepthHint
 from s3_saver._index.manifest.doc import Head, SegmentRef, _in, _newest, _with_writes
+from s3_saver._index.terms import DepthHint
 from s3_saver._transport.budget import Cache
 from s3_saver._transport.protocol import Op
 

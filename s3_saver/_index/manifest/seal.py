@@ -14,10 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._format.entries import CheckpointEntry, WritesEntry
+from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._index.manifest.bodies import write_key as _write_key
-from s3_saver._index.manifest.doc import BODY_IN_SEGMENT_MAX, Head, SegmentRef, encode_segment, pieces_read
+from s3_saver._index.manifest.doc import (
+    BODY_IN_SEGMENT_MAX,
+    Head,
+    SegmentRef,
+    encode_segment,
+    pieces_read,
+)
 from s3_saver._transport.budget import KEY_BYTES, CacheBudget
 
 # A writer that has seen the head hold more checkpoints than SEAL_AT seals the

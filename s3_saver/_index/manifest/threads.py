@@ -11,18 +11,18 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._index.terms import Archived, ThreadRef
 from s3_saver._format.entries import CheckpointEntry
+from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._index.manifest.doc import Head, _with_writes, decode_head
 from s3_saver._index.manifest.seal import Bodies
-from s3_saver._format.keys import KeyLayout, new_token
-from s3_saver._transport.protocol import Op, gather, raise_failure, request
-from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
+from s3_saver._index.terms import Archived, ThreadRef
 from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,
     error_code,
 )
+from s3_saver._transport.protocol import Op, gather, raise_failure, request
+from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import (
     ConfigurationError,
 )
