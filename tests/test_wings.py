@@ -193,6 +193,13 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def test_benchmarks_measure_the_public_api() -> None:
+    """The bench runs what users run: ``from s3_saver import ...`` only."""
+    private = [f"{p.relative_to(REPO)}:{line}: {m}" for p in sorted((REPO / "benchmarks").rglob("*.py"))
+               for line, m in imports(p) if m.startswith("s3_saver.")]
+    assert not private, private
+
+
 @pytest.mark.parametrize("root", ["s3_saver", "benchmarks"])
 def test_no_import_circle(root: str) -> None:
     assert circles(_graph(REPO / root)) == []
