@@ -12,8 +12,10 @@ import contextlib
 import logging
 import operator
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -209,3 +211,87 @@ def error_line(result: subprocess.CompletedProcess[bytes], code: int) -> str:
     assert len(lines) == 1 and lines[0].startswith("error: "), stderr
     assert "Traceback" not in stderr
     return lines[0]
+
+
+# -- Ctrl-C at a chosen request ------------------------------------------------------------
+HELD, UNHEARD, HEARD = "held", "unheard", "heard"
+
+
+class Gate:
+    """A TCP proxy in front of the moto server that stops a command at its ``at``-th request
+    (counted from 1 over every connection, in the order the requests arrive whole).
+
+    What happens to that request: ``held``, the store never gets it (the command waits for
+    an answer); ``unheard``, the store does it and its answer is kept from the command;
+    ``heard``, it goes both ways (the command goes on to read the answer). Every later
+    request is held, so the store stays as the command left it. ``reached`` is set then:
+    the moment to press Ctrl-C, known from what the command did, not from a sleep.
+    ``at=None`` lets everything through and counts (``requests``).
+    """
+
+    def __init__(self, endpoint: str, at: int | None = None, kind: str = HELD) -> None:
+        from regions import _hostport
+
+        self.upstream = _hostport(endpoint)
+        self.at, self.kind = at, kind
+        self.requests = 0
+        self.reached = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            store = socket.create_connection(self.upstream)
+            with self._lock:
+                self._sockets += [client, store]
+            unheard = threading.Event()
+            threading.Thread(target=self._requests, args=(client, store, unheard), daemon=True).start()
+            threading.Thread(target=self._answers, args=(store, client, unheard), daemon=True).start()
+
+    def _requests(self, client: socket.socket, store: socket.socket, unheard: threading.Event) -> None:
+        from regions import _parse_request
+
+        buffer = bytearray()
+        while data := _recv(client):
+            buffer += data
+            while (request := _parse_request(buffer)) is not None and request.end is not None:
+                whole = bytes(buffer[: request.end])
+                del buffer[: request.end]
+                with self._lock:
+                    self.requests += 1
+                    number = self.requests
+                if self.at is not None and number > self.at or number == self.at and self.kind == HELD:
+                    self.reached.set()
+                    continue  # never sent: the command waits for its answer
+                if number == self.at and self.kind == UNHEARD:
+                    unheard.set()
+                store.sendall(whole)
+                if number == self.at:
+                    self.reached.set()
+
+    def _answers(self, store: socket.socket, client: socket.socket, unheard: threading.Event) -> None:
+        while data := _recv(store):
+            if not unheard.is_set():
+                client.sendall(data)
+
+    def close(self) -> None:
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+
+def _recv(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(65536)
+    except OSError:
+        return b""

@@ -352,7 +352,7 @@ def _logical(keys: list[str]) -> list[str]:
     object again under keys no earlier write used."""
     from dataclasses import replace
 
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
 
     layout = KeyLayout()
     return sorted(repr(replace(layout.parse_object_key(k), tag="", token="")) for k in keys)
@@ -424,7 +424,7 @@ def test_archive_read_restore_matches_in_memory(endpoint, index_mode, aio) -> No
         restored = await ours.call(ours.cp, "restore_thread", "t")
         assert (restored.state, restored.key, restored.checkpoints) == ("live", status.key, status.checkpoints)
         assert not _objects(endpoint, "archive/")
-        # The same objects, written again under a new tag (see s3_saver._keys).
+        # The same objects, written again under a new tag (see s3_saver._format.keys).
         assert _logical(_objects(endpoint, "live/t/")) == _logical(live)
         assert _archived_classes(ours.cp) == {"t": None}
         after = savers.new()
@@ -581,6 +581,66 @@ def test_restore_sends_days_only_where_s3_takes_them(endpoint, index_mode, monke
     assert list(make_saver(endpoint, index_mode).list(config("t"))) == before
     saver.close()
     reader.close()
+
+
+def test_delete_whose_read_an_archive_switch_follows_removes_the_archive(endpoint, monkeypatch) -> None:
+    """DynamoDB: another process archives the thread between delete_thread's read of
+    the thread's record (live) and its switch. The switch holds only on the record
+    as read: refused, the delete reads it again and deletes the archive object too,
+    which no record would name after it. (The manifest's switch is a swap of the
+    very head it read: a head changed since fails it, and it reads again.)"""
+    from s3_saver._index.dynamodb.items import DynamoCalls
+
+    saver = make_saver(endpoint, "dynamodb")
+    saver.setup()
+    grow_thread(saver, "t", 3)
+    archiver = make_saver(endpoint, "dynamodb")
+    real = DynamoCalls.bury_thread
+
+    def archived_first(self, *args, **kwargs):
+        monkeypatch.setattr(DynamoCalls, "bury_thread", real)
+        archiver.archive_thread("t")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DynamoCalls, "bury_thread", archived_first)
+    saver.delete_thread("t")
+    assert not _objects(endpoint, "archive/") and not _objects(endpoint, "live/t/")
+    for reader in (saver, make_saver(endpoint, "dynamodb")):
+        assert reader.get_tuple(config("t")) is None
+        assert [t.thread_id for t in reader.list_threads()] == []
+    for s in (saver, archiver):
+        s.close()
+
+
+@pytest.mark.parametrize("meanwhile", ["deleted", "restored"])
+def test_restore_whose_archive_goes_under_it_answers_live(endpoint, index_mode, monkeypatch, meanwhile) -> None:
+    """Between restore_thread's read of the thread's record and its GET of the archive,
+    another process deletes the thread or restores it (each deletes the archive
+    object): the restore reads the record again and answers "live", as a call
+    begun after the other one does, never MissingObjectError (the archive is not lost)."""
+    from s3_saver._ops import install as archive_op
+
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    grow_thread(saver, "t", 3)
+    before = list(saver.list(config("t")))
+    saver.archive_thread("t")
+    other = make_saver(endpoint, index_mode)
+    real = archive_op.archive_body
+
+    def after_the_other(ctx, ref):
+        monkeypatch.setattr(archive_op, "archive_body", real)
+        getattr(other, f"{meanwhile[:-1]}_thread")("t")  # delete_thread / restore_thread
+        return (yield from real(ctx, ref))
+
+    monkeypatch.setattr(archive_op, "archive_body", after_the_other)
+    status = make_saver(endpoint, index_mode).restore_thread("t")
+    assert status.state == "live" and status.key is None
+    assert not _objects(endpoint, "archive/")
+    after = list(make_saver(endpoint, index_mode).list(config("t")))
+    assert after == ([] if meanwhile == "deleted" else before)
+    for s in (saver, other):
+        s.close()
 
 
 # -- 3. a write to a thread archived in an instant class restores it ---------------------------
@@ -910,11 +970,12 @@ ARCHIVE_COSTS = {
         # mark, the objects (a new tag), the items (a transaction that needs the mark to
         # be this restore's), the switch, the record's note of the archive, its object;
         # the owner's record and the index-mode marker, in the first round trip of a new
-        # saver object. Beside the switch, the thread's activity entry of the day
-        # (archive_idle's clock starts anew).
+        # saver object. The switch is a transaction with the thread's activity entry of
+        # the day (archive_idle's clock starts anew), which the record names then: a
+        # delete removes it.
         "restore_thread": (9, {
-            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 2, "dynamodb:put_item": 1, "dynamodb:query": 1,
-            "dynamodb:update_item": 3, "s3:delete_objects": 1, "s3:get_object": 2, "s3:put_object": 5,
+            "dynamodb:transact_write_items": 2, "dynamodb:get_item": 2, "dynamodb:query": 1,
+            "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:get_object": 2, "s3:put_object": 5,
         }),
         "restore_thread of a live thread": (1, {"dynamodb:get_item": 1}),
         "archive_thread DEEP_ARCHIVE": (9, {
@@ -926,8 +987,8 @@ ARCHIVE_COSTS = {
             "dynamodb:get_item": 1, "s3:head_object": 1, "s3:restore_object": 1,
         }),
         "restore_thread DEEP_ARCHIVE (done)": (10, {
-            "dynamodb:transact_write_items": 1, "dynamodb:get_item": 1, "dynamodb:put_item": 1, "dynamodb:query": 1,
-            "dynamodb:update_item": 3, "s3:delete_objects": 1, "s3:get_object": 1, "s3:head_object": 1, "s3:put_object": 5,
+            "dynamodb:transact_write_items": 2, "dynamodb:get_item": 1, "dynamodb:query": 1,
+            "dynamodb:update_item": 2, "s3:delete_objects": 1, "s3:get_object": 1, "s3:head_object": 1, "s3:put_object": 5,
         }),
     },
     "manifest": {
@@ -940,8 +1001,9 @@ ARCHIVE_COSTS = {
         "get_tuple cold": (2, {"s3:get_object": 3}),
         "get_tuple warm": (1, {"s3:get_object": 1}),
         "list warm": (1, {"s3:get_object": 1}),
-        # (The activity entry of the day: one more PUT, beside the switch; the
-        # index-mode marker, in the first round trip of a new saver object.)
+        # (The activity entry of the day: one more PUT, beside the last objects, which
+        # the switch records in the head; the index-mode marker, in the first round
+        # trip of a new saver object.)
         "restore_thread": (8, {"s3:delete_objects": 1, "s3:get_object": 5, "s3:put_object": 8}),
         "restore_thread of a live thread": (1, {"s3:get_object": 1}),
         "archive_thread DEEP_ARCHIVE": (6, {"s3:delete_objects": 2, "s3:get_object": 1, "s3:put_object": 4}),

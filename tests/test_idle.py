@@ -7,7 +7,8 @@
   nor one written between the run's look and the archive's mark; a deleted
   thread's entry goes with it;
 * threads without entries (written before they existed) are found by the backfill;
-* erase_thread leaves no activity entry naming the thread;
+* erase_thread leaves no activity entry naming the thread; nor does delete_thread
+  one that a restore, an import or a copy gave it;
 * a run drops an entry only as it read it (issue 41): a thread restored by a write
   between a run's read of its entry and the drop keeps the entry that write made,
   and a later run archives it; two runs racing a writer leave no idle thread live.
@@ -408,13 +409,62 @@ def test_delete_and_archive_remove_the_entries_every_writer_of_the_day_made(endp
     _put(fresh, "t", datetime.now(timezone.utc), step=3)
     _put(writers[1], "t", datetime.now(timezone.utc), step=4)
     writers[2].delete_thread("t")
-    # The restore's entry is not one a write recorded: the next run drops it (stale).
-    left = [t for _, t in _entries(endpoint, index_mode)]
-    assert left in ([], ["t"]), left
+    # The restore's entry is recorded by its switch, as a write's by its commit: the delete removes it too.
+    assert _entries(endpoint, index_mode) == []
     report = fresh.archive_idle(timedelta(0))
-    assert (report, report.dropped, _entries(endpoint, index_mode)) == ([], len(left), [])
+    assert (report, report.dropped, _entries(endpoint, index_mode)) == ([], 0, [])
     for s in (*writers, fresh):
         s.close()
+
+
+def _naming(endpoint: str, index_mode: str, thread_id: str) -> list[str]:
+    """Every object of the bucket and item of the table whose key names ``thread_id``."""
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+    found = [o["Key"] for p in pages for o in p.get("Contents", []) if thread_id in o["Key"]]
+    if index_mode == "dynamodb":
+        table = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+        items = [i for page in table.get_paginator("scan").paginate(TableName=TABLE) for i in page.get("Items", [])]
+        found += [f"item {i['pk']['S']} {i['sk']['S']}" for i in items if thread_id in i["pk"]["S"] + i["sk"]["S"]]
+    return sorted(found)
+
+
+def _grown_with_runs(saver, thread_id: str) -> None:
+    """Three checkpoints of two runs (each run leaves a hint naming the thread)."""
+    stored = config(thread_id)
+    for step, run in enumerate(("run-a", "run-a", "run-b")):
+        cp = checkpoint({"n": step}, {"n": str(step + 1)})
+        cp["ts"] = datetime.now(timezone.utc).isoformat()
+        stored = saver.put(stored, cp, {"source": "loop", "step": step, "run_id": run}, {"n": str(step + 1)})
+
+
+@pytest.mark.parametrize("how", ["restore", "import", "copy"])
+def test_a_delete_leaves_nothing_of_a_restored_imported_or_copied_thread(endpoint, index_mode, how) -> None:
+    """restore_thread, import_thread and copy_thread each give the thread its
+    activity entry of the day, which the thread's record names (as a write's
+    commit names its own): delete_thread then removes it with the listing and
+    the run hints. What stays is the thread's small record (a table's item, the
+    manifest's head); nothing else names the thread. Before, the entry was
+    written beside the commit and named by nothing: every delete left it."""
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    subject = "subject-thread"
+    if how == "restore":
+        _grown_with_runs(saver, subject)
+        saver.archive_thread(subject)
+        assert make_saver(endpoint, index_mode).restore_thread(subject).state == "live"
+    elif how == "import":
+        _grown_with_runs(saver, "origin")
+        assert saver.import_thread(saver.export_thread("origin"), thread_id=subject) == subject
+    else:
+        _grown_with_runs(saver, "origin")
+        saver.copy_thread("origin", subject)
+    assert subject in {t for _, t in _entries(endpoint, index_mode)}
+    make_saver(endpoint, index_mode).delete_thread(subject)
+    record = [f"manifests/{subject}/head"] if index_mode == "manifest" else [f"item {subject}  tombstone"]
+    assert _naming(endpoint, index_mode, subject) == record
+    assert saver.get_tuple(config(subject)) is None
+    saver.close()
 
 
 def test_erase_keeps_the_entry_of_a_life_started_during_it(endpoint, index_mode, monkeypatch) -> None:
@@ -450,7 +500,7 @@ def test_activity_keys_parse_exactly() -> None:
     """An entry's key names its day, thread and token (none: an earlier version's
     key); a key this layout does not build (another saver's, nested under the
     folder) is no entry."""
-    from s3_saver._keys import KeyLayout, new_token
+    from s3_saver._format.keys import KeyLayout, new_token
 
     layout = KeyLayout("p")
     token = new_token(8)

@@ -16,7 +16,7 @@ from langgraph.graph import START, StateGraph
 from conftest import BUCKET, make_saver
 from helpers import checkpoint, concat, config, cut_points, is_marker
 from s3_saver import ConfigurationError, S3SaverError
-from s3_saver._drivers.sync import SyncDriver
+from s3_saver._transport.sync import SyncDriver
 
 
 class State(TypedDict):
@@ -332,9 +332,10 @@ LIFECYCLE_COSTS = {
         # listing and hints, the source's deleted runs (read after the hints).
         "copy_thread": (8, {
             "dynamodb:batch_write_item": 12, "dynamodb:get_item": 3, "dynamodb:query": 4,
-            "dynamodb:transact_write_items": 1, "s3:copy_object": 200,
-            # The hints of the copy's 5 runs, and its activity entry (``_index/activity``).
-            "dynamodb:put_item": 6,
+            "dynamodb:transact_write_items": 2, "s3:copy_object": 200,
+            # The hints of the copy's 5 runs; beside them its activity entry
+            # (``_index/activity``), in a transaction that names it on the target's record.
+            "dynamodb:put_item": 5,
         }),
         # The listing (its 16 shards and the unsharded partition: 17 queries, one round
         # trip), then each thread's latest beside its record.
@@ -348,7 +349,8 @@ LIFECYCLE_COSTS = {
             10, {"s3:delete_objects": 3, "s3:get_object": 3, "s3:list_objects_v2": 2, "s3:put_object": 4}
         ),
         # ... and the listing object and the hints of the copy's 5 runs, and the source's head
-        # again (its deleted runs, read after the hints); beside the copy's head, its activity entry.
+        # again (its deleted runs, read after the hints); beside the objects, its activity
+        # entry, which the head's swap records.
         "copy_thread": (9, {"s3:copy_object": 200, "s3:get_object": 5, "s3:put_object": 10}),
         "list_threads(limit=3)": (2, {"s3:get_object": 3, "s3:list_objects_v2": 1}),
     },

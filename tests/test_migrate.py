@@ -29,9 +29,9 @@ from pydantic import BaseModel
 from conftest import BUCKET, TABLE, make_saver
 from postgres_server import create_database
 from s3_saver import ConfigurationError, S3Saver, ThreadArchivedError
-from s3_saver._migrate import MigrationProgress, migrate
-from s3_saver._migrate_verify import same
-from s3_saver._urls import open_saver
+from s3_saver._migrate.run import MigrationProgress, migrate
+from s3_saver._migrate.verify import same
+from s3_saver._migrate.urls import open_saver
 from s3_saver.errors import MigrationError
 
 
@@ -689,9 +689,9 @@ def test_open_saver_sqlite_paths(tmp_path, monkeypatch) -> None:
 def test_open_saver_names_the_missing_extra(monkeypatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "langgraph.checkpoint.sqlite", None)
     monkeypatch.setitem(__import__("sys").modules, "langgraph.checkpoint.postgres", None)
-    with pytest.raises(ConfigurationError, match=r"pip install 'langgraph-s3-saver\[sqlite\]'"):
+    with pytest.raises(ConfigurationError, match=r"pip install '\.\[sqlite\]'"):
         open_saver("sqlite:///x.db")
-    with pytest.raises(ConfigurationError, match=r"pip install 'langgraph-s3-saver\[postgres\]'") as info:
+    with pytest.raises(ConfigurationError, match=r"pip install '\.\[postgres\]'") as info:
         open_saver("postgres://me:secret@db.example/app")
     assert "me:***@db.example" in str(info.value) and "secret" not in str(info.value)
 

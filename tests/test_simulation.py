@@ -19,6 +19,9 @@ See tests/sim/__init__.py for the harness. In both index modes:
   after each of its calls in turn (from a seeded start, within the budget); and
   ``test_idle_restore_between_archive_and_drop_pinned``, the one that found issue 41;
 * ``test_failover_pinned``: the two-region schedules that found a defect, replayed;
+* ``test_restore_beside_delete_*_pinned``, ``test_delete_beside_an_archive_switch_pinned``,
+  ``test_copy_or_import_then_delete_leaves_nothing_pinned``: restore_thread, archive_thread,
+  copy_thread or import_thread beside or before delete_thread, the schedules that found a defect;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
 Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 8 (60 in make
@@ -225,6 +228,69 @@ def test_erase_after_a_new_life_pinned(moto_endpoint: str) -> None:
     tally = Tally()
     _run(World(moto_endpoint, "manifest", versioned=True), Spec("manifest", "relive", 1, "one", [-1, 0, 0], versioned=True), tally)
     _fail(tally, "manifest relive seed 1")
+
+
+# restore_thread beside delete_thread ("restore+delete", no faults) in the schedules
+# that found a defect: (mode, seed).
+RESTORE_DELETE_ENTRY_PINNED = (
+    # The restore's activity entry was written beside its switch, named by no record:
+    # the delete before the switch (manifest: the restore then found the thread gone)
+    # or after it (DynamoDB) left it. The switch now records it, and a refused
+    # switch takes it back: (c).
+    ("manifest", 1),
+    ("dynamodb", 1),
+)
+
+
+@pytest.mark.parametrize(("mode", "seed"), RESTORE_DELETE_ENTRY_PINNED)
+def test_restore_beside_delete_leaves_no_activity_entry_pinned(moto_endpoint: str, mode: str, seed: int) -> None:
+    tally = Tally()
+    _run(World(moto_endpoint, mode), Spec(mode, "restore+delete", seed, "none"), tally)
+    _fail(tally, f"{mode} restore+delete seed {seed}")
+
+
+# restore_thread meeting a delete_thread ("restore+delete", no faults): (mode, seed).
+RESTORE_DELETE_ANSWER_PINNED = (
+    # The delete took the archive object between the restore's read of the thread's
+    # record and its GET: the restore raised MissingObjectError, an answer the model
+    # gives no restore (it has no effect, and says the archive is lost when it was
+    # deleted). The record, read again, no longer names that archive: "live", as
+    # a restore that began after the delete answers (restore_before_write did so).
+    ("dynamodb", 5),
+    ("manifest", 0),
+)
+
+
+@pytest.mark.parametrize(("mode", "seed"), RESTORE_DELETE_ANSWER_PINNED)
+def test_restore_meeting_a_delete_answers_live_pinned(moto_endpoint: str, mode: str, seed: int) -> None:
+    tally = Tally()
+    _run(World(moto_endpoint, mode), Spec(mode, "restore+delete", seed, "none"), tally)
+    _fail(tally, f"{mode} restore+delete seed {seed}")
+
+
+# A copy or an import then a delete of it (workload kinds copy_delete, import_delete), no
+# faults: the copy's (the import's) activity entry, written beside its commit and named by
+# no record, stayed after the delete in every such schedule: (c). (scenario, seed).
+COPY_IMPORT_DELETE_PINNED = (("copy_delete+run", 0), ("import_delete+writes", 0))
+
+
+@pytest.mark.parametrize(("scenario", "seed"), COPY_IMPORT_DELETE_PINNED)
+@pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
+def test_copy_or_import_then_delete_leaves_nothing_pinned(world: World, scenario: str, seed: int) -> None:
+    tally = Tally()
+    _run(world, Spec(world.mode, scenario, seed, "none"), tally)
+    _fail(tally, f"{world.mode} {scenario} seed {seed}")
+
+
+def test_delete_beside_an_archive_switch_pinned(moto_endpoint: str) -> None:
+    """Seed 20 of "prune_archive+delete" (DynamoDB): the delete read the thread's
+    record (live), the archive switched, then the delete's switch took the archive
+    reference out on what it had read, naming no archive object to delete: the
+    object stayed, named by nothing (c). The switch now holds only on the record
+    as read (else it is read and decided again)."""
+    tally = Tally()
+    _run(World(moto_endpoint, "dynamodb"), Spec("dynamodb", "prune_archive+delete", 20, "none"), tally)
+    _fail(tally, "dynamodb prune_archive+delete seed 20")
 
 
 # Schedules of the stale kinds (workload.Workshop.stale), one per last call of the

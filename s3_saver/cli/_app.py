@@ -1,16 +1,13 @@
-"""The command group: global options, the S3Saver they build, exit codes.
+"""What a command is given: the global options and the S3Saver they build (``App``,
+``pass_app``), the exit codes, and the errors a command raises to end with one.
 
-Every global option also comes from the environment a Lambda function already
-has (``CHECKPOINT_BUCKET``, ``CHECKPOINT_TABLE``, ``AWS_REGION``...), so an
-operator's shell configured like the function reaches the same store.
+The command modules import this module; the group that gathers them (``_group``) imports
+them and this module, never the other way round.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,12 +30,6 @@ EXIT_ORPHANS = 4
 EXIT_UNINDEXED = 8
 EXIT_MISSING = 16
 EXIT_BROKEN = 32
-
-EPILOG = (
-    "Exit codes: 0 ok, 1 the store or the saver failed, 2 usage error, 3 not found, 130 interrupted; "
-    "verify (and gc without --yes) add 4 orphans, 8 unindexed threads, 16 missing objects, 32 broken index."
-)
-
 
 class NotFoundError(click.ClickException):
     """A thread or checkpoint that does not exist (exit 3)."""
@@ -68,10 +59,19 @@ class App:
     no_progress: bool = False
     debug: bool = False
     out: Output = field(init=False)
+    # The global options given on the command line before the command's name.
+    before: set[str] = field(default_factory=set, repr=False)
     _saver: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.out = Output(json_mode=self.json, progress=not self.no_progress)
+
+    def set(self, name: str, value: Any) -> None:
+        """A global option given after the command's name (before the saver is made)."""
+        assert self._saver is None, "the saver is made after the command's options are read"
+        setattr(self, name, value)
+        if name in ("json", "no_progress"):
+            self.out = Output(json_mode=self.json, progress=not self.no_progress)
 
     @property
     def mode(self) -> str:
@@ -131,145 +131,3 @@ class App:
 
 
 pass_app = click.make_pass_decorator(App)
-
-# Set by the group's callback: run() needs --debug after the parse.
-_current: list[App] = []
-
-
-@click.group(
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    epilog=EPILOG,
-)
-@click.option("--bucket", envvar="CHECKPOINT_BUCKET", show_envvar=True, metavar="NAME", help="S3 bucket (required).")
-@click.option(
-    "--table",
-    envvar="CHECKPOINT_TABLE",
-    show_envvar=True,
-    metavar="NAME",
-    help="DynamoDB table of the index; without it the index is the manifest in the bucket.",
-)
-@click.option("--prefix", envvar="CHECKPOINT_PREFIX", show_envvar=True, metavar="PREFIX", help="Key prefix in the bucket.")
-@click.option(
-    "--region",
-    envvar=["AWS_REGION", "AWS_DEFAULT_REGION"],
-    show_envvar=True,
-    metavar="REGION",
-    help="AWS region of the bucket and table.",
-)
-@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", show_envvar=True, metavar="URL", help="One endpoint for S3 and DynamoDB.")
-@click.option("--s3-endpoint-url", envvar="AWS_ENDPOINT_URL_S3", show_envvar=True, metavar="URL", help="S3 endpoint (MinIO, R2...).")
-@click.option(
-    "--dynamodb-endpoint-url", envvar="AWS_ENDPOINT_URL_DYNAMODB", show_envvar=True, metavar="URL", help="DynamoDB endpoint."
-)
-@click.option(
-    "--serde",
-    envvar="CHECKPOINT_SERDE",
-    show_envvar=True,
-    metavar="MODULE:ATTR",
-    help="Serializer the threads were written with: an object, or a class or zero-argument factory of one.",
-)
-@click.option("--json", "json_mode", is_flag=True, help="Machine-readable output: one JSON document on stdout.")
-@click.option("--no-progress", is_flag=True, help="No progress bars (they are shown only on a terminal anyway).")
-@click.option("--debug", is_flag=True, help="Print the traceback of an error.")
-@click.version_option(package_name="langgraph-s3-saver", message="%(prog)s %(version)s")
-@click.pass_context
-def cli(ctx: click.Context, json_mode: bool, **options: Any) -> None:
-    """Inspect and maintain LangGraph checkpoints stored by s3_saver's S3Saver."""
-    app = App(json=json_mode, **options)
-    _current[:] = [app]
-    ctx.obj = app
-    ctx.call_on_close(app.close)
-
-
-def _register() -> None:
-    from s3_saver.cli import _inspect, _lifecycle, _maintain, _migrate
-
-    for module in (_maintain, _inspect, _lifecycle, _migrate):
-        for command in module.COMMANDS:
-            cli.add_command(command)
-
-
-_register()
-
-
-_json_asked: list[bool] = []
-
-
-def run(args: Sequence[str] | None = None, prog_name: str | None = None) -> int:
-    """Run the group; map what it raised to one ``error: ...`` line on stderr and an exit code."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from s3_saver.errors import S3SaverError
-
-    _current.clear()
-    argv = list(args) if args is not None else sys.argv[1:]
-    # --json asked for, even where the group's options were not parsed yet (a usage error).
-    _json_asked[:] = ["--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv]
-    try:
-        result = cli.main(args=list(args) if args is not None else None, prog_name=prog_name, standalone_mode=False)
-        return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
-    except click.exceptions.Abort as exc:
-        if isinstance(exc.__context__, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt):
-            return _fail("interrupted", EXIT_INTERRUPTED, exc)
-        return _fail("aborted: nothing was changed", EXIT_USAGE, exc)
-    except KeyboardInterrupt as exc:
-        return _fail("interrupted", EXIT_INTERRUPTED, exc)
-    except click.UsageError as exc:
-        exc.show()
-        _emit_json_error("UsageError", exc.format_message(), exc.exit_code)
-        return exc.exit_code
-    except click.ClickException as exc:
-        return _fail(exc.format_message(), exc.exit_code, exc)
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, without a second error at exit.
-        _silence_stdout()
-        return EXIT_FAILED
-    except (S3SaverError, BotoCoreError, ClientError) as exc:
-        return _fail(str(exc), EXIT_FAILED, exc)
-    except Exception as exc:  # an unexpected failure: still one line (the traceback with --debug)
-        return _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED, exc)
-
-
-def _fail(message: str, code: int, exc: BaseException) -> int:
-    if _current and _current[0].debug:
-        traceback.print_exception(exc)
-    first, *rest = (cli_hints(message) or type(exc).__name__).splitlines() or [""]
-    line = " ".join([first, *(part.strip() for part in rest)]).strip()
-    click.echo(f"error: {line}", err=True)
-    _emit_json_error(type(exc).__name__, line, code)
-    return code
-
-
-def _emit_json_error(kind: str, message: str, code: int) -> None:
-    """With --json, an error is a JSON document on stdout too: a script reads one place."""
-    if _current and _current[0].json or _json_asked and _json_asked[0]:
-        document = {"error": {"kind": kind, "message": message, "exit_code": code}}
-        sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
-        sys.stdout.flush()
-
-
-# The library's errors advise a Python caller; on the command line the same advice
-# names the command or option. Each phrase is pinned by tests/test_cli.py, which
-# meets every one of them through a command.
-_CLI_HINTS = (
-    ("(delete_thread it first, or pass thread_id=...)", "(delete it first with `delete THREAD`, or import under another id with --as)"),
-    ("(delete_thread it first)", "(delete it first with `delete THREAD`)"),
-    ("run saver.setup() or deploy infra/", "run the `setup` command or deploy infra/"),
-    ("run setup() again", "run the `setup` command again"),
-)
-
-
-def cli_hints(message: str) -> str:
-    for python, cli in _CLI_HINTS:
-        message = message.replace(python, cli)
-    return message
-
-
-def _silence_stdout() -> None:
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass

@@ -11,8 +11,14 @@ from rich.table import Table
 from rich.text import Text
 
 from s3_saver.cli._app import App, NotFoundError, pass_app
-from s3_saver.cli._checkpoint import internal_values, interrupts, next_nodes, user_values, values_size
-from s3_saver.cli._output import human_bytes, short_time
+from s3_saver.cli._checkpoint import (
+    internal_values,
+    interrupts,
+    next_nodes,
+    user_values,
+    values_size,
+)
+from s3_saver.cli._output import human_bytes, short_time, shown
 from s3_saver.cli._params import KeyValue
 
 
@@ -68,7 +74,7 @@ def threads_command(app: App, filters: tuple[tuple[str, Any], ...], limit: int, 
         )
         for t in listed
     ]
-    caption = f"next page: --before {following}" if following else None
+    caption = f"next page: --before {shown(following)}" if following else None
     columns = ("thread", "created", "latest checkpoint", "time", "step", "source", "archived")
     if not rows:
         app.out.message("no threads" + (" match the filter" if filters else ""))
@@ -123,7 +129,7 @@ def history_command(app: App, thread: str, ns: str, limit: int | None, before: s
         for e in entries
     ]
     columns = ("checkpoint", "time", "step", "source", "next", "writes", "size")
-    title = f"thread {thread}" + (f", namespace {ns}" if ns else "")
+    title = f"thread {shown(thread)}" + (f", namespace {shown(ns)}" if ns else "")
     app.out.print(app.out.table(columns, rows, title=title, numeric=("step", "writes", "size")))
 
 
@@ -166,7 +172,7 @@ def _render_checkpoint(doc: dict[str, Any]) -> RenderableType:
     labels = {"thread": "thread_id", "namespace": "checkpoint_ns", "checkpoint": "checkpoint_id", "parent": "parent_checkpoint_id"}
     for label, key in labels.items():
         if doc.get(key) or key != "checkpoint_ns":
-            head.add_row(label, Text(str(doc.get(key) or "-")))
+            head.add_row(label, Text(shown(str(doc.get(key) or "-"))))
     head.add_row("time", Text(short_time(doc["ts"]) + " UTC" if doc["ts"] else "-"))
     meta = doc["metadata"] or {}
     head.add_row("step", Text(f"{meta.get('step', '-')} ({meta.get('source', '-')})"))
@@ -185,12 +191,12 @@ def _render_checkpoint(doc: dict[str, Any]) -> RenderableType:
     if doc["pending_writes"]:
         writes = Table("task", "channel", "value", box=None, padding=(0, 2), title_justify="left")
         for w in doc["pending_writes"]:
-            writes.add_row(Text(w["task_id"]), Text(w["channel"]), Pretty(w["value"], max_string=200, max_length=10))
+            writes.add_row(Text(shown(w["task_id"])), Text(shown(w["channel"])), Pretty(w["value"], max_string=200, max_length=10))
         parts += [Text(""), Text(f"pending writes ({len(doc['pending_writes'])})", style="bold underline"), writes]
     if doc["interrupts"]:
         waiting = Table("interrupt", "task", "value", box=None, padding=(0, 2))
         for i in doc["interrupts"]:
-            waiting.add_row(Text(str(i["id"] or "-")), Text(i["task_id"]), render_value(i["value"]))
+            waiting.add_row(Text(shown(str(i["id"] or "-"))), Text(shown(i["task_id"])), render_value(i["value"]))
         parts += [Text(""), Text(f"interrupts ({len(doc['interrupts'])})", style="bold underline"), waiting]
     return Group(*parts)
 

@@ -8,6 +8,8 @@ thread, so the progress bar moves and an interrupted run says how far it got.
 from __future__ import annotations
 
 import dataclasses
+import os
+import secrets
 import sys
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,15 +18,10 @@ import click
 
 from s3_saver.cli._app import EXIT_FAILED, EXIT_OK, App, NotFoundError, pass_app
 from s3_saver.cli._inspect import not_found, thread_exists
-from s3_saver.cli._output import human_bytes, plural
+from s3_saver.cli._output import human_bytes, plural, shown, shown_list
 from s3_saver.cli._params import Duration
 
 ARCHIVE_CLASSES = ("GLACIER_IR", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "STANDARD", "GLACIER", "DEEP_ARCHIVE")
-
-
-def _listing(names: tuple[str, ...] | list[str], limit: int = 5) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 # -- copy --------------------------------------------------------------------------------
@@ -59,18 +56,18 @@ def prune_command(app: App, threads: tuple[str, ...], keep_last: int | None, str
         raise click.UsageError("--keep-last goes with --strategy keep_latest")
     newest = f"newest {keep_last} checkpoints" if keep_last and keep_last > 1 else "newest checkpoint"
     kept = "every checkpoint" if strategy == "delete" else f"all but the {newest} of each namespace"
-    app.confirm(f"prune {plural(len(threads), 'thread')} ({_listing(threads)}): remove {kept}", yes)
+    app.confirm(f"prune {plural(len(threads), 'thread')} ({shown_list(threads)}): remove {kept}", yes)
     saver = app.saver()
     done: list[str] = []
     with app.out.progress("prune", total=len(threads)) as tracker:
         for thread in threads:
             saver.prune([thread], strategy=strategy, keep_last=keep_last)
             done.append(thread)
-            tracker.advance(description=f"prune {thread}")
+            tracker.advance(description=f"prune {shown(thread)}")
     if app.out.json:
         app.out.emit_json({"pruned": done, "strategy": strategy, "keep_last": keep_last})
     else:
-        app.out.message(f"pruned {plural(len(done), 'thread')} ({kept} removed): {_listing(done)}")
+        app.out.message(f"pruned {plural(len(done), 'thread')} ({kept} removed): {shown_list(done)}")
 
 
 # -- delete ------------------------------------------------------------------------------
@@ -84,7 +81,7 @@ def delete_command(app: App, ids: tuple[str, ...], runs: bool, yes: bool) -> Non
 
     Run it again to finish a delete that was cut short."""
     kind = "run" if runs else "thread"
-    app.confirm(f"delete {plural(len(ids), kind)} ({_listing(ids)})", yes)
+    app.confirm(f"delete {plural(len(ids), kind)} ({shown_list(ids)})", yes)
     saver = app.saver()
     known = set(saver.threads_of_runs(list(ids))) if runs else {one for one in ids if thread_exists(app, one)}
     done: list[str] = []
@@ -97,17 +94,17 @@ def delete_command(app: App, ids: tuple[str, ...], runs: bool, yes: bool) -> Non
                 saver.delete_thread(one)
             if one in known:
                 done.append(one)
-            tracker.advance(description=f"delete {one}")
+            tracker.advance(description=f"delete {shown(one)}")
     missing = [one for one in ids if one not in known]
     if done:
         if app.out.json and not missing:
             app.out.emit_json({"deleted_runs" if runs else "deleted_threads": done})
         else:
-            app.out.message(f"deleted {plural(len(done), kind)}: {_listing(done)}")
+            app.out.message(f"deleted {plural(len(done), kind)}: {shown_list(done)}")
     if missing:
         names = ", ".join(map(repr, missing))
         what = "no checkpoints of run" if runs else "no thread"
-        deleted = f" (deleted: {_listing(done)})" if done and app.out.json else ""
+        deleted = f" (deleted: {shown_list(done)})" if done and app.out.json else ""
         raise NotFoundError(f"{what} {names} in {app.store_name()}: nothing to delete{deleted}")
 
 
@@ -127,13 +124,13 @@ def erase_command(app: App, threads: tuple[str, ...], yes: bool) -> int:
     One small record per thread stays, so a run in flight cannot bring it back.
     Versions an Object Lock holds stay and are listed (exit 1); run it again
     once their retention ends, or to finish an erase cut short."""
-    app.confirm(f"erase {plural(len(threads), 'thread')} ({_listing(threads)}) and every version of their objects", yes)
+    app.confirm(f"erase {plural(len(threads), 'thread')} ({shown_list(threads)}) and every version of their objects", yes)
     saver = app.saver()
     reports = []
     with app.out.progress("erase", total=len(threads)) as tracker:
         for thread in threads:
             reports.append(saver.erase_thread(thread))
-            tracker.advance(description=f"erase {thread}")
+            tracker.advance(description=f"erase {shown(thread)}")
     remaining = [r for report in reports for r in report.remaining]
     if app.out.json:
         app.out.emit_json(
@@ -150,7 +147,7 @@ def erase_command(app: App, threads: tuple[str, ...], yes: bool) -> int:
         deleted = sum(r.deleted for r in reports)
         app.out.message(
             f"erased {plural(len(reports), 'thread')} ({plural(deleted, 'version')} and delete markers removed): "
-            f"{_listing([r.thread_id for r in reports])}"
+            f"{shown_list([r.thread_id for r in reports])}"
         )
         if remaining:
             rows = [
@@ -206,7 +203,7 @@ def archive_command(
         for thread in threads:
             status = saver.archive_thread(thread, storage_class=storage_class)
             statuses.append(status)
-            tracker.advance(nbytes=status.live_bytes, description=f"archive {thread}")
+            tracker.advance(nbytes=status.live_bytes, description=f"archive {shown(thread)}")
     if app.out.json:
         app.out.emit_json({"archived": [dataclasses.asdict(s) for s in statuses]})
     elif statuses:
@@ -294,7 +291,7 @@ def export_command(app: App, thread: str, file: str) -> None:
         raise click.UsageError("--json describes the export on stdout: give a FILE, not -")
     saver = app.saver()
     with app.out.progress("export", total=1) as tracker:
-        tracker.update(description=f"export {thread}")
+        tracker.update(description=f"export {shown(thread)}")
         try:
             data = saver.export_thread(thread)
         except ConfigurationError:
@@ -305,8 +302,7 @@ def export_command(app: App, thread: str, file: str) -> None:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
         else:
-            with open(file, "wb") as out:
-                out.write(data)
+            _write_whole(file, data)
         tracker.advance(nbytes=len(data))
     if app.out.json:
         app.out.emit_json({"thread_id": thread, "file": file, "bytes": len(data)})
@@ -314,6 +310,22 @@ def export_command(app: App, thread: str, file: str) -> None:
         app.out.note(f"exported thread {thread!r}: {len(data):,} bytes")
     else:
         app.out.message(f"exported thread {thread!r} to {file}: {len(data):,} bytes")
+
+
+def _write_whole(path: str, data: bytes) -> None:
+    """``data`` into ``path``, which holds either its old bytes or all the new ones: a run
+    ended mid-write (Ctrl-C ends the process at once, a crash) never leaves a cut export
+    under the name, only a ``.partial`` file beside it."""
+    directory, name = os.path.split(os.path.abspath(path))
+    partial = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to open()
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        os.unlink(partial)
+        raise
 
 
 @click.command("import", short_help='Write a thread from an export file.')
@@ -329,7 +341,7 @@ def import_command(app: App, file: str, as_thread: str | None) -> None:
         else:
             with open(file, "rb") as source:
                 data = source.read()
-        tracker.update(nbytes=len(data), description=f"import {as_thread or file}")
+        tracker.update(nbytes=len(data), description=f"import {shown(as_thread or file)}")
         thread = saver.import_thread(data, thread_id=as_thread)
         tracker.advance()
     if app.out.json:

@@ -11,9 +11,10 @@ from typing import Any
 
 import click
 
+from s3_saver._migrate.urls import mask
 from s3_saver.cli._app import App, pass_app
-from s3_saver._urls import mask
-from s3_saver.cli._output import human_bytes
+from s3_saver.cli._messages import url_words
+from s3_saver.cli._output import human_bytes, shown
 
 URL_FORMS = "sqlite:///file.db, postgresql://user:password@host/db, s3://bucket/prefix?table=T&region=R&endpoint_url=U"
 
@@ -46,16 +47,23 @@ def migrate_command(
     turns on their one connection)."""
     if not source_url and not target_url:
         raise click.UsageError("give --from URL or --to URL (the other defaults to the store of --bucket/--table)")
-    from s3_saver import migrate, open_saver
+    from s3_saver import ConfigurationError, migrate, open_saver
+
+    def opened(url: str, **options: Any) -> Any:
+        try:
+            return stack.enter_context(open_saver(url, **options))
+        except ConfigurationError as exc:  # in the URL's words: its parameters, not the global options
+            exc.args = (url_words(str(exc)), *exc.args[1:])
+            raise
 
     with ExitStack() as stack:
         # The source is only read: a SQLite file that is not there is an error, not an empty database.
-        source = stack.enter_context(open_saver(source_url, create=False)) if source_url else app.saver()
-        target = stack.enter_context(open_saver(target_url)) if target_url else app.saver()
+        source = opened(source_url, create=False) if source_url else app.saver()
+        target = opened(target_url) if target_url else app.saver()
         with app.out.progress("migrate", unit="checkpoints") as tracker:
 
             def on_progress(step: Any) -> None:
-                tracker.update(done=step.done, total=step.total, nbytes=step.bytes, description=f"migrate {step.thread_id}")
+                tracker.update(done=step.done, total=step.total, nbytes=step.bytes, description=f"migrate {shown(step.thread_id)}")
 
             report = migrate(
                 source,

@@ -73,6 +73,40 @@ def to_jsonable(value: Any) -> Any:
     return repr(value)
 
 
+_NAMED_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def shown(text: str) -> str:
+    """``text`` (a thread id, a key) as a terminal shows it: as is when every character
+    prints; otherwise quoted the way shells read it back (``$'chat\\nann'``), so that a
+    newline, tab, escape sequence or bidirectional override can neither break a table
+    nor act on the terminal, and the id can be pasted into the next command.
+
+    ``--json`` documents carry the text unchanged.
+    """
+    if text.isprintable() and not text.startswith("$'"):
+        return text
+    out = []
+    for char in text:
+        if char in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        elif ord(char) < 0x80:
+            out.append(f"\\x{ord(char):02x}")
+        elif ord(char) < 0x10000:
+            out.append(f"\\u{ord(char):04x}")  # not \\x: a shell's \\xHH is a byte, not a character
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    return "$'" + "".join(out) + "'"
+
+
+def shown_list(names: Sequence[str], limit: int = 5) -> str:
+    """``a, b, c and 2 more``: the first ``limit`` names, each as `shown()` gives it."""
+    listed = ", ".join(shown(name) for name in names[:limit])
+    return listed + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
 def plural(count: int, noun: str) -> str:
     """``1 thread``, ``2 threads``."""
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
@@ -145,7 +179,11 @@ class Output:
         caption: str | None = None,
         numeric: Sequence[str] = (),
     ) -> Table:
-        """A table of plain cells (no rich markup is read from them); ``numeric`` columns align right."""
+        """A table of plain cells (no rich markup is read from them); ``numeric`` columns align right.
+
+        Text cells go through `shown()`: one line per row, whatever characters an id holds
+        (callers pass ids in ``title`` and ``caption`` through it). Cells given as rich
+        ``Text`` are drawn as they are."""
         table = Table(
             title=title,
             caption=caption,
@@ -158,7 +196,7 @@ class Output:
         for name in columns:
             table.add_column(name, justify="right" if name in numeric else "left", overflow="fold")
         for row in rows:
-            table.add_row(*(cell if isinstance(cell, Text) else Text("" if cell is None else str(cell)) for cell in row))
+            table.add_row(*(cell if isinstance(cell, Text) else Text("" if cell is None else shown(str(cell))) for cell in row))
         return table
 
     # -- progress --------------------------------------------------------------------
@@ -171,7 +209,7 @@ class Output:
             return
         bar = Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),  # an id is text, never markup
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[unit]}"),
@@ -182,13 +220,25 @@ class Output:
             console=self.err,
             refresh_per_second=8,
         )
-        with bar:
-            task = bar.add_task(description, total=total, unit=unit, bytes=None)
-            tracker = Tracker(bar, task)
-            yield tracker
-            # The last frame: the whole operation (a total never told is what was done).
-            total_now = bar.tasks[0].total
-            bar.update(task, description=description, total=tracker.done if total_now is None else total_now)
+        _live.append(bar)
+        try:
+            with bar:
+                task = bar.add_task(description, total=total, unit=unit, bytes=None)
+                tracker = Tracker(bar, task)
+                yield tracker
+                # The last frame: the whole operation (a total never told is what was done).
+                total_now = bar.tasks[0].total
+                bar.update(task, description=description, total=tracker.done if total_now is None else total_now)
+        finally:
+            _live.remove(bar)
+
+
+_live: list[Progress] = []
+
+
+def live_progress() -> bool:
+    """Whether a progress bar is drawn right now (it hides the terminal's cursor)."""
+    return bool(_live)
 
 
 def _is_terminal(stream: Any) -> bool:

@@ -345,6 +345,17 @@ class Workshop:
             if rng.random() < 0.4:
                 steps.append(writes_step(b, target, rng.choice([None, RESUME])))
             return steps
+        if kind in ("copy_delete", "import_delete"):
+            # A copy (or an import) of the thread, then a delete of the copy: what the
+            # copy gave it (its activity entry, listing, run hints) goes with it.
+            if kind == "copy_delete":
+                dest = self.thread(f"copy{slot}")
+                steps = [copy_step(t, dest)]
+            else:
+                dest = self.thread(f"imp{slot}")
+                steps = export_import_steps(t, dest, ("export", slot))
+            self.sc.deleting.add(dest)
+            return [*steps, delete_step(dest)]
         if kind in ("prune", "delete_runs", "delete", "erase", "relive") or kind.startswith("prune_"):
             self.sc.deleting.add(t)
         if kind == "prune":
@@ -403,7 +414,7 @@ class Workshop:
 PROCESS_KINDS = (
     "run", "fork", "subput", "writes", "prune", "delete_runs", "archive", "restore", "archive_restore",
     "export_import", "copy", "gc", "delete", "read", "prune_archive", "prune_copy", "prune_export", "fanout",
-    "stale_restore", "stale_archive", "erase", "relive", "idle",
+    "stale_restore", "stale_archive", "erase", "relive", "idle", "copy_delete", "import_delete",
 )
 WRITERS = ("run", "writes", "fanout")
 ADMIN = ("prune", "delete_runs", "archive", "restore", "export_import", "copy", "gc", "delete", "erase")
@@ -428,6 +439,9 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("erase", "delete"),
     ("erase", "archive_restore"),
     ("erase", "copy"),
+    # A copy or an import, then a delete of it, beside a writer of the source.
+    ("copy_delete", "run"),
+    ("import_delete", "writes"),
     # archive_idle beside writers that restore what it archives, and beside another run.
     ("idle", "run"),
     ("idle", "fanout"),
