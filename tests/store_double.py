@@ -1,4 +1,4 @@
-"""A dict-backed BaseStore built from the store's pure core (``s3_saver._store``): a test
+"""A dict-backed BaseStore built from the store's pure core (``s3_saver._format.memory`` and ``s3_saver._ops.memory``): a test
 double for the differential harness (``store_reference``), not product code.
 
 It keeps what the storage keeps, in dicts: a registry (namespace -> registration
@@ -28,9 +28,10 @@ from langgraph.store.base import (
     ensure_embeddings,
 )
 
-from s3_saver._store import embedding, listing, rank, rows
-from s3_saver._store import ttl as ttl_core
-from s3_saver._store.prepare import Prepared, prepare, query_vectors
+from s3_saver._format.memory import rows
+from s3_saver._ops.memory import embedding, listing, rank
+from s3_saver._format.memory import ttl as ttl_core
+from s3_saver._ops.memory.prepare import Prepared, prepare, query_vectors
 
 
 class DictStore(BaseStore):

@@ -68,7 +68,7 @@ def test_parameters_have_defaults_descriptions_and_readme_entries(template: dict
         assert params[name]["Type"] == "Number" and params[name]["MinValue"] == 0
 
 
-@pytest.mark.parametrize("prefix", ["", "agents/", "agents/prod-1/", "a.b_c(d)/x/", "lives/", "archive-2/"])
+@pytest.mark.parametrize("prefix", ["", "agents/", "agents/prod-1/", "a.b_c(d)/x/", "lives/", "archive-2/", "memories/"])
 def test_key_prefix_accepts_what_the_saver_uses_as_is(template: dict, prefix: str) -> None:
     assert re.fullmatch(template["Parameters"]["KeyPrefix"]["AllowedPattern"], prefix)
 
@@ -80,7 +80,9 @@ def test_key_prefix_rejects_what_would_widen_or_shift_the_iam_resource(template:
     assert not re.fullmatch(template["Parameters"]["KeyPrefix"]["AllowedPattern"], prefix)
 
 
-@pytest.mark.parametrize("prefix", ["live/", "agents/archive/", "x/Manifests/", "listing/a/", "set-aside/", "./", "a/../"])
+@pytest.mark.parametrize(
+    "prefix", ["live/", "agents/archive/", "x/Manifests/", "listing/a/", "set-aside/", "memory/", "a/Node-Cache/", "./", "a/../"]
+)
 def test_key_prefix_rejects_what_the_saver_refuses(template: dict, prefix: str) -> None:
     # A prefix that lies inside another saver's folders (or has a "." or ".." segment)
     # is refused by S3Saver: the stack refuses it at deploy time, not at the first call.

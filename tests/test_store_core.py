@@ -1,4 +1,4 @@
-"""The store's pure core (``s3_saver._store``): every decision S3Store takes without a
+"""The store's pure core (``s3_saver._format.memory`` and ``s3_saver._ops.memory``): every decision S3Store takes without a
 request, against LangGraph's own InMemoryStore code where one exists. No servers: the
 storage built on this core is tested on moto and SeaweedFS; this file pins the
 semantics it must keep, and runs the differential harness (``store_reference``) on the
@@ -41,9 +41,10 @@ from store_reference import (
     _tolerant,
 )
 
-from s3_saver import _key_codec
-from s3_saver._store import embedding, filters, listing, names, rank, rows, ttl
-from s3_saver._store.prepare import prepare, query_vectors
+from s3_saver._format import key_codec as _key_codec
+from s3_saver._format.memory import names, rows, ttl
+from s3_saver._ops.memory import embedding, filters, listing, rank
+from s3_saver._ops.memory.prepare import prepare, query_vectors
 from s3_saver.errors import (
     ConfigurationError,
     CorruptObjectError,

@@ -3,9 +3,10 @@ harness (``store_reference``): random sequences of calls, and the cases of LangG
 store tests (InMemoryStore's and PostgresStore's) written as call sequences, each run on
 both stores with every answer compared.
 
-The candidate today is the dict double of the pure core (``store_double.DictStore``):
+The candidate here is the dict double of the pure core (``store_double.DictStore``):
 what these tests hold is the core's decisions (checks, order, filters, scores, pages,
-TTL). ``S3Store`` in both index modes joins as another candidate factory.
+TTL). ``tests/test_store_s3.py`` runs the same harness and cases on ``S3Store`` on a
+bucket (the manifest index mode; the DynamoDB mode joins as another candidate factory).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from store_reference import (
     steps,
 )
 
-from s3_saver._store import ttl
+from s3_saver._format.memory import ttl
 
 # -- random sequences ----------------------------------------------------------------------
 

@@ -38,9 +38,19 @@ ARCHIVE_PREFIX = "archive/"
 """Sub-prefix of archived threads: one object per thread (``archive_thread``), in a
 cold storage class; lifecycle rules may move it colder still."""
 
-FOLDERS = tuple(p.rstrip("/") for p in (LIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX, SET_ASIDE_PREFIX, ARCHIVE_PREFIX))
-"""The folders every key of a saver starts with, after its prefix. No prefix may
-have one as a segment (``check_prefix``): that is what keeps two savers' trees apart."""
+MEMORY_PREFIX = "memory/"
+"""Sub-prefix of the memory store (``S3Store``): in manifest mode every object it
+writes (per-namespace heads under ``n/<node id>/``, the namespace registry under
+``@reg/``). Not a thread's: a saver's gc, audit, erase and rebuild never list it."""
+NODE_CACHE_PREFIX = "node-cache/"
+"""Sub-prefix reserved for the node cache (``S3Cache``), kept out of every saver's lists."""
+
+FOLDERS = tuple(
+    p.rstrip("/")
+    for p in (LIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX, SET_ASIDE_PREFIX, ARCHIVE_PREFIX, MEMORY_PREFIX, NODE_CACHE_PREFIX)
+)
+"""The folders every key of a saver, store or cache starts with, after its prefix. No
+prefix may have one as a segment (``check_prefix``): that is what keeps two trees apart."""
 
 S3_KEY_MAX_BYTES = 1024
 DYNAMODB_PARTITION_KEY_MAX_BYTES = 2048
@@ -156,7 +166,7 @@ def check_prefix(prefix: str, bucket: str | None = None, table: str | None = Non
             source = f"s3://{bucket or 'BUCKET'}/{quote(prefix, safe='/')}" + (f"?table={table}" if table else "")
             target = f"s3://{bucket or 'BUCKET'}/NEW-PREFIX" + (f"?table={table}" if table else "")
             raise ConfigurationError(
-                f"{where}: its segment {segment!r} is the name of a folder every saver keeps under its own "
+                f"{where}: its segment {segment!r} is the name of a folder every saver (or memory store, or node cache) keeps under its own "
                 f"prefix ({', '.join(FOLDERS)}), so a saver with prefix {outer!r} on the bucket would take this "
                 f"one's objects for its own; choose a prefix with none of those names as a segment. Threads "
                 f"stored under it move with: langgraph-s3-saver migrate --from '{source}' --to '{target}'"

@@ -24,10 +24,12 @@ from s3_saver._format.key_codec import (
     LISTING_PREFIX,
     LIVE_PREFIX,
     MANIFEST_PREFIX,
+    MEMORY_PREFIX,
     SET_ASIDE_PREFIX,
     decode,
     encode,
 )
+from s3_saver._format.memory.documents import is_memory_key
 from s3_saver.errors import ConfigurationError
 
 
@@ -114,4 +116,6 @@ def builds(layout: Layout, key: str) -> bool:
         return len(parts) == 3 and parts[0] == "runs" and exact_id(parts[1]) is not None and exact_id(parts[2]) is not None
     if folder in (ARCHIVE_PREFIX, SET_ASIDE_PREFIX):
         return len(parts) == 2 and exact_id(parts[0]) is not None and bool(parts[1])
+    if folder == MEMORY_PREFIX:
+        return is_memory_key(layout.prefix, key)
     return False

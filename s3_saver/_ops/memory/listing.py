@@ -22,7 +22,7 @@ from typing import Any
 
 from langgraph.store.base import ListNamespacesOp, MatchCondition
 
-from s3_saver._store.names import check_labels, registry_key, show
+from s3_saver._format.memory.names import check_labels, registry_key, show
 from s3_saver.errors import ConfigurationError
 
 WILDCARD = "*"

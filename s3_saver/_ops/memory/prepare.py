@@ -32,24 +32,24 @@ from typing import Any
 
 from langgraph.store.base import GetOp, ListNamespacesOp, Op, PutOp, SearchOp, TTLConfig
 
-from s3_saver._store.embedding import (
+from s3_saver._ops.memory.embedding import (
     Fields,
     TextPlan,
     check_index_arg,
     check_vector,
     plan_texts,
 )
-from s3_saver._store.filters import check_filter
-from s3_saver._store.listing import check_count, check_list_op
-from s3_saver._store.names import (
+from s3_saver._ops.memory.filters import check_filter
+from s3_saver._ops.memory.listing import check_count, check_list_op
+from s3_saver._format.memory.names import (
     check_item_namespace,
     check_key,
     check_labels,
     registry_key,
     show,
 )
-from s3_saver._store.rows import COMPRESS_MIN, ValueCell, pack_value
-from s3_saver._store.ttl import put_ttl
+from s3_saver._format.memory.rows import COMPRESS_MIN, ValueCell, pack_value
+from s3_saver._format.memory.ttl import put_ttl
 from s3_saver.errors import ConfigurationError, EmbeddingError
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from langgraph.store.base import Item, SearchItem, SearchOp
 
-from s3_saver._store.filters import matches
+from s3_saver._ops.memory.filters import matches
 
 Candidate = tuple[Item, Sequence[Sequence[float]]]
 """An item that passed the namespace prefix, and its vectors (empty when it has none)."""

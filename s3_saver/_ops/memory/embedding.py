@@ -31,7 +31,7 @@ from typing import Any
 
 from langgraph.store.base import get_text_at_path, tokenize_path
 
-from s3_saver._store.names import show
+from s3_saver._format.memory.names import show
 from s3_saver.errors import ConfigurationError, EmbeddingError
 
 Fields = list[tuple[str, Any]]

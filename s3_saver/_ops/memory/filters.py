@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from s3_saver._store.names import show
+from s3_saver._format.memory.names import show
 from s3_saver.errors import InvalidFilterError
 
 OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})

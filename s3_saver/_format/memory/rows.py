@@ -39,8 +39,8 @@ from typing import Any
 import ormsgpack
 from langgraph.store.base import Item
 
-from s3_saver._store.names import show
-from s3_saver._store.ttl import is_expired, to_datetime
+from s3_saver._format.memory.names import show
+from s3_saver._format.memory.ttl import is_expired, to_datetime
 from s3_saver.errors import CorruptObjectError, EmbeddingError, SerializationError
 
 TOMBSTONE = 1

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from langgraph.store.base import NotProvided, TTLConfig
 
-from s3_saver._store.names import show
+from s3_saver._format.memory.names import show
 from s3_saver.errors import ConfigurationError
 
 US_PER_MINUTE = 60_000_000

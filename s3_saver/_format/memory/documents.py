@@ -1,0 +1,154 @@
+"""The memory store's documents in manifest mode, and their keys.
+
+Layout (under the store's ``prefix``, in the ``memory/`` folder)::
+
+    memory/n/<node id>/@head     a namespace's head: its rows (replaced only by compare-and-swap)
+    memory/@reg/head             the namespace registry: every namespace that holds (or held) an
+                                 item, sorted by path (replaced only by compare-and-swap)
+
+Every name the store writes starts with ``@``, which ``encode`` never produces; node
+folders are 64 hex digits (``names.node_id``). So a key parses as the store's only if
+it is exactly one of these shapes (``is_memory_key``), and a saver's parsers never
+take one for a thread's (``memory`` is not one of their folders).
+
+A head stores its namespace; every read compares it with the namespace asked for (a
+node id is a hash: a collision, or a head copied under another id, is a
+CorruptObjectError naming both, never another namespace's items). The registry holds
+each namespace's registration number (``created``): search visits namespaces in that
+order, which is the order of their first put (InMemoryStore's).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from s3_saver._format.codec import pack, unpack
+from s3_saver._format.key_codec import MEMORY_PREFIX
+from s3_saver._format.memory.names import registry_key, show
+from s3_saver._format.memory.rows import Row, row_from_wire, row_to_wire
+from s3_saver.errors import CorruptObjectError
+
+HEAD_FORMAT = "s3_saver.memory-head/1"
+REGISTRY_FORMAT = "s3_saver.memory-registry/1"
+HEAD_NAME = "@head"
+REGISTRY_KEY = "@reg/head"
+_NODE = re.compile(r"n/[0-9a-f]{64}/" + re.escape(HEAD_NAME))
+
+
+def head_key(prefix: str, node: str) -> str:
+    """The key of the head of the namespace whose node id is ``node``."""
+    return f"{prefix}{MEMORY_PREFIX}n/{node}/{HEAD_NAME}"
+
+
+def registry_object_key(prefix: str) -> str:
+    return f"{prefix}{MEMORY_PREFIX}{REGISTRY_KEY}"
+
+
+def is_memory_key(prefix: str, key: str) -> bool:
+    """Whether ``key`` has exactly the shape of a key the store of ``prefix`` writes."""
+    root = prefix + MEMORY_PREFIX
+    if not key.startswith(root):
+        return False
+    rest = key[len(root) :]
+    return rest == REGISTRY_KEY or _NODE.fullmatch(rest) is not None
+
+
+# -- a namespace's head ------------------------------------------------------------------
+
+
+@dataclass
+class Head:
+    """A namespace's rows, by key (a delete removes its row: a head holds every row of
+    its namespace), and ``seq``, the number the next new item gets (items are ordered by
+    it: their first put's commit order)."""
+
+    path: tuple[str, ...]
+    seq: int = 0
+    rows: dict[str, Row] = field(default_factory=dict)
+
+
+def dumps_head(head: Head) -> bytes:
+    return pack(
+        {
+            "format": HEAD_FORMAT,
+            "path": list(head.path),
+            "seq": head.seq,
+            "rows": [row_to_wire(r) for r in head.rows.values()],
+        }
+    )
+
+
+def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
+    """The head of ``path`` from its stored bytes: CorruptObjectError naming ``where``
+    (bucket and key) and the namespace for anything else, a head of another namespace
+    included."""
+    at = f"{where} (namespace {show(path)})"
+    record = unpack(data, HEAD_FORMAT, at)
+    stored, seq, wire = record.get("path"), record.get("seq"), record.get("rows")
+    if not isinstance(stored, list) or tuple(stored) != path:
+        found = tuple(stored) if isinstance(stored, list) else stored
+        raise CorruptObjectError(f"{at}: the head is namespace {show(found)}'s, not the one asked for")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(wire, list):
+        raise CorruptObjectError(f"{at}: not a memory head (seq {show(seq)}, rows {type(wire).__name__})")
+    rows: dict[str, Row] = {}
+    for obj in wire:
+        row = row_from_wire(obj, at)
+        if row.key in rows or row.seq >= seq:
+            raise CorruptObjectError(f"{at}: key {show(row.key)} twice, or numbered {row.seq} past the head's {seq}")
+        rows[row.key] = row
+    return Head(path, seq, rows)
+
+
+# -- the namespace registry --------------------------------------------------------------
+
+
+@dataclass
+class Registry:
+    """Every registered namespace and its registration number, sorted by path (Python's
+    tuple order, which is the order of their registry keys); ``seq`` the next number."""
+
+    seq: int = 0
+    created: dict[tuple[str, ...], int] = field(default_factory=dict)
+
+    def paths(self) -> list[tuple[str, ...]]:
+        return sorted(self.created)
+
+    def register(self, paths: list[tuple[str, ...]]) -> bool:
+        """Add the paths not registered yet, numbered in the order given; False: none was new."""
+        new = [p for p in paths if p not in self.created]
+        for path in new:
+            self.created[path] = self.seq
+            self.seq += 1
+        return bool(new)
+
+
+def dumps_registry(registry: Registry) -> bytes:
+    entries = sorted(registry.created.items(), key=lambda e: registry_key(e[0]))
+    return pack({"format": REGISTRY_FORMAT, "seq": registry.seq, "entries": [[list(p), n] for p, n in entries]})
+
+
+def loads_registry(data: bytes, where: str) -> Registry:
+    record = unpack(data, REGISTRY_FORMAT, where)
+    seq, entries = record.get("seq"), record.get("entries")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(entries, list):
+        raise CorruptObjectError(f"{where}: not a namespace registry")
+    created: dict[tuple[str, ...], int] = {}
+    for entry in entries:
+        if not (_is_entry(entry) and entry[1] < seq and tuple(entry[0]) not in created):
+            raise CorruptObjectError(f"{where}: not a registry entry: {show(entry, 120)}")
+        created[tuple(entry[0])] = entry[1]
+    return Registry(seq, created)
+
+
+def _is_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, list)
+        and len(entry) == 2
+        and isinstance(entry[0], list)
+        and all(isinstance(label, str) and label for label in entry[0])
+        and isinstance(entry[1], int)
+        and not isinstance(entry[1], bool)
+        and entry[1] >= 0
+    )

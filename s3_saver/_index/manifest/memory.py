@@ -1,0 +1,255 @@
+"""The memory store's index in the bucket (manifest mode, no database).
+
+Per namespace one head, ``memory/n/<node id>/@head``, holding every row of the
+namespace; one registry, ``memory/@reg/head``, holding every registered namespace.
+Both are replaced only by compare-and-swap (``IfMatch`` the ETag read, ``IfNoneMatch:
+*`` to create), so a change is always applied to what is stored: two writers of one
+namespace never lose an update (the loser of a swap reads again and re-applies its
+changes), and a row is never torn (it lives in one document).
+
+Costs (one process, a head it knows): a get or a search of a namespace with no
+sub-namespaces is 1 GET of its head, beside 1 GET of the registry for a search
+(one round trip); a put or delete 1 PUT (the cached ETag stands in for a read),
+2 requests from a process that has not read the head; the first put into a new
+namespace adds the registry's swap before the head's (GET + PUT from a cold process).
+
+Caches (the store's budget): heads and the registry as last read or written, with
+their ETags. Each is a guess that the swap's condition checks: a stale one costs a
+412 and a read, never another answer. Reads never answer from them.
+
+Not built yet (the design's phase 1b): sealing rows into immutable segments (a head
+holds all of its namespace's rows: it grows with the namespace), large values in their
+own objects, conditional GETs (304) of unchanged heads, group commit of one process's
+concurrent swaps of one head, and the removal of registrations (sweep, erase).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from s3_saver._format.memory.documents import (
+    Head,
+    Registry,
+    dumps_head,
+    dumps_registry,
+    head_key,
+    loads_head,
+    loads_registry,
+    registry_object_key,
+)
+from s3_saver._format.memory.names import node_id, show
+from s3_saver._format.memory.rows import ObjectRef, ValueCell, VectorsCell, put_row
+from s3_saver._format.memory.ttl import Clock, expires_at
+from s3_saver._index.memory import Change, Path, Snapshot
+from s3_saver._transport.budget import Cache, CacheBudget
+from s3_saver._transport.failures import (
+    CONDITIONAL_CONFLICT_CODES,
+    OBJECT_MISSING,
+    PRECONDITION_FAILED_CODES,
+    classify,
+    error_code,
+)
+from s3_saver._transport.protocol import Backoff, Call, Op, gather, raise_failure
+from s3_saver._transport.s3 import S3Calls
+from s3_saver.errors import StoreUnavailableError
+
+_MAX_SWAPS = 20
+_BACKOFF_MAX = 0.5  # seconds
+_JITTER = random.SystemRandom()
+_REGISTRY = "registry"
+_ROW_BYTES = 256  # a decoded row's objects beside its bytes (an estimate, as the saver's ENTRY_BYTES)
+
+# (ETag, document) as last read or written; ETag None: the object did not exist.
+Known = tuple[str | None, Any]
+
+
+class ManifestMemory:
+    """``MemoryIndex`` on the bucket (see the module docstring)."""
+
+    def __init__(self, s3: S3Calls, prefix: str, budget: CacheBudget, clock: Clock) -> None:
+        self.s3 = s3
+        self.prefix = prefix
+        self.clock = clock
+        self._heads: Cache = budget.cache("mem-heads")
+        self._registry: Cache = budget.cache("mem-registry", entries=1)
+
+    def describe(self, path: Path) -> str:
+        return f"s3://{self.s3.bucket}/{head_key(self.prefix, node_id(path))}"
+
+    # -- reads -------------------------------------------------------------------------
+
+    def read(self, paths: Sequence[Path], registry: bool) -> Op[Snapshot]:
+        paths = list(dict.fromkeys(paths))
+        calls = tuple(self.s3.get(head_key(self.prefix, node_id(p))) for p in paths)
+        if registry:
+            calls += (self.s3.get(registry_object_key(self.prefix)),)
+        answers = yield calls
+        nodes = {p: self._head_answer(p, calls[i], answers[i])[1].rows for i, p in enumerate(paths)}
+        found = self._registry_answer(calls[-1], answers[-1])[1].created if registry else None
+        return Snapshot(nodes, found)
+
+    def read_nodes(self, paths: Sequence[Path]) -> Op[dict[Path, dict[str, Any]]]:
+        snapshot = yield from self.read(paths, registry=False)
+        return snapshot.nodes
+
+    def _head_answer(self, path: Path, call: Call, answer: Any) -> Known:
+        if isinstance(answer, BaseException):
+            if classify(answer, call.operation) != OBJECT_MISSING:
+                raise_failure(call, answer)
+            known: Known = (None, Head(path))
+        else:
+            known = (answer["ETag"], loads_head(answer["Body"], path, f"s3://{self.s3.bucket}/{call.params['Key']}"))
+        self._heads.put(node_id(path), known, _size(known))
+        return known
+
+    def _registry_answer(self, call: Call, answer: Any) -> Known:
+        if isinstance(answer, BaseException):
+            if classify(answer, call.operation) != OBJECT_MISSING:
+                raise_failure(call, answer)
+            known: Known = (None, Registry())
+        else:
+            known = (answer["ETag"], loads_registry(answer["Body"], f"s3://{self.s3.bucket}/{call.params['Key']}"))
+        self._registry.put(_REGISTRY, known, _size(known))
+        return known
+
+    # -- writes ------------------------------------------------------------------------
+
+    def commit(self, groups: dict[Path, list[Change]]) -> Op[None]:
+        if not groups:
+            return
+        # The heads this process does not know: read them first (one wave), to learn
+        # which namespaces are new (no head) and must be registered before their head.
+        unknown = [p for p in groups if self._heads.get(node_id(p)) is None]
+        if unknown:
+            yield from self.read_nodes(unknown)
+        new = [p for p, changes in groups.items() if _adds(changes) and self._heads.get(node_id(p))[0] is None]
+        if new:
+            # Listed before readable: the registry's swap lands before any head it lists.
+            yield from self._register(new)
+        yield from gather(*(self._swap(path, changes, path in unknown) for path, changes in groups.items()))
+
+    def _register(self, paths: list[Path]) -> Op[None]:
+        key = registry_object_key(self.prefix)
+        for attempt in range(1, _MAX_SWAPS + 1):
+            known = self._registry.get(_REGISTRY)
+            if known is None:
+                call = self.s3.get(key)
+                (answer,) = yield (call,)
+                known = self._registry_answer(call, answer)
+            etag, registry = known
+            changed = Registry(registry.seq, dict(registry.created))
+            if not changed.register(paths):
+                return  # registered already (by another process, or a commit cut after its registration)
+            call = self.s3.put_swap(key, dumps_registry(changed), etag)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                written: Known = (answer["ETag"], changed)
+                self._registry.put(_REGISTRY, written, _size(written))
+                return
+            yield from self._lost(call, answer, attempt, lambda: self._registry.pop(_REGISTRY))
+        raise StoreUnavailableError(
+            f"the namespace registry s3://{self.s3.bucket}/{key} kept changing under {_MAX_SWAPS} swaps registering "
+            f"{', '.join(show(p) for p in paths[:3])}: too many processes registering namespaces at once; try again"
+        )
+
+    def _swap(self, path: Path, changes: list[Change], confirmed: bool) -> Op[None]:
+        """``confirmed``: the cached head was read by this commit (not an older guess)."""
+        node = node_id(path)
+        key = head_key(self.prefix, node)
+        for attempt in range(1, _MAX_SWAPS + 1):
+            known = self._heads.get(node)
+            if known is None:
+                call = self.s3.get(key)
+                (answer,) = yield (call,)
+                known, confirmed = self._head_answer(path, call, answer), True
+            etag, head = known
+            changed = apply(head, changes, self.clock)
+            if changed is None:
+                if confirmed:
+                    return  # nothing to change, on the head as stored (a delete of an absent key)
+                # Nothing to change on a cached head: a guess, so read it and judge again.
+                self._heads.pop(node)
+                continue
+            call = self.s3.put_swap(key, dumps_head(changed), etag)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                written: Known = (answer["ETag"], changed)
+                self._heads.put(node, written, _size(written))
+                return
+            confirmed = False
+            yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
+        raise StoreUnavailableError(
+            f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps: too many "
+            "writers of one namespace at once; try again"
+        )
+
+    def _lost(self, call: Call, answer: BaseException, attempt: int, forget: Any) -> Op[None]:
+        """A swap refused: another writer got there first (412, or 409 for a race S3 saw):
+        forget the guess, pause briefly, read again. Any other failure is raised."""
+        if error_code(answer) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+            raise_failure(call, answer)
+        forget()
+        go_on = yield Backoff(_JITTER.uniform(0, min(_BACKOFF_MAX, 0.01 * 2**attempt)), attempt)
+        if go_on is False:
+            raise_failure(call, answer)
+
+
+def apply(head: Head, changes: list[Change], clock: Clock) -> Head | None:
+    """The head after ``changes`` (a new Head: the given one may be a cached copy), or
+    None when they change nothing. An overwrite keeps the live row's ``created_us`` and
+    ``seq``; a put over nothing (or an expired row) is a new item, numbered
+    ``head.seq``. Rows expired at the time of the write are dropped from it (readers
+    never return them)."""
+    rows = dict(head.rows)
+    seq = head.seq
+    changed = False
+    now = clock.now()
+    for change in changes:
+        old = rows.get(change.key)
+        if change.refresh is not None:
+            # Fenced on the expiry read: never revives a deleted item, never overrides a newer write's.
+            if old is not None and old.expires_us == change.refresh.seen_us:
+                rows[change.key] = old.with_expiry(change.refresh.expires_us)
+                changed = True
+            continue
+        if change.value is None:
+            changed |= rows.pop(change.key, None) is not None
+            continue
+        now = clock.now()
+        kept = old if old is not None and old.live(now) else None
+        rows[change.key] = put_row(
+            change.key,
+            kept=kept,
+            now=now,
+            seq=seq,
+            value=change.value,
+            vectors=change.vectors,
+            ttl_minutes=change.ttl_minutes,
+            expires_us=expires_at(now, change.ttl_minutes),
+        )
+        seq += kept is None
+        changed = True
+    if not changed:
+        return None
+    return Head(head.path, seq, {k: r for k, r in rows.items() if r.live(now)})
+
+
+def _adds(changes: list[Change]) -> bool:
+    return any(c.value is not None for c in changes)
+
+
+def _size(known: Known) -> int:
+    """Bytes charged to the budget: the stored bytes of the rows (values, vectors, keys)
+    and a fixed overhead per row and per registry entry."""
+    doc = known[1]
+    if isinstance(doc, Head):
+        return 256 + sum(_ROW_BYTES + len(r.key) + _cell(r.value) + _cell(r.vectors) for r in doc.rows.values())
+    return 256 + sum(_ROW_BYTES + sum(len(label) for label in p) for p in doc.created)
+
+
+def _cell(cell: Any) -> int:
+    if isinstance(cell, (ValueCell, ObjectRef)):
+        return cell.size
+    return len(cell.raw) if isinstance(cell, VectorsCell) else 0

@@ -1,0 +1,73 @@
+"""The memory store's index interface (``S3Store``), and its terms.
+
+Each method is a generator of calls returning parsed terms, as the thread index's are
+(``_index/base``); the store's operations (``_ops/memory``) are written once against
+it, and each index mode implements it: the manifest mode (``_index/manifest/memory``:
+a head per namespace and a registry, in the bucket) and, next, the DynamoDB mode (items
+in the table, design decision D1).
+
+Invariants every backend keeps:
+
+- a namespace is registered (listed, and found by a search of its prefixes) before any
+  of its items is readable: the registry write comes first, the items last;
+- a change of one namespace is applied to what is stored now, never to a stale copy
+  (compare-and-swap, or a conditional write), so concurrent writers of one key leave
+  the last committed value whole, and ``created_at`` the first's;
+- a refresh moves an item's expiry only if the expiry is still the one read (it never
+  revives a deleted item, nor shortens an expiry a newer write gave);
+- what a read returns is checked to be the namespace asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from s3_saver._format.memory.rows import Row, ValueCell, VectorsCell
+from s3_saver._format.memory.ttl import Refresh
+from s3_saver._transport.protocol import Op
+
+Path = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change of one key of a namespace: a put (``value`` set), a delete (neither
+    ``value`` nor ``refresh``), or a refresh of its expiry (``refresh``)."""
+
+    key: str
+    value: ValueCell | None = None
+    vectors: VectorsCell | None = None
+    ttl_minutes: float | None = None
+    refresh: Refresh | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a read found: each namespace's rows by key, as stored (expired rows
+    included: the caller judges them at its own ``now``), and the registry (each
+    registered namespace and its registration number) when it was asked for."""
+
+    nodes: dict[Path, dict[str, Row]]
+    registry: dict[Path, int] | None
+
+
+class MemoryIndex(Protocol):
+    def describe(self, path: Path) -> str:
+        """Where a namespace's items live (bucket and key, or table and partition): for messages."""
+        ...
+
+    def read(self, paths: Sequence[Path], registry: bool) -> Op[Snapshot]:
+        """The rows of ``paths`` and, when ``registry``, the registry: one round trip."""
+        ...
+
+    def read_nodes(self, paths: Sequence[Path]) -> Op[dict[Path, dict[str, Row]]]:
+        """The rows of ``paths``: one round trip."""
+        ...
+
+    def commit(self, groups: dict[Path, list[Change]]) -> Op[None]:
+        """Apply each namespace's changes, in order (the last change of a key wins),
+        registering first the namespaces that receive an item and are not registered
+        (in the order of ``groups``). Namespaces are committed side by side."""
+        ...

@@ -1,0 +1,52 @@
+"""The memory store's site: the same builder as the saver's (``make_site``), so a store
+and a saver on one bucket and prefix reach it alike (clients, the prefix's index-mode
+check, the cache budget), plus the memory index of the site's mode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.config import Config
+
+from s3_saver._format.keys import KeyLayout
+from s3_saver._format.memory.ttl import Clock
+from s3_saver._index.manifest.memory import ManifestMemory
+from s3_saver._ops.context import Context
+from s3_saver._regions.sites import Site, make_site
+from s3_saver._transport.budget import CacheBudget
+from s3_saver._transport.protocol import PRIMARY
+
+
+def memory_site(
+    bucket: str,
+    *,
+    prefix: str,
+    region_name: str | None,
+    endpoints: dict[str, str | None],
+    given: dict[str, Any],
+    boto3_session: Any,
+    aioboto3_session: Any,
+    client_config: Config | None,
+    max_concurrency: int,
+    serde: Any,
+    budget: CacheBudget,
+    clock: Clock,
+) -> tuple[Site, Context, ManifestMemory]:
+    """The primary site of a store in manifest mode (its index in the bucket), its
+    context (for setup and checks) and its memory index."""
+    site, ctx = make_site(
+        PRIMARY,
+        bucket,
+        None,
+        region_name=region_name,
+        endpoints=endpoints,
+        given=given,
+        boto3_session=boto3_session,
+        aioboto3_session=aioboto3_session,
+        client_config=client_config,
+        max_concurrency=max_concurrency,
+        layout=KeyLayout(prefix),
+        storage_class=None,
+        settings={"serde": serde, "inline_threshold": 0, "list_deltas": False, "ttl_seconds": None, "budget": budget},
+    )
+    return site, ctx, ManifestMemory(ctx.s3, ctx.layout.prefix, ctx.budget, clock)

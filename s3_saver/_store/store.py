@@ -1,0 +1,194 @@
+"""S3Store: LangGraph's ``BaseStore`` (long-term memory) on S3.
+
+A facade: ``batch``/``abatch`` check and shape the ops (``prepare``: nothing is sent
+when an op is refused), run the embedder (the user's code: ``embed_documents`` and
+``embed_query`` on the sync path, their ``a*`` forms on the async one), then run one
+operation (``_ops/memory/batch``) on the sync or the async driver. The convenience
+methods (``get``, ``put``, ``search``, ``list_namespaces``... and their ``a*`` forms)
+are BaseStore's, over ``batch``/``abatch``.
+
+So far the manifest index mode only (the bucket alone, no database); see
+``_index/manifest/memory`` for what it costs and what it does not do yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import Any
+
+from botocore.config import Config
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.store.base import (
+    BaseStore,
+    IndexConfig,
+    Op,
+    Result,
+    TTLConfig,
+    ensure_embeddings,
+)
+
+from s3_saver._format.memory import rows
+from s3_saver._format.memory import ttl as ttl_core
+from s3_saver._ops import setup
+from s3_saver._ops.memory import embedding
+from s3_saver._ops.memory.batch import Memory, batch
+from s3_saver._ops.memory.prepare import Prepared, prepare, query_vectors
+from s3_saver._regions.memory import memory_site
+from s3_saver._transport.aio import AsyncDriver
+from s3_saver._transport.budget import CacheBudget, CacheStats, default_bytes
+from s3_saver._transport.protocol import RequestStats
+from s3_saver._transport.retry import RetryPolicy
+from s3_saver._transport.sync import SyncDriver
+from s3_saver.errors import ConfigurationError
+
+
+class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
+    """Long-term memory (LangGraph's ``BaseStore``) in an S3 bucket, with no database.
+
+    Items live in the bucket under ``<prefix>memory/``: per namespace one head holding
+    its items, replaced by compare-and-swap, and a registry of namespaces for
+    ``list_namespaces`` and prefix searches. A saver and a store may share a bucket
+    and a prefix (a prefix belongs to one index mode: both must use the bucket's).
+
+    Args:
+        bucket: S3 bucket name.
+        prefix: Key prefix inside the bucket (as the saver's).
+        region_name, endpoint_url, s3_endpoint_url, boto3_session, s3_client,
+            aioboto3_session, client_config, max_concurrency, retry: as for ``S3Saver``.
+        serde: Serializer of the values (``JsonPlusSerializer`` by default).
+        index: ``IndexConfig(dims, embed, fields)`` for semantic search: items are
+            embedded on put, vectors kept beside them, scored by exact cosine.
+        ttl: ``TTLConfig``: ``default_ttl`` (minutes), ``refresh_on_read``. An expired
+            item is never returned.
+        refresh_slack: A read refreshes an item's expiry only once less than
+            ``ttl x (1 - refresh_slack)`` remains (0: at every read).
+        vector_dtype: ``"float64"`` (scores equal InMemoryStore's) or ``"float32"``.
+        cache_bytes: The memory budget of the store's caches (as the saver's).
+        clock: The store's clock (tests inject one).
+    """
+
+    supports_ttl = True
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        prefix: str = "",
+        region_name: str | None = None,
+        endpoint_url: str | None = None,
+        s3_endpoint_url: str | None = None,
+        boto3_session: Any = None,
+        s3_client: Any = None,
+        aioboto3_session: Any = None,
+        client_config: Config | None = None,
+        serde: Any = None,
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+        refresh_slack: float = ttl_core.DEFAULT_REFRESH_SLACK,
+        vector_dtype: str = "float64",
+        max_concurrency: int = 16,
+        retry: RetryPolicy | None = None,
+        cache_bytes: int | None = None,
+        clock: ttl_core.Clock | None = None,
+    ) -> None:
+        if vector_dtype not in rows.DTYPES:
+            raise ConfigurationError(f"vector_dtype must be one of {sorted(rows.DTYPES)}, got {vector_dtype!r}")
+        self.bucket = bucket
+        self.ttl_config = ttl_core.check_ttl_config(ttl)
+        self.serde = serde if serde is not None else JsonPlusSerializer()
+        self.clock = clock or ttl_core.PROCESS_CLOCK
+        self.index_config = dict(index) if index else None  # as InMemoryStore's (LangGraph's tests read it)
+        self.embeddings = ensure_embeddings(index.get("embed")) if index else None
+        self._fields = embedding.tokenized_fields(index) if index else None
+        self._dims = embedding.check_dims(index) if index else 0
+        self.stats = RequestStats()
+        """Round trips and requests sent so far, by both drivers."""
+        site, self._ctx, index_backend = memory_site(
+            bucket,
+            prefix=prefix,
+            region_name=region_name,
+            endpoints={"s3": s3_endpoint_url or endpoint_url, "dynamodb": None},
+            given={"s3": s3_client, "dynamodb": None},
+            boto3_session=boto3_session,
+            aioboto3_session=aioboto3_session,
+            client_config=client_config,
+            max_concurrency=max_concurrency,
+            serde=self.serde,
+            budget=CacheBudget(cache_bytes if cache_bytes is not None else default_bytes()),
+            clock=self.clock,
+        )
+        self.region_name = region_name
+        self._site = site
+        self._memory = Memory(
+            index_backend, self.serde, self.clock, self.ttl_config, ttl_core.check_slack(refresh_slack), self._dims, vector_dtype
+        )
+        policy = retry if retry is not None else RetryPolicy()
+        marks = lambda _: site.mode
+        self._sync = SyncDriver(lambda service, _: site.clients.make_sync(service), self.stats, max_concurrency, policy, marks=marks)
+        self._async = AsyncDriver(lambda service, _: site.clients.make_async(service), self.stats, policy, marks=marks)
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.bucket!r}, index='manifest', prefix={self._ctx.layout.prefix!r})"
+
+    # -- BaseStore ---------------------------------------------------------------------
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        prepared = self._prepare(ops)
+        queries: dict[str, list[float]] = {}
+        vectors = None
+        if self.embeddings is not None:
+            if prepared.queries:
+                answers = [self.embeddings.embed_query(q) for q in prepared.queries]
+                queries = query_vectors(prepared.queries, answers, self._dims)
+            if prepared.texts.texts:
+                vectors = self._vectors(prepared, self.embeddings.embed_documents(prepared.texts.texts))
+        return self._sync.run(batch(self._memory, prepared, queries, vectors))
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        prepared = self._prepare(ops)
+        queries: dict[str, list[float]] = {}
+        vectors = None
+        if self.embeddings is not None:
+            if prepared.queries:
+                answers = await asyncio.gather(*(self.embeddings.aembed_query(q) for q in prepared.queries))
+                queries = query_vectors(prepared.queries, list(answers), self._dims)
+            if prepared.texts.texts:
+                vectors = self._vectors(prepared, await self.embeddings.aembed_documents(prepared.texts.texts))
+        return await self._async.run(batch(self._memory, prepared, queries, vectors))
+
+    def _prepare(self, ops: Iterable[Op]) -> Prepared:
+        return prepare(ops, serde=self.serde, fields=self._fields, ttl_config=self.ttl_config)
+
+    def _vectors(self, prepared: Prepared, answers: list[Any]) -> list[dict[str, list[float]]]:
+        return embedding.vectors_for_puts(prepared.texts, answers, self._dims, [(p.namespace, p.key) for p in prepared.puts])
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Create the bucket when missing, check that it honours conditional writes,
+        and record the prefix's index mode (as ``S3Saver.setup()`` in manifest mode)."""
+        self._sync.run(setup.setup(self._ctx, self.region_name))
+
+    async def asetup(self) -> None:
+        """Async version of ``setup()``."""
+        await self._async.run(setup.setup(self._ctx, self.region_name))
+
+    def cache_stats(self) -> CacheStats:
+        """What the store's caches hold now, within its budget (no request)."""
+        return self._ctx.budget.stats()
+
+    def close(self) -> None:
+        """Release the sync driver's thread pool and the boto3 clients the store created."""
+        self._sync.close(keep=self._site.given)
+
+    async def aclose(self) -> None:
+        """Close the async clients of the running event loop."""
+        await self._async.aclose()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
