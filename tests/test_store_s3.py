@@ -1,4 +1,4 @@
-"""S3Store on a real bucket (moto), manifest index mode: the differential harness
+"""S3Store on a real bucket (moto), in both index modes: the differential harness
 against InMemoryStore (random call sequences, the TTL model, LangGraph's store cases),
 request counts, concurrent writers, checked reads, bad input, and the store beside a
 saver: one prefix, one index mode, and a saver's gc and audit never touching memory.
@@ -13,7 +13,7 @@ from typing import Any
 
 import boto3
 import pytest
-from conftest import BUCKET, make_saver
+from conftest import BUCKET, TABLE, make_saver
 from helpers import grow_thread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -42,8 +42,9 @@ from s3_saver.errors import (
 _PREFIXES = itertools.count()
 
 
-def make_store(endpoint: str, prefix: str = "", **kwargs: Any) -> S3Store:
-    return S3Store(BUCKET, prefix=prefix, endpoint_url=endpoint, region_name="us-east-1", **kwargs)
+def make_store(endpoint: str, mode: str, prefix: str = "", **kwargs: Any) -> S3Store:
+    table = TABLE if mode == "dynamodb" else None
+    return S3Store(BUCKET, table=table, prefix=prefix, endpoint_url=endpoint, region_name="us-east-1", **kwargs)
 
 
 def s3(endpoint: str) -> Any:
@@ -56,41 +57,42 @@ def keys(endpoint: str, prefix: str = "") -> list[str]:
 
 
 @pytest.fixture
-def bucket(endpoint: str) -> str:
-    with make_store(endpoint) as store:
+def bucket(endpoint: str, index_mode: str) -> tuple[str, str]:
+    """The bucket (and in DynamoDB mode the table), set up: (endpoint, index mode)."""
+    with make_store(endpoint, index_mode) as store:
         store.setup()
-    return endpoint
+    return endpoint, index_mode
 
 
-def fresh(endpoint: str, **kwargs: Any) -> S3Store:
+def fresh(bucket: tuple[str, str], **kwargs: Any) -> S3Store:
     """A store on a prefix of its own: one per hypothesis example, on one bucket."""
-    return make_store(endpoint, f"run{next(_PREFIXES)}/", **kwargs)
+    return make_store(*bucket, f"run{next(_PREFIXES)}/", **kwargs)
 
 
 # -- the differential harness ------------------------------------------------------------
 
 _HARNESS = settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 
 
 @_HARNESS
 @given(calls=steps())
-def test_s3store_agrees_with_inmemory(bucket: str, calls: list[Any]) -> None:
+def test_s3store_agrees_with_inmemory(bucket: tuple[str, str], calls: list[Any]) -> None:
     with fresh(bucket, index=INDEX) as store:
         run_steps(calls, ReferenceStore(index=INDEX), store)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(calls=steps(max_size=15))
-def test_s3store_agrees_with_inmemory_async(bucket: str, calls: list[Any]) -> None:
+def test_s3store_agrees_with_inmemory_async(bucket: tuple[str, str], calls: list[Any]) -> None:
     with fresh(bucket, index=INDEX) as store:
         run_steps_async(calls, ReferenceStore(index=INDEX), store)
 
 
 @_HARNESS
 @given(calls=steps(ttl=True), refresh_on_read=st.booleans())
-def test_s3store_agrees_with_the_ttl_model(bucket: str, calls: list[Any], refresh_on_read: bool) -> None:
+def test_s3store_agrees_with_the_ttl_model(bucket: tuple[str, str], calls: list[Any], refresh_on_read: bool) -> None:
     time = FakeTime()
     config = {"default_ttl": 1, "refresh_on_read": refresh_on_read}
     with fresh(bucket, index=INDEX, ttl=config, clock=ttl.Clock(time), refresh_slack=0) as store:
@@ -100,7 +102,7 @@ def test_s3store_agrees_with_the_ttl_model(bucket: str, calls: list[Any], refres
 @pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(calls=steps(ttl=True, max_size=60), with_index=st.booleans(), asynchronous=st.booleans())
-def test_s3store_agrees_with_inmemory_at_length(bucket: str, calls: list[Any], with_index: bool, asynchronous: bool) -> None:
+def test_s3store_agrees_with_inmemory_at_length(bucket: tuple[str, str], calls: list[Any], with_index: bool, asynchronous: bool) -> None:
     time = FakeTime()
     index = INDEX if with_index else None
     config = {"default_ttl": 2, "refresh_on_read": True}
@@ -110,7 +112,7 @@ def test_s3store_agrees_with_inmemory_at_length(bucket: str, calls: list[Any], w
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_langgraphs_store_cases_agree_on_s3store(bucket: str, name: str) -> None:
+def test_langgraphs_store_cases_agree_on_s3store(bucket: tuple[str, str], name: str) -> None:
     for run in (run_steps, run_steps_async):
         with fresh(bucket, index=LANGGRAPH_INDEX) as store:
             run(SCENARIOS[name], ReferenceStore(index=LANGGRAPH_INDEX), store)
@@ -125,41 +127,71 @@ def _counted(store: S3Store, call: Any) -> tuple[int, int]:
     return store.stats.total_requests, store.stats.round_trips
 
 
-def _opened(endpoint: str) -> S3Store:
+def _opened(bucket: tuple[str, str]) -> S3Store:
     """A store whose process has made its first call: that call's first round trip also
-    reads the prefix's index-mode marker (one more request, once per process)."""
-    store = make_store(endpoint)
-    assert _counted(store, lambda: store.get(("warm", "up"), "k")) == (2, 1)
+    carries the prefix's checks (its index-mode marker; in DynamoDB mode the table's
+    owner), once per process."""
+    store = make_store(*bucket)
+    store.get(("warm", "up"), "k")
     return store
 
 
-def test_requests_per_call(bucket: str) -> None:
-    """What each call sends (the numbers docs and the bench quote): a get 1 request; a
-    put 1 from a process that knows the head, 2 from one that does not; the first put
-    into a namespace adds the registry's swap (and its read, once per process); a search
-    of a namespace with no sub-namespaces 2 requests in 1 round trip (its head and the
-    registry); a list_namespaces page 1."""
+# (requests, round trips) per call, by index mode.
+REQUESTS = {
+    "manifest": {
+        "first put": (4, 4),  # GET head (none), GET + PUT registry, PUT head
+        "put": (1, 1),  # PUT head, IfMatch the ETag this process knows
+        "delete": (1, 1),
+        "get": (1, 1),
+        "search": (2, 1),  # GET head + GET registry, together
+        "list": (1, 1),
+        "new namespace": (3, 3),  # GET head (none), PUT registry (known), PUT head
+        "prefix search": (4, 2),  # GET head + registry, then the two heads under it
+        "cold put": (2, 2),  # GET head, PUT head
+        "cold delete of nothing": (1, 1),  # GET head: no such key, nothing written
+    },
+    "dynamodb": {
+        "first put": (2, 2),  # PutItem registry, UpdateItem
+        "put": (1, 1),
+        "delete": (1, 1),
+        "get": (1, 1),
+        "search": (2, 1),  # Query the namespace + Query the registry, together
+        "list": (1, 1),
+        "new namespace": (2, 2),
+        "prefix search": (4, 2),
+        "cold put": (2, 2),  # PutItem registry (there already), UpdateItem
+        "cold delete of nothing": (1, 1),  # DeleteItem
+    },
+}
+
+
+def test_requests_per_call(bucket: tuple[str, str]) -> None:
+    """What each call sends (the numbers docs and the bench quote): at most 2 requests
+    for a get, a put or a delete but a namespace's first put; a search of a namespace
+    with no sub-namespaces 2 requests in 1 round trip; a list_namespaces page 1."""
+    want = REQUESTS[bucket[1]]
     ns = ("users", "alice")
     with _opened(bucket) as store:
-        assert _counted(store, lambda: store.put(ns, "k0", {"text": "first"})) == (4, 4)  # GET head, GET+PUT registry, PUT head
-        assert _counted(store, lambda: store.put(ns, "k1", {"text": "warm"})) == (1, 1)
-        assert _counted(store, lambda: store.delete(ns, "k1")) == (1, 1)
-        assert _counted(store, lambda: store.get(ns, "k0")) == (1, 1)
-        assert _counted(store, lambda: store.search(ns, filter={"text": "first"})) == (2, 1)
-        assert _counted(store, lambda: store.list_namespaces()) == (1, 1)
-        assert _counted(store, lambda: store.put(("users", "bob"), "k", {"a": 1})) == (3, 3)  # the registry known: not read
-        # A prefix with sub-namespaces: its own head and the registry, then the heads under it.
-        assert _counted(store, lambda: store.search(("users",))) == (4, 2)
+        got = {
+            "first put": _counted(store, lambda: store.put(ns, "k0", {"text": "first"})),
+            "put": _counted(store, lambda: store.put(ns, "k1", {"text": "warm"})),
+            "delete": _counted(store, lambda: store.delete(ns, "k1")),
+            "get": _counted(store, lambda: store.get(ns, "k0")),
+            "search": _counted(store, lambda: store.search(ns, filter={"text": "first"})),
+            "list": _counted(store, lambda: store.list_namespaces()),
+            "new namespace": _counted(store, lambda: store.put(("users", "bob"), "k", {"a": 1})),
+            "prefix search": _counted(store, lambda: store.search(("users",))),
+        }
     with _opened(bucket) as cold:
-        assert _counted(cold, lambda: cold.put(ns, "k2", {"text": "cold"})) == (2, 2)
+        got["cold put"] = _counted(cold, lambda: cold.put(ns, "k2", {"text": "cold"}))
     with _opened(bucket) as cold:
-        # A delete of a key the head does not hold: the head read proves it; nothing written.
-        assert _counted(cold, lambda: cold.delete(ns, "absent")) == (1, 1)
+        got["cold delete of nothing"] = _counted(cold, lambda: cold.delete(ns, "absent"))
+    assert got == want
 
 
-def test_a_bad_op_anywhere_in_a_batch_sends_nothing(bucket: str) -> None:
-    with make_store(bucket) as store:
-        before = keys(bucket, "memory/")
+def test_a_bad_op_anywhere_in_a_batch_sends_nothing(bucket: tuple[str, str]) -> None:
+    with make_store(*bucket) as store:
+        before = _stored(bucket)
         store.stats.reset()
         with pytest.raises(InvalidNamespaceError):
             store.put(("a.b",), "k", {"v": 1})
@@ -169,18 +201,30 @@ def test_a_bad_op_anywhere_in_a_batch_sends_nothing(bucket: str) -> None:
             store.search(("a",), filter={"v": {"$regex": "x"}})
         with pytest.raises(SerializationError):
             store.put(("a",), "k", {"v": object()})  # the serializer refuses it
-        assert store.stats.total_requests == 0 and keys(bucket, "memory/") == before
+        assert store.stats.total_requests == 0 and _stored(bucket) == before
+
+
+def _stored(bucket: tuple[str, str]) -> list[Any]:
+    """Everything of the store's: its objects, and its table items (``#m`` partitions)."""
+    endpoint, mode = bucket
+    found: list[Any] = keys(endpoint, "memory/")
+    tables = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1").list_tables()["TableNames"]
+    if mode == "dynamodb" and TABLE in tables:
+        table = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+        items = table.scan(TableName=TABLE, ConsistentRead=True)["Items"]
+        found += sorted((i["pk"]["S"], i["sk"]["S"]) for i in items if "#m" in i["pk"]["S"])
+    return found
 
 
 # -- writers, and what a read checks ----------------------------------------------------
 
 
-def test_concurrent_writers_of_one_namespace_lose_no_item(bucket: str) -> None:
+def test_concurrent_writers_of_one_namespace_lose_no_item(bucket: tuple[str, str]) -> None:
     """Two stores (two processes) and two threads each put distinct keys into one
     namespace, and all overwrite one shared key: every item is there, and the shared
     key holds one of the written values, whole, with its first writer's created_at."""
     ns = ("team", "shared")
-    stores = [make_store(bucket), make_store(bucket)]
+    stores = [make_store(*bucket), make_store(*bucket)]
     stores[0].put(ns, "same", {"by": "setup", "n": -1})
     created = stores[0].get(ns, "same").created_at
 
@@ -194,7 +238,7 @@ def test_concurrent_writers_of_one_namespace_lose_no_item(bucket: str) -> None:
         t.start()
     for t in threads:
         t.join()
-    with make_store(bucket) as reader:
+    with make_store(*bucket) as reader:
         found = {i.key for i in reader.search(ns, limit=100)}
         assert found == {"same"} | {f"w{j}{k}-{i}" for j in range(2) for k in range(2) for i in range(12)}
         same = reader.get(ns, "same")
@@ -204,19 +248,29 @@ def test_concurrent_writers_of_one_namespace_lose_no_item(bucket: str) -> None:
         store.close()
 
 
-def test_a_head_of_another_namespace_is_refused_naming_both(bucket: str) -> None:
-    """Node ids are hashes: a head under another namespace's id (a collision, or a copy)
-    is a CorruptObjectError naming the bucket, the key and the namespace, never answered."""
-    with make_store(bucket) as store:
+def test_a_record_of_another_namespace_is_refused_naming_both(bucket: tuple[str, str]) -> None:
+    """Node ids are hashes: a head (manifest) or an item (DynamoDB) under another
+    namespace's id (a collision, or a copy) is a CorruptObjectError naming where it lies
+    and both namespaces, never answered."""
+    endpoint, mode = bucket
+    with make_store(*bucket) as store:
         store.put(("alice",), "k", {"secret": "alice's"})
         store.put(("bob",), "k", {"secret": "bob's"})
-        client = s3(bucket)
-        alice, bob = (store._memory.index.describe((n,)).split(f"s3://{BUCKET}/")[1] for n in ("alice", "bob"))
-        client.copy_object(Bucket=BUCKET, Key=bob, CopySource={"Bucket": BUCKET, "Key": alice})
+        index = store._memory.index
+        if mode == "manifest":
+            alice, bob = (index.describe((n,)).split(f"s3://{BUCKET}/")[1] for n in ("alice", "bob"))
+            s3(endpoint).copy_object(Bucket=BUCKET, Key=bob, CopySource={"Bucket": BUCKET, "Key": alice})
+            place = [BUCKET, bob]
+        else:
+            table = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+            pk = lambda n: index.describe((n,)).split("partition ")[1].strip("'")
+            item = table.get_item(TableName=TABLE, Key={"pk": {"S": pk("alice")}, "sk": {"S": "kk"}})["Item"]
+            table.put_item(TableName=TABLE, Item={**item, "pk": {"S": pk("bob")}})
+            place = [TABLE, pk("bob")]
         with pytest.raises(CorruptObjectError) as caught:
             store.get(("bob",), "k")
         message = str(caught.value)
-        assert BUCKET in message and bob in message and "('bob',)" in message and "('alice',)" in message
+        assert all(p in message for p in place) and "('bob',)" in message and "('alice',)" in message
 
 
 # -- beside a saver ----------------------------------------------------------------------
@@ -229,36 +283,34 @@ def test_a_prefix_may_not_hold_the_stores_folders() -> None:
     assert check_prefix("memories/") == "memories/"
 
 
-@pytest.mark.parametrize("index_mode", ["manifest", "dynamodb"])
 def test_a_savers_gc_and_audit_leave_memory_alone(endpoint: str, index_mode: str) -> None:
-    """A saver and a store on one bucket (the same prefix in manifest mode; in DynamoDB
-    mode the store has a prefix of its own, as a prefix belongs to one index mode): the
-    saver's audit finds no problem and its garbage collection, unindexed threads and no
-    grace period included, deletes nothing of the store's; the memory reads back whole."""
+    """A saver and a store on one bucket, table and prefix: the saver's audit finds no
+    problem and its garbage collection (unindexed threads included, no grace period)
+    deletes nothing of the store's; the memory reads back whole."""
     saver = make_saver(endpoint, index_mode)
     saver.setup()
-    store_prefix = "" if index_mode == "manifest" else "agent/"
-    with make_store(endpoint, store_prefix) as store:
+    with make_store(endpoint, index_mode) as store:
         grow_thread(saver, "t", 3)
         for user in ("alice", "bob"):
             store.put(("memories", user), "k", {"text": f"{user} likes tea"})
-        memory = keys(endpoint, f"{store_prefix}memory/")
-        assert len(memory) == 3  # two heads and the registry
+        memory = _stored((endpoint, index_mode))
+        assert len(memory) == (3 if index_mode == "manifest" else 4)  # two heads or items, and the registry
         report = saver.audit(older_than=timedelta(0))
         assert report.ok and not report.problems
         done = saver.collect_garbage(older_than=timedelta(0), include_unindexed=True)
         assert not [k for k in done.deleted if "memory/" in k]
-        assert keys(endpoint, f"{store_prefix}memory/") == memory
+        assert _stored((endpoint, index_mode)) == memory
         assert [i.value for i in store.search(("memories",))] == [{"text": "alice likes tea"}, {"text": "bob likes tea"}]
     saver.close()
 
 
-def test_a_store_of_the_bucket_index_is_refused_on_a_dynamodb_prefix(endpoint: str) -> None:
-    """The prefix's index-mode marker covers the store: on a prefix of a DynamoDB saver,
-    the manifest-mode store raises at its first call and writes nothing."""
-    saver = make_saver(endpoint, "dynamodb")
+def test_a_store_of_the_other_index_mode_is_refused(endpoint: str, index_mode: str) -> None:
+    """The prefix's index-mode marker covers the store: on a prefix of a saver of the
+    other mode, the store raises at its first call and writes nothing."""
+    saver = make_saver(endpoint, index_mode)
     saver.setup()
-    with make_store(endpoint) as store, pytest.raises(IndexModeMismatchError):
+    other = "manifest" if index_mode == "dynamodb" else "dynamodb"
+    with make_store(endpoint, other) as store, pytest.raises(IndexModeMismatchError):
         store.put(("memories", "alice"), "k", {"text": "tea"})
-    assert keys(endpoint, "memory/") == []
+    assert _stored((endpoint, other)) == []
     saver.close()

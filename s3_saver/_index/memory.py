@@ -3,8 +3,9 @@
 Each method is a generator of calls returning parsed terms, as the thread index's are
 (``_index/base``); the store's operations (``_ops/memory``) are written once against
 it, and each index mode implements it: the manifest mode (``_index/manifest/memory``:
-a head per namespace and a registry, in the bucket) and, next, the DynamoDB mode (items
-in the table, design decision D1).
+a head per namespace and a registry, in the bucket) and the DynamoDB mode
+(``_index/dynamodb/memory``: an item per memory item, and a registry partition, in the
+saver's table).
 
 Invariants every backend keeps:
 
@@ -20,7 +21,7 @@ Invariants every backend keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -58,12 +59,10 @@ class MemoryIndex(Protocol):
         """Where a namespace's items live (bucket and key, or table and partition): for messages."""
         ...
 
-    def read(self, paths: Sequence[Path], registry: bool) -> Op[Snapshot]:
-        """The rows of ``paths`` and, when ``registry``, the registry: one round trip."""
-        ...
-
-    def read_nodes(self, paths: Sequence[Path]) -> Op[dict[Path, dict[str, Row]]]:
-        """The rows of ``paths``: one round trip."""
+    def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: bool) -> Op[Snapshot]:
+        """Every row of the namespaces ``whole``, the rows of ``keys`` (a namespace's rows
+        may hold more than the keys asked for), and when ``registry`` the registry: one
+        round trip (and the further pages of what does not fit one)."""
         ...
 
     def commit(self, groups: dict[Path, list[Change]]) -> Op[None]:

@@ -1,6 +1,7 @@
 """The memory store's site: the same builder as the saver's (``make_site``), so a store
-and a saver on one bucket and prefix reach it alike (clients, the prefix's index-mode
-check, the cache budget), plus the memory index of the site's mode."""
+and a saver on one bucket, table and prefix reach them alike (clients, the prefix's
+index-mode check, the table's owner check, the cache budget), plus the memory index of
+the site's mode."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from botocore.config import Config
 
 from s3_saver._format.keys import KeyLayout
 from s3_saver._format.memory.ttl import Clock
+from s3_saver._index.dynamodb.memory import DynamoMemory
 from s3_saver._index.manifest.memory import ManifestMemory
+from s3_saver._index.memory import MemoryIndex
 from s3_saver._ops.context import Context
 from s3_saver._regions.sites import Site, make_site
 from s3_saver._transport.budget import CacheBudget
@@ -19,6 +22,7 @@ from s3_saver._transport.protocol import PRIMARY
 
 def memory_site(
     bucket: str,
+    table: str | None,
     *,
     prefix: str,
     region_name: str | None,
@@ -31,13 +35,13 @@ def memory_site(
     serde: Any,
     budget: CacheBudget,
     clock: Clock,
-) -> tuple[Site, Context, ManifestMemory]:
-    """The primary site of a store in manifest mode (its index in the bucket), its
-    context (for setup and checks) and its memory index."""
+) -> tuple[Site, Context, MemoryIndex]:
+    """The primary site of a store (``table`` None: the manifest mode, its index in the
+    bucket), its context (for setup and checks) and its memory index."""
     site, ctx = make_site(
         PRIMARY,
         bucket,
-        None,
+        table,
         region_name=region_name,
         endpoints=endpoints,
         given=given,
@@ -49,4 +53,6 @@ def memory_site(
         storage_class=None,
         settings={"serde": serde, "inline_threshold": 0, "list_deltas": False, "ttl_seconds": None, "budget": budget},
     )
+    if table:
+        return site, ctx, DynamoMemory(table, ctx.layout.prefix, site.where, ctx.budget, clock)
     return site, ctx, ManifestMemory(ctx.s3, ctx.layout.prefix, ctx.budget, clock)

@@ -7,8 +7,8 @@ operation (``_ops/memory/batch``) on the sync or the async driver. The convenien
 methods (``get``, ``put``, ``search``, ``list_namespaces``... and their ``a*`` forms)
 are BaseStore's, over ``batch``/``abatch``.
 
-So far the manifest index mode only (the bucket alone, no database); see
-``_index/manifest/memory`` for what it costs and what it does not do yet.
+Both index modes: the bucket alone (``_index/manifest/memory``) and the saver's table
+(``_index/dynamodb/memory``); each module says what it costs and what it does not do yet.
 """
 
 from __future__ import annotations
@@ -47,16 +47,20 @@ from s3_saver.errors import ConfigurationError
 class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
     """Long-term memory (LangGraph's ``BaseStore``) in an S3 bucket, with no database.
 
-    Items live in the bucket under ``<prefix>memory/``: per namespace one head holding
-    its items, replaced by compare-and-swap, and a registry of namespaces for
-    ``list_namespaces`` and prefix searches. A saver and a store may share a bucket
-    and a prefix (a prefix belongs to one index mode: both must use the bucket's).
+    With no ``table`` (manifest mode, no database), items live in the bucket under
+    ``<prefix>memory/``: per namespace one head holding its items, replaced by
+    compare-and-swap, and a registry of namespaces for ``list_namespaces`` and prefix
+    searches. With a ``table`` (the saver's DynamoDB table), each item is a table item
+    and the registry a partition of the table. A saver and a store may share a bucket,
+    a table and a prefix (a prefix belongs to one index mode: both must use the same).
 
     Args:
         bucket: S3 bucket name.
+        table: The DynamoDB table (the saver's); None: the manifest mode, no database.
         prefix: Key prefix inside the bucket (as the saver's).
-        region_name, endpoint_url, s3_endpoint_url, boto3_session, s3_client,
-            aioboto3_session, client_config, max_concurrency, retry: as for ``S3Saver``.
+        region_name, endpoint_url, s3_endpoint_url, dynamodb_endpoint_url, boto3_session,
+            s3_client, dynamodb_client, aioboto3_session, client_config, max_concurrency,
+            retry: as for ``S3Saver``.
         serde: Serializer of the values (``JsonPlusSerializer`` by default).
         index: ``IndexConfig(dims, embed, fields)`` for semantic search: items are
             embedded on put, vectors kept beside them, scored by exact cosine.
@@ -75,12 +79,15 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         self,
         bucket: str,
         *,
+        table: str | None = None,
         prefix: str = "",
         region_name: str | None = None,
         endpoint_url: str | None = None,
         s3_endpoint_url: str | None = None,
+        dynamodb_endpoint_url: str | None = None,
         boto3_session: Any = None,
         s3_client: Any = None,
+        dynamodb_client: Any = None,
         aioboto3_session: Any = None,
         client_config: Config | None = None,
         serde: Any = None,
@@ -105,12 +112,14 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         self._dims = embedding.check_dims(index) if index else 0
         self.stats = RequestStats()
         """Round trips and requests sent so far, by both drivers."""
+        self.table = table
         site, self._ctx, index_backend = memory_site(
             bucket,
+            table,
             prefix=prefix,
             region_name=region_name,
-            endpoints={"s3": s3_endpoint_url or endpoint_url, "dynamodb": None},
-            given={"s3": s3_client, "dynamodb": None},
+            endpoints={"s3": s3_endpoint_url or endpoint_url, "dynamodb": dynamodb_endpoint_url or endpoint_url},
+            given={"s3": s3_client, "dynamodb": dynamodb_client},
             boto3_session=boto3_session,
             aioboto3_session=aioboto3_session,
             client_config=client_config,
@@ -130,7 +139,8 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         self._async = AsyncDriver(lambda service, _: site.clients.make_async(service), self.stats, policy, marks=marks)
 
     def __repr__(self) -> str:
-        return f"S3Store({self.bucket!r}, index='manifest', prefix={self._ctx.layout.prefix!r})"
+        index = f"table={self.table!r}" if self.table is not None else "index='manifest'"
+        return f"S3Store({self.bucket!r}, {index}, prefix={self._ctx.layout.prefix!r})"
 
     # -- BaseStore ---------------------------------------------------------------------
 
@@ -167,8 +177,8 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
     # -- lifecycle ---------------------------------------------------------------------
 
     def setup(self) -> None:
-        """Create the bucket when missing, check that it honours conditional writes,
-        and record the prefix's index mode (as ``S3Saver.setup()`` in manifest mode)."""
+        """Create the bucket (and the table) when missing, check them, and record the
+        prefix's index mode (as ``S3Saver.setup()``)."""
         self._sync.run(setup.setup(self._ctx, self.region_name))
 
     async def asetup(self) -> None:

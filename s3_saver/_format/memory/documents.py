@@ -1,6 +1,6 @@
-"""The memory store's documents in manifest mode, and their keys.
+"""The memory store's documents and keys: manifest mode's objects, DynamoDB mode's partitions.
 
-Layout (under the store's ``prefix``, in the ``memory/`` folder)::
+Manifest mode (under the store's ``prefix``, in the ``memory/`` folder)::
 
     memory/n/<node id>/@head     a namespace's head: its rows (replaced only by compare-and-swap)
     memory/@reg/head             the namespace registry: every namespace that holds (or held) an
@@ -16,6 +16,15 @@ node id is a hash: a collision, or a head copied under another id, is a
 CorruptObjectError naming both, never another namespace's items). The registry holds
 each namespace's registration number (``created``): search visits namespaces in that
 order, which is the order of their first put (InMemoryStore's).
+
+DynamoDB mode (the saver's table; ``<P>`` the encoded prefix, as the saver's own
+partitions)::
+
+    pk <P>#m/<node id>   sk "k" + key      an item: its row's fields as attributes, and its namespace
+    pk <P>#mreg          sk registry key   a registered namespace: its path and registration time
+
+``encode`` never produces ``#``: no thread's partition is one of these, and the
+saver's scans skip them (``KeyLayout.thread_of``).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s3_saver._format.codec import pack, unpack
-from s3_saver._format.key_codec import MEMORY_PREFIX
+from s3_saver._format.key_codec import MEMORY_PREFIX, encode
 from s3_saver._format.memory.names import registry_key, show
 from s3_saver._format.memory.rows import Row, row_from_wire, row_to_wire
 from s3_saver.errors import CorruptObjectError
@@ -53,6 +62,19 @@ def is_memory_key(prefix: str, key: str) -> bool:
         return False
     rest = key[len(root) :]
     return rest == REGISTRY_KEY or _NODE.fullmatch(rest) is not None
+
+
+def item_partition(prefix: str, node: str) -> str:
+    """DynamoDB mode: the partition of a namespace's items."""
+    return f"{encode(prefix) if prefix else ''}#m/{node}"
+
+
+def registry_partition(prefix: str) -> str:
+    """DynamoDB mode: the partition of the namespace registry."""
+    return f"{encode(prefix) if prefix else ''}#mreg"
+
+
+ITEM_MARK = "k"  # an item's sort key is this mark and its key
 
 
 # -- a namespace's head ------------------------------------------------------------------

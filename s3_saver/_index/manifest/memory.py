@@ -26,7 +26,7 @@ concurrent swaps of one head, and the removal of registrations (sweep, erase).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from s3_saver._format.memory.documents import (
@@ -80,8 +80,9 @@ class ManifestMemory:
 
     # -- reads -------------------------------------------------------------------------
 
-    def read(self, paths: Sequence[Path], registry: bool) -> Op[Snapshot]:
-        paths = list(dict.fromkeys(paths))
+    def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: bool) -> Op[Snapshot]:
+        # A head holds every row of its namespace: a get reads it whole.
+        paths = list(dict.fromkeys([*whole, *keys]))
         calls = tuple(self.s3.get(head_key(self.prefix, node_id(p))) for p in paths)
         if registry:
             calls += (self.s3.get(registry_object_key(self.prefix)),)
@@ -90,9 +91,8 @@ class ManifestMemory:
         found = self._registry_answer(calls[-1], answers[-1])[1].created if registry else None
         return Snapshot(nodes, found)
 
-    def read_nodes(self, paths: Sequence[Path]) -> Op[dict[Path, dict[str, Any]]]:
-        snapshot = yield from self.read(paths, registry=False)
-        return snapshot.nodes
+    def _read_heads(self, paths: Sequence[Path]) -> Op[None]:
+        yield from self.read(paths, {}, registry=False)
 
     def _head_answer(self, path: Path, call: Call, answer: Any) -> Known:
         if isinstance(answer, BaseException):
@@ -123,7 +123,7 @@ class ManifestMemory:
         # which namespaces are new (no head) and must be registered before their head.
         unknown = [p for p in groups if self._heads.get(node_id(p)) is None]
         if unknown:
-            yield from self.read_nodes(unknown)
+            yield from self._read_heads(unknown)
         new = [p for p, changes in groups.items() if _adds(changes) and self._heads.get(node_id(p))[0] is None]
         if new:
             # Listed before readable: the registry's swap lands before any head it lists.

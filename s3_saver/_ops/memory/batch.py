@@ -65,18 +65,21 @@ def batch(
     searches = [prepared.ops[i] for i in prepared.searches]
     prefixes = [op.namespace_prefix for op in searches if isinstance(op, SearchOp)]
     registry_needed = bool(prefixes or prepared.listings)
-    snapshot = None
     nodes: dict[Path, dict[str, rows.Row]] = {}
     registered: dict[Path, int] = {}
     if get_groups or registry_needed:
-        # A searched prefix is often a namespace with no sub-namespaces: its head goes
+        # A searched prefix is often a namespace with no sub-namespaces: its rows are read
         # in the first wave, beside the registry, so such a search is one round trip.
-        snapshot = yield from mem.index.read([*get_groups, *(p for p in prefixes if p)], registry_needed)
+        wanted = {ns: [_key(prepared.ops[i]) for i in positions] for ns, positions in get_groups.items()}
+        snapshot = yield from mem.index.read([p for p in prefixes if p], wanted, registry_needed)
         nodes = dict(snapshot.nodes)
         registered = snapshot.registry or {}
-    under = [p for p in registered if p not in nodes and any(p[: len(q)] == q for q in prefixes)]
+    # The namespaces under a searched prefix, read whole unless they were (a get reads
+    # only its keys in DynamoDB mode).
+    whole = {p for p in prefixes if p}
+    under = [p for p in registered if p not in whole and any(p[: len(q)] == q for q in prefixes)]
     if under:
-        nodes.update((yield from mem.index.read_nodes(under)))
+        nodes.update((yield from mem.index.read(under, {}, registry=False)).nodes)
     now = mem.clock.now()
     returned: list[tuple[Path, rows.Row, bool]] = []
 
@@ -120,6 +123,11 @@ def batch(
             changes.append(Change(put.key, put.value, packed, put.ttl_minutes))
     yield from mem.index.commit(groups)
     return results
+
+
+def _key(op: Any) -> str:
+    assert isinstance(op, GetOp)
+    return op.key
 
 
 def _item(mem: Memory, namespace: Path, row: rows.Row) -> Item:
