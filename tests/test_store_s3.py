@@ -31,12 +31,14 @@ from s3_saver._format.keys import check_prefix
 from s3_saver._format.memory import ttl
 from s3_saver._store.store import S3Store
 from s3_saver.errors import (
+    BucketNotFoundError,
     ConfigurationError,
     CorruptObjectError,
     IndexModeMismatchError,
     InvalidFilterError,
     NamespaceError,
     SerializationError,
+    TableNotFoundError,
 )
 
 _PREFIXES = itertools.count()
@@ -314,3 +316,23 @@ def test_a_store_of_the_other_index_mode_is_refused(endpoint: str, index_mode: s
         store.put(("memories", "alice"), "k", {"text": "tea"})
     assert _stored((endpoint, other)) == []
     saver.close()
+
+
+def test_errors_name_the_bucket_or_table_the_namespace_and_the_key(bucket: tuple[str, str]) -> None:
+    """A failed call names where (bucket or table, region) and what, in the user's words
+    (namespace and key), not only the hashed key it was sent to."""
+    endpoint, mode = bucket
+    with make_store(endpoint, mode) as store:
+        store.put(("memories", "alice"), "k", {"text": "tea"})
+        if mode == "manifest":
+            for key in keys(endpoint):
+                s3(endpoint).delete_object(Bucket=BUCKET, Key=key)
+            s3(endpoint).delete_bucket(Bucket=BUCKET)
+            place, error = f"bucket {BUCKET!r}", BucketNotFoundError
+        else:
+            boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1").delete_table(TableName=TABLE)
+            place, error = f"table {TABLE!r}", TableNotFoundError
+        with pytest.raises(error) as caught:
+            store.put(("memories", "alice"), "k2", {"text": "coffee"})
+        message = str(caught.value)
+        assert place in message and "namespace ('memories', 'alice')" in message and "key 'k2'" in message

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from s3_saver._transport.failures import translate
@@ -38,9 +38,18 @@ class Call:
     operation: str
     params: dict[str, Any]
     where: Where | None = field(default=None, compare=False, repr=False)
+    # What the call is about, in the user's words, where its key is a hash (the memory
+    # store's namespace and key): named in its errors before the key.
+    subject: str | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
-        """The operation and the key it touches, e.g. ``s3.get_object(live/t/...)``."""
+        """The operation and the key it touches, e.g. ``s3.get_object(live/t/...)``
+        (with a ``subject``: ``s3.get_object(namespace ('a',), key 'k': memory/n/...)``)."""
+        name = f"{self.service}.{self.operation}"
+        named = [part for part in (self.subject, self._target()) if part]
+        return f"{name}({': '.join(named)})" if named else name
+
+    def _target(self) -> str | None:
         params = self.params
         if self.service == "dynamodb":
             # The partition key names the thread (index keys are "pk"/"sk").
@@ -51,7 +60,12 @@ class Call:
             target = params.get("Key")
             if "CopySource" in params:
                 target = f"{params['CopySource']['Key']} -> {target}"
-        return f"{self.service}.{self.operation}({target})" if target else f"{self.service}.{self.operation}"
+        return target
+
+
+def about(call: Call, subject: str) -> Call:
+    """``call`` with a subject named in its errors (see ``Call.subject``)."""
+    return replace(call, subject=subject)
 
 
 PRIMARY = "primary"

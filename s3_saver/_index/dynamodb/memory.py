@@ -69,8 +69,9 @@ class DynamoMemory:
         # Registrations are never removed yet (no sweep, no erase): once known, known for good.
         self._known: Cache = budget.cache("mem-known", entries=_KNOWN_ENTRIES, fixed=True)
 
-    def _call(self, operation: str, params: dict[str, Any]) -> Call:
-        return Call("dynamodb", operation, {"TableName": self.table, **params}, self.where)
+    def _call(self, operation: str, params: dict[str, Any], subject: str) -> Call:
+        # The subject (namespace, key) is named in the call's errors: its pk is a hash.
+        return Call("dynamodb", operation, {"TableName": self.table, **params}, self.where, subject)
 
     def _pk(self, path: Path) -> str:
         return item_partition(self.prefix, node_id(path))
@@ -83,10 +84,10 @@ class DynamoMemory:
     def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: bool) -> Op[Snapshot]:
         whole = list(dict.fromkeys(whole))
         singles = [(p, k) for p, ks in keys.items() if p not in whole for k in dict.fromkeys(ks)]
-        ops: list[Op[Any]] = [self._query(self._pk(p)) for p in whole]
+        ops: list[Op[Any]] = [self._query(self._pk(p), f"namespace {show(p)}") for p in whole]
         ops += [request_one(self._get(p, k)) for p, k in singles]
         if registry:
-            ops.append(self._query(registry_partition(self.prefix)))
+            ops.append(self._query(registry_partition(self.prefix), "the namespace registry"))
         answers = yield from gather(*ops)
         nodes: dict[Path, dict[str, Row]] = {p: {} for p in [*whole, *keys]}
         for path, items in zip(whole, answers):
@@ -101,9 +102,10 @@ class DynamoMemory:
         return Snapshot(nodes, found)
 
     def _get(self, path: Path, key: str) -> Call:
-        return self._call("get_item", {"Key": _key(self._pk(path), ITEM_MARK + key), "ConsistentRead": True})
+        key_of = _key(self._pk(path), ITEM_MARK + key)
+        return self._call("get_item", {"Key": key_of, "ConsistentRead": True}, _subject(path, key))
 
-    def _query(self, pk: str) -> Op[list[dict[str, Any]]]:
+    def _query(self, pk: str, subject: str) -> Op[list[dict[str, Any]]]:
         items: list[dict[str, Any]] = []
         start: dict[str, Any] | None = None
         while True:
@@ -114,7 +116,7 @@ class DynamoMemory:
             }
             if start is not None:
                 params["ExclusiveStartKey"] = start
-            page = yield from request_one(self._call("query", params))
+            page = yield from request_one(self._call("query", params, subject))
             items += page["Items"]
             start = page.get("LastEvaluatedKey")
             if not start:
@@ -175,7 +177,7 @@ class DynamoMemory:
             "path": {"L": [{"S": label} for label in path]},
             "created": {"N": str(self.clock.now())},
         }
-        call = self._call("put_item", {"Item": item, "ConditionExpression": "attribute_not_exists(pk)"})
+        call = self._call("put_item", {"Item": item, "ConditionExpression": "attribute_not_exists(pk)"}, f"registry of namespace {show(path)}")
         answer = yield (call,)
         if isinstance(answer[0], BaseException) and error_code(answer[0]) not in CONDITION_FAILED_CODES:
             raise_failure(call, answer[0])
@@ -195,13 +197,14 @@ class DynamoMemory:
                     "ExpressionAttributeValues": {":moved": _n(moved), ":s": _n(epoch_seconds_up(moved)), ":seen": _n(seen)},
                     "ReturnValues": "UPDATED_NEW",
                 },
+                _subject(path, change.key),
             )
             (answer,) = yield (call,)
             if isinstance(answer, BaseException) and error_code(answer) not in CONDITION_FAILED_CODES:
                 raise_failure(call, answer)
             return
         if change.value is None:
-            yield from request_one(self._call("delete_item", {"Key": key}))
+            yield from request_one(self._call("delete_item", {"Key": key}, _subject(path, change.key)))
             return
         for _ in range(_MAX_TRIES):
             now = self.clock.now()
@@ -262,6 +265,7 @@ class DynamoMemory:
                 "ExpressionAttributeValues": {**{f":{n}": v for n, v in values.items()}, ":now": _n(now)},
                 "ReturnValues": "UPDATED_NEW",
             },
+            _subject(path, change.key),
         )
 
     def _create(self, path: Path, key: dict[str, Any], change: Change, now: int) -> Call:
@@ -274,7 +278,12 @@ class DynamoMemory:
                 "ConditionExpression": "attribute_not_exists(pk) OR exu <= :now",
                 "ExpressionAttributeValues": {":now": _n(now)},
             },
+            _subject(path, change.key),
         )
+
+
+def _subject(path: Path, key: str) -> str:
+    return f"namespace {show(path)}, key {show(key)}"
 
 
 def _key(pk: str, sk: str) -> dict[str, Any]:

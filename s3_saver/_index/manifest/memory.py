@@ -51,7 +51,7 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
-from s3_saver._transport.protocol import Backoff, Call, Op, gather, raise_failure
+from s3_saver._transport.protocol import Backoff, Call, Op, about, gather, raise_failure
 from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import StoreUnavailableError
 
@@ -83,9 +83,9 @@ class ManifestMemory:
     def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: bool) -> Op[Snapshot]:
         # A head holds every row of its namespace: a get reads it whole.
         paths = list(dict.fromkeys([*whole, *keys]))
-        calls = tuple(self.s3.get(head_key(self.prefix, node_id(p))) for p in paths)
+        calls = tuple(about(self.s3.get(head_key(self.prefix, node_id(p))), _namespace(p)) for p in paths)
         if registry:
-            calls += (self.s3.get(registry_object_key(self.prefix)),)
+            calls += (about(self.s3.get(registry_object_key(self.prefix)), _REGISTRY_SUBJECT),)
         answers = yield calls
         nodes = {p: self._head_answer(p, calls[i], answers[i])[1].rows for i, p in enumerate(paths)}
         found = self._registry_answer(calls[-1], answers[-1])[1].created if registry else None
@@ -135,14 +135,14 @@ class ManifestMemory:
         for attempt in range(1, _MAX_SWAPS + 1):
             known = self._registry.get(_REGISTRY)
             if known is None:
-                call = self.s3.get(key)
+                call = about(self.s3.get(key), _REGISTRY_SUBJECT)
                 (answer,) = yield (call,)
                 known = self._registry_answer(call, answer)
             etag, registry = known
             changed = Registry(registry.seq, dict(registry.created))
             if not changed.register(paths):
                 return  # registered already (by another process, or a commit cut after its registration)
-            call = self.s3.put_swap(key, dumps_registry(changed), etag)
+            call = about(self.s3.put_swap(key, dumps_registry(changed), etag), _REGISTRY_SUBJECT)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
                 written: Known = (answer["ETag"], changed)
@@ -158,10 +158,11 @@ class ManifestMemory:
         """``confirmed``: the cached head was read by this commit (not an older guess)."""
         node = node_id(path)
         key = head_key(self.prefix, node)
+        subject = _namespace(path, [c.key for c in changes])
         for attempt in range(1, _MAX_SWAPS + 1):
             known = self._heads.get(node)
             if known is None:
-                call = self.s3.get(key)
+                call = about(self.s3.get(key), subject)
                 (answer,) = yield (call,)
                 known, confirmed = self._head_answer(path, call, answer), True
             etag, head = known
@@ -172,7 +173,7 @@ class ManifestMemory:
                 # Nothing to change on a cached head: a guess, so read it and judge again.
                 self._heads.pop(node)
                 continue
-            call = self.s3.put_swap(key, dumps_head(changed), etag)
+            call = about(self.s3.put_swap(key, dumps_head(changed), etag), subject)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
                 written: Known = (answer["ETag"], changed)
@@ -234,6 +235,17 @@ def apply(head: Head, changes: list[Change], clock: Clock) -> Head | None:
     if not changed:
         return None
     return Head(head.path, seq, {k: r for k, r in rows.items() if r.live(now)})
+
+
+_REGISTRY_SUBJECT = "the namespace registry"
+
+
+def _namespace(path: Path, keys: Sequence[str] = ()) -> str:
+    """A call's subject: the namespace (and the keys) its hashed key stands for."""
+    text = f"namespace {show(path)}"
+    if len(keys) == 1:
+        return f"{text}, key {show(keys[0])}"
+    return f"{text}, keys {', '.join(show(k) for k in keys[:3])}{', ...' if len(keys) > 3 else ''}" if keys else text
 
 
 def _adds(changes: list[Change]) -> bool:
