@@ -7,6 +7,7 @@ saver: one prefix, one index mode, and a saver's gc and audit never touching mem
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 from datetime import timedelta
 from typing import Any
@@ -336,3 +337,31 @@ def test_errors_name_the_bucket_or_table_the_namespace_and_the_key(bucket: tuple
             store.put(("memories", "alice"), "k2", {"text": "coffee"})
         message = str(caught.value)
         assert place in message and "namespace ('memories', 'alice')" in message and "key 'k2'" in message
+
+
+def test_a_large_value_lives_in_its_own_object_until_replaced(bucket: tuple[str, str]) -> None:
+    """A value over the index's inline limit (64 KiB manifest, 16 KiB DynamoDB; a DynamoDB
+    item holds at most 400 KB) is an object of its own, written before its row; reads
+    fetch it (one more request); the write that replaces or deletes it deletes it."""
+    endpoint, mode = bucket
+    ns = ("docs", "big")
+    big = {"text": secrets.token_urlsafe(300_000), "tag": "big"}  # 400 KB that do not compress away
+    folder = lambda: [k for k in keys(endpoint, "memory/n/") if "/@v/" in k]  # noqa: E731
+    with _opened(bucket) as store:
+        store.put(ns, "small", {"text": "tiny", "tag": "small"})
+        assert _counted(store, lambda: store.put(ns, "doc", big)) == (2, 2)  # PUT the value, then the row
+        (first,) = folder()
+        assert _counted(store, lambda: store.get(ns, "doc")) == (2, 2)
+        assert store.get(ns, "doc").value == big
+        assert [i.key for i in store.search(ns, filter={"tag": "big"})] == ["doc"]
+        bigger = {**big, "text": secrets.token_urlsafe(400_000)}
+        store.put(ns, "doc", bigger)
+        (second,) = folder()
+        assert second != first and store.get(ns, "doc").value == bigger
+        store.put(ns, "doc", {"text": "now small"})
+        assert folder() == [] and store.get(ns, "doc").value == {"text": "now small"}
+        store.put(ns, "doc", big)
+        store.delete(ns, "doc")
+        assert folder() == [] and store.get(ns, "doc") is None
+    with _opened(bucket) as other:
+        assert [i.key for i in other.search(ns)] == ["small"]

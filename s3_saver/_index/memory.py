@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from s3_saver._format.memory.rows import Row, ValueCell, VectorsCell
+from s3_saver._format.memory.rows import ObjectRef, Row, ValueCell, VectorsCell
 from s3_saver._format.memory.ttl import Refresh
 from s3_saver._transport.protocol import Op
 
@@ -38,7 +38,7 @@ class Change:
     ``value`` nor ``refresh``), or a refresh of its expiry (``refresh``)."""
 
     key: str
-    value: ValueCell | None = None
+    value: ValueCell | ObjectRef | None = None
     vectors: VectorsCell | None = None
     ttl_minutes: float | None = None
     refresh: Refresh | None = None
@@ -55,6 +55,13 @@ class Snapshot:
 
 
 class MemoryIndex(Protocol):
+    inline_limit: int
+    """A value of more bytes (as packed) goes to an object of its own, written first."""
+
+    def value_key(self, path: Path, token: str) -> str:
+        """The S3 key of a value moved out of its row (both modes keep such values in the bucket)."""
+        ...
+
     def describe(self, path: Path) -> str:
         """Where a namespace's items live (bucket and key, or table and partition): for messages."""
         ...
@@ -65,8 +72,10 @@ class MemoryIndex(Protocol):
         round trip (and the further pages of what does not fit one)."""
         ...
 
-    def commit(self, groups: dict[Path, list[Change]]) -> Op[None]:
+    def commit(self, groups: dict[Path, list[Change]]) -> Op[list[str]]:
         """Apply each namespace's changes, in order (the last change of a key wins),
         registering first the namespaces that receive an item and are not registered
-        (in the order of ``groups``). Namespaces are committed side by side."""
+        (in the order of ``groups``). Namespaces are committed side by side. Returns the
+        keys of the value objects the commit released: named by the rows it replaced or
+        removed, as stored (delete only what you read)."""
         ...

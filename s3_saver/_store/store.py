@@ -131,7 +131,7 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         self.region_name = region_name
         self._site = site
         self._memory = Memory(
-            index_backend, self.serde, self.clock, self.ttl_config, ttl_core.check_slack(refresh_slack), self._dims, vector_dtype
+            index_backend, self._ctx.s3, self.serde, self.clock, self.ttl_config, ttl_core.check_slack(refresh_slack), self._dims, vector_dtype
         )
         policy = retry if retry is not None else RetryPolicy()
         marks = lambda _: site.mode

@@ -5,6 +5,8 @@ Manifest mode (under the store's ``prefix``, in the ``memory/`` folder)::
     memory/n/<node id>/@head     a namespace's head: its rows (replaced only by compare-and-swap)
     memory/@reg/head             the namespace registry: every namespace that holds (or held) an
                                  item, sorted by path (replaced only by compare-and-swap)
+    memory/n/<node id>/@v/<token>  a value too large to keep in its row (both modes): immutable,
+                                 written before the row that names it
 
 Every name the store writes starts with ``@``, which ``encode`` never produces; node
 folders are 64 hex digits (``names.node_id``). So a key parses as the store's only if
@@ -36,19 +38,48 @@ from typing import Any
 from s3_saver._format.codec import pack, unpack
 from s3_saver._format.key_codec import MEMORY_PREFIX, encode
 from s3_saver._format.memory.names import registry_key, show
-from s3_saver._format.memory.rows import Row, row_from_wire, row_to_wire
+from s3_saver._format.memory.rows import (
+    Row,
+    ValueCell,
+    row_from_wire,
+    row_to_wire,
+    value_from_wire,
+    value_to_wire,
+)
 from s3_saver.errors import CorruptObjectError
 
 HEAD_FORMAT = "s3_saver.memory-head/1"
+VALUE_FORMAT = "s3_saver.memory-value/1"
 REGISTRY_FORMAT = "s3_saver.memory-registry/1"
 HEAD_NAME = "@head"
 REGISTRY_KEY = "@reg/head"
-_NODE = re.compile(r"n/[0-9a-f]{64}/" + re.escape(HEAD_NAME))
+_NODE = re.compile(r"n/[0-9a-f]{64}/(?:" + re.escape(HEAD_NAME) + r"|@v/[0-9a-f]{32})")
 
 
 def head_key(prefix: str, node: str) -> str:
     """The key of the head of the namespace whose node id is ``node``."""
     return f"{prefix}{MEMORY_PREFIX}n/{node}/{HEAD_NAME}"
+
+
+def value_key(prefix: str, node: str, token: str) -> str:
+    """The key of a value moved out of its row (``rows.ObjectRef``'s token)."""
+    return f"{prefix}{MEMORY_PREFIX}n/{node}/@v/{token}"
+
+
+def dumps_value(cell: ValueCell, path: tuple[str, ...], key: str) -> bytes:
+    """A value's own object: the serializer's pair as the row keeps it, and whose it is."""
+    return pack({"format": VALUE_FORMAT, "path": list(path), "key": key, "value": value_to_wire(cell)})
+
+
+def loads_value(data: bytes, path: tuple[str, ...], key: str, where: str) -> ValueCell:
+    at = f"{where} (namespace {show(path)}, key {show(key)})"
+    record = unpack(data, VALUE_FORMAT, at)
+    if record.get("path") != list(path) or record.get("key") != key:
+        raise CorruptObjectError(f"{at}: the value is {show(record.get('path'))}'s key {show(record.get('key'))}'s")
+    cell = value_from_wire(record.get("value"), at)
+    if not isinstance(cell, ValueCell):
+        raise CorruptObjectError(f"{at}: a value object that names another")
+    return cell
 
 
 def registry_object_key(prefix: str) -> str:

@@ -22,9 +22,12 @@ into a namespace: the registration first), a search of a namespace with no
 sub-namespaces 2 requests in one round trip (a Query of its partition and one of the
 registry), a list_namespaces page 1 Query (per MB of registry).
 
+A value over ``INLINE_LIMIT`` bytes (packed) lives in an S3 object of its own
+(``memory/n/<node id>/@v/<token>``), written before the item that names it and deleted
+after the write that replaces it (the write returns the old value's reference).
+
 Not built yet: the registration's fresh/stale/cold paths and the removal of
-registrations (sweep, erase, with their retire-and-wait protocol), values over 16 KiB in
-the bucket, ``BatchGetItem`` for several keys, one transaction for a cold put.
+registrations (sweep, erase, with their retire-and-wait protocol), ``BatchGetItem`` for several keys, one transaction for a cold put.
 """
 
 from __future__ import annotations
@@ -38,11 +41,14 @@ from s3_saver._format.memory.documents import (
     ITEM_MARK,
     item_partition,
     registry_partition,
+    value_key,
 )
 from s3_saver._format.memory.names import node_id, registry_key, show
 from s3_saver._format.memory.rows import (
+    ObjectRef,
     Row,
     row_from_wire,
+    value_from_wire,
     value_to_wire,
     vectors_to_wire,
 )
@@ -53,6 +59,7 @@ from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
 from s3_saver._transport.protocol import Call, Op, gather, raise_failure, request_one
 from s3_saver.errors import CorruptObjectError, StoreUnavailableError, Where
 
+INLINE_LIMIT = 16 * 1024  # past ~8 KB an S3 PUT costs less than the item's write units
 _MAX_TRIES = 10
 _KNOWN_ENTRIES = 100_000  # namespaces this process registered or found registered
 _KNOWN_BYTES = 160
@@ -60,6 +67,8 @@ _KNOWN_BYTES = 160
 
 class DynamoMemory:
     """``MemoryIndex`` on the saver's table (see the module docstring)."""
+
+    inline_limit = INLINE_LIMIT
 
     def __init__(self, table: str, prefix: str, where: Where | None, budget: CacheBudget, clock: Clock) -> None:
         self.table = table
@@ -78,6 +87,9 @@ class DynamoMemory:
 
     def describe(self, path: Path) -> str:
         return f"DynamoDB table {self.table!r}, partition {self._pk(path)!r}"
+
+    def value_key(self, path: Path, token: str) -> str:
+        return value_key(self.prefix, node_id(path), token)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -162,14 +174,15 @@ class DynamoMemory:
 
     # -- writes ------------------------------------------------------------------------
 
-    def commit(self, groups: dict[Path, list[Change]]) -> Op[None]:
+    def commit(self, groups: dict[Path, list[Change]]) -> Op[list[str]]:
         new = [p for p, changes in groups.items() if any(c.value is not None for c in changes) and self._known.get(p) is None]
         if new:
             # Listed before readable: a namespace's registry item is written before its items.
             yield from gather(*(self._register(p) for p in new))
         # Each key appears once in a commit (``prepare`` keeps a key's last put; a refresh
         # is planned only for keys the batch does not write): every change goes in one wave.
-        yield from gather(*(self._change(path, c) for path, changes in groups.items() for c in changes))
+        released = yield from gather(*(self._change(path, c) for path, changes in groups.items() for c in changes))
+        return [key for keys in released for key in keys]
 
     def _register(self, path: Path) -> Op[None]:
         item = {
@@ -183,7 +196,9 @@ class DynamoMemory:
             raise_failure(call, answer[0])
         self._known.put(path, True, _KNOWN_BYTES)  # registered now, or before (by anyone)
 
-    def _change(self, path: Path, change: Change) -> Op[None]:
+    def _change(self, path: Path, change: Change) -> Op[list[str]]:
+        """Returns the value object the item's replaced value named (in the old
+        attributes the write itself returned: delete only what you read)."""
         key = _key(self._pk(path), ITEM_MARK + change.key)
         if change.refresh is not None:
             # Fenced on the expiry read: never revives a deleted item, never overrides a newer write's.
@@ -202,16 +217,17 @@ class DynamoMemory:
             (answer,) = yield (call,)
             if isinstance(answer, BaseException) and error_code(answer) not in CONDITION_FAILED_CODES:
                 raise_failure(call, answer)
-            return
+            return []
         if change.value is None:
-            yield from request_one(self._call("delete_item", {"Key": key}, _subject(path, change.key)))
-            return
+            params = {"Key": key, "ReturnValues": "ALL_OLD"}
+            answer = yield from request_one(self._call("delete_item", params, _subject(path, change.key)))
+            return self._released(path, answer, None)
         for _ in range(_MAX_TRIES):
             now = self.clock.now()
             call = self._overwrite(path, key, change, now)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
-                return
+                return self._released(path, answer, change.value)
             if error_code(answer) not in CONDITION_FAILED_CODES:
                 raise_failure(call, answer)
             # The key holds an expired item: replace it by a new one (created now), unless
@@ -219,13 +235,25 @@ class DynamoMemory:
             call = self._create(path, key, change, now)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
-                return
+                return self._released(path, answer, change.value)
             if error_code(answer) not in CONDITION_FAILED_CODES:
                 raise_failure(call, answer)
         raise StoreUnavailableError(
             f"put of key {show(change.key)} in namespace {show(path)} ({self.describe(path)}): the item kept expiring "
             "and coming back between the two writes; try again"
         )
+
+    def _released(self, path: Path, answer: dict[str, Any], value: Any) -> list[str]:
+        old = (answer.get("Attributes") or {}).get("v")
+        if old is None or "B" not in old:
+            return []
+        try:
+            cell = value_from_wire(ormsgpack.unpackb(old["B"]), self.describe(path))
+        except (CorruptObjectError, ormsgpack.MsgpackDecodeError, ValueError):
+            return []  # not one of ours to delete
+        if isinstance(cell, ObjectRef) and not (isinstance(value, ObjectRef) and value.token == cell.token):
+            return [self.value_key(path, cell.token)]
+        return []
 
     def _attributes(self, path: Path, change: Change, now: int) -> tuple[dict[str, Any], list[str]]:
         """The attributes a put sets, and those it removes (an overwrite with no expiry or
@@ -263,7 +291,8 @@ class DynamoMemory:
                 "ConditionExpression": "attribute_not_exists(#exu) OR #exu > :now",
                 "ExpressionAttributeNames": {**names, "#exu": "exu"},
                 "ExpressionAttributeValues": {**{f":{n}": v for n, v in values.items()}, ":now": _n(now)},
-                "ReturnValues": "UPDATED_NEW",
+                # The old value: a value object it named is deleted after (never one unread).
+                "ReturnValues": "UPDATED_OLD",
             },
             _subject(path, change.key),
         )
@@ -277,6 +306,7 @@ class DynamoMemory:
                 "Item": item,
                 "ConditionExpression": "attribute_not_exists(pk) OR exu <= :now",
                 "ExpressionAttributeValues": {":now": _n(now)},
+                "ReturnValues": "ALL_OLD",
             },
             _subject(path, change.key),
         )

@@ -17,9 +17,11 @@ Caches (the store's budget): heads and the registry as last read or written, wit
 their ETags. Each is a guess that the swap's condition checks: a stale one costs a
 412 and a read, never another answer. Reads never answer from them.
 
+A value over ``INLINE_LIMIT`` bytes (packed) lives in an object of its own, written
+before the head that names it and deleted after the swap that drops it.
+
 Not built yet (the design's phase 1b): sealing rows into immutable segments (a head
-holds all of its namespace's rows: it grows with the namespace), large values in their
-own objects, conditional GETs (304) of unchanged heads, group commit of one process's
+holds all of its namespace's rows: it grows with the namespace), conditional GETs (304) of unchanged heads, group commit of one process's
 concurrent swaps of one head, and the removal of registrations (sweep, erase).
 """
 
@@ -38,6 +40,7 @@ from s3_saver._format.memory.documents import (
     loads_head,
     loads_registry,
     registry_object_key,
+    value_key,
 )
 from s3_saver._format.memory.names import node_id, show
 from s3_saver._format.memory.rows import ObjectRef, ValueCell, VectorsCell, put_row
@@ -65,8 +68,13 @@ _ROW_BYTES = 256  # a decoded row's objects beside its bytes (an estimate, as th
 Known = tuple[str | None, Any]
 
 
+INLINE_LIMIT = 64 * 1024
+
+
 class ManifestMemory:
     """``MemoryIndex`` on the bucket (see the module docstring)."""
+
+    inline_limit = INLINE_LIMIT
 
     def __init__(self, s3: S3Calls, prefix: str, budget: CacheBudget, clock: Clock) -> None:
         self.s3 = s3
@@ -77,6 +85,9 @@ class ManifestMemory:
 
     def describe(self, path: Path) -> str:
         return f"s3://{self.s3.bucket}/{head_key(self.prefix, node_id(path))}"
+
+    def value_key(self, path: Path, token: str) -> str:
+        return value_key(self.prefix, node_id(path), token)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -116,9 +127,9 @@ class ManifestMemory:
 
     # -- writes ------------------------------------------------------------------------
 
-    def commit(self, groups: dict[Path, list[Change]]) -> Op[None]:
+    def commit(self, groups: dict[Path, list[Change]]) -> Op[list[str]]:
         if not groups:
-            return
+            return []
         # The heads this process does not know: read them first (one wave), to learn
         # which namespaces are new (no head) and must be registered before their head.
         unknown = [p for p in groups if self._heads.get(node_id(p)) is None]
@@ -128,7 +139,8 @@ class ManifestMemory:
         if new:
             # Listed before readable: the registry's swap lands before any head it lists.
             yield from self._register(new)
-        yield from gather(*(self._swap(path, changes, path in unknown) for path, changes in groups.items()))
+        released = yield from gather(*(self._swap(path, changes, path in unknown) for path, changes in groups.items()))
+        return [key for keys in released for key in keys]
 
     def _register(self, paths: list[Path]) -> Op[None]:
         key = registry_object_key(self.prefix)
@@ -154,8 +166,9 @@ class ManifestMemory:
             f"{', '.join(show(p) for p in paths[:3])}: too many processes registering namespaces at once; try again"
         )
 
-    def _swap(self, path: Path, changes: list[Change], confirmed: bool) -> Op[None]:
-        """``confirmed``: the cached head was read by this commit (not an older guess)."""
+    def _swap(self, path: Path, changes: list[Change], confirmed: bool) -> Op[list[str]]:
+        """``confirmed``: the cached head was read by this commit (not an older guess).
+        Returns the value objects the rows it replaced named."""
         node = node_id(path)
         key = head_key(self.prefix, node)
         subject = _namespace(path, [c.key for c in changes])
@@ -166,10 +179,10 @@ class ManifestMemory:
                 (answer,) = yield (call,)
                 known, confirmed = self._head_answer(path, call, answer), True
             etag, head = known
-            changed = apply(head, changes, self.clock)
+            changed, released = apply(head, changes, self.clock)
             if changed is None:
                 if confirmed:
-                    return  # nothing to change, on the head as stored (a delete of an absent key)
+                    return []  # nothing to change, on the head as stored (a delete of an absent key)
                 # Nothing to change on a cached head: a guess, so read it and judge again.
                 self._heads.pop(node)
                 continue
@@ -178,7 +191,8 @@ class ManifestMemory:
             if not isinstance(answer, BaseException):
                 written: Known = (answer["ETag"], changed)
                 self._heads.put(node, written, _size(written))
-                return
+                # Named by the head this swap replaced: no other row names them (tokens are fresh).
+                return [self.value_key(path, token) for token in released]
             confirmed = False
             yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
         raise StoreUnavailableError(
@@ -197,12 +211,12 @@ class ManifestMemory:
             raise_failure(call, answer)
 
 
-def apply(head: Head, changes: list[Change], clock: Clock) -> Head | None:
+def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None, list[str]]:
     """The head after ``changes`` (a new Head: the given one may be a cached copy), or
-    None when they change nothing. An overwrite keeps the live row's ``created_us`` and
-    ``seq``; a put over nothing (or an expired row) is a new item, numbered
-    ``head.seq``. Rows expired at the time of the write are dropped from it (readers
-    never return them)."""
+    None when they change nothing, and the tokens of the value objects of the rows it
+    replaces or drops. An overwrite keeps the live row's ``created_us`` and ``seq``; a
+    put over nothing (or an expired row) is a new item, numbered ``head.seq``. Rows
+    expired at the time of the write are dropped from it (readers never return them)."""
     rows = dict(head.rows)
     seq = head.seq
     changed = False
@@ -233,8 +247,11 @@ def apply(head: Head, changes: list[Change], clock: Clock) -> Head | None:
         seq += kept is None
         changed = True
     if not changed:
-        return None
-    return Head(head.path, seq, {k: r for k, r in rows.items() if r.live(now)})
+        return None, []
+    kept = {k: r for k, r in rows.items() if r.live(now)}
+    named = {r.value.token for r in kept.values() if isinstance(r.value, ObjectRef)}
+    released = [r.value.token for r in head.rows.values() if isinstance(r.value, ObjectRef) and r.value.token not in named]
+    return Head(head.path, seq, kept), released
 
 
 _REGISTRY_SUBJECT = "the namespace registry"
@@ -262,6 +279,6 @@ def _size(known: Known) -> int:
 
 
 def _cell(cell: Any) -> int:
-    if isinstance(cell, (ValueCell, ObjectRef)):
+    if isinstance(cell, ValueCell):
         return cell.size
     return len(cell.raw) if isinstance(cell, VectorsCell) else 0

@@ -9,9 +9,11 @@ the user's code, not an AWS call). As InMemoryStore:
    each searched prefix's own namespace and the registry in one round trip; then the
    namespaces under a searched prefix that the first wave did not read (none for a
    namespace with no sub-namespaces);
+   values kept in objects of their own are read in one more wave;
 2. then one commit of every change: the refreshes the reads found due, and the puts
    and deletes (deduplicated by ``prepare``: the last value of a key, at the place of
-   its first op), grouped by namespace;
+   its first op), grouped by namespace; values over the index's inline limit are
+   written to their own objects first, and the objects of replaced values deleted after;
 3. results in op order.
 
 Expired items are never returned (the store's clock, read once per batch for reads).
@@ -19,6 +21,7 @@ Expired items are never returned (the store's clock, read once per batch for rea
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,13 +35,21 @@ from langgraph.store.base import (
     TTLConfig,
 )
 
+from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory import rows
 from s3_saver._format.memory import ttl as ttl_core
+from s3_saver._format.memory.documents import dumps_value, loads_value
 from s3_saver._format.memory.names import show
 from s3_saver._index.memory import Change, MemoryIndex, Path
 from s3_saver._ops.memory import listing, rank
 from s3_saver._ops.memory.prepare import Prepared
-from s3_saver._transport.protocol import Op
+from s3_saver._transport.failures import OBJECT_MISSING, classify
+from s3_saver._transport.protocol import Op, raise_failure
+from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
+from s3_saver.errors import StoreUnavailableError
+
+log = logging.getLogger("s3_saver")
+_RESOLVE_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,7 @@ class Memory:
     """What the batch needs besides the ops: the index, the serializer and the store's settings."""
 
     index: MemoryIndex
+    s3: S3Calls
     serde: Any
     clock: ttl_core.Clock
     ttl_config: TTLConfig | None
@@ -81,6 +93,7 @@ def batch(
     if under:
         nodes.update((yield from mem.index.read(under, {}, registry=False)).nodes)
     now = mem.clock.now()
+    values = yield from _resolve(mem, nodes, _needed(prepared, nodes, registered, prefixes, now))
     returned: list[tuple[Path, rows.Row, bool]] = []
 
     for namespace, positions in get_groups.items():
@@ -90,7 +103,7 @@ def batch(
             assert isinstance(op, GetOp)
             row = found.get(op.key)
             if row is not None and row.live(now):
-                results[position] = _item(mem, namespace, row)
+                results[position] = _item(mem, namespace, row, values)
                 returned.append((namespace, row, ttl_core.read_refresh(op.refresh_ttl, mem.ttl_config)))
 
     order = sorted(registered, key=registered.__getitem__)
@@ -98,7 +111,7 @@ def batch(
         op = prepared.ops[position]
         assert isinstance(op, SearchOp)
         query = queries.get(op.query) if op.query else None
-        hits = rank.answer(op, _candidates(mem, nodes, order, op.namespace_prefix, now), query)
+        hits = rank.answer(op, _candidates(mem, nodes, values, order, op.namespace_prefix, now), query)
         results[position] = hits
         refresh = ttl_core.read_refresh(op.refresh_ttl, mem.ttl_config)
         returned += [(hit.namespace, nodes[hit.namespace][hit.key], refresh) for hit in hits]
@@ -121,8 +134,87 @@ def batch(
             if put.value is not None and vectors is not None:
                 packed = rows.pack_vectors(vectors[number], mem.dims, mem.dtype)
             changes.append(Change(put.key, put.value, packed, put.ttl_minutes))
-    yield from mem.index.commit(groups)
+    yield from _move_large_values(mem, groups)
+    released = yield from mem.index.commit(groups)
+    yield from _delete_released(mem, released)
     return results
+
+
+def _move_large_values(mem: Memory, groups: dict[Path, list[Change]]) -> Op[None]:
+    """Values over the index's inline limit go to objects of their own, written (one
+    wave, ``IfNoneMatch``) before the commit that names them: objects first, index last.
+    A commit that never lands leaves such an object unnamed (collected by gc, admin)."""
+    objects: dict[str, bytes] = {}
+    for path, changes in groups.items():
+        for i, change in enumerate(changes):
+            if isinstance(change.value, rows.ValueCell) and change.value.size > mem.index.inline_limit:
+                token = new_token()
+                objects[mem.index.value_key(path, token)] = dumps_value(change.value, path, change.key)
+                changes[i] = Change(change.key, rows.ObjectRef(token, change.value.size), change.vectors, change.ttl_minutes)
+    if objects:
+        yield from put_immutable(mem.s3, objects)
+
+
+def _delete_released(mem: Memory, released: list[str]) -> Op[None]:
+    """The value objects of the rows the commit replaced, after it landed. Best effort: the
+    batch's changes are committed; an object left here is unnamed (gc, admin)."""
+    for start in range(0, len(released), DELETE_BATCH):
+        call = mem.s3.delete_many(released[start : start + DELETE_BATCH])
+        (answer,) = yield (call,)
+        if isinstance(answer, BaseException) or answer.get("Errors"):
+            log.warning("%s: replaced values left behind (collected by gc): %s", call.describe(), answer)
+
+
+def _needed(
+    prepared: Prepared, nodes: dict[Path, dict[str, rows.Row]], registered: dict[Path, int], prefixes: list[Path], now: int
+) -> set[tuple[Path, str]]:
+    """The live rows whose value lives in an object and that an answer needs: a get's
+    row, and every row under a searched prefix (its filter reads the value)."""
+    needed: set[tuple[Path, str]] = set()
+    for position in prepared.gets:
+        op = prepared.ops[position]
+        assert isinstance(op, GetOp)
+        row = nodes.get(op.namespace, {}).get(op.key)
+        if row is not None and row.live(now) and isinstance(row.value, rows.ObjectRef):
+            needed.add((op.namespace, op.key))
+    for namespace in registered:
+        if any(namespace[: len(p)] == p for p in prefixes):
+            needed |= {(namespace, k) for k, r in nodes[namespace].items() if r.live(now) and isinstance(r.value, rows.ObjectRef)}
+    return needed
+
+
+def _resolve(
+    mem: Memory, nodes: dict[Path, dict[str, rows.Row]], needed: set[tuple[Path, str]]
+) -> Op[dict[tuple[Path, str], rows.ValueCell]]:
+    """The values of ``needed`` rows, from their objects (one wave). An object gone means
+    a writer replaced the row after it was read: read those namespaces again, and retry."""
+    found: dict[tuple[Path, str], rows.ValueCell] = {}
+    for _ in range(_RESOLVE_TRIES):
+        wanted = sorted(needed - set(found))
+        if not wanted:
+            return found
+        refs = [nodes[p][k].value for p, k in wanted]
+        calls = tuple(mem.s3.get(mem.index.value_key(p, ref.token)) for (p, _), ref in zip(wanted, refs))  # type: ignore[union-attr]
+        answers = yield calls
+        gone: set[Path] = set()
+        for (path, key), call, answer in zip(wanted, calls, answers):
+            if isinstance(answer, BaseException):
+                if classify(answer, call.operation) != OBJECT_MISSING:
+                    raise_failure(call, answer)
+                gone.add(path)
+                continue
+            found[(path, key)] = loads_value(answer["Body"], path, key, f"s3://{mem.s3.bucket}/{call.params['Key']}")
+        if gone:
+            again = yield from mem.index.read(sorted(gone), {}, registry=False)
+            for path in gone:
+                nodes[path] = again.nodes[path]
+                needed = {(p, k) for p, k in needed if p != path or (k in nodes[p] and isinstance(nodes[p][k].value, rows.ObjectRef))}
+    if needed - set(found):
+        raise StoreUnavailableError(
+            f"values of {', '.join(f'{show(p)} key {show(k)}' for p, k in sorted(needed - set(found))[:3])} kept being "
+            f"replaced while being read (s3://{mem.s3.bucket}); try again"
+        )
+    return found
 
 
 def _key(op: Any) -> str:
@@ -130,14 +222,19 @@ def _key(op: Any) -> str:
     return op.key
 
 
-def _item(mem: Memory, namespace: Path, row: rows.Row) -> Item:
-    assert isinstance(row.value, rows.ValueCell)  # values in their own objects: not built yet
+def _item(mem: Memory, namespace: Path, row: rows.Row, values: dict[tuple[Path, str], rows.ValueCell]) -> Item:
+    cell = row.value if isinstance(row.value, rows.ValueCell) else values[(namespace, row.key)]
     where = f"{mem.index.describe(namespace)}, namespace {show(namespace)}, key {show(row.key)}"
-    return rows.to_item(namespace, row, rows.unpack_value(mem.serde, row.value, where))
+    return rows.to_item(namespace, row, rows.unpack_value(mem.serde, cell, where))
 
 
 def _candidates(
-    mem: Memory, nodes: dict[Path, dict[str, rows.Row]], order: list[Path], prefix: Path, now: int
+    mem: Memory,
+    nodes: dict[Path, dict[str, rows.Row]],
+    values: dict[tuple[Path, str], rows.ValueCell],
+    order: list[Path],
+    prefix: Path,
+    now: int,
 ) -> Iterator[tuple[Item, list[list[float]]]]:
     """A search's candidates in InMemoryStore's order: namespaces by registration (their
     first put), items by ``seq`` (their first put), expired ones left out."""
@@ -146,4 +243,4 @@ def _candidates(
             continue
         for row in sorted((r for r in nodes[namespace].values() if r.live(now)), key=lambda r: r.seq):
             found = row.vectors.vectors() if isinstance(row.vectors, rows.VectorsCell) else []
-            yield _item(mem, namespace, row), found
+            yield _item(mem, namespace, row, values), found
