@@ -14,7 +14,7 @@ from typing import Any
 
 import boto3
 import pytest
-from conftest import BUCKET, TABLE, make_saver
+from conftest import BUCKET, TABLE, make_saver, seaweedfs_session
 from helpers import grow_thread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -365,3 +365,30 @@ def test_a_large_value_lives_in_its_own_object_until_replaced(bucket: tuple[str,
         assert folder() == [] and store.get(ns, "doc") is None
     with _opened(bucket) as other:
         assert [i.key for i in other.search(ns)] == ["small"]
+
+
+# -- another S3 implementation -------------------------------------------------------------
+
+
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(calls=steps(ttl=True), asynchronous=st.booleans())
+def test_s3store_agrees_with_inmemory_on_seaweedfs(seaweedfs_bucket: tuple[str, str], calls: list[Any], asynchronous: bool) -> None:
+    """The manifest mode on SeaweedFS (its own conditional writes, ETags and 404s)."""
+    endpoint, name = seaweedfs_bucket
+    time = FakeTime()
+    config = {"default_ttl": 1, "refresh_on_read": True}
+    store = S3Store(
+        name,
+        prefix=f"run{next(_PREFIXES)}/",
+        s3_endpoint_url=endpoint,
+        region_name="us-east-1",
+        boto3_session=seaweedfs_session(),
+        index=INDEX,
+        ttl=config,
+        clock=ttl.Clock(time),
+        refresh_slack=0,
+    )
+    with store:
+        reference = ReferenceStore(index=INDEX, ttl=config, time=time)
+        (run_steps_async if asynchronous else run_steps)(calls, reference, store, time=time)
