@@ -343,7 +343,7 @@ def test_a_large_value_lives_in_its_own_object_until_replaced(bucket: tuple[str,
     """A value over the index's inline limit (64 KiB manifest, 16 KiB DynamoDB; a DynamoDB
     item holds at most 400 KB) is an object of its own, written before its row; reads
     fetch it (one more request); the write that replaces or deletes it deletes it."""
-    endpoint, mode = bucket
+    endpoint = bucket[0]
     ns = ("docs", "big")
     big = {"text": secrets.token_urlsafe(300_000), "tag": "big"}  # 400 KB that do not compress away
     folder = lambda: [k for k in keys(endpoint, "memory/n/") if "/@v/" in k]  # noqa: E731
