@@ -40,6 +40,7 @@ from s3_saver.errors import (
     NamespaceError,
     SerializationError,
     TableNotFoundError,
+    TableOwnedError,
 )
 
 _PREFIXES = itertools.count()
@@ -392,3 +393,17 @@ def test_s3store_agrees_with_inmemory_on_seaweedfs(seaweedfs_bucket: tuple[str, 
     with store:
         reference = ReferenceStore(index=INDEX, ttl=config, time=time)
         (run_steps_async if asynchronous else run_steps)(calls, reference, store, time=time)
+
+
+def test_a_store_on_another_buckets_table_prefix_is_refused(endpoint: str) -> None:
+    """DynamoDB mode: a table's prefix belongs to one bucket (its owner record), for the
+    store as for the saver: a store of another bucket raises at its first call and
+    writes nothing into the table."""
+    saver = make_saver(endpoint, "dynamodb")
+    saver.setup()
+    s3(endpoint).create_bucket(Bucket="another")
+    store = S3Store("another", table=TABLE, endpoint_url=endpoint, region_name="us-east-1")
+    with store, pytest.raises(TableOwnedError):
+        store.put(("memories", "alice"), "k", {"text": "tea"})
+    assert _stored((endpoint, "dynamodb")) == []
+    saver.close()

@@ -134,9 +134,15 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
             index_backend, self._ctx.s3, self.serde, self.clock, self.ttl_config, ttl_core.check_slack(refresh_slack), self._dims, vector_dtype
         )
         policy = retry if retry is not None else RetryPolicy()
+        # Checked on the first wave to the site, as the saver's: the prefix's index mode,
+        # and (DynamoDB mode) that the table's prefix belongs to this bucket.
         marks = lambda _: site.mode
-        self._sync = SyncDriver(lambda service, _: site.clients.make_sync(service), self.stats, max_concurrency, policy, marks=marks)
-        self._async = AsyncDriver(lambda service, _: site.clients.make_async(service), self.stats, policy, marks=marks)
+        owners = lambda _: site.owner
+        self._sync = SyncDriver(
+            lambda service, _: site.clients.make_sync(service), self.stats, max_concurrency, policy, owners, marks
+        )
+        self._async = AsyncDriver(lambda service, _: site.clients.make_async(service), self.stats, policy, owners, marks)
+        self._owned = True  # the drivers and clients are this store's (not a saver's)
 
     def __repr__(self) -> str:
         index = f"table={self.table!r}" if self.table is not None else "index='manifest'"
