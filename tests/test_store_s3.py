@@ -6,11 +6,12 @@ saver: one prefix, one index mode, and a saver's gc and audit never touching mem
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 import threading
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 import boto3
 import pytest
@@ -18,7 +19,8 @@ from conftest import BUCKET, TABLE, make_saver, seaweedfs_session
 from helpers import grow_thread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from langgraph.store.base import InvalidNamespaceError, PutOp
+from langgraph.graph import END, START, StateGraph
+from langgraph.store.base import BaseStore, InvalidNamespaceError, PutOp
 from store_reference import (
     FakeTime,
     ReferenceStore,
@@ -407,3 +409,52 @@ def test_a_store_on_another_buckets_table_prefix_is_refused(endpoint: str) -> No
         store.put(("memories", "alice"), "k", {"text": "tea"})
     assert _stored((endpoint, "dynamodb")) == []
     saver.close()
+
+
+# -- from a saver, in a graph ----------------------------------------------------------------
+
+
+class _Turn(TypedDict):
+    user: str
+    said: str
+    known: list[str]
+
+
+def _remember(state: _Turn, *, store: BaseStore) -> dict[str, Any]:
+    ns = ("memories", state["user"])
+    store.put(ns, state["said"], {"text": state["said"]})
+    return {"known": sorted(i.value["text"] for i in store.search(ns))}
+
+
+async def _aremember(state: _Turn, *, store: BaseStore) -> dict[str, Any]:
+    ns = ("memories", state["user"])
+    await store.aput(ns, state["said"], {"text": state["said"]})
+    return {"known": sorted(i.value["text"] for i in await store.asearch(ns))}
+
+
+def _graph(node: Any, saver: Any, store: S3Store) -> Any:
+    builder = StateGraph(_Turn)
+    builder.add_node("remember", node)
+    builder.add_edge(START, "remember")
+    builder.add_edge("remember", END)
+    return builder.compile(checkpointer=saver, store=store)
+
+
+def test_a_store_from_a_saver_shares_its_checks_and_counts_and_a_graph_remembers_across_threads(saver: Any) -> None:
+    """``S3Store.from_saver(saver)``: the saver's bucket, table, prefix, clients and
+    request counts; the checks the saver's first call made are not made again (a new
+    namespace's first put costs what it costs a warm store). In a graph, two threads of
+    one user see each other's memories, sync and async; the store's close leaves the
+    saver working."""
+    store = S3Store.from_saver(saver)
+    mode = "dynamodb" if saver.table else "manifest"
+    assert _counted(store, lambda: store.put(("memories", "ann"), "first", {"text": "first"})) == REQUESTS[mode]["first put"]
+    graph = _graph(_remember, saver, store)
+    graph.invoke({"user": "ann", "said": "likes tea", "known": []}, {"configurable": {"thread_id": "t1"}})
+    state = graph.invoke({"user": "ann", "said": "lives in Oslo", "known": []}, {"configurable": {"thread_id": "t2"}})
+    assert state["known"] == ["first", "likes tea", "lives in Oslo"]
+    agraph = _graph(_aremember, saver, store)
+    state = asyncio.run(agraph.ainvoke({"user": "ann", "said": "async", "known": []}, {"configurable": {"thread_id": "t3"}}))
+    assert state["known"] == ["async", "first", "likes tea", "lives in Oslo"]
+    store.close()
+    assert saver.get_tuple({"configurable": {"thread_id": "t2"}}).checkpoint["channel_values"]["known"][-1] == "lives in Oslo"

@@ -18,6 +18,7 @@ from s3_saver._ops.context import Context
 from s3_saver._regions.sites import Site, make_site
 from s3_saver._transport.budget import CacheBudget
 from s3_saver._transport.protocol import PRIMARY
+from s3_saver.errors import Where
 
 
 def memory_site(
@@ -53,6 +54,11 @@ def memory_site(
         storage_class=None,
         settings={"serde": serde, "inline_threshold": 0, "list_deltas": False, "ttl_seconds": None, "budget": budget},
     )
+    return site, ctx, memory_index(ctx, site.where, table, clock)
+
+
+def memory_index(ctx: Context, where: Where, table: str | None, clock: Clock) -> MemoryIndex:
+    """The memory index of a site's mode, on its context (calls, prefix, cache budget)."""
     if table:
-        return site, ctx, DynamoMemory(table, ctx.layout.prefix, site.where, ctx.budget, clock)
-    return site, ctx, ManifestMemory(ctx.s3, ctx.layout.prefix, ctx.budget, clock)
+        return DynamoMemory(table, ctx.layout.prefix, where, ctx.budget, clock)
+    return ManifestMemory(ctx.s3, ctx.layout.prefix, ctx.budget, clock)

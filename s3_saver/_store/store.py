@@ -35,10 +35,10 @@ from s3_saver._ops import setup
 from s3_saver._ops.memory import embedding
 from s3_saver._ops.memory.batch import Memory, batch
 from s3_saver._ops.memory.prepare import Prepared, prepare, query_vectors
-from s3_saver._regions.memory import memory_site
+from s3_saver._regions.memory import memory_index, memory_site
 from s3_saver._transport.aio import AsyncDriver
 from s3_saver._transport.budget import CacheBudget, CacheStats, default_bytes
-from s3_saver._transport.protocol import RequestStats
+from s3_saver._transport.protocol import PRIMARY, RequestStats
 from s3_saver._transport.retry import RetryPolicy
 from s3_saver._transport.sync import SyncDriver
 from s3_saver.errors import ConfigurationError
@@ -100,16 +100,8 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         cache_bytes: int | None = None,
         clock: ttl_core.Clock | None = None,
     ) -> None:
-        if vector_dtype not in rows.DTYPES:
-            raise ConfigurationError(f"vector_dtype must be one of {sorted(rows.DTYPES)}, got {vector_dtype!r}")
+        self._settings(serde, index, ttl, vector_dtype, clock)
         self.bucket = bucket
-        self.ttl_config = ttl_core.check_ttl_config(ttl)
-        self.serde = serde if serde is not None else JsonPlusSerializer()
-        self.clock = clock or ttl_core.PROCESS_CLOCK
-        self.index_config = dict(index) if index else None  # as InMemoryStore's (LangGraph's tests read it)
-        self.embeddings = ensure_embeddings(index.get("embed")) if index else None
-        self._fields = embedding.tokenized_fields(index) if index else None
-        self._dims = embedding.check_dims(index) if index else 0
         self.stats = RequestStats()
         """Round trips and requests sent so far, by both drivers."""
         self.table = table
@@ -130,9 +122,7 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         )
         self.region_name = region_name
         self._site = site
-        self._memory = Memory(
-            index_backend, self._ctx.s3, self.serde, self.clock, self.ttl_config, ttl_core.check_slack(refresh_slack), self._dims, vector_dtype
-        )
+        self._memory = self._memory_of(index_backend, refresh_slack, vector_dtype)
         policy = retry if retry is not None else RetryPolicy()
         # Checked on the first wave to the site, as the saver's: the prefix's index mode,
         # and (DynamoDB mode) that the table's prefix belongs to this bucket.
@@ -143,6 +133,54 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         )
         self._async = AsyncDriver(lambda service, _: site.clients.make_async(service), self.stats, policy, owners, marks)
         self._owned = True  # the drivers and clients are this store's (not a saver's)
+
+    @classmethod
+    def from_saver(
+        cls,
+        saver: Any,
+        *,
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+        refresh_slack: float = ttl_core.DEFAULT_REFRESH_SLACK,
+        vector_dtype: str = "float64",
+        clock: ttl_core.Clock | None = None,
+    ) -> S3Store:
+        """A store on an ``S3Saver``'s bucket, table and prefix, in its index mode.
+
+        It shares the saver's clients, drivers, request counts (``stats``), cache
+        budget, the checks its first calls made (index mode, table owner) and its
+        serializer (an ``EncryptedSerializer`` covers memory too); the saver's
+        ``setup()`` is the store's. Closing the store closes nothing of the saver's.
+        Reads go to the saver's primary region (they do not fall over to a replica yet).
+        """
+        store = cls.__new__(cls)
+        store._settings(saver.serde, index, ttl, vector_dtype, clock)
+        ctx = saver._ctx
+        site = saver._sites[PRIMARY]
+        store.bucket, store.table, store.region_name = saver.bucket, saver.table, saver.region_name
+        store.stats = saver.stats
+        store._ctx, store._site = ctx, site
+        store._memory = store._memory_of(memory_index(ctx, site.where, saver.table, store.clock), refresh_slack, vector_dtype)
+        store._sync, store._async = saver._sync, saver._async
+        store._owned = False
+        return store
+
+    def _settings(
+        self, serde: Any, index: IndexConfig | None, ttl: TTLConfig | None, vector_dtype: str, clock: ttl_core.Clock | None
+    ) -> None:
+        if vector_dtype not in rows.DTYPES:
+            raise ConfigurationError(f"vector_dtype must be one of {sorted(rows.DTYPES)}, got {vector_dtype!r}")
+        self.ttl_config = ttl_core.check_ttl_config(ttl)
+        self.serde = serde if serde is not None else JsonPlusSerializer()
+        self.clock = clock or ttl_core.PROCESS_CLOCK
+        self.index_config = dict(index) if index else None  # as InMemoryStore's (LangGraph's tests read it)
+        self.embeddings = ensure_embeddings(index.get("embed")) if index else None
+        self._fields = embedding.tokenized_fields(index) if index else None
+        self._dims = embedding.check_dims(index) if index else 0
+
+    def _memory_of(self, index: Any, refresh_slack: float, vector_dtype: str) -> Memory:
+        slack = ttl_core.check_slack(refresh_slack)
+        return Memory(index, self._ctx.s3, self.serde, self.clock, self.ttl_config, slack, self._dims, vector_dtype)
 
     def __repr__(self) -> str:
         index = f"table={self.table!r}" if self.table is not None else "index='manifest'"
@@ -196,12 +234,15 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         return self._ctx.budget.stats()
 
     def close(self) -> None:
-        """Release the sync driver's thread pool and the boto3 clients the store created."""
-        self._sync.close(keep=self._site.given)
+        """Release the sync driver's thread pool and the boto3 clients the store created
+        (none for a store made by ``from_saver``: they are the saver's)."""
+        if self._owned:
+            self._sync.close(keep=self._site.given)
 
     async def aclose(self) -> None:
-        """Close the async clients of the running event loop."""
-        await self._async.aclose()
+        """Close the async clients of the running event loop (the store's own)."""
+        if self._owned:
+            await self._async.aclose()
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
