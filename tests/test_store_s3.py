@@ -458,3 +458,58 @@ def test_a_store_from_a_saver_shares_its_checks_and_counts_and_a_graph_remembers
     assert state["known"] == ["async", "first", "likes tea", "lives in Oslo"]
     store.close()
     assert saver.get_tuple({"configurable": {"thread_id": "t2"}}).checkpoint["channel_values"]["known"][-1] == "lives in Oslo"
+
+
+# -- a put cut short ---------------------------------------------------------------------------
+
+
+class _Cut(Exception):
+    """The process stops: the wave was sent (and applied), its answer never read."""
+
+
+def _cut_after(store: S3Store, waves: int) -> None:
+    sent = store._sync._wave
+    count = [0]
+
+    def wave(calls: Any) -> Any:
+        answers = sent(calls)
+        count[0] += 1
+        if count[0] == waves:
+            raise _Cut
+        return answers
+
+    store._sync._wave = wave  # type: ignore[method-assign]
+
+
+def test_a_put_cut_after_any_round_trip_leaves_the_old_or_the_new_item_listed(bucket: tuple[str, str]) -> None:
+    """Objects first, index last: a put (a large value into a new namespace, and then over
+    an existing item) cut after each of its round trips leaves, to a new process, the
+    old item or the new one, whole, and a namespace holding an item is listed; the put
+    run again completes."""
+    big = {"text": secrets.token_urlsafe(100_000)}
+    for case, (ns, old) in enumerate([(("cut", "new"), None), (("cut", "old"), {"text": "old"})]):
+        waves = 0
+        with _opened(bucket) as probe:  # how many round trips the put takes
+            if old is not None:
+                probe.put(ns + ("probe",), "k", old)
+            probe.stats.reset()
+            probe.put(ns + ("probe",), "k", big)
+            waves = probe.stats.round_trips
+        assert waves >= 2
+        for k in range(1, waves + 1):
+            space = ns + (f"at{k}",)
+            with make_store(*bucket) as setup:
+                if old is not None:
+                    setup.put(space, "k", old)
+            with make_store(*bucket) as store:
+                _cut_after(store, k)
+                with pytest.raises(_Cut):
+                    store.put(space, "k", big)
+            with make_store(*bucket) as reader:
+                item = reader.get(space, "k")
+                assert (item.value if item else None) in (old, big), (case, k)
+                if item is not None:
+                    assert space in reader.list_namespaces(prefix=ns)
+                    assert [i.key for i in reader.search(space)] == ["k"]
+                reader.put(space, "k", big)
+                assert reader.get(space, "k").value == big
