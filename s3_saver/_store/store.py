@@ -183,8 +183,10 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         return Memory(index, self._ctx.s3, self.serde, self.clock, self.ttl_config, slack, self._dims, vector_dtype)
 
     def __repr__(self) -> str:
+        # As the saver's: what tells two stores apart in a log line, never credentials.
         index = f"table={self.table!r}" if self.table is not None else "index='manifest'"
-        return f"S3Store({self.bucket!r}, {index}, prefix={self._ctx.layout.prefix!r})"
+        parts = [repr(self.bucket), index, f"prefix={self._ctx.layout.prefix!r}"]
+        return f"S3Store({', '.join(parts)})"
 
     # -- BaseStore ---------------------------------------------------------------------
 
