@@ -513,3 +513,27 @@ def test_a_put_cut_after_any_round_trip_leaves_the_old_or_the_new_item_listed(bu
                     assert [i.key for i in reader.search(space)] == ["k"]
                 reader.put(space, "k", big)
                 assert reader.get(space, "k").value == big
+
+
+def test_dynamodb_reads_only_the_registry_range_a_search_or_a_page_needs(endpoint: str) -> None:
+    """DynamoDB mode: a search, or a list_namespaces page with a fixed prefix, reads the
+    registry items under its prefix (a Query BETWEEN its bounds), not every namespace."""
+    with make_store(endpoint, "dynamodb") as store:
+        store.setup()
+        for i in range(20):
+            store.put(("other", f"u{i:02d}"), "k", {"i": i})
+        store.put(("users", "alice"), "k", {"text": "tea"})
+        store.put(("users", "alice", "notes"), "k", {"text": "notes"})
+        read: list[int] = []
+        sent = store._sync._wave
+
+        def wave(calls: Any) -> Any:
+            answers = sent(calls)
+            read.extend(a["Count"] for c, a in zip(calls, answers) if c.operation == "query" and "#mreg" in str(c.params))
+            return answers
+
+        store._sync._wave = wave  # type: ignore[method-assign]
+        assert [i.key for i in store.search(("users", "alice"))] == ["k", "k"]
+        assert store.list_namespaces(prefix=("users", "*")) == [("users", "alice"), ("users", "alice", "notes")]
+        assert read == [2, 2]
+        assert len(store.list_namespaces(limit=100)) == 22 and read[-1] == 22

@@ -47,11 +47,11 @@ class Change:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """What a read found: each namespace's rows by key, as stored (expired rows
-    included: the caller judges them at its own ``now``), and the registry (each
-    registered namespace and its registration number) when it was asked for."""
+    included: the caller judges them at its own ``now``), and the registered namespaces
+    asked for (each with its registration number)."""
 
     nodes: dict[Path, dict[str, Row]]
-    registry: dict[Path, int] | None
+    registry: dict[Path, int]
 
 
 class MemoryIndex(Protocol):
@@ -66,10 +66,11 @@ class MemoryIndex(Protocol):
         """Where a namespace's items live (bucket and key, or table and partition): for messages."""
         ...
 
-    def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: bool) -> Op[Snapshot]:
+    def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: Sequence[Path] = ()) -> Op[Snapshot]:
         """Every row of the namespaces ``whole``, the rows of ``keys`` (a namespace's rows
-        may hold more than the keys asked for), and when ``registry`` the registry: one
-        round trip (and the further pages of what does not fit one)."""
+        may hold more than the keys asked for), and the registered namespaces under each
+        prefix of ``registry`` (none: no registry read; ``()`` among them: all; the answer
+        may hold more): one round trip (and the further pages of what does not fit one)."""
         ...
 
     def commit(self, groups: dict[Path, list[Change]]) -> Op[list[str]]:

@@ -43,7 +43,7 @@ from s3_saver._format.memory.documents import (
     registry_partition,
     value_key,
 )
-from s3_saver._format.memory.names import node_id, registry_key, show
+from s3_saver._format.memory.names import node_id, registry_bounds, registry_key, show
 from s3_saver._format.memory.rows import (
     ObjectRef,
     Row,
@@ -93,13 +93,16 @@ class DynamoMemory:
 
     # -- reads -------------------------------------------------------------------------
 
-    def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: bool) -> Op[Snapshot]:
+    def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: Sequence[Path] = ()) -> Op[Snapshot]:
         whole = list(dict.fromkeys(whole))
         singles = [(p, k) for p, ks in keys.items() if p not in whole for k in dict.fromkeys(ks)]
         ops: list[Op[Any]] = [self._query(self._pk(p), f"namespace {show(p)}") for p in whole]
         ops += [request_one(self._get(p, k)) for p, k in singles]
+        # The registry range of each prefix (BETWEEN its bounds: only its namespaces are
+        # read), or the whole partition when one prefix is ().
+        ranges = [None] if () in registry else [registry_bounds(p) for p in dict.fromkeys(registry)]
         if registry:
-            ops.append(self._query(registry_partition(self.prefix), "the namespace registry"))
+            ops += [self._query(registry_partition(self.prefix), "the namespace registry", r) for r in ranges]
         answers = yield from gather(*ops)
         nodes: dict[Path, dict[str, Row]] = {p: {} for p in [*whole, *keys]}
         for path, items in zip(whole, answers):
@@ -110,14 +113,16 @@ class DynamoMemory:
             if "Item" in answer:
                 row = self._row(path, answer["Item"])
                 nodes[path][row.key] = row
-        found = self._registry(answers[-1]) if registry else None
+        found: dict[Path, int] = {}
+        for items in answers[len(whole) + len(singles) :]:
+            found.update(self._registry(items))
         return Snapshot(nodes, found)
 
     def _get(self, path: Path, key: str) -> Call:
         key_of = _key(self._pk(path), ITEM_MARK + key)
         return self._call("get_item", {"Key": key_of, "ConsistentRead": True}, _subject(path, key))
 
-    def _query(self, pk: str, subject: str) -> Op[list[dict[str, Any]]]:
+    def _query(self, pk: str, subject: str, between: tuple[str, str] | None = None) -> Op[list[dict[str, Any]]]:
         items: list[dict[str, Any]] = []
         start: dict[str, Any] | None = None
         while True:
@@ -126,6 +131,9 @@ class DynamoMemory:
                 "ExpressionAttributeValues": {":pk": {"S": pk}},
                 "ConsistentRead": True,
             }
+            if between is not None:
+                params["KeyConditionExpression"] += " AND sk BETWEEN :lo AND :hi"
+                params["ExpressionAttributeValues"].update({":lo": {"S": between[0]}, ":hi": {"S": between[1]}})
             if start is not None:
                 params["ExclusiveStartKey"] = start
             page = yield from request_one(self._call("query", params, subject))

@@ -91,7 +91,8 @@ class ManifestMemory:
 
     # -- reads -------------------------------------------------------------------------
 
-    def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: bool) -> Op[Snapshot]:
+    def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: Sequence[Path] = ()) -> Op[Snapshot]:
+        # The registry is one document: any range reads it whole.
         # A head holds every row of its namespace: a get reads it whole.
         paths = list(dict.fromkeys([*whole, *keys]))
         calls = tuple(about(self.s3.get(head_key(self.prefix, node_id(p))), _namespace(p)) for p in paths)
@@ -99,11 +100,11 @@ class ManifestMemory:
             calls += (about(self.s3.get(registry_object_key(self.prefix)), _REGISTRY_SUBJECT),)
         answers = yield calls
         nodes = {p: self._head_answer(p, calls[i], answers[i])[1].rows for i, p in enumerate(paths)}
-        found = self._registry_answer(calls[-1], answers[-1])[1].created if registry else None
+        found = self._registry_answer(calls[-1], answers[-1])[1].created if registry else {}
         return Snapshot(nodes, found)
 
     def _read_heads(self, paths: Sequence[Path]) -> Op[None]:
-        yield from self.read(paths, {}, registry=False)
+        yield from self.read(paths, {})
 
     def _head_answer(self, path: Path, call: Call, answer: Any) -> Known:
         if isinstance(answer, BaseException):

@@ -76,22 +76,23 @@ def batch(
     get_groups = prepared.get_groups()
     searches = [prepared.ops[i] for i in prepared.searches]
     prefixes = [op.namespace_prefix for op in searches if isinstance(op, SearchOp)]
-    registry_needed = bool(prefixes or prepared.listings)
+    # The registry ranges the batch needs: each searched prefix's, each listing's fixed prefix.
+    ranges = [*prefixes, *(listing.fixed_prefix(prepared.ops[i]) for i in prepared.listings)]  # type: ignore[arg-type]
     nodes: dict[Path, dict[str, rows.Row]] = {}
     registered: dict[Path, int] = {}
-    if get_groups or registry_needed:
+    if get_groups or ranges:
         # A searched prefix is often a namespace with no sub-namespaces: its rows are read
         # in the first wave, beside the registry, so such a search is one round trip.
         wanted = {ns: [_key(prepared.ops[i]) for i in positions] for ns, positions in get_groups.items()}
-        snapshot = yield from mem.index.read([p for p in prefixes if p], wanted, registry_needed)
+        snapshot = yield from mem.index.read([p for p in prefixes if p], wanted, ranges)
         nodes = dict(snapshot.nodes)
-        registered = snapshot.registry or {}
+        registered = snapshot.registry
     # The namespaces under a searched prefix, read whole unless they were (a get reads
     # only its keys in DynamoDB mode).
     whole = {p for p in prefixes if p}
     under = [p for p in registered if p not in whole and any(p[: len(q)] == q for q in prefixes)]
     if under:
-        nodes.update((yield from mem.index.read(under, {}, registry=False)).nodes)
+        nodes.update((yield from mem.index.read(under, {})).nodes)
     now = mem.clock.now()
     values = yield from _resolve(mem, nodes, _needed(prepared, nodes, registered, prefixes, now))
     returned: list[tuple[Path, rows.Row, bool]] = []
@@ -205,7 +206,7 @@ def _resolve(
                 continue
             found[(path, key)] = loads_value(answer["Body"], path, key, f"s3://{mem.s3.bucket}/{call.params['Key']}")
         if gone:
-            again = yield from mem.index.read(sorted(gone), {}, registry=False)
+            again = yield from mem.index.read(sorted(gone), {})
             for path in gone:
                 nodes[path] = again.nodes[path]
                 needed = {(p, k) for p, k in needed if p != path or (k in nodes[p] and isinstance(nodes[p][k].value, rows.ObjectRef))}
