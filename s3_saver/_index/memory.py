@@ -52,9 +52,15 @@ class Snapshot:
 
     nodes: dict[Path, dict[str, Row]]
     registry: dict[Path, int]
+    leaves: frozenset[Path] = frozenset()
+    """Namespaces read whole that are known to have no namespace below them (so a search
+    of one needs no registry read); an index that cannot tell names none."""
 
 
 class MemoryIndex(Protocol):
+    knows_leaves: bool
+    """Whether ``read`` names the leaves among the namespaces it reads whole (then a
+    search of a leaf reads no registry)."""
     inline_limit: int
     """A value of more bytes (as packed) goes to an object of its own, written first."""
 

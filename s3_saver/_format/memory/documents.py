@@ -120,6 +120,9 @@ class Head:
     path: tuple[str, ...]
     seq: int = 0
     rows: dict[str, Row] = field(default_factory=dict)
+    desc: bool = False
+    """A namespace below this one was registered (set before its first item is written,
+    never cleared yet): a search of this namespace reads the registry only when set."""
 
 
 def dumps_head(head: Head) -> bytes:
@@ -128,6 +131,7 @@ def dumps_head(head: Head) -> bytes:
             "format": HEAD_FORMAT,
             "path": list(head.path),
             "seq": head.seq,
+            "desc": head.desc,
             "rows": [row_to_wire(r) for r in head.rows.values()],
         }
     )
@@ -139,11 +143,11 @@ def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
     included."""
     at = f"{where} (namespace {show(path)})"
     record = unpack(data, HEAD_FORMAT, at)
-    stored, seq, wire = record.get("path"), record.get("seq"), record.get("rows")
+    stored, seq, wire, desc = record.get("path"), record.get("seq"), record.get("rows"), record.get("desc")
     if not isinstance(stored, list) or tuple(stored) != path:
         found = tuple(stored) if isinstance(stored, list) else stored
         raise CorruptObjectError(f"{at}: the head is namespace {show(found)}'s, not the one asked for")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(wire, list):
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(wire, list) or not isinstance(desc, bool):
         raise CorruptObjectError(f"{at}: not a memory head (seq {show(seq)}, rows {type(wire).__name__})")
     rows: dict[str, Row] = {}
     for obj in wire:
@@ -151,7 +155,7 @@ def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
         if row.key in rows or row.seq >= seq:
             raise CorruptObjectError(f"{at}: key {show(row.key)} twice, or numbered {row.seq} past the head's {seq}")
         rows[row.key] = row
-    return Head(path, seq, rows)
+    return Head(path, seq, rows, desc)
 
 
 # -- the namespace registry --------------------------------------------------------------

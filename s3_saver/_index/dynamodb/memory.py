@@ -69,6 +69,7 @@ class DynamoMemory:
     """``MemoryIndex`` on the saver's table (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
+    knows_leaves = False  # a search reads its registry range in its first round trip
 
     def __init__(self, table: str, prefix: str, where: Where | None, budget: CacheBudget, clock: Clock) -> None:
         self.table = table

@@ -7,11 +7,12 @@ Both are replaced only by compare-and-swap (``IfMatch`` the ETag read, ``IfNoneM
 namespace never lose an update (the loser of a swap reads again and re-applies its
 changes), and a row is never torn (it lives in one document).
 
-Costs (one process, a head it knows): a get or a search of a namespace with no
-sub-namespaces is 1 GET of its head, beside 1 GET of the registry for a search
-(one round trip); a put or delete 1 PUT (the cached ETag stands in for a read),
-2 requests from a process that has not read the head; the first put into a new
-namespace adds the registry's swap before the head's (GET + PUT from a cold process).
+Costs (one process, a head it knows): a get, or a search of a namespace with no
+sub-namespaces, is 1 GET of its head (its ``desc`` says none is below it: no registry
+read); a search of a prefix with namespaces below it adds the registry, then their
+heads (3 round trips); a put or delete 1 PUT (the cached ETag stands in for a read), 2
+requests from a process that has not read the head; the first put into a new namespace
+adds the registry's swap and each ancestor's ``desc`` swap before the head's.
 
 Caches (the store's budget): heads and the registry as last read or written, with
 their ETags. Each is a guess that the swap's condition checks: a stale one costs a
@@ -75,6 +76,7 @@ class ManifestMemory:
     """``MemoryIndex`` on the bucket (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
+    knows_leaves = True  # a head's ``desc``
 
     def __init__(self, s3: S3Calls, prefix: str, budget: CacheBudget, clock: Clock) -> None:
         self.s3 = s3
@@ -99,9 +101,10 @@ class ManifestMemory:
         if registry:
             calls += (about(self.s3.get(registry_object_key(self.prefix)), _REGISTRY_SUBJECT),)
         answers = yield calls
-        nodes = {p: self._head_answer(p, calls[i], answers[i])[1].rows for i, p in enumerate(paths)}
+        heads = {p: self._head_answer(p, calls[i], answers[i])[1] for i, p in enumerate(paths)}
         found = self._registry_answer(calls[-1], answers[-1])[1].created if registry else {}
-        return Snapshot(nodes, found)
+        leaves = frozenset(p for p in whole if not heads[p].desc)
+        return Snapshot({p: h.rows for p, h in heads.items()}, found, leaves)
 
     def _read_heads(self, paths: Sequence[Path]) -> Op[None]:
         yield from self.read(paths, {})
@@ -136,10 +139,16 @@ class ManifestMemory:
         unknown = [p for p in groups if self._heads.get(node_id(p)) is None]
         if unknown:
             yield from self._read_heads(unknown)
-        new = [p for p, changes in groups.items() if _adds(changes) and self._heads.get(node_id(p))[0] is None]
+        # A head that never held an item (none, or an ancestor's made by ``_mark``) is not
+        # registered yet (or its registration was cut short: registering again is a no-op).
+        new = [p for p, changes in groups.items() if _adds(changes) and self._heads.get(node_id(p))[1].seq == 0]
         if new:
-            # Listed before readable: the registry's swap lands before any head it lists.
+            # Listed before readable: the registry's swap lands before any head it lists,
+            # and each ancestor's ``desc`` before any item below it (a search of an
+            # ancestor whose head says it has none below reads no registry).
             yield from self._register(new)
+            ancestors = sorted({p[:i] for p in new for i in range(1, len(p))})
+            yield from gather(*(self._mark(a) for a in ancestors))
         released = yield from gather(*(self._swap(path, changes, path in unknown) for path, changes in groups.items()))
         return [key for keys in released for key in keys]
 
@@ -165,6 +174,33 @@ class ManifestMemory:
         raise StoreUnavailableError(
             f"the namespace registry s3://{self.s3.bucket}/{key} kept changing under {_MAX_SWAPS} swaps registering "
             f"{', '.join(show(p) for p in paths[:3])}: too many processes registering namespaces at once; try again"
+        )
+
+    def _mark(self, path: Path) -> Op[None]:
+        """Set ``desc`` on the head of ``path`` (creating an empty head if none)."""
+        node = node_id(path)
+        key = head_key(self.prefix, node)
+        subject = f"{_namespace(path)} (a namespace below it)"
+        for attempt in range(1, _MAX_SWAPS + 1):
+            known = self._heads.get(node)
+            if known is None:
+                call = about(self.s3.get(key), subject)
+                (answer,) = yield (call,)
+                known = self._head_answer(path, call, answer)
+            etag, head = known
+            if head.desc:
+                return  # set already (never cleared yet: a cached True is final)
+            changed = Head(head.path, head.seq, head.rows, desc=True)
+            call = about(self.s3.put_swap(key, dumps_head(changed), etag), subject)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                written: Known = (answer["ETag"], changed)
+                self._heads.put(node, written, _size(written))
+                return
+            yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
+        raise StoreUnavailableError(
+            f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps: too many "
+            "writers at once; try again"
         )
 
     def _swap(self, path: Path, changes: list[Change], confirmed: bool) -> Op[list[str]]:
@@ -252,7 +288,7 @@ def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None,
     kept = {k: r for k, r in rows.items() if r.live(now)}
     named = {r.value.token for r in kept.values() if isinstance(r.value, ObjectRef)}
     released = [r.value.token for r in head.rows.values() if isinstance(r.value, ObjectRef) and r.value.token not in named]
-    return Head(head.path, seq, kept), released
+    return Head(head.path, seq, kept, head.desc), released
 
 
 _REGISTRY_SUBJECT = "the namespace registry"

@@ -6,9 +6,9 @@ facade before it (the only step that differs between sync and async: the embedde
 the user's code, not an AWS call). As InMemoryStore:
 
 1. the reads first, and they never see the batch's own puts: every GetOp's namespace,
-   each searched prefix's own namespace and the registry in one round trip; then the
-   namespaces under a searched prefix that the first wave did not read (none for a
-   namespace with no sub-namespaces);
+   each searched prefix's own namespace and the registry ranges the batch needs in one
+   round trip (a searched namespace known to have none below it needs no registry);
+   then the namespaces under a searched prefix that the first wave did not read;
    values kept in objects of their own are read in one more wave;
 2. then one commit of every change: the refreshes the reads found due, and the puts
    and deletes (deduplicated by ``prepare``: the last value of a key, at the place of
@@ -76,25 +76,34 @@ def batch(
     get_groups = prepared.get_groups()
     searches = [prepared.ops[i] for i in prepared.searches]
     prefixes = [op.namespace_prefix for op in searches if isinstance(op, SearchOp)]
-    # The registry ranges the batch needs: each searched prefix's, each listing's fixed prefix.
-    ranges = [*prefixes, *(listing.fixed_prefix(prepared.ops[i]) for i in prepared.listings)]  # type: ignore[arg-type]
+    # The registry ranges the batch needs: each listing's fixed prefix, each searched
+    # prefix's; an index that tells leaves apart (a namespace with none below it) reads
+    # a searched prefix's range only once its first read shows it is not a leaf.
+    listed = [listing.fixed_prefix(op) for op in (prepared.ops[i] for i in prepared.listings) if isinstance(op, ListNamespacesOp)]
+    first = [*listed, *(p for p in prefixes if not p or not mem.index.knows_leaves)]
+    whole = [p for p in prefixes if p]
     nodes: dict[Path, dict[str, rows.Row]] = {}
     registered: dict[Path, int] = {}
-    if get_groups or ranges:
+    leaves: frozenset[Path] = frozenset()
+    if get_groups or prefixes or listed:
         # A searched prefix is often a namespace with no sub-namespaces: its rows are read
-        # in the first wave, beside the registry, so such a search is one round trip.
+        # in the first wave (beside the registry, if it is read), so such a search is one
+        # round trip.
         wanted = {ns: [_key(prepared.ops[i]) for i in positions] for ns, positions in get_groups.items()}
-        snapshot = yield from mem.index.read([p for p in prefixes if p], wanted, ranges)
-        nodes = dict(snapshot.nodes)
-        registered = snapshot.registry
-    # The namespaces under a searched prefix, read whole unless they were (a get reads
-    # only its keys in DynamoDB mode).
-    whole = {p for p in prefixes if p}
-    under = [p for p in registered if p not in whole and any(p[: len(q)] == q for q in prefixes)]
+        snapshot = yield from mem.index.read(whole, wanted, first)
+        nodes, registered, leaves = dict(snapshot.nodes), dict(snapshot.registry), snapshot.leaves
+    more = [p for p in whole if p not in leaves and not any(p[: len(q)] == q for q in first)]
+    if more:
+        registered.update((yield from mem.index.read([], {}, more)).registry)
+    order = sorted(registered, key=registered.__getitem__)
+    # Each searched prefix's namespaces, in registration order (a leaf: itself alone).
+    spaces = {p: [p] if p in leaves else [ns for ns in order if ns[: len(p)] == p] for p in prefixes}
+    # Read whole unless they were (a get reads only its keys in DynamoDB mode).
+    under = sorted({ns for found in spaces.values() for ns in found} - set(whole))
     if under:
         nodes.update((yield from mem.index.read(under, {})).nodes)
     now = mem.clock.now()
-    values = yield from _resolve(mem, nodes, _needed(prepared, nodes, registered, prefixes, now))
+    values = yield from _resolve(mem, nodes, _needed(prepared, nodes, spaces, now))
     returned: list[tuple[Path, rows.Row, bool]] = []
 
     for namespace, positions in get_groups.items():
@@ -107,12 +116,11 @@ def batch(
                 results[position] = _item(mem, namespace, row, values)
                 returned.append((namespace, row, ttl_core.read_refresh(op.refresh_ttl, mem.ttl_config)))
 
-    order = sorted(registered, key=registered.__getitem__)
     for position in prepared.searches:
         op = prepared.ops[position]
         assert isinstance(op, SearchOp)
         query = queries.get(op.query) if op.query else None
-        hits = rank.answer(op, _candidates(mem, nodes, values, order, op.namespace_prefix, now), query)
+        hits = rank.answer(op, _candidates(mem, nodes, values, spaces[op.namespace_prefix], now), query)
         results[position] = hits
         refresh = ttl_core.read_refresh(op.refresh_ttl, mem.ttl_config)
         returned += [(hit.namespace, nodes[hit.namespace][hit.key], refresh) for hit in hits]
@@ -167,7 +175,7 @@ def _delete_released(mem: Memory, released: list[str]) -> Op[None]:
 
 
 def _needed(
-    prepared: Prepared, nodes: dict[Path, dict[str, rows.Row]], registered: dict[Path, int], prefixes: list[Path], now: int
+    prepared: Prepared, nodes: dict[Path, dict[str, rows.Row]], spaces: dict[Path, list[Path]], now: int
 ) -> set[tuple[Path, str]]:
     """The live rows whose value lives in an object and that an answer needs: a get's
     row, and every row under a searched prefix (its filter reads the value)."""
@@ -178,9 +186,8 @@ def _needed(
         row = nodes.get(op.namespace, {}).get(op.key)
         if row is not None and row.live(now) and isinstance(row.value, rows.ObjectRef):
             needed.add((op.namespace, op.key))
-    for namespace in registered:
-        if any(namespace[: len(p)] == p for p in prefixes):
-            needed |= {(namespace, k) for k, r in nodes[namespace].items() if r.live(now) and isinstance(r.value, rows.ObjectRef)}
+    for namespace in {ns for found in spaces.values() for ns in found}:
+        needed |= {(namespace, k) for k, r in nodes[namespace].items() if r.live(now) and isinstance(r.value, rows.ObjectRef)}
     return needed
 
 
@@ -233,15 +240,12 @@ def _candidates(
     mem: Memory,
     nodes: dict[Path, dict[str, rows.Row]],
     values: dict[tuple[Path, str], rows.ValueCell],
-    order: list[Path],
-    prefix: Path,
+    spaces: list[Path],
     now: int,
 ) -> Iterator[tuple[Item, list[list[float]]]]:
     """A search's candidates in InMemoryStore's order: namespaces by registration (their
     first put), items by ``seq`` (their first put), expired ones left out."""
-    for namespace in order:
-        if namespace[: len(prefix)] != prefix:
-            continue
+    for namespace in spaces:
         for row in sorted((r for r in nodes[namespace].values() if r.live(now)), key=lambda r: r.seq):
             found = row.vectors.vectors() if isinstance(row.vectors, rows.VectorsCell) else []
             yield _item(mem, namespace, row, values), found
