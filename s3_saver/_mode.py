@@ -23,12 +23,25 @@ manifest's empty hints under ``listing/``) go out beside it: such objects mean
 nothing until an index commits them, and a refused saver commits nothing. Any other write (an index
 commit, a delete, a swap) waits for the verdict, and on a prefix without a
 marker writes it first: a saver refused here never committed, deleted or
-swapped anything. The table named in the marker is only reported: a promoted
-replica region, or a rebuilt index, may use another table of the same mode.
+swapped anything.
+
+A prefix belongs to one table too: two tables on one prefix would each take the
+other's threads for unindexed objects, and their garbage collections would
+delete them. So a DynamoDB saver whose table is not the marker's is refused,
+with no request more (the same read), except for the table of its ``Replica``:
+replication copies the marker between the regions, so a replica bucket holds
+one naming the primary's table. Two admin steps move a prefix to the saver's
+table, each by replacing the marker (``ModeMark.take``) once its index is whole:
+a ``rebuild_index()`` of every thread (into a lost table's replacement: from
+any table's marker, once DescribeTable says that table is gone, or its
+processes, each of which judged the marker once, would go on writing to it),
+and ``promote()`` (from the other region's: the promoted region's own savers
+and command line then find their table named).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -44,6 +57,7 @@ from s3_saver.errors import (
     DENIED,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
+    TABLE_MISSING,
     CorruptObjectError,
     IndexModeMismatchError,
     StoreUnavailableError,
@@ -89,11 +103,21 @@ class ModeMark:
             prefix (asked only while no marker exists).
     """
 
-    def __init__(self, s3: S3Calls, layout: KeyLayout, table: str | None) -> None:
+    def __init__(self, s3: S3Calls, layout: KeyLayout, table: str | None, partner_table: str | None = None) -> None:
         self.s3 = s3
         self.layout = layout
         self.mode = DYNAMODB if table else MANIFEST
         self.table = table
+        # The tables that index this prefix: the saver's, and its Replica's (the
+        # other region's table, named by the marker replication copies between them).
+        self.tables = {t for t in (table, partner_table) if t}
+        # The marker read names another table this saver accepts (its Replica's,
+        # or any with ``judge(move=True)``): (that table, the marker's ETag), for
+        # ``take``. ``moving``: accepted only for a move (a rebuild of every thread).
+        self.theirs: tuple[str, str | None] | None = None
+        self.moving = False
+        # The other table a move found gone (``lost``): asked once per move.
+        self.gone: str | None = None
         self.key = layout.mode_marker_key
         self.checked = False
         self.read = False
@@ -106,6 +130,10 @@ class ModeMark:
         # claim that another check's write sets off in between (the table's
         # owner record, ``_owner``) surveys first too.
         self.surveying = 0
+        # Likewise, rebuilds of every thread under way, which may move the prefix
+        # to this table (``judge(move=True)``): a claim set off in between (the
+        # new table's owner record) judges as they do.
+        self.moves = 0
 
     # -- calls ---------------------------------------------------------------------
     def read_call(self) -> Call:
@@ -119,10 +147,13 @@ class ModeMark:
         return call.service == "s3" and call.params.get("Key") == self.key and call.params.get("Bucket") == self.s3.bucket
 
     # -- verdicts ------------------------------------------------------------------
-    def judge(self, found: Any, strict: bool = False) -> None:
-        """Judge an answer to ``read_call``: refuse another mode's marker, note an
-        absent one. Any other failure leaves the check for the next call (the
-        operation reports its own failures), or with ``strict`` raises it."""
+    def judge(self, found: Any, strict: bool = False, move: bool = False) -> None:
+        """Judge an answer to ``read_call``: refuse another mode's marker, or
+        another table's, note an absent one. Any other failure leaves the check
+        for the next call (the operation reports its own failures), or with
+        ``strict`` raises it. ``move``: another table's marker is the one a
+        rebuild of every thread into this saver's table replaces (``take``)."""
+        move = move or self.moves > 0
         if isinstance(found, BaseException):
             if classify(found, "get_object") in (OBJECT_MISSING, DENIED):
                 self.read = True
@@ -132,8 +163,17 @@ class ModeMark:
                 self.tried = True
             return
         record = self._decode(found.get("Body"))
+        how = f"its marker s3://{self.s3.bucket}/{self.key} says so"
         if record["index"] != self.mode:
-            raise self.mismatch(record["index"], record.get("table"), f"its marker s3://{self.s3.bucket}/{self.key} says so")
+            raise self.mismatch(record["index"], record.get("table"), how)
+        theirs = record.get("table")
+        if self.mode == DYNAMODB and theirs and theirs != self.table:
+            # Invariant: a prefix belongs to one table (the same read, no request more).
+            if theirs not in self.tables:
+                if not move:
+                    raise self.other_table(theirs, how)
+                self.moving = True
+            self.theirs = (theirs, found.get("ETag"))
         self.checked = True
 
     def _decode(self, body: Any) -> dict[str, Any]:
@@ -171,12 +211,117 @@ class ModeMark:
         )
         return IndexModeMismatchError(text, bucket=self.s3.bucket, prefix=self.layout.prefix, found=found, table=table)
 
+    def other_table(self, theirs: str, how: str) -> IndexModeMismatchError:
+        where = f"s3://{self.s3.bucket}/{self.layout.prefix}"
+        text = (
+            f"{where} is indexed by DynamoDB table {theirs!r}, but this saver uses table {self.table!r} ({how}). "
+            "A prefix belongs to one saver and one index: a saver of another table would see none of its "
+            "threads, start second histories under their ids and collect their objects as garbage. "
+            f"Pass table={theirs!r} (command line: --table {theirs}, or CHECKPOINT_TABLE={theirs}), or give this "
+            f"saver another prefix or bucket. If table {theirs!r} is lost, rebuild_index() with no thread id "
+            f"moves the prefix to table {self.table!r}: it indexes every thread there, then makes the marker "
+            f"name it. A saver whose Replica names table {theirs!r} (the other region's) is accepted"
+        )
+        return IndexModeMismatchError(text, bucket=self.s3.bucket, prefix=self.layout.prefix, found=DYNAMODB, table=theirs)
+
+    def _still_there(self, theirs: str, why: str) -> IndexModeMismatchError:
+        where = f"s3://{self.s3.bucket}/{self.layout.prefix}"
+        text = (
+            f"{where} is indexed by DynamoDB table {theirs!r} (its marker s3://{self.s3.bucket}/{self.key} says "
+            f"so), and {why}: rebuild_index() moves a prefix to table {self.table!r} only from a lost table, "
+            f"since processes of table {theirs!r} would go on writing there, unseen by table {self.table!r} "
+            "(a prefix belongs to one saver and one index). "
+            f"Pass table={theirs!r} (command line: --table {theirs}, or CHECKPOINT_TABLE={theirs}) to go on with "
+            f"it; to move anyway, stop its processes and delete table {theirs!r}, then run rebuild_index() again "
+            "(or copy the threads to another prefix with migrate)"
+        )
+        return IndexModeMismatchError(text, bucket=self.s3.bucket, prefix=self.layout.prefix, found=DYNAMODB, table=theirs)
+
     # -- operations ------------------------------------------------------------------
+    def take(self) -> Op[None]:
+        """Admin (a rebuild of every thread, ``promote``): the prefix's marker names
+        this saver's table from here on, where the one judged named another
+        (``theirs``). One PUT on the condition that the marker is the one read
+        (``IfMatch``), sent once the index is whole: cut before it, the prefix
+        stays the other table's and the call again finishes; its answer lost,
+        the marker read again says it landed. Nothing sent otherwise."""
+        for _ in range(_CLAIM_ATTEMPTS):
+            if self.theirs is None:
+                self.moving = False
+                return
+            theirs, etag = self.theirs
+            record = {"index": self.mode, "table": self.table, "moved_from": theirs, "written_at": int(time.time())}
+            call = self.s3.put_swap(self.key, json.dumps(record, sort_keys=True).encode(), etag)
+            (put,) = yield (call,)
+            if not isinstance(put, BaseException):
+                self.theirs, self.moving = None, False
+                return
+            if error_code(put) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+                raise_failure(call, put)
+            # This call's own write met by its retry (the answer lost), or the marker changed.
+            (found,) = yield (self.read_call(),)
+            if isinstance(found, BaseException):
+                if classify(found, "get_object") not in (OBJECT_MISSING, DENIED):
+                    raise_failure(self.read_call(), found)
+                self.theirs = (theirs, None)  # expired meanwhile (a lifecycle rule): written anew
+                continue
+            now = self._decode(found.get("Body"))
+            if now["index"] != self.mode:
+                raise self.mismatch(now["index"], now.get("table"), "its marker changed while it was re-marked")
+            table = now.get("table")
+            if not table or table == self.table:
+                self.theirs, self.moving = None, False
+                return
+            if table not in self.tables and table != theirs:
+                raise self.other_table(table, "another call re-marked it meanwhile")
+            self.theirs = (table, found.get("ETag"))
+        raise StoreUnavailableError(
+            f"s3://{self.s3.bucket}/{self.key}: the marker of the prefix's index mode kept changing "
+            f"while it was re-marked for table {self.table!r} ({_CLAIM_ATTEMPTS} attempts); call again"
+        )
+
+    def lost(self) -> Op[None]:
+        """A move (``judge(move=True)``) only from a lost table: one DescribeTable of
+        the marker's table, in this saver's region, sent by a rebuild of every
+        thread and only when the marker names another table. Were that table
+        there, its processes (each judged the marker once, when it started) would
+        go on writing to it after the switch: two tables on one prefix."""
+        if not self.moving or self.theirs is None or self.theirs[0] == self.gone:
+            return
+        theirs = self.theirs[0]
+        where = dataclasses.replace(self.s3.where, table=theirs) if self.s3.where is not None else None
+        call = Call("dynamodb", "describe_table", {"TableName": theirs}, where)
+        (found,) = yield (call,)
+        if isinstance(found, BaseException):
+            kind = classify(found, "describe_table")
+            if kind == TABLE_MISSING:
+                self.gone = theirs
+                return
+            if kind == DENIED:
+                raise self._still_there(
+                    theirs, "whether that table still exists cannot be told (DescribeTable on it was denied: "
+                    "grant dynamodb:DescribeTable on it, or delete it)"
+                )
+            raise_failure(call, found)
+        if found["Table"].get("TableStatus") == "DELETING":
+            self.gone = theirs
+            return
+        raise self._still_there(theirs, f"that table still exists ({found['Table'].get('TableStatus')})")
+
+    def stay(self) -> None:
+        """A move cut short before its switch (``take``): the prefix is still the
+        other table's, and this saver object's next call judges the marker again."""
+        if self.moving:
+            self.theirs, self.moving, self.checked, self.read, self.gone = None, False, False, False, None
+
     def claim(self) -> Op[None]:
         """Write the marker when absent (read it when not read yet); refuse another mode's."""
         if not self.read:
             (found,) = yield (self.read_call(),)
             self.judge(found, strict=True)
+            # A move judged here (a claim that settle_mode's first wave set off:
+            # the new table's owner record) is checked before that write too.
+            yield from self.lost()
         if self.surveying and not self.checked:
             yield from self.survey()
         for _ in range(_CLAIM_ATTEMPTS):
@@ -243,17 +388,21 @@ class ModeMark:
         self.surveyed = True
 
 
-def settle_mode(mark: ModeMark | None, *, survey: bool, claim: bool) -> Op[None]:
+def settle_mode(mark: ModeMark | None, *, survey: bool, claim: bool, move: bool = False) -> Op[None]:
     """Admin calls (``setup``, ``check``, garbage collection, rebuild, erase, audit):
     the prefix's index mode settled before anything else, surveyed when it has no
-    marker yet; ``claim``: written when absent."""
+    marker yet; ``claim``: written when absent; ``move``: any table's marker is
+    accepted, to be replaced (``ModeMark.take``)."""
     if mark is None or mark.checked:
         return
     mark.surveying += survey
+    mark.moves += move
     try:
         if not mark.read:
             (found,) = yield (mark.read_call(),)
-            mark.judge(found, strict=True)
+            mark.judge(found, strict=True, move=move)
+            # A move: the marker's table must be gone (``lost``), before any index write.
+            yield from mark.lost()
             if mark.checked:
                 return
         if survey:
@@ -262,6 +411,7 @@ def settle_mode(mark: ModeMark | None, *, survey: bool, claim: bool) -> Op[None]
             yield from mark.claim()
     finally:
         mark.surveying -= survey
+        mark.moves -= move
 
 
 def marked(op: Op[T], marks: Callable[[str], ModeMark | None]) -> Op[T]:
