@@ -496,9 +496,19 @@ def test_gc_include_unindexed_of_a_second_table_deletes_nothing(endpoint, first)
     line = error_line(result, 1)
     assert f"table {first!r}" in line and f"table {second!r}" in line and f"--table {first}" in line, line
     assert "table=" not in line and "rebuild_index" not in line and "`rebuild-index`" in line, line
+    assert "Replica" not in line, line  # no option configures one
+    # rebuild-index with the other table: a move, refused while the prefix's table is there.
+    line = error_line(run_cli(endpoint, "rebuild-index", env=env), 1)
+    assert f"table {first!r}" in line and "still exists" in line and f"--table {first}" in line, line
+    assert "then run `rebuild-index` again" in line and "table=" not in line, line
     assert _tables_store(endpoint) == before
     assert written.get_tuple(config("chat")).checkpoint["channel_values"]["counter"] == 2
     written.close()
+    # Its table lost, the command moves the prefix to the other table.
+    _ddb(endpoint).delete_table(TableName=first)
+    assert "indexed 3 checkpoints of every thread" in ok(run_cli(endpoint, "rebuild-index", env=env))
+    assert _marker(endpoint)["table"] == second
+    assert '"counter": 2' in ok(run_cli(endpoint, "--json", "show", "chat", env=env))
 
 
 def test_a_rebuild_of_every_thread_moves_the_prefix_to_another_table(endpoint) -> None:
