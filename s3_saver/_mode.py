@@ -219,8 +219,9 @@ class ModeMark:
             "threads, start second histories under their ids and collect their objects as garbage. "
             f"Pass table={theirs!r} (command line: --table {theirs}, or CHECKPOINT_TABLE={theirs}), or give this "
             f"saver another prefix or bucket. If table {theirs!r} is lost, rebuild_index() with no thread id "
-            f"moves the prefix to table {self.table!r}: it indexes every thread there, then makes the marker "
-            f"name it. A saver whose Replica names table {theirs!r} (the other region's) is accepted"
+            f"moves the prefix to table {self.table!r} (made by setup() first, if need be): it indexes every "
+            f"thread there, then makes the marker name it. A saver whose Replica names table {theirs!r} (the "
+            "other region's) is accepted"
         )
         return IndexModeMismatchError(text, bucket=self.s3.bucket, prefix=self.layout.prefix, found=DYNAMODB, table=theirs)
 
@@ -228,12 +229,12 @@ class ModeMark:
         where = f"s3://{self.s3.bucket}/{self.layout.prefix}"
         text = (
             f"{where} is indexed by DynamoDB table {theirs!r} (its marker s3://{self.s3.bucket}/{self.key} says "
-            f"so), and {why}: rebuild_index() moves a prefix to table {self.table!r} only from a lost table, "
+            f"so), and {why}: a prefix moves to table {self.table!r} only from a lost table, "
             f"since processes of table {theirs!r} would go on writing there, unseen by table {self.table!r} "
             "(a prefix belongs to one saver and one index). "
             f"Pass table={theirs!r} (command line: --table {theirs}, or CHECKPOINT_TABLE={theirs}) to go on with "
-            f"it; to move anyway, stop its processes and delete table {theirs!r}, then run rebuild_index() again "
-            "(or copy the threads to another prefix with migrate)"
+            f"it; to move anyway, stop its processes and delete table {theirs!r}, then run rebuild_index() with "
+            "no thread id (or copy the threads to another prefix with migrate)"
         )
         return IndexModeMismatchError(text, bucket=self.s3.bucket, prefix=self.layout.prefix, found=DYNAMODB, table=theirs)
 

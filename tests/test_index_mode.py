@@ -500,7 +500,7 @@ def test_gc_include_unindexed_of_a_second_table_deletes_nothing(endpoint, first)
     # rebuild-index with the other table: a move, refused while the prefix's table is there.
     line = error_line(run_cli(endpoint, "rebuild-index", env=env), 1)
     assert f"table {first!r}" in line and "still exists" in line and f"--table {first}" in line, line
-    assert "then run `rebuild-index` again" in line and "table=" not in line, line
+    assert "then run `rebuild-index` with no thread id" in line and "table=" not in line, line
     assert _tables_store(endpoint) == before
     assert written.get_tuple(config("chat")).checkpoint["channel_values"]["counter"] == 2
     written.close()
@@ -512,8 +512,8 @@ def test_gc_include_unindexed_of_a_second_table_deletes_nothing(endpoint, first)
 
 
 def test_a_rebuild_of_every_thread_moves_the_prefix_to_another_table(endpoint) -> None:
-    """The table is lost; a new one (another name) is filled by rebuild_index() of every
-    thread, whose switch re-marks the prefix once the index is whole: cut before it, the
+    """The table is lost; a new one (another name), made by setup(), is filled by
+    rebuild_index() of every thread, whose switch re-marks the prefix once the index is whole: cut before it, the
     prefix stays the old table's (the cut saver object too) and the call again finishes;
     its answer lost, the retry finds it landed. From then on the new table is the
     prefix's and the old one is refused."""
@@ -527,7 +527,13 @@ def test_a_rebuild_of_every_thread_moves_the_prefix_to_another_table(endpoint) -
     grow_thread(old, "other", 2)
     old.close()
     _ddb(endpoint).delete_table(TableName=TABLE)  # the index lost
-    _make_table(endpoint, name=OTHER_TABLE)
+    made = _table_saver(endpoint, OTHER_TABLE)
+    made.setup()  # makes the new table; the prefix stays the lost table's until the rebuild
+    assert OTHER_TABLE in _ddb(endpoint).list_tables()["TableNames"] and _marker(endpoint)["table"] == TABLE
+    with pytest.raises(IndexModeMismatchError) as exc:
+        made.get_tuple(config("chat"))
+    assert "(made by setup() first, if need be)" in _refused_table(exc, TABLE, OTHER_TABLE)
+    made.close()
     marker_put = lambda req: req.method == "PUT" and "index-mode" in req.path  # noqa: E731
     with FaultProxy(endpoint, rate=1.0, kinds=("reset_before",), operations=marker_put, max_faults=1) as proxy:
         cut = _table_saver(proxy.url, OTHER_TABLE, retry=RetryPolicy(attempts=1, base=0))
