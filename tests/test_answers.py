@@ -476,7 +476,7 @@ WHERE: dict[str, dict[str, Callable[[Run], None]]] = {
         "batch_get_item": read,
         "scan": list_all,
         "copy_object": copy,
-        "put_item": copy,
+        "put_item": deleted_run,
         "batch_write_item": delete,
         "update_item": delete,
         "delete_objects": delete,
@@ -515,34 +515,37 @@ WHERE: dict[str, dict[str, Callable[[Run], None]]] = {
 # matrix each of them answers garbage once, beside WHERE's cases.
 SENDS: dict[str, dict[Callable[[Run], None], tuple[str, ...]]] = {
     "dynamodb": {
-        invoke: ("batch_get_item", "get_item", "put_object", "query", "transact_write_items"),
-        read: ("batch_get_item", "get_item", "query"),
-        list_all: ("get_item", "scan"),
-        copy: ("batch_write_item", "copy_object", "get_item", "put_item", "query", "transact_write_items"),
-        threads: ("get_item", "query"),
-        prune: ("delete_objects", "get_item", "query", "transact_write_items"),
-        delete: ("batch_write_item", "delete_objects", "get_item", "query", "transact_write_items", "update_item"),
+        invoke: ("batch_get_item", "get_item", "get_object", "put_object", "query", "transact_write_items"),
+        read: ("batch_get_item", "get_item", "get_object", "query"),
+        list_all: ("get_item", "get_object", "scan"),
+        copy: ("batch_write_item", "copy_object", "get_item", "get_object", "query", "transact_write_items"),
+        threads: ("get_item", "get_object", "query"),
+        prune: ("delete_objects", "get_item", "get_object", "query", "transact_write_items"),
+        delete: ("batch_write_item", "delete_item", "delete_objects", "get_item", "get_object", "query",
+                 "transact_write_items", "update_item"),
         deleted_run: ("batch_get_item", "delete_item", "delete_objects", "get_item", "put_item", "put_object", "query",
                       "transact_write_items"),
-        delete_runs: ("batch_write_item", "delete_objects", "get_item", "query", "transact_write_items", "update_item"),
-        archive: ("delete_item", "delete_objects", "get_item", "put_object", "query", "transact_write_items",
+        delete_runs: ("batch_write_item", "delete_objects", "get_item", "get_object", "query", "transact_write_items",
+                      "update_item"),
+        archive: ("delete_item", "delete_objects", "get_item", "get_object", "put_object", "query",
+                  "transact_write_items", "update_item"),
+        restore: ("delete_objects", "get_item", "get_object", "put_object", "query", "transact_write_items",
                   "update_item"),
-        restore: ("delete_objects", "get_item", "get_object", "put_item", "put_object", "query", "transact_write_items",
-                  "update_item"),
-        restore_cold: ("get_item", "head_object", "restore_object"),
-        export: ("get_item", "query"),
-        import_: ("batch_write_item", "get_item", "put_item", "put_object", "query", "transact_write_items"),
-        idle: ("delete_item", "delete_objects", "get_item", "put_object", "query", "transact_write_items",
+        restore_cold: ("get_item", "get_object", "head_object", "restore_object"),
+        export: ("get_item", "get_object", "query"),
+        import_: ("batch_write_item", "get_item", "get_object", "put_object", "query", "transact_write_items"),
+        idle: ("delete_item", "delete_objects", "get_item", "get_object", "put_object", "query", "transact_write_items",
                "update_item"),
-        garbage: ("delete_objects", "get_item", "list_objects_v2", "query"),
+        garbage: ("delete_objects", "get_item", "get_object", "list_objects_v2", "query"),
         rebuild: ("batch_write_item", "get_item", "get_object", "list_objects_v2", "query", "transact_write_items"),
-        erase: ("batch_write_item", "delete_objects", "get_bucket_versioning", "get_item", "list_object_versions",
-                "list_objects_v2", "query", "transact_write_items", "update_item"),
-        check: ("get_item", "head_bucket"),
-        setup_bucket: ("create_table", "describe_table", "describe_time_to_live", "get_item", "head_bucket", "put_item",
-                       "query", "update_time_to_live"),
-        setup_empty: ("create_bucket", "create_table", "describe_table", "get_item", "head_bucket", "put_item",
-                      "query"),
+        erase: ("batch_get_item", "batch_write_item", "delete_item", "delete_objects", "get_bucket_versioning",
+                "get_item", "get_object", "list_object_versions", "list_objects_v2", "query", "transact_write_items",
+                "update_item"),
+        check: ("get_item", "get_object", "head_bucket"),
+        setup_bucket: ("create_table", "describe_table", "describe_time_to_live", "get_item", "get_object",
+                       "head_bucket", "list_objects_v2", "put_item", "put_object", "query", "update_time_to_live"),
+        setup_empty: ("create_bucket", "create_table", "describe_table", "get_item", "get_object", "head_bucket",
+                      "list_objects_v2", "put_item", "put_object", "query"),
     },
     "manifest": {
         invoke: ("get_object", "put_object"),
@@ -564,13 +567,14 @@ SENDS: dict[str, dict[Callable[[Run], None], tuple[str, ...]]] = {
         rebuild: ("get_object", "list_objects_v2", "put_object"),
         erase: ("delete_objects", "get_bucket_versioning", "get_object", "list_object_versions", "list_objects_v2",
                 "put_object"),
-        check: ("head_bucket",),
-        setup_bucket: ("delete_objects", "get_bucket_lifecycle_configuration", "get_bucket_versioning", "head_bucket",
-                       "put_object"),
+        check: ("get_object", "head_bucket"),
+        setup_bucket: ("delete_objects", "get_bucket_lifecycle_configuration", "get_bucket_versioning", "get_object",
+                       "head_bucket", "list_objects_v2", "put_object"),
         setup_empty: ("create_bucket", "delete_objects", "get_bucket_lifecycle_configuration", "get_bucket_versioning",
-                      "head_bucket", "put_object"),
+                      "get_object", "head_bucket", "list_objects_v2", "put_object"),
         setup_replicated: ("create_bucket", "delete_objects", "get_bucket_lifecycle_configuration",
-                           "get_bucket_versioning", "head_bucket", "put_bucket_versioning", "put_object"),
+                           "get_bucket_versioning", "get_object", "head_bucket", "list_objects_v2",
+                           "put_bucket_versioning", "put_object"),
     },
 }
 # make test: the calls of the reported defects (the manifest head's ETag, DynamoDB writes
@@ -618,7 +622,7 @@ def proxy(endpoint: str):
 
 
 def run_case(endpoint: str, proxy: FaultProxy, mode: str, method: str, kind: str, persist: str, driver: str,
-             scenario: Callable[[Run], None]) -> Run:
+             scenario: Callable[[Run], None], operations: Callable[[Any], bool] | None = None) -> Run:
     if scenario is erase:
         make_versioned(endpoint)
     direct = make_saver(endpoint, mode)
@@ -629,7 +633,7 @@ def run_case(endpoint: str, proxy: FaultProxy, mode: str, method: str, kind: str
     proxy.reset_counts()
 
     def arm() -> None:
-        proxy.configure(kinds=[kind], rate=1.0, operations=calls(method), enabled=True,
+        proxy.configure(kinds=[kind], rate=1.0, operations=operations or calls(method), enabled=True,
                         max_faults=1 if persist == "once" else None)
 
     run.armed = arm
@@ -722,3 +726,26 @@ def test_every_method_the_saver_sends_has_a_case():
         if m in DYNAMODB_METHODS or m in s3
     }
     assert named == set(ANSWERS)
+
+
+
+def _scenario_cases() -> list[Any]:
+    return [pytest.param(mode, scenario.__name__, marks=pytest.mark.slow, id=f"{mode}-{scenario.__name__}")
+            for mode, sends in SENDS.items() for scenario in sends]
+
+
+@pytest.mark.parametrize(("mode", "scenario"), _scenario_cases())
+def test_sends_names_what_each_scenario_sends(endpoint, proxy, mode, scenario):
+    """SENDS is what each scenario sends through the proxy with no fault: a scenario that
+    stopped sending a method would leave that method's garbage case testing nothing, and
+    one that began sending a method would leave it untested."""
+    chosen = next(s for s in SENDS[mode] if s.__name__ == scenario)
+    sent: set[str] = set()
+
+    def watch(req: Any) -> bool:
+        sent.add(req.call)
+        return False  # never answer garbage: only watch
+
+    run = run_case(endpoint, proxy, mode, "get_object", "ok_html", "always", "sync", chosen, operations=watch)
+    assert not [e for e in run.errors if not isinstance(e, REFUSED.get(chosen, ()))], run.errors
+    assert sent == set(SENDS[mode][chosen]), f"sent but not listed {sorted(sent - set(SENDS[mode][chosen]))}, listed but not sent {sorted(set(SENDS[mode][chosen]) - sent)}"
