@@ -130,8 +130,8 @@ class ModeMark:
         # claim that another check's write sets off in between (the table's
         # owner record, ``_owner``) surveys first too.
         self.surveying = 0
-        # Likewise, rebuilds of every thread under way, which may move the prefix
-        # to this table (``judge(move=True)``): a claim set off in between (the
+        # Likewise, moves under way (a rebuild of every thread, or setup() making
+        # the new table; ``judge(move=True)``): a claim set off in between (the
         # new table's owner record) judges as they do.
         self.moves = 0
 
@@ -284,7 +284,8 @@ class ModeMark:
     def lost(self) -> Op[None]:
         """A move (``judge(move=True)``) only from a lost table: one DescribeTable of
         the marker's table, in this saver's region, sent by a rebuild of every
-        thread and only when the marker names another table. Were that table
+        thread (or setup(), which makes that table) and only when the marker
+        names another table. Were that table
         there, its processes (each judged the marker once, when it started) would
         go on writing to it after the switch: two tables on one prefix."""
         if not self.moving or self.theirs is None or self.theirs[0] == self.gone:
@@ -310,8 +311,9 @@ class ModeMark:
         raise self._still_there(theirs, f"that table still exists ({found['Table'].get('TableStatus')})")
 
     def stay(self) -> None:
-        """A move cut short before its switch (``take``): the prefix is still the
-        other table's, and this saver object's next call judges the marker again."""
+        """A move cut short before its switch (``take``), or setup()'s (which never
+        switches): the prefix is still the other table's, and this saver
+        object's next call judges the marker again."""
         if self.moving:
             self.theirs, self.moving, self.checked, self.read, self.gone = None, False, False, False, None
 
@@ -392,8 +394,8 @@ class ModeMark:
 def settle_mode(mark: ModeMark | None, *, survey: bool, claim: bool, move: bool = False) -> Op[None]:
     """Admin calls (``setup``, ``check``, garbage collection, rebuild, erase, audit):
     the prefix's index mode settled before anything else, surveyed when it has no
-    marker yet; ``claim``: written when absent; ``move``: any table's marker is
-    accepted, to be replaced (``ModeMark.take``)."""
+    marker yet; ``claim``: written when absent; ``move``: the marker of a table
+    that is gone (``ModeMark.lost``) is accepted, to be replaced (``ModeMark.take``)."""
     if mark is None or mark.checked:
         return
     mark.surveying += survey
