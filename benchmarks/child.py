@@ -38,8 +38,8 @@ from benchmarks import _guard
 _guard.install()
 
 from benchmarks import costs  # noqa: E402
-from benchmarks.peers import PEERS  # noqa: E402
 from benchmarks.metered import MeteredSaver, Recorder  # noqa: E402
+from benchmarks.peers import PEERS  # noqa: E402
 
 
 # -- savers --------------------------------------------------------------------------
@@ -114,7 +114,11 @@ class Target:
         if self.kind == "peer-ddb-amazon":
             # langgraph-checkpoint-amazon-dynamodb: one table (PK/SK); its constructor
             # checks the table exists (DescribeTable), setup() creates it (deploy=True).
-            from langgraph_checkpoint_dynamodb import DynamoDBConfig, DynamoDBSaver, DynamoDBTableConfig
+            from langgraph_checkpoint_dynamodb import (
+                DynamoDBConfig,
+                DynamoDBSaver,
+                DynamoDBTableConfig,
+            )
 
             return DynamoDBSaver(DynamoDBConfig(table_config=DynamoDBTableConfig(table_name=self.table),
                                                 region_name="us-east-1", endpoint_url=endpoint))
@@ -130,7 +134,9 @@ class Target:
         if self.kind == "peer-ddb":
             # langgraph-checkpoint-dynamodb: a checkpoints table and a writes table
             # (created by setup() with the keys its README gives).
-            from langgraph_checkpoint_dynamodb.saver import DynamoDBSaver  # its __init__ exports nothing
+            from langgraph_checkpoint_dynamodb.saver import (
+                DynamoDBSaver,  # its __init__ exports nothing
+            )
 
             return DynamoDBSaver(client_config={"endpoint_url": endpoint, "region_name": "us-east-1"},
                                  checkpoints_table_name=self.tables[0], writes_table_name=self.tables[1])
@@ -140,7 +146,11 @@ class Target:
         """Create the storage (straight at moto) and return a saver that also talks straight to moto."""
         if self.kind == "peer-ddb-amazon":
             # The package's own table creation (its deploy=True path).
-            from langgraph_checkpoint_dynamodb import DynamoDBConfig, DynamoDBSaver, DynamoDBTableConfig
+            from langgraph_checkpoint_dynamodb import (
+                DynamoDBConfig,
+                DynamoDBSaver,
+                DynamoDBTableConfig,
+            )
 
             return DynamoDBSaver(DynamoDBConfig(table_config=DynamoDBTableConfig(table_name=self.table),
                                                 region_name="us-east-1", endpoint_url=self.moto), deploy=True)

@@ -17,6 +17,8 @@ import statistics
 from typing import Any
 
 from benchmarks import yearcost
+from benchmarks.tables import short as _short
+from benchmarks.tables import table as _table
 
 READS = ("latest read, cold", "latest read, warm")
 
@@ -177,8 +179,6 @@ def _read_cell(rd: dict[str, Any] | None) -> str:
 
 
 def tables(doc: dict[str, Any]) -> list[str]:
-    from benchmarks.report import _short, _table  # not at import: report imports this module
-
     lc = doc.get("longconv") or model(doc)  # an earlier run's JSON (--render) may lack it
     if not lc:
         return []
@@ -240,8 +240,6 @@ def tables(doc: dict[str, Any]) -> list[str]:
 
 
 def _versioned_table(doc: dict[str, Any], lc: dict[str, Any]) -> list[str]:
-    from benchmarks.report import _short, _table
-
     rows = []
     for r in lc["rows"]:
         v = r.get("versioned")

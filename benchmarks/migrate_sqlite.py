@@ -36,8 +36,7 @@ from langgraph.types import Command  # noqa: E402
 from benchmarks.proxy import LatencyProxy  # noqa: E402
 from benchmarks.run import start_moto  # noqa: E402
 from benchmarks.workload import build_graph, turn_input  # noqa: E402
-from s3_saver import S3Saver  # noqa: E402
-from s3_saver._migrate import MigrationReport, migrate  # noqa: E402
+from s3_saver import MigrationReport, S3Saver, migrate  # noqa: E402
 
 BUCKET = "migrate-bench"
 TABLE = "migrate-bench-index"

@@ -5,33 +5,22 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from benchmarks import costs, crossregion, longconv_report, peers, scale_report, yearcost
+from benchmarks import (
+    costs,
+    crossregion,
+    longconv_report,
+    peers,
+    scale_report,
+    tables,
+    yearcost,
+)
+from benchmarks.tables import MEMORY, S3, S3_MANIFEST
+from benchmarks.tables import short as _short
+from benchmarks.tables import table as _table
 from benchmarks.workload import PHASES
 
-S3 = "s3"
 PEER = "peer"
 PEER_GZIP = "peer-gzip"
-MEMORY = "memory"
-S3_MANIFEST = "s3-manifest"
-
-
-MARKDOWN = False  # set by render(markdown=True): tables as GitHub markdown
-
-
-def _table(headers: list[str], rows: list[list[Any]], align: str | None = None) -> str:
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    align = align or "l" + "r" * (len(headers) - 1)
-    if MARKDOWN:
-        sep = ["---" if a == "l" else "---:" for a in align]
-        return "\n".join("| " + " | ".join(r) + " |" for r in [cells[0], sep] + cells[1:])
-
-    def fmt(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, widths, align)).rstrip()
-
-    lines = [fmt(cells[0]), "  ".join("-" * w for w in widths)]
-    lines += [fmt(r) for r in cells[1:]]
-    return "\n".join(lines)
 
 
 def _kb(n: float) -> str:
@@ -40,12 +29,6 @@ def _kb(n: float) -> str:
 
 def _label(doc: dict[str, Any], key: str) -> str:
     return next((s["label"] for s in doc["savers"] if s["key"] == key), key)
-
-
-def _short(doc: dict[str, Any], key: str) -> str:
-    if peers.is_peer(key):
-        return peers.PEERS[key].short
-    return {S3: "S3Saver", MEMORY: "InMemory", "s3-manifest": "S3Saver(manifest)"}.get(key, key)
 
 
 def peer_keys(doc: dict[str, Any]) -> list[str]:
@@ -404,12 +387,11 @@ def failover_table(doc: dict[str, Any]) -> list[str]:
 
 
 def render(doc: dict[str, Any], markdown: bool = False) -> str:
-    global MARKDOWN
-    MARKDOWN = markdown
+    tables.MARKDOWN = markdown
     try:
         return _render(doc)
     finally:
-        MARKDOWN = False
+        tables.MARKDOWN = False
 
 
 def _render(doc: dict[str, Any]) -> str:
@@ -611,7 +593,7 @@ def _render(doc: dict[str, Any]) -> str:
 
 def _headings(out: list[str]) -> str:
     text = "\n".join(out)
-    if MARKDOWN:
+    if tables.MARKDOWN:
         text = "\n".join(f"#### {line[3:-3]}" if line.startswith("== ") and line.endswith(" ==") else line
                          for line in text.splitlines())
     return text

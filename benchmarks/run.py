@@ -24,8 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import (_guard, costs, crossregion, longconv, longconv_report, peers, report, scale,
-                        scale_report, yearcost)
+from benchmarks import (
+    _guard,
+    costs,
+    crossregion,
+    longconv,
+    longconv_report,
+    peers,
+    report,
+    scale,
+    scale_report,
+    yearcost,
+)
 from benchmarks.proxy import LatencyProxy, Request
 from benchmarks.workload import PHASES
 
@@ -283,9 +293,8 @@ def discover(args: argparse.Namespace) -> list[Saver]:
         savers.append(Saver("s3", "S3Saver (DynamoDB index)", sys.executable, ok,
                             "" if ok else f"s3_saver not importable: {msg}"))
     if "s3-manifest" in wanted:
-        # No table: the index is a manifest in the bucket (s3_saver/_index/manifest.py).
-        ok, msg = probe(sys.executable, "import s3_saver; from s3_saver._index.manifest import ManifestIndex; "
-                        "ManifestIndex; s3_saver.S3Saver('probe-bucket')")
+        # No table: the index is a manifest in the bucket (the public constructor says so).
+        ok, msg = probe(sys.executable, "import s3_saver; s3_saver.S3Saver('probe-bucket')")
         savers.append(Saver("s3-manifest", "S3Saver (manifest index)", sys.executable, ok,
                             "" if ok else f"manifest index mode not available: {msg}"))
     if "memory" in wanted:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks import scale
+from benchmarks.tables import table as _table
 
 MODES = (("s3", "DynamoDB"), ("s3-manifest", "manifest"))
 
@@ -80,8 +81,6 @@ def _mb(v: Any) -> float | None:
 
 
 def tables(doc: dict[str, Any]) -> list[str]:
-    from benchmarks.report import _table
-
     runs = _runs(doc)
     if not runs:
         return []

@@ -1,7 +1,7 @@
 """s3_saver: a LangGraph checkpoint saver on S3 immutable objects with a DynamoDB index."""
 
-from s3_saver._cache import CacheStats, CacheUse
-from s3_saver._index.dynamo_table import (
+from s3_saver._format.keys import ARCHIVE_PREFIX, LIVE_PREFIX
+from s3_saver._index.dynamodb.table import (
     PARTITION_KEY,
     SORT_KEY,
     TABLE_ATTRIBUTE_DEFINITIONS,
@@ -9,18 +9,25 @@ from s3_saver._index.dynamo_table import (
     TABLE_KEY_SCHEMA,
     TTL_ATTRIBUTE,
 )
-from s3_saver._keys import ARCHIVE_PREFIX, LIVE_PREFIX
-from s3_saver._migrate import MigrationProgress, MigrationReport, migrate
-from s3_saver._ops.archive import ArchiveStatus
-from s3_saver._ops.idle import IdleReport
+from s3_saver._migrate.run import MigrationProgress, MigrationReport, migrate
+from s3_saver._migrate.urls import open_saver
+from s3_saver._ops.archived import ArchiveStatus
 from s3_saver._ops.audit import StoreProblem, StoreReport
-from s3_saver._ops.erase import EraseReport, RemainingVersion
+from s3_saver._ops.bucket import RemainingVersion
+from s3_saver._ops.erase import EraseReport
+from s3_saver._ops.idle import IdleReport
+from s3_saver._ops.source import ReadSource
 from s3_saver._ops.threads import ThreadInfo
-from s3_saver._protocol import RequestStats
-from s3_saver._replica import Promotion, ReadSource, Replica, ReplicationGap, ReplicationReport
-from s3_saver._retry import RetryPolicy
-from s3_saver._saver import S3Saver
-from s3_saver._urls import open_saver
+from s3_saver._regions.replica import (
+    Promotion,
+    Replica,
+    ReplicationGap,
+    ReplicationReport,
+)
+from s3_saver._saver.saver import S3Saver
+from s3_saver._transport.budget import CacheStats, CacheUse
+from s3_saver._transport.protocol import RequestStats
+from s3_saver._transport.retry import RetryPolicy
 from s3_saver.errors import (
     AccessDeniedError,
     BucketNotFoundError,

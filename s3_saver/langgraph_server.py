@@ -68,12 +68,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from s3_saver._ops.erase import EraseReport
-from s3_saver._saver import S3Saver
-from s3_saver._cache import MIN_BYTES
-from s3_saver._key_codec import check_prefix
-from s3_saver._options import TABLE_NAME, bucket_name_ok, parse_bytes, parse_duration
-from s3_saver._serde_spec import load_serde
+from s3_saver import EraseReport
+from s3_saver._format.key_codec import check_prefix
+from s3_saver._saver.options import parse_bytes, parse_duration
+from s3_saver._saver.saver import S3Saver
+from s3_saver._saver.serde import load_serde
+from s3_saver._transport.budget import MIN_BYTES
+from s3_saver._transport.clients import TABLE_NAME, bucket_name_ok
 from s3_saver.errors import ConfigurationError
 
 __all__ = ["ServerSettings", "checkpointer", "saver_from_env", "settings_from_env"]

@@ -13,7 +13,7 @@ from typing import Any
 from langgraph.checkpoint.base import Checkpoint
 from langgraph.checkpoint.base.id import uuid6
 
-from s3_saver._mode import MARKER_NAME
+from s3_saver._transport.mode import MARKER_NAME
 
 
 def checkpoint(values: dict[str, Any], versions: dict[str, Any], checkpoint_id: str | None = None) -> Checkpoint:

@@ -19,7 +19,7 @@ from conftest import BUCKET, TABLE, make_saver
 from helpers import checkpoint, config
 from langgraph.checkpoint.base import WRITES_IDX_MAP
 
-from s3_saver._drivers.sync import SyncDriver
+from s3_saver._transport.sync import SyncDriver
 
 RESUME = next(ch for ch, idx in WRITES_IDX_MAP.items() if idx == -4)
 

@@ -40,7 +40,7 @@ from s3_saver import (
     ThreadDeletedError,
     UnreadableAnswerError,
 )
-from s3_saver._answers import ANSWERS
+from s3_saver._transport.answers import ANSWERS
 
 TIMEOUTS = Config(read_timeout=2, connect_timeout=1)
 T = "t1"
@@ -466,7 +466,7 @@ def _object(endpoint: str, key: str) -> bytes:
 
 
 # Where each (mode, boto3 method) is sent: the scenario that sends it. Every method of the
-# answers table (s3_saver/_answers.py) appears in at least one mode (checked below).
+# answers table (s3_saver/_transport/answers.py) appears in at least one mode (checked below).
 WHERE: dict[str, dict[str, Callable[[Run], None]]] = {
     "dynamodb": {
         "get_item": invoke,

@@ -352,7 +352,7 @@ def _logical(keys: list[str]) -> list[str]:
     object again under keys no earlier write used."""
     from dataclasses import replace
 
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
 
     layout = KeyLayout()
     return sorted(repr(replace(layout.parse_object_key(k), tag="", token="")) for k in keys)
@@ -424,7 +424,7 @@ def test_archive_read_restore_matches_in_memory(endpoint, index_mode, aio) -> No
         restored = await ours.call(ours.cp, "restore_thread", "t")
         assert (restored.state, restored.key, restored.checkpoints) == ("live", status.key, status.checkpoints)
         assert not _objects(endpoint, "archive/")
-        # The same objects, written again under a new tag (see s3_saver._keys).
+        # The same objects, written again under a new tag (see s3_saver._format.keys).
         assert _logical(_objects(endpoint, "live/t/")) == _logical(live)
         assert _archived_classes(ours.cp) == {"t": None}
         after = savers.new()
@@ -589,7 +589,7 @@ def test_delete_whose_read_an_archive_switch_follows_removes_the_archive(endpoin
     as read: refused, the delete reads it again and deletes the archive object too,
     which no record would name after it. (The manifest's switch is a swap of the
     very head it read: a head changed since fails it, and it reads again.)"""
-    from s3_saver._index.dynamo_items import DynamoCalls
+    from s3_saver._index.dynamodb.items import DynamoCalls
 
     saver = make_saver(endpoint, "dynamodb")
     saver.setup()
@@ -618,7 +618,7 @@ def test_restore_whose_archive_goes_under_it_answers_live(endpoint, index_mode, 
     another process deletes the thread or restores it (each deletes the archive
     object): the restore reads the record again and answers "live", as a call
     begun after the other one does, never MissingObjectError (the archive is not lost)."""
-    from s3_saver._ops import archive as archive_op
+    from s3_saver._ops import install as archive_op
 
     saver = make_saver(endpoint, index_mode)
     saver.setup()

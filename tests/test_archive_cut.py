@@ -20,8 +20,8 @@ from conftest import BUCKET, make_saver
 from helpers import checkpoint, cut_points, grow_thread, is_marker
 from soundness_support import fresh
 from s3_saver import ThreadArchivedError
-from s3_saver._drivers.sync import SyncDriver
-from s3_saver._index.manifest_seal import SEAL_AT
+from s3_saver._transport.sync import SyncDriver
+from s3_saver._index.manifest.seal import SEAL_AT
 from test_archive import _logical
 from test_lifecycle import _graph, _run
 

@@ -23,7 +23,7 @@ from conftest import BUCKET, TABLE, make_saver
 from faults import FaultProxy
 from helpers import checkpoint, config, grow_thread, is_marker
 from s3_saver import ConfigurationError, StoreReport
-from s3_saver._keys import LegacyPrefix
+from s3_saver._format.keys import LegacyPrefix
 from test_graphs import nested_builder, review_builder
 
 NOW = timedelta(0)  # no grace period: every unreferenced object counts as garbage

@@ -17,8 +17,8 @@ import pytest
 from conftest import _ready, make_saver
 from helpers import checkpoint, config
 from s3_saver import S3Saver
-from s3_saver._archive import decode_archive
-from s3_saver._cache import DEFAULT_BYTES, MIB, default_bytes
+from s3_saver._format.archive import decode_archive
+from s3_saver._transport.budget import DEFAULT_BYTES, MIB, default_bytes
 from s3_saver.errors import ConfigurationError
 
 THREADS, STEPS = 24, 40

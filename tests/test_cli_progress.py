@@ -27,7 +27,7 @@ from collections.abc import Callable
 from cli_support import BAR, HEARD, HELD, UNHEARD, Gate, cli_env, config, ok, populate, run_cli
 from conftest import make_saver
 from helpers import cut_points, long_form
-from s3_saver._drivers.sync import SyncDriver
+from s3_saver._transport.sync import SyncDriver
 
 
 def frames(terminal: str) -> list[str]:

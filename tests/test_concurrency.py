@@ -27,7 +27,7 @@ from langgraph.graph import END, START, StateGraph
 from conftest import INDEX_MODES, make_saver, seaweedfs_saver
 from helpers import checkpoint, config
 from s3_saver import S3Saver
-from s3_saver._index.manifest import ManifestIndex
+from s3_saver._index.manifest.backend import ManifestIndex
 
 WORKERS = 8
 INTERRUPT, RESUME, ERROR = "__interrupt__", "__resume__", "__error__"

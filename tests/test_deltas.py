@@ -24,8 +24,8 @@ from langgraph.graph.message import add_messages
 
 from conftest import BUCKET, make_saver
 from helpers import is_marker
-from s3_saver._codec import CHECKPOINT_PIECES_FORMAT, PIECE_FORMAT, unpack
-from s3_saver._pieces import MAX_PIECES, array_header, header, keep
+from s3_saver._format.codec import CHECKPOINT_PIECES_FORMAT, PIECE_FORMAT, unpack
+from s3_saver._format.pieces import MAX_PIECES, array_header, header, keep
 
 
 class State(TypedDict):

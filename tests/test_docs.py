@@ -651,7 +651,7 @@ def _cli(args: list[str], env: dict[str, str], stdin: bytes = b"") -> tuple[int,
     """The command line in this process, with pipes on every stream (nothing is a terminal)."""
     from click.testing import CliRunner
 
-    from s3_saver.cli._app import run
+    from s3_saver.cli._group import run
 
     runner = CliRunner()
     with runner.isolation(input=stdin, env=env) as (out, err, _):

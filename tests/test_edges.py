@@ -15,7 +15,7 @@ from s3_saver import (
     SetupMismatchError,
     TableNotFoundError,
 )
-from s3_saver._keys import (
+from s3_saver._format.keys import (
     THREAD_TOMBSTONE_SK,
     SortKey,
     checkpoint_sort_key,
@@ -265,7 +265,7 @@ def test_an_interrupted_copy_leaves_the_latest_state_and_completes_when_called_a
     saver = dynamo_saver
     from helpers import grow_thread
 
-    from s3_saver._index.dynamodb import DynamoIndex
+    from s3_saver._index.dynamodb.backend import DynamoIndex
 
     grow_thread(saver, "src", 12)
     for t in list(saver.list(config("src")))[:3]:

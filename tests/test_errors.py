@@ -30,14 +30,14 @@ from s3_saver import (
     StoreUnavailableError,
     TableNotFoundError,
 )
-from s3_saver._index.base import CheckpointEntry
-from s3_saver._index.dynamo_table import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA
-from s3_saver._index.dynamodb import DynamoIndex
-from s3_saver._keys import KeyLayout, encode
+from s3_saver._format.entries import CheckpointEntry
+from s3_saver._index.dynamodb.table import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA
+from s3_saver._index.dynamodb.backend import DynamoIndex
+from s3_saver._format.keys import KeyLayout, encode
 from s3_saver._ops import read, setup
 from s3_saver._ops.context import Context
-from s3_saver._protocol import Call, Emit, Sleep
-from s3_saver._s3 import S3Calls
+from s3_saver._transport.protocol import Call, Emit, Sleep
+from s3_saver._transport.s3 import S3Calls
 from tests.conftest import BUCKET, TABLE, make_saver
 from tests.helpers import checkpoint, config
 

@@ -17,9 +17,9 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 from helpers import config
-from s3_saver._index.manifest_doc import Head
-from s3_saver._index.manifest_group import GroupCommit
-from s3_saver._protocol import Wait
+from s3_saver._index.manifest.doc import Head
+from s3_saver._index.manifest.group import GroupCommit
+from s3_saver._transport.protocol import Wait
 
 BRANCHES = 8
 

@@ -500,7 +500,7 @@ def test_activity_keys_parse_exactly() -> None:
     """An entry's key names its day, thread and token (none: an earlier version's
     key); a key this layout does not build (another saver's, nested under the
     folder) is no entry."""
-    from s3_saver._keys import KeyLayout, new_token
+    from s3_saver._format.keys import KeyLayout, new_token
 
     layout = KeyLayout("p")
     token = new_token(8)

@@ -19,8 +19,8 @@ from cli_support import error_line, ok, run_cli
 from conftest import BUCKET, TABLE, make_saver, make_versioned
 from helpers import checkpoint, config, grow_thread
 from s3_saver import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA, IndexModeMismatchError, S3SaverError
-from s3_saver import _mode
-from s3_saver._keys import KeyLayout
+from s3_saver._transport import mode as _mode
+from s3_saver._format.keys import KeyLayout
 from s3_saver.langgraph_server import saver_from_env
 
 MARKER = KeyLayout("").root + _mode.MARKER_NAME

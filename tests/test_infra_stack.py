@@ -33,7 +33,7 @@ from infra_support import (
 from langgraph.types import Command
 
 import s3_saver
-from s3_saver._keys import LISTING_PREFIX, LIVE_PREFIX, MANIFEST_PREFIX
+from s3_saver._format.keys import LISTING_PREFIX, LIVE_PREFIX, MANIFEST_PREFIX
 
 RETENTION_DAYS = 30
 REPLICA_REGION = "eu-west-1"

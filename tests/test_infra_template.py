@@ -10,7 +10,7 @@ import re
 import pytest
 from infra_support import REPO, Stack, load_template, statement_resources
 
-from s3_saver._keys import LISTING_PREFIX, MANIFEST_PREFIX, SET_ASIDE_PREFIX, KeyLayout
+from s3_saver._format.keys import LISTING_PREFIX, MANIFEST_PREFIX, SET_ASIDE_PREFIX, KeyLayout
 
 from s3_saver import (
     ARCHIVE_PREFIX,
@@ -221,7 +221,7 @@ def test_replaced_manifest_heads_expire_after_a_day_and_nothing_else_does(templa
     """The rule setup() and verify look for (``_ops/versioning``): noncurrent
     versions under the manifest prefix go after 1 day; other prefixes keep the
     bucket-wide NoncurrentVersionDays."""
-    from s3_saver._keys import MANIFEST_PREFIX
+    from s3_saver._format.keys import MANIFEST_PREFIX
     from s3_saver._ops.versioning import _expires_noncurrent
 
     rules = lifecycle(stack(template, KeyPrefix=prefix, NoncurrentVersionDays="30"))

@@ -16,7 +16,7 @@ from langgraph.graph import START, StateGraph
 from conftest import BUCKET, make_saver
 from helpers import checkpoint, concat, config, cut_points, is_marker
 from s3_saver import ConfigurationError, S3SaverError
-from s3_saver._drivers.sync import SyncDriver
+from s3_saver._transport.sync import SyncDriver
 
 
 class State(TypedDict):

@@ -19,7 +19,7 @@ from langgraph.checkpoint.base import get_checkpoint_metadata
 from conftest import make_saver
 from helpers import checkpoint, config, grow_thread
 from s3_saver import ConfigurationError
-from s3_saver._keys import LISTING_SHARDS, encode
+from s3_saver._format.keys import LISTING_SHARDS, encode
 from s3_saver._ops.threads import ThreadInfo
 
 T0 = 1_800_000_000  # 2027-01-15: creation times are T0 + a few seconds

@@ -33,8 +33,8 @@ from test_list_threads import (
     quick_queries,  # noqa: F401 - a fixture
 )
 
-from s3_saver._drivers.sync import SyncDriver
-from s3_saver._keys import LISTING_SHARDS, KeyLayout, shard_of
+from s3_saver._format.keys import LISTING_SHARDS, KeyLayout, shard_of
+from s3_saver._transport.sync import SyncDriver
 
 LAYOUT = KeyLayout("")
 

@@ -29,9 +29,9 @@ from pydantic import BaseModel
 from conftest import BUCKET, TABLE, make_saver
 from postgres_server import create_database
 from s3_saver import ConfigurationError, S3Saver, ThreadArchivedError
-from s3_saver._migrate import MigrationProgress, migrate
-from s3_saver._migrate_verify import same
-from s3_saver._urls import open_saver
+from s3_saver._migrate.run import MigrationProgress, migrate
+from s3_saver._migrate.verify import same
+from s3_saver._migrate.urls import open_saver
 from s3_saver.errors import MigrationError
 
 

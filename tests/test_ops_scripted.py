@@ -9,12 +9,12 @@ import pytest
 from botocore.exceptions import ClientError
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from s3_saver._index.dynamodb import DynamoIndex
-from s3_saver._keys import KeyLayout, writes_sort_key
+from s3_saver._format.keys import KeyLayout, writes_sort_key
+from s3_saver._index.dynamodb.backend import DynamoIndex
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_thread
-from s3_saver._protocol import Call, Emit, Sleep
-from s3_saver._s3 import S3Calls, copy_immutable, put_immutable
+from s3_saver._transport.protocol import Call, Emit, Sleep
+from s3_saver._transport.s3 import S3Calls, copy_immutable, put_immutable
 from s3_saver.errors import ImmutableObjectConflictError
 
 

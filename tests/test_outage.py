@@ -327,7 +327,7 @@ def test_outage_promote_continue_failback(regions, mode: str, outage: str, stale
 
 
 def _is_head(key: Any) -> bool:
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
 
     return isinstance(key, str) and KeyLayout("").parse_object_key(key) is None
 

@@ -18,8 +18,8 @@ from conftest import BUCKET, TABLE, make_saver
 from helpers import config, grow_thread
 
 from s3_saver import TABLE_ATTRIBUTE_DEFINITIONS, TABLE_KEY_SCHEMA, S3Saver, SetupMismatchError, TableOwnedError
-from s3_saver._keys import KeyLayout
-from s3_saver.errors import KEY_SCHEMA_TEXT
+from s3_saver._format.keys import KeyLayout
+from s3_saver._transport.failures import KEY_SCHEMA_TEXT
 
 OTHER = "other-app-bucket"
 

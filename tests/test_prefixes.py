@@ -25,7 +25,7 @@ from cli_support import cli_env, error_line, ok, run_cli
 from conftest import BUCKET, TABLE, make_saver
 from helpers import checkpoint, config
 from s3_saver import ConfigurationError, open_saver
-from s3_saver._keys import FOLDERS, KeyLayout, LegacyPrefix, encode
+from s3_saver._format.keys import FOLDERS, KeyLayout, LegacyPrefix, encode
 from soundness_support import shifted_clock
 
 NOW = timedelta(0)

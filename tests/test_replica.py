@@ -323,7 +323,7 @@ LAG_SEEDS = int(os.environ.get("S3_SAVER_LAG_SEEDS", "16" if long_form() else "8
 LAG_STATS = os.environ.get("S3_SAVER_LAG_STATS", "")
 def _item_key(event: Any) -> Any:
     """The parsed sort key of an index item event (DynamoDB), else None."""
-    from s3_saver._keys import parse_sort_key
+    from s3_saver._format.keys import parse_sort_key
 
     if event.kind != "item":
         return None
@@ -336,7 +336,7 @@ def _item_key(event: Any) -> Any:
 def _object_key(event: Any) -> Any:
     """The parsed key of a checkpoint, blob or writes object event, else None
     (a manifest head, a listing record, an item)."""
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
 
     return KeyLayout("").parse_object_key(event.key) if event.kind == "object" else None
 
@@ -729,7 +729,7 @@ def test_manifest_promote_settles_and_lists_a_thread_whose_listing_object_never_
     head, drops the checkpoint whose object is missing, and lists the thread again: a
     fresh process without a Replica lists it and reads its latest and whole history.
     (Found by the outage drill: the head named a checkpoint no promote had looked at.)"""
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
 
     def hold(event: Any, order: list[str]) -> bool:
         parsed = _object_key(event)
@@ -806,8 +806,8 @@ def test_global_table_prune_marks_what_stays_so_a_replica_serves_the_pruned_hist
     names a parent the index no longer lists. The prune marks it (``pg``) in the
     transaction that takes the parent out, so a replica reading the table tells
     the removal from a hole; until the mark arrives, a hole is what it is."""
-    from s3_saver import _keys
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format import keys as _keys
+    from s3_saver._format.keys import KeyLayout
 
     writer = _saver(regions, "dynamodb-global")
     config = _config("gap")
@@ -898,7 +898,7 @@ def test_a_history_with_a_gap_below_a_complete_checkpoint_raises(regions, mode: 
 
 def _head_newest(event: Any) -> str | None:
     """The newest checkpoint a manifest head version (an event's body) names."""
-    from s3_saver._index.manifest_doc import decode_head
+    from s3_saver._index.manifest.doc import decode_head
 
     head = decode_head("gap", event.body, event.key, None)
     return max((e.checkpoint_id for e in head.entries), default=None)
@@ -908,7 +908,7 @@ def _head_newest(event: Any) -> str | None:
 def test_an_older_manifest_head_after_a_newer_one_is_said_stale(regions, on_lag: str) -> None:
     from regions import Replicator
 
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
 
     writer = _saver(regions, "manifest")
     _graph(writer).invoke(FIRST, _config("gap"))
@@ -1207,7 +1207,7 @@ def test_an_older_manifest_head_without_checkpoints_is_not_read_as_no_thread(reg
     from langgraph.checkpoint.base import empty_checkpoint
     from regions import Replicator
 
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
 
     writer = _saver(regions, "manifest")
     checkpoint = empty_checkpoint()

@@ -15,7 +15,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 from s3_saver import PrimaryUnavailableError
-from s3_saver._keys import KeyLayout
+from s3_saver._format.keys import KeyLayout
 
 from regions import Replicator
 

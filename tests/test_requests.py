@@ -12,7 +12,7 @@ import pytest
 
 from conftest import BUCKET, make_saver
 from helpers import checkpoint, config, grow_thread
-from s3_saver._keys import checkpoint_sort_key
+from s3_saver._format.keys import checkpoint_sort_key
 
 
 def _counts(saver):
@@ -245,8 +245,8 @@ def test_dynamodb_commit_checks_the_record_and_the_parents_link_not_its_body(end
     """A transaction bills each check by the size of the item it reads: the commit of
     a checkpoint that carries values from its parent checks the parent's link item
     (no body), beside the thread's record, and reads nothing before it."""
-    from s3_saver._drivers.sync import SyncDriver
-    from s3_saver._keys import link_sort_key
+    from s3_saver._transport.sync import SyncDriver
+    from s3_saver._format.keys import link_sort_key
 
     saver = make_saver(endpoint, "dynamodb")
     saver.setup()
@@ -297,8 +297,8 @@ def test_manifest_history_reads_sealed_checkpoints_from_their_segments(endpoint,
     write re-uploads it, see ``manifest_doc.encode_head``)."""
     import boto3
 
-    from s3_saver._drivers.sync import SyncDriver
-    from s3_saver._index.manifest_doc import decode_head
+    from s3_saver._transport.sync import SyncDriver
+    from s3_saver._index.manifest.doc import decode_head
 
     writer, other = make_saver(endpoint, "manifest"), make_saver(endpoint, "manifest")
     writer.setup()
@@ -348,11 +348,11 @@ def test_manifest_documents_carry_bodies_compressed_together_and_read_the_format
     import boto3
     import ormsgpack
 
-    from s3_saver._archive import _zstd
-    from s3_saver._codec import pack, plain, squeeze
-    from s3_saver._drivers.sync import SyncDriver
-    from s3_saver._index import manifest_bodies
-    from s3_saver._index.manifest_doc import (
+    from s3_saver._format.archive import _zstd
+    from s3_saver._format.codec import pack, plain, squeeze
+    from s3_saver._transport.sync import SyncDriver
+    from s3_saver._index.manifest import bodies as manifest_bodies
+    from s3_saver._index.manifest.doc import (
         BODY_IN_SEGMENT_MAX,
         HEAD_FORMAT,
         SEGMENT_FORMAT,

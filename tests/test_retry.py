@@ -9,9 +9,9 @@ import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
 
 from s3_saver import ConfigurationError, RetryPolicy, StoreUnavailableError
-from s3_saver._protocol import Call, Sleep, request
-from s3_saver._retry import deadline, resilient
-from s3_saver._s3 import S3Calls, put_immutable
+from s3_saver._transport.protocol import Call, Sleep, request
+from s3_saver._transport.retry import deadline, resilient
+from s3_saver._transport.s3 import S3Calls, put_immutable
 
 
 def _error(code: str, status: int) -> ClientError:
@@ -150,8 +150,8 @@ def test_a_group_commit_lead_cut_short_hands_on_at_once() -> None:
     now, not wait for a lead that is gone (a put hung for good in a cut-short graph run)."""
     import threading
 
-    from s3_saver._index.manifest_group import GroupCommit
-    from s3_saver._protocol import Wait
+    from s3_saver._index.manifest.group import GroupCommit
+    from s3_saver._transport.protocol import Wait
 
     group = GroupCommit(threading.Lock())
 
@@ -184,8 +184,8 @@ def test_a_taken_commit_cut_short_is_never_handed_the_lead() -> None:
     the thread: every later commit would wait for it)."""
     import threading
 
-    from s3_saver._index.manifest_group import GroupCommit
-    from s3_saver._protocol import Wait
+    from s3_saver._index.manifest.group import GroupCommit
+    from s3_saver._transport.protocol import Wait
 
     group = GroupCommit(threading.Lock())
 
@@ -384,8 +384,8 @@ def test_a_transaction_cancelled_by_throttling_is_ridden_out_as_throttling() -> 
     throttles one of its items: a ThrottlingError among its reasons. It gets the
     throttling schedule (7.5 s ridden out, every time), not the transaction's own
     10 conflict retries of at most 9 s in all (4.6 s on average)."""
-    from s3_saver._index.dynamodb import DynamoIndex
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
+    from s3_saver._index.dynamodb.backend import DynamoIndex
     from s3_saver.errors import Where
 
     index = DynamoIndex("t", KeyLayout(""), Where("b", "t"))
@@ -410,8 +410,8 @@ def test_an_operations_own_retry_loops_keep_to_the_deadline() -> None:
     """A transaction that keeps conflicting, and items DynamoDB keeps leaving unprocessed,
     are retried by the operation itself (10 attempts, up to ~9 s of pauses): within
     deadline() it gives up before the deadline, as a retried request does."""
-    from s3_saver._index.dynamodb import DynamoIndex
-    from s3_saver._keys import KeyLayout
+    from s3_saver._format.keys import KeyLayout
+    from s3_saver._index.dynamodb.backend import DynamoIndex
     from s3_saver.errors import S3SaverError, Where
 
     index = DynamoIndex("t", KeyLayout(""), Where("b", "t"))

@@ -21,7 +21,7 @@ from langgraph.types import Interrupt
 from conftest import BUCKET, TABLE, make_saver
 from helpers import checkpoint, config, grow_thread, is_marker
 from s3_saver import KeyTooLongError, ThreadDeletedError
-from s3_saver._drivers.sync import SyncDriver
+from s3_saver._transport.sync import SyncDriver
 from s3_saver._ops import copy as copy_op
 
 RESUME = next(ch for ch, idx in WRITES_IDX_MAP.items() if idx == -4)

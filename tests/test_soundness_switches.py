@@ -14,7 +14,7 @@ from helpers import READS, config, long_form, store_changing_cuts
 from soundness_support import Cut, chain, fresh, leftovers, reset
 
 from s3_saver import MissingObjectError, ThreadArchivedError
-from s3_saver._drivers.sync import SyncDriver
+from s3_saver._transport.sync import SyncDriver
 
 # More than one transaction's worth (100 actions: the thread's item and 99 markers),
 # few enough to loop over every round trip in seconds.

@@ -220,7 +220,7 @@ def test_item11_saver_leaves_the_global_random_state_alone(endpoint, index_mode,
     a second writer making a head swap lose)."""
     from botocore.exceptions import EndpointConnectionError
 
-    from s3_saver._drivers.sync import SyncDriver
+    from s3_saver._transport.sync import SyncDriver
 
     saver = make_saver(endpoint, index_mode, inline_threshold=16)
     saver.setup()

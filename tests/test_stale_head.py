@@ -14,8 +14,8 @@ from typing import Any
 from conftest import make_saver
 from helpers import checkpoint, config
 from s3_saver import S3Saver
-from s3_saver._index.base import WritesEntry
-from s3_saver._keys import new_token
+from s3_saver._format.entries import WritesEntry
+from s3_saver._format.keys import new_token
 
 
 def _pair(endpoint: str, index_mode: str) -> tuple[S3Saver, S3Saver]:

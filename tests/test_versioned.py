@@ -101,7 +101,7 @@ def test_heads_upload_little_on_an_unversioned_bucket(endpoint: str, monkeypatch
     checkpoints' bodies and the pinned ones the heads of a 20-turn chat
     uploaded 2.4 MB, 12x the thread's bytes; with the newest body alone 0.43
     MB (2.1x), for no more requests (the objects, then the head's swap)."""
-    from s3_saver._drivers.sync import SyncDriver
+    from s3_saver._transport.sync import SyncDriver
 
     up = {"head": 0, "other": 0}
     real = SyncDriver._wave

@@ -15,15 +15,18 @@ object in an archive tier) raises ``ThreadArchivedError`` naming ``restore_threa
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from s3_saver._archive import INSTANT_CLASSES, decode_archive
-from s3_saver._index.archive import ArchiveIndex
-from s3_saver._index.base import ArchiveRef, Archived
-from s3_saver._ops.context import Context, LocCache
-from s3_saver._protocol import Op, T, raise_failure, request_one
-from s3_saver.errors import MissingObjectError, ThreadArchivedError, error_code
+from s3_saver._format.archive import INSTANT_CLASSES, decode_archive
+from s3_saver._format.entries import ArchiveRef
+from s3_saver._index.archived import ArchiveIndex
+from s3_saver._index.terms import Archived
+from s3_saver._ops.context import Context, LocCache, target
+from s3_saver._ops.delete import delete_keys
+from s3_saver._transport.failures import error_code
+from s3_saver._transport.protocol import Op, T, raise_failure, request_one
+from s3_saver.errors import ConfigurationError, MissingObjectError, ThreadArchivedError
 
 # S3's answer to a GET of an object in a class that must be restored first.
 _NOT_READABLE_CODES = frozenset({"InvalidObjectState"})
@@ -104,3 +107,47 @@ def cold_error(ctx: Context, thread_id: str, ref: ArchiveRef, head: dict[str, An
         storage_class,
         ref.key,
     )
+
+
+_WAVE = 100  # objects read or written per round trip
+
+
+@dataclass(frozen=True)
+class ArchiveStatus:
+    """Where a thread lives, as [S3Saver.archive_thread()][s3_saver.S3Saver.archive_thread] and
+    [S3Saver.restore_thread()][s3_saver.S3Saver.restore_thread] leave it.
+
+    Attributes:
+        thread_id: The thread.
+        state: ``"archived"`` (read from its archive object), ``"restoring"``
+            (S3 is restoring the archive from a cold class: call
+            ``restore_thread`` again later) or ``"live"``.
+        storage_class: The archive object's storage class (None when live and no archive was read).
+        key: The archive object's key (None when live and no archive was read).
+        size: Bytes of the archive object.
+        checkpoints: Checkpoints archived or restored (hidden ones included).
+        live_bytes: Bytes of the live objects archived or restored.
+    """
+
+    thread_id: str
+    state: str
+    storage_class: str | None = None
+    key: str | None = None
+    size: int = 0
+    checkpoints: int = 0
+    live_bytes: int = 0
+
+
+def _remove_stale(ctx: Context, thread_id: str, key: str) -> Op[None]:
+    """Delete an archive object the index holds as one to delete, then its mark
+    (cut between the two, the next call deletes it again: a key never comes
+    back as an archive, each archive writes one of its own)."""
+    yield from delete_keys(ctx, [key], f"thread {thread_id!r}")
+    yield from ctx.index.forget_archive(thread_id, key)
+
+
+def _thread(thread_id: Any) -> str:
+    if not isinstance(thread_id, str):
+        raise ConfigurationError(f"thread_id must be a string, got {type(thread_id).__name__}: {thread_id!r}")
+    checked, _, _ = target({"configurable": {"thread_id": thread_id}})
+    return checked

@@ -30,23 +30,26 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
-from s3_saver._index.base import ArchiveRef, CheckpointEntry, Holdings, WritesEntry
-from s3_saver._keys import ERASE_MARK, KeyLayout
-from s3_saver._mode import settle_mode
+from s3_saver._format.closure import closure, closure_keys, own_object
+from s3_saver._format.entries import ArchiveRef, CheckpointEntry, WritesEntry
+from s3_saver._index.terms import Holdings
+from s3_saver._ops.bucket import _list_all, _list_thread, _Object
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_keys
 from s3_saver._ops.versioning import noncurrent_warning
-from s3_saver._reach import closure, closure_keys, own_object
-from s3_saver._protocol import Op, raise_failure, request_one
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     OBJECT_MISSING,
+    classify,
+)
+from s3_saver._transport.mode import settle_mode
+from s3_saver._transport.protocol import Op, raise_failure
+from s3_saver.errors import (
     ConfigurationError,
     CorruptObjectError,
     MissingObjectError,
-    classify,
 )
 
 MISSING, ORPHAN, IN_FLIGHT, UNINDEXED, BROKEN = "missing", "orphan", "in_flight", "unindexed", "broken"
@@ -128,13 +131,6 @@ class StoreReport:
     def ok(self) -> bool:
         """True when the index and the bucket agree (writes in flight aside)."""
         return all(p.kind == IN_FLIGHT for p in self.problems)
-
-
-@dataclass(frozen=True)
-class _Object:
-    key: str
-    size: int
-    modified: datetime
 
 
 Progress = Callable[[int, int, int], None]
@@ -294,7 +290,7 @@ def _expired(ctx: Context, entry: Any) -> bool:
 
 
 def _referenced(ctx: Context, thread_id: str, held: Holdings) -> set[str]:
-    """Every object the index names, in any state (``_reach.closure``: hidden,
+    """Every object the index names, in any state (``closure.closure``: hidden,
     expired, kept for an operation to finish): none of them is garbage."""
     return held.index_keys | held.kept_keys | closure_keys(ctx.layout, held.live + held.kept, thread_id)
 
@@ -354,57 +350,3 @@ def _listed_threads(ctx: Context, report: StoreReport) -> Op[set[str]]:
         return names
 
 
-def _list_all(ctx: Context, nested: dict[str, int]) -> Op[dict[str, list[_Object]]]:
-    found: dict[str, list[_Object]] = defaultdict(list)
-    for root in (ctx.layout.root, ctx.layout.archive_root, ctx.layout.manifest_root):
-        yield from _list_into(ctx, root, root, found, nested)
-    return found
-
-
-def _list_thread(ctx: Context, thread_id: str, nested: dict[str, int]) -> Op[dict[str, list[_Object]]]:
-    found: dict[str, list[_Object]] = defaultdict(list)
-    layout = ctx.layout
-    yield from _list_into(ctx, layout.thread_dir(thread_id), layout.root, found, nested)
-    yield from _list_into(ctx, layout.archive_dir(thread_id), layout.archive_root, found, nested)
-    yield from _list_into(ctx, layout.manifest_dir(thread_id), layout.manifest_root, found, nested)
-    return found
-
-
-def _list_into(
-    ctx: Context, prefix: str, root: str, found: dict[str, list[_Object]], nested: dict[str, int]
-) -> Op[None]:
-    """Objects under ``prefix`` by thread. Only keys this layout builds count: a
-    key of a saver whose prefix lies inside this one's folders (``app/live``
-    inside ``app``'s ``live/``, as an earlier version accepted: counted in
-    ``nested`` by its prefix), or anything else put there, is never taken for a
-    thread's object, so never collected."""
-    token: str | None = None
-    while True:
-        page = yield from request_one(ctx.s3.list_keys(prefix, token))
-        for obj in page.get("Contents", []):
-            thread_id = _thread_of(ctx.layout, root, obj["Key"])
-            if thread_id is None:
-                inner = ctx.layout.nested_prefix(obj["Key"])
-                if inner is not None:
-                    nested[inner] += 1
-                continue
-            modified = obj["LastModified"]
-            if modified.tzinfo is None:
-                modified = modified.replace(tzinfo=timezone.utc)
-            found[thread_id].append(_Object(obj["Key"], obj.get("Size", 0), modified))
-        token = page.get("NextContinuationToken")
-        if not token:
-            return
-
-
-def _thread_of(layout: KeyLayout, root: str, key: str) -> str | None:
-    """The thread of a key the layout builds under ``root``, None for any other key:
-    the key must parse, the parts build exactly the same key again, and no saver
-    whose prefix lies inside this one's tree builds it (``KeyLayout.nested_prefix``)."""
-    if root == layout.root:
-        o = layout.parse_object_key(key)
-        return o.thread_id if o is not None else None
-    if root == layout.archive_root:
-        return layout.thread_of_archive(key)
-    # A manifest's head and sealed segments (an erase's records are its business).
-    return layout.thread_of_manifest(key) if not key.rpartition("/")[2].startswith(ERASE_MARK) else None

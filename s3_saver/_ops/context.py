@@ -8,12 +8,13 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from s3_saver._cache import LOC_ITEM_BYTES, CacheBudget, key_bytes
-from s3_saver._index.base import CheckpointEntry, Index, Loc
-from s3_saver._keys import KeyLayout
-from s3_saver._pieces import HeldLists
-from s3_saver._replica import ReplicaReads
-from s3_saver._s3 import S3Calls
+from s3_saver._format.entries import CheckpointEntry, Loc
+from s3_saver._format.keys import KeyLayout
+from s3_saver._format.pieces import Held
+from s3_saver._index.base import Index
+from s3_saver._ops.source import ReplicaReads
+from s3_saver._transport.budget import KEY_BYTES, LOC_ITEM_BYTES, CacheBudget, key_bytes
+from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import ConfigurationError
 
 # What put needs to know of a parent: its loc map, its delete generation and the
@@ -21,9 +22,9 @@ from s3_saver.errors import ConfigurationError
 Known = tuple[Loc, int, str]
 
 
-# Entries of the tables a decision rests on (``fixed`` in ``_cache``): kept by
+# Entries of the tables a decision rests on (``fixed`` in ``_transport/budget``): kept by
 # count, never evicted for bytes. 4,096 ids of ~36 characters take about 1.2 MB
-# per table (``_cache.key_bytes``), charged to the budget as they fill.
+# per table (``budget.key_bytes``), charged to the budget as they fill.
 _FIXED_ENTRIES = 4096
 
 
@@ -63,7 +64,7 @@ class LocCache:
         """Drop the thread's loc maps. The generation last seen stays: the writes
         of a run still in flight here fence on it after a delete, prune, archive
         or restore (none of which lowers it), and a newer one refuses them unless
-        their checkpoint is there (``refused._joins``); forgotten, they would read the
+        their checkpoint is there (``commit._joins``); forgotten, they would read the
         newest and be taken into it."""
         with self._data.lock:
             for key in [k for k in self._data.keys() if k[0] == thread_id]:  # type: ignore[index]
@@ -75,7 +76,7 @@ class Starting:
     namespace, no parent) being put, or put already, in a generation. LangGraph
     sends the writes of a run's steps before their checkpoints' puts land (each
     put waits for the previous one); they belong where the run's first
-    checkpoint went (see ``refused._joins``). A decision rests on it: a count
+    checkpoint went (see ``commit._joins``). A decision rests on it: a count
     bound only (``fixed``)."""
 
     def __init__(self, budget: CacheBudget | None = None) -> None:
@@ -178,10 +179,10 @@ class Context:
     serde: SerializerProtocol
     inline_threshold: int
     ttl_seconds: int | None
-    # Lists that extend their parent's value are stored as deltas (see ``_pieces``).
+    # Lists that extend their parent's value are stored as deltas (see ``_format/pieces``).
     list_deltas: bool = True
-    # The saver's one cache budget (``_cache``): every cache below is charged to
-    # it, and the manifest index's too (``_sites.make_site`` gives it the same).
+    # The saver's one cache budget (``_transport/budget``): every cache below is charged to
+    # it, and the manifest index's too (``sites.make_site`` gives it the same).
     budget: CacheBudget = field(default_factory=CacheBudget)
     # Made from ``budget`` when not given (``dataclasses.replace`` passes them on).
     locs: LocCache = None  # type: ignore[assignment]
@@ -191,13 +192,13 @@ class Context:
     active: Noted = None  # type: ignore[assignment]
     archives: Archives = None  # type: ignore[assignment]
     starting: Starting = None  # type: ignore[assignment]
-    # List values last written or read, the bases of deltas (see ``_pieces``).
+    # List values last written or read, the bases of deltas (see ``_format/pieces``).
     lists: HeldLists = None  # type: ignore[assignment]
     slots: WriteSlots = None  # type: ignore[assignment]
     # Set for a replica region's reads: lag-safe (``_ops/lagged.py``).
     replica: ReplicaReads | None = None
-    # The site's index-mode check (``_mode.ModeMark``): admin calls settle it
-    # first (``_mode.settle_mode``); None in contexts made without a site.
+    # The site's index-mode check (``mode.ModeMark``): admin calls settle it
+    # first (``mode.settle_mode``); None in contexts made without a site.
     mode: Any = None
 
     def __post_init__(self) -> None:
@@ -250,3 +251,24 @@ def target(config: Any, *, need_checkpoint_id: bool = False) -> tuple[str, str, 
         if value is not None and not isinstance(value, str):
             raise ConfigurationError(f"{name} must be a string, got {type(value).__name__}: {value!r}")
     return thread_id, ns, checkpoint_id
+
+
+class HeldLists:
+    """The serialized list values this process last wrote or read, by the stored
+    object that holds them, charged to the saver's cache budget. One evicted
+    makes the next version of its list a keyframe (stored whole): a cost, never
+    another value (a base is used only when its bytes prove the extension)."""
+
+    def __init__(self, budget: CacheBudget | None = None) -> None:
+        self._budget = budget if budget is not None else CacheBudget()
+        self._data = self._budget.cache("lists")
+
+    def get(self, key: tuple[Any, ...]) -> Held | None:
+        return self._data.get(key)  # type: ignore[no-any-return]
+
+    def put(self, key: tuple[Any, ...], held: Held) -> None:
+        # A list over a quarter of the budget would push out most of what the
+        # process holds: it is stored whole next time.
+        if len(held.data) > self._budget.limit // 4:
+            return
+        self._data.put(key, held, len(held.data) + KEY_BYTES + 8 * len(held.sizes))

@@ -1,10 +1,10 @@
 """copy_thread: the source's entries read, every object they name copied server-side
 under the target thread and a fresh tag, then the entries written under the target.
 
-What is copied is ``_reach.closure`` of the source's entries (the objects of
+What is copied is ``closure.closure`` of the source's entries (the objects of
 pruned or expired ancestors a copied checkpoint reads included), so the copy
 reads exactly as the source. Objects go before the first index entry, and under
-keys no earlier call used (``_reach.moved``): a copy cut short and called again
+keys no earlier call used (``closure.moved``): a copy cut short and called again
 never reuses an object a garbage collection may be deleting. An archived
 source is copied from its archive.
 """
@@ -13,18 +13,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from s3_saver._archive import decode_archive
+from s3_saver._format.archive import decode_archive
+from s3_saver._format.closure import closure, moved, own_object
+from s3_saver._format.entries import CheckpointEntry
+from s3_saver._format.keys import new_tag
 from s3_saver._index.activity import day_of
-from s3_saver._index.base import Archived, CheckpointEntry
-from s3_saver._keys import new_tag
-from s3_saver._ops.archive import install
+from s3_saver._index.terms import Archived
 from s3_saver._ops.archived import read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import deleter
+from s3_saver._ops.install import install
 from s3_saver._ops.prune import take_out_runs
-from s3_saver._protocol import Op, gather
-from s3_saver._reach import closure, moved, own_object
-from s3_saver._s3 import copy_immutable
+from s3_saver._transport.protocol import Op, gather
+from s3_saver._transport.s3 import copy_immutable
 from s3_saver.errors import ConfigurationError
 
 
@@ -54,7 +55,7 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
     pairs.update((layout.object_key(own_object(w)), layout.object_key(own_object(n))) for w, n in zip(old_writes, writes))
     # The copy's activity entry of the day (archive_idle, ``_index/activity``) is
     # staged beside the objects and recorded by the commit on the target's record,
-    # so that a delete or an archive of the copy removes it (``archive.install``).
+    # so that a delete or an archive of the copy removes it (``install.install``).
     _, active = yield from gather(copy_immutable(ctx.s3, pairs), ctx.index.stage_active(dest, day_of(ctx.now())))
     ctx.locs.forget_thread(dest)
     try:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from s3_saver._index.base import Release
+from s3_saver._format.closure import released
+from s3_saver._index.terms import Release
 from s3_saver._ops.context import Context, target
-from s3_saver._reach import released
-from s3_saver._protocol import Op, request
-from s3_saver._s3 import DELETE_BATCH
+from s3_saver._transport.protocol import Op, request
+from s3_saver._transport.s3 import DELETE_BATCH
 from s3_saver.errors import S3SaverError
 
 
@@ -44,7 +44,7 @@ def delete_keys(ctx: Context, keys: list[str], what: str) -> Op[None]:
 
 def deleter(ctx: Context, thread_id: str) -> Release:
     """What an index calls once entries are out of it: delete every object they
-    name (``_reach.closure``, archive objects included) that no entry staying
+    name (``closure.closure``, archive objects included) that no entry staying
     in the index names."""
 
     def release(gone: list[Any], staying: list[Any]) -> Op[None]:

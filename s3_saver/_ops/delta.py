@@ -15,13 +15,14 @@ from dataclasses import replace
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import DeltaChannelHistory, PendingWrite
 
-from s3_saver._codec import loads
-from s3_saver._index.base import CheckpointEntry, DepthHint
+from s3_saver._format.codec import loads
+from s3_saver._format.entries import CheckpointEntry
+from s3_saver._index.terms import DepthHint
 from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.lagged import check_delta_chain, proves_items
 from s3_saver._ops.resolve import Resolver, load
-from s3_saver._protocol import Op
+from s3_saver._transport.protocol import Op
 
 
 def delta_channel_history(

@@ -29,15 +29,17 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from s3_saver._archive import ARCHIVE_CLASSES, Archive, check_class
-from s3_saver._codec import CHECKPOINT_FORMAT, loads, typed, unpack
+from s3_saver._format.archive import ARCHIVE_CLASSES, Archive, check_class
+from s3_saver._format.codec import CHECKPOINT_FORMAT, loads, typed, unpack
+from s3_saver._format.entries import Activity
 from s3_saver._index.activity import day_of, shift_day
-from s3_saver._index.base import Activity, Archived
+from s3_saver._index.terms import Archived
 from s3_saver._ops import threads
-from s3_saver._ops.archive import ArchiveStatus, archive_thread
+from s3_saver._ops.archive import archive_thread
+from s3_saver._ops.archived import ArchiveStatus
 from s3_saver._ops.context import Context
 from s3_saver._ops.resolve import Resolver
-from s3_saver._protocol import Op, drain, gather
+from s3_saver._transport.protocol import Op, drain, gather
 from s3_saver.errors import ConfigurationError, ThreadArchivedError
 
 CURSOR = "archive-idle"

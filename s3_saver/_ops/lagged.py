@@ -44,11 +44,11 @@ from __future__ import annotations
 
 from langgraph.checkpoint.base import CheckpointTuple
 
-from s3_saver._index.base import CheckpointEntry
+from s3_saver._format.entries import CheckpointEntry
 from s3_saver._ops.context import Context
 from s3_saver._ops.resolve import Resolver, fetch_and_build
-from s3_saver._protocol import PRIMARY, Op, T
-from s3_saver._replica import checkpoint_time
+from s3_saver._ops.source import checkpoint_time
+from s3_saver._transport.protocol import PRIMARY, Op, T
 from s3_saver.errors import MissingObjectError, ReplicationLagError
 
 # A replica behind by more checkpoints than this answers with an error, not a walk.

@@ -14,7 +14,7 @@ listed or returned, read only through the ones that stay): exactly the
 ancestors back to each delta channel's snapshot, with their writes, and the
 checkpoints whose objects hold values that stay. Everything else of what goes
 is deleted: entries first (``Index.drop``), then the objects they name that no
-entry still in the index names (``_reach``: a value a kept checkpoint reads from
+entry still in the index names (``_format/closure``: a value a kept checkpoint reads from
 a dropped one's object stays). A prune cut short leaves every kept checkpoint
 readable; running it again finishes what the index still holds (objects a cut
 left unreferenced are collect_garbage's).
@@ -30,11 +30,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from s3_saver._index.base import IN_CHECKPOINT_OBJECT, CheckpointEntry, Cut, Key3, ref_pieces
+from s3_saver._format.entries import (
+    IN_CHECKPOINT_OBJECT,
+    CheckpointEntry,
+    Key3,
+    ref_pieces,
+)
+from s3_saver._index.terms import Cut
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_thread, deleter
 from s3_saver._ops.resolve import Resolver
-from s3_saver._protocol import Op, gather
+from s3_saver._transport.protocol import Op, gather
 from s3_saver.errors import ConfigurationError
 
 STRATEGIES = ("keep_latest", "delete")

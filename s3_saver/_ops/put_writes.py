@@ -1,4 +1,10 @@
-"""put_writes: a task's pending writes, objects first, index entries last (the commit point)."""
+"""put_writes: a task's pending writes, objects first, index entries last (the commit point).
+
+Named steps, as ``put``'s: ``_draft_writes`` (the parts, no request), ``_send_writes``
+(round trip 1: the objects beside the index's ``prepare``; an archived thread restored,
+a deleted generation refused), ``_commit_writes`` (round trip 2, the commit point, again
+after a refusal), ``_release`` (what no entry names any more).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,12 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import WRITES_IDX_MAP
 
-from s3_saver import _keys
-from s3_saver._codec import WRITES_FORMAT, pack
-from s3_saver._index.base import REGULAR_PART, SPECIAL_PART, Fenced, WritesEntry
-from s3_saver._keys import new_token
-from s3_saver._ops.context import Context, target
-from s3_saver._ops.refused import (
+from s3_saver._format import keys as _keys
+from s3_saver._format.codec import WRITES_FORMAT, pack
+from s3_saver._format.entries import REGULAR_PART, SPECIAL_PART, WritesEntry
+from s3_saver._format.keys import new_token
+from s3_saver._index.terms import Fenced, WritesOutcome
+from s3_saver._ops.commit import (
     _MAX_FENCED,
     _busy,
     _fenced,
@@ -22,8 +28,9 @@ from s3_saver._ops.refused import (
     _take_back,
     _writes_deleted,
 )
-from s3_saver._protocol import Op, gather
-from s3_saver._s3 import put_immutable
+from s3_saver._ops.context import Context, target
+from s3_saver._transport.protocol import Op, gather
+from s3_saver._transport.s3 import put_immutable
 
 
 def put_writes(
@@ -45,10 +52,24 @@ def put_writes(
     """
     thread_id, ns, checkpoint_id = target(config, need_checkpoint_id=True)
     assert checkpoint_id is not None
+    own = (thread_id, ns, checkpoint_id)
+    objects, entries = _draft_writes(ctx, own, writes, task_id, task_path)
+    if not entries:
+        return
+    gen = yield from _send_writes(ctx, own, objects)
+    outcome = yield from _commit_writes(ctx, own, entries, objects, gen)
+    yield from _release(ctx, own, task_id, outcome)
+
+
+def _draft_writes(
+    ctx: Context, own: tuple[str, str, str], writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+) -> tuple[dict[str, bytes], list[WritesEntry]]:
+    """The parts' objects and entries: no request yet."""
+    thread_id, ns, checkpoint_id = own
     parts = _write_parts(ctx, writes)
     # One token per call: a retried request of this call meets its own object
     # and its own index item, a task run again writes new ones. (Never drawn
-    # from uuid.uuid4, which a user's tests may patch: see _keys.new_token.)
+    # from uuid.uuid4, which a user's tests may patch: see keys.new_token.)
     token = new_token()
     objects: dict[str, bytes] = {}
     entries: list[WritesEntry] = []
@@ -67,8 +88,13 @@ def put_writes(
         )
         objects[key] = body
         entries.append(WritesEntry(thread_id, ns, checkpoint_id, task_id, part, token, body))
-    if not entries:
-        return
+    return objects, entries
+
+
+def _send_writes(ctx: Context, own: tuple[str, str, str], objects: dict[str, bytes]) -> Op[int]:
+    """Round trip 1: the objects beside the index's prepare. Returns the generation
+    the writes go into; refuses writes a delete left behind."""
+    thread_id, ns, checkpoint_id = own
     # A checkpoint this process wrote or read carries its generation: the
     # commit's fence checks it, nothing is read first (see put). LangGraph sends
     # a step's writes while the put of their checkpoint may still be under way
@@ -76,7 +102,6 @@ def put_writes(
     # stands in. Made in an older generation than the thread has now, or by a
     # process that never saw the thread once it has been deleted, they go into
     # the new one only with their checkpoint (_joins).
-    own = (thread_id, ns, checkpoint_id)
     known = ctx.locs.get(own)
     made_in = known[1] if known is not None else ctx.locs.thread_gen(thread_id)
     _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None, None, made_in))
@@ -87,19 +112,25 @@ def put_writes(
     if gen and (made_in is None or made_in < gen) and not (yield from _joins(ctx, own, gen)):
         yield from _take_back(ctx, list(objects))
         raise _writes_deleted(ctx, thread_id, checkpoint_id)
+    return gen
+
+
+def _commit_writes(
+    ctx: Context, own: tuple[str, str, str], entries: list[WritesEntry], objects: dict[str, bytes], gen: int
+) -> Op[WritesOutcome]:
+    """Round trip 2, the commit point: objects first, index entries last."""
+    thread_id, _, _ = own
     expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
     for entry in entries:
         entry.gen, entry.expires_at = gen, expires_at
     # The slots are known before the commit returns: LangGraph may put the next
     # checkpoint, made from these writes, while it is under way (durability
     # "async"); a commit that fails takes them back.
-    slots = ctx.slots.add((thread_id, ns, checkpoint_id), [(e.task_id, e.part) for e in entries])
+    slots = ctx.slots.add(own, [(e.task_id, e.part) for e in entries])
     try:
         for _ in range(_MAX_FENCED):
-            # The commit point: objects first, index entries last.
             try:
-                outcome = yield from ctx.index.commit_writes(entries)
-                break
+                return (yield from ctx.index.commit_writes(entries))
             except Fenced as fenced:
                 # A delete since the generation these writes were made in: they go
                 # with their checkpoint, into the new generation only if it is there.
@@ -109,20 +140,22 @@ def put_writes(
                 yield from _fenced(ctx, record, entries[0], list(objects), created=joins)
                 for entry in entries:
                     entry.gen = entries[0].gen
-        else:
-            raise _busy(ctx, thread_id)
+        raise _busy(ctx, thread_id)
     except BaseException:
-        ctx.slots.discard((thread_id, ns, checkpoint_id), slots)
+        ctx.slots.discard(own, slots)
         raise
+
+
+def _release(ctx: Context, own: tuple[str, str, str], task_id: str, outcome: WritesOutcome) -> Op[None]:
+    """Objects no index entry names any more (a lost first-wins race, a replaced
+    special slot): what leaves the index is released."""
+    thread_id, ns, checkpoint_id = own
     unused = [
         ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, entry.part, token)
         for entry, token in outcome.unused
     ]
     if unused:
-        # Objects no index entry names any more (a lost first-wins race, a
-        # replaced special slot): what leaves the index is released.
         yield from _take_back(ctx, unused)
-
 
 
 def _write_parts(ctx: Context, writes: Sequence[tuple[str, Any]]) -> dict[str, list[list[Any]]]:

@@ -7,12 +7,19 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
 
-from s3_saver._index.base import CheckpointEntry
+from s3_saver._format.entries import CheckpointEntry
 from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
-from s3_saver._ops.lagged import Parents, Tail, build_listed, newest_complete, nothing_yet, proves_items
+from s3_saver._ops.lagged import (
+    Parents,
+    Tail,
+    build_listed,
+    newest_complete,
+    nothing_yet,
+    proves_items,
+)
 from s3_saver._ops.resolve import Resolver, fetch_and_build
-from s3_saver._protocol import Emit, Op
+from s3_saver._transport.protocol import Emit, Op
 from s3_saver.errors import MissingObjectError
 
 # Resolve list results in chunks so a long history streams instead of loading at once.

@@ -23,8 +23,21 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from s3_saver._codec import CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
-from s3_saver._index.base import (
+from s3_saver._format.archive import (
+    INSTANT_CLASSES,
+    decode_archive,
+    latest_of,
+    metadata_newest,
+    newest_of,
+)
+from s3_saver._format.codec import (
+    CHECKPOINT_FORMAT,
+    WRITES_FORMAT,
+    loads,
+    typed,
+    unpack,
+)
+from s3_saver._format.entries import (
     IN_BLOB_OBJECT,
     IN_CHECKPOINT_OBJECT,
     REGULAR_PART,
@@ -35,12 +48,11 @@ from s3_saver._index.base import (
     WritesEntry,
     make_ref,
 )
-from s3_saver._keys import ObjectKey
-from s3_saver._mode import settle_mode
+from s3_saver._format.keys import ObjectKey
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.put import run_of
-from s3_saver._archive import INSTANT_CLASSES, decode_archive, latest_of, metadata_newest, newest_of
-from s3_saver._protocol import Op, gather, request, request_one
+from s3_saver._transport.mode import settle_mode
+from s3_saver._transport.protocol import Op, gather, request, request_one
 
 _GET_WAVE = 100  # objects read per round trip
 _ABSENT = object()
@@ -273,7 +285,7 @@ def _chain(
         # Only a blob can be picked without its checkpoint's record: a whole
         # value, unless the checkpoint says it carries a delta (its source's
         # record has not arrived yet; a piece in a blob keeps its record, see
-        # ``_reach.named_by``).
+        # ``closure.named_by``).
         return None if carried_delta else ((), found[2])
     out, oldest = [], found[2]
     for version, piece_source in record.get("chains", {}).get(channel, ()):

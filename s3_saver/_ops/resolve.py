@@ -13,31 +13,42 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, PendingWrite, writes_sort_key
 
-from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, WRITES_FORMAT, loads, typed, unpack
-from s3_saver._index.base import (
+from s3_saver._format.closure import own_object, ref_object
+from s3_saver._format.codec import (
+    BLOB_FORMAT,
+    CHECKPOINT_FORMAT,
+    WRITES_FORMAT,
+    loads,
+    typed,
+    unpack,
+)
+from s3_saver._format.entries import (
     IN_BLOB_OBJECT,
     REGULAR_PART,
     CheckpointEntry,
     Key3,
     Ref,
     WritesEntry,
-    one_line,
     ref_pieces,
     ref_tag,
 )
+from s3_saver._format.pieces import SPLITTABLE, Held, array_header, body_of, join
+from s3_saver._index.terms import (
+    one_line,
+)
 from s3_saver._ops.context import Context
 from s3_saver._ops.stage import held_key
-from s3_saver._pieces import SPLITTABLE, Held, array_header, body_of, join
-from s3_saver._protocol import Call, Op, gather, raise_failure
-from s3_saver._reach import own_object, ref_object
-from s3_saver.errors import (
+from s3_saver._transport.failures import (
     DENIED,
     OBJECT_MISSING,
+    classify,
+    error_code,
+)
+from s3_saver._transport.protocol import Call, Op, gather, raise_failure
+from s3_saver.errors import (
     AccessDeniedError,
     CorruptObjectError,
     MissingObjectError,
-    classify,
-    error_code,
 )
 
 

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from s3_saver._mode import settle_mode
 from s3_saver._ops.context import Context
 from s3_saver._ops.versioning import warn_setup
-from s3_saver._protocol import Op, raise_failure, request, request_one
-from s3_saver.errors import BUCKET_MISSING, BUCKET_OURS_CODES, ConfigurationError, classify, error_code
+from s3_saver._transport.failures import (
+    BUCKET_MISSING,
+    BUCKET_OURS_CODES,
+    classify,
+    error_code,
+)
+from s3_saver._transport.mode import settle_mode
+from s3_saver._transport.protocol import Op, raise_failure, request, request_one
+from s3_saver.errors import ConfigurationError
 
 
 def setup(ctx: Context, region: str | None, versioned: bool = False) -> Op[None]:

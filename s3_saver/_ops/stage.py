@@ -2,7 +2,7 @@
 (and the blobs a put adds for values its parent does not account for).
 
 A fresh channel's value is stored whole, or, when it is a list that extends the
-value its parent stored, as a piece of a delta chain (``_pieces``): the record
+value its parent stored, as a piece of a delta chain (``_format/pieces``): the record
 (and the index entry that carries it) names the earlier pieces in the
 channel's ``loc`` ref, so every operation that follows refs follows the chain.
 """
@@ -13,12 +13,27 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from s3_saver._codec import BLOB_FORMAT, CHECKPOINT_FORMAT, CHECKPOINT_PIECES_FORMAT, PIECE_FORMAT, pack
-from s3_saver._index.base import ENTRY_BUDGET, IN_BLOB_OBJECT, IN_CHECKPOINT_OBJECT, Loc, Ref, make_ref, ref_pieces, ref_tag
+from s3_saver._format.codec import (
+    BLOB_FORMAT,
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_PIECES_FORMAT,
+    PIECE_FORMAT,
+    pack,
+)
+from s3_saver._format.entries import (
+    ENTRY_BUDGET,
+    IN_BLOB_OBJECT,
+    IN_CHECKPOINT_OBJECT,
+    Loc,
+    Ref,
+    make_ref,
+    ref_pieces,
+    ref_tag,
+)
+from s3_saver._format.pieces import SPLITTABLE, Held, array_header, extends, keep
 from s3_saver._ops.context import Context
-from s3_saver._pieces import SPLITTABLE, Held, array_header, extends, keep
-from s3_saver._protocol import Op
-from s3_saver._s3 import put_immutable
+from s3_saver._transport.protocol import Op
+from s3_saver._transport.s3 import put_immutable
 
 # Room for keys, parent id and attribute names next to ``loc`` in the item.
 LOC_HEADROOM = 16 * 1024
@@ -49,12 +64,51 @@ class Staged:
     loc: Loc
     # What the process remembers of each list value once the commit is in.
     held: dict[str, Held] = field(default_factory=dict)
-    # The tag of every object written here (see ``_keys``).
+    # The tag of every object written here (see ``_format/keys``).
     tag: str = ""
 
     @property
     def deltas(self) -> bool:
         return any(len(ref) > 5 for ref in self.loc.values())
+
+
+@dataclass
+class Draft:
+    """One checkpoint as ``put`` carries it down its steps: what it stores, and what
+    the put learns on the way (the parent, the generation it goes into)."""
+
+    thread_id: str
+    ns: str
+    parent_id: str | None
+    checkpoint_id: str
+    ts: Any  # the checkpoint's "ts": the day of its activity entry
+    values: dict[str, Any]
+    now: int
+    loc_estimate: int
+    fresh: dict[str, Any]  # channel -> version: stored by this checkpoint
+    carried: dict[str, Any]  # channel -> version: unchanged since the parent
+    loc: Loc  # channel -> the ref to its value, as known so far
+    known: tuple[Loc, int, str] | None  # the parent as this process knows it: loc, generation, tag
+    head: dict[str, Any]  # the record's fields other than its values
+    metadata: Any  # merged with the config's
+    staged: Staged
+    objects: dict[str, bytes]  # every object written so far (taken back when refused)
+    fetch_parent: bool = False  # the parent is read beside the writes: this process did not know it
+    list_at: int | None = None
+    other_form: bool = False
+    day: int | None = None
+    active: int | None = None
+    gen: int = 0
+    listed_early: int | None = None
+    run_id: str | None = None
+
+    @property
+    def own(self) -> tuple[str, str, str]:
+        return (self.thread_id, self.ns, self.checkpoint_id)
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return {"configurable": {"thread_id": self.thread_id, "checkpoint_ns": self.ns, "checkpoint_id": self.checkpoint_id}}
 
 
 def held_key(thread_id: str, ns: str, channel: str, ref: Ref) -> tuple[Any, ...]:

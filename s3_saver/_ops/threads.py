@@ -16,12 +16,12 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointMetadata
 
-from s3_saver._codec import loads, typed
-from s3_saver._index.base import ThreadRef
+from s3_saver._format.codec import loads, typed
+from s3_saver._index.terms import ThreadRef
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.read import _matches
 from s3_saver._ops.resolve import Resolver
-from s3_saver._protocol import Emit, Op
+from s3_saver._transport.protocol import Emit, Op
 from s3_saver.errors import ConfigurationError
 
 _PAGE = 100  # listing entries per request

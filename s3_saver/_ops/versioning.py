@@ -4,7 +4,7 @@ Each manifest write replaces its thread's head. A versioned bucket (required by
 replication and Object Lock) keeps every replaced head as a noncurrent version,
 billed as storage until a lifecycle rule expires it. ``setup()`` reads the
 bucket's versioning state (the manifest then writes heads without bodies, see
-``manifest_doc.encode_head``; a process that skips ``setup()`` learns it from
+``doc.encode_head``; a process that skips ``setup()`` learns it from
 its first head's version id) and its lifecycle rules; it and ``verify`` warn
 when no rule expires noncurrent versions under the manifest's prefix.
 
@@ -19,8 +19,8 @@ import logging
 from typing import Any
 
 from s3_saver._ops.context import Context
-from s3_saver._protocol import Op
-from s3_saver.errors import error_code
+from s3_saver._transport.failures import error_code
+from s3_saver._transport.protocol import Op
 
 log = logging.getLogger("s3_saver")
 

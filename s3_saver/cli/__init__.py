@@ -35,7 +35,7 @@ def main(args: Sequence[str] | None = None, prog_name: str | None = None) -> Non
         except ImportError:
             print(MISSING_EXTRA, file=sys.stderr)
             sys.exit(1)
-        from s3_saver.cli._app import interrupted, run
+        from s3_saver.cli._group import interrupted, run
 
         _interrupt.on_interrupt[:] = [interrupted]
         code = _interrupt.run_in_thread(lambda: run(args, prog_name)) if threaded else run(args, prog_name)

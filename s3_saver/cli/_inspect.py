@@ -11,7 +11,13 @@ from rich.table import Table
 from rich.text import Text
 
 from s3_saver.cli._app import App, NotFoundError, pass_app
-from s3_saver.cli._checkpoint import internal_values, interrupts, next_nodes, user_values, values_size
+from s3_saver.cli._checkpoint import (
+    internal_values,
+    interrupts,
+    next_nodes,
+    user_values,
+    values_size,
+)
 from s3_saver.cli._output import human_bytes, short_time, shown
 from s3_saver.cli._params import KeyValue
 

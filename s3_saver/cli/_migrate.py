@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
+from s3_saver._migrate.urls import mask
 from s3_saver.cli._app import App, pass_app
 from s3_saver.cli._messages import url_words
-from s3_saver._urls import mask
 from s3_saver.cli._output import human_bytes, shown
 
 URL_FORMS = "sqlite:///file.db, postgresql://user:password@host/db, s3://bucket/prefix?table=T&region=R&endpoint_url=U"

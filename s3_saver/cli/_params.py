@@ -8,9 +8,10 @@ from typing import Any
 
 import click
 
-from s3_saver._options import format_duration, parse_duration
-from s3_saver._serde_spec import load_serde as _load_serde
+from s3_saver._saver.options import format_duration, parse_duration
+from s3_saver._saver.serde import load_serde as _load_serde
 from s3_saver.errors import ConfigurationError
+
 
 class Duration(click.ParamType):
     """A duration option (``--older-than 1h``, ``--idle 30d``): a ``timedelta``."""

@@ -178,7 +178,7 @@ def orphan_writes(saver: Any, t: str, when: str) -> list[str]:
     """(e) Pending writes the thread's index keeps whose checkpoint it does not
     hold: a run of the thread may still be in flight only when an operation on it
     was abandoned or cut (the caller checks), so none may stay here."""
-    from s3_saver._index.base import CheckpointEntry, WritesEntry
+    from s3_saver._format.entries import CheckpointEntry, WritesEntry
 
     held = saver._sync.run(saver._ctx.index.holdings(t))
     entries = [*held.live, *held.kept]

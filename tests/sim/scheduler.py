@@ -28,8 +28,8 @@ from typing import Any, Callable
 
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 
-from s3_saver._protocol import Emit, Sleep, Wait
-from s3_saver._retry import RetryPolicy, resilient
+from s3_saver._transport.protocol import Emit, Sleep, Wait
+from s3_saver._transport.retry import RetryPolicy, resilient
 
 from sim import model as M
 from sim.world import HarnessError, World, capture

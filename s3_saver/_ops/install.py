@@ -1,0 +1,224 @@
+"""restore_thread, import_thread and install: a thread written in whole from its archive or an export.
+
+Restore: finish an archive's cleanup if it was cut short, read the archive, write every
+object again under a fresh tag, install the entries and take the archive out (the commit
+point), then delete the archive object. Import writes an export the same way (install
+is what both, and copy_thread, share). A write to an archived thread restores it first
+(restore_before_write). Archiving a thread into one object is archive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from s3_saver._format.archive import (
+    Archive,
+    decode_archive,
+)
+from s3_saver._format.closure import moved, own_object
+from s3_saver._format.codec import squeeze
+from s3_saver._format.entries import ArchiveRef
+from s3_saver._format.keys import new_tag
+from s3_saver._index.activity import day_of
+from s3_saver._index.terms import Archived
+from s3_saver._ops.archived import (
+    _WAVE,
+    RESTORE_DONE,
+    ArchiveStatus,
+    _remove_stale,
+    _thread,
+    archive_body,
+    cold_error,
+    read_archive,
+)
+from s3_saver._ops.context import Context
+from s3_saver._ops.delete import deleter
+from s3_saver._transport.failures import (
+    error_code,
+)
+from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure
+from s3_saver._transport.s3 import put_immutable
+from s3_saver.errors import (
+    ConfigurationError,
+    MissingObjectError,
+)
+
+_RESTORE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8)
+# Reads of the thread's record by restore_thread when its archive object is gone
+# under it (restored or deleted by another call, the thread archived again since).
+_RESTORE_READS = 3
+_TIERS = ("Standard", "Bulk", "Expedited")
+# HeadObject's ArchiveStatus of an INTELLIGENT_TIERING object that must be restored first.
+INTELLIGENT_TIERING_ARCHIVE_TIERS = frozenset({"ARCHIVE_ACCESS", "DEEP_ARCHIVE_ACCESS"})
+
+
+# -- restore, export, import ----------------------------------------------------------------
+def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[ArchiveStatus]:
+    thread_id = _thread(thread_id)
+    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        raise ConfigurationError(f"days must be an int >= 1 (how long S3 keeps the restored copy), got {days!r}")
+    if tier not in _TIERS:
+        raise ConfigurationError(f"tier must be one of {', '.join(_TIERS)}; got {tier!r}")
+    own = yield from ctx.index.archive_of(thread_id)
+    for attempt in range(_RESTORE_READS):
+        if own.archive is None:
+            if own.stale_archive is not None:
+                yield from _remove_stale(ctx, thread_id, own.stale_archive)
+            return ArchiveStatus(thread_id, "live")
+        ref = own.archive
+        try:
+            data, head = yield from archive_body(ctx, ref)
+            if data is None:
+                return (yield from _request_restore(ctx, thread_id, ref, head, days, tier))
+        except MissingObjectError:
+            # The archive object went after the record was read: another restore
+            # finished (and deleted it), or a delete_thread took the thread. The
+            # record, read again, says which: no longer naming this archive, the
+            # call answers as it would have had it begun now (a live or deleted
+            # thread: "live"; archived again: that archive). Still naming it, the
+            # object is lost: raised.
+            own = yield from ctx.index.archive_of(thread_id)
+            if attempt == _RESTORE_READS - 1 or (own.archive is not None and own.archive.key == ref.key):
+                raise
+            continue
+        archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}")
+        live_bytes = yield from install(ctx, thread_id, archive, ref)
+        return ArchiveStatus(thread_id, "live", ref.storage_class, ref.key, ref.size, len(archive.entries), live_bytes)
+    raise AssertionError("unreachable")
+
+
+def _request_restore(
+    ctx: Context, thread_id: str, ref: ArchiveRef, head: dict[str, Any], days: int, tier: str
+) -> Op[ArchiveStatus]:
+    """Ask S3 to restore a cold archive object (once: a restore under way is left alone)."""
+    storage_class = head.get("StorageClass") or ref.storage_class
+    if not head.get("Restore"):
+        # An INTELLIGENT_TIERING object in an archive tier (HeadObject's ArchiveStatus) is
+        # moved back to its Frequent Access tier for good, not copied for some days: S3
+        # refuses a RestoreRequest with Days there. GLACIER and DEEP_ARCHIVE need them.
+        tiered = head.get("ArchiveStatus") in INTELLIGENT_TIERING_ARCHIVE_TIERS
+        call = ctx.s3.restore(ref.key, None if tiered else days, tier)
+        (result,) = yield (call,)
+        if isinstance(result, BaseException) and error_code(result) != "RestoreAlreadyInProgress":
+            raise_failure(call, result)
+    elif RESTORE_DONE in head["Restore"]:
+        raise cold_error(ctx, thread_id, ref, head)  # restored, yet the GET refused: say so
+    return ArchiveStatus(thread_id, "restoring", storage_class, ref.key, ref.size)
+
+
+def restore_before_write(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[None]:
+    """A write to an archived thread: bring it back first (ThreadArchivedError
+    when its class cannot be read at once). Another writer restoring it at the
+    same time may finish first and delete the archive object: then it is live."""
+    try:
+        data = yield from read_archive(ctx, thread_id, ref)
+    except MissingObjectError:
+        own = yield from ctx.index.archive_of(thread_id)
+        if own.archive is not None and own.archive.key == ref.key:
+            raise
+        return
+    yield from install(ctx, thread_id, decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}"), ref)
+
+
+def import_thread(ctx: Context, data: bytes, thread_id: str | None) -> Op[str]:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ConfigurationError(f"import_thread takes the bytes export_thread returned, got {type(data).__name__}")
+    archive = decode_archive(bytes(data), "the archive given to import_thread")
+    dest = _thread(archive.thread_id if thread_id is None else thread_id)
+    own, existing = yield from gather(ctx.index.archive_of(dest), ctx.index.contents(dest))
+    if existing or own.archive is not None:
+        raise ConfigurationError(
+            f"thread {dest!r} already has checkpoints ({ctx.index.describe()}); import_thread imports into "
+            "an empty thread (delete_thread it first, or pass thread_id=...)"
+        )
+    archive.entries = [replace(e, gen=own.gen) for e in archive.entries]
+    yield from install(ctx, dest, archive)
+    return dest
+
+
+def install(
+    ctx: Context, thread_id: str, archive: Archive, ref: ArchiveRef | None = None, copied_from: str | None = None
+) -> Op[int]:
+    """Write the archive's objects under ``thread_id``, then its index entries:
+    with ``ref``, in place of the thread's archive (restore: the archive's
+    cleanup is finished first), as a copy of thread ``copied_from``, or into
+    the empty thread (import). Returns the bytes written.
+
+    Every object is written under keys no earlier call wrote (``closure.moved``):
+    a cleanup or a garbage collection still running can never delete them."""
+    layout = ctx.layout
+    if ref is not None:
+        yield from ctx.index.finish_archive(thread_id, ref, deleter(ctx, thread_id))
+    tag = new_tag()
+    entries, writes = moved(archive.entries, thread_id, tag)
+    objects: dict[str, bytes] = {}
+    for e in entries:
+        objects[layout.object_key(own_object(e))] = squeeze(e.body or b"")
+    for w in writes:
+        objects[layout.object_key(own_object(w))] = squeeze(w.body or b"")
+    for (ns, ch, version, cid), body in archive.blobs.items():
+        objects[layout.blob_key(thread_id, ns, ch, version, cid, tag)] = squeeze(body)
+    for (ns, cid), body in archive.records.items():
+        objects[layout.checkpoint_key(thread_id, ns, cid, tag)] = squeeze(body)
+    # Live again (restored, imported, copied): archive_idle's clock starts anew. The
+    # thread's activity entry of the day is staged with the last wave of objects and
+    # recorded by the commit, as a write's is (``Index.stage_active``): the thread's
+    # record names it, so a delete or an archive after this removes it, and a
+    # commit refused takes it back. Written beside the commit and named by nothing,
+    # it outlived every delete of the thread.
+    keys = list(objects)
+    last = max(len(keys) - 1, 0) // _WAVE * _WAVE
+    for i in range(0, last, _WAVE):
+        yield from put_immutable(ctx.s3, {k: objects[k] for k in keys[i : i + _WAVE]})
+    _, active = yield from gather(
+        put_immutable(ctx.s3, {k: objects[k] for k in keys[last:]}), ctx.index.stage_active(thread_id, day_of(ctx.now()))
+    )
+    expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
+    writes = [replace(w, body=squeeze(w.body or b""), expires_at=expires_at) for w in writes]
+    entries = [replace(e, body=squeeze(e.body or b""), expires_at=expires_at) for e in entries]
+    ctx.locs.forget_thread(thread_id)
+    if ref is not None:
+        if not (yield from ctx.index.unarchive(thread_id, ref, entries, writes, active)):  # the commit point
+            # Another restore switched first, or took over (a step's put and
+            # put_writes both restore), or a delete took the archive out: what this
+            # call wrote and no entry names goes, its activity entry too (unless
+            # the record names it: this call's switch landed, its answer lost).
+            # No entry can come to name it: only this call writes under its tag, and
+            # a restore that took over writes every entry again before it switches.
+            try:
+                staying = yield from ctx.index.contents(thread_id)
+            except Archived:
+                staying = []
+            yield from gather(deleter(ctx, thread_id)([*entries, *writes], staying), ctx.index.untouch(active))
+            # The archive object is the winner's to delete, once switched (if it is
+            # cut short, the archive is all there is). Give it a moment to switch.
+            yield from _wait_restored(ctx, thread_id, ref)
+        else:
+            yield from _remove_stale(ctx, thread_id, ref.key)
+    elif copied_from is not None:
+        try:
+            yield from ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now(), deleter(ctx, thread_id), active)
+        except ConfigurationError:
+            yield from ctx.index.untouch(active)  # refused: the target got checkpoints of its own
+            raise
+    else:
+        yield from ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now(), active)
+        runs = sorted({e.run_id for e in entries if e.run_id is not None})
+        yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
+    ctx.locs.forget_thread(thread_id)
+    return sum(len(b) for b in objects.values())
+
+
+def _wait_restored(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[None]:
+    """Wait (about 1.5 s at most) until another call's restore of ``ref`` switched:
+    a write that then goes on finds the thread live instead of taking the
+    restore over (two writers of one step restore at once)."""
+    for pause in _RESTORE_WAITS:
+        own = yield from ctx.index.archive_of(thread_id)
+        if own.archive is None or own.archive.key != ref.key:
+            if own.stale_archive == ref.key:
+                # Switched: the archive object goes (the winner may have been cut short).
+                yield from _remove_stale(ctx, thread_id, ref.key)
+            return
+        yield Sleep(pause)

@@ -1,0 +1,273 @@
+"""The sans-I/O contract between operations and drivers.
+
+An operation is a generator. It yields one of:
+
+* a tuple of `Call` -- one round trip: the driver sends the calls
+  together and sends back a list with, per call, the response dict or the
+  exception the call raised (not raised: the operation decides);
+* `Emit` -- a result for the caller of an iterating method (``list``);
+* `Sleep` -- wait before the next step (table creation polling);
+* `Wait` -- wait until another operation of this process sets a
+  `Signal` (or a time passes): a commit waiting for the head swap that
+  carries it (the manifest index's group commit).
+
+Its return value is the method's result. Operations never import boto.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from s3_saver._transport.failures import translate
+from s3_saver.errors import Where
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One AWS API call: ``service`` is ``"s3"`` or ``"dynamodb"``, ``operation`` the
+    boto3 method name (``put_object``), ``params`` its keyword arguments; ``where``
+    (bucket, table, region, endpoint) is named in the errors of the call."""
+
+    service: str
+    operation: str
+    params: dict[str, Any]
+    where: Where | None = field(default=None, compare=False, repr=False)
+
+    def describe(self) -> str:
+        """The operation and the key it touches, e.g. ``s3.get_object(live/t/...)``."""
+        params = self.params
+        if self.service == "dynamodb":
+            # The partition key names the thread (index keys are "pk"/"sk").
+            item = params.get("Key") or params.get("Item") or {}
+            pk = item.get("pk") or params.get("ExpressionAttributeValues", {}).get(":pk") or {}
+            target = f"pk={pk['S']}" if "S" in pk else None
+        else:
+            target = params.get("Key")
+            if "CopySource" in params:
+                target = f"{params['CopySource']['Key']} -> {target}"
+        return f"{self.service}.{self.operation}({target})" if target else f"{self.service}.{self.operation}"
+
+
+PRIMARY = "primary"
+
+
+def site_of(call: Call) -> str:
+    """The region (as configured: "primary" or "replica") whose clients send ``call``."""
+    return call.where.site if call.where is not None else PRIMARY
+
+
+def client_key(service: str, site: str) -> str:
+    return service if site == PRIMARY else f"{site}:{service}"
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff(Sleep):
+    """A pause before an operation's own attempt again (a transaction that conflicted,
+    items left unprocessed, a head swapped meanwhile). The retry layer answers False,
+    without sleeping, when the pause would end past the budget of that loop (counted
+    from its first Backoff, ``attempt`` 1) or past ``deadline()``: the operation then
+    gives up at once, as a retried request would. None (a driver or runner without that
+    layer) and True mean: go on."""
+
+    attempt: int = 1
+
+
+class Signal:
+    """Set once, by one operation; awaited by others, in threads (the sync
+    driver) or on event loops (the async one), whichever the waiter runs on."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._wakers: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            wakers, self._wakers = self._wakers, []
+        for wake in wakers:
+            try:
+                wake()
+            except RuntimeError:
+                pass  # its event loop closed: nobody waits there any more
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> None:
+        self._event.wait(timeout)
+
+    def subscribe(self, wake: Callable[[], None]) -> bool:
+        """Call ``wake`` (from any thread) when set; False, and no call: set already."""
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._wakers.append(wake)
+            return True
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Wait until ``signal`` is set, or ``timeout`` seconds passed; the reply is None."""
+
+    signal: Signal
+    timeout: float
+
+
+Instruction = tuple[Call, ...] | Emit | Sleep | Wait
+Op = Generator[Instruction, Any, T]
+
+
+@dataclass
+class RequestStats:
+    """Counts of what the saver sent, kept by its drivers.
+
+    Attributes:
+        round_trips: Waves of requests sent together (one wave waits for all its requests).
+        requests: Requests per ``(service, operation)``, e.g. ``("s3", "put_object")``.
+    """
+
+    round_trips: int = 0
+    requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Sync callers may share one saver across threads.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # The counts of the calls sent to one region only (see ``S3Saver.replica_stats``).
+    _sites: dict[str, RequestStats] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def total_requests(self) -> int:
+        return sum(self.requests.values())
+
+    def record(self, calls: tuple[Call, ...]) -> None:
+        with self._lock:
+            self.round_trips += 1
+            self.requests.update((c.service, c.operation) for c in calls)
+        for site in {site_of(c) for c in calls}:
+            if site in self._sites:
+                self._sites[site].record(tuple(c for c in calls if site_of(c) == site))
+
+    def site(self, site: str) -> RequestStats:
+        """The counts of the calls sent to one region (kept from now on)."""
+        with self._lock:
+            return self._sites.setdefault(site, RequestStats())
+
+    def reset(self) -> None:
+        with self._lock:
+            self.round_trips = 0
+            self.requests.clear()
+            sites = list(self._sites.values())
+        for stats in sites:
+            stats.reset()
+
+    def snapshot(self) -> RequestStats:
+        with self._lock:
+            return RequestStats(self.round_trips, Counter(self.requests))
+
+
+def request(*calls: Call) -> Generator[Instruction, Any, list[Any]]:
+    """Send calls as one round trip; raise the first failure (translated)."""
+    results = yield tuple(calls)
+    for call, result in zip(calls, results):
+        if isinstance(result, BaseException):
+            raise_failure(call, result)
+    return results
+
+
+def request_one(call: Call) -> Generator[Instruction, Any, Any]:
+    results = yield from request(call)
+    return results[0]
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before re-sending what a batch call left unprocessed."""
+    return min(0.05 * 2 ** (attempt - 1), 2.0)
+
+
+def failure(call: Call, result: BaseException) -> BaseException:
+    """The exception to raise for a failed call (translated when it has a meaning)."""
+    return translate(
+        result, what=call.describe(), service=call.service, operation=call.operation, where=call.where
+    )
+
+
+def raise_failure(call: Call, result: BaseException) -> None:
+    raise failure(call, result)
+
+
+def drain(op: Op[T]) -> Op[tuple[list[Any], T]]:
+    """Run an operation that emits inside another: its emitted values, and its result."""
+    values: list[Any] = []
+    reply: Any = None
+    while True:
+        try:
+            step = op.send(reply)
+        except StopIteration as stop:
+            return values, stop.value
+        if isinstance(step, Emit):
+            values.append(step.value)
+            reply = None
+        else:
+            reply = yield step
+
+
+def gather(*ops: Op[Any]) -> Op[list[Any]]:
+    """Run operations side by side: their calls of each step go out as one round trip.
+
+    This is how an index lookup and the S3 GETs that do not depend on it share a
+    wave. A ``Sleep`` of one operation pauses all of them (only throttled retries
+    sleep); a ``Wait`` is made after the wave the others sent. Operations that
+    emit are not supported here.
+    """
+    results: list[Any] = [None] * len(ops)
+    replies: dict[int, Any] = dict.fromkeys(range(len(ops)))
+    active = list(range(len(ops)))
+    while active:
+        wave: list[Call] = []
+        spans: list[tuple[int, int, int]] = []
+        sleep = 0.0
+        attempt = 0  # > 0: a Backoff among the steps
+        waits: list[Wait] = []
+        for i in list(active):
+            try:
+                step = ops[i].send(replies[i])
+            except StopIteration as stop:
+                results[i] = stop.value
+                active.remove(i)
+                continue
+            if isinstance(step, Sleep):
+                sleep = max(sleep, step.seconds)
+                if isinstance(step, Backoff):
+                    attempt = max(attempt, step.attempt)  # the loop that began first
+                spans.append((i, -2 if isinstance(step, Backoff) else -1, 0))
+            elif isinstance(step, Wait):
+                waits.append(step)
+                spans.append((i, -1, 0))
+            elif isinstance(step, Emit):
+                raise TypeError("gather() runs operations that do not emit")
+            else:
+                spans.append((i, len(wave), len(step)))
+                wave.extend(step)
+        # One pause for the wave; a Backoff among them asks the retry layer for all of them.
+        allowed = (yield Backoff(sleep, attempt)) if attempt else (yield Sleep(sleep)) if sleep else None
+        answers: list[Any] = (yield tuple(wave)) if wave else []
+        for wait in waits:
+            yield wait
+        for i, start, size in spans:
+            replies[i] = allowed if start == -2 else None if start < 0 else answers[start : start + size]
+    return results
