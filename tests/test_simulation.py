@@ -20,7 +20,8 @@ See tests/sim/__init__.py for the harness. In both index modes:
   ``test_idle_restore_between_archive_and_drop_pinned``, the one that found issue 41;
 * ``test_failover_pinned``: the two-region schedules that found a defect, replayed;
 * ``test_restore_beside_delete_*_pinned``, ``test_delete_beside_an_archive_switch_pinned``,
-  ``test_copy_or_import_then_delete_leaves_nothing_pinned``: restore_thread, archive_thread,
+  ``test_copy_or_import_then_delete_leaves_nothing_pinned``,
+  ``test_prune_finishing_a_delete_removes_its_run_hints_pinned``: restore_thread, archive_thread, prune,
   copy_thread or import_thread beside or before delete_thread, the schedules that found a defect;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
@@ -280,6 +281,17 @@ def test_copy_or_import_then_delete_leaves_nothing_pinned(world: World, scenario
     tally = Tally()
     _run(world, Spec(world.mode, scenario, seed, "none"), tally)
     _fail(tally, f"{world.mode} {scenario} seed {seed}")
+
+
+def test_prune_finishing_a_delete_removes_its_run_hints_pinned(moto_endpoint: str) -> None:
+    """Seed 8 of "prune_copy+delete" (manifest, random faults): the delete's switch
+    landed and its answer was lost; a prune then found the delete's graveyard and
+    cleared it, and the delete, called again, no longer found the thread's runs:
+    their hints stayed, naming the deleted thread (c). Whichever call clears a
+    delete's graveyard now removes the hints of its runs first."""
+    tally = Tally()
+    _run(World(moto_endpoint, "manifest"), Spec("manifest", "prune_copy+delete", 8, "random"), tally)
+    _fail(tally, "manifest prune_copy+delete seed 8")
 
 
 def test_delete_beside_an_archive_switch_pinned(moto_endpoint: str) -> None:
