@@ -151,6 +151,11 @@ def _rebuild_archived(ctx: Context, thread_id: str, archive: tuple[str, int, str
     else:
         head = yield from request_one(ctx.s3.head(key))
         ref.newest = metadata_newest(head.get("Metadata", {})) or ref.newest
+    record = yield from ctx.index.archive_of(thread_id)
+    if record.archive is not None and record.archive.key == key:
+        # Indexed already (a rebuild run again after a cut, or over an index that
+        # was never lost): the thread reads from this archive, as it should.
+        return count
     yield from ctx.index.restore(thread_id, [], [], created)
     yield from ctx.index.mark_archive(thread_id, key)
     _, snapshot = yield from ctx.index.snapshot(thread_id)
