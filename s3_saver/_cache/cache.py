@@ -53,8 +53,8 @@ class S3Cache(BaseCache[ValueT], AbstractContextManager, AbstractAsyncContextMan
     (logger ``s3_saver``, warning) and counts as a miss or is dropped: the node
     then runs, as it would without a cache. ``clear`` raises.
 
-    Constructing a cache makes no network call; the bucket must exist (run
-    [S3Saver.setup()][s3_saver.S3Saver.setup], or deploy ``infra/``).
+    Constructing a cache makes no network call; [setup()][s3_saver.S3Cache.setup]
+    creates the bucket when missing (as [S3Saver.setup()][s3_saver.S3Saver.setup] does).
 
     Example:
         ```python
@@ -137,6 +137,7 @@ class S3Cache(BaseCache[ValueT], AbstractContextManager, AbstractAsyncContextMan
         self._given = [s3_client] if s3_client is not None else []
         self._owns_drivers = True
         self._state = node_cache.CacheState()
+        self._region = region_name
         self._clock = time.time
 
     @classmethod
@@ -299,6 +300,20 @@ class S3Cache(BaseCache[ValueT], AbstractContextManager, AbstractAsyncContextMan
         await self._async.run(self._clear_op(namespaces))
 
     # -- lifecycle ---------------------------------------------------------------------
+    def setup(self) -> None:
+        """Create the bucket when missing (a cache made by
+        [from_saver()][s3_saver.S3Cache.from_saver] has its saver's
+        [setup()][s3_saver.S3Saver.setup] for that). Idempotent.
+
+        Raises:
+            S3SaverError: The store refused (e.g. no ``s3:CreateBucket`` right).
+        """
+        self._sync.run(node_cache.setup(self._where(), self._region))
+
+    async def asetup(self) -> None:
+        """Async version of [setup()][s3_saver.S3Cache.setup]."""
+        await self._async.run(node_cache.setup(self._where(), self._region))
+
     def close(self) -> None:
         """Release the sync driver's thread pool and the client the cache created
         (nothing of a saver's, for a cache made by [from_saver()][s3_saver.S3Cache.from_saver])."""

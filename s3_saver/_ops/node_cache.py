@@ -47,6 +47,8 @@ from s3_saver._format.node_cache import (
     read_gens,
 )
 from s3_saver._transport.failures import (
+    BUCKET_MISSING,
+    BUCKET_OURS_CODES,
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
@@ -213,4 +215,18 @@ def clear(where: Where, state: CacheState, namespaces: list[Namespace] | None, t
     )
 
 
-__all__ = ["CacheState", "Entry", "Where", "clear", "get", "load_gens", "put"]
+def setup(where: Where, region: str | None) -> Op[None]:
+    """Create the bucket when missing (a bucket that exists is left as it is)."""
+    head_call = where.s3.head_bucket()
+    (head,) = yield (head_call,)
+    if not isinstance(head, BaseException):
+        return
+    if classify(head, "head_bucket") != BUCKET_MISSING:
+        raise failure(head_call, head)
+    create = where.s3.create_bucket(region)
+    (created,) = yield (create,)
+    if isinstance(created, BaseException) and error_code(created) not in BUCKET_OURS_CODES:
+        raise failure(create, created)
+
+
+__all__ = ["CacheState", "Entry", "Where", "clear", "get", "load_gens", "put", "setup"]
