@@ -11,6 +11,7 @@ from typing import Annotated
 
 import boto3
 import pytest
+from hypothesis import strategies as st
 from conftest import BUCKET, make_saver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import CachePolicy
@@ -282,3 +283,78 @@ def test_a_savers_gc_and_audit_leave_the_cache_alone(endpoint: str, index_mode: 
     assert _cache_keys(endpoint) == before
     assert _cache(endpoint).get([K1]) == {K1: "kept"}
     assert saver.get_tuple({"configurable": {"thread_id": "t"}}) is not None
+
+
+# -- against InMemoryCache ------------------------------------------------------------------
+_NAMESPACES = [("a",), ("a", "b"), ("a.b",), ("a", "b", "")]
+_KEYS = [(ns, key) for ns in _NAMESPACES for key in ("k", "")]
+_OPS = st.one_of(
+    st.tuples(
+        st.just("set"),
+        st.integers(0, 1),
+        st.dictionaries(st.sampled_from(_KEYS), st.tuples(st.integers(0, 9), st.sampled_from([None, 0, 1, 3])), min_size=1),
+    ),
+    st.tuples(st.just("get"), st.integers(0, 1), st.just(None)),
+    st.tuples(st.just("clear"), st.integers(0, 1), st.lists(st.sampled_from(_NAMESPACES), max_size=2)),
+    st.tuples(st.just("clear"), st.integers(0, 1), st.none()),
+    st.tuples(st.just("tick"), st.just(0), st.integers(1, 3)),
+)
+
+
+def _differential(endpoint: str, examples: int):
+    """InMemoryCache (its clock the same injected one) and two S3Cache objects (two
+    processes, on one prefix per example) given the same calls: every get answers alike."""
+    import datetime as dt
+    import itertools
+    import types
+
+    import langgraph.cache.memory as memory
+    from hypothesis import HealthCheck, given, settings
+
+    now = [1_000_000]
+
+    class Clock(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ANN001, ANN206
+            return dt.datetime.fromtimestamp(now[0], tz)
+
+    prefixes = itertools.count()
+    _cache(endpoint)  # the bucket
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(ops=st.lists(_OPS, max_size=10))
+    def check(ops) -> None:
+        prefix = f"run-{next(prefixes)}/"
+        caches = [S3Cache(BUCKET, prefix=prefix, endpoint_url=endpoint, region_name="us-east-1") for _ in range(2)]
+        for cache in caches:
+            cache._clock = lambda: float(now[0])
+        reference = memory.InMemoryCache()
+        for kind, who, arg in ops:
+            cache = caches[who]
+            if kind == "set":
+                cache.set(arg)
+                reference.set(arg)
+            elif kind == "clear":
+                cache.clear(arg)
+                reference.clear(arg)
+            elif kind == "tick":
+                now[0] += arg
+            assert cache.get(_KEYS) == reference.get(_KEYS), (prefix, ops)
+        for cache in caches:
+            cache.close()
+
+    original = memory.datetime
+    memory.datetime = types.SimpleNamespace(datetime=Clock, timezone=dt.timezone, timedelta=dt.timedelta)
+    try:
+        check()
+    finally:
+        memory.datetime = original
+
+
+def test_answers_equal_in_memory_caches(endpoint: str) -> None:
+    _differential(endpoint, 15)
+
+
+@pytest.mark.slow
+def test_answers_equal_in_memory_caches_long(endpoint: str) -> None:
+    _differential(endpoint, 200)
