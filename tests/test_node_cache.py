@@ -358,3 +358,26 @@ def test_answers_equal_in_memory_caches(endpoint: str) -> None:
 @pytest.mark.slow
 def test_answers_equal_in_memory_caches_long(endpoint: str) -> None:
     _differential(endpoint, 200)
+
+
+@pytest.mark.slow
+def test_on_seaweedfs_a_clear_in_one_process_is_seen_by_the_other(seaweedfs_bucket: tuple[str, str]) -> None:
+    """An S3-compatible store: plain PUTs, compare-and-swap of the generations (a stale ETag
+    answered 412), GETs of missing entries; the set-vs-clear rewrite."""
+    from conftest import seaweedfs_session
+
+    endpoint, bucket = seaweedfs_bucket
+
+    def cache() -> S3Cache:
+        return S3Cache(bucket, s3_endpoint_url=endpoint, region_name="us-east-1", boto3_session=seaweedfs_session())
+
+    a, b = cache(), cache()
+    a.set({K1: (1, None), OTHER: (2, 60)})
+    assert b.get([K1, K2, OTHER]) == {K1: 1, OTHER: 2}
+    b.clear([K1[0]])
+    a.clear([OTHER[0]])  # its ETag is stale: 412, read again, swapped
+    assert b.get([K1, OTHER]) == {}
+    a.set({K2: (3, None)})  # a's generations are current: one round trip
+    b.clear()
+    a.set({K1: (4, None)})  # a's are stale now: written again under b's
+    assert b.get([K1, K2]) == {K1: 4}
