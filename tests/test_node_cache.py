@@ -381,3 +381,55 @@ def test_on_seaweedfs_a_clear_in_one_process_is_seen_by_the_other(seaweedfs_buck
     b.clear()
     a.set({K1: (4, None)})  # a's are stale now: written again under b's
     assert b.get([K1, K2]) == {K1: 4}
+
+
+def _without_list_bucket(cache: S3Cache, deny: set[str] | None = None) -> None:
+    """S3's answers to a caller without s3:ListBucket: 403 AccessDenied for a missing key
+    (and, for the keys in ``deny``, for a present one: a GET denied outright)."""
+    from botocore.exceptions import ClientError
+
+    send = cache._sync._send
+
+    def answer(call):  # noqa: ANN001, ANN202
+        result = send(call)
+        key = call.params.get("Key", "")
+        missing = isinstance(result, ClientError) and result.response["Error"]["Code"] == "NoSuchKey"
+        if call.operation == "get_object" and (missing or key in (deny or set())):
+            error = {"Error": {"Code": "AccessDenied", "Message": "Access Denied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}
+            return ClientError(error, "GetObject")
+        return result
+
+    cache._sync._send = answer
+
+
+def test_without_list_bucket_a_missing_entry_is_a_quiet_miss_and_set_creates_the_generations(
+    endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """S3 answers 403 for a missing key to a caller without s3:ListBucket. A set creates the
+    generations document (IfNoneMatch) and goes on; once it exists, a 403 entry beside it is a
+    miss, not logged; clear works. A document that exists but cannot be read: set drops,
+    clear raises AccessDeniedError naming the bucket."""
+    from s3_saver import AccessDeniedError
+
+    cache = _cache(endpoint)
+    _without_list_bucket(cache)
+    with caplog.at_level(logging.WARNING, logger="s3_saver"):
+        assert cache.get([K1]) == {}  # no document yet: cannot tell, all missed (logged)
+        cache.stats.reset()
+        cache.set({K1: ("v", None)})  # GET (403), create the document, then PUT and GET
+        assert _counts(cache.stats) == (3, {"get_object": 2, "put_object": 2})
+        caplog.clear()
+        assert cache.get([K1, K2]) == {K1: "v"}
+        assert caplog.records == []
+    cache.clear([K1[0]])
+    assert cache.get([K1]) == {}
+    cold = _cache(endpoint)
+    _without_list_bucket(cold)
+    cold.clear()
+    assert cache.get([K1]) == {}
+    denied = _cache(endpoint)
+    _without_list_bucket(denied, {CacheKeys("").gens_key})
+    denied.set({K2: ("dropped", None)})
+    assert _cache(endpoint).get([K2]) == {}
+    with pytest.raises(AccessDeniedError, match="checkpoints"):
+        denied.clear()

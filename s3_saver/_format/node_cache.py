@@ -108,11 +108,14 @@ class CacheKeys:
 @dataclass(frozen=True)
 class Gens:
     """The generations document as read: ``etag`` None when there is none (nothing
-    was ever cleared: epoch "" and every generation 0)."""
+    was ever cleared: epoch "" and every generation 0). ``denied``: its GET was answered
+    403, which S3 gives for a missing key to a caller without ``s3:ListBucket``:
+    absent or unreadable, not known which (a create with ``IfNoneMatch`` tells)."""
 
     epoch: str = ""
     gens: dict[str, int] = field(default_factory=dict)
     etag: str | None = None
+    denied: BaseException | None = field(default=None, compare=False)
 
     def of(self, ns_id: str) -> tuple[str, int]:
         """The (epoch, gen) an entry of the namespace ``ns_id`` is valid under."""

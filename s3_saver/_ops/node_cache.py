@@ -59,6 +59,8 @@ from s3_saver._transport.protocol import Backoff, Call, Op, backoff, failure
 from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import S3SaverError, StoreUnavailableError
 
+# S3's answer to the GET of a missing key for a caller without s3:ListBucket.
+_MISSING_OR_DENIED = frozenset({"AccessDenied"})
 # Rounds of a set whose generations kept changing, and swaps of a clear that kept losing.
 _SET_ROUNDS = 3
 _CLEAR_ATTEMPTS = 8
@@ -84,10 +86,13 @@ class Where:
 
 
 def _gens_of(where: Where, call: Call, result: Any) -> Gens:
-    """The document a GET answered (absent: the initial one), or the call's failure raised."""
+    """The document a GET answered (absent: the initial one; 403: ``Gens.denied``), or
+    the call's failure raised."""
     if isinstance(result, BaseException):
         if classify(result, "get_object") == OBJECT_MISSING:
             return Gens()
+        if error_code(result) in _MISSING_OR_DENIED:
+            return Gens(denied=failure(call, result))
         raise failure(call, result)
     return read_gens(result["Body"], result["ETag"], f"s3://{where.s3.bucket}/{call.params['Key']}")
 
@@ -95,7 +100,9 @@ def _gens_of(where: Where, call: Call, result: Any) -> Gens:
 def load_gens(where: Where, state: CacheState) -> Op[Gens]:
     call = where.s3.get(where.keys.gens_key)
     results = yield (call,)
-    state.gens = gens = _gens_of(where, call, results[0])
+    gens = _gens_of(where, call, results[0])
+    if gens.denied is None:
+        state.gens = gens
     return gens
 
 
@@ -107,16 +114,21 @@ def get(where: Where, state: CacheState, keys: list[FullKey], now: float) -> Op[
     gens_call = where.s3.get(where.keys.gens_key)
     results = yield (*entry_calls, gens_call)
     try:
-        state.gens = gens = _gens_of(where, gens_call, results[-1])
+        gens = _gens_of(where, gens_call, results[-1])
+        if gens.denied is not None:
+            raise gens.denied
     except S3SaverError as exc:
         # Without the generations no entry can be trusted: all are misses.
         return {}, [f"{where.describe()}: its generations could not be read, so {len(keys)} keys missed: {exc}"]
+    state.gens = gens
     found: dict[FullKey, Typed] = {}
     problems: list[str] = []
     for full_key, call, result in zip(keys, entry_calls, results):
         name = f"s3://{where.s3.bucket}/{call.params['Key']}"
         if isinstance(result, BaseException):
-            if classify(result, "get_object") != OBJECT_MISSING:
+            # A 403 beside a generations document that was readable (the same folder,
+            # the same rights): the entry is absent, to a caller without s3:ListBucket.
+            if classify(result, "get_object") != OBJECT_MISSING and error_code(result) not in _MISSING_OR_DENIED:
                 problems.append(f"{where.describe()}: {full_key!r} missed: {failure(call, result)}")
             continue
         try:
@@ -139,9 +151,10 @@ def put(
         return []
     gens = state.gens
     if gens is None:
-        gens = yield from _load_quietly(where, state)
-        if gens is None:
-            return [f"{where.describe()}: its generations could not be read, so {len(entries)} entries were dropped"]
+        try:
+            gens = yield from _known_gens(where, state)
+        except S3SaverError as exc:
+            return [f"{where.describe()}: its generations could not be read, so {len(entries)} entries were dropped: {exc}"]
     pending = list(entries)
     problems: list[str] = []
     for _ in range(_SET_ROUNDS):
@@ -159,6 +172,8 @@ def put(
                 written.append(fk)
         try:
             now_gens = _gens_of(where, gens_call, results[-1])
+            if now_gens.denied is not None:
+                raise now_gens.denied
         except S3SaverError as exc:
             # What was written is valid at most under the generations it names:
             # never a value a clear removed. Only its use is in doubt.
@@ -176,11 +191,19 @@ def put(
     return problems
 
 
-def _load_quietly(where: Where, state: CacheState) -> Op[Gens | None]:
-    try:
-        return (yield from load_gens(where, state))
-    except S3SaverError:
-        return None
+def _known_gens(where: Where, state: CacheState) -> Op[Gens]:
+    """The generations, read; when S3 will not say whether the document exists (403),
+    created as the initial one with ``IfNoneMatch``: written, it was absent; refused
+    (412), it exists and cannot be read: the GET's failure is raised."""
+    gens = yield from load_gens(where, state)
+    if gens.denied is None:
+        return gens
+    call = where.s3.put_swap(where.keys.gens_key, pack_gens(Gens()), None)
+    (result,) = yield (call,)
+    if isinstance(result, BaseException):
+        raise gens.denied if error_code(result) in PRECONDITION_FAILED_CODES else failure(call, result)
+    state.gens = known = Gens(etag=result["ETag"])
+    return known
 
 
 def clear(where: Where, state: CacheState, namespaces: list[Namespace] | None, token: Callable[[], str] = new_token) -> Op[None]:
@@ -191,6 +214,8 @@ def clear(where: Where, state: CacheState, namespaces: list[Namespace] | None, t
     gens = state.gens
     if gens is None:
         gens = yield from load_gens(where, state)
+    # A 403 on the document (``Gens.denied``): the swap below creates it with
+    # IfNoneMatch, as if absent; a 412 then says it exists and cannot be read.
     for attempt in range(1, _CLEAR_ATTEMPTS + 1):
         new = gens.bumped(ns_ids, token())
         call = where.s3.put_swap(where.keys.gens_key, pack_gens(new), gens.etag)
@@ -201,6 +226,8 @@ def clear(where: Where, state: CacheState, namespaces: list[Namespace] | None, t
             return
         code = error_code(result)
         if code in PRECONDITION_FAILED_CODES:
+            if gens.denied is not None:
+                raise gens.denied
             # Another clear (or this one's first try, whose answer was lost) swapped
             # it: read again and bump what is there now.
             gens = yield from load_gens(where, state)
