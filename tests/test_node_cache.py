@@ -433,3 +433,78 @@ def test_without_list_bucket_a_missing_entry_is_a_quiet_miss_and_set_creates_the
     assert _cache(endpoint).get([K2]) == {}
     with pytest.raises(AccessDeniedError, match="checkpoints"):
         denied.clear()
+
+
+# -- set racing clear, every interleaving of their round trips ---------------------------------
+def _interleavings(endpoint: str, stale: bool):
+    """Every schedule of one process's set of V1 and another's clear of its namespace, round
+    trip by round trip, the set possibly cut (its process gone) after any of its waves, after
+    V0 was set and returned: (schedule, what a fresh get then returns)."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from s3_saver._transport.protocol import Sleep
+
+    serde = JsonPlusSerializer(pickle_fallback=False)
+    runs = iter(range(10_000))
+    _cache(endpoint)  # the bucket
+
+    def run(choices: list[str]) -> tuple[list[str], dict]:
+        prefix = f"race-{next(runs)}/"
+
+        def make() -> S3Cache:
+            return S3Cache(BUCKET, prefix=prefix, endpoint_url=endpoint, region_name="us-east-1")
+
+        setter, clearer = make(), make()
+        setter.set({K1: ("V0", None)})
+        clearer.get([K1])  # warm: it knows the generations' ETag
+        if stale:
+            make().clear([("elsewhere",)])  # both now hold a stale view
+        where = lambda c: node_cache.Where(c._where().s3, c._keys)  # noqa: E731
+        ops = {
+            "set": node_cache.put(where(setter), setter._state, {K1: (serde.dumps_typed("V1"), None)}, setter._clock()),
+            "clear": node_cache.clear(where(clearer), clearer._state, [K1[0]]),
+        }
+        pending = {name: next(op) for name, op in ops.items()}
+        options: list[str] = []
+        for choice in [*choices, None]:
+            options = sorted(pending) + (["cut"] if "set" in pending else [])
+            if choice is None:
+                break
+            if choice == "cut":
+                ops["set"].close()
+                del pending["set"]
+                continue
+            step = pending[choice]
+            reply = setter._sync._wave(step) if isinstance(step, tuple) else (True if isinstance(step, Sleep) else None)
+            try:
+                pending[choice] = ops[choice].send(reply)
+            except StopIteration:
+                del pending[choice]
+        got = make().get([K1]) if not pending else None
+        return options if pending else [], {"value": got}
+
+    def walk(choices: list[str]):
+        options, seen = run(choices)
+        if not options:
+            yield choices, seen["value"]
+            return
+        for option in options:
+            yield from walk([*choices, option])
+
+    yield from walk([])
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["current", "stale"])
+def test_a_set_racing_a_clear_never_brings_back_what_the_clear_removed(endpoint: str, stale: bool) -> None:
+    """Never V0 after the clear. A set that finished before the clear began is cleared; one
+    that began after it returned is kept; in between, either (never a torn state)."""
+    seen = 0
+    for schedule, got in _interleavings(endpoint, stale):
+        seen += 1
+        assert got in ({}, {K1: "V1"}), (schedule, got)
+        steps = [c for c in schedule if c != "cut"]
+        if "cut" not in schedule and steps == sorted(steps, key=lambda c: c != "set"):  # set, then clear
+            assert got == {}, schedule
+        if "cut" not in schedule and steps == sorted(steps, key=lambda c: c != "clear"):  # clear, then set
+            assert got == {K1: "V1"}, schedule
+    assert seen >= (9 if stale else 4), seen
