@@ -38,7 +38,12 @@ ARCHIVE_PREFIX = "archive/"
 """Sub-prefix of archived threads: one object per thread (``archive_thread``), in a
 cold storage class; lifecycle rules may move it colder still."""
 
-FOLDERS = tuple(p.rstrip("/") for p in (LIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX, SET_ASIDE_PREFIX, ARCHIVE_PREFIX))
+NODE_CACHE_PREFIX = "node-cache/"
+"""Sub-prefix of the node cache (``S3Cache``): its entries and its generations
+document. A folder of its own, so a lifecycle rule that expires cache entries
+(and a saver's gc, which lists only its own folders) never meets a thread's objects."""
+
+FOLDERS = tuple(p.rstrip("/") for p in (LIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX, SET_ASIDE_PREFIX, ARCHIVE_PREFIX, NODE_CACHE_PREFIX))
 """The folders every key of a saver starts with, after its prefix. No prefix may
 have one as a segment (``check_prefix``): that is what keeps two savers' trees apart."""
 
