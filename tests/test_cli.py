@@ -475,6 +475,8 @@ NOT_IN_CLI_WORDS = {
     "sqlite:///relative/path.db or sqlite:////absolute": "saver URLs (migrate --from/--to): their parameters are their words",
     "x: an S3 URL is s3://bucket[/prefix]?table=": "saver URLs (migrate --from/--to): their parameters are their words",
     ". The thread was written with an EncryptedSerializer": "the serializer is a variable here; test_serde_option meets both forms' rule",
+    "S3Cache('x', prefix='x')": "S3Cache: the node cache has no command",
+    "max_concurrency must be a positive int, got 'x'": "S3Cache(max_concurrency=): the node cache has no command",
 }
 
 

@@ -21,7 +21,8 @@ See tests/sim/__init__.py for the harness. In both index modes:
 * ``test_failover_pinned``: the two-region schedules that found a defect, replayed;
 * ``test_restore_beside_delete_*_pinned``, ``test_delete_beside_an_archive_switch_pinned``,
   ``test_copy_or_import_then_delete_leaves_nothing_pinned``,
-  ``test_prune_finishing_a_delete_removes_its_run_hints_pinned``: restore_thread, archive_thread, prune,
+  ``test_prune_finishing_a_delete_removes_its_run_hints_pinned``,
+  ``test_copy_beside_a_writer_replacing_a_write_pinned``: restore_thread, archive_thread, prune,
   copy_thread or import_thread beside or before delete_thread, the schedules that found a defect;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
@@ -229,6 +230,17 @@ def test_erase_after_a_new_life_pinned(moto_endpoint: str) -> None:
     tally = Tally()
     _run(World(moto_endpoint, "manifest", versioned=True), Spec("manifest", "relive", 1, "one", [-1, 0, 0], versioned=True), tally)
     _fail(tally, "manifest relive seed 1")
+
+
+def test_copy_beside_a_writer_replacing_a_write_pinned(moto_endpoint: str) -> None:
+    """Seed 121080 of "writes+copy" (DynamoDB, random faults): copy_thread read the
+    source, then a put_writes retried after a cut replaced a special channel's
+    write (the last wins) and deleted the old part's object; the copy raised
+    MissingObjectError copying it. A copy now reads the source again when an
+    object it read went meanwhile."""
+    tally = Tally()
+    _run(World(moto_endpoint, "dynamodb"), Spec("dynamodb", "writes+copy", 121080, "random"), tally)
+    _fail(tally, "dynamodb writes+copy seed 121080")
 
 
 # restore_thread beside delete_thread ("restore+delete", no faults) in the schedules
