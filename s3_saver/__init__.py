@@ -1,5 +1,6 @@
 """s3_saver: a LangGraph checkpoint saver on S3 immutable objects with a DynamoDB index."""
 
+from s3_saver._cache.cache import S3Cache
 from s3_saver._format.keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._index.dynamodb.table import (
     PARTITION_KEY,
@@ -93,6 +94,7 @@ __all__ = [
     "RetryPolicy",
     "ResourceMissingError",
     "RunDeletedError",
+    "S3Cache",
     "S3Saver",
     "S3SaverError",
     "SerializationError",

@@ -48,15 +48,15 @@ class TableOwnedError(ConfigurationError):
 
 
 class IndexModeMismatchError(ConfigurationError):
-    """The bucket prefix belongs to the other index mode.
+    """The bucket prefix belongs to the other index mode, or to another DynamoDB table.
 
     Both modes keep the same objects under ``<prefix>live/``; a saver of the
-    other mode would read no threads there, start second histories under the
-    same thread ids, and collect the other mode's objects as garbage. A marker
-    written by ``setup()`` (or the first write) records the prefix's mode; a
-    saver of the other mode is refused before it reads, writes or deletes.
-    The message names the bucket, the prefix, the mode found (and its table)
-    and what to pass instead.
+    other mode (or of another table) would read no threads there, start second
+    histories under the same thread ids, and collect the other index's objects
+    as garbage. A marker written by ``setup()`` (or the first write) records the
+    prefix's mode and table; a saver of another is refused before it reads,
+    writes or deletes (its ``Replica``'s table is accepted). The message names
+    the bucket, the prefix, the mode found (and its table) and what to pass instead.
 
     Attributes:
         bucket: The bucket.

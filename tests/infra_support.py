@@ -420,10 +420,11 @@ def authorizations(
             _kms_via_s3(action, call.params["Bucket"], kms_key_arn, region)
             for action in KMS_ACTIONS_VIA_S3.get(call.operation, ())
         ]
-    if call.operation in ("GetObject", "HeadObject") and call.status == 404:
+    if call.operation in ("GetObject", "HeadObject") and call.status == 404 and not _in_node_cache(call.params["Key"]):
         # S3 answers a GET or HEAD of a missing key with 404 only to a caller allowed
         # s3:ListBucket on the bucket, with 403 to anyone else: a saver that tells
         # "not there (yet)" from "denied" needs it (replica reads under replication lag).
+        # The node cache takes a 403 for a miss as it takes a 404: it needs no s3:ListBucket.
         out.append(Request("s3:ListBucket", f"arn:{PARTITION}:s3:::{call.params['Bucket']}"))
     if "CopySource" in call.params:
         bucket, key, version = _copy_source(call.params)
@@ -432,6 +433,15 @@ def authorizations(
         if kms_key_arn:
             out.append(_kms_via_s3("kms:Decrypt", bucket, kms_key_arn, region))
     return out
+
+
+def _in_node_cache(key: str) -> bool:
+    """Whether ``key`` is the node cache's (S3Cache). No prefix has a folder name as a
+    segment, so the first segment that is one is the key's folder."""
+    from s3_saver._format.key_codec import FOLDERS, NODE_CACHE_PREFIX
+
+    folder = next((s for s in key.split("/") if s in FOLDERS), None)
+    return folder == NODE_CACHE_PREFIX.rstrip("/")
 
 
 # -- policy evaluation ----------------------------------------------------------------

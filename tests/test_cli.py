@@ -350,8 +350,11 @@ def test_hints_name_commands_and_options(endpoint: str, chats, tmp_path) -> None
     assert "delete THREAD" in line and "`copy` copies into an empty thread" in line
     line = error("--bucket", "no-such-bucket", "threads")
     assert "`setup` command" in line and "Check the bucket name and --region" in line
-    line = error("--table", "no-such-table", "threads")
+    # (A prefix of its own: the store's prefix belongs to its table, which the marker names first.)
+    line = error("--table", "no-such-table", "--prefix", "elsewhere/", "threads")
     assert "check --region (the `setup` command there would create a second, empty index)" in line
+    line = error("--table", "no-such-table", "threads")
+    assert f"Pass --table {TABLE} (or CHECKPOINT_TABLE={TABLE})" in line and "`rebuild-index` with no thread id" in line
     # The global options as the constructor checks them.
     line = error("--bucket", "s3://checkpoints", "threads")
     assert line.startswith("error: --bucket 's3://checkpoints' is not an S3 bucket name") and "goes in --prefix" in line
@@ -472,6 +475,8 @@ NOT_IN_CLI_WORDS = {
     "sqlite:///relative/path.db or sqlite:////absolute": "saver URLs (migrate --from/--to): their parameters are their words",
     "x: an S3 URL is s3://bucket[/prefix]?table=": "saver URLs (migrate --from/--to): their parameters are their words",
     ". The thread was written with an EncryptedSerializer": "the serializer is a variable here; test_serde_option meets both forms' rule",
+    "S3Cache('x', prefix='x')": "S3Cache: the node cache has no command",
+    "max_concurrency must be a positive int, got 'x'": "S3Cache(max_concurrency=): the node cache has no command",
 }
 
 

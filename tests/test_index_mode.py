@@ -38,10 +38,10 @@ def _ddb(endpoint: str):
     return boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
 
 
-def _make_table(endpoint: str, key_schema=TABLE_KEY_SCHEMA, attributes=TABLE_ATTRIBUTE_DEFINITIONS) -> None:
+def _make_table(endpoint: str, key_schema=TABLE_KEY_SCHEMA, attributes=TABLE_ATTRIBUTE_DEFINITIONS, name: str = TABLE) -> None:
     """The table as a stack makes it (no setup(), so no marker or owner record)."""
     _ddb(endpoint).create_table(
-        TableName=TABLE, KeySchema=list(key_schema), AttributeDefinitions=list(attributes), BillingMode="PAY_PER_REQUEST"
+        TableName=name, KeySchema=list(key_schema), AttributeDefinitions=list(attributes), BillingMode="PAY_PER_REQUEST"
     )
 
 
@@ -390,3 +390,225 @@ def test_a_dynamodb_read_does_not_wait_for_a_failing_s3_at_every_wave(endpoint) 
     assert sent[("s3", "get_object")] == 2, sent  # the first wave's GET and its one retry, then none
     reader.close()
     written.close()
+
+
+# -- one prefix, one table -----------------------------------------------------------------
+OTHER_TABLE = "other-index"
+
+
+def _table_saver(endpoint: str, table: str, **kw):
+    from s3_saver import S3Saver
+
+    return S3Saver(BUCKET, table=table, endpoint_url=endpoint, region_name="us-east-1", **kw)
+
+
+def _tables_store(endpoint: str) -> tuple[dict[str, str], dict[str, list]]:
+    """Every object (and ETag) and every item of both tables."""
+    items = {}
+    for name in (TABLE, OTHER_TABLE):
+        try:
+            items[name] = sorted(repr(sorted(i.items())) for i in _ddb(endpoint).scan(TableName=name)["Items"])
+        except _ddb(endpoint).exceptions.ResourceNotFoundException:
+            items[name] = []
+    return _objects(endpoint), items
+
+
+def _marker(endpoint: str, bucket: str = BUCKET, client=None) -> dict:
+    return json.loads((client or _s3(endpoint)).get_object(Bucket=bucket, Key=MARKER)["Body"].read())
+
+
+def _two_tables(endpoint: str, first: str):
+    """The prefix written by a saver of table ``first``; the other table exists too
+    (a second app's stack made it): its saver is refused by the marker alone."""
+    written = _table_saver(endpoint, first)
+    written.setup()
+    grow_thread(written, "chat", 3)
+    second = OTHER_TABLE if first == TABLE else TABLE
+    _make_table(endpoint, name=second)
+    return written, second
+
+
+def _refused_table(exc: pytest.ExceptionInfo, theirs: str, mine: str) -> str:
+    error = exc.value
+    text = str(error)
+    assert (error.bucket, error.prefix, error.found, error.table) == (BUCKET, "", "dynamodb", theirs), text
+    assert f"s3://{BUCKET}/" in text and f"table {theirs!r}" in text and f"table {mine!r}" in text, text
+    assert "one saver and one index" in text and f"table={theirs!r}" in text, text
+    return text
+
+
+@pytest.mark.parametrize("first", (TABLE, OTHER_TABLE))
+def test_a_second_table_on_one_prefix_is_refused(endpoint, first) -> None:
+    """Two DynamoDB savers of different tables on one bucket and prefix: each would read
+    the other's threads as unindexed objects, and its gc would delete them. The marker
+    names the first table: a saver of the other is refused before it reads, writes or
+    deletes (either way round), in the read it already sends."""
+    written, second = _two_tables(endpoint, first)
+    before = _tables_store(endpoint)
+    other = _table_saver(endpoint, second)
+    with pytest.raises(IndexModeMismatchError) as exc:
+        other.get_tuple(config("chat"))
+    _refused_table(exc, first, second)
+    with pytest.raises(IndexModeMismatchError):
+        other.setup()
+    with pytest.raises(IndexModeMismatchError):
+        grow_thread(other, "chat", 1)
+    with pytest.raises(IndexModeMismatchError):
+        grow_thread(other, "new-thread", 1)
+    with pytest.raises(IndexModeMismatchError):
+        other.collect_garbage(older_than=timedelta(0), include_unindexed=True)
+    with pytest.raises(IndexModeMismatchError):
+        other.delete_thread("chat")
+    with pytest.raises(IndexModeMismatchError):
+        other.rebuild_index("chat")  # one thread: never moves the prefix
+    with pytest.raises(IndexModeMismatchError) as exc:
+        other.rebuild_index()  # every thread moves it, but only from a lost table: this one is there
+    text = _refused_table(exc, first, second)
+    assert "still exists (ACTIVE)" in text and f"delete table {first!r}" in text, text
+
+    async def asynchronous() -> None:
+        with pytest.raises(IndexModeMismatchError):
+            await other.aget_tuple(config("chat"))
+        await other.aclose()
+
+    asyncio.run(asynchronous())
+    objects, items = _tables_store(endpoint)
+    assert items == before[1]
+    assert {k: e for k, e in objects.items() if k in before[0]} == before[0]
+    assert not [k for k in objects if k not in before[0] and not k.startswith("live/")]
+    assert _marker(endpoint)["table"] == first
+    assert written.get_tuple(config("chat")).checkpoint["channel_values"]["counter"] == 2
+    report = written.audit(older_than=timedelta(0))
+    assert not report.missing and not report.broken
+    written.close()
+    other.close()
+
+
+@pytest.mark.parametrize("first", (TABLE, OTHER_TABLE))
+def test_gc_include_unindexed_of_a_second_table_deletes_nothing(endpoint, first) -> None:
+    """Through the command line: gc --include-unindexed --older-than 0 with the other table."""
+    from cli_support import cli_env
+
+    written, second = _two_tables(endpoint, first)
+    before = _tables_store(endpoint)
+    env = cli_env(endpoint, "dynamodb", CHECKPOINT_TABLE=second)
+    result = run_cli(endpoint, "gc", "--include-unindexed", "--older-than", "0", "--force", "--yes", env=env)
+    line = error_line(result, 1)
+    assert f"table {first!r}" in line and f"table {second!r}" in line and f"--table {first}" in line, line
+    assert "table=" not in line and "rebuild_index" not in line and "`rebuild-index`" in line, line
+    assert "Replica" not in line, line  # no option configures one
+    # rebuild-index with the other table: a move, refused while the prefix's table is there.
+    line = error_line(run_cli(endpoint, "rebuild-index", env=env), 1)
+    assert f"table {first!r}" in line and "still exists" in line and f"--table {first}" in line, line
+    assert "then run `rebuild-index` with no thread id" in line and "table=" not in line, line
+    assert _tables_store(endpoint) == before
+    assert written.get_tuple(config("chat")).checkpoint["channel_values"]["counter"] == 2
+    written.close()
+    # Its table lost, the command moves the prefix to the other table.
+    _ddb(endpoint).delete_table(TableName=first)
+    assert "indexed 3 checkpoints of every thread" in ok(run_cli(endpoint, "rebuild-index", env=env))
+    assert _marker(endpoint)["table"] == second
+    assert '"counter": 2' in ok(run_cli(endpoint, "--json", "show", "chat", env=env))
+
+
+def test_a_rebuild_of_every_thread_moves_the_prefix_to_another_table(endpoint) -> None:
+    """The table is lost; a new one (another name), made by setup(), is filled by
+    rebuild_index() of every thread, whose switch re-marks the prefix once the index is whole: cut before it, the
+    prefix stays the old table's (the cut saver object too) and the call again finishes;
+    its answer lost, the retry finds it landed. From then on the new table is the
+    prefix's and the old one is refused."""
+    from faults import FaultProxy
+
+    from s3_saver import RetryPolicy
+
+    old = _table_saver(endpoint, TABLE)
+    old.setup()
+    grow_thread(old, "chat", 3)
+    grow_thread(old, "other", 2)
+    old.close()
+    _ddb(endpoint).delete_table(TableName=TABLE)  # the index lost
+    made = _table_saver(endpoint, OTHER_TABLE)
+    made.setup()  # makes the new table; the prefix stays the lost table's until the rebuild
+    assert OTHER_TABLE in _ddb(endpoint).list_tables()["TableNames"] and _marker(endpoint)["table"] == TABLE
+    with pytest.raises(IndexModeMismatchError) as exc:
+        made.get_tuple(config("chat"))
+    assert "(made by setup() first, if need be)" in _refused_table(exc, TABLE, OTHER_TABLE)
+    made.close()
+    marker_put = lambda req: req.method == "PUT" and "index-mode" in req.path  # noqa: E731
+    with FaultProxy(endpoint, rate=1.0, kinds=("reset_before",), operations=marker_put, max_faults=1) as proxy:
+        cut = _table_saver(proxy.url, OTHER_TABLE, retry=RetryPolicy(attempts=1, base=0))
+        with pytest.raises(S3SaverError) as failed:
+            cut.rebuild_index()
+        assert proxy.total_faults == 1, failed.value
+        assert _marker(endpoint)["table"] == TABLE
+        with pytest.raises(IndexModeMismatchError):
+            cut.get_tuple(config("chat"))  # judged again: still the old table's prefix
+        cut.close()
+    with FaultProxy(endpoint, rate=1.0, kinds=("reset_after",), operations=marker_put, max_faults=1) as proxy:
+        mover = _table_saver(proxy.url, OTHER_TABLE)
+        assert mover.rebuild_index() == 5
+        assert proxy.total_faults == 1  # the switch applied, its answer lost, retried: 412, read, landed
+        mover.close()
+    marker = _marker(endpoint)
+    assert (marker["index"], marker["table"], marker["moved_from"]) == ("dynamodb", OTHER_TABLE, TABLE)
+    fresh = _table_saver(endpoint, OTHER_TABLE)
+    assert fresh.get_tuple(config("chat")).checkpoint["channel_values"]["counter"] == 2
+    grow_thread(fresh, "after", 1)
+    fresh.close()
+    _make_table(endpoint, name=TABLE)  # the old table's stack comes back
+    stale = _table_saver(endpoint, TABLE)
+    with pytest.raises(IndexModeMismatchError) as exc:
+        stale.get_tuple(config("chat"))
+    _refused_table(exc, OTHER_TABLE, TABLE)
+    stale.close()
+
+
+def test_a_promoted_replica_region_with_a_table_of_another_name(regions) -> None:
+    """infra/replica.yaml may name the replica region's table otherwise: the replica
+    bucket's marker (replicated) names the primary's table. The saver with its Replica
+    goes on there after promote(), which makes the marker name that region's table: a
+    process configured as the runbook says, and one without a Replica (the command
+    line), find their table; a third table is refused. After the failback (the
+    promoted region's marker replicated back), promote() makes the old region's
+    marker name its table again."""
+    from regions import Replicator
+
+    from s3_saver import Replica, S3Saver
+
+    primary, replica = regions.primary, regions.replica
+    saver = regions.make_saver("dynamodb", recheck_after=3600, table="eu-index")
+    replica.table = "eu-index"
+    regions.create_replica_table()  # promote() rebuilds the index there from the bucket
+    replicator = Replicator.between(primary, replica, tables=False)
+    reverse = replicator.reversed()
+    last = grow_thread(saver, "t", 3)
+    replicator.run()
+    assert _marker("", replica.bucket, replica.s3)["table"] == primary.table
+    regions.proxy.refuse()
+    saver.promote()
+    version = saver.get_next_version("00000000000000000000000000000009.1", None)
+    saver.put(last, checkpoint({"counter": 9, "doc": "a document"}, {"counter": version, "doc": "1"}), {}, {"counter": version})
+    assert _marker("", replica.bucket, replica.s3)["table"] == "eu-index"
+
+    def there(table: str, **kw) -> S3Saver:
+        made = S3Saver(replica.bucket, table=table, region_name=replica.region, endpoint_url=regions.moto, **kw)
+        regions.savers.append(made)
+        return made
+
+    back_to = Replica(primary.bucket, table=primary.table, region_name=primary.region, endpoint_url=regions.proxy.url)
+    for reader in (there("eu-index", replica=back_to), there("eu-index")):
+        assert reader.get_tuple(config("t")).checkpoint["channel_values"]["counter"] == 9
+    with pytest.raises(IndexModeMismatchError) as exc:
+        there("third-index").get_tuple(config("t"))
+    assert "'eu-index'" in str(exc.value) and "'third-index'" in str(exc.value)
+
+    # Failback: the promoted region's writes (and its marker) replicate back.
+    regions.proxy.up()
+    reverse.run()
+    assert _marker("", primary.bucket, primary.s3)["table"] == "eu-index"
+    assert there("eu-index", replica=back_to).promote().checked
+    assert _marker("", primary.bucket, primary.s3)["table"] == primary.table
+    final = S3Saver(primary.bucket, table=primary.table, region_name=primary.region, endpoint_url=regions.moto)
+    regions.savers.append(final)
+    assert final.get_tuple(config("t")).checkpoint["channel_values"]["counter"] == 9
+

@@ -242,6 +242,31 @@ def _next_id(checkpoint_id: str) -> str:
     return new
 
 
+def exercise_node_cache_sync(cache: Any) -> None:
+    """S3Cache's get, set and clear (sync), each checked to have done its work: the
+    first get before any generations document, a hit, a cleared namespace, a clear of all."""
+    ns, other = ("graph", "node"), ("graph", "other")
+    assert cache.get([(ns, "k")]) == {}
+    cache.set({(ns, "k"): ("v", 600), (other, "k"): ("w", None)})
+    assert cache.get([(ns, "k"), (other, "k")]) == {(ns, "k"): "v", (other, "k"): "w"}
+    cache.clear([ns])
+    assert cache.get([(ns, "k"), (other, "k")]) == {(other, "k"): "w"}
+    cache.clear()
+    assert cache.get([(other, "k")]) == {}
+
+
+async def exercise_node_cache_async(cache: Any) -> None:
+    """The same with aget, aset and aclear."""
+    ns, other = ("agraph", "node"), ("agraph", "other")
+    assert await cache.aget([(ns, "k")]) == {}
+    await cache.aset({(ns, "k"): ("v", 600), (other, "k"): ("w", None)})
+    assert await cache.aget([(ns, "k"), (other, "k")]) == {(ns, "k"): "v", (other, "k"): "w"}
+    await cache.aclear([ns])
+    assert await cache.aget([(ns, "k"), (other, "k")]) == {(other, "k"): "w"}
+    await cache.aclear()
+    assert await cache.aget([(other, "k")]) == {}
+
+
 # -- the test ----------------------------------------------------------------------------------
 def saver_policy(index_mode: str) -> dict[str, Any]:
     """infra/template.yaml's SaverPolicy for the stack deployed with ``IndexMode=index_mode``."""
@@ -293,10 +318,14 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str, index_
     assert len(list(saver.list({"configurable": {"thread_id": "long-user"}}))) == LONG_THREAD
     saver.delete_thread("long-user")
     exerciser.run_sync()
+    # The node cache on the saver's bucket and prefix (SaverPolicy's NodeCache).
+    cache = s3_saver.S3Cache.from_saver(saver)
+    exercise_node_cache_sync(cache)
 
     async def async_part() -> None:
         await run_report_async(graph, "async-user")
         await exerciser.run_async()
+        await exercise_node_cache_async(cache)
         await saver.aclose()
 
     asyncio.run(async_part())
@@ -338,6 +367,43 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str, index_
     )
     assert unused == [], f"the managed policy grants what the saver never used: {unused}"
     assert {r.action for r in needed} == {a for _, a, _ in grants(policy)}
+
+
+def test_node_cache_is_allowed_by_the_saver_policy(endpoint: str, index_mode: str) -> None:
+    """S3Cache beside the saver, in each index mode: every call of its get, set and
+    clear (sync and async) is allowed by the mode's SaverPolicy, through its NodeCache
+    statement (and the bucket's key). A cheap part of the test above, which checks
+    that nothing is granted beyond what the saver and the cache use."""
+    s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
+    saver = _recorded_saver(endpoint, index_mode, s3, dynamodb, session)
+    saver.setup()  # operator's step: not recorded
+    cache = s3_saver.S3Cache.from_saver(saver)
+    sync_calls.active = async_calls.active = True
+    exercise_node_cache_sync(cache)
+
+    async def async_part() -> None:
+        await exercise_node_cache_async(cache)
+        await saver.aclose()
+
+    asyncio.run(async_part())
+    saver.close()
+
+    calls = sync_calls.calls + async_calls.calls
+    assert sync_calls.calls and async_calls.calls
+    assert {(c.service, c.operation) for c in calls} == {("s3", "GetObject"), ("s3", "PutObject")}
+    needed: dict[Request, set[str]] = {}
+    for call in calls:
+        for request in authorizations(call, kms_key_arn=KEY_ARN):
+            needed.setdefault(request, set()).add(call.operation)
+    policy = saver_policy(index_mode)
+    denied = _denied(policy, needed)
+    assert denied == [], "the managed policy in infra/template.yaml is missing, for the node cache:\n" + "\n".join(denied)
+    # Its objects are the NodeCache statement's alone (no thread's grant covers them).
+    (node_cache,) = [st for st in policy["Statement"] if st.get("Sid") == "NodeCache"]
+    objects = {r for r in needed if r.action.startswith("s3:")}
+    assert objects and all(r.resource.startswith(f"arn:aws:s3:::{BUCKET}/{PREFIX}node-cache/") for r in objects)
+    others = {"Version": "2012-10-17", "Statement": [st for st in policy["Statement"] if st is not node_cache]}
+    assert all(not allowed_by(others, r) for r in objects)
 
 
 def erase_policy(index_mode: str) -> dict[str, Any]:

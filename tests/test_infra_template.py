@@ -10,6 +10,7 @@ import re
 import pytest
 from infra_support import REPO, Stack, load_template, statement_resources
 
+from s3_saver._format.key_codec import NODE_CACHE_PREFIX
 from s3_saver._format.keys import LISTING_PREFIX, MANIFEST_PREFIX, SET_ASIDE_PREFIX, KeyLayout
 
 from s3_saver import (
@@ -81,7 +82,7 @@ def test_key_prefix_rejects_what_would_widen_or_shift_the_iam_resource(template:
 
 
 @pytest.mark.parametrize(
-    "prefix", ["live/", "agents/archive/", "x/Manifests/", "listing/a/", "set-aside/", "memory/", "a/Node-Cache/", "./", "a/../"]
+    "prefix", ["live/", "agents/archive/", "x/Manifests/", "listing/a/", "set-aside/", "memory/", "node-cache/", "a/Node-Cache/", "./", "a/../"]
 )
 def test_key_prefix_rejects_what_the_saver_refuses(template: dict, prefix: str) -> None:
     # A prefix that lies inside another saver's folders (or has a "." or ".." segment)
@@ -233,6 +234,24 @@ def test_replaced_manifest_heads_expire_after_a_day_and_nothing_else_does(templa
     assert set(heads) == {"Id", "Status", "Prefix", "NoncurrentVersionExpiration"}, "it expires no current object"
     assert _expires_noncurrent(heads, f"{prefix}{MANIFEST_PREFIX}")
     assert not _expires_noncurrent(heads, f"{prefix}{LIVE_PREFIX}")
+
+
+@pytest.mark.parametrize("prefix", ["", "agents/"])
+def test_node_cache_expires_after_31_days_and_its_replaced_entries_after_one(template: dict, prefix: str) -> None:
+    """S3Cache takes an entry older than MAX_AGE_SECONDS (30 days) for a miss, so the
+    rule may remove its objects, the generations document included, a day later."""
+    from s3_saver._format.node_cache import GENS_NAME, MAX_AGE_SECONDS
+
+    rules = lifecycle(stack(template, KeyPrefix=prefix, RetentionDays="0"))
+    gens, entry = f"{prefix}{NODE_CACHE_PREFIX}{GENS_NAME}", f"{prefix}{NODE_CACHE_PREFIX}e/ns/key"
+    assert expiring_rules_over(rules, gens) == expiring_rules_over(rules, entry) == ["ExpireNodeCache"]
+    rule = rules["ExpireNodeCache"]
+    assert rule["Prefix"] == f"{prefix}{NODE_CACHE_PREFIX}"
+    assert int(rule["ExpirationInDays"]) * 86400 > MAX_AGE_SECONDS
+    assert int(rule["NoncurrentVersionExpiration"]["NoncurrentDays"]) == 1
+    # It touches no thread's objects.
+    for sub in (LIVE_PREFIX, ARCHIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX, SET_ASIDE_PREFIX):
+        assert expiring_rules_over(rules, f"{prefix}{sub}x") == []
 
 
 @pytest.mark.parametrize("prefix", ["", "agents/"])
@@ -396,6 +415,9 @@ def test_saver_policy_is_scoped_to_the_stack(template: dict, prefix: str, index_
     objects = [f"<Bucket.Arn>/{prefix}{sub}*" for sub in (LIVE_PREFIX, ARCHIVE_PREFIX)]
     if index_mode == "manifest":
         objects += [f"<Bucket.Arn>/{prefix}{sub}*" for sub in (MANIFEST_PREFIX, LISTING_PREFIX)]
+    # The node cache (S3Cache) beside the saver, in both modes.
+    objects.append(f"<Bucket.Arn>/{prefix}{NODE_CACHE_PREFIX}*")
+    if index_mode == "manifest":
         assert by_service == {"s3": {*objects, "<Bucket.Arn>"}, "kms": {"<Key.Arn>"}}
         assert {r for a, r in grants if r == "<Bucket.Arn>"} == {"<Bucket.Arn>"}
         assert {a for a, r in grants if r == "<Bucket.Arn>"} == {"s3:ListBucket"}

@@ -19,8 +19,11 @@ See tests/sim/__init__.py for the harness. In both index modes:
   after each of its calls in turn (from a seeded start, within the budget); and
   ``test_idle_restore_between_archive_and_drop_pinned``, the one that found issue 41;
 * ``test_failover_pinned``: the two-region schedules that found a defect, replayed;
+  ``test_failback_keeps_or_sets_aside_what_r_committed_pinned``: the known defect not fixed yet (a strict xfail);
 * ``test_restore_beside_delete_*_pinned``, ``test_delete_beside_an_archive_switch_pinned``,
-  ``test_copy_or_import_then_delete_leaves_nothing_pinned``: restore_thread, archive_thread,
+  ``test_copy_or_import_then_delete_leaves_nothing_pinned``,
+  ``test_prune_finishing_a_delete_removes_its_run_hints_pinned``,
+  ``test_copy_beside_a_writer_replacing_a_write_pinned``: restore_thread, archive_thread, prune,
   copy_thread or import_thread beside or before delete_thread, the schedules that found a defect;
 * ``test_replay``: one schedule from the environment (the command a failure prints).
 
@@ -39,7 +42,9 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
+import warnings
 from typing import Any
 
 import pytest
@@ -230,6 +235,17 @@ def test_erase_after_a_new_life_pinned(moto_endpoint: str) -> None:
     _fail(tally, "manifest relive seed 1")
 
 
+def test_copy_beside_a_writer_replacing_a_write_pinned(moto_endpoint: str) -> None:
+    """Seed 121080 of "writes+copy" (DynamoDB, random faults): copy_thread read the
+    source, then a put_writes retried after a cut replaced a special channel's
+    write (the last wins) and deleted the old part's object; the copy raised
+    MissingObjectError copying it. A copy now reads the source again when an
+    object it read went meanwhile."""
+    tally = Tally()
+    _run(World(moto_endpoint, "dynamodb"), Spec("dynamodb", "writes+copy", 121080, "random"), tally)
+    _fail(tally, "dynamodb writes+copy seed 121080")
+
+
 # restore_thread beside delete_thread ("restore+delete", no faults) in the schedules
 # that found a defect: (mode, seed).
 RESTORE_DELETE_ENTRY_PINNED = (
@@ -280,6 +296,17 @@ def test_copy_or_import_then_delete_leaves_nothing_pinned(world: World, scenario
     tally = Tally()
     _run(world, Spec(world.mode, scenario, seed, "none"), tally)
     _fail(tally, f"{world.mode} {scenario} seed {seed}")
+
+
+def test_prune_finishing_a_delete_removes_its_run_hints_pinned(moto_endpoint: str) -> None:
+    """Seed 8 of "prune_copy+delete" (manifest, random faults): the delete's switch
+    landed and its answer was lost; a prune then found the delete's graveyard and
+    cleared it, and the delete, called again, no longer found the thread's runs:
+    their hints stayed, naming the deleted thread (c). Whichever call clears a
+    delete's graveyard now removes the hints of its runs first."""
+    tally = Tally()
+    _run(World(moto_endpoint, "manifest"), Spec("manifest", "prune_copy+delete", 8, "random"), tally)
+    _fail(tally, "manifest prune_copy+delete seed 8")
 
 
 def test_delete_beside_an_archive_switch_pinned(moto_endpoint: str) -> None:
@@ -433,10 +460,35 @@ def test_failover_pinned(moto_endpoint: str, mode: str, seed: int, outage: int |
     _fail(tally, f"{mode} failover seed {seed}")
 
 
+# A known defect, not fixed yet (manifest mode): after a failback, a write the
+# replica region committed (a task's resume on an older checkpoint) is neither
+# readable nor set aside by verify(). It was in the landed product before it was
+# found; the random failover schedules meet it now and then. They report it as a
+# warning, with the command that replays it, and fail on every other problem;
+# test_failback_keeps_or_sets_aside_what_r_committed_pinned (a strict xfail) fails
+# the day the defect is fixed, to take this out.
+KNOWN_FAILBACK_LOSS = re.compile(r"committed by R \(R:ok:.*\), neither readable nor set aside by verify\(\)")
+
+
 def _run_failover(run: Any, regions: Any, spec: Spec, tally: Tally) -> Outcome:
     out = run(regions, spec)
+    if spec.mode == "manifest" and out.problems and all(KNOWN_FAILBACK_LOSS.search(p) for p in out.problems):
+        path = "" if not spec.path else f" SIM_PATH={','.join(map(str, spec.path))}"
+        warnings.warn(f"the known failback defect (KNOWN_FAILBACK_LOSS): SIM_SEED={spec.seed} SIM_MODE=manifest "
+                      f"SIM_SCENARIO=failover SIM_FAULTS={spec.faults}{path}: {out.problems}", stacklevel=2)
+        out.problems = []
     tally.add(out)
     return out
+
+
+@pytest.mark.xfail(strict=True, reason="the known failback defect (KNOWN_FAILBACK_LOSS): not fixed yet")
+@pytest.mark.parametrize(("seed", "path"), [(422749, [-1]), (56765, None)])
+def test_failback_keeps_or_sets_aside_what_r_committed_pinned(moto_endpoint: str, seed: int, path: list[int] | None) -> None:
+    from sim.failover import RegionWorld, run_failover
+
+    tally = Tally()
+    tally.add(run_failover(RegionWorld(moto_endpoint, "manifest"), Spec("manifest", "failover", seed, "random", path)))
+    _fail(tally, f"manifest failover seed {seed}")
 
 
 def test_replay(moto_endpoint: str) -> None:

@@ -43,7 +43,9 @@ MEMORY_PREFIX = "memory/"
 writes (per-namespace heads under ``n/<node id>/``, the namespace registry under
 ``@reg/``). Not a thread's: a saver's gc, audit, erase and rebuild never list it."""
 NODE_CACHE_PREFIX = "node-cache/"
-"""Sub-prefix reserved for the node cache (``S3Cache``), kept out of every saver's lists."""
+"""Sub-prefix of the node cache (``S3Cache``): its entries and its generations
+document. A folder of its own, so a lifecycle rule that expires cache entries
+(and a saver's gc, which lists only its own folders) never meets a thread's objects."""
 
 FOLDERS = tuple(
     p.rstrip("/")

@@ -12,6 +12,7 @@ source is copied from its archive.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from s3_saver._format.archive import decode_archive
 from s3_saver._format.closure import closure, moved, own_object
@@ -26,7 +27,10 @@ from s3_saver._ops.install import install
 from s3_saver._ops.prune import take_out_runs
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import copy_immutable
-from s3_saver.errors import ConfigurationError
+from s3_saver.errors import ConfigurationError, MissingObjectError
+
+# Reads of the source: one, and again for each object a writer or prune took meanwhile.
+_READS = 3
 
 
 def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> Op[None]:
@@ -35,28 +39,34 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
     if source == dest:
         raise ConfigurationError("copy_thread needs two different thread ids")
     yield from ctx.index.check_copy_target(source, dest)
-    try:
-        entries = [e for e in (yield from ctx.index.contents(source)) if not ctx.expired(e)]
-    except Archived as archived:
-        data = yield from read_archive(ctx, source, archived.ref)
-        archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{archived.ref.key}")
-        yield from install(ctx, dest, archive, copied_from=source)
-        yield from _no_deleted_runs(ctx, source, dest, archive.entries)
-        return
-    tag = new_tag()
-    copies, writes = moved(entries, dest, tag)
-    layout = ctx.layout
-    pairs = {
-        layout.object_key(o): layout.object_key(replace(o, thread_id=dest, tag=tag))
-        for o in closure(entries)
-        if o.kind != "writes"
-    }
-    old_writes = [w for e in entries for w in e.writes or ()]
-    pairs.update((layout.object_key(own_object(w)), layout.object_key(own_object(n))) for w, n in zip(old_writes, writes))
-    # The copy's activity entry of the day (archive_idle, ``_index/activity``) is
-    # staged beside the objects and recorded by the commit on the target's record,
-    # so that a delete or an archive of the copy removes it (``install.install``).
-    _, active = yield from gather(copy_immutable(ctx.s3, pairs), ctx.index.stage_active(dest, day_of(ctx.now())))
+    active = None
+    for attempt in range(1, _READS + 1):
+        try:
+            entries = [e for e in (yield from ctx.index.contents(source)) if not ctx.expired(e)]
+        except Archived as archived:
+            data = yield from read_archive(ctx, source, archived.ref)
+            archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{archived.ref.key}")
+            if active is not None:
+                yield from ctx.index.untouch(active)  # install stages its own
+            yield from install(ctx, dest, archive, copied_from=source)
+            yield from _no_deleted_runs(ctx, source, dest, archive.entries)
+            return
+        tag = new_tag()
+        copies, writes = moved(entries, dest, tag)
+        pairs = _pairs(ctx, entries, writes, dest, tag)
+        if active is None:
+            # The copy's activity entry of the day (archive_idle, ``_index/activity``) is
+            # staged beside the objects and recorded by the commit on the target's record,
+            # so that a delete or an archive of the copy removes it (``install.install``).
+            copied, active = yield from gather(_copied(ctx, pairs, attempt), ctx.index.stage_active(dest, day_of(ctx.now())))
+        else:
+            copied = yield from _copied(ctx, pairs, attempt)
+        if copied:
+            break
+        # A source object went after the read: a writer replaced a special channel's
+        # write (the last wins, its old object deleted), or a prune took a checkpoint.
+        # The source read again names what is there now; what this attempt copied,
+        # under its own tag, no index names (garbage collection takes it).
     ctx.locs.forget_thread(dest)
     try:
         yield from ctx.index.copy_thread(source, dest, copies, writes, ctx.now(), deleter(ctx, dest), active)
@@ -65,6 +75,31 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
         raise
     ctx.locs.forget_thread(dest)
     yield from _no_deleted_runs(ctx, source, dest, entries)
+
+
+def _pairs(ctx: Context, entries: list[CheckpointEntry], writes: list[Any], dest: str, tag: str) -> dict[str, str]:
+    """Each object the source's entries read (their closure), its key -> its copy's."""
+    layout = ctx.layout
+    pairs = {
+        layout.object_key(o): layout.object_key(replace(o, thread_id=dest, tag=tag))
+        for o in closure(entries)
+        if o.kind != "writes"
+    }
+    old_writes = [w for e in entries for w in e.writes or ()]
+    pairs.update((layout.object_key(own_object(w)), layout.object_key(own_object(n))) for w, n in zip(old_writes, writes))
+    return pairs
+
+
+def _copied(ctx: Context, pairs: dict[str, str], attempt: int) -> Op[bool]:
+    """The objects copied (True), or one of them missing at its source (False),
+    which the last attempt raises."""
+    try:
+        yield from copy_immutable(ctx.s3, pairs)
+    except MissingObjectError:
+        if attempt == _READS:
+            raise
+        return False
+    return True
 
 
 def _no_deleted_runs(ctx: Context, source: str, dest: str, entries: list[CheckpointEntry]) -> Op[None]:

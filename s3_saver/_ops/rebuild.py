@@ -67,10 +67,25 @@ def rebuild_index(ctx: Context, thread_id: str | None, incomplete: list[str] | N
     ``incomplete`` (a replica's bucket, where objects arrive one by one in any
     order): index only the checkpoints whose objects have all arrived, and
     append the others to it as ``thread/ns/checkpoint_id``.
+
+    A rebuild of every thread makes the prefix the saver's table's: its marker
+    is replaced last, once the index is whole, when it names another table.
+    The operator's (not promote's, which may take only its Replica's) may move
+    the prefix from any table: a lost table's.
     """
+    move = thread_id is None and incomplete is None
+    try:
+        return (yield from _rebuild(ctx, thread_id, incomplete, move))
+    except BaseException:
+        if ctx.mode is not None:
+            ctx.mode.stay()
+        raise
+
+
+def _rebuild(ctx: Context, thread_id: str | None, incomplete: list[str] | None, move: bool) -> Op[int]:
     # First: objects of the other index mode's threads are never indexed here
     # (a second history of each); the index's first write claims the prefix.
-    yield from settle_mode(ctx.mode, survey=True, claim=False)
+    yield from settle_mode(ctx.mode, survey=True, claim=False, move=move)
     if thread_id is not None:
         thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
         prefix = ctx.layout.thread_dir(thread_id)
@@ -99,6 +114,9 @@ def rebuild_index(ctx: Context, thread_id: str | None, incomplete: list[str] | N
     if thread_id is None and ctx.index.owner is not None:
         # The index is now this bucket's, whole (promote's rebuild of the other region's table).
         yield from ctx.index.owner.take()
+    if thread_id is None and ctx.mode is not None:
+        # The switch (a prefix belongs to one table): from here on the prefix is this table's.
+        yield from ctx.mode.take()
     return total
 
 
@@ -133,6 +151,11 @@ def _rebuild_archived(ctx: Context, thread_id: str, archive: tuple[str, int, str
     else:
         head = yield from request_one(ctx.s3.head(key))
         ref.newest = metadata_newest(head.get("Metadata", {})) or ref.newest
+    record = yield from ctx.index.archive_of(thread_id)
+    if record.archive is not None and record.archive.key == key:
+        # Indexed already (a rebuild run again after a cut, or over an index that
+        # was never lost): the thread reads from this archive, as it should.
+        return count
     yield from ctx.index.restore(thread_id, [], [], created)
     yield from ctx.index.mark_archive(thread_id, key)
     _, snapshot = yield from ctx.index.snapshot(thread_id)

@@ -34,8 +34,19 @@ def setup(ctx: Context, region: str | None, versioned: bool = False) -> Op[None]
         bucket_region = _bucket_region(head)
     # Before the index is made or touched: the prefix's index mode is read, and
     # surveyed when it has no marker (a store of an earlier version); a prefix
-    # of the other mode is refused with nothing created.
-    yield from settle_mode(ctx.mode, survey=True, claim=False)
+    # of the other mode is refused with nothing created. A prefix of a lost
+    # table (``ModeMark.lost``) is not: setup() makes the table that
+    # rebuild_index() then moves the prefix to. Until that move, the prefix
+    # stays the lost table's, and this saver object is refused again (``stay``).
+    try:
+        yield from settle_mode(ctx.mode, survey=True, claim=False, move=True)
+        yield from _setup_index(ctx, bucket_region)
+    finally:
+        if ctx.mode is not None:
+            ctx.mode.stay()
+
+
+def _setup_index(ctx: Context, bucket_region: str | None) -> Op[None]:
     yield from ctx.index.setup(ctx.s3.bucket, bucket_region, bool(ctx.ttl_seconds))
     if ctx.index.owner is not None:
         # Record (or check) which bucket owns the table's prefix.

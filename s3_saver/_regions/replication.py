@@ -17,6 +17,8 @@ can have replicated, and no index names them any more (``settle.record_set_aside
 lacks (replication has not caught up: wait, or ``force``), then rebuilds the
 new region's index from its bucket when that index is not replicated, keeping
 only checkpoints whose objects have all arrived (``rebuild_index(..., incomplete)``).
+Either way the new region's index-mode marker names its table from then on
+(``ModeMark.take``): replication brought the other region's.
 """
 
 from __future__ import annotations
@@ -114,6 +116,11 @@ def promote(
         rebuilt = yield from rebuild_index(other, None, incomplete)
         return Promotion(_describe(other), _describe(ctx), checked, rebuilt, tuple(incomplete))
     settled = yield from settle(other, ctx if checked else None, write=checked or not shared)
+    if other.mode is not None:
+        # Its marker names its table from here on (a rebuild's does so itself): a
+        # failback's, which replication brought from the promoted region, named that
+        # region's table. Sent only where the marker read named another table.
+        yield from other.mode.take()
     return Promotion(
         _describe(other), _describe(ctx), checked, None, tuple(settled.checkpoints), tuple(settled.writes)
     )

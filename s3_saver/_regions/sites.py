@@ -84,10 +84,12 @@ def make_site(
     settings: dict[str, Any],
     global_table: bool = False,
     partner: str | None = None,
+    partner_table: str | None = None,
 ) -> tuple[Site, Context]:
     """A region's site (clients made lazily) and its operations' context
     (``global_table``: its table is one of a global table's replicas;
-    ``partner``: the other region's bucket, which may own the table too)."""
+    ``partner``: the other region's bucket, which may own the table too;
+    ``partner_table``: the other region's table, which the prefix's marker may name)."""
     where = Where(bucket, table, site=key)
     s3_calls = S3Calls(bucket, where, layout.root, storage_class)
     # The saver's one cache budget; each region's caches apart within it.
@@ -112,8 +114,9 @@ def make_site(
         aioboto3_session=aioboto3_session,
     )
     # Each region's bucket carries the marker (replication copies it): a promoted
-    # replica finds it there; the table it names is only reported.
-    mode = ModeMark(s3_calls, layout, table)
+    # replica finds it there, naming the other region's table (accepted: it is
+    # this prefix's index in that region).
+    mode = ModeMark(s3_calls, layout, table, partner_table)
     site = Site(key, where, clients, [c for c in given.values() if c is not None], index.owner, mode)
     return site, Context(layout=layout, s3=s3_calls, index=index, mode=mode, **{**settings, "budget": budget})
 

@@ -212,5 +212,6 @@ def replica_site(replica: Replica, table: str | None, primary: str, **common: An
         aioboto3_session=replica.aioboto3_session,
         global_table=replica.global_table,
         partner=primary,
+        partner_table=table,
         **common,
     )

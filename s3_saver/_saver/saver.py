@@ -200,6 +200,7 @@ class S3Saver(
             aioboto3_session=aioboto3_session,
             global_table=bool(replica is not None and replica.global_table),
             partner=replica.bucket if replica is not None else None,
+            partner_table=(replica.table or table) if replica is not None and table else None,
             **common,
         )
         sites = {PRIMARY: primary}

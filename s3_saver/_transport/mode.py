@@ -23,8 +23,10 @@ manifest's empty hints under ``listing/``) go out beside it: such objects mean
 nothing until an index commits them, and a refused saver commits nothing. Any other write (an index
 commit, a delete, a swap) waits for the verdict, and on a prefix without a
 marker writes it first: a saver refused here never committed, deleted or
-swapped anything. The table named in the marker is only reported: a promoted
-replica region, or a rebuilt index, may use another table of the same mode.
+swapped anything.
+
+A DynamoDB-indexed prefix belongs to one table too: the marker names it, and
+``mode_table`` (ModeMark's base) refuses another table and moves the prefix.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
+from s3_saver._transport.mode_table import CLAIM_ATTEMPTS, DYNAMODB, TableMove
 from s3_saver._transport.protocol import Call, Op, T, raise_failure, site_of
 from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import (
@@ -54,7 +57,7 @@ from s3_saver.errors import (
 )
 
 MARKER_NAME = MODE_MARKER
-DYNAMODB, MANIFEST = "dynamodb", "manifest"
+MANIFEST = "manifest"
 # Objects younger than this may belong to a write still committing (as for
 # collect_garbage's default grace period): never evidence of the other mode.
 _SETTLED_SECONDS = 3600
@@ -74,10 +77,9 @@ _READS = frozenset(
         "describe_table", "describe_time_to_live",
     }
 )
-_CLAIM_ATTEMPTS = 4
 
 
-class ModeMark:
+class ModeMark(TableMove):
     """One site's index-mode check: the marker read (or written) once per saver object.
 
     Attributes:
@@ -91,11 +93,21 @@ class ModeMark:
             prefix (asked only while no marker exists).
     """
 
-    def __init__(self, s3: S3Calls, layout: KeyLayout, table: str | None) -> None:
+    def __init__(self, s3: S3Calls, layout: KeyLayout, table: str | None, partner_table: str | None = None) -> None:
         self.s3 = s3
         self.layout = layout
         self.mode = DYNAMODB if table else MANIFEST
         self.table = table
+        # The tables that index this prefix: the saver's, and its Replica's (the
+        # other region's table, named by the marker replication copies between them).
+        self.tables = {t for t in (table, partner_table) if t}
+        # The marker read names another table this saver accepts (its Replica's,
+        # or any with ``judge(move=True)``): (that table, the marker's ETag), for
+        # ``take``. ``moving``: accepted only for a move (a rebuild of every thread).
+        self.theirs: tuple[str, str | None] | None = None
+        self.moving = False
+        # The other table a move found gone (``lost``): asked once per move.
+        self.gone: str | None = None
         self.key = layout.mode_marker_key
         self.checked = False
         self.read = False
@@ -108,6 +120,10 @@ class ModeMark:
         # claim that another check's write sets off in between (the table's
         # owner record, ``_transport/ownership``) surveys first too.
         self.surveying = 0
+        # Likewise, moves under way (a rebuild of every thread, or setup() making
+        # the new table; ``judge(move=True)``): a claim set off in between (the
+        # new table's owner record) judges as they do.
+        self.moves = 0
 
     # -- calls ---------------------------------------------------------------------
     def read_call(self) -> Call:
@@ -121,10 +137,13 @@ class ModeMark:
         return call.service == "s3" and call.params.get("Key") == self.key and call.params.get("Bucket") == self.s3.bucket
 
     # -- verdicts ------------------------------------------------------------------
-    def judge(self, found: Any, strict: bool = False) -> None:
-        """Judge an answer to ``read_call``: refuse another mode's marker, note an
-        absent one. Any other failure leaves the check for the next call (the
-        operation reports its own failures), or with ``strict`` raises it."""
+    def judge(self, found: Any, strict: bool = False, move: bool = False) -> None:
+        """Judge an answer to ``read_call``: refuse another mode's marker, or
+        another table's, note an absent one. Any other failure leaves the check
+        for the next call (the operation reports its own failures), or with
+        ``strict`` raises it. ``move``: another table's marker is the one a
+        rebuild of every thread into this saver's table replaces (``take``)."""
+        move = move or self.moves > 0
         if isinstance(found, BaseException):
             if classify(found, "get_object") in (OBJECT_MISSING, DENIED):
                 self.read = True
@@ -134,8 +153,17 @@ class ModeMark:
                 self.tried = True
             return
         record = self._decode(found.get("Body"))
+        how = f"its marker s3://{self.s3.bucket}/{self.key} says so"
         if record["index"] != self.mode:
-            raise self.mismatch(record["index"], record.get("table"), f"its marker s3://{self.s3.bucket}/{self.key} says so")
+            raise self.mismatch(record["index"], record.get("table"), how)
+        theirs = record.get("table")
+        if self.mode == DYNAMODB and theirs and theirs != self.table:
+            # Invariant: a prefix belongs to one table (the same read, no request more).
+            if theirs not in self.tables:
+                if not move:
+                    raise self.other_table(theirs, how)
+                self.moving = True
+            self.theirs = (theirs, found.get("ETag"))
         self.checked = True
 
     def _decode(self, body: Any) -> dict[str, Any]:
@@ -179,9 +207,12 @@ class ModeMark:
         if not self.read:
             (found,) = yield (self.read_call(),)
             self.judge(found, strict=True)
+            # A move judged here (a claim that settle_mode's first wave set off:
+            # the new table's owner record) is checked before that write too.
+            yield from self.lost()
         if self.surveying and not self.checked:
             yield from self.survey()
-        for _ in range(_CLAIM_ATTEMPTS):
+        for _ in range(CLAIM_ATTEMPTS):
             if self.checked:
                 return
             (put,) = yield (self.claim_call(),)
@@ -199,7 +230,7 @@ class ModeMark:
         if not self.checked:
             raise StoreUnavailableError(
                 f"s3://{self.s3.bucket}/{self.key}: the marker of the prefix's index mode kept changing "
-                f"while it was written ({_CLAIM_ATTEMPTS} attempts); try again"
+                f"while it was written ({CLAIM_ATTEMPTS} attempts); try again"
             )
 
     def survey(self) -> Op[None]:
@@ -245,17 +276,21 @@ class ModeMark:
         self.surveyed = True
 
 
-def settle_mode(mark: ModeMark | None, *, survey: bool, claim: bool) -> Op[None]:
+def settle_mode(mark: ModeMark | None, *, survey: bool, claim: bool, move: bool = False) -> Op[None]:
     """Admin calls (``setup``, ``check``, garbage collection, rebuild, erase, audit):
     the prefix's index mode settled before anything else, surveyed when it has no
-    marker yet; ``claim``: written when absent."""
+    marker yet; ``claim``: written when absent; ``move``: the marker of a table
+    that is gone (``ModeMark.lost``) is accepted, to be replaced (``ModeMark.take``)."""
     if mark is None or mark.checked:
         return
     mark.surveying += survey
+    mark.moves += move
     try:
         if not mark.read:
             (found,) = yield (mark.read_call(),)
-            mark.judge(found, strict=True)
+            mark.judge(found, strict=True, move=move)
+            # A move: the marker's table must be gone (``lost``), before any index write.
+            yield from mark.lost()
             if mark.checked:
                 return
         if survey:
@@ -264,6 +299,7 @@ def settle_mode(mark: ModeMark | None, *, survey: bool, claim: bool) -> Op[None]
             yield from mark.claim()
     finally:
         mark.surveying -= survey
+        mark.moves -= move
 
 
 def marked(op: Op[T], marks: Callable[[str], ModeMark | None]) -> Op[T]:

@@ -72,6 +72,12 @@ class S3Calls:
         condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
         return self._call("put_object", {"Bucket": self.bucket, "Key": key, "Body": body, **condition})
 
+    def put_replace(self, key: str, body: bytes) -> Call:
+        """A plain PUT, last writer wins: only for a node cache's entries, the one
+        object a writer may replace without a condition (one PUT is never torn,
+        and a lost entry is a cache miss)."""
+        return self._call("put_object", {"Bucket": self.bucket, "Key": key, "Body": body})
+
     def list_keys(
         self, prefix: str, token: str | None = None, start_after: str | None = None, max_keys: int | None = None
     ) -> Call:

@@ -47,6 +47,9 @@ _PHRASES: list[tuple[str, str]] = [
         "Pass the table that indexes them (--table NAME, or CHECKPOINT_TABLE)",
     ),
     (r"Leave the table out \(command line: ", "Leave the table out ("),
+    # A prefix of another table: no option configures a replica (the Python saver's Replica).
+    (rf"\. A saver whose Replica names table {_QUOTED} \(the other region's\) is accepted$", ""),
+    (r"\(made by setup\(\) first, if need be\)", "(made by the `setup` command first, if need be)"),
     (r"written once by setup\(\)", "written once by the `setup` command"),
     # A table of another key schema.
     (r"\(setup\(\) creates it with that schema\)", "(the `setup` command creates it with that schema)"),

@@ -221,6 +221,20 @@ class ManifestLifecycle:
         for entries, writes in (yield from self._load_segments(thread_id, head.graveyard_segments, buried=True)):
             buried += [*entries, *writes]
         staying = yield from self._contents(head)
+        if not unlist:
+            # A delete's graveyard (entries of an older generation: only a delete
+            # moves the head to the next) is cleared by whichever call finds it
+            # first: a prune or an archive's finish, when the delete was cut short
+            # or its answer lost. The delete finds its runs' hints through these
+            # entries; past this call's swap nothing names them, so they go here
+            # first, as the delete does (versioned: recorded for an erase).
+            # A run the thread still names (a new life's, its archive's) keeps its hint.
+            named = {e.run_id for e in staying} | set(head.archive.runs if head.archive is not None else ())
+            old_runs = {
+                e.run_id for e in buried if isinstance(e, CheckpointEntry) and e.run_id is not None and e.gen < head.gen
+            }
+            if old_runs - named:
+                yield from self._unname({thread_id: [self.layout.run_key(r, thread_id) for r in sorted(old_runs - named)]})
 
         def segment_keys(refs: list[SegmentRef]) -> list[str]:
             return [self.layout.segment_key(thread_id, r.number, r.token) for r in refs]
