@@ -1,4 +1,6 @@
-"""s3_saver: a LangGraph checkpoint saver on S3 immutable objects with a DynamoDB index."""
+"""s3_saver: a LangGraph checkpoint saver on S3 immutable objects, indexed by a DynamoDB
+table or by manifests in the bucket, with LangGraph's long-term memory (``S3Store``) and
+node cache (``S3Cache``) on the same bucket."""
 
 from s3_saver._cache.cache import S3Cache
 from s3_saver._format.keys import ARCHIVE_PREFIX, LIVE_PREFIX
@@ -26,6 +28,7 @@ from s3_saver._regions.replica import (
     ReplicationReport,
 )
 from s3_saver._saver.saver import S3Saver
+from s3_saver._store.store import S3Store
 from s3_saver._transport.budget import CacheStats, CacheUse
 from s3_saver._transport.protocol import RequestStats
 from s3_saver._transport.retry import RetryPolicy
@@ -35,11 +38,14 @@ from s3_saver.errors import (
     CheckpointTooLargeError,
     ConfigurationError,
     CorruptObjectError,
+    EmbeddingError,
     ImmutableObjectConflictError,
     IndexModeMismatchError,
+    InvalidFilterError,
     KeyTooLongError,
     MigrationError,
     MissingObjectError,
+    NamespaceError,
     PrimaryUnavailableError,
     ReplicationLagError,
     ResourceMissingError,
@@ -74,14 +80,17 @@ __all__ = [
     "CheckpointTooLargeError",
     "ConfigurationError",
     "CorruptObjectError",
+    "EmbeddingError",
     "EraseReport",
     "ImmutableObjectConflictError",
     "IndexModeMismatchError",
+    "InvalidFilterError",
     "KeyTooLongError",
     "MigrationError",
     "MigrationProgress",
     "MigrationReport",
     "MissingObjectError",
+    "NamespaceError",
     "PrimaryUnavailableError",
     "Promotion",
     "RemainingVersion",
@@ -96,6 +105,7 @@ __all__ = [
     "RunDeletedError",
     "S3Cache",
     "S3Saver",
+    "S3Store",
     "S3SaverError",
     "SerializationError",
     "SetupMismatchError",

@@ -900,3 +900,13 @@ def test_stored_timestamps_are_exact_microseconds() -> None:
     assert row is not None and 0 <= row.created_us - 1_700_000_000_123_456 < 3  # the clock's ticks of one batch
     assert item is not None and item.created_at == ttl.to_datetime(row.created_us)
     assert item.created_at.tzinfo is not None and math.isclose(item.created_at.timestamp(), row.created_us / 1e6)
+
+
+def test_the_stores_default_slack_is_the_cores() -> None:
+    # Spelled out in S3Store's signature (the API page shows it); the two must not drift.
+    import inspect
+
+    from s3_saver import S3Store
+
+    for make in (S3Store, S3Store.from_saver):
+        assert inspect.signature(make).parameters["refresh_slack"].default == ttl.DEFAULT_REFRESH_SLACK

@@ -93,7 +93,7 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         serde: Any = None,
         index: IndexConfig | None = None,
         ttl: TTLConfig | None = None,
-        refresh_slack: float = ttl_core.DEFAULT_REFRESH_SLACK,
+        refresh_slack: float = 0.1,  # ttl.DEFAULT_REFRESH_SLACK, spelled out for the API page
         vector_dtype: str = "float64",
         max_concurrency: int = 16,
         retry: RetryPolicy | None = None,
@@ -141,7 +141,7 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         *,
         index: IndexConfig | None = None,
         ttl: TTLConfig | None = None,
-        refresh_slack: float = ttl_core.DEFAULT_REFRESH_SLACK,
+        refresh_slack: float = 0.1,  # ttl.DEFAULT_REFRESH_SLACK, spelled out for the API page
         vector_dtype: str = "float64",
         clock: ttl_core.Clock | None = None,
     ) -> S3Store:
