@@ -64,7 +64,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)(?P<info>[^\n]*)\n(?
 
 # The blocks of each kind in README.md and docs/. Adding or removing one means changing
 # this count too: a block that stops being found must not pass as "nothing to run".
-EXPECTED_BLOCKS = {"python": 15, "json": 4, "yaml": 0, "console": 16, "bash": 10, "text": 8}
+EXPECTED_BLOCKS = {"python": 17, "json": 4, "yaml": 0, "console": 16, "bash": 10, "text": 9}
 LANGUAGES = set(EXPECTED_BLOCKS)
 # The command line's page: its console transcripts run, in page order (test_cli_transcripts_run).
 CLI_PAGE = "docs/reference/cli.md"
@@ -110,6 +110,8 @@ def _kind(code: str) -> str:
         return "interrupt handler"
     if "saver.deadline(" in code:
         return "deadline handler"
+    if "store=store" in code:
+        return "memory handler"
     return "unknown handler"
 
 
@@ -119,7 +121,7 @@ def test_every_block_is_found_and_has_a_known_language() -> None:
     assert not unknown, f"fences without a language this test checks: {unknown}"
     assert {lang: langs.get(lang, 0) for lang in LANGUAGES} == EXPECTED_BLOCKS
     kinds = [_kind(b.code) for b in _of("python")]
-    for kind in ("interrupt handler", "async handler", "deadline handler"):
+    for kind in ("interrupt handler", "async handler", "deadline handler", "memory handler"):
         assert kind in kinds, kinds
     for block in _of("python"):
         assert "moto" not in block.code.lower() and "endpoint" not in block.code.lower(), block.id
@@ -213,10 +215,21 @@ def _check_deadline_handler(handler: Any) -> None:
     assert handler({"thread_id": "visitor-1"}, _LambdaContext(400)) == {"visits": 3}
 
 
+def _check_memory_handler(handler: Any) -> None:
+    # Two threads of one user: the second sees what the first stored; another user sees none of it.
+    first = handler({"thread_id": "chat-1", "user": "ann", "said": "likes tea"}, _LambdaContext())
+    assert first == {"known": ["likes tea"]}
+    second = handler({"thread_id": "chat-2", "user": "ann", "said": "lives in Oslo"}, _LambdaContext())
+    assert second == {"known": ["likes tea", "lives in Oslo"]}
+    other = handler({"thread_id": "chat-3", "user": "bob", "said": "likes coffee"}, _LambdaContext())
+    assert other == {"known": ["likes coffee"]}
+
+
 CHECKS = {
     "interrupt handler": _check_interrupt_handler,
     "async handler": _check_async_handler,
     "deadline handler": _check_deadline_handler,
+    "memory handler": _check_memory_handler,
 }
 
 
