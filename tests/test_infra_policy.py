@@ -16,8 +16,10 @@ saver starts calling later is caught by the same test.
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import itertools
+import random
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -267,6 +269,39 @@ async def exercise_node_cache_async(cache: Any) -> None:
     assert await cache.aget([(other, "k")]) == {}
 
 
+# Over the store's inline limit once packed (values are compressed: random text, so it
+# stays large): an object of its own under memory/, in both index modes.
+BIG = base64.b64encode(random.Random(7).randbytes(100 * 1024)).decode()
+
+
+def exercise_memory_sync(store: Any) -> None:
+    """S3Store's calls (sync), each checked: a first put into a new namespace (the
+    registry), a large value (its own object) replaced by a small one (the old object
+    deleted), get, a filtered search, a prefix search, list_namespaces, delete."""
+    ns = ("users", "ann")
+    store.put(ns, "diet", {"text": "tea", "n": 1})
+    store.put(ns, "notes", {"text": BIG})
+    assert store.get(ns, "notes").value == {"text": BIG}
+    store.put(ns, "notes", {"text": "short"})
+    assert [i.key for i in store.search(ns, filter={"n": {"$gte": 1}})] == ["diet"]
+    store.put(("users", "bob"), "diet", {"text": "none"})
+    assert [i.key for i in store.search(("users",))] == ["diet", "notes", "diet"]
+    assert store.list_namespaces(prefix=("users",)) == [("users", "ann"), ("users", "bob")]
+    store.delete(ns, "diet")
+    assert store.get(ns, "diet") is None
+
+
+async def exercise_memory_async(store: Any) -> None:
+    """The same with the a* forms, on namespaces of their own."""
+    ns = ("ausers", "ann")
+    await store.aput(ns, "notes", {"text": BIG})
+    await store.aput(ns, "notes", {"text": "short"})
+    assert (await store.aget(ns, "notes")).value == {"text": "short"}
+    assert [i.key for i in await store.asearch(("ausers",))] == ["notes"]
+    assert await store.alist_namespaces(prefix=("ausers",)) == [ns]
+    await store.adelete(ns, "notes")
+
+
 # -- the test ----------------------------------------------------------------------------------
 def saver_policy(index_mode: str) -> dict[str, Any]:
     """infra/template.yaml's SaverPolicy for the stack deployed with ``IndexMode=index_mode``."""
@@ -321,11 +356,15 @@ def test_managed_policy_allows_exactly_what_the_saver_does(endpoint: str, index_
     # The node cache on the saver's bucket and prefix (SaverPolicy's NodeCache).
     cache = s3_saver.S3Cache.from_saver(saver)
     exercise_node_cache_sync(cache)
+    # The long-term memory on the saver's bucket, prefix and index (SaverPolicy's Memory).
+    store = s3_saver.S3Store.from_saver(saver)
+    exercise_memory_sync(store)
 
     async def async_part() -> None:
         await run_report_async(graph, "async-user")
         await exerciser.run_async()
         await exercise_node_cache_async(cache)
+        await exercise_memory_async(store)
         await saver.aclose()
 
     asyncio.run(async_part())
@@ -403,6 +442,43 @@ def test_node_cache_is_allowed_by_the_saver_policy(endpoint: str, index_mode: st
     objects = {r for r in needed if r.action.startswith("s3:")}
     assert objects and all(r.resource.startswith(f"arn:aws:s3:::{BUCKET}/{PREFIX}node-cache/") for r in objects)
     others = {"Version": "2012-10-17", "Statement": [st for st in policy["Statement"] if st is not node_cache]}
+    assert all(not allowed_by(others, r) for r in objects)
+
+
+def test_memory_is_allowed_by_the_saver_policy(endpoint: str, index_mode: str) -> None:
+    """S3Store beside the saver, in each index mode: every call of its put, get, search,
+    list_namespaces and delete (sync and async) is allowed by the mode's SaverPolicy. Its
+    objects are the Memory statement's alone; in DynamoDB mode its items are the index
+    table's (CheckpointIndex). A cheap part of the exact-policy test above."""
+    s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
+    saver = _recorded_saver(endpoint, index_mode, s3, dynamodb, session)
+    saver.setup()  # operator's step: not recorded
+    store = s3_saver.S3Store.from_saver(saver)
+    sync_calls.active = async_calls.active = True
+    exercise_memory_sync(store)
+
+    async def async_part() -> None:
+        await exercise_memory_async(store)
+        await saver.aclose()
+
+    asyncio.run(async_part())
+    saver.close()
+
+    calls = sync_calls.calls + async_calls.calls
+    assert sync_calls.calls and async_calls.calls
+    # The large value's object is written, read and deleted (DeleteObjects), in both modes.
+    assert {("s3", "GetObject"), ("s3", "PutObject"), ("s3", "DeleteObjects")} <= {(c.service, c.operation) for c in calls}
+    needed: dict[Request, set[str]] = {}
+    for call in calls:
+        for request in authorizations(call, kms_key_arn=KEY_ARN):
+            needed.setdefault(request, set()).add(call.operation)
+    policy = saver_policy(index_mode)
+    denied = _denied(policy, needed)
+    assert denied == [], "the managed policy in infra/template.yaml is missing, for the memory store:\n" + "\n".join(denied)
+    (memory,) = [st for st in policy["Statement"] if st.get("Sid") == "Memory"]
+    objects = {r for r in needed if r.action.startswith("s3:Get") or r.action.startswith("s3:Put") or r.action.startswith("s3:Delete")}
+    assert objects and all(r.resource.startswith(f"arn:aws:s3:::{BUCKET}/{PREFIX}memory/") for r in objects)
+    others = {"Version": "2012-10-17", "Statement": [st for st in policy["Statement"] if st is not memory]}
     assert all(not allowed_by(others, r) for r in objects)
 
 

@@ -417,7 +417,8 @@ def test_reader_and_promote_together_are_the_saver_policy_plus_list_bucket(
     """In DynamoDB mode a promoted replica runs the same saver as the primary: the
     primary's SaverPolicy, on the replica's bucket, table and key, plus s3:ListBucket
     (rebuild; missing objects answered 404 during replication lag), minus the node
-    cache's grant (the replica policies are the saver's; infra/README.md, "Replica region")."""
+    cache's and the memory store's grants (the replica policies are the saver's;
+    infra/README.md, "Replica region")."""
     prefix = "agents/"
     p = primary_stack(primary, KeyPrefix=prefix, TableName="idx")
     r = replica_stack(replica, KeyPrefix=prefix, IndexMode=mode, TableName="idx")
@@ -427,7 +428,9 @@ def test_reader_and_promote_together_are_the_saver_policy_plus_list_bucket(
     together = set(statement_resources(reader)) | set(statement_resources(promote))
     node_cache = {(a, res) for a, res in saver if res == "<Bucket.Arn>/agents/node-cache/*"}
     assert node_cache == {("s3:GetObject", "<Bucket.Arn>/agents/node-cache/*"), ("s3:PutObject", "<Bucket.Arn>/agents/node-cache/*")}
-    assert together == (saver - node_cache) | {("s3:ListBucket", "<Bucket.Arn>")}
+    memory = {(a, res) for a, res in saver if res == "<Bucket.Arn>/agents/memory/*"}
+    assert memory == {(a, "<Bucket.Arn>/agents/memory/*") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")}
+    assert together == (saver - node_cache - memory) | {("s3:ListBucket", "<Bucket.Arn>")}
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -10,7 +10,7 @@ import re
 import pytest
 from infra_support import REPO, Stack, load_template, statement_resources
 
-from s3_saver._format.key_codec import NODE_CACHE_PREFIX
+from s3_saver._format.key_codec import MEMORY_PREFIX, NODE_CACHE_PREFIX
 from s3_saver._format.keys import LISTING_PREFIX, MANIFEST_PREFIX, SET_ASIDE_PREFIX, KeyLayout
 
 from s3_saver import (
@@ -254,6 +254,22 @@ def test_node_cache_expires_after_31_days_and_its_replaced_entries_after_one(tem
         assert expiring_rules_over(rules, f"{prefix}{sub}x") == []
 
 
+@pytest.mark.parametrize("retention", ["0", "30"])
+@pytest.mark.parametrize("prefix", ["", "agents/"])
+def test_memory_is_never_expired_and_its_replaced_heads_go_after_a_day(template: dict, prefix: str, retention: str) -> None:
+    """S3Store's objects are a user's memory: no rule expires a current one (not the
+    checkpoints' RetentionDays: an item's own ttl is the store's to keep); each put
+    replaces its namespace's head, and the replaced versions go after a day."""
+    for name, doc in (("template", template), ("replica", load_template(REPO / "infra" / "replica.yaml"))):
+        rules = lifecycle(stack(doc, KeyPrefix=prefix, RetentionDays=retention))
+        for key in ("n/0123/@head", "@reg/head", "n/0123/@v/token"):
+            assert expiring_rules_over(rules, f"{prefix}{MEMORY_PREFIX}{key}") == [], (name, key)
+        heads = rules["ExpireReplacedMemoryHeads"]
+        assert heads["Prefix"] == f"{prefix}{MEMORY_PREFIX}"
+        assert int(heads["NoncurrentVersionExpiration"]["NoncurrentDays"]) == 1
+        assert set(heads) == {"Id", "Status", "Prefix", "NoncurrentVersionExpiration"}, "it expires no current object"
+
+
 @pytest.mark.parametrize("prefix", ["", "agents/"])
 def test_replication_only_with_a_replica_and_then_complete(template: dict, prefix: str) -> None:
     plain = stack(template, KeyPrefix=prefix)
@@ -417,6 +433,8 @@ def test_saver_policy_is_scoped_to_the_stack(template: dict, prefix: str, index_
         objects += [f"<Bucket.Arn>/{prefix}{sub}*" for sub in (MANIFEST_PREFIX, LISTING_PREFIX)]
     # The node cache (S3Cache) beside the saver, in both modes.
     objects.append(f"<Bucket.Arn>/{prefix}{NODE_CACHE_PREFIX}*")
+    # The long-term memory (S3Store) beside the saver, in both modes.
+    objects.append(f"<Bucket.Arn>/{prefix}{MEMORY_PREFIX}*")
     if index_mode == "manifest":
         assert by_service == {"s3": {*objects, "<Bucket.Arn>"}, "kms": {"<Key.Arn>"}}
         assert {r for a, r in grants if r == "<Bucket.Arn>"} == {"<Bucket.Arn>"}
