@@ -27,7 +27,7 @@ def _filled(endpoint: str, mode: str) -> S3Store:
 
 def test_memory_namespaces_show_delete(endpoint: str, index_mode: str) -> None:
     store = _filled(endpoint, index_mode)
-    run = lambda *args: run_cli(endpoint, *args, mode=index_mode)  # noqa: E731
+    run = lambda *args: run_cli(endpoint, *args, mode=index_mode)
 
     assert ok(run("memory", "namespaces")).splitlines() == ["teams", "users.ann", "users.ann.notes", "users.bob smith"]
     listed = json.loads(ok(run("memory", "namespaces", "--ns", "users", "--max-depth", "2", "--json")))

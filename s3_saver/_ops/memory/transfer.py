@@ -26,7 +26,12 @@ from s3_saver._format.memory import rows
 from s3_saver._format.memory.export import ExportedItem
 from s3_saver._format.memory.names import show
 from s3_saver._index.memory import Change, Path
-from s3_saver._ops.memory.batch import Memory, _delete_released, _move_large_values, _resolve
+from s3_saver._ops.memory.batch import (
+    Memory,
+    _delete_released,
+    _move_large_values,
+    _resolve,
+)
 from s3_saver._transport.protocol import Op
 
 _NAMESPACES_PER_READ = 32
