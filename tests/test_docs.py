@@ -64,7 +64,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)(?P<info>[^\n]*)\n(?
 
 # The blocks of each kind in README.md and docs/. Adding or removing one means changing
 # this count too: a block that stops being found must not pass as "nothing to run".
-EXPECTED_BLOCKS = {"python": 17, "json": 4, "yaml": 0, "console": 16, "bash": 10, "text": 9}
+EXPECTED_BLOCKS = {"python": 17, "json": 4, "yaml": 0, "console": 17, "bash": 10, "text": 9}
 LANGUAGES = set(EXPECTED_BLOCKS)
 # The command line's page: its console transcripts run, in page order (test_cli_transcripts_run).
 CLI_PAGE = "docs/reference/cli.md"
@@ -712,8 +712,20 @@ def _sqlite_database(endpoint: str) -> None:
     connection.close()
 
 
+def _memories(endpoint: str) -> None:
+    """Long-term memory beside the threads: Ann's preferences and a note, Bob's preferences."""
+    from s3_saver import S3Store
+
+    store = S3Store("my-checkpoints", table="langgraph-checkpoints", endpoint_url=endpoint, region_name="us-east-1")
+    store.put(("users", "ann"), "preferences", {"food": "likes tea", "language": "en"})
+    store.put(("users", "ann", "notes"), "oslo", {"text": "lives in Oslo"}, ttl=30 * 24 * 60)
+    store.put(("users", "bob"), "preferences", {"food": "coffee"})
+    store.close()
+
+
 # What the store held before a transcript's first command, as when it was captured.
 _BEFORE = {
+    "langgraph-s3-saver memory namespaces": _memories,
     "langgraph-s3-saver threads": _populate,
     "langgraph-s3-saver verify": _crashed_write,
     "langgraph-s3-saver migrate --from sqlite:///checkpoints.db": _sqlite_database,

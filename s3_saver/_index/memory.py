@@ -35,13 +35,16 @@ Path = tuple[str, ...]
 @dataclass(frozen=True, slots=True)
 class Change:
     """One change of one key of a namespace: a put (``value`` set), a delete (neither
-    ``value`` nor ``refresh``), or a refresh of its expiry (``refresh``)."""
+    ``value`` nor ``refresh``), or a refresh of its expiry (``refresh``). A put with
+    ``stamps`` writes an item as it was exported (``import_memory``): its
+    ``(created_us, updated_us, expires_us)`` as given, not the commit's time."""
 
     key: str
     value: ValueCell | ObjectRef | None = None
     vectors: VectorsCell | None = None
     ttl_minutes: float | None = None
     refresh: Refresh | None = None
+    stamps: tuple[int, int, int | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,7 +80,7 @@ def _global_options(command: Any) -> Any:
 @click.version_option(package_name="langgraph-s3-saver", message="%(prog)s %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, **options: Any) -> None:
-    """Inspect and maintain LangGraph checkpoints stored by s3_saver's S3Saver.
+    """Inspect and maintain LangGraph checkpoints (S3Saver) and long-term memory (S3Store) stored by s3_saver.
 
     The options below may also follow the command: `threads --json`."""
     app = App(**options)
@@ -121,11 +121,13 @@ def _late_copies(command: click.Command) -> None:
 
 
 def _register() -> None:
-    from s3_saver.cli import _inspect, _lifecycle, _maintain, _migrate
+    from s3_saver.cli import _inspect, _lifecycle, _maintain, _memory, _migrate
 
-    for module in (_maintain, _inspect, _lifecycle, _migrate):
+    for module in (_maintain, _inspect, _lifecycle, _migrate, _memory):
         for command in module.COMMANDS:
-            _late_copies(command)
+            # A group's commands take the global options after their names too (`memory show --json`).
+            for each in [command, *getattr(command, "commands", {}).values()]:
+                _late_copies(each)
             cli.add_command(command)
 
 

@@ -101,6 +101,8 @@ COMMANDS = {
     "rebuild_index": "rebuild-index",
     "collect_garbage": "gc",
     "list_threads": "threads",
+    "import_memory": "memory import",
+    "export_memory": "memory export",
 }
 _METHOD = re.compile(r"\b(?:saver\.)?(" + "|".join(COMMANDS) + r")\b(?:\(\))?")
 

@@ -184,12 +184,26 @@ def pack_value(
             f"the store's serializer ({type(serde).__name__}) returned {type(type_tag).__name__},"
             f" {type(data).__name__} for key {show(key)} in namespace {show(namespace)}; dumps_typed returns (str, bytes)"
         )
-    data = bytes(data)
-    if compress_min is not None and len(data) >= compress_min:
-        squeezed = zlib.compress(data, 6)
-        if len(squeezed) * 10 <= len(data) * 9:
-            return ValueCell(type_tag, squeezed, ZLIB)
-    return ValueCell(type_tag, data, RAW)
+    return squeeze_cell(ValueCell(type_tag, bytes(data), RAW), compress_min)
+
+
+def squeeze_cell(cell: ValueCell, compress_min: int | None = COMPRESS_MIN) -> ValueCell:
+    """A serializer's pair (``RAW``) as stored: compressed when that saves a tenth."""
+    if cell.codec == RAW and compress_min is not None and len(cell.data) >= compress_min:
+        squeezed = zlib.compress(cell.data, 6)
+        if len(squeezed) * 10 <= len(cell.data) * 9:
+            return ValueCell(cell.type_tag, squeezed, ZLIB)
+    return cell
+
+
+def raw_cell(cell: ValueCell, where: str) -> ValueCell:
+    """The serializer's pair of a stored cell (decompressed); CorruptObjectError naming ``where``."""
+    if cell.codec != ZLIB:
+        return cell
+    try:
+        return ValueCell(cell.type_tag, zlib.decompress(cell.data), RAW)
+    except zlib.error as exc:
+        raise CorruptObjectError(f"{where}: the value does not decompress ({exc})") from exc
 
 
 def unpack_value(serde: Any, cell: ValueCell, where: str) -> dict[str, Any]:

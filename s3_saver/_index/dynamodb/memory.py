@@ -231,6 +231,9 @@ class DynamoMemory:
             params = {"Key": key, "ReturnValues": "ALL_OLD"}
             answer = yield from request_one(self._call("delete_item", params, _subject(path, change.key)))
             return self._released(path, answer, None)
+        if change.stamps is not None:
+            answer = yield from request_one(self._restore(path, key, change))
+            return self._released(path, answer, change.value)
         for _ in range(_MAX_TRIES):
             now = self.clock.now()
             call = self._overwrite(path, key, change, now)
@@ -319,6 +322,27 @@ class DynamoMemory:
             },
             _subject(path, change.key),
         )
+
+    def _restore(self, path: Path, key: dict[str, Any], change: Change) -> Call:
+        """An imported item, written whole with its exported times (last writer wins, as a
+        put: an import run again writes the same item)."""
+        assert change.value is not None and change.stamps is not None
+        created, updated, expires = change.stamps
+        item = {
+            **key,
+            "ns": {"L": [{"S": label} for label in path]},
+            "v": {"B": ormsgpack.packb(value_to_wire(change.value))},
+            "ca": _n(created),
+            "seq": _n(created),  # the creation time orders items in this mode (as ``_create``)
+            "ua": _n(updated),
+        }
+        if expires is not None:
+            item.update(exu=_n(expires), expires_at=_n(epoch_seconds_up(expires)))
+        if change.ttl_minutes is not None:
+            item["ttl"] = {"N": repr(float(change.ttl_minutes))}
+        if change.vectors is not None:
+            item["vec"] = {"B": ormsgpack.packb(vectors_to_wire(change.vectors))}
+        return self._call("put_item", {"Item": item, "ReturnValues": "ALL_OLD"}, _subject(path, change.key))
 
 
 def _subject(path: Path, key: str) -> str:

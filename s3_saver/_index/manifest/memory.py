@@ -44,7 +44,7 @@ from s3_saver._format.memory.documents import (
     value_key,
 )
 from s3_saver._format.memory.names import node_id, show
-from s3_saver._format.memory.rows import ObjectRef, ValueCell, VectorsCell, put_row
+from s3_saver._format.memory.rows import ObjectRef, Row, ValueCell, VectorsCell, put_row
 from s3_saver._format.memory.ttl import Clock, expires_at
 from s3_saver._index.memory import Change, Path, Snapshot
 from s3_saver._transport.budget import Cache, CacheBudget
@@ -271,6 +271,16 @@ def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None,
             continue
         now = clock.now()
         kept = old if old is not None and old.live(now) else None
+        if change.stamps is not None:
+            # An imported item: its times as exported; its place among the namespace's
+            # items is where the import puts it first (a later import keeps it).
+            created, updated, expires = change.stamps
+            rows[change.key] = Row(
+                change.key, kept.seq if kept else seq, created, updated, expires, change.ttl_minutes, 0, change.value, change.vectors
+            )
+            seq += kept is None
+            changed = True
+            continue
         rows[change.key] = put_row(
             change.key,
             kept=kept,

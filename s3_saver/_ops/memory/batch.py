@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from langgraph.store.base import (
@@ -159,7 +159,7 @@ def _move_large_values(mem: Memory, groups: dict[Path, list[Change]]) -> Op[None
             if isinstance(change.value, rows.ValueCell) and change.value.size > mem.index.inline_limit:
                 token = new_token()
                 objects[mem.index.value_key(path, token)] = dumps_value(change.value, path, change.key)
-                changes[i] = Change(change.key, rows.ObjectRef(token, change.value.size), change.vectors, change.ttl_minutes)
+                changes[i] = replace(change, value=rows.ObjectRef(token, change.value.size))  # an import's stamps kept
     if objects:
         yield from put_immutable(mem.s3, objects)
 
