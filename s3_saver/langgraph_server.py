@@ -55,21 +55,56 @@ Example:
     CHECKPOINT_BUCKET=my-checkpoints CHECKPOINT_TABLE=langgraph-checkpoints \\
     AWS_REGION=us-east-1 langgraph dev
     ```
+
+Long-term memory: [store()][s3_saver.langgraph_server.store] is the server's store
+(``"store": {"path": "s3_saver.langgraph_server.store"}``): an
+[S3Store][s3_saver.S3Store] on the same bucket, table and prefix, from the same
+variables. The server calls it with no argument, so it reads the rest of
+``langgraph.json``'s ``store`` block where the server puts it, the ``LANGGRAPH_STORE``
+variable (JSON; ``langgraph dev`` sets it, ``langgraph build`` writes it into the image):
+
+- ``index``: ``dims``, ``embed`` and ``fields``, for semantic search. ``embed`` is a
+  file's attribute (``./embeddings.py:embed``, relative to the server's working
+  directory), a module's attribute (``myapp.embeddings:embed``) or a LangChain provider
+  string (``openai:text-embedding-3-small``, which needs ``langchain``): an
+  ``Embeddings``, or a function from a list of texts to a list of vectors.
+  ``langgraph dev`` loads ``embed`` too, for its built-in store, and stops at start on
+  a ``module:attr``: in ``langgraph.json``, use one of the other two.
+- ``ttl``: ``default_ttl`` (minutes) and ``refresh_on_read``, as LangGraph's ``TTLConfig``.
+  ``sweep_interval_minutes`` is accepted and starts nothing: the store has no sweeper
+  (an expired item is never returned; DynamoDB's TTL deletes it in a table, the next
+  write to its namespace drops it in the manifest mode).
+
+``checkpointer()`` and ``store()`` share one saver per process: one cache budget
+(``CHECKPOINT_CACHE_BYTES``), one set of clients for each event loop. Each entered
+context counts itself; the last one out on a loop closes that loop's clients.
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import importlib.util
+import json
 import logging
 import os
 import re
+import sys
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from s3_saver import EraseReport
+from langchain_core.embeddings import Embeddings
+from langgraph.store.base import ensure_embeddings
+
+from s3_saver import EraseReport, S3Store
 from s3_saver._format.key_codec import check_prefix
+from s3_saver._format.memory.ttl import check_ttl_config
 from s3_saver._saver.options import parse_bytes, parse_duration
 from s3_saver._saver.saver import S3Saver
 from s3_saver._saver.serde import load_serde
@@ -77,7 +112,16 @@ from s3_saver._transport.budget import MIN_BYTES
 from s3_saver._transport.clients import TABLE_NAME, bucket_name_ok
 from s3_saver.errors import ConfigurationError
 
-__all__ = ["ServerSettings", "checkpointer", "saver_from_env", "settings_from_env"]
+__all__ = [
+    "ServerSettings",
+    "StoreSettings",
+    "checkpointer",
+    "load_embeddings",
+    "saver_from_env",
+    "settings_from_env",
+    "store",
+    "store_settings_from_env",
+]
 
 # botocore's own rule for a region name (it refuses others when a client is made,
 # which would be at the first request): checked here so the server stops at start.
@@ -304,8 +348,10 @@ def saver_from_env(environ: Mapping[str, str] | None = None) -> S3Saver:
 async def checkpointer() -> AsyncIterator[S3Saver]:
     """The checkpointer LangGraph Server enters: ``"s3_saver.langgraph_server.checkpointer"``.
 
-    Builds the saver from the environment, runs [S3Saver.asetup()][s3_saver.S3Saver.asetup] when
-    ``CHECKPOINT_SETUP`` is on, yields it, and closes its async clients on exit.
+    Builds the saver from the environment (or shares the one [store()][s3_saver.langgraph_server.store]
+    built), runs [S3Saver.asetup()][s3_saver.S3Saver.asetup] when ``CHECKPOINT_SETUP`` is on,
+    yields it, and on exit closes the async clients of its event loop once no other context
+    of this module uses them.
 
     Yields:
         The saver.
@@ -313,14 +359,263 @@ async def checkpointer() -> AsyncIterator[S3Saver]:
     Raises:
         ConfigurationError: A variable is missing or wrong (named in the message).
     """
-    settings = settings_from_env()
-    saver = settings.saver()
-    try:
-        if settings.setup:
-            await saver.asetup()
+    async with _shared() as saver:
         yield saver
+
+
+# -- long-term memory ------------------------------------------------------------------
+
+_STORE_VARIABLE = "LANGGRAPH_STORE"
+_WHERE = f"{_STORE_VARIABLE} (langgraph.json's \"store\")"
+_INDEX_KEYS = frozenset({"dims", "embed", "fields"})
+_IDENTIFIERS = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """The store's settings from ``LANGGRAPH_STORE`` (see the module docstring).
+
+    Attributes:
+        index: The ``index`` block, checked: ``dims``, ``embed`` (the spec, loaded by
+            `index_config()`), ``fields``; None: no semantic search.
+        ttl: The ``ttl`` block, checked (LangGraph's ``TTLConfig``); None: no expiry.
+    """
+
+    index: Mapping[str, Any] | None = None
+    ttl: Mapping[str, Any] | None = None
+
+    def index_config(self) -> dict[str, Any] | None:
+        """The ``IndexConfig`` to give the store, its ``embed`` loaded (this imports the
+        embedder's code, or builds a LangChain model: call it off the event loop).
+
+        Raises:
+            ConfigurationError: ``embed`` names nothing that loads, naming the spec.
+        """
+        if self.index is None:
+            return None
+        return {**self.index, "embed": load_embeddings(self.index["embed"])}
+
+
+def store_settings_from_env(environ: Mapping[str, str] | None = None) -> StoreSettings:
+    """Read and check ``LANGGRAPH_STORE`` (nothing is imported: see `StoreSettings.index_config()`).
+
+    Unset or empty, the store has no index and no TTL. Its ``path`` is the server's; keys
+    other than ``index`` and ``ttl`` are left to the server.
+
+    Args:
+        environ: The variables; ``os.environ`` by default.
+
+    Returns:
+        The settings.
+
+    Raises:
+        ConfigurationError: The variable is not a JSON object, or its ``index`` or ``ttl``
+            cannot work (the message names the variable and the key).
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(_STORE_VARIABLE, "").strip()
+    if not text:
+        return StoreSettings()
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"{_WHERE} is not JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ConfigurationError(f"{_WHERE} is not a JSON object: {text[:200]!r}")
+    index = config.get("index") or None  # {} (a template's blank block): no index, as the server reads it
+    if index is not None:
+        index = _check_index(index)
+    try:
+        ttl = check_ttl_config(config.get("ttl") or None)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{_WHERE}: {exc}") from exc
+    return StoreSettings(index=index, ttl=ttl)
+
+
+def _check_index(index: Any) -> dict[str, Any]:
+    if not isinstance(index, dict):
+        raise ConfigurationError(f"{_WHERE}: index must be an object with dims, embed and fields, got {index!r}")
+    # A typo ("dim", "field") would otherwise pass as "no such setting": refused, named.
+    unknown = sorted(set(index) - _INDEX_KEYS)
+    if unknown:
+        raise ConfigurationError(f"{_WHERE}: index has unknown keys {unknown}; the store reads {sorted(_INDEX_KEYS)}")
+    dims = index.get("dims")
+    if isinstance(dims, bool) or not isinstance(dims, int) or dims <= 0:
+        raise ConfigurationError(f"{_WHERE}: index.dims must be a positive integer, got {dims!r}")
+    embed = index.get("embed")
+    if not isinstance(embed, str) or not embed.strip():
+        raise ConfigurationError(
+            f"{_WHERE}: index.embed must be a string: ./path/to/file.py:attr, module:attr or a provider string "
+            f"(openai:text-embedding-3-small), got {embed!r}"
+        )
+    fields = index.get("fields")
+    if fields is not None and (not isinstance(fields, list) or not all(isinstance(f, str) and f for f in fields)):
+        raise ConfigurationError(f"{_WHERE}: index.fields must be a list of field paths or null, got {fields!r}")
+    return {"dims": dims, "embed": embed.strip(), **({"fields": fields} if fields is not None else {})}
+
+
+def load_embeddings(spec: str) -> Any:
+    """The embedder ``index.embed`` names, as LangChain ``Embeddings``.
+
+    - ``path/to/file.py:attr`` (the server's own rule: the spec holds ``.py:``): the file,
+      relative to the working directory, is run as a module once per process;
+    - ``module:attr`` (``attr`` a dotted name): the module is imported, when it is one;
+    - anything else is a provider string for LangGraph's ``ensure_embeddings``
+      (``openai:text-embedding-3-small``; it needs ``langchain``).
+
+    The attribute is an ``Embeddings``, or a function (sync or async) from a list of texts
+    to a list of vectors, wrapped by ``ensure_embeddings``.
+
+    Raises:
+        ConfigurationError: Naming the spec and what failed.
+    """
+    label = f"{_WHERE}: index.embed={spec!r}"
+    target, sep, attr = spec.rpartition(":")
+    found: Any = None
+    if ".py:" in spec:
+        found = _attribute(_file_module(target, label), attr, label)
+    elif sep and _IDENTIFIERS.fullmatch(target) and _IDENTIFIERS.fullmatch(attr) and _is_module(target):
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:  # the user's module failed on import: its own error, named
+            raise ConfigurationError(f"{label}: importing {target!r} failed: {type(exc).__name__}: {exc}") from exc
+        found = _attribute(module, attr, label)
+    else:
+        try:
+            return ensure_embeddings(spec)
+        except Exception as exc:  # ValueError, ImportError, a provider's own (a missing API key)
+            raise ConfigurationError(
+                f"{label} names no file (path.py:attr) or module (module:attr) attribute, and as a provider "
+                f"string it fails: {type(exc).__name__}: {exc}"
+            ) from exc
+    if isinstance(found, Embeddings):
+        return found
+    if not callable(found) or isinstance(found, type):
+        raise ConfigurationError(
+            f"{label}: found {type(found).__name__} {found!r:.80}, not an Embeddings or a function from texts to vectors"
+        )
+    return ensure_embeddings(found)
+
+
+def _is_module(name: str) -> bool:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a project's own module, as CHECKPOINT_SERDE's
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that is not one
+        return False
+
+
+def _file_module(path: str, label: str) -> ModuleType:
+    """The file run as a module, under the name LangGraph Server gives it (its in-memory
+    runtime loads the same file for its own store), so it runs once per process."""
+    name = path.replace("/", "__").replace(".py", "").replace(" ", "_")
+    module = sys.modules.get(name)
+    if module is not None and Path(getattr(module, "__file__", None) or "").resolve() == Path(path).resolve():
+        return module
+    if not Path(path).is_file():
+        raise ConfigurationError(f"{label}: no file {path!r} (from the working directory {os.getcwd()!r})")
+    spec = importlib.util.spec_from_file_location(name, str(Path(path).resolve()))
+    if spec is None or spec.loader is None:
+        raise ConfigurationError(f"{label}: {path!r} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ConfigurationError(f"{label}: running {path!r} failed: {type(exc).__name__}: {exc}") from exc
+    sys.modules[name] = module
+    return module
+
+
+def _attribute(module: ModuleType, attr: str, label: str) -> Any:
+    found: Any = module
+    for part in attr.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError as exc:
+            raise ConfigurationError(f"{label}: {module.__name__!r} has no attribute {attr!r}") from exc
+    return found
+
+
+@asynccontextmanager
+async def store() -> AsyncIterator[S3Store]:
+    """The store LangGraph Server enters: ``"s3_saver.langgraph_server.store"``.
+
+    An [S3Store][s3_saver.S3Store] on the saver's bucket, table, prefix and serializer, from
+    the same variables as [checkpointer()][s3_saver.langgraph_server.checkpointer], with the
+    ``index`` and ``ttl`` of ``LANGGRAPH_STORE``. It shares the saver
+    [checkpointer()][s3_saver.langgraph_server.checkpointer] yields (its clients, request
+    counts and cache budget); ``CHECKPOINT_SETUP`` creates the bucket and table once per
+    process. On exit, the async clients of its event loop close once no other context of
+    this module uses them.
+
+    Yields:
+        The store.
+
+    Raises:
+        ConfigurationError: A variable is missing or wrong, or ``index.embed`` does not load
+            (named in the message).
+    """
+    settings = settings_from_env()
+    memory = store_settings_from_env()
+    # The embedder is the user's code (a file run, a module imported, a model built):
+    # off the event loop, which `langgraph dev` watches for blocking calls.
+    index = await asyncio.to_thread(memory.index_config)
+    async with _shared(settings) as saver:
+        yield S3Store.from_saver(saver, index=index, ttl=memory.ttl)
+
+
+# -- one saver per process, under checkpointer() and store() ------------------------------
+
+
+class _Runtime:
+    """A saver and who uses it: the contexts entered, by event loop."""
+
+    def __init__(self, saver: S3Saver) -> None:
+        self.saver = saver
+        self.loops: dict[asyncio.AbstractEventLoop, int] = {}
+        self.set_up = False
+
+
+# Keyed by the settings: the server reads one environment, so both factories share one
+# saver; a context entered after the environment changed (tests) gets its own.
+_RUNTIMES: dict[ServerSettings, _Runtime] = {}
+_LOCK = threading.Lock()  # the server enters a factory once per OS thread: threads race here
+
+
+@asynccontextmanager
+async def _shared(settings: ServerSettings | None = None) -> AsyncIterator[S3Saver]:
+    """The process's saver for these settings, built at the first entry and dropped (its
+    sync side closed) when the last context leaves. A saver's async clients belong to the
+    event loop that made them: the last context to leave a loop closes that loop's."""
+    settings = settings_from_env() if settings is None else settings
+    loop = asyncio.get_running_loop()
+    with _LOCK:
+        runtime = _RUNTIMES.get(settings)
+        if runtime is None:
+            runtime = _RUNTIMES[settings] = _Runtime(settings.saver())
+        runtime.loops[loop] = runtime.loops.get(loop, 0) + 1
+    try:
+        if settings.setup and not runtime.set_up:
+            # Idempotent: two threads entering at once may both run it; once done, the
+            # other factory (and later entries) skip it.
+            await runtime.saver.asetup()
+            runtime.set_up = True
+        yield runtime.saver
     finally:
-        await saver.aclose()
-        # The sync driver is idle under the server (it calls async methods only),
-        # but a user's code may have used the saver's sync side: release it too.
-        saver.close()
+        with _LOCK:
+            runtime.loops[loop] -= 1
+            last_on_loop = not runtime.loops[loop]
+            if last_on_loop:
+                del runtime.loops[loop]
+            last = not runtime.loops
+            if last and _RUNTIMES.get(settings) is runtime:
+                del _RUNTIMES[settings]
+        try:
+            if last_on_loop:
+                await runtime.saver.aclose()
+        finally:
+            if last:
+                # The sync driver is idle under the server (it calls async methods only),
+                # but a user's code may have used the saver's sync side: release it too.
+                runtime.saver.close()

@@ -49,7 +49,7 @@ SLOW_VARIANTS = frozenset(
         "test_lifecycle.py::test_prune_cut_short_at_any_round_trip_keeps_what_it_keeps[dynamodb]",
         "test_archive.py::test_archive_read_restore_matches_in_memory[dynamodb-async]",
         "test_archive.py::test_archive_read_restore_matches_in_memory[manifest-sync]",
-        "test_langgraph_server.py::test_langgraph_dev_keeps_its_threads_in_s3[manifest]",
+        "test_langgraph_server.py::test_langgraph_dev_keeps_its_threads_and_memory_in_s3[manifest]",
         "test_replica.py::test_lag_every_read_is_a_complete_checkpoint_the_primary_had[manifest]",
         "test_outage.py::test_outage_promote_continue_failback[dynamodb-hang-refused]",
         "test_deltas.py::test_copy_export_archive_and_rebuild_carry_the_pieces[dynamodb]",

@@ -1,6 +1,7 @@
-"""LangGraph Server with S3Saver: s3_saver.langgraph_server's environment, and `langgraph dev`
-(langgraph-api's in-memory runtime) serving examples/langgraph_server against moto in both
-index modes, driven through langgraph-sdk.
+"""LangGraph Server with S3Saver and S3Store: s3_saver.langgraph_server's environment (and
+LANGGRAPH_STORE's index and ttl), and `langgraph dev` (langgraph-api's in-memory runtime)
+serving examples/langgraph_server against moto in both index modes, driven through
+langgraph-sdk: threads through the checkpointer, memory through the store API and a graph.
 
 What reaches each of the saver's thread-wide methods in langgraph-api 0.16.7:
 
@@ -43,14 +44,26 @@ from langgraph_sdk.schema import Command
 
 from conftest import INDEX_MODES
 from moto_fixes import atomic_conditional_writes
-from s3_saver import ConfigurationError, S3Saver
-from s3_saver.langgraph_server import ServerSettings, checkpointer, saver_from_env, settings_from_env
+from s3_saver import ConfigurationError, S3Saver, S3Store
+from s3_saver._format.memory.names import node_id
+from s3_saver._format.memory.ttl import Clock
+from s3_saver.langgraph_server import (
+    ServerSettings,
+    StoreSettings,
+    checkpointer,
+    load_embeddings,
+    saver_from_env,
+    settings_from_env,
+    store,
+    store_settings_from_env,
+)
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "langgraph_server"
 BIN = Path(sys.executable).parent
 GRAPH = "refund"
 START_TIMEOUT = 60.0  # seconds; a start takes about 4 here
 CHECKPOINTER = json.loads((EXAMPLE / "langgraph.json").read_text())["checkpointer"]
+STORE = json.loads((EXAMPLE / "langgraph.json").read_text())["store"]
 
 
 # -- the environment ---------------------------------------------------------------------
@@ -226,6 +239,205 @@ def _empty_checkpoint() -> dict:
     return empty_checkpoint()
 
 
+# -- the store's settings: LANGGRAPH_STORE ---------------------------------------------
+def test_store_settings_read_index_and_ttl_from_langgraph_store() -> None:
+    """The example's store block, as `langgraph dev` puts it in LANGGRAPH_STORE: the index
+    (its embed spec, not loaded yet) and the ttl (checked); unset or empty, neither."""
+    settings = store_settings_from_env({"LANGGRAPH_STORE": json.dumps(STORE)})
+    assert settings == StoreSettings(
+        index={"dims": 64, "embed": "./embeddings.py:embed", "fields": ["text"]},
+        ttl={"default_ttl": 43200.0, "refresh_on_read": True},
+    )
+    assert store_settings_from_env({}) == store_settings_from_env({"LANGGRAPH_STORE": " "}) == StoreSettings()
+    # Only a path (the server's): no index, no ttl; a blank block counts as none.
+    only_path = {"path": "s3_saver.langgraph_server.store", "index": {}, "ttl": None}
+    assert store_settings_from_env({"LANGGRAPH_STORE": json.dumps(only_path)}) == StoreSettings()
+    # sweep_interval_minutes passes (LangGraph's TTLConfig has it); the store starts no sweeper.
+    swept = {"ttl": {"default_ttl": 5, "sweep_interval_minutes": 60}}
+    assert store_settings_from_env({"LANGGRAPH_STORE": json.dumps(swept)}).ttl == {
+        "default_ttl": 5.0,
+        "sweep_interval_minutes": 60,
+    }
+
+
+_WHERE = "LANGGRAPH_STORE (langgraph.json's \"store\")"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"index": {"dims": 4,', f"{_WHERE} is not JSON: "),
+        ('["s3_saver.langgraph_server.store"]', f"{_WHERE} is not a JSON object"),
+        ('{"index": "openai:text-embedding-3-small"}', f"{_WHERE}: index must be an object"),
+        ('{"index": {"dim": 4, "embed": "x.py:e"}}', f"{_WHERE}: index has unknown keys ['dim']"),
+        ('{"index": {"embed": "./e.py:embed"}}', f"{_WHERE}: index.dims must be a positive integer, got None"),
+        ('{"index": {"dims": "64", "embed": "./e.py:embed"}}', f"{_WHERE}: index.dims must be a positive integer, got '64'"),
+        ('{"index": {"dims": true, "embed": "./e.py:embed"}}', f"{_WHERE}: index.dims must be a positive integer, got True"),
+        ('{"index": {"dims": 4}}', f"{_WHERE}: index.embed must be a string"),
+        ('{"index": {"dims": 4, "embed": ["a"]}}', f"{_WHERE}: index.embed must be a string"),
+        ('{"index": {"dims": 4, "embed": "./e.py:embed", "fields": "text"}}', f"{_WHERE}: index.fields must be a list"),
+        ('{"ttl": {"default_ttl": -1}}', f"{_WHERE}: ttl['default_ttl'] must be a finite number of minutes"),
+        ('{"ttl": {"defaut_ttl": 5}}', f"{_WHERE}: ttl: unknown keys ['defaut_ttl']"),
+        ('{"ttl": {"refresh_on_read": "yes"}}', f"{_WHERE}: ttl['refresh_on_read'] must be True or False"),
+        ('{"ttl": {"sweep_interval_minutes": 0}}', f"{_WHERE}: ttl['sweep_interval_minutes'] must be a number"),
+        ('{"ttl": 30}', f"{_WHERE}: ttl: a TTLConfig (dict) is expected"),
+    ],
+)
+def test_a_wrong_store_block_is_named(text: str, message: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        store_settings_from_env({"LANGGRAPH_STORE": text})
+    assert str(raised.value).startswith(message), str(raised.value)
+
+
+_EMBEDDER = """
+calls = []
+
+def embed(texts):
+    calls.append(len(texts))
+    return [[float(len(t)), 1.0] for t in texts]
+
+class Holder:
+    embed = embed
+
+NOT_CALLABLE = 3
+"""
+
+
+def test_embed_is_a_file_or_a_module_attribute(tmp_path: Path, monkeypatch) -> None:
+    """``./file.py:attr`` is run from the working directory once per process (the module the
+    server's own loader would make, reused), ``module:attr`` imported; a function is wrapped
+    as LangChain Embeddings."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "vectors.py").write_text(_EMBEDDER)
+    (tmp_path / "mymod_for_embed.py").write_text(_EMBEDDER)
+    from_file = load_embeddings("./lib/vectors.py:embed")
+    assert from_file.embed_documents(["abc", "de"]) == [[3.0, 1.0], [2.0, 1.0]]
+    assert from_file.embed_query("abcd") == [4.0, 1.0]
+    module = sys.modules[".__lib__vectors"]  # the name langgraph-api gives the file
+    assert module.calls == [2, 1]
+    again = load_embeddings("./lib/vectors.py:Holder.embed")  # the same module: not run twice
+    again.embed_query("x")
+    assert sys.modules[".__lib__vectors"] is module and module.calls == [2, 1, 1]
+    assert load_embeddings("mymod_for_embed:embed").embed_query("ab") == [2.0, 1.0]
+    # An Embeddings is taken as it is.
+    (tmp_path / "given.py").write_text(
+        "from langgraph.store.base import ensure_embeddings\nmodel = ensure_embeddings(lambda t: [[0.0, 1.0]] * len(t))\n"
+    )
+    model = load_embeddings("./given.py:model")
+    assert model is sys.modules[".__given"].model
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("./missing.py:embed", "no file './missing.py' (from the working directory"),
+        ("./lib/vectors.py:nothing", "'.__lib__vectors' has no attribute 'nothing'"),
+        ("./lib/vectors.py:NOT_CALLABLE", "found int 3, not an Embeddings or a function from texts to vectors"),
+        ("./lib/vectors.py:Holder", "found type <class '.__lib__vectors.Holder'>, not an Embeddings"),
+        ("./lib/broken.py:embed", "running './lib/broken.py' failed: ZeroDivisionError"),
+        ("mymod_broken_embed:embed", "importing 'mymod_broken_embed' failed: ZeroDivisionError"),
+        ("mymod_ok_embed:nothing", "'mymod_ok_embed' has no attribute 'nothing'"),
+        # Not a file or module: a provider string, which needs langchain (not installed here)
+        ("openai:text-embedding-3-small", "names no file (path.py:attr) or module (module:attr) attribute, and as a provider"),
+        ("no_such_module_anywhere:embed", "as a provider string it fails"),
+    ],
+)
+def test_an_embed_that_does_not_load_is_named(spec: str, message: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "vectors.py").write_text(_EMBEDDER)
+    (tmp_path / "lib" / "broken.py").write_text("1 / 0\n")
+    (tmp_path / "mymod_broken_embed.py").write_text("1 / 0\n")
+    (tmp_path / "mymod_ok_embed.py").write_text(_EMBEDDER)
+    settings = StoreSettings(index={"dims": 2, "embed": spec})
+    with pytest.raises(ConfigurationError) as raised:
+        settings.index_config()
+    text = str(raised.value)
+    assert text.startswith(f"{_WHERE}: index.embed={spec!r}") and message in text, text
+
+
+def _server_variables(monkeypatch, endpoint: str, index_mode: str, **more: str) -> None:
+    table = "server-index" if index_mode == "dynamodb" else ""
+    variables = {"CHECKPOINT_BUCKET": "server-bucket", "CHECKPOINT_TABLE": table, "AWS_ENDPOINT_URL": endpoint}
+    for name, value in {**variables, **more}.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize("index_mode", INDEX_MODES)
+async def test_store_shares_the_checkpointers_saver(endpoint: str, index_mode: str, monkeypatch) -> None:
+    """What the server enters, twice on its loop: the store is on the checkpointer's saver
+    (one budget, one set of clients, one request count), with the index and ttl of
+    LANGGRAPH_STORE; CHECKPOINT_SETUP runs once. The loop's clients close when the last
+    context leaves it, whichever leaves last."""
+    monkeypatch.chdir(EXAMPLE)  # ./embeddings.py:embed, as the server's working directory
+    _server_variables(monkeypatch, endpoint, index_mode, CHECKPOINT_SETUP="1", LANGGRAPH_STORE=json.dumps(STORE))
+    async with checkpointer() as saver:
+        setup_requests = saver.stats.total_requests
+        async with store() as memory:
+            assert isinstance(memory, S3Store) and memory.table == saver.table
+            assert memory._ctx.budget is saver._ctx.budget and memory._async is saver._async
+            assert saver.stats.total_requests == setup_requests  # set up once, by the first
+            assert memory.index_config["dims"] == 64 and memory.ttl_config == {"default_ttl": 43200.0, "refresh_on_read": True}
+            await memory.aput(("notes", "ann"), "a", {"text": "ann likes strong coffee"})
+            await memory.aput(("notes", "ann"), "b", {"text": "ann has a cat"})
+            assert saver.stats.total_requests > setup_requests  # the store's requests are counted with the saver's
+            hits = await memory.asearch(("notes",), query="coffee")
+            assert [h.key for h in hits] == ["a", "b"] and hits[0].score > hits[1].score
+        assert saver._async._loops  # the checkpointer still uses this loop's clients
+        assert await saver.aget_tuple({"configurable": {"thread_id": "none"}}) is None
+    assert not saver._async._loops
+    # Entered the other way round, the store first and left last, the same.
+    async with store() as memory, checkpointer() as again:
+        assert again is not saver and memory._async is again._async  # a new process-wide saver
+        assert (await memory.aget(("notes", "ann"), "a")).value == {"text": "ann likes strong coffee"}
+    assert not again._async._loops
+
+
+@pytest.mark.parametrize("index_mode", INDEX_MODES)
+async def test_each_thread_closes_its_own_loops_clients(endpoint: str, index_mode: str, monkeypatch) -> None:
+    """The server enters the store once per OS thread: each thread's loop has its own
+    clients of the one saver, closed when that thread's context leaves."""
+    _server_variables(monkeypatch, endpoint, index_mode, CHECKPOINT_SETUP="1")
+    monkeypatch.delenv("LANGGRAPH_STORE", raising=False)
+
+    async def in_another_thread(saver: S3Saver) -> asyncio.AbstractEventLoop:
+        async with store() as memory:
+            assert memory._async is saver._async and memory.index_config is None and memory.ttl_config is None
+            await memory.aput(("t",), "k", {"n": 1})
+            loop = asyncio.get_running_loop()
+            assert loop in saver._async._loops
+        assert loop not in saver._async._loops
+        return loop
+
+    async with checkpointer() as saver:
+        await saver.aget_tuple({"configurable": {"thread_id": "none"}})
+        other = await asyncio.to_thread(asyncio.run, in_another_thread(saver))
+        assert list(saver._async._loops) == [asyncio.get_running_loop()] and other not in saver._async._loops
+        async with store() as memory:
+            assert (await memory.aget(("t",), "k")).value == {"n": 1}
+    assert not saver._async._loops
+
+
+async def test_a_wrong_store_block_stops_the_store_at_entry(endpoint: str, monkeypatch) -> None:
+    """The server enters the store at start: a block that cannot work fails there, named,
+    and leaves no saver behind."""
+    from s3_saver import langgraph_server
+
+    _server_variables(monkeypatch, endpoint, "manifest")
+    monkeypatch.setenv("LANGGRAPH_STORE", json.dumps({**STORE, "index": {**STORE["index"], "embed": "./nowhere.py:embed"}}))
+    with pytest.raises(ConfigurationError, match="index.embed='./nowhere.py:embed': no file './nowhere.py'"):
+        async with store():
+            pass
+    monkeypatch.setenv("CHECKPOINT_BUCKET", "s3://server-bucket")
+    with pytest.raises(ConfigurationError, match="CHECKPOINT_BUCKET='s3://server-bucket'"):
+        async with store():
+            pass
+    assert not langgraph_server._RUNTIMES
+
+
 # -- langgraph dev -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def own_moto() -> Iterator[str]:
@@ -263,6 +475,13 @@ class Server:
     def client(self):
         return get_client(url=self.url, timeout=30)
 
+    def store(self, clock: Clock | None = None) -> S3Store:
+        """A store of this process on the server's memory, with the example's index."""
+        spec = StoreSettings(index={**STORE["index"], "embed": f"{EXAMPLE / 'embeddings.py'}:embed"})
+        return S3Store(
+            self.bucket, table=self.table, endpoint_url=self.moto, region_name="us-east-1", index=spec.index_config(), clock=clock
+        )
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -297,7 +516,7 @@ def server(request, own_moto: str, tmp_path_factory) -> Iterator[Server]:
     bucket = f"lgs-{mode}-{run}"
     table = f"lgs-{mode}-{run}" if mode == "dynamodb" else None
     app = tmp_path_factory.mktemp(f"langgraph-server-{mode}")
-    for name in ("langgraph.json", "graph.py"):
+    for name in ("langgraph.json", "graph.py", "notes.py", "embeddings.py"):
         shutil.copy(EXAMPLE / name, app / name)
     port = _free_port()
     env = _server_env(own_moto, bucket, table)
@@ -534,11 +753,77 @@ async def _grpc_prune_reaches_aprune(server: Server, alongside: Awaitable[None])
     saver.close()
 
 
-async def test_langgraph_dev_keeps_its_threads_in_s3(server: Server) -> None:
+async def _memory_through_the_store_api(server: Server) -> None:
+    """The server's store is S3Store (``"store"`` of the example's langgraph.json): items put,
+    read, searched by meaning and by filter, listed and deleted through ``/store/...`` and
+    from a graph node are in the bucket (manifest) or the table (DynamoDB), read back alike
+    by a store of this process; the index and the default ttl are the JSON's."""
+    assert "Using custom store: S3Store(" in server.log.read_text(errors="replace")
+    client = server.client()
+    await client.store.put_item(["notes", "alice"], "coffee", {"text": "alice likes strong coffee"})
+    await client.store.put_item(["notes", "alice"], "cat", {"text": "alice has a cat named Tom", "tag": "pets"})
+    await client.store.put_item(["notes", "alice"], "old", {"text": "alice lived in Lyon"})
+    await client.store.put_item(["notes", "bob"], "tea", {"text": "bob drinks green tea"}, ttl=1)  # minutes
+    assert (await client.store.get_item(["notes", "alice"], "coffee"))["value"] == {"text": "alice likes strong coffee"}
+    await client.store.delete_item(["notes", "alice"], "old")
+    assert await client.store.get_item(["notes", "alice"], "old") is None
+
+    found = (await client.store.search_items(["notes"], query="who likes coffee"))["items"]
+    assert [(i["namespace"], i["key"]) for i in found][:1] == [(["notes", "alice"], "coffee")]
+    assert found[0]["score"] > max(i["score"] for i in found[1:])
+    pets = (await client.store.search_items(["notes", "alice"], filter={"tag": "pets"}))["items"]
+    assert [i["key"] for i in pets] == ["cat"] and pets[0]["score"] is None
+
+    # A graph node writes and searches the same memory: a note of one thread is recalled in another.
+    first, second = "carol is allergic to peanuts", "bake carol a cake without peanuts"
+    for note in (first, second):
+        thread = await client.threads.create()
+        values = await client.runs.wait(thread["thread_id"], "notes", input={"user": "carol", "note": note})
+    assert values["recalled"] == [second, first]
+    listed = await client.store.list_namespaces(prefix=["notes"])
+    assert sorted(listed["namespaces"]) == [["notes", "alice"], ["notes", "bob"], ["notes", "carol"]]
+
+    # Where it is: the namespaces' heads in the bucket, or their partitions in the table.
+    nodes = {ns: node_id(ns) for ns in (("notes", "alice"), ("notes", "bob"), ("notes", "carol"))}
+    heads = {k for k in server.keys() if k.startswith("memory/")}
+    if server.mode == "manifest":
+        assert {f"memory/n/{n}/@head" for n in nodes.values()} <= heads and "memory/@reg/head" in heads
+    else:
+        assert not heads  # small values: nothing in the bucket
+        table = boto3.client("dynamodb", endpoint_url=server.moto, region_name="us-east-1")
+        pages = table.get_paginator("scan").paginate(TableName=server.table, ConsistentRead=True)
+        partitions = {i["pk"]["S"] for page in pages for i in page["Items"]}
+        assert {f"#m/{n}" for n in nodes.values()} <= partitions
+
+    # Read back by another process's store: the same items, the same scores (the same index).
+    theirs = (await client.store.search_items(["notes"], query="carol likes coffee"))["items"]
+    async with server.store() as mine:
+        ours = await mine.asearch(("notes",), query="carol likes coffee", refresh_ttl=False)
+        assert [(list(i.namespace), i.key, i.score) for i in ours] == [(i["namespace"], i["key"], i["score"]) for i in theirs]
+        assert len(ours) == 5 and ours[0].score > 0
+        assert (await mine.aget(("notes", "bob"), "tea", refresh_ttl=False)).value == {"text": "bob drinks green tea"}
+
+    # The ttl: the item put with ttl=1 is gone two minutes on; the graph's items took the
+    # JSON's default_ttl (30 days); an item put over HTTP without a ttl never expires
+    # (the server passes ttl=None for it, whatever the default).
+    now = time.time_ns() // 1000
+
+    def later(minutes: int) -> S3Store:
+        return server.store(clock=Clock(lambda: now + minutes * 60_000_000))
+
+    async with later(2) as soon, later(29 * 24 * 60) as before, later(31 * 24 * 60) as after:
+        assert await soon.aget(("notes", "bob"), "tea", refresh_ttl=False) is None
+        assert len(await before.asearch(("notes", "carol"), refresh_ttl=False)) == 2
+        assert await after.asearch(("notes", "carol"), refresh_ttl=False) == []
+        assert (await after.aget(("notes", "alice"), "coffee", refresh_ttl=False)) is not None
+
+
+async def test_langgraph_dev_keeps_its_threads_and_memory_in_s3(server: Server) -> None:
     """Every check on one server per index mode, in one test: the server takes seconds to
     start, and one test stays on one xdist worker (separate tests would start it on both)."""
 
     async def through_the_api() -> None:
+        await _memory_through_the_store_api(server)
         await _interrupt_resume_and_history_are_in_the_bucket(server)
         await _copy_thread_copies_the_store(server)
         await _delete_run_deletes_its_checkpoints(server)
