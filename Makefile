@@ -49,9 +49,9 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	TEST_ALL=1 $(BIN)/python -m pytest -m 'not faults' $(PYTEST_ARGS)
 
-# `make soak SOAK_MINUTES=30`: the deterministic simulation (tests/test_simulation.py)
-# and the stateful property test (tests/test_stateful.py) with a large budget, the
-# minutes split across their fourteen tests (-n 2, two workers: each gets SOAK_MINUTES/7),
+# `make soak SOAK_MINUTES=30`: the deterministic simulations (tests/test_simulation.py, the
+# store's tests/test_store_simulation.py) and the stateful property test (tests/test_stateful.py)
+# with a large budget, the minutes split across their twenty tests (-n 2, two workers: each gets SOAK_MINUTES/10),
 # then the longer fault-injection variants of tests/test_faults.py (-m faults), then
 # the cut-short tests cutting after every round trip (make test samples the cuts) and
 # the outage drill in every mode, outage kind and stale queue (tests/test_outage.py).
@@ -61,8 +61,8 @@ SOAK_MINUTES ?= 10
 .PHONY: soak
 
 soak: $(STAMP)
-	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SHARES=7 SIM_KEEP_GOING=1 $(BIN)/python -m pytest -p no:cacheprovider -s -n 2 -m 'not faults' \
-		tests/test_simulation.py tests/test_stateful.py -k 'not replay' $(PYTEST_ARGS)
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SHARES=10 SIM_KEEP_GOING=1 $(BIN)/python -m pytest -p no:cacheprovider -s -n 2 -m 'not faults' \
+		tests/test_simulation.py tests/test_store_simulation.py tests/test_stateful.py -k 'not replay' $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -p no:cacheprovider -m faults tests/test_faults.py $(PYTEST_ARGS)
 	TEST_ALL=1 $(BIN)/python -m pytest -p no:cacheprovider -m 'not faults' tests/test_archive_cut.py tests/test_soundness_switches.py \
 		tests/test_outage.py $(PYTEST_ARGS)

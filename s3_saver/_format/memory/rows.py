@@ -141,7 +141,9 @@ def put_row(
         created, seq = kept.created_us, kept.seq
     else:
         created = now
-    return Row(key, seq, created, now, expires_us, ttl_minutes, 0, value, vectors)
+    # The kept ``created_us`` is another process's clock (or this one's, ahead of a write
+    # built earlier): an overwrite is never stamped before the item's creation.
+    return Row(key, seq, created, max(now, created), expires_us, ttl_minutes, 0, value, vectors)
 
 
 def tombstone_row(key: str, now: int) -> Row:
@@ -372,13 +374,15 @@ def row_from_wire(obj: Any, where: str) -> Row:
         return Row(key, seq, created, updated, expires, ttl, flags, None, None)
     if value is None:
         raise CorruptObjectError(f"{at}: a row without a value that is not a tombstone")
-    if not created <= updated:
-        raise CorruptObjectError(f"{at}: created ({created}) after updated ({updated})")
     return Row(
         key,
         seq,
         created,
-        updated,
+        # An overwrite stamped before the item's creation: in DynamoDB mode ``ca`` is kept by
+        # the write itself (``if_not_exists``), set by another process's clock, or by a
+        # concurrent first put built after this overwrite and landed before it; no update
+        # expression takes a max, so the read does (updated_at is never before created_at).
+        max(created, updated),
         expires,
         None if ttl is None else float(ttl),
         flags,

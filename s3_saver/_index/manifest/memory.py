@@ -19,7 +19,10 @@ their ETags. Each is a guess that the swap's condition checks: a stale one costs
 412 and a read, never another answer. Reads never answer from them.
 
 A value over ``INLINE_LIMIT`` bytes (packed) lives in an object of its own, written
-before the head that names it and deleted after the swap that drops it.
+before the head that names it and deleted after the swap that drops it. A swap refused
+(another writer, or its own resend after a lost answer) is judged on the head read
+again (``_swap``); applied again, its value objects are first copied to fresh tokens
+(+1 CopyObject per large value, only after a refusal).
 
 Not built yet (the design's phase 1b): sealing rows into immutable segments (a head
 holds all of its namespace's rows: it grows with the namespace), conditional GETs (304) of unchanged heads, group commit of one process's
@@ -32,6 +35,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.documents import (
     Head,
     Registry,
@@ -205,10 +209,28 @@ class ManifestMemory:
 
     def _swap(self, path: Path, changes: list[Change], confirmed: bool) -> Op[list[str]]:
         """``confirmed``: the cached head was read by this commit (not an older guess).
-        Returns the value objects the rows it replaced named."""
+        Returns the value objects that no head names any more: those of the rows its swap
+        replaced.
+
+        A refused swap may be one that landed: its answer lost, the driver sent it again,
+        and the copy met its own write (412). So each refused swap is remembered (the rows
+        it wrote, the tokens it released) and judged on the head read after it:
+
+        - its rows stand in the head: it landed (and no one replaced them), the commit is
+          done, and what it released is released;
+        - else it never landed, or it landed and a writer replaced it since, and deleted
+          its value objects (the rows it replaced named them): the changes are applied
+          again, but never naming an object an earlier swap named; each is copied to a
+          fresh token first (a copy that finds its source gone proves the earlier swap
+          landed: the commit is done, ordered before the writer that replaced it).
+
+        The tokens the refused swaps released and the head finally written (or read) does
+        not name are released too: named by no head, and by no later one (a commit never
+        names again a token after a refused swap: it copies)."""
         node = node_id(path)
         key = head_key(self.prefix, node)
         subject = _namespace(path, [c.key for c in changes])
+        refused: list[tuple[dict[str, Any], list[str]]] = []  # (rows written, tokens released) per refused swap
         for attempt in range(1, _MAX_SWAPS + 1):
             known = self._heads.get(node)
             if known is None:
@@ -216,10 +238,20 @@ class ManifestMemory:
                 (answer,) = yield (call,)
                 known, confirmed = self._head_answer(path, call, answer), True
             etag, head = known
+            if refused and confirmed:
+                for written, released in refused:
+                    if any(head.rows.get(k) == row for k, row in written.items()):
+                        return self._released(path, released, refused, head)
+                fresh = yield from self._fresh_objects(path, changes)
+                if fresh is None:  # an earlier swap landed, then was replaced
+                    return self._released(path, [], refused, head)
+                changes, old = fresh
+                refused.append(({}, old))  # the objects copied away: named by no head this commit writes
             changed, released = apply(head, changes, self.clock)
             if changed is None:
                 if confirmed:
-                    return []  # nothing to change, on the head as stored (a delete of an absent key)
+                    # Nothing to change, on the head as stored (a delete of an absent key).
+                    return self._released(path, [], refused, head)
                 # Nothing to change on a cached head: a guess, so read it and judge again.
                 self._heads.pop(node)
                 continue
@@ -229,13 +261,41 @@ class ManifestMemory:
                 written: Known = (answer["ETag"], changed)
                 self._heads.put(node, written, _size(written))
                 # Named by the head this swap replaced: no other row names them (tokens are fresh).
-                return [self.value_key(path, token) for token in released]
+                return self._released(path, released, refused, changed)
             confirmed = False
             yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
+            puts = {c.key for c in changes if c.value is not None and c.refresh is None}
+            refused.append(({k: changed.rows[k] for k in puts if k in changed.rows}, released))
         raise StoreUnavailableError(
             f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps: too many "
             "writers of one namespace at once; try again"
         )
+
+    def _released(self, path: Path, released: list[str], refused: list[tuple[dict[str, Any], list[str]]], head: Head) -> list[str]:
+        named = {cell.token for row in head.rows.values() for cell in (row.value, row.vectors) if isinstance(cell, ObjectRef)}
+        tokens = dict.fromkeys([*released, *(t for _, gone in refused for t in gone if t not in named)])
+        return [self.value_key(path, token) for token in tokens]
+
+    def _fresh_objects(self, path: Path, changes: list[Change]) -> Op[tuple[list[Change], list[str]] | None]:
+        """``changes`` with each value object copied to a fresh token (one wave), and the
+        old tokens; None when a source is gone (the swap that named it landed, and the
+        writer that replaced it deleted it)."""
+        moves: dict[str, str] = {}
+        for change in changes:
+            for cell in (change.value, change.vectors):
+                if isinstance(cell, ObjectRef):
+                    moves.setdefault(cell.token, new_token())
+        if not moves:
+            return changes, []
+        calls = tuple(about(self.s3.copy(self.value_key(path, old), self.value_key(path, new)), _namespace(path)) for old, new in moves.items())
+        answers = yield calls
+        for call, answer in zip(calls, answers):
+            if isinstance(answer, BaseException):
+                if classify(answer, call.operation) == OBJECT_MISSING:
+                    return None
+                if error_code(answer) not in PRECONDITION_FAILED_CODES:  # 412: this copy, sent again, met itself
+                    raise_failure(call, answer)
+        return [_moved(c, moves) for c in changes], list(moves)
 
     def _lost(self, call: Call, answer: BaseException, attempt: int, forget: Any) -> Op[None]:
         """A swap refused: another writer got there first (412, or 409 for a race S3 saw):
@@ -310,6 +370,13 @@ def _namespace(path: Path, keys: Sequence[str] = ()) -> str:
     if len(keys) == 1:
         return f"{text}, key {show(keys[0])}"
     return f"{text}, keys {', '.join(show(k) for k in keys[:3])}{', ...' if len(keys) > 3 else ''}" if keys else text
+
+
+def _moved(change: Change, moves: dict[str, str]) -> Change:
+    def cell(c: Any) -> Any:
+        return ObjectRef(moves[c.token], c.size) if isinstance(c, ObjectRef) else c
+
+    return Change(change.key, cell(change.value), cell(change.vectors), change.ttl_minutes, change.refresh)
 
 
 def _adds(changes: list[Change]) -> bool:
