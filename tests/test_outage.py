@@ -588,3 +588,54 @@ def test_failback_after_a_delete_that_never_replicated(regions, mode: str) -> No
     assert final.get_tuple(_config("u")) is None
     (gap,) = final.verify(["u"]).set_aside  # what P held of it, committed there
     assert (gap.thread_id, gap.kind) == ("u", "checkpoint") and "not all in" in gap.reason, gap
+
+
+# A global table is left out: O's stale items reach P (X's among them) before the
+# failback, and P's run replaces O's parts of T slot by slot (see the test above).
+@pytest.mark.parametrize("mode", ("manifest", "dynamodb"))
+def test_failback_keeps_the_promoted_regions_writes_on_a_checkpoint_its_index_lacked(regions, mode: str) -> None:
+    """O commits X, then runs task T on X (its interrupt, its resume): their
+    objects replicate, their index never does (a manifest head, or a rebuild
+    that ran before they arrived). P, promoted,
+    resumes T on X: its writes commit before X's checkpoint is in its index
+    (writes may come before their checkpoint's put). The failback keeps X, with
+    P's run of T readable (it holds a call O lacks), and verify() names O's run
+    as set aside: each committed write is readable or reported, none passed over
+    (the simulation's manifest seeds 422749 and 56765)."""
+    from helpers import checkpoint
+
+    old = _old_saver(regions, mode, "refuse")
+    replicator, reverse = regions.replicator, regions.reverse
+    if mode == "dynamodb":
+        old.setup_replica()
+        replicator = Replicator.between(regions.primary, regions.replica, tables=False)
+        reverse = replicator.reversed()
+    root = old.put(_config("t"), checkpoint({"n": 0}, {"n": "1"}), {"source": "loop", "step": 0}, {"n": "1"})
+    replicator.run()
+    task = "task-T"
+    x = old.put(root, checkpoint({"n": 1}, {"n": "2"}), {"source": "loop", "step": 1}, {"n": "2"})
+    old.put_writes(x, [("__interrupt__", "approve?")], task)
+    old.put_writes(x, [("__resume__", "yes"), ("n", 1)], task)
+    replicator.capture()
+    late = [e for e in replicator.pending if e.kind == "object" and not _is_head(e.key)]
+    replicator.drop_pending(where=lambda e: e not in late)  # O's index stays in O
+    regions.proxy.refuse()
+    _old_saver(regions, mode, "refuse", setup=False).promote()
+    replicator.deliver(where=lambda e: e in late)  # after the promote (a rebuild ran without them)
+    fresh = _new_saver(regions, mode, "refuse")
+    assert fresh.get_tuple(x) is None  # P's index does not hold X
+    fresh.put_writes(x, [("__resume__", "no"), ("n", 2)], task)
+    regions.proxy.up()
+    reverse.capture()  # P's writes are newer than O's stale ones
+    reverse.run()
+    assert _new_saver(regions, mode, "refuse").promote().checked
+    final = _old_saver(regions, mode, "refuse", setup=False)
+    found = final.get_tuple(x)
+    assert found is not None and sorted(found.pending_writes) == [(task, "__resume__", "no"), (task, "n", 2)], found
+    report = final.verify(["t"])
+    assert {(g.thread_id, g.checkpoint_id, g.kind, g.task_id) for g in report.set_aside} == {
+        ("t", x["configurable"]["checkpoint_id"], "writes", task)
+    }, report.set_aside
+    (gap,) = report.set_aside
+    assert "another run of the task" in gap.reason and REPLICA_BUCKET in gap.reason, gap.reason
+    assert len(gap.missing) == 3 and all("/writes/" in key for key in gap.missing), gap.missing

@@ -123,6 +123,11 @@ class ArchiveIndex(Index):
         yield from ()
         return [_copy(e) for e in self._entries] if thread_id == self.thread_id else []  # type: ignore[misc]
 
+    def committed(self, thread_id: str) -> Op[tuple[list[CheckpointEntry], list[WritesEntry]]]:
+        # An archive holds its checkpoints' writes only: an archive is made of
+        # what the thread's checkpoints name.
+        return (yield from self.contents(thread_id)), []
+
     # -- what an archive does not do: it is read-only, and holds one thread ------------------
     def _refuse(self, what: str) -> ThreadArchivedError:
         return ThreadArchivedError(

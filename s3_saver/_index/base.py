@@ -179,8 +179,14 @@ class Index(Upkeep):
         """Every checkpoint of the thread, hidden ones included, with its writes
         (prune and delete_for_runs)."""
 
-    def own_contents(self, thread_id: str) -> Op[list[CheckpointEntry] | None]:
-        """``contents`` as this region's index last committed it itself, when
+    @abstractmethod
+    def committed(self, thread_id: str) -> Op[tuple[list[CheckpointEntry], list[WritesEntry]]]:
+        """``contents``, and the pending writes the index committed for checkpoints
+        it does not hold (writes may come before their checkpoint's put): what a
+        failback's merge must keep or set aside, never pass over."""
+
+    def own_committed(self, thread_id: str) -> Op[tuple[list[CheckpointEntry], list[WritesEntry]] | None]:
+        """``committed`` as this region's index last committed it itself, when
         another region's index replicated over it since (a manifest head, after
         a failback); None: what it holds is its own (a table keeps every item)."""
         return None

@@ -21,7 +21,9 @@ object alone, so a write that raised at the outage, its object written and its
 commit not, stays unreadable), and an entry is kept only when every object its
 closure names is in the bucket (``_format/closure``). Pending writes are kept per task:
 for each (namespace, checkpoint, task), the parts of one region's run only (a
-mix of two runs is a state neither made). The authority ran the task itself
+mix of two runs is a state neither made), whether or not that region's index
+held the checkpoint (writes may come before their checkpoint's put: a region
+can resume a task on a checkpoint only the other region's index committed). The authority ran the task itself
 only when it holds a call (a token) this region's parts lack: its run wins
 then. Otherwise its parts are this region's calls, replicated in part before
 the outage (an interrupt, and not the resume after it), and this region's run
@@ -82,16 +84,17 @@ def _settle_thread(
     target: Context, authority: Context | None, thread_id: str, settled: Settled, write: bool
 ) -> Op[None]:
     try:
-        theirs, keys, created = yield from gather(
+        (theirs, their_loose), keys, created = yield from gather(
             _committed_here(target, authority, thread_id),
             object_keys(target, thread_id),
             target.index.created(thread_id),
         )
         mine: list[CheckpointEntry] = []
+        my_loose: list[WritesEntry] = []
         if authority is not None:
-            record, mine, their_record = yield from gather(
+            record, (mine, my_loose), their_record = yield from gather(
                 authority.index.archive_of(thread_id),
-                authority.index.contents(thread_id),
+                authority.index.committed(thread_id),
                 target.index.archive_of(thread_id),
             )
             if record.gen > their_record.gen and not mine:
@@ -131,9 +134,14 @@ def _settle_thread(
     lines: dict[tuple[str, str, str], list[WritesEntry]] = {}
     incomplete: dict[tuple[str, str, str], list[WritesEntry]] = {}
     other_runs: list[WritesEntry] = []
-    for source in (mine, theirs):
+    for source, loose in ((mine, my_loose), (theirs, their_loose)):
         here: dict[tuple[str, str, str], list[WritesEntry]] = {}
-        every = [w for entry in source for w in entry.writes or ()]
+        # Invariant: every committed part counts, its checkpoint held by this
+        # index or not (writes may come before their checkpoint's put: a region
+        # can resume a task on a checkpoint the other region committed and
+        # replication had not brought it yet; that checkpoint is kept from the
+        # other index, and its task's two runs meet here like any other).
+        every = [w for entry in source for w in entry.writes or ()] + loose
         one = one_line(every, site)
         kept_here = {id(w) for w in one}
         other_runs += [w for w in every if id(w) not in kept_here]
@@ -182,8 +190,18 @@ def _settle_thread(
             settled.writes.append(f"{thread_id}/{task[0]}/{task[1]}/{task[2]}")
             reason = f"another run of the task, in s3://{site}, was kept"
             aside.append(SetAside(task[0], task[1], "writes", task[2], keys_of(parts), reason))
-    writes = [w for (ns, cid, _), parts in lines.items() if (thread_id, ns, cid) in entries for w in parts]
-    if not write or (authority is None and _ids(theirs, [w for e in theirs for w in e.writes or ()]) == _ids(entries.values(), writes)):
+    # The writes of a checkpoint kept, and those of a checkpoint neither index
+    # holds (they wait for its put, as in the index they came from); those of a
+    # checkpoint left out go with it.
+    read = {e.key for e in [*mine, *theirs]}
+    writes = [
+        w for (ns, cid, _), parts in lines.items()
+        if (thread_id, ns, cid) in entries or (thread_id, ns, cid) not in read for w in parts
+    ]
+    if not write or (
+        authority is None
+        and _ids(theirs, [w for e in theirs for w in e.writes or ()] + their_loose) == _ids(entries.values(), writes)
+    ):
         return  # whole already, or only told
     if authority is not None:
         # Before the index that leaves them out (see ``record_set_aside`` below).
@@ -214,14 +232,16 @@ def _ids(entries: Iterable[CheckpointEntry], writes: Iterable[WritesEntry]) -> t
     return {e.key for e in entries}, {(w.ns, w.checkpoint_id, w.task_id, w.part, w.token) for w in writes}
 
 
-def _committed_here(target: Context, authority: Context | None, thread_id: str) -> Op[list[CheckpointEntry]]:
+def _committed_here(
+    target: Context, authority: Context | None, thread_id: str
+) -> Op[tuple[list[CheckpointEntry], list[WritesEntry]]]:
     """What ``target``'s own index committed for the thread: its index as it is,
     or (a failback, manifest) its own last head, which replication replaced."""
     if authority is not None:
-        own = yield from target.index.own_contents(thread_id)
+        own = yield from target.index.own_committed(thread_id)
         if own is not None:
             return own
-    return (yield from target.index.contents(thread_id))
+    return (yield from target.index.committed(thread_id))
 
 
 def _none() -> Op[dict[str, bool]]:

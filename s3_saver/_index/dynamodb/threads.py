@@ -90,9 +90,20 @@ class DynamoThreads:
         _, entries = yield from self._contents(thread_id)
         return entries
 
+    def committed(self, thread_id: str) -> Op[tuple[list[CheckpointEntry], list[WritesEntry]]]:
+        _, checkpoints, writes = yield from self._items(thread_id)
+        entries = _attach(checkpoints, writes)
+        held = {(e.ns, e.checkpoint_id) for e in entries}
+        return entries, [w for w in writes if (w.ns, w.checkpoint_id) not in held]
+
     def _contents(self, thread_id: str) -> Op[tuple[Tombstone, list[CheckpointEntry]]]:
         """The thread's record and every checkpoint of its generation (hidden and
         expired ones included) with its writes; raises Archived for an archived thread."""
+        record, checkpoints, writes = yield from self._items(thread_id)
+        return record, _attach(checkpoints, writes)
+
+    def _items(self, thread_id: str) -> Op[tuple[Tombstone, list[CheckpointEntry], list[WritesEntry]]]:
+        """The thread's record, and the checkpoints and writes of its generation."""
         items: list[Any] = []
 
         def take(raws: list[dict[str, Any]]) -> Op[None]:
@@ -105,7 +116,7 @@ class DynamoThreads:
         # Namespaces' tombstones are what earlier versions' deletes left.
         floor = {i.ns: i.gen for i in items if isinstance(i, Tombstone) and i.ns is not None}
         kept = [i for i in items if isinstance(i, (CheckpointEntry, WritesEntry)) and i.gen >= max(record.gen, floor.get(i.ns, 0))]
-        return record, _attach([i for i in kept if isinstance(i, CheckpointEntry)], [i for i in kept if isinstance(i, WritesEntry)])
+        return record, [i for i in kept if isinstance(i, CheckpointEntry)], [i for i in kept if isinstance(i, WritesEntry)]
 
     def threads(
         self, before: ThreadRef | None, page_size: int, cursor: Any

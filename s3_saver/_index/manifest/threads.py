@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from s3_saver._format.entries import CheckpointEntry
+from s3_saver._format.entries import CheckpointEntry, WritesEntry
 from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._index.manifest.doc import Head, _with_writes, decode_head
 from s3_saver._index.manifest.seal import Bodies
@@ -62,8 +62,12 @@ class ManifestThreads:
         head = yield from self._live_head(thread_id)
         return (yield from self._contents(head))
 
-    def own_contents(self, thread_id: str) -> Op[list[CheckpointEntry] | None]:
-        """``contents`` as this region last wrote the head itself, when another
+    def committed(self, thread_id: str) -> Op[tuple[list[CheckpointEntry], list[WritesEntry]]]:
+        head = yield from self._live_head(thread_id)
+        return (yield from self._committed(head))
+
+    def own_committed(self, thread_id: str) -> Op[tuple[list[CheckpointEntry], list[WritesEntry]] | None]:
+        """``committed`` as this region last wrote the head itself, when another
         region's head replicated over it since (a failback); None: it did not.
 
         Admin: the head's stored versions (a versioned bucket), newest first by
@@ -110,15 +114,23 @@ class ManifestThreads:
         head = max(own, key=lambda h: h.version)
         if head.archive is not None:
             raise Archived(thread_id, head.archive)
-        return (yield from self._contents(head))
+        return (yield from self._committed(head))
 
     def _contents(self, head: Head) -> Op[list[CheckpointEntry]]:
         """Every checkpoint of the head and its segments, in commit order (segments
         oldest first, then the head), with their writes."""
+        return (yield from self._committed(head))[0]
+
+    def _committed(self, head: Head) -> Op[tuple[list[CheckpointEntry], list[WritesEntry]]]:
+        """``_contents``, and the head's writes of checkpoints it does not hold."""
         out: list[CheckpointEntry] = []
+        every = list(head.writes)
         for entries, writes in (yield from self._load_segments(head.thread_id, head.segments)):
             out += [_with_writes(e, writes + head.writes) for e in entries]
-        return out + [_with_writes(e, head.writes) for e in head.entries]
+            every += writes
+        out += [_with_writes(e, head.writes) for e in head.entries]
+        held = {(e.ns, e.checkpoint_id) for e in out}
+        return out, [w for w in every if (w.ns, w.checkpoint_id) not in held]
 
     def threads(
         self, before: ThreadRef | None, page_size: int, cursor: Any
@@ -229,7 +241,7 @@ class ManifestThreads:
         return out
 
 
-# Stored versions of a head read per round trip (own_contents).
+# Stored versions of a head read per round trip (own_committed).
 _VERSION_WAVE = 20
 
 
