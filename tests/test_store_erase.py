@@ -421,3 +421,15 @@ def test_requests_of_an_erase_and_a_sweep_run(bucket: tuple[str, str]) -> None:
         store.stats.reset()
         assert store.sweep_ttl(limit=3) == 3
         assert (store.stats.total_requests, store.stats.round_trips) == SWEEP_REQUESTS[mode]
+
+
+def test_a_namespace_keeps_its_place_when_a_process_that_read_it_empty_writes_it(bucket: tuple[str, str]) -> None:
+    """Registering again is for namespaces an erase or a sweep emptied: a process that read
+    a namespace before any item was put there (a get) and puts into it after another
+    process filled it does not move it in the namespace order of a search."""
+    with make_store(*bucket) as a, make_store(*bucket) as b:
+        assert a.get(("o", "first"), "k") is None
+        b.put(("o", "first"), "k", {"i": 1})
+        b.put(("o", "second"), "k", {"i": 2})
+        a.put(("o", "first"), "k2", {"i": 3})
+        assert [i.value["i"] for i in a.search(("o",))] == [1, 3, 2]

@@ -322,7 +322,7 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
 
     # -- TTL sweep ---------------------------------------------------------------------
 
-    def sweep_ttl(self, limit: int = DEFAULT_SWEEP_LIMIT) -> int:
+    def sweep_ttl(self, limit: int = 1000) -> int:  # DEFAULT_SWEEP_LIMIT, spelled out for the API page
         """Remove expired items' bytes, visiting at most ``limit`` namespaces.
 
         Reads never return an expired item, swept or not. A run visits up to ``limit``
@@ -342,7 +342,7 @@ class S3Store(BaseStore, AbstractContextManager, AbstractAsyncContextManager):
         """
         return self._sync.run(sweep_ttl(self._memory, _check_limit(limit))).removed
 
-    async def asweep_ttl(self, limit: int = DEFAULT_SWEEP_LIMIT) -> int:
+    async def asweep_ttl(self, limit: int = 1000) -> int:  # DEFAULT_SWEEP_LIMIT
         """Async version of [sweep_ttl()][s3_saver.S3Store.sweep_ttl]."""
         return (await self._async.run(sweep_ttl(self._memory, _check_limit(limit)))).removed
 

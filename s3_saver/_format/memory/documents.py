@@ -151,6 +151,10 @@ class Head:
     never cleared, by an erase neither): a search of this namespace reads the registry
     only when set."""
 
+    emptied: bool = False
+    """An erase or a sweep emptied this head (and may be unregistering the namespace):
+    a writer that reads it so registers the namespace anew (``Registry.register``)."""
+
     @property
     def empty(self) -> bool:
         """No row, and none ever numbered since the head was last emptied: the namespace
@@ -167,6 +171,7 @@ def dumps_head(head: Head) -> bytes:
             "seq": head.seq,
             "desc": head.desc,
             "rows": [row_to_wire(r) for r in head.rows.values()],
+            "emptied": head.emptied,
             "nonce": new_token(8),  # unique bytes, so a unique ETag, per write
         }
     )
@@ -179,12 +184,20 @@ def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
     at = f"{where} (namespace {show(path)})"
     record = unpack(data, HEAD_FORMAT, at)
     stored, seq, wire, desc = record.get("path"), record.get("seq"), record.get("rows"), record.get("desc")
+    emptied = record.get("emptied", False)
     if stored is None and seq == 0 and wire == []:
         stored = list(path)  # an empty head names no namespace: nothing in it to mix up
     if not isinstance(stored, list) or tuple(stored) != path:
         found = tuple(stored) if isinstance(stored, list) else stored
         raise CorruptObjectError(f"{at}: the head is namespace {show(found)}'s, not the one asked for")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(wire, list) or not isinstance(desc, bool):
+    if (
+        not isinstance(seq, int)
+        or isinstance(seq, bool)
+        or seq < 0
+        or not isinstance(wire, list)
+        or not isinstance(desc, bool)
+        or not isinstance(emptied, bool)
+    ):
         raise CorruptObjectError(f"{at}: not a memory head (seq {show(seq)}, rows {type(wire).__name__})")
     rows: dict[str, Row] = {}
     for obj in wire:
@@ -192,7 +205,7 @@ def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
         if row.key in rows or row.seq >= seq:
             raise CorruptObjectError(f"{at}: key {show(row.key)} twice, or numbered {row.seq} past the head's {seq}")
         rows[row.key] = row
-    return Head(path, seq, rows, desc)
+    return Head(path, seq, rows, desc, emptied and not rows and seq == 0)
 
 
 # -- the namespace registry --------------------------------------------------------------
@@ -209,15 +222,23 @@ class Registry:
     def paths(self) -> list[tuple[str, ...]]:
         return sorted(self.created)
 
-    def register(self, paths: list[tuple[str, ...]]) -> None:
-        """Number the paths, in the order given, after every number given so far: a path
-        registered already gets a new number too. A writer registers a namespace after
-        reading its head empty; a removal (erase, sweep) that read the registry at ``seq``
-        S before emptying the head removes only entries numbered below S. So a writer
-        that registers after such a removal emptied the head always keeps its entry."""
+    def register(self, paths: list[tuple[str, ...]], renew: frozenset[tuple[str, ...]] = frozenset()) -> bool:
+        """Number the paths not registered yet, and those of ``renew`` anew, in the order
+        given, after every number given so far; False: nothing changed.
+
+        A writer registers a namespace after reading its head empty, and renews it when an
+        erase or a sweep emptied that head (``Head.emptied``). Such a removal reads the
+        registry at ``seq`` S before it empties the head, and removes only entries
+        numbered below S (``remove``): a writer that registers after reading the emptied
+        head is numbered S or more, so its entry stays."""
+        changed = False
         for path in paths:
+            if path in self.created and path not in renew:
+                continue
             self.created[path] = self.seq
             self.seq += 1
+            changed = True
+        return changed
 
     def remove(self, paths: list[tuple[str, ...]], before: int) -> list[tuple[str, ...]]:
         """Remove the paths numbered below ``before``; returns those kept (registered

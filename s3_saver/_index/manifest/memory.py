@@ -158,14 +158,15 @@ class ManifestMemory:
             # Listed before readable: the registry's swap lands before any head it lists,
             # and each ancestor's ``desc`` before any item below it (a search of an
             # ancestor whose head says it has none below reads no registry).
-            registered = {p: self._heads.get(node_id(p))[0] for p in new}
-            yield from self._register(new)
+            heads = {p: self._heads.get(node_id(p)) for p in new}
+            registered = {p: etag for p, (etag, _) in heads.items()}
+            yield from self._register(new, frozenset(p for p, (_, head) in heads.items() if head.emptied))
             yield from gather(*(self._mark(a) for a in _ancestors(new)))
         swaps = (self._swap(path, changes, path in unknown, registered.get(path, _NEVER)) for path, changes in groups.items())
         released = yield from gather(*swaps)
         return [key for keys in released for key in keys]
 
-    def _register(self, paths: list[Path]) -> Op[None]:
+    def _register(self, paths: list[Path], renew: frozenset[Path] = frozenset()) -> Op[None]:
         key = registry_object_key(self.prefix)
         for attempt in range(1, _MAX_SWAPS + 1):
             known = self._registry.get(_REGISTRY)
@@ -175,7 +176,8 @@ class ManifestMemory:
                 known = self._registry_answer(call, answer)
             etag, registry = known
             changed = Registry(registry.seq, dict(registry.created))
-            changed.register(paths)
+            if not changed.register(paths, renew):
+                return  # registered already (by another process, or a commit cut after its registration)
             call = about(self.s3.put_swap(key, dumps_registry(changed), etag), _REGISTRY_SUBJECT)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
@@ -202,7 +204,7 @@ class ManifestMemory:
             etag, head = known
             if head.desc:
                 return  # set already (never cleared yet: a cached True is final)
-            changed = Head(head.path, head.seq, head.rows, desc=True)
+            changed = Head(head.path, head.seq, head.rows, desc=True, emptied=head.emptied)
             call = about(self.s3.put_swap(key, dumps_head(changed), etag), subject)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
@@ -236,7 +238,7 @@ class ManifestMemory:
                 # head first, so such a registration is numbered after the removal read the
                 # registry, and the removal keeps it (``Registry.register``). A process whose
                 # cached head predates the removal meets the empty head here, on its swap's 412.
-                yield from self._register([path])
+                yield from self._register([path], frozenset([path]) if head.emptied else frozenset())
                 yield from gather(*(self._mark(a) for a in _ancestors([path])))
                 registered = etag
             changed, released = apply(head, changes, self.clock)
@@ -263,10 +265,10 @@ class ManifestMemory:
     # -- removals (erase, sweep) ------------------------------------------------------
     #
     # A removal unregisters a namespace in two steps: it reads the registry (its ``seq``
-    # S is the fence), swaps the namespace's head for an empty one (a new write, even
-    # over an empty head: its ETag is new), then removes the registry entries numbered
-    # below S. A writer that puts into the namespace after the head swap meets an empty
-    # head and registers again (``_swap``), numbered S or more: kept. A writer whose
+    # S is the fence), swaps the namespace's head for an empty one marked ``emptied`` (a
+    # new write, even over an empty head: its ETag is new), then removes the registry
+    # entries numbered below S. A writer that puts into the namespace after the head swap
+    # meets the emptied head and registers it anew (``_swap``), numbered S or more: kept. A writer whose
     # swap landed before it had its item erased (erase), or made the head non-empty, so
     # the sweep did not empty it. So a namespace holding an item is always listed.
 
@@ -343,7 +345,7 @@ class ManifestMemory:
             named = [self.value_key(path, r.value.token) for r in head.rows.values() if isinstance(r.value, ObjectRef)]
             if named:
                 yield from purge(named)
-            emptied = Head(path, 0, {}, head.desc)
+            emptied = Head(path, 0, {}, head.desc, emptied=True)
             call = about(self.s3.put_swap(key, dumps_head(emptied), etag), subject)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
@@ -374,7 +376,7 @@ class ManifestMemory:
             named = [self.value_key(path, r.value.token) for r in expired if isinstance(r.value, ObjectRef)]
             if named:
                 yield from purge(named)
-            changed = Head(path, head.seq, live, head.desc) if live else Head(path, 0, {}, head.desc)
+            changed = Head(path, head.seq, live, head.desc) if live else Head(path, 0, {}, head.desc, emptied=True)
             call = about(self.s3.put_swap(key, dumps_head(changed), etag), subject)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
