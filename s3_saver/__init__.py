@@ -19,6 +19,7 @@ from s3_saver._ops.audit import StoreProblem, StoreReport
 from s3_saver._ops.bucket import RemainingVersion
 from s3_saver._ops.erase import EraseReport
 from s3_saver._ops.idle import IdleReport
+from s3_saver._ops.memory.erase import NamespaceEraseReport
 from s3_saver._ops.source import ReadSource
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver._regions.replica import (
@@ -91,6 +92,7 @@ __all__ = [
     "MigrationProgress",
     "MigrationReport",
     "MissingObjectError",
+    "NamespaceEraseReport",
     "NamespaceError",
     "PrimaryUnavailableError",
     "Promotion",

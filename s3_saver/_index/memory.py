@@ -21,9 +21,9 @@ Invariants every backend keeps:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from s3_saver._format.memory.rows import ObjectRef, Row, ValueCell, VectorsCell
 from s3_saver._format.memory.ttl import Refresh
@@ -60,7 +60,43 @@ class Snapshot:
     of one needs no registry read); an index that cannot tell names none."""
 
 
+Purge = Callable[[list[str]], Op[None]]
+"""Deletes value objects (by key) before the rows that name them go: an erase or a
+sweep passes one to the index (the objects are the bucket's in both modes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """The index's part of an erase under way (``erase_rows``), and what
+    ``erase_registrations`` needs to finish it."""
+
+    namespaces: tuple[Path, ...]
+    """The registered namespaces the erase found under its prefix."""
+    nodes: tuple[Path, ...]
+    """Every namespace whose folder (``node_folder``) may hold objects to erase."""
+    items: int
+    """Items removed."""
+    fence: Any
+    """What tells the erase's registrations from those made after it began."""
+    records: tuple[str, ...]
+    """What stays, with no item and no namespace name in it."""
+    history: tuple[str, ...] = ()
+    """Keys whose noncurrent versions may name erased namespaces (the manifest registry)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    """What one sweep run did: expired items removed, namespaces visited, and those it
+    found empty and unregistered."""
+
+    removed: int
+    visited: int
+    unregistered: tuple[Path, ...]
+
+
 class MemoryIndex(Protocol):
+    prefix: str
+    """The store's key prefix (in the bucket; encoded, in the table)."""
     knows_leaves: bool
     """Whether ``read`` names the leaves among the namespaces it reads whole (then a
     search of a leaf reads no registry)."""
@@ -88,4 +124,27 @@ class MemoryIndex(Protocol):
         (in the order of ``groups``). Namespaces are committed side by side. Returns the
         keys of the value objects the commit released: named by the rows it replaced or
         removed, as stored (delete only what you read)."""
+        ...
+
+    def node_folder(self, path: Path) -> str:
+        """The key prefix of every object of a namespace in the bucket (its value objects,
+        and in manifest mode its head)."""
+        ...
+
+    def erase_rows(self, prefix: Path, purge: Purge) -> Op[Erasure]:
+        """Remove every item of every registered namespace under ``prefix`` (itself
+        included): value objects first (``purge``), then the rows. Registrations stay
+        until ``erase_registrations``, so a call cut short and made again finds them."""
+        ...
+
+    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
+        """Unregister the namespaces ``erase_rows`` emptied, except those registered again
+        since it began (a put meanwhile: they stay listed); returns those."""
+        ...
+
+    def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
+        """Visit up to ``limit`` registered namespaces, in path order from where the last
+        run stopped (a cursor kept beside the registry; past the last, the next run starts
+        over): remove their items expired at ``now`` (value objects first) and unregister
+        those left with no item."""
         ...

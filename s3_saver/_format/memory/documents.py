@@ -7,6 +7,8 @@ Manifest mode (under the store's ``prefix``, in the ``memory/`` folder)::
                                  item, sorted by path (replaced only by compare-and-swap)
     memory/n/<node id>/@v/<token>  a value too large to keep in its row (both modes): immutable,
                                  written before the row that names it
+    memory/@sweep/cursor         where the TTL sweep stopped (the registry key of the last
+                                 namespace it visited; last writer wins)
 
 Every name the store writes starts with ``@``, which ``encode`` never produces; node
 folders are 64 hex digits (``names.node_id``). So a key parses as the store's only if
@@ -15,7 +17,12 @@ take one for a thread's (``memory`` is not one of their folders).
 
 A head stores its namespace; every read compares it with the namespace asked for (a
 node id is a hash: a collision, or a head copied under another id, is a
-CorruptObjectError naming both, never another namespace's items). The registry holds
+CorruptObjectError naming both, never another namespace's items). An empty head (no
+row, never numbered one: an ancestor's, or what an erase or a sweep leaves) stores no
+namespace: there is nothing to mix up, and an erased namespace's name is gone with its
+items. Every head written holds a fresh nonce, so no two writes of a head have the same
+bytes, hence the same ETag: a writer's compare-and-swap never succeeds over a head that
+was replaced and then written back alike (an erase's empty head after an earlier one). The registry holds
 each namespace's registration number (``created``): search visits namespaces in that
 order, which is the order of their first put (InMemoryStore's).
 
@@ -24,6 +31,8 @@ partitions)::
 
     pk <P>#m/<node id>   sk "k" + key      an item: its row's fields as attributes, and its namespace
     pk <P>#mreg          sk registry key   a registered namespace: its path and registration time
+                                           (and ``retiring``: a removal's token, while one is under way)
+    pk <P>#msweep        sk "cursor"       where the TTL sweep stopped
 
 ``encode`` never produces ``#``: no thread's partition is one of these, and the
 saver's scans skip them (``KeyLayout.thread_of``).
@@ -36,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s3_saver._format.codec import pack, unpack
-from s3_saver._format.key_codec import MEMORY_PREFIX, encode
+from s3_saver._format.key_codec import MEMORY_PREFIX, encode, new_token
 from s3_saver._format.memory.names import registry_key, show
 from s3_saver._format.memory.rows import (
     Row,
@@ -53,6 +62,7 @@ VALUE_FORMAT = "s3_saver.memory-value/1"
 REGISTRY_FORMAT = "s3_saver.memory-registry/1"
 HEAD_NAME = "@head"
 REGISTRY_KEY = "@reg/head"
+SWEEP_KEY = "@sweep/cursor"
 _NODE = re.compile(r"n/[0-9a-f]{64}/(?:" + re.escape(HEAD_NAME) + r"|@v/[0-9a-f]{32})")
 
 
@@ -86,13 +96,23 @@ def registry_object_key(prefix: str) -> str:
     return f"{prefix}{MEMORY_PREFIX}{REGISTRY_KEY}"
 
 
+def sweep_object_key(prefix: str) -> str:
+    """Manifest mode: where the TTL sweep stopped."""
+    return f"{prefix}{MEMORY_PREFIX}{SWEEP_KEY}"
+
+
+def node_folder(prefix: str, node: str) -> str:
+    """Every object of a namespace (its head, its value objects) is under this key prefix."""
+    return f"{prefix}{MEMORY_PREFIX}n/{node}/"
+
+
 def is_memory_key(prefix: str, key: str) -> bool:
     """Whether ``key`` has exactly the shape of a key the store of ``prefix`` writes."""
     root = prefix + MEMORY_PREFIX
     if not key.startswith(root):
         return False
     rest = key[len(root) :]
-    return rest == REGISTRY_KEY or _NODE.fullmatch(rest) is not None
+    return rest in (REGISTRY_KEY, SWEEP_KEY) or _NODE.fullmatch(rest) is not None
 
 
 def item_partition(prefix: str, node: str) -> str:
@@ -103,6 +123,12 @@ def item_partition(prefix: str, node: str) -> str:
 def registry_partition(prefix: str) -> str:
     """DynamoDB mode: the partition of the namespace registry."""
     return f"{encode(prefix) if prefix else ''}#mreg"
+
+
+def sweep_partition(prefix: str) -> str:
+    """DynamoDB mode: the partition of the TTL sweep's cursor (not the registry's: a
+    registry Query of every namespace must meet registry items only)."""
+    return f"{encode(prefix) if prefix else ''}#msweep"
 
 
 ITEM_MARK = "k"  # an item's sort key is this mark and its key
@@ -122,17 +148,31 @@ class Head:
     rows: dict[str, Row] = field(default_factory=dict)
     desc: bool = False
     """A namespace below this one was registered (set before its first item is written,
-    never cleared yet): a search of this namespace reads the registry only when set."""
+    never cleared, by an erase neither): a search of this namespace reads the registry
+    only when set."""
+
+    emptied: bool = False
+    """An erase or a sweep emptied this head (and may be unregistering the namespace):
+    a writer that reads it so registers the namespace anew (``Registry.register``)."""
+
+    @property
+    def empty(self) -> bool:
+        """No row, and none ever numbered since the head was last emptied: the namespace
+        is not registered by this head (a put into it registers first)."""
+        return self.seq == 0 and not self.rows
 
 
 def dumps_head(head: Head) -> bytes:
     return pack(
         {
             "format": HEAD_FORMAT,
-            "path": list(head.path),
+            # An empty head names no namespace (see the module docstring).
+            "path": None if head.empty else list(head.path),
             "seq": head.seq,
             "desc": head.desc,
             "rows": [row_to_wire(r) for r in head.rows.values()],
+            "emptied": head.emptied,
+            "nonce": new_token(8),  # unique bytes, so a unique ETag, per write
         }
     )
 
@@ -144,10 +184,20 @@ def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
     at = f"{where} (namespace {show(path)})"
     record = unpack(data, HEAD_FORMAT, at)
     stored, seq, wire, desc = record.get("path"), record.get("seq"), record.get("rows"), record.get("desc")
+    emptied = record.get("emptied", False)
+    if stored is None and seq == 0 and wire == []:
+        stored = list(path)  # an empty head names no namespace: nothing in it to mix up
     if not isinstance(stored, list) or tuple(stored) != path:
         found = tuple(stored) if isinstance(stored, list) else stored
         raise CorruptObjectError(f"{at}: the head is namespace {show(found)}'s, not the one asked for")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(wire, list) or not isinstance(desc, bool):
+    if (
+        not isinstance(seq, int)
+        or isinstance(seq, bool)
+        or seq < 0
+        or not isinstance(wire, list)
+        or not isinstance(desc, bool)
+        or not isinstance(emptied, bool)
+    ):
         raise CorruptObjectError(f"{at}: not a memory head (seq {show(seq)}, rows {type(wire).__name__})")
     rows: dict[str, Row] = {}
     for obj in wire:
@@ -155,7 +205,7 @@ def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
         if row.key in rows or row.seq >= seq:
             raise CorruptObjectError(f"{at}: key {show(row.key)} twice, or numbered {row.seq} past the head's {seq}")
         rows[row.key] = row
-    return Head(path, seq, rows, desc)
+    return Head(path, seq, rows, desc, emptied and not rows and seq == 0)
 
 
 # -- the namespace registry --------------------------------------------------------------
@@ -172,13 +222,37 @@ class Registry:
     def paths(self) -> list[tuple[str, ...]]:
         return sorted(self.created)
 
-    def register(self, paths: list[tuple[str, ...]]) -> bool:
-        """Add the paths not registered yet, numbered in the order given; False: none was new."""
-        new = [p for p in paths if p not in self.created]
-        for path in new:
+    def register(self, paths: list[tuple[str, ...]], renew: frozenset[tuple[str, ...]] = frozenset()) -> bool:
+        """Number the paths not registered yet, and those of ``renew`` anew, in the order
+        given, after every number given so far; False: nothing changed.
+
+        A writer registers a namespace after reading its head empty, and renews it when an
+        erase or a sweep emptied that head (``Head.emptied``). Such a removal reads the
+        registry at ``seq`` S before it empties the head, and removes only entries
+        numbered below S (``remove``): a writer that registers after reading the emptied
+        head is numbered S or more, so its entry stays."""
+        changed = False
+        for path in paths:
+            if path in self.created and path not in renew:
+                continue
             self.created[path] = self.seq
             self.seq += 1
-        return bool(new)
+            changed = True
+        return changed
+
+    def remove(self, paths: list[tuple[str, ...]], before: int) -> list[tuple[str, ...]]:
+        """Remove the paths numbered below ``before``; returns those kept (registered
+        again since a removal read the registry at ``seq`` ``before``)."""
+        kept = []
+        for path in paths:
+            number = self.created.get(path)
+            if number is None:
+                continue
+            if number < before:
+                del self.created[path]
+            else:
+                kept.append(path)
+        return kept
 
 
 def dumps_registry(registry: Registry) -> bytes:

@@ -10,24 +10,31 @@ namespace, ``pk = <P>#mreg``, ``sk`` = its registry key (so a Query returns name
 in Python's tuple order), with its path and its registration time (the namespace order
 of a search).
 
-Writes, with no read before them: a put is one ``UpdateItem`` that keeps ``ca``/``seq``
-of a live item (``if_not_exists``) and is refused on an expired one (which a
-conditional ``PutItem`` then replaces as a new item); a delete one ``DeleteItem``; a
-refresh one ``UpdateItem`` fenced on the expiry read. DynamoDB applies the writes of
-one item one at a time: the last wins, whole. A namespace is registered (a conditional
-``PutItem`` of its registry item) before its first item is written, once per process.
+Writes, with no read before them: a put of an item that exists is one ``UpdateItem``
+that keeps ``ca``/``seq`` and returns the old value (its value object, if any, is
+deleted after), refused when the item is absent or expired; a put that creates an item
+is one ``TransactWriteItems`` of a check that the namespace is registered (and not being
+unregistered) and a conditional ``Put``. The process tries first the one its hint says
+(a key it wrote or read: the overwrite); a wrong guess costs one more request. A delete
+is one ``DeleteItem``; a refresh one ``UpdateItem`` fenced on the expiry read. DynamoDB
+applies the writes of one item one at a time: the last wins, whole. A namespace is
+registered (a conditional ``PutItem`` of its registry item) before its first item is
+written, once per process, and again when a creation's check finds it unregistered.
 
 Costs: a get 1 request (per key), a put 1 request (2 for the first put a process makes
-into a namespace: the registration first), a search of a namespace with no
-sub-namespaces 2 requests in one round trip (a Query of its partition and one of the
-registry), a list_namespaces page 1 Query (per MB of registry).
+into a namespace: the registration first; 2 when the hint guessed wrong), a search of a
+namespace with no sub-namespaces 2 requests in one round trip (a Query of its partition
+and one of the registry), a list_namespaces page 1 Query (per MB of registry).
 
 A value over ``INLINE_LIMIT`` bytes (packed) lives in an S3 object of its own
 (``memory/n/<node id>/@v/<token>``), written before the item that names it and deleted
 after the write that replaces it (the write returns the old value's reference).
 
-Not built yet: the registration's fresh/stale/cold paths and the removal of
-registrations (sweep, erase, with their retire-and-wait protocol), ``BatchGetItem`` for several keys, one transaction for a cold put.
+Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace at once,
+fenced by a mark on its registry item (see "removals" below). Expired items are hidden
+from reads, deleted by the sweep early, and by DynamoDB's TTL on ``expires_at`` anyway.
+
+Not built yet: ``BatchGetItem`` for several keys, one transaction for a cold put.
 """
 
 from __future__ import annotations
@@ -37,10 +44,13 @@ from typing import Any
 
 import ormsgpack
 
+from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.documents import (
     ITEM_MARK,
     item_partition,
+    node_folder,
     registry_partition,
+    sweep_partition,
     value_key,
 )
 from s3_saver._format.memory.names import node_id, registry_bounds, registry_key, show
@@ -52,8 +62,8 @@ from s3_saver._format.memory.rows import (
     value_to_wire,
     vectors_to_wire,
 )
-from s3_saver._format.memory.ttl import Clock, epoch_seconds_up, expires_at
-from s3_saver._index.memory import Change, Path, Snapshot
+from s3_saver._format.memory.ttl import Clock, epoch_seconds_up, expires_at, is_expired
+from s3_saver._index.memory import Change, Erasure, Path, Purge, Snapshot, Swept
 from s3_saver._transport.budget import Cache, CacheBudget
 from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
 from s3_saver._transport.protocol import Call, Op, gather, raise_failure, request_one
@@ -63,6 +73,7 @@ INLINE_LIMIT = 16 * 1024  # past ~8 KB an S3 PUT costs less than the item's writ
 _MAX_TRIES = 10
 _KNOWN_ENTRIES = 100_000  # namespaces this process registered or found registered
 _KNOWN_BYTES = 160
+_LIVE_BYTES = 120
 
 
 class DynamoMemory:
@@ -76,8 +87,16 @@ class DynamoMemory:
         self.prefix = prefix
         self.where = where
         self.clock = clock
-        # Registrations are never removed yet (no sweep, no erase): once known, known for good.
+        # Namespaces this process registered or found registered: a hint that saves the
+        # registration's write. An erase or a sweep may unregister one since: every write
+        # that creates an item checks the registration in its transaction (``_create``),
+        # so a stale hint costs a failed transaction and a registration, never an item
+        # of an unlisted namespace.
         self._known: Cache = budget.cache("mem-known", entries=_KNOWN_ENTRIES, fixed=True)
+        # Items this process wrote or read (a hint): a put of one tries the overwrite
+        # first (1 request: an UpdateItem that returns the old value), of any other key
+        # the creation (1 request: a transaction). A wrong guess costs one more request.
+        self._live: Cache = budget.cache("mem-live")
 
     def _call(self, operation: str, params: dict[str, Any], subject: str) -> Call:
         # The subject (namespace, key) is named in the call's errors: its pk is a hash.
@@ -114,6 +133,9 @@ class DynamoMemory:
             if "Item" in answer:
                 row = self._row(path, answer["Item"])
                 nodes[path][row.key] = row
+        for path, found_rows in nodes.items():
+            for key in found_rows:
+                self._live.put((path, key), True, _LIVE_BYTES + len(key))
         found: dict[Path, int] = {}
         for items in answers[len(whole) + len(singles) :]:
             found.update(self._registry(items))
@@ -199,7 +221,9 @@ class DynamoMemory:
             "path": {"L": [{"S": label} for label in path]},
             "created": {"N": str(self.clock.now())},
         }
-        call = self._call("put_item", {"Item": item, "ConditionExpression": "attribute_not_exists(pk)"}, f"registry of namespace {show(path)}")
+        # Written when absent, or over a removal under way (``retiring``), which then fails.
+        condition = "attribute_not_exists(pk) OR attribute_exists(retiring)"
+        call = self._call("put_item", {"Item": item, "ConditionExpression": condition}, f"registry of namespace {show(path)}")
         answer = yield (call,)
         if isinstance(answer[0], BaseException) and error_code(answer[0]) not in CONDITION_FAILED_CODES:
             raise_failure(call, answer[0])
@@ -230,29 +254,41 @@ class DynamoMemory:
         if change.value is None:
             params = {"Key": key, "ReturnValues": "ALL_OLD"}
             answer = yield from request_one(self._call("delete_item", params, _subject(path, change.key)))
+            self._live.pop((path, change.key))
             return self._released(path, answer, None)
         if change.stamps is not None:
-            answer = yield from request_one(self._restore(path, key, change))
-            return self._released(path, answer, change.value)
+            return (yield from self._restore_fenced(path, key, change))
+        overwrite = (path, change.key) in self._live
         for _ in range(_MAX_TRIES):
             now = self.clock.now()
-            call = self._overwrite(path, key, change, now)
-            (answer,) = yield (call,)
-            if not isinstance(answer, BaseException):
-                return self._released(path, answer, change.value)
-            if error_code(answer) not in CONDITION_FAILED_CODES:
-                raise_failure(call, answer)
-            # The key holds an expired item: replace it by a new one (created now), unless
-            # a live item came meanwhile (then overwrite that one: the loop again).
+            if overwrite:
+                call = self._overwrite(path, key, change, now)
+                (answer,) = yield (call,)
+                if not isinstance(answer, BaseException):
+                    self._live.put((path, change.key), True, _LIVE_BYTES + len(change.key))
+                    return self._released(path, answer, change.value)
+                if error_code(answer) not in CONDITION_FAILED_CODES:
+                    raise_failure(call, answer)
+                # No live item (absent, deleted or expired): create one.
             call = self._create(path, key, change, now)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
-                return self._released(path, answer, change.value)
-            if error_code(answer) not in CONDITION_FAILED_CODES:
+                self._live.put((path, change.key), True, _LIVE_BYTES + len(change.key))
+                return []
+            registry, item = _cancelled(answer)
+            if item:
+                overwrite = True  # a live item is there: overwrite it (its created_at kept)
+            elif registry:
+                # Unregistered (an erase or a sweep) or being unregistered since this
+                # process learned it: register again, then create.
+                self._known.pop(path)
+                yield from self._register(path)
+                overwrite = False
+            else:
                 raise_failure(call, answer)
         raise StoreUnavailableError(
-            f"put of key {show(change.key)} in namespace {show(path)} ({self.describe(path)}): the item kept expiring "
-            "and coming back between the two writes; try again"
+            f"put of key {show(change.key)} in namespace {show(path)} ({self.describe(path)}): the item kept changing "
+            "(created, deleted, or its namespace unregistered) between the writes; try again"
         )
 
     def _released(self, path: Path, answer: dict[str, Any], value: Any) -> list[str]:
@@ -299,9 +335,11 @@ class DynamoMemory:
             {
                 "Key": key,
                 "UpdateExpression": expression,
-                # Absent, or live: an overwrite keeps created_at; an expired item is not overwritten.
-                "ConditionExpression": "attribute_not_exists(#exu) OR #exu > :now",
-                "ExpressionAttributeNames": {**names, "#exu": "exu"},
+                # Live: an overwrite keeps created_at. Never a creation: an item is created only
+                # by ``_create``, whose transaction checks the namespace is registered (an
+                # item written here after an erase or a sweep removed it would be unlisted).
+                "ConditionExpression": "attribute_exists(#pk) AND (attribute_not_exists(#exu) OR #exu > :now)",
+                "ExpressionAttributeNames": {**names, "#exu": "exu", "#pk": "pk"},
                 "ExpressionAttributeValues": {**{f":{n}": v for n, v in values.items()}, ":now": _n(now)},
                 # The old value: a value object it named is deleted after (never one unread).
                 "ReturnValues": "UPDATED_OLD",
@@ -310,22 +348,255 @@ class DynamoMemory:
         )
 
     def _create(self, path: Path, key: dict[str, Any], change: Change, now: int) -> Call:
+        """A new item (over nothing, or an expired one), in a transaction with a check that
+        the namespace is registered and no removal is under way: the invariant "every item
+        is listed" holds against erases and sweeps (``_erase_items``, ``_sweep_empty``)
+        without a read before the write. (A replaced expired item's value object, if it had
+        one, is left to gc: a transaction returns no old values.)"""
         values, _ = self._attributes(path, change, now)
         item = {**key, **values, "ca": _n(now), "seq": _n(now)}
-        return self._call(
-            "put_item",
+        actions = [
             {
-                "Item": item,
-                "ConditionExpression": "attribute_not_exists(pk) OR exu <= :now",
-                "ExpressionAttributeValues": {":now": _n(now)},
-                "ReturnValues": "ALL_OLD",
+                "ConditionCheck": {
+                    "TableName": self.table,
+                    "Key": _key(registry_partition(self.prefix), registry_key(path)),
+                    "ConditionExpression": "attribute_exists(pk) AND attribute_not_exists(retiring)",
+                }
             },
-            _subject(path, change.key),
+            {
+                "Put": {
+                    "TableName": self.table,
+                    "Item": item,
+                    "ConditionExpression": "attribute_not_exists(pk) OR exu <= :now",
+                    "ExpressionAttributeValues": {":now": _n(now)},
+                }
+            },
+        ]
+        # A token of its own: sent again after a lost answer, it is applied once.
+        params = {"TransactItems": actions, "ClientRequestToken": new_token()}
+        return Call("dynamodb", "transact_write_items", params, self.where, _subject(path, change.key))
+
+    # -- removals (erase, sweep) ------------------------------------------------------
+    #
+    # A removal unregisters a namespace without waiting: it marks its registry item
+    # ``retiring`` with a token of its own, removes the items, then deletes the registry
+    # item only if the mark is still its own. Every write that creates an item is a
+    # transaction that checks the registry item is there and not retiring (``_create``),
+    # and a registration overwrites the mark; an overwrite needs a live item. So an item
+    # written after the mark makes its writer register again (the removal then fails to
+    # delete the registry item: the namespace stays listed), and an item written before
+    # it is seen by the removal's Query (erase: deleted; sweep: the namespace kept).
+
+    def node_folder(self, path: Path) -> str:
+        return node_folder(self.prefix, node_id(path))
+
+    def erase_rows(self, prefix: Path, purge: Purge) -> Op[Erasure]:
+        entries = yield from self._query(registry_partition(self.prefix), "the namespace registry", registry_bounds(prefix) if prefix else None)
+        paths = sorted(self._registry(entries))
+        token = new_token()
+        marked = yield from self._retire(paths, token, fresh=False)
+        counts = yield from gather(*(self._erase_items(p, purge) for p in marked))
+        return Erasure(tuple(marked), tuple(marked), sum(counts), token, ())
+
+    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
+        deleted = yield from self._unretire(list(erasure.namespaces), erasure.fence, delete=True)
+        return [p for p in erasure.namespaces if p not in deleted]
+
+    def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
+        cursor_key = _key(sweep_partition(self.prefix), "cursor")
+        found = yield from request_one(self._call("get_item", {"Key": cursor_key, "ConsistentRead": True}, "the TTL sweep's cursor"))
+        cursor = str(found.get("Item", {}).get("at", {}).get("S", ""))
+        params: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk" + (" AND sk > :c" if cursor else ""),
+            "ExpressionAttributeValues": {":pk": {"S": registry_partition(self.prefix)}, **({":c": {"S": cursor}} if cursor else {})},
+            "ConsistentRead": True,
+            "Limit": limit,
+        }
+        page = yield from request_one(self._call("query", params, "the namespace registry"))
+        paths = sorted(self._registry(page["Items"]))
+        results = yield from gather(*(self._sweep_items(p, now, purge) for p in paths))
+        empty = [p for p, (_, none_live) in zip(paths, results) if none_live]
+        unregistered: list[Path] = []
+        if empty:
+            token = new_token()
+            retired = yield from self._retire(empty, token, fresh=True)
+            # Items created before the mark landed are seen now: those namespaces stay.
+            again = yield from gather(*(self._query(self._pk(p), f"namespace {show(p)} (TTL sweep)") for p in retired))
+            now_again = self.clock.now()
+            emptied = [p for p, items in zip(retired, again) if not any(self._live_at(p, i, now_again) for i in items)]
+            unregistered = yield from self._unretire(emptied, token, delete=True)
+            yield from self._unretire([p for p in retired if p not in emptied], token, delete=False)
+        following = page["Items"][-1]["sk"]["S"] if page.get("LastEvaluatedKey") and page["Items"] else ""
+        if following != cursor:
+            item = {**cursor_key, "at": {"S": following}}
+            yield from request_one(self._call("put_item", {"Item": item}, "the TTL sweep's cursor"))
+        return Swept(sum(n for n, _ in results), len(paths), tuple(unregistered))
+
+    def _retire(self, paths: list[Path], token: str, *, fresh: bool) -> Op[list[Path]]:
+        """Mark the registry items of ``paths`` retiring with ``token`` (``fresh``: only
+        those no other removal marked); returns the paths marked (the others are gone,
+        or marked by another removal)."""
+        condition = "attribute_exists(pk)" + (" AND attribute_not_exists(retiring)" if fresh else "")
+        calls = tuple(
+            self._call(
+                "update_item",
+                {
+                    "Key": _key(registry_partition(self.prefix), registry_key(p)),
+                    "UpdateExpression": "SET retiring = :t",
+                    "ConditionExpression": condition,
+                    "ExpressionAttributeValues": {":t": {"S": token}},
+                },
+                f"registry of namespace {show(p)}",
+            )
+            for p in paths
+        )
+        answers = yield calls
+        return [p for p, call, answer in zip(paths, calls, answers) if _done(call, answer)]
+
+    def _unretire(self, paths: list[Path], token: str, *, delete: bool) -> Op[list[Path]]:
+        """Delete the registry items of ``paths`` (or take their mark off) if their mark is
+        still ``token``; returns the paths done (the others were registered again)."""
+        if not paths:
+            return []
+        calls = []
+        for p in paths:
+            params: dict[str, Any] = {
+                "Key": _key(registry_partition(self.prefix), registry_key(p)),
+                "ConditionExpression": "retiring = :t",
+                "ExpressionAttributeValues": {":t": {"S": token}},
+            }
+            if not delete:
+                params["UpdateExpression"] = "REMOVE retiring"
+            calls.append(self._call("delete_item" if delete else "update_item", params, f"registry of namespace {show(p)}"))
+        answers = yield tuple(calls)
+        done = [p for p, call, answer in zip(paths, calls, answers) if _done(call, answer)]
+        if delete:
+            for p in done:
+                self._known.pop(p)
+        return done
+
+    def _live_at(self, path: Path, item: dict[str, Any], now: int) -> bool:
+        return not is_expired(self._row(path, item).expires_us, now)
+
+    def _erase_items(self, path: Path, purge: Purge) -> Op[int]:
+        """Delete every item of ``path``: their value objects first (a call cut short and
+        made again finds them named), then each item as read (``ua``: delete only what
+        you read); an item written meanwhile is read again and deleted too."""
+        subject = f"namespace {show(path)} (erase)"
+        items = yield from self._query(self._pk(path), subject)
+        count = 0
+        for _ in range(_MAX_TRIES):
+            if not items:
+                return count
+            rows = [self._row(path, i) for i in items]
+            named = [self.value_key(path, r.value.token) for r in rows if isinstance(r.value, ObjectRef)]
+            if named:
+                yield from purge(named)
+            calls = tuple(
+                self._call(
+                    "delete_item",
+                    {
+                        "Key": _key(self._pk(path), i["sk"]["S"]),
+                        "ConditionExpression": "ua = :ua",
+                        "ExpressionAttributeValues": {":ua": i["ua"]},
+                    },
+                    _subject(path, r.key),
+                )
+                for i, r in zip(items, rows)
+            )
+            answers = yield calls
+            changed = [i for i, call, answer in zip(items, calls, answers) if not _done(call, answer)]
+            count += len(items) - len(changed)
+            for r in rows:
+                self._live.pop((path, r.key))
+            if not changed:
+                return count
+            again = yield tuple(self._call("get_item", {"Key": _key(self._pk(path), i["sk"]["S"]), "ConsistentRead": True}, subject) for i in changed)
+            items = []
+            for call, answer in zip(changed, again):
+                if isinstance(answer, BaseException):
+                    raise_failure(self._call("get_item", {"Key": _key(self._pk(path), call["sk"]["S"])}, subject), answer)
+                if "Item" in answer:
+                    items.append(answer["Item"])
+        raise StoreUnavailableError(
+            f"namespace {show(path)} ({self.describe(path)}): its items kept being written while being erased; "
+            "run the erase again"
+        )
+
+    def _sweep_items(self, path: Path, now: int, purge: Purge) -> Op[tuple[int, bool]]:
+        """Delete the items of ``path`` expired at ``now`` (their value objects first: no
+        read returns an expired item), each only if its expiry is still the one read (a put
+        since made it live again). Returns the items deleted and whether none was live."""
+        subject = f"namespace {show(path)} (TTL sweep)"
+        items = yield from self._query(self._pk(path), subject)
+        rows = [self._row(path, i) for i in items]
+        expired = [(i, r) for i, r in zip(items, rows) if is_expired(r.expires_us, now)]
+        if not expired:
+            return 0, not rows
+        named = [self.value_key(path, r.value.token) for _, r in expired if isinstance(r.value, ObjectRef)]
+        if named:
+            yield from purge(named)
+        calls = tuple(
+            self._call(
+                "delete_item",
+                {
+                    "Key": _key(self._pk(path), i["sk"]["S"]),
+                    "ConditionExpression": "exu = :seen",
+                    "ExpressionAttributeValues": {":seen": i["exu"]},
+                },
+                _subject(path, r.key),
+            )
+            for i, r in expired
+        )
+        answers = yield calls
+        deleted = sum(_done(call, answer) for call, answer in zip(calls, answers))
+        return deleted, len(expired) == len(rows)
+
+
+def _done(call: Call, answer: Any) -> bool:
+    """A conditional write's answer: True if applied, False if its condition failed;
+    any other failure is raised."""
+    if not isinstance(answer, BaseException):
+        return True
+    if error_code(answer) not in CONDITION_FAILED_CODES:
+        raise_failure(call, answer)
+    return False
+
+
+def _cancelled(answer: BaseException) -> tuple[bool, bool]:
+    """A creation's transaction refused by its conditions: (the registration check failed,
+    the item's condition failed). Neither: another failure."""
+    if error_code(answer) != "TransactionCanceledException":
+        return False, False
+    reasons = [r.get("Code") or "None" for r in (getattr(answer, "response", None) or {}).get("CancellationReasons") or []]
+    if len(reasons) != 2 or not set(reasons) <= {"None", "ConditionalCheckFailed"}:
+        return False, False
+    return reasons[0] == "ConditionalCheckFailed", reasons[1] == "ConditionalCheckFailed"
+
+    def _restore_fenced(self, path: Path, key: dict[str, Any], change: Change) -> Op[list[str]]:
+        """An imported item, written whole with its exported times (last writer wins, as a
+        put: an import run again writes the same item), in a transaction with the check
+        ``_create`` makes: the namespace is registered and no removal is under way (every
+        item is listed, against an erase or a sweep racing the import). A transaction
+        returns no old values: an item it replaces that had a value object of its own
+        leaves that object behind (an import over a different version of a large item)."""
+        for _ in range(_MAX_TRIES):
+            call = self._restore(path, key, change)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                self._live.put((path, change.key), True, _LIVE_BYTES + len(change.key))
+                return []
+            registry, _ = _cancelled(answer)
+            if not registry:
+                raise_failure(call, answer)
+            self._known.pop(path)
+            yield from self._register(path)
+        raise StoreUnavailableError(
+            f"import of key {show(change.key)} in namespace {show(path)} ({self.describe(path)}): its namespace kept "
+            "being unregistered between the writes; try again"
         )
 
     def _restore(self, path: Path, key: dict[str, Any], change: Change) -> Call:
-        """An imported item, written whole with its exported times (last writer wins, as a
-        put: an import run again writes the same item)."""
         assert change.value is not None and change.stamps is not None
         created, updated, expires = change.stamps
         item = {
@@ -342,7 +613,19 @@ class DynamoMemory:
             item["ttl"] = {"N": repr(float(change.ttl_minutes))}
         if change.vectors is not None:
             item["vec"] = {"B": ormsgpack.packb(vectors_to_wire(change.vectors))}
-        return self._call("put_item", {"Item": item, "ReturnValues": "ALL_OLD"}, _subject(path, change.key))
+        actions = [
+            {
+                "ConditionCheck": {
+                    "TableName": self.table,
+                    "Key": _key(registry_partition(self.prefix), registry_key(path)),
+                    "ConditionExpression": "attribute_exists(pk) AND attribute_not_exists(retiring)",
+                }
+            },
+            {"Put": {"TableName": self.table, "Item": item}},
+        ]
+        # A token of its own: sent again after a lost answer, it is applied once.
+        params = {"TransactItems": actions, "ClientRequestToken": new_token()}
+        return Call("dynamodb", "transact_write_items", params, self.where, _subject(path, change.key))
 
 
 def _subject(path: Path, key: str) -> str:

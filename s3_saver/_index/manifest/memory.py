@@ -24,14 +24,18 @@ before the head that names it and deleted after the swap that drops it. A swap r
 again (``_swap``); applied again, its value objects are first copied to fresh tokens
 (+1 CopyObject per large value, only after a refusal).
 
+Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace by a
+head swap and a registry swap, fenced by the registry's ``seq`` (see "removals" below).
+
 Not built yet (the design's phase 1b): sealing rows into immutable segments (a head
-holds all of its namespace's rows: it grows with the namespace), conditional GETs (304) of unchanged heads, group commit of one process's
-concurrent swaps of one head, and the removal of registrations (sweep, erase).
+holds all of its namespace's rows: it grows with the namespace), conditional GETs (304)
+of unchanged heads, group commit of one process's concurrent swaps of one head.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,13 +48,15 @@ from s3_saver._format.memory.documents import (
     head_key,
     loads_head,
     loads_registry,
+    node_folder,
     registry_object_key,
+    sweep_object_key,
     value_key,
 )
-from s3_saver._format.memory.names import node_id, show
+from s3_saver._format.memory.names import node_id, registry_key, show
 from s3_saver._format.memory.rows import ObjectRef, Row, ValueCell, VectorsCell, put_row
 from s3_saver._format.memory.ttl import Clock, expires_at
-from s3_saver._index.memory import Change, Path, Snapshot
+from s3_saver._index.memory import Change, Erasure, Path, Purge, Snapshot, Swept
 from s3_saver._transport.budget import Cache, CacheBudget
 from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
@@ -59,9 +65,17 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
-from s3_saver._transport.protocol import Backoff, Call, Op, about, gather, raise_failure
+from s3_saver._transport.protocol import (
+    Backoff,
+    Call,
+    Op,
+    about,
+    gather,
+    raise_failure,
+    request_one,
+)
 from s3_saver._transport.s3 import S3Calls
-from s3_saver.errors import StoreUnavailableError
+from s3_saver.errors import CorruptObjectError, StoreUnavailableError
 
 _MAX_SWAPS = 20
 _BACKOFF_MAX = 0.5  # seconds
@@ -139,24 +153,25 @@ class ManifestMemory:
         if not groups:
             return []
         # The heads this process does not know: read them first (one wave), to learn
-        # which namespaces are new (no head) and must be registered before their head.
+        # which namespaces are new (an empty head, or none) and must be registered first.
         unknown = [p for p in groups if self._heads.get(node_id(p)) is None]
         if unknown:
             yield from self._read_heads(unknown)
-        # A head that never held an item (none, or an ancestor's made by ``_mark``) is not
-        # registered yet (or its registration was cut short: registering again is a no-op).
-        new = [p for p, changes in groups.items() if _adds(changes) and self._heads.get(node_id(p))[1].seq == 0]
+        new = [p for p, changes in groups.items() if _adds(changes) and self._heads.get(node_id(p))[1].empty]
+        registered: dict[Path, str | None] = {}
         if new:
             # Listed before readable: the registry's swap lands before any head it lists,
             # and each ancestor's ``desc`` before any item below it (a search of an
             # ancestor whose head says it has none below reads no registry).
-            yield from self._register(new)
-            ancestors = sorted({p[:i] for p in new for i in range(1, len(p))})
-            yield from gather(*(self._mark(a) for a in ancestors))
-        released = yield from gather(*(self._swap(path, changes, path in unknown) for path, changes in groups.items()))
+            heads = {p: self._heads.get(node_id(p)) for p in new}
+            registered = {p: etag for p, (etag, _) in heads.items()}
+            yield from self._register(new, frozenset(p for p, (_, head) in heads.items() if head.emptied))
+            yield from gather(*(self._mark(a) for a in _ancestors(new)))
+        swaps = (self._swap(path, changes, path in unknown, registered.get(path, _NEVER)) for path, changes in groups.items())
+        released = yield from gather(*swaps)
         return [key for keys in released for key in keys]
 
-    def _register(self, paths: list[Path]) -> Op[None]:
+    def _register(self, paths: list[Path], renew: frozenset[Path] = frozenset()) -> Op[None]:
         key = registry_object_key(self.prefix)
         for attempt in range(1, _MAX_SWAPS + 1):
             known = self._registry.get(_REGISTRY)
@@ -166,7 +181,7 @@ class ManifestMemory:
                 known = self._registry_answer(call, answer)
             etag, registry = known
             changed = Registry(registry.seq, dict(registry.created))
-            if not changed.register(paths):
+            if not changed.register(paths, renew):
                 return  # registered already (by another process, or a commit cut after its registration)
             call = about(self.s3.put_swap(key, dumps_registry(changed), etag), _REGISTRY_SUBJECT)
             (answer,) = yield (call,)
@@ -194,7 +209,7 @@ class ManifestMemory:
             etag, head = known
             if head.desc:
                 return  # set already (never cleared yet: a cached True is final)
-            changed = Head(head.path, head.seq, head.rows, desc=True)
+            changed = Head(head.path, head.seq, head.rows, desc=True, emptied=head.emptied)
             call = about(self.s3.put_swap(key, dumps_head(changed), etag), subject)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
@@ -207,8 +222,10 @@ class ManifestMemory:
             "writers at once; try again"
         )
 
-    def _swap(self, path: Path, changes: list[Change], confirmed: bool) -> Op[list[str]]:
-        """``confirmed``: the cached head was read by this commit (not an older guess).
+    def _swap(self, path: Path, changes: list[Change], confirmed: bool, registered: object) -> Op[list[str]]:
+        """``confirmed``: the cached head was read by this commit (not an older guess);
+        ``registered``: the ETag of the empty head this commit registered the namespace
+        after reading (``_NEVER``: none).
         Returns the value objects that no head names any more: those of the rows its swap
         replaced.
 
@@ -247,6 +264,16 @@ class ManifestMemory:
                     return self._released(path, [], refused, head)
                 changes, old = fresh
                 refused.append(({}, old))  # the objects copied away: named by no head this commit writes
+            if head.empty and _adds(changes) and registered != etag:
+                # Invariant: an item lands in an empty head only after a registration made
+                # after reading that very head (its ETag, unique per write, is the swap's
+                # condition). An erase or a sweep that unregistered the namespace emptied the
+                # head first, so such a registration is numbered after the removal read the
+                # registry, and the removal keeps it (``Registry.register``). A process whose
+                # cached head predates the removal meets the empty head here, on its swap's 412.
+                yield from self._register([path], frozenset([path]) if head.emptied else frozenset())
+                yield from gather(*(self._mark(a) for a in _ancestors([path])))
+                registered = etag
             changed, released = apply(head, changes, self.clock)
             if changed is None:
                 if confirmed:
@@ -296,6 +323,162 @@ class ManifestMemory:
                 if error_code(answer) not in PRECONDITION_FAILED_CODES:  # 412: this copy, sent again, met itself
                     raise_failure(call, answer)
         return [_moved(c, moves) for c in changes], list(moves)
+
+    # -- removals (erase, sweep) ------------------------------------------------------
+    #
+    # A removal unregisters a namespace in two steps: it reads the registry (its ``seq``
+    # S is the fence), swaps the namespace's head for an empty one marked ``emptied`` (a
+    # new write, even over an empty head: its ETag is new), then removes the registry
+    # entries numbered below S. A writer that puts into the namespace after the head swap
+    # meets the emptied head and registers it anew (``_swap``), numbered S or more: kept. A writer whose
+    # swap landed before it had its item erased (erase), or made the head non-empty, so
+    # the sweep did not empty it. So a namespace holding an item is always listed.
+
+    def node_folder(self, path: Path) -> str:
+        return node_folder(self.prefix, node_id(path))
+
+    def erase_rows(self, prefix: Path, purge: Purge) -> Op[Erasure]:
+        fence, registry = yield from self._read_registry()
+        paths = sorted(p for p in registry.created if p[: len(prefix)] == prefix)
+        # The namespaces' heads, and those of the nodes between them and the prefix
+        # (a head with no item names no namespace, but an erase leaves no doubt).
+        nodes = sorted({p[:i] for p in paths for i in range(max(len(prefix), 1), len(p) + 1)} | ({prefix} if prefix else set()))
+        registered = set(paths)
+        results = yield from gather(*(self._empty(n, n in registered, purge) for n in nodes))
+        items = sum(count for count, _ in results)
+        records = tuple(f"s3://{self.s3.bucket}/{key}" for _, key in results if key)
+        return Erasure(tuple(paths), tuple(nodes), items, fence, records, (registry_object_key(self.prefix),))
+
+    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
+        return (yield from self._unregister(list(erasure.namespaces), erasure.fence))
+
+    def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
+        cursor_key, reg_key = sweep_object_key(self.prefix), registry_object_key(self.prefix)
+        calls = (about(self.s3.get(cursor_key), "the TTL sweep's cursor"), about(self.s3.get(reg_key), _REGISTRY_SUBJECT))
+        answers = yield calls
+        cursor = self._cursor_answer(calls[0], answers[0])
+        _, registry = self._registry_answer(calls[1], answers[1])
+        fence = registry.seq  # read before any head is emptied (see above)
+        after = [p for p in registry.paths() if registry_key(p) > cursor]
+        page = after[:limit]
+        results = yield from gather(*(self._sweep_node(p, now, purge) for p in page))
+        emptied = [p for p, (_, empty) in zip(page, results) if empty]
+        kept = (yield from self._unregister(emptied, fence)) if emptied else []
+        # Past the last namespace, the next run starts over.
+        following = registry_key(page[-1]) if len(after) > limit else ""
+        if following != cursor:
+            call = about(self.s3.put_replace(cursor_key, following.encode()), "the TTL sweep's cursor")
+            yield from request_one(call)
+        return Swept(sum(n for n, _ in results), len(page), tuple(p for p in emptied if p not in kept))
+
+    def _cursor_answer(self, call: Call, answer: Any) -> str:
+        if isinstance(answer, BaseException):
+            if classify(answer, call.operation) != OBJECT_MISSING:
+                raise_failure(call, answer)
+            return ""
+        try:
+            return answer["Body"].decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptObjectError(f"s3://{self.s3.bucket}/{call.params['Key']}: not a sweep cursor ({exc})") from exc
+
+    def _read_registry(self) -> Op[tuple[int, Registry]]:
+        """The registry as stored now (not as cached), and its ``seq``: a removal's fence."""
+        call = about(self.s3.get(registry_object_key(self.prefix)), _REGISTRY_SUBJECT)
+        (answer,) = yield (call,)
+        _, registry = self._registry_answer(call, answer)
+        return registry.seq, registry
+
+    def _empty(self, path: Path, registered: bool, purge: Purge) -> Op[tuple[int, str | None]]:
+        """Swap the head of ``path`` for an empty one (keeping ``desc``: namespaces below
+        may be registered again meanwhile), deleting first the value objects its rows name
+        (so a call cut short and made again still finds them named). Returns the items
+        removed and the head's key (None: there was no head, and none is needed)."""
+        node = node_id(path)
+        key = head_key(self.prefix, node)
+        subject = f"{_namespace(path)} (erase)"
+        for attempt in range(1, _MAX_SWAPS + 1):
+            call = about(self.s3.get(key), subject)
+            (answer,) = yield (call,)
+            etag, head = self._head_answer(path, call, answer)
+            if etag is None and not registered:
+                return 0, None
+            # Even an empty head is written again (a new ETag), and a missing one of a
+            # registered namespace created: a writer that read the old one registers again.
+            named = [self.value_key(path, r.value.token) for r in head.rows.values() if isinstance(r.value, ObjectRef)]
+            if named:
+                yield from purge(named)
+            emptied = Head(path, 0, {}, head.desc, emptied=True)
+            call = about(self.s3.put_swap(key, dumps_head(emptied), etag), subject)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                written: Known = (answer["ETag"], emptied)
+                self._heads.put(node, written, _size(written))
+                return len(head.rows), key
+            yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
+        raise StoreUnavailableError(
+            f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps while being "
+            "erased: too many writers at once; run the erase again"
+        )
+
+    def _sweep_node(self, path: Path, now: int, purge: Purge) -> Op[tuple[int, bool]]:
+        """Drop the rows of ``path`` expired at ``now`` (their value objects first: no
+        read returns an expired row); a head left with no row is emptied (see above).
+        Returns the rows dropped and whether the head was emptied."""
+        node = node_id(path)
+        key = head_key(self.prefix, node)
+        subject = f"{_namespace(path)} (TTL sweep)"
+        for attempt in range(1, _MAX_SWAPS + 1):
+            call = about(self.s3.get(key), subject)
+            (answer,) = yield (call,)
+            etag, head = self._head_answer(path, call, answer)
+            live = {k: r for k, r in head.rows.items() if r.live(now)}
+            expired = [r for r in head.rows.values() if not r.live(now)]
+            if live and not expired:
+                return 0, False
+            named = [self.value_key(path, r.value.token) for r in expired if isinstance(r.value, ObjectRef)]
+            if named:
+                yield from purge(named)
+            changed = Head(path, head.seq, live, head.desc) if live else Head(path, 0, {}, head.desc, emptied=True)
+            call = about(self.s3.put_swap(key, dumps_head(changed), etag), subject)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                written: Known = (answer["ETag"], changed)
+                self._heads.put(node, written, _size(written))
+                return len(expired), not live
+            yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
+        raise StoreUnavailableError(
+            f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps during the "
+            "TTL sweep: too many writers at once; the next sweep visits it again"
+        )
+
+    def _unregister(self, paths: list[Path], before: int) -> Op[list[Path]]:
+        """Remove the registry entries of ``paths`` numbered below ``before`` (a removal's
+        fence); returns the paths kept (registered again since)."""
+        key = registry_object_key(self.prefix)
+        for attempt in range(1, _MAX_SWAPS + 1):
+            known = self._registry.get(_REGISTRY)
+            if known is None:
+                call = about(self.s3.get(key), _REGISTRY_SUBJECT)
+                (answer,) = yield (call,)
+                known = self._registry_answer(call, answer)
+            etag, registry = known
+            changed = Registry(registry.seq, dict(registry.created))
+            kept = changed.remove(paths, before)
+            if changed.created == registry.created:
+                # Nothing to remove. The cached registry is no older than the removal's own
+                # read of it (the fence): it holds every entry numbered below the fence.
+                return kept
+            call = about(self.s3.put_swap(key, dumps_registry(changed), etag), _REGISTRY_SUBJECT)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                written: Known = (answer["ETag"], changed)
+                self._registry.put(_REGISTRY, written, _size(written))
+                return kept
+            yield from self._lost(call, answer, attempt, lambda: self._registry.pop(_REGISTRY))
+        raise StoreUnavailableError(
+            f"the namespace registry s3://{self.s3.bucket}/{key} kept changing under {_MAX_SWAPS} swaps unregistering "
+            f"{', '.join(show(p) for p in paths[:3])}: too many processes registering namespaces at once; try again"
+        )
 
     def _lost(self, call: Call, answer: BaseException, attempt: int, forget: Any) -> Op[None]:
         """A swap refused: another writer got there first (412, or 409 for a race S3 saw):
@@ -376,7 +559,14 @@ def _moved(change: Change, moves: dict[str, str]) -> Change:
     def cell(c: Any) -> Any:
         return ObjectRef(moves[c.token], c.size) if isinstance(c, ObjectRef) else c
 
-    return Change(change.key, cell(change.value), cell(change.vectors), change.ttl_minutes, change.refresh)
+    return replace(change, value=cell(change.value), vectors=cell(change.vectors))  # stamps and all kept
+
+
+_NEVER = object()
+
+
+def _ancestors(paths: Sequence[Path]) -> list[Path]:
+    return sorted({p[:i] for p in paths for i in range(1, len(p))})
 
 
 def _adds(changes: list[Change]) -> bool:
