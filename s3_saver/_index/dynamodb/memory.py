@@ -552,27 +552,6 @@ class DynamoMemory:
         deleted = sum(_done(call, answer) for call, answer in zip(calls, answers))
         return deleted, len(expired) == len(rows)
 
-
-def _done(call: Call, answer: Any) -> bool:
-    """A conditional write's answer: True if applied, False if its condition failed;
-    any other failure is raised."""
-    if not isinstance(answer, BaseException):
-        return True
-    if error_code(answer) not in CONDITION_FAILED_CODES:
-        raise_failure(call, answer)
-    return False
-
-
-def _cancelled(answer: BaseException) -> tuple[bool, bool]:
-    """A creation's transaction refused by its conditions: (the registration check failed,
-    the item's condition failed). Neither: another failure."""
-    if error_code(answer) != "TransactionCanceledException":
-        return False, False
-    reasons = [r.get("Code") or "None" for r in (getattr(answer, "response", None) or {}).get("CancellationReasons") or []]
-    if len(reasons) != 2 or not set(reasons) <= {"None", "ConditionalCheckFailed"}:
-        return False, False
-    return reasons[0] == "ConditionalCheckFailed", reasons[1] == "ConditionalCheckFailed"
-
     def _restore_fenced(self, path: Path, key: dict[str, Any], change: Change) -> Op[list[str]]:
         """An imported item, written whole with its exported times (last writer wins, as a
         put: an import run again writes the same item), in a transaction with the check
@@ -626,6 +605,27 @@ def _cancelled(answer: BaseException) -> tuple[bool, bool]:
         # A token of its own: sent again after a lost answer, it is applied once.
         params = {"TransactItems": actions, "ClientRequestToken": new_token()}
         return Call("dynamodb", "transact_write_items", params, self.where, _subject(path, change.key))
+
+
+def _done(call: Call, answer: Any) -> bool:
+    """A conditional write's answer: True if applied, False if its condition failed;
+    any other failure is raised."""
+    if not isinstance(answer, BaseException):
+        return True
+    if error_code(answer) not in CONDITION_FAILED_CODES:
+        raise_failure(call, answer)
+    return False
+
+
+def _cancelled(answer: BaseException) -> tuple[bool, bool]:
+    """A creation's transaction refused by its conditions: (the registration check failed,
+    the item's condition failed). Neither: another failure."""
+    if error_code(answer) != "TransactionCanceledException":
+        return False, False
+    reasons = [r.get("Code") or "None" for r in (getattr(answer, "response", None) or {}).get("CancellationReasons") or []]
+    if len(reasons) != 2 or not set(reasons) <= {"None", "ConditionalCheckFailed"}:
+        return False, False
+    return reasons[0] == "ConditionalCheckFailed", reasons[1] == "ConditionalCheckFailed"
 
 
 def _subject(path: Path, key: str) -> str:
