@@ -71,9 +71,10 @@ variable (JSON; ``langgraph dev`` sets it, ``langgraph build`` writes it into th
   ``langgraph dev`` loads ``embed`` too, for its built-in store, and stops at start on
   a ``module:attr``: in ``langgraph.json``, use one of the other two.
 - ``ttl``: ``default_ttl`` (minutes) and ``refresh_on_read``, as LangGraph's ``TTLConfig``.
-  ``sweep_interval_minutes`` is accepted and starts nothing: the store has no sweeper
-  (an expired item is never returned; DynamoDB's TTL deletes it in a table, the next
-  write to its namespace drops it in the manifest mode).
+  With ``sweep_interval_minutes``, one TTL sweeper per process
+  ([start_ttl_sweeper()][s3_saver.S3Store.start_ttl_sweeper]: the server runs none for a
+  custom store) from the first ``store()`` entered until the last context leaves. An
+  expired item is never returned, swept or not.
 
 ``checkpointer()`` and ``store()`` share one saver per process: one cache budget
 (``CHECKPOINT_CACHE_BYTES``), one set of clients for each event loop. Each entered
@@ -562,7 +563,14 @@ async def store() -> AsyncIterator[S3Store]:
     # off the event loop, which `langgraph dev` watches for blocking calls.
     index = await asyncio.to_thread(memory.index_config)
     async with _shared(settings) as saver:
-        yield S3Store.from_saver(saver, index=index, ttl=memory.ttl)
+        made = S3Store.from_saver(saver, index=index, ttl=memory.ttl)
+        if memory.ttl and memory.ttl.get("sweep_interval_minutes"):
+            with _LOCK:
+                runtime = _RUNTIMES[settings]
+                if runtime.sweeper is None:
+                    runtime.sweeper = made
+                    made.start_ttl_sweeper()
+        yield made
 
 
 # -- one saver per process, under checkpointer() and store() ------------------------------
@@ -575,6 +583,9 @@ class _Runtime:
         self.saver = saver
         self.loops: dict[asyncio.AbstractEventLoop, int] = {}
         self.set_up = False
+        # The TTL sweeper's store: one per process (LangGraph Server runs none for a custom
+        # store), started by the first store() entered with sweep_interval_minutes.
+        self.sweeper: S3Store | None = None
 
 
 # Keyed by the settings: the server reads one environment, so both factories share one
@@ -616,6 +627,8 @@ async def _shared(settings: ServerSettings | None = None) -> AsyncIterator[S3Sav
                 await runtime.saver.aclose()
         finally:
             if last:
+                if runtime.sweeper is not None:
+                    runtime.sweeper.stop_ttl_sweeper()
                 # The sync driver is idle under the server (it calls async methods only),
                 # but a user's code may have used the saver's sync side: release it too.
                 runtime.saver.close()

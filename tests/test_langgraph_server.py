@@ -396,6 +396,24 @@ async def test_store_shares_the_checkpointers_saver(endpoint: str, index_mode: s
     assert not again._async._loops
 
 
+async def test_sweep_interval_starts_one_sweeper_per_process_until_the_last_context_leaves(endpoint: str, monkeypatch) -> None:
+    """LangGraph Server runs no TTL sweeper for a custom store: with
+    ``ttl.sweep_interval_minutes`` the factory starts one, once per process however many
+    contexts enter, and stops it when the last one leaves."""
+    block = {"ttl": {"default_ttl": 60, "sweep_interval_minutes": 30}}
+    _server_variables(monkeypatch, endpoint, "manifest", CHECKPOINT_SETUP="1", LANGGRAPH_STORE=json.dumps(block))
+    async with store() as first, store() as second:
+        sweepers = [m for m in (first, second) if m._sweeper is not None]
+        assert len(sweepers) == 1 and sweepers[0]._sweeper.is_alive()
+        running = sweepers[0]._sweeper
+    running.join(timeout=10)
+    assert not running.is_alive()
+    # Without the interval, none.
+    _server_variables(monkeypatch, endpoint, "manifest", LANGGRAPH_STORE=json.dumps({"ttl": {"default_ttl": 60}}))
+    async with store() as memory:
+        assert memory._sweeper is None
+
+
 @pytest.mark.parametrize("index_mode", INDEX_MODES)
 async def test_each_thread_closes_its_own_loops_clients(endpoint: str, index_mode: str, monkeypatch) -> None:
     """The server enters the store once per OS thread: each thread's loop has its own
