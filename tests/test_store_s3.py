@@ -33,6 +33,7 @@ from test_store_differential import INDEX, LANGGRAPH_INDEX, SCENARIOS
 from s3_saver._format.keys import check_prefix
 from s3_saver._format.memory import ttl
 from s3_saver._store.store import S3Store
+from s3_saver._transport.retry import RetryPolicy
 from s3_saver.errors import (
     BucketNotFoundError,
     ConfigurationError,
@@ -40,7 +41,9 @@ from s3_saver.errors import (
     IndexModeMismatchError,
     InvalidFilterError,
     NamespaceError,
+    S3SaverError,
     SerializationError,
+    StoreUnavailableError,
     TableNotFoundError,
     TableOwnedError,
 )
@@ -253,6 +256,25 @@ def test_concurrent_writers_of_one_namespace_lose_no_item(bucket: tuple[str, str
         assert same.created_at == created
     for store in stores:
         store.close()
+
+
+def test_a_swap_still_refused_when_the_retry_budget_ends_raises_a_named_error(endpoint: str) -> None:
+    """A manifest head swap refused (412: another writer replaced the head) once the
+    retry budget has run out raises StoreUnavailableError naming the namespace and the
+    key, never botocore's bare PreconditionFailed. One process's burst of concurrent
+    writers of one namespace meets this (LangGraph's test_large_batches_async: 2,000
+    aputs on two namespaces at once). Manifest only: DynamoDB writes swap no head."""
+    ns = ("memories", "alice")
+    with make_store(endpoint, "manifest") as other, make_store(endpoint, "manifest", retry=RetryPolicy(budget=0)) as store:
+        other.setup()
+        store.put(ns, "a", {"v": 1})  # its head, and the ETag, cached
+        other.put(ns, "b", {"v": 2})  # replaced: the cached ETag is stale
+        with pytest.raises(StoreUnavailableError) as caught:
+            store.put(ns, "c", {"v": 3})  # refused, and no retry left
+        message = str(caught.value)
+        assert "namespace ('memories', 'alice')" in message and "key 'c'" in message and BUCKET in message
+        assert isinstance(caught.value, S3SaverError)
+        assert store.get(ns, "c") is None and store.get(ns, "b").value == {"v": 2}
 
 
 def test_a_record_of_another_namespace_is_refused_naming_both(bucket: tuple[str, str]) -> None:

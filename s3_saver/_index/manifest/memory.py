@@ -488,7 +488,13 @@ class ManifestMemory:
         forget()
         go_on = yield Backoff(_JITTER.uniform(0, min(_BACKOFF_MAX, 0.01 * 2**attempt)), attempt)
         if go_on is False:
-            raise_failure(call, answer)
+            # The retry budget (or deadline()) leaves no time for another swap. The 412 is
+            # no error of the caller's: raised as is, it reached users as botocore's bare
+            # PreconditionFailed (one process's burst of writers of one namespace met it).
+            raise StoreUnavailableError(
+                f"{call.describe()} in s3://{self.s3.bucket}: the document kept changing under {attempt} swaps "
+                "within the retry budget: too many writers of one namespace at once; try again"
+            )
 
 
 def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None, list[str]]:
