@@ -98,6 +98,16 @@ $(PEER_AIO_STAMP): $(STAMP)
 
 bench: $(STAMP) $(PEER_STAMP) $(PEER_AIO_STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.memory_store $(BENCH_MEMORY_ARGS)
+
+# `make bench-memory`: the long-term memory workload alone (benchmarks/memory_store.py):
+# S3Store in both index modes beside langgraph-checkpoint-aws's DynamoDBStore (PEER_VENV),
+# and one namespace grown to 5,000 items. Part of `make bench`; options through
+# BENCH_MEMORY_ARGS, e.g. BENCH_MEMORY_ARGS="--variants plain --head-sizes ''".
+.PHONY: bench-memory
+
+bench-memory: $(STAMP) $(PEER_STAMP)
+	$(BIN)/python -m benchmarks.memory_store $(BENCH_MEMORY_ARGS)
 
 # infra/ lint tools live in their own virtualenv: checkov pins an older boto3 than
 # aioboto3 accepts. The stamp names the versions, so bumping a pin reinstalls.

@@ -21,6 +21,7 @@ def main() -> None:
     from moto_fixes import atomic_conditional_writes
 
     atomic_conditional_writes()
+    fast_attribute_values()
 
     from moto.moto_server import werkzeug_app
     from moto.server import ThreadedMotoServer
@@ -42,6 +43,57 @@ def main() -> None:
     print(server.get_host_and_port()[1], flush=True)
     sys.stdin.read()
     server.stop()
+
+
+def _wire(value: dict) -> dict:
+    """One DynamoDB attribute value as moto's serializer writes it, from the ``{type: value}``
+    dict moto hands it (binary as raw bytes, numbers as strings)."""
+    import base64
+
+    ((kind, v),) = value.items()
+    if kind == "B":
+        return {"B": base64.b64encode(v).decode()}
+    if kind == "BS":
+        return {"BS": [base64.b64encode(b).decode() for b in v]}
+    if kind == "L":
+        return {"L": [_wire(x) for x in v]}
+    if kind == "M":
+        return {"M": {k: _wire(x) for k, x in v.items()}}
+    if kind in ("S", "N"):
+        return {kind: str(v)}
+    if kind in ("SS", "NS"):
+        return {kind: [str(x) for x in v]}
+    if kind in ("BOOL", "NULL"):
+        return {kind: v}
+    raise ValueError(kind)
+
+
+def fast_attribute_values() -> None:
+    """moto's generic response serializer walks every DynamoDB attribute value through the
+    service model, several hundred microseconds per number: a Scan page of items holding a
+    256-number embedding (DynamoDBStore's vectors) took 8 s, and the proxy's side read of
+    each page as much again (benchmarks/memory_store.py). This writes an ``AttributeValue``
+    straight to the same JSON (the result is byte for byte the serializer's; moto falls
+    back to it for anything else). Only the benchmark's moto: the tests keep moto as is."""
+    from moto.core.serialize import BaseJSONSerializer
+
+    if getattr(BaseJSONSerializer, "_s3_saver_fast", False):
+        return
+    original = BaseJSONSerializer._serialize_type_structure
+
+    def serialize(self, serialized, value, shape, key):  # type: ignore[no-untyped-def]
+        if key and shape.name == "AttributeValue" and isinstance(value, dict) and len(value) == 1:
+            try:
+                wire = _wire(value)
+            except (ValueError, TypeError, AttributeError):
+                wire = None
+            if wire is not None:
+                serialized[self.get_serialized_name(shape, key)] = wire
+                return
+        original(self, serialized, value, shape, key)
+
+    BaseJSONSerializer._serialize_type_structure = serialize
+    BaseJSONSerializer._s3_saver_fast = True
 
 
 if __name__ == "__main__":

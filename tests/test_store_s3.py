@@ -136,11 +136,11 @@ def _counted(store: S3Store, call: Any) -> tuple[int, int]:
     return store.stats.total_requests, store.stats.round_trips
 
 
-def _opened(bucket: tuple[str, str]) -> S3Store:
+def _opened(bucket: tuple[str, str], **kwargs: Any) -> S3Store:
     """A store whose process has made its first call: that call's first round trip also
     carries the prefix's checks (its index-mode marker; in DynamoDB mode the table's
     owner), once per process."""
-    store = make_store(*bucket)
+    store = make_store(*bucket, **kwargs)
     store.get(("warm", "up"), "k")
     return store
 
@@ -158,6 +158,9 @@ REQUESTS = {
         "prefix search": (4, 3),  # GET head (desc), GET registry, then the two heads under it
         "cold put": (2, 2),  # GET head, PUT head
         "cold delete of nothing": (1, 1),  # GET head: no such key, nothing written
+        "search of 100 items": (1, 1),  # GET head: every row is in it
+        "filtered search of 100 items": (1, 1),
+        "semantic search of 100 items": (1, 1),  # the vectors are in the rows
     },
     "dynamodb": {
         "first put": (2, 2),  # PutItem registry, UpdateItem
@@ -170,6 +173,9 @@ REQUESTS = {
         "prefix search": (4, 2),
         "cold put": (2, 2),  # PutItem registry (there already), UpdateItem
         "cold delete of nothing": (1, 1),  # DeleteItem
+        "search of 100 items": (2, 1),  # one Query page holds them all, + the registry's Query
+        "filtered search of 100 items": (2, 1),
+        "semantic search of 100 items": (2, 1),
     },
 }
 
@@ -177,8 +183,10 @@ REQUESTS = {
 def test_requests_per_call(bucket: tuple[str, str]) -> None:
     """What each call sends (the numbers docs and the bench quote): at most 2 requests
     for a get, a put or a delete but a namespace's first put; a search of a namespace
-    with no sub-namespaces 1 request (manifest) or 2 in 1 round trip (DynamoDB); a
-    list_namespaces page 1."""
+    with no sub-namespaces 1 request (manifest) or 2 in 1 round trip (DynamoDB), also
+    of a namespace of 100 small items, with a filter or a query; a list_namespaces
+    page 1. (The long-term memory targets: get 1, put at most 2 with no read before
+    the write, a search of 100 items at most 3, a list page at most 2.)"""
     want = REQUESTS[bucket[1]]
     ns = ("users", "alice")
     with _opened(bucket) as store:
@@ -196,6 +204,14 @@ def test_requests_per_call(bucket: tuple[str, str]) -> None:
         got["cold put"] = _counted(cold, lambda: cold.put(ns, "k2", {"text": "cold"}))
     with _opened(bucket) as cold:
         got["cold delete of nothing"] = _counted(cold, lambda: cold.delete(ns, "absent"))
+    hundred = ("team", "hundred")  # the issue's "namespace of 100 small items"
+    with _opened(bucket, index=INDEX) as store:
+        store.batch([PutOp(hundred, f"m{i:03d}", {"text": f"memory {i} of a user", "kind": ("fact", "pref")[i % 2]})
+                     for i in range(100)])
+        got["search of 100 items"] = _counted(store, lambda: store.search(hundred, limit=10))
+        got["filtered search of 100 items"] = _counted(store, lambda: store.search(hundred, filter={"kind": "pref"}))
+        got["semantic search of 100 items"] = _counted(store, lambda: store.search(hundred, query="memory of a user"))
+        assert len(store.search(hundred, limit=100)) == 100
     assert got == want
 
 
