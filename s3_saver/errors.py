@@ -357,7 +357,8 @@ class InvalidFilterError(ConfigurationError):
 class EmbeddingError(ConfigurationError):
     """The store's embedder returned vectors that cannot be stored: not one vector per
     text, or a vector whose length is not the index's ``dims``, or whose values are not
-    numbers. Raised before anything is sent: nothing of the batch is stored.
+    numbers, or (in DynamoDB mode) more vectors for one item than a table item holds.
+    Raised before anything is sent: nothing of the batch is stored.
 
     Attributes:
         namespace: The item's namespace (the searched prefix for a query), when one is at fault.

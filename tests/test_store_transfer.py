@@ -182,8 +182,15 @@ def _good() -> bytes:
         (lambda d: d.replace(b"\n{\"end", b"\n" + d.split(b"\n")[1] + b"\n{\"end"), "line 3: key 'k' of namespace"),
         (lambda d: d + b"{}\n", "line 4: a line after the end line"),
         (lambda d: d.replace(b'"type": "json"', b'"type": "pickle2"'), "namespace ('u',), key 'k': the store's serializer"),
+        # Times and ttls past what every index holds (a 64-bit microsecond count, a datetime).
+        (lambda d: d.replace(b'"updated_us": 2', b'"updated_us": 18446744073709551616'), "line 2: key 'k': created_us and updated_us"),
+        (lambda d: d.replace(b'"expires_us": null', b'"expires_us": 9223372036854775808'), "line 2: key 'k': expires_us is not"),
+        (lambda d: d.replace(b'"ttl_minutes": null', b'"ttl_minutes": 1e300'), "line 2: key 'k': ttl_minutes is not"),
     ],
-    ids=["archive", "version", "cut", "count", "label", "times", "base64", "field", "twice", "after-end", "serde"],
+    ids=[
+        "archive", "version", "cut", "count", "label", "times", "base64", "field", "twice", "after-end", "serde",
+        "far-updated", "far-expiry", "far-ttl",
+    ],
 )
 def test_a_bad_file_is_named_and_writes_nothing(change: Any, named: str) -> None:
     assert len(decode_export(_good(), "good").items) == 1

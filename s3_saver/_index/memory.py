@@ -102,6 +102,9 @@ class MemoryIndex(Protocol):
     search of a leaf reads no registry)."""
     inline_limit: int
     """A value of more bytes (as packed) goes to an object of its own, written first."""
+    vector_limit: int | None
+    """The most bytes an item's vectors (as packed) may take, None: no limit. Checked
+    before any request of the batch (or import) that would write more."""
 
     def value_key(self, path: Path, token: str) -> str:
         """The S3 key of a value moved out of its row (both modes keep such values in the bucket)."""

@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,7 +39,7 @@ from typing import Any
 
 from s3_saver._format.memory.names import check_item_namespace, check_key, show
 from s3_saver._format.memory.rows import DTYPES, RAW, ValueCell, VectorsCell
-from s3_saver._format.memory.ttl import to_datetime
+from s3_saver._format.memory.ttl import MAX_TTL_MINUTES, MAX_US, is_minutes, to_datetime
 from s3_saver.errors import CorruptObjectError, S3SaverError
 
 EXPORT_FORMAT = "s3_saver.memory-export/1"
@@ -165,12 +164,14 @@ def _item(doc: dict[str, Any]) -> ExportedItem:
     except S3SaverError as exc:
         raise _Bad(str(exc)) from None
     created, updated, expires, ttl = doc["created_us"], doc["updated_us"], doc["expires_us"], doc["ttl_minutes"]
-    if not (_int(created) and _int(updated) and 0 <= created <= updated):
-        raise _Bad(f"key {show(key)}: created_us and updated_us are not integers with created_us <= updated_us")
-    if expires is not None and not _int(expires):
-        raise _Bad(f"key {show(key)}: expires_us is not an integer or null")
-    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl < 0):
-        raise _Bad(f"key {show(key)}: ttl_minutes is not a number of minutes or null")
+    # Times within what every index keeps (MAX_US: a head's 64-bit counts, a DynamoDB
+    # number, a datetime): checked here, a file is refused whole before any write.
+    if not (_int(created) and _int(updated) and 0 <= created <= updated <= MAX_US):
+        raise _Bad(f"key {show(key)}: created_us and updated_us are not integers with 0 <= created_us <= updated_us <= {MAX_US}")
+    if expires is not None and not (_int(expires) and 0 <= expires <= MAX_US):
+        raise _Bad(f"key {show(key)}: expires_us is not null nor an integer from 0 to {MAX_US}")
+    if ttl is not None and not is_minutes(ttl):
+        raise _Bad(f"key {show(key)}: ttl_minutes is not null nor a number of minutes from 0 to {MAX_TTL_MINUTES}")
     if not isinstance(doc["type"], str):
         raise _Bad(f"key {show(key)}: type is not a string")
     value = ValueCell(doc["type"], _bytes(doc["value"], f"key {show(key)}: value"), RAW)

@@ -80,10 +80,33 @@ def epoch_seconds_up(us: int) -> int:
     return -(-us // 1_000_000)
 
 
+MAX_US = (datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
+"""The latest time the store keeps (created, updated, expiry): the last microsecond a
+``datetime`` holds, well inside a 64-bit count (the bucket's documents) and a DynamoDB number."""
+MAX_TTL_MINUTES = 1_000_000_000
+"""The longest ttl (about 1,900 years): any expiry it gives stays below ``MAX_US``."""
+
+
 def _check_minutes(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ConfigurationError(f"{what} must be a finite number of minutes, 0 or more, or None; got {show(value)}")
-    return float(value)
+    # Bounded, not only finite: an expiry past MAX_US cannot be written to a head (a
+    # 64-bit count) and DynamoDB refuses its number; refused here, before any request,
+    # the namespace is not registered for an item that is never written.
+    if is_minutes(value):
+        return float(value)
+    raise ConfigurationError(
+        f"{what} must be a finite number of minutes from 0 to {MAX_TTL_MINUTES:,} (about 1,900 years), or None;"
+        f" got {show(value)}"
+    )
+
+
+def is_minutes(value: Any) -> bool:
+    """Whether ``value`` is a ttl the store keeps: a number of minutes from 0 to ``MAX_TTL_MINUTES``."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and 0 <= value <= MAX_TTL_MINUTES
+    )
 
 
 def check_ttl_config(config: Mapping[str, Any] | None) -> TTLConfig | None:

@@ -70,6 +70,11 @@ from s3_saver._transport.protocol import Call, Op, gather, raise_failure, reques
 from s3_saver.errors import CorruptObjectError, StoreUnavailableError, Where
 
 INLINE_LIMIT = 16 * 1024  # past ~8 KB an S3 PUT costs less than the item's write units
+# A DynamoDB item holds 400 KB (names and values). The vectors are inline; beside them at
+# most INLINE_LIMIT of value, a key of 1,000 bytes, a namespace of 1,024 and a few numbers.
+# An item over the limit would be refused by DynamoDB (ValidationException) after its
+# namespace was registered: the store refuses it first, before any request.
+VECTOR_LIMIT = 400_000 - INLINE_LIMIT - 4 * 1024
 _MAX_TRIES = 10
 _KNOWN_ENTRIES = 100_000  # namespaces this process registered or found registered
 _KNOWN_BYTES = 160
@@ -80,6 +85,7 @@ class DynamoMemory:
     """``MemoryIndex`` on the saver's table (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
+    vector_limit = VECTOR_LIMIT
     knows_leaves = False  # a search reads its registry range in its first round trip
 
     def __init__(self, table: str, prefix: str, where: Where | None, budget: CacheBudget, clock: Clock) -> None:

@@ -94,6 +94,7 @@ class ManifestMemory:
     """``MemoryIndex`` on the bucket (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
+    vector_limit = None  # a head holds an item's vectors whatever their size
     knows_leaves = True  # a head's ``desc``
 
     def __init__(self, s3: S3Calls, prefix: str, budget: CacheBudget, clock: Clock) -> None:

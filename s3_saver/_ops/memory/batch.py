@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import ormsgpack
 from langgraph.store.base import (
     GetOp,
     Item,
@@ -46,7 +47,7 @@ from s3_saver._ops.memory.prepare import Prepared
 from s3_saver._transport.failures import OBJECT_MISSING, classify
 from s3_saver._transport.protocol import Op, raise_failure
 from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
-from s3_saver.errors import StoreUnavailableError
+from s3_saver.errors import EmbeddingError, StoreUnavailableError
 
 log = logging.getLogger("s3_saver")
 _RESOLVE_TRIES = 3
@@ -73,6 +74,14 @@ def batch(
     vectors: list[dict[str, list[float]]] | None,
 ) -> Op[list[Result]]:
     results: list[Result] = [None] * len(prepared.ops)
+    # Packed (and checked against what the index holds) before the first request: an
+    # item the index cannot hold stores nothing of its batch.
+    packed: list[rows.VectorsCell | None] = [None] * len(prepared.puts)
+    if vectors is not None:
+        for number, put in enumerate(prepared.puts):
+            if put.value is not None:
+                packed[number] = rows.pack_vectors(vectors[number], mem.dims, mem.dtype)
+                check_vectors(mem, put.namespace, put.key, packed[number])
     get_groups = prepared.get_groups()
     searches = [prepared.ops[i] for i in prepared.searches]
     prefixes = [op.namespace_prefix for op in searches if isinstance(op, SearchOp)]
@@ -139,14 +148,29 @@ def batch(
         changes = groups.setdefault(namespace, [])
         for number in numbers:
             put = prepared.puts[number]
-            packed = None
-            if put.value is not None and vectors is not None:
-                packed = rows.pack_vectors(vectors[number], mem.dims, mem.dtype)
-            changes.append(Change(put.key, put.value, packed, put.ttl_minutes))
+            changes.append(Change(put.key, put.value, packed[number], put.ttl_minutes))
     yield from _move_large_values(mem, groups)
     released = yield from mem.index.commit(groups)
     yield from _delete_released(mem, released)
     return results
+
+
+def check_vectors(mem: Memory, namespace: Path, key: str, cell: rows.VectorsCell | None) -> None:
+    """An item's vectors fit what the index holds beside its value (a DynamoDB item: 400 KB),
+    else EmbeddingError naming where, before any request."""
+    limit = mem.index.vector_limit
+    if cell is None or limit is None:
+        return
+    size = len(ormsgpack.packb(rows.vectors_to_wire(cell)))
+    if size > limit:
+        raise EmbeddingError(
+            f"{mem.index.describe(namespace)}: namespace {show(namespace)}, key {show(key)}: its {len(cell.paths)} vectors"
+            f" of {cell.dims} {cell.dtype} take {size:,} bytes, and an item there holds at most {limit:,} bytes of"
+            " vectors: index fewer paths (the put's index=[...] or the index's fields), use vector_dtype='float32',"
+            " or keep memory in the bucket alone (no table); nothing was stored",
+            namespace,
+            key,
+        )
 
 
 def _move_large_values(mem: Memory, groups: dict[Path, list[Change]]) -> Op[None]:

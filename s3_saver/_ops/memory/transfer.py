@@ -31,6 +31,7 @@ from s3_saver._ops.memory.batch import (
     _delete_released,
     _move_large_values,
     _resolve,
+    check_vectors,
 )
 from s3_saver._transport.protocol import Op
 
@@ -94,6 +95,9 @@ def export_items(mem: Memory, prefix: Path) -> Op[list[ExportedItem]]:
 def import_items(mem: Memory, items: Sequence[ExportedItem], now: int) -> Op[MemoryImportReport]:
     """``items`` as the facade prepared them: checked, vectors decided (see ``S3Store.import_memory``)."""
     written = unchanged = expired = 0
+    # Before any request: an item the target cannot hold refuses the file whole.
+    for item in items:
+        check_vectors(mem, item.namespace, item.key, item.vectors)
     live = []
     for item in items:
         if item.expires_us is not None and item.expires_us <= now:
