@@ -358,7 +358,7 @@ class DynamoMemory:
         the namespace is registered and no removal is under way: the invariant "every item
         is listed" holds against erases and sweeps (``_erase_items``, ``_sweep_empty``)
         without a read before the write. (A replaced expired item's value object, if it had
-        one, is left to gc: a transaction returns no old values.)"""
+        one, is left behind, unnamed: a transaction returns no old values.)"""
         values, _ = self._attributes(path, change, now)
         item = {**key, **values, "ca": _n(now), "seq": _n(now)}
         actions = [

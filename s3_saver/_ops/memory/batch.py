@@ -176,7 +176,8 @@ def check_vectors(mem: Memory, namespace: Path, key: str, cell: rows.VectorsCell
 def _move_large_values(mem: Memory, groups: dict[Path, list[Change]]) -> Op[None]:
     """Values over the index's inline limit go to objects of their own, written (one
     wave, ``IfNoneMatch``) before the commit that names them: objects first, index last.
-    A commit that never lands leaves such an object unnamed (collected by gc, admin)."""
+    A commit that never lands leaves such an object unnamed: no read ever returns it, and
+    only ``erase_namespace`` removes it (there is no memory gc yet: see the guide)."""
     objects: dict[str, bytes] = {}
     for path, changes in groups.items():
         for i, change in enumerate(changes):
@@ -190,12 +191,13 @@ def _move_large_values(mem: Memory, groups: dict[Path, list[Change]]) -> Op[None
 
 def _delete_released(mem: Memory, released: list[str]) -> Op[None]:
     """The value objects of the rows the commit replaced, after it landed. Best effort: the
-    batch's changes are committed; an object left here is unnamed (gc, admin)."""
+    batch's changes are committed; an object left here is unnamed, removed only by
+    ``erase_namespace`` (no memory gc yet)."""
     for start in range(0, len(released), DELETE_BATCH):
         call = mem.s3.delete_many(released[start : start + DELETE_BATCH])
         (answer,) = yield (call,)
         if isinstance(answer, BaseException) or answer.get("Errors"):
-            log.warning("%s: replaced values left behind (collected by gc): %s", call.describe(), answer)
+            log.warning("%s: replaced values left behind (unnamed; erase_namespace removes them): %s", call.describe(), answer)
 
 
 def _needed(
