@@ -55,16 +55,16 @@ def _base_seed() -> int:
     return int(given) if given else random.SystemRandom().randrange(10**6)
 
 
-# A known defect, not fixed yet (DynamoDB mode): a put (or delete) whose answer is lost
-# is sent again by the driver as the same call, which cannot tell whether the first one
-# landed. Landed, its answer named the value object of the item it replaced: that object
+# A known defect, not fixed yet (DynamoDB mode): an overwrite or a delete (UpdateItem,
+# DeleteItem; a creation is a transaction with a ClientRequestToken, applied once) whose
+# answer is lost is sent again by the driver as the same call, which cannot tell whether
+# the first one landed. Landed, its answer named the value object of the item it replaced: that object
 # is left, named by no row. Landed and replaced by another writer before the resend (that
 # writer deleted its value object, which the item named), the resend names that object
 # again: the key is unreadable (StoreUnavailableError) until written again. The
 # manifest mode judges a refused swap on the head read after it (tests below). The
 # random schedules meet it now and then: they report it as a warning, with the command
-# that replays it, and fail on every other problem; the strict xfail
-# test_dynamodb_put_resent_after_a_lost_answer_pinned fails the day it is fixed.
+# that replays it, and fail on every other problem.
 KNOWN_DYNAMODB_RESEND = re.compile(
     r"is named by no row \(no step was cut\)|names the value object .*, which is gone|kept being replaced while being read"
 )
@@ -216,9 +216,11 @@ def test_store_pinned(moto_endpoint: str, mode: str, scenario: str, seed: int, f
     _fail(tally, f"{mode} {scenario} seed {seed}")
 
 
-@pytest.mark.xfail(strict=True, reason="the known DynamoDB resend defect (KNOWN_DYNAMODB_RESEND): not fixed yet")
 @pytest.mark.parametrize("path", [[2, 1, 0], [5, 1, 0]], ids=["names-a-deleted-value", "leaves-the-old-value"])
-def test_dynamodb_put_resent_after_a_lost_answer_pinned(moto_endpoint: str, path: list[int]) -> None:
+def test_two_first_puts_of_a_large_value_resent_after_a_lost_answer_pinned(moto_endpoint: str, path: list[int]) -> None:
+    """The schedules that found the resend defect, first puts of one key by two processes:
+    a creation is a transaction with a ClientRequestToken, applied once however often it is
+    sent, so they hold now. An overwrite (UpdateItem) resent still meets the defect."""
     tally = Tally()
     _run(StoreWorld(moto_endpoint, "dynamodb"), StoreSpec("dynamodb", "put_large+put_large@one", 0, "one", path), tally, known=False)
     _fail(tally, "dynamodb put_large+put_large@one seed 0")
