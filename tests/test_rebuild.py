@@ -8,13 +8,18 @@ from typing import Annotated, Any, TypedDict
 
 import boto3
 import pytest
+from langgraph.checkpoint.base import WRITES_IDX_MAP
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 from conftest import BUCKET, TABLE, make_saver
 from helpers import checkpoint, config, grow_thread
+from s3_saver._ops import put_writes as put_writes_op
+from s3_saver._transport.sync import SyncDriver
 
 CHILD_NS = "child:" + "1" * 36
+INTERRUPT = next(ch for ch, idx in WRITES_IDX_MAP.items() if idx == -3)
+RESUME = next(ch for ch, idx in WRITES_IDX_MAP.items() if idx == -4)
 
 
 class State(TypedDict):
@@ -198,3 +203,70 @@ def test_a_rebuild_run_again_leaves_archived_threads_archived(endpoint, index_mo
         pass  # moto restores at once: the second call finds it restored
     assert len(list(fresh.list(config("cold")))) == 2
     writer.close()
+
+
+def _cut_between_writes_objects(monkeypatch, left: str) -> list[str]:
+    """The next round trip that writes several pending-write objects sends only the
+    one of the ``left`` kind ("special" or "regular") and then the process dies:
+    the call's other objects and its commit are never sent. Returns what was sent."""
+    real = SyncDriver._wave
+    sent: list[str] = []
+
+    def wave(driver, calls):
+        writes = [c for c in calls if c.operation == "put_object" and "/writes/" in c.params["Key"]]
+        if len(writes) < 2 or sent:
+            return real(driver, calls)
+        prefix = "s" if left == "special" else "r"
+        first = next(c for c in writes if c.params["Key"].rsplit("/", 1)[1].startswith(prefix))
+        real(driver, (first,))
+        sent.append(first.params["Key"])
+        raise ConnectionError("the Lambda timed out")
+
+    monkeypatch.setattr(SyncDriver, "_wave", wave)
+    return sent
+
+
+@pytest.mark.parametrize("left", ["special", "regular"])
+def test_a_put_writes_cut_between_its_objects_is_not_rebuilt(endpoint, index_mode, monkeypatch, left) -> None:
+    """A put_writes writes its parts' objects in one wave, then commits. Cut after one
+    part's object, nothing was committed: a rebuild from the bucket leaves the whole
+    call out (never a resume without the writes it came with). Calls whose part lost
+    its slot to another call's (a replaced interrupt, regular writes that lost
+    first-wins: their objects released) come back whole. The call made again completes."""
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    last = grow_thread(saver, "t", 2)
+    # Two committed calls, each left with one object: the second's interrupt replaced
+    # the first's, the first's regular writes won over the second's.
+    saver.put_writes(last, [("counter", 1), (INTERRUPT, "why")], "task-1", "path")
+    saver.put_writes(last, [("counter", 9), (INTERRUPT, "again")], "task-1", "path")
+    # Objects written before a call's parts were named in them: each stands alone.
+    real_pack = put_writes_op.pack
+    monkeypatch.setattr(put_writes_op, "pack", lambda record: real_pack({k: v for k, v in record.items() if k != "parts"}))
+    saver.put_writes(last, [("counter", 2), (RESUME, "old")], "task-0", "path")
+    monkeypatch.undo()
+    committed = sorted(make_saver(endpoint, index_mode).get_tuple(last).pending_writes)
+    assert committed == [
+        ("task-0", RESUME, "old"), ("task-0", "counter", 2), ("task-1", INTERRUPT, "again"), ("task-1", "counter", 1)
+    ]
+
+    sent = _cut_between_writes_objects(monkeypatch, left)
+    cut = make_saver(endpoint, index_mode)
+    with pytest.raises(ConnectionError):
+        cut.put_writes(last, [("counter", 5), (RESUME, "yes")], "task-2", "path")
+    assert len(sent) == 1 and f"/task-2/{left[0]}" in sent[0]
+    monkeypatch.undo()
+    assert sorted(make_saver(endpoint, index_mode).get_tuple(last).pending_writes) == committed
+
+    _lose_the_index(endpoint, index_mode)
+    assert make_saver(endpoint, index_mode).rebuild_index() == 2
+    assert sorted(make_saver(endpoint, index_mode).get_tuple(last).pending_writes) == committed
+
+    # The task's writes sent again (a new process) complete, and a rebuild keeps them.
+    make_saver(endpoint, index_mode).put_writes(last, [("counter", 5), (RESUME, "yes")], "task-2", "path")
+    whole = sorted([*committed, ("task-2", RESUME, "yes"), ("task-2", "counter", 5)])
+    assert sorted(make_saver(endpoint, index_mode).get_tuple(last).pending_writes) == whole
+    _lose_the_index(endpoint, index_mode)
+    assert make_saver(endpoint, index_mode).rebuild_index() == 2
+    assert sorted(make_saver(endpoint, index_mode).get_tuple(last).pending_writes) == whole
+    saver.close()

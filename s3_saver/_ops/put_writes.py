@@ -76,16 +76,21 @@ def _draft_writes(
     for part, rows in parts.items():
         key = ctx.layout.writes_key(thread_id, ns, checkpoint_id, task_id, part, token)
         _keys.writes_sort_key(ns, checkpoint_id, task_id, part)
-        body = pack(
-            {
-                "format": WRITES_FORMAT,
-                "checkpoint_id": checkpoint_id,
-                "task_id": task_id,
-                "task_path": task_path,
-                "part": part,
-                "writes": rows,
-            }
-        )
+        record = {
+            "format": WRITES_FORMAT,
+            "checkpoint_id": checkpoint_id,
+            "task_id": task_id,
+            "task_path": task_path,
+            "part": part,
+            "writes": rows,
+        }
+        if len(parts) > 1:
+            # Each part names the call's whole set: the objects are written in one
+            # wave, so a cut can leave some of them without the rest (and without
+            # the commit). A rebuild from the bucket takes a call only when its set
+            # is there (see rebuild._whole_calls); a one-part call needs no name.
+            record["parts"] = sorted(parts)
+        body = pack(record)
         objects[key] = body
         entries.append(WritesEntry(thread_id, ns, checkpoint_id, task_id, part, token, body))
     return objects, entries

@@ -10,6 +10,9 @@ records is rebuilt from the bucket's own clock:
   version (its own first, else the newest copy written no later than it);
 * which of two pending-write parts of one slot was committed: the regular part
   written first, the special channel's part written last (``LastModified``);
+* which pending-write calls to take: only whole ones (every part of the call is
+  in the bucket, or lost its slot to a part that is), never part of a call a cut
+  left half-written (``_whole_calls``);
 * with a ``ttl``, an entry expires a ``ttl`` after its object was written.
 
 Tombstones live only in the index: where one survived, what it deleted stays
@@ -60,13 +63,21 @@ _ABSENT = object()
 Listed = tuple[ObjectKey, str, int]  # what the key says, the key, its LastModified (epoch s)
 
 
-def rebuild_index(ctx: Context, thread_id: str | None, incomplete: list[str] | None = None) -> Op[int]:
+def rebuild_index(
+    ctx: Context,
+    thread_id: str | None,
+    incomplete: list[str] | None = None,
+    incomplete_writes: list[str] | None = None,
+) -> Op[int]:
     """Rebuild the index entries of one thread, or of every thread under the prefix;
     returns how many checkpoints were indexed.
 
     ``incomplete`` (a replica's bucket, where objects arrive one by one in any
     order): index only the checkpoints whose objects have all arrived, and
-    append the others to it as ``thread/ns/checkpoint_id``.
+    append the others to it as ``thread/ns/checkpoint_id``. ``incomplete_writes``:
+    append the tasks whose pending-write call was left out because only some of
+    its objects are in the bucket, as ``thread/ns/checkpoint_id/task_id`` (a call
+    is indexed whole or not at all, in every rebuild: see ``_whole_calls``).
 
     A rebuild of every thread makes the prefix the saver's table's: its marker
     is replaced last, once the index is whole, when it names another table.
@@ -75,14 +86,20 @@ def rebuild_index(ctx: Context, thread_id: str | None, incomplete: list[str] | N
     """
     move = thread_id is None and incomplete is None
     try:
-        return (yield from _rebuild(ctx, thread_id, incomplete, move))
+        return (yield from _rebuild(ctx, thread_id, incomplete, incomplete_writes, move))
     except BaseException:
         if ctx.mode is not None:
             ctx.mode.stay()
         raise
 
 
-def _rebuild(ctx: Context, thread_id: str | None, incomplete: list[str] | None, move: bool) -> Op[int]:
+def _rebuild(
+    ctx: Context,
+    thread_id: str | None,
+    incomplete: list[str] | None,
+    incomplete_writes: list[str] | None,
+    move: bool,
+) -> Op[int]:
     # First: objects of the other index mode's threads are never indexed here
     # (a second history of each); the index's first write claims the prefix.
     yield from settle_mode(ctx.mode, survey=True, claim=False, move=move)
@@ -108,7 +125,7 @@ def _rebuild(ctx: Context, thread_id: str | None, incomplete: list[str] | None, 
         if tid in threads:
             # Live objects win: an archive beside them is one a crash left before
             # its switch, or a restore left after its own (each reads the same).
-            total += yield from _rebuild_thread(ctx, tid, threads[tid], incomplete)
+            total += yield from _rebuild_thread(ctx, tid, threads[tid], incomplete, incomplete_writes)
         else:
             total += yield from _rebuild_archived(ctx, tid, max(archives[tid], key=lambda a: a[1]))
     if thread_id is None and ctx.index.owner is not None:
@@ -164,7 +181,13 @@ def _rebuild_archived(ctx: Context, thread_id: str, archive: tuple[str, int, str
     return count
 
 
-def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomplete: list[str] | None) -> Op[int]:
+def _rebuild_thread(
+    ctx: Context,
+    thread_id: str,
+    listed: list[Listed],
+    incomplete: list[str] | None,
+    incomplete_writes: list[str] | None,
+) -> Op[int]:
     wanted = [item for item in listed if item[0].kind in ("checkpoint", "writes")]
     bodies: dict[str, bytes] = {}
     for i in range(0, len(wanted), _GET_WAVE):
@@ -240,12 +263,18 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
             )
         )
 
-    # One part per slot: the regular part written first, a special channel's written last.
-    slots: dict[tuple[str, str, str, str], tuple[int, str, WritesEntry]] = {}
+    # One part per slot: the regular part written first, a special channel's written last;
+    # only the parts of whole calls (a call cut between its objects left others).
+    found: list[tuple[ObjectKey, int, WritesEntry]] = []
+    named: dict[_CallKey, set[str]] = defaultdict(set)  # a call's parts, as its objects name them
+    present: dict[_CallKey, set[str]] = defaultdict(set)
     for parsed, key, written in listed:
         if parsed.kind != "writes":
             continue
-        unpack(bodies[key], WRITES_FORMAT, f"s3://{ctx.s3.bucket}/{key}")  # refuse what is not ours
+        part = unpack(bodies[key], WRITES_FORMAT, f"s3://{ctx.s3.bucket}/{key}")  # refuse what is not ours
+        call = (parsed.ns, parsed.checkpoint_id, parsed.task_id, parsed.token)
+        named[call].update(part.get("parts") or (parsed.part,))
+        present[call].add(parsed.part)
         entry = WritesEntry(
             thread_id,
             parsed.ns,
@@ -256,11 +285,20 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
             bodies[key],
             expires_at=written + ctx.ttl_seconds if ctx.ttl_seconds else None,
         )
+        found.append((parsed, written, entry))
+    whole = _whole_calls(named, present)
+    slots: dict[tuple[str, str, str, str], tuple[int, str, WritesEntry]] = {}
+    for parsed, written, entry in found:
+        if (parsed.ns, parsed.checkpoint_id, parsed.task_id, parsed.token) not in whole:
+            continue
         slot = (parsed.ns, parsed.checkpoint_id, parsed.task_id, parsed.part)
         held = slots.get(slot)
         first = parsed.part.startswith(REGULAR_PART)
         if held is None or ((written, parsed.token) < held[:2]) == first:
             slots[slot] = (written, parsed.token, entry)
+    if incomplete_writes is not None:
+        left = {f"{thread_id}/{ns}/{cid}/{task}" for ns, cid, task, _ in set(named) - whole}
+        incomplete_writes.extend(sorted(left - set(incomplete_writes)))
     # Listed as created when its oldest object was written; the run hints again.
     created = min((written for _, _, written, _ in records), default=ctx.now())
     yield from ctx.index.restore(thread_id, entries, [entry for _, _, entry in slots.values()], created)
@@ -268,6 +306,44 @@ def _rebuild_thread(ctx: Context, thread_id: str, listed: list[Listed], incomple
     yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
     ctx.locs.forget_thread(thread_id)
     return len(entries)
+
+
+_CallKey = tuple[str, str, str, str]  # one put_writes call: (namespace, checkpoint, task, token)
+
+
+def _whole_calls(named: dict[_CallKey, set[str]], present: dict[_CallKey, set[str]]) -> set[_CallKey]:
+    """The put_writes calls a rebuild may index: those whose parts are all in the
+    bucket, or whose missing parts lost their slot to another such call's part.
+
+    Invariant (only committed data is readable): a call writes its parts'
+    objects in one wave and commits after, so a cut can leave some of its parts
+    and not the others; indexing those would make readable a part of a write
+    that no index committed (a resume without the writes it came with). No index
+    tells what was committed here, so the rule is the call's atomicity: its parts
+    come back together or not at all. A part of a committed call leaves the
+    bucket only when another call's part took its slot (``put_writes._release``:
+    a special channel written again, a regular part that lost first-wins), so a
+    missing part whose slot another kept call holds is one the call lost, not one
+    it never wrote. Dropping a call can leave another's missing part without a
+    holder: repeated until nothing changes.
+
+    A call's parts are named in each of its objects (``parts``) when it has more
+    than one. An object without that name is a one-part call or was written
+    before the name existed: it stands alone, as every part did then (dropping
+    those would lose every committed pending write written before, to guard the
+    one call per task a cut may have left half-written at that time).
+    """
+    kept = set(named)
+    while True:
+        held = {(ns, cid, task, part) for ns, cid, task, token in kept for part in present[(ns, cid, task, token)]}
+        lost = {
+            call
+            for call in kept
+            if any((*call[:3], part) not in held for part in named[call] - present[call])
+        }
+        if not lost:
+            return kept
+        kept -= lost
 
 
 def _chain(

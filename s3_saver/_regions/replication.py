@@ -113,8 +113,11 @@ def promote(
     if rebuild:
         # No index to prove what was committed: every complete checkpoint (see the README).
         incomplete: list[str] = []
-        rebuilt = yield from rebuild_index(other, None, incomplete)
-        return Promotion(_describe(other), _describe(ctx), checked, rebuilt, tuple(incomplete))
+        incomplete_writes: list[str] = []
+        rebuilt = yield from rebuild_index(other, None, incomplete, incomplete_writes)
+        return Promotion(
+            _describe(other), _describe(ctx), checked, rebuilt, tuple(incomplete), tuple(incomplete_writes)
+        )
     settled = yield from settle(other, ctx if checked else None, write=checked or not shared)
     if other.mode is not None:
         # Its marker names its table from here on (a rebuild's does so itself): a
