@@ -31,10 +31,13 @@ A value over ``INLINE_LIMIT`` bytes (packed) lives in an S3 object of its own
 after the write that replaces it (the write returns the old value's reference).
 
 Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace at once,
-fenced by a mark on its registry item (see "removals" below). Expired items are hidden
+fenced by a mark on its registry item (``memory_removal``). Expired items are hidden
 from reads, deleted by the sweep early, and by DynamoDB's TTL on ``expires_at`` anyway.
 
 Not built yet: ``BatchGetItem`` for several keys, one transaction for a cold put.
+
+The module holds reads and writes; the items and what they share are ``memory_items``'s,
+removals ``memory_removal``'s.
 """
 
 from __future__ import annotations
@@ -47,77 +50,48 @@ import ormsgpack
 from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.documents import (
     ITEM_MARK,
-    item_partition,
-    node_folder,
     registry_partition,
-    sweep_partition,
-    value_key,
 )
-from s3_saver._format.memory.names import node_id, registry_bounds, registry_key, show
+from s3_saver._format.memory.names import registry_bounds, registry_key, show
 from s3_saver._format.memory.rows import (
     ObjectRef,
     Row,
-    row_from_wire,
     value_from_wire,
     value_to_wire,
     vectors_to_wire,
 )
-from s3_saver._format.memory.ttl import Clock, epoch_seconds_up, expires_at, is_expired
-from s3_saver._index.memory import Change, Erasure, Path, Purge, Snapshot, Swept
-from s3_saver._transport.budget import Cache, CacheBudget
+from s3_saver._format.memory.ttl import epoch_seconds_up, expires_at
+from s3_saver._index.dynamodb.memory_items import (
+    _LIVE_BYTES,
+    _MAX_TRIES,
+    _cancelled,
+    _key,
+    _n,
+    _subject,
+)
+from s3_saver._index.dynamodb.memory_removal import Removals
+from s3_saver._index.memory import Change, Path, Snapshot
 from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
 from s3_saver._transport.protocol import Call, Op, gather, raise_failure, request_one
-from s3_saver.errors import CorruptObjectError, StoreUnavailableError, Where
+from s3_saver.errors import CorruptObjectError, StoreUnavailableError
 
 INLINE_LIMIT = 16 * 1024  # past ~8 KB an S3 PUT costs less than the item's write units
+
 # A DynamoDB item holds 400 KB (names and values). The vectors are inline; beside them at
 # most INLINE_LIMIT of value, a key of 1,000 bytes, a namespace of 1,024 and a few numbers.
 # An item over the limit would be refused by DynamoDB (ValidationException) after its
 # namespace was registered: the store refuses it first, before any request.
 VECTOR_LIMIT = 400_000 - INLINE_LIMIT - 4 * 1024
-_MAX_TRIES = 10
-_KNOWN_ENTRIES = 100_000  # namespaces this process registered or found registered
-_KNOWN_BYTES = 160
-_LIVE_BYTES = 120
 
 
-class DynamoMemory:
+class DynamoMemory(Removals):
     """``MemoryIndex`` on the saver's table (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
     vector_limit = VECTOR_LIMIT
     knows_leaves = False  # a search reads its registry range in its first round trip
 
-    def __init__(self, table: str, prefix: str, where: Where | None, budget: CacheBudget, clock: Clock) -> None:
-        self.table = table
-        self.prefix = prefix
-        self.where = where
-        self.clock = clock
-        # Namespaces this process registered or found registered: a hint that saves the
-        # registration's write. An erase or a sweep may unregister one since: every write
-        # that creates an item checks the registration in its transaction (``_create``),
-        # so a stale hint costs a failed transaction and a registration, never an item
-        # of an unlisted namespace.
-        self._known: Cache = budget.cache("mem-known", entries=_KNOWN_ENTRIES, fixed=True)
-        # Items this process wrote or read (a hint): a put of one tries the overwrite
-        # first (1 request: an UpdateItem that returns the old value), of any other key
-        # the creation (1 request: a transaction). A wrong guess costs one more request.
-        self._live: Cache = budget.cache("mem-live")
-
-    def _call(self, operation: str, params: dict[str, Any], subject: str) -> Call:
-        # The subject (namespace, key) is named in the call's errors: its pk is a hash.
-        return Call("dynamodb", operation, {"TableName": self.table, **params}, self.where, subject)
-
-    def _pk(self, path: Path) -> str:
-        return item_partition(self.prefix, node_id(path))
-
-    def describe(self, path: Path) -> str:
-        return f"DynamoDB table {self.table!r}, partition {self._pk(path)!r}"
-
-    def value_key(self, path: Path, token: str) -> str:
-        return value_key(self.prefix, node_id(path), token)
-
-    # -- reads -------------------------------------------------------------------------
+    # -- reads and writes ---------------------------------------------------------------
 
     def read(self, whole: Sequence[Path], keys: Mapping[Path, Sequence[str]], registry: Sequence[Path] = ()) -> Op[Snapshot]:
         whole = list(dict.fromkeys(whole))
@@ -147,70 +121,6 @@ class DynamoMemory:
             found.update(self._registry(items))
         return Snapshot(nodes, found)
 
-    def _get(self, path: Path, key: str) -> Call:
-        key_of = _key(self._pk(path), ITEM_MARK + key)
-        return self._call("get_item", {"Key": key_of, "ConsistentRead": True}, _subject(path, key))
-
-    def _query(self, pk: str, subject: str, between: tuple[str, str] | None = None) -> Op[list[dict[str, Any]]]:
-        items: list[dict[str, Any]] = []
-        start: dict[str, Any] | None = None
-        while True:
-            params: dict[str, Any] = {
-                "KeyConditionExpression": "pk = :pk",
-                "ExpressionAttributeValues": {":pk": {"S": pk}},
-                "ConsistentRead": True,
-            }
-            if between is not None:
-                params["KeyConditionExpression"] += " AND sk BETWEEN :lo AND :hi"
-                params["ExpressionAttributeValues"].update({":lo": {"S": between[0]}, ":hi": {"S": between[1]}})
-            if start is not None:
-                params["ExclusiveStartKey"] = start
-            page = yield from request_one(self._call("query", params, subject))
-            items += page["Items"]
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                return items
-
-    def _row(self, path: Path, item: dict[str, Any]) -> Row:
-        where = f"{self.describe(path)}, namespace {show(path)}"
-        try:
-            stored = tuple(label["S"] for label in item["ns"]["L"])
-            sk = item["sk"]["S"]
-            value = ormsgpack.unpackb(item["v"]["B"])
-            vectors = ormsgpack.unpackb(item["vec"]["B"]) if "vec" in item else None
-            fields = [
-                sk[len(ITEM_MARK) :],
-                int(item["seq"]["N"]),
-                int(item["ca"]["N"]),
-                int(item["ua"]["N"]),
-                int(item["exu"]["N"]) if "exu" in item else None,
-                float(item["ttl"]["N"]) if "ttl" in item else None,
-                0,
-                value,
-                vectors,
-            ]
-        except (KeyError, TypeError, ValueError, ormsgpack.MsgpackDecodeError) as exc:
-            raise CorruptObjectError(f"{where}: not a memory item ({type(exc).__name__}: {exc})") from exc
-        if stored != path or not sk.startswith(ITEM_MARK):
-            raise CorruptObjectError(f"{where}: the item {sk!r} is namespace {show(stored)}'s, not the one asked for")
-        return row_from_wire(fields, where)
-
-    def _registry(self, items: list[dict[str, Any]]) -> dict[Path, int]:
-        found: dict[Path, int] = {}
-        for item in items:
-            try:
-                path = tuple(label["S"] for label in item["path"]["L"])
-                created = int(item["created"]["N"])
-                sk = item["sk"]["S"]
-            except (KeyError, TypeError, ValueError) as exc:
-                raise CorruptObjectError(f"DynamoDB table {self.table!r}: not a namespace registry item: {exc}") from exc
-            if registry_key(path) != sk:
-                raise CorruptObjectError(f"DynamoDB table {self.table!r}: registry item {sk!r} holds namespace {show(path)}")
-            found[path] = created
-        return found
-
-    # -- writes ------------------------------------------------------------------------
-
     def commit(self, groups: dict[Path, list[Change]]) -> Op[list[str]]:
         new = [p for p, changes in groups.items() if any(c.value is not None for c in changes) and self._known.get(p) is None]
         if new:
@@ -220,20 +130,6 @@ class DynamoMemory:
         # is planned only for keys the batch does not write): every change goes in one wave.
         released = yield from gather(*(self._change(path, c) for path, changes in groups.items() for c in changes))
         return [key for keys in released for key in keys]
-
-    def _register(self, path: Path) -> Op[None]:
-        item = {
-            **_key(registry_partition(self.prefix), registry_key(path)),
-            "path": {"L": [{"S": label} for label in path]},
-            "created": {"N": str(self.clock.now())},
-        }
-        # Written when absent, or over a removal under way (``retiring``), which then fails.
-        condition = "attribute_not_exists(pk) OR attribute_exists(retiring)"
-        call = self._call("put_item", {"Item": item, "ConditionExpression": condition}, f"registry of namespace {show(path)}")
-        answer = yield (call,)
-        if isinstance(answer[0], BaseException) and error_code(answer[0]) not in CONDITION_FAILED_CODES:
-            raise_failure(call, answer[0])
-        self._known.put(path, True, _KNOWN_BYTES)  # registered now, or before (by anyone)
 
     def _change(self, path: Path, change: Change) -> Op[list[str]]:
         """Returns the value object the item's replaced value named (in the old
@@ -382,182 +278,6 @@ class DynamoMemory:
         params = {"TransactItems": actions, "ClientRequestToken": new_token()}
         return Call("dynamodb", "transact_write_items", params, self.where, _subject(path, change.key))
 
-    # -- removals (erase, sweep) ------------------------------------------------------
-    #
-    # A removal unregisters a namespace without waiting: it marks its registry item
-    # ``retiring`` with a token of its own, removes the items, then deletes the registry
-    # item only if the mark is still its own. Every write that creates an item is a
-    # transaction that checks the registry item is there and not retiring (``_create``),
-    # and a registration overwrites the mark; an overwrite needs a live item. So an item
-    # written after the mark makes its writer register again (the removal then fails to
-    # delete the registry item: the namespace stays listed), and an item written before
-    # it is seen by the removal's Query (erase: deleted; sweep: the namespace kept).
-
-    def node_folder(self, path: Path) -> str:
-        return node_folder(self.prefix, node_id(path))
-
-    def erase_rows(self, prefix: Path, purge: Purge) -> Op[Erasure]:
-        entries = yield from self._query(registry_partition(self.prefix), "the namespace registry", registry_bounds(prefix) if prefix else None)
-        paths = sorted(self._registry(entries))
-        token = new_token()
-        marked = yield from self._retire(paths, token, fresh=False)
-        counts = yield from gather(*(self._erase_items(p, purge) for p in marked))
-        return Erasure(tuple(marked), tuple(marked), sum(counts), token, ())
-
-    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
-        deleted = yield from self._unretire(list(erasure.namespaces), erasure.fence, delete=True)
-        return [p for p in erasure.namespaces if p not in deleted]
-
-    def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
-        cursor_key = _key(sweep_partition(self.prefix), "cursor")
-        found = yield from request_one(self._call("get_item", {"Key": cursor_key, "ConsistentRead": True}, "the TTL sweep's cursor"))
-        cursor = str(found.get("Item", {}).get("at", {}).get("S", ""))
-        params: dict[str, Any] = {
-            "KeyConditionExpression": "pk = :pk" + (" AND sk > :c" if cursor else ""),
-            "ExpressionAttributeValues": {":pk": {"S": registry_partition(self.prefix)}, **({":c": {"S": cursor}} if cursor else {})},
-            "ConsistentRead": True,
-            "Limit": limit,
-        }
-        page = yield from request_one(self._call("query", params, "the namespace registry"))
-        paths = sorted(self._registry(page["Items"]))
-        results = yield from gather(*(self._sweep_items(p, now, purge) for p in paths))
-        empty = [p for p, (_, none_live) in zip(paths, results) if none_live]
-        unregistered: list[Path] = []
-        if empty:
-            token = new_token()
-            retired = yield from self._retire(empty, token, fresh=True)
-            # Items created before the mark landed are seen now: those namespaces stay.
-            again = yield from gather(*(self._query(self._pk(p), f"namespace {show(p)} (TTL sweep)") for p in retired))
-            now_again = self.clock.now()
-            emptied = [p for p, items in zip(retired, again) if not any(self._live_at(p, i, now_again) for i in items)]
-            unregistered = yield from self._unretire(emptied, token, delete=True)
-            yield from self._unretire([p for p in retired if p not in emptied], token, delete=False)
-        following = page["Items"][-1]["sk"]["S"] if page.get("LastEvaluatedKey") and page["Items"] else ""
-        if following != cursor:
-            item = {**cursor_key, "at": {"S": following}}
-            yield from request_one(self._call("put_item", {"Item": item}, "the TTL sweep's cursor"))
-        return Swept(sum(n for n, _ in results), len(paths), tuple(unregistered))
-
-    def _retire(self, paths: list[Path], token: str, *, fresh: bool) -> Op[list[Path]]:
-        """Mark the registry items of ``paths`` retiring with ``token`` (``fresh``: only
-        those no other removal marked); returns the paths marked (the others are gone,
-        or marked by another removal)."""
-        condition = "attribute_exists(pk)" + (" AND attribute_not_exists(retiring)" if fresh else "")
-        calls = tuple(
-            self._call(
-                "update_item",
-                {
-                    "Key": _key(registry_partition(self.prefix), registry_key(p)),
-                    "UpdateExpression": "SET retiring = :t",
-                    "ConditionExpression": condition,
-                    "ExpressionAttributeValues": {":t": {"S": token}},
-                },
-                f"registry of namespace {show(p)}",
-            )
-            for p in paths
-        )
-        answers = yield calls
-        return [p for p, call, answer in zip(paths, calls, answers) if _done(call, answer)]
-
-    def _unretire(self, paths: list[Path], token: str, *, delete: bool) -> Op[list[Path]]:
-        """Delete the registry items of ``paths`` (or take their mark off) if their mark is
-        still ``token``; returns the paths done (the others were registered again)."""
-        if not paths:
-            return []
-        calls = []
-        for p in paths:
-            params: dict[str, Any] = {
-                "Key": _key(registry_partition(self.prefix), registry_key(p)),
-                "ConditionExpression": "retiring = :t",
-                "ExpressionAttributeValues": {":t": {"S": token}},
-            }
-            if not delete:
-                params["UpdateExpression"] = "REMOVE retiring"
-            calls.append(self._call("delete_item" if delete else "update_item", params, f"registry of namespace {show(p)}"))
-        answers = yield tuple(calls)
-        done = [p for p, call, answer in zip(paths, calls, answers) if _done(call, answer)]
-        if delete:
-            for p in done:
-                self._known.pop(p)
-        return done
-
-    def _live_at(self, path: Path, item: dict[str, Any], now: int) -> bool:
-        return not is_expired(self._row(path, item).expires_us, now)
-
-    def _erase_items(self, path: Path, purge: Purge) -> Op[int]:
-        """Delete every item of ``path``: their value objects first (a call cut short and
-        made again finds them named), then each item as read (``ua``: delete only what
-        you read); an item written meanwhile is read again and deleted too."""
-        subject = f"namespace {show(path)} (erase)"
-        items = yield from self._query(self._pk(path), subject)
-        count = 0
-        for _ in range(_MAX_TRIES):
-            if not items:
-                return count
-            rows = [self._row(path, i) for i in items]
-            named = [self.value_key(path, r.value.token) for r in rows if isinstance(r.value, ObjectRef)]
-            if named:
-                yield from purge(named)
-            calls = tuple(
-                self._call(
-                    "delete_item",
-                    {
-                        "Key": _key(self._pk(path), i["sk"]["S"]),
-                        "ConditionExpression": "ua = :ua",
-                        "ExpressionAttributeValues": {":ua": i["ua"]},
-                    },
-                    _subject(path, r.key),
-                )
-                for i, r in zip(items, rows)
-            )
-            answers = yield calls
-            changed = [i for i, call, answer in zip(items, calls, answers) if not _done(call, answer)]
-            count += len(items) - len(changed)
-            for r in rows:
-                self._live.pop((path, r.key))
-            if not changed:
-                return count
-            again = yield tuple(self._call("get_item", {"Key": _key(self._pk(path), i["sk"]["S"]), "ConsistentRead": True}, subject) for i in changed)
-            items = []
-            for call, answer in zip(changed, again):
-                if isinstance(answer, BaseException):
-                    raise_failure(self._call("get_item", {"Key": _key(self._pk(path), call["sk"]["S"])}, subject), answer)
-                if "Item" in answer:
-                    items.append(answer["Item"])
-        raise StoreUnavailableError(
-            f"namespace {show(path)} ({self.describe(path)}): its items kept being written while being erased; "
-            "run the erase again"
-        )
-
-    def _sweep_items(self, path: Path, now: int, purge: Purge) -> Op[tuple[int, bool]]:
-        """Delete the items of ``path`` expired at ``now`` (their value objects first: no
-        read returns an expired item), each only if its expiry is still the one read (a put
-        since made it live again). Returns the items deleted and whether none was live."""
-        subject = f"namespace {show(path)} (TTL sweep)"
-        items = yield from self._query(self._pk(path), subject)
-        rows = [self._row(path, i) for i in items]
-        expired = [(i, r) for i, r in zip(items, rows) if is_expired(r.expires_us, now)]
-        if not expired:
-            return 0, not rows
-        named = [self.value_key(path, r.value.token) for _, r in expired if isinstance(r.value, ObjectRef)]
-        if named:
-            yield from purge(named)
-        calls = tuple(
-            self._call(
-                "delete_item",
-                {
-                    "Key": _key(self._pk(path), i["sk"]["S"]),
-                    "ConditionExpression": "exu = :seen",
-                    "ExpressionAttributeValues": {":seen": i["exu"]},
-                },
-                _subject(path, r.key),
-            )
-            for i, r in expired
-        )
-        answers = yield calls
-        deleted = sum(_done(call, answer) for call, answer in zip(calls, answers))
-        return deleted, len(expired) == len(rows)
-
     def _restore_fenced(self, path: Path, key: dict[str, Any], change: Change) -> Op[list[str]]:
         """An imported item, written whole with its exported times (last writer wins, as a
         put: an import run again writes the same item), in a transaction with the check
@@ -611,36 +331,3 @@ class DynamoMemory:
         # A token of its own: sent again after a lost answer, it is applied once.
         params = {"TransactItems": actions, "ClientRequestToken": new_token()}
         return Call("dynamodb", "transact_write_items", params, self.where, _subject(path, change.key))
-
-
-def _done(call: Call, answer: Any) -> bool:
-    """A conditional write's answer: True if applied, False if its condition failed;
-    any other failure is raised."""
-    if not isinstance(answer, BaseException):
-        return True
-    if error_code(answer) not in CONDITION_FAILED_CODES:
-        raise_failure(call, answer)
-    return False
-
-
-def _cancelled(answer: BaseException) -> tuple[bool, bool]:
-    """A creation's transaction refused by its conditions: (the registration check failed,
-    the item's condition failed). Neither: another failure."""
-    if error_code(answer) != "TransactionCanceledException":
-        return False, False
-    reasons = [r.get("Code") or "None" for r in (getattr(answer, "response", None) or {}).get("CancellationReasons") or []]
-    if len(reasons) != 2 or not set(reasons) <= {"None", "ConditionalCheckFailed"}:
-        return False, False
-    return reasons[0] == "ConditionalCheckFailed", reasons[1] == "ConditionalCheckFailed"
-
-
-def _subject(path: Path, key: str) -> str:
-    return f"namespace {show(path)}, key {show(key)}"
-
-
-def _key(pk: str, sk: str) -> dict[str, Any]:
-    return {"pk": {"S": pk}, "sk": {"S": sk}}
-
-
-def _n(value: int) -> dict[str, str]:
-    return {"N": str(value)}

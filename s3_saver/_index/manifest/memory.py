@@ -25,18 +25,20 @@ again (``_swap``); applied again, its value objects are first copied to fresh to
 (+1 CopyObject per large value, only after a refusal).
 
 Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace by a
-head swap and a registry swap, fenced by the registry's ``seq`` (see "removals" below).
+head swap and a registry swap, fenced by the registry's ``seq`` (``memory_removal``).
 
 Not built yet (the design's phase 1b): sealing rows into immutable segments (a head
 holds all of its namespace's rows: it grows with the namespace), conditional GETs (304)
 of unchanged heads, group commit of one process's concurrent swaps of one head.
+
+The module holds reads and writes; the documents and what they share are
+``memory_documents``'s, removals ``memory_removal``'s.
 """
 
 from __future__ import annotations
 
-import random
-from dataclasses import replace
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from s3_saver._format.key_codec import new_token
@@ -46,69 +48,47 @@ from s3_saver._format.memory.documents import (
     dumps_head,
     dumps_registry,
     head_key,
-    loads_head,
-    loads_registry,
-    node_folder,
     registry_object_key,
-    sweep_object_key,
-    value_key,
 )
-from s3_saver._format.memory.names import node_id, registry_key, show
-from s3_saver._format.memory.rows import ObjectRef, Row, ValueCell, VectorsCell, put_row
+from s3_saver._format.memory.names import node_id, show
+from s3_saver._format.memory.rows import ObjectRef, Row, put_row
 from s3_saver._format.memory.ttl import Clock, expires_at
-from s3_saver._index.memory import Change, Erasure, Path, Purge, Snapshot, Swept
-from s3_saver._transport.budget import Cache, CacheBudget
+from s3_saver._index.manifest.memory_documents import (
+    _MAX_SWAPS,
+    _NEVER,
+    _REGISTRY,
+    _REGISTRY_SUBJECT,
+    Known,
+    _adds,
+    _ancestors,
+    _namespace,
+    _size,
+)
+from s3_saver._index.manifest.memory_removal import Removals
+from s3_saver._index.memory import Change, Path, Snapshot
 from s3_saver._transport.failures import (
-    CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
     classify,
     error_code,
 )
 from s3_saver._transport.protocol import (
-    Backoff,
-    Call,
     Op,
     about,
     gather,
     raise_failure,
-    request_one,
 )
-from s3_saver._transport.s3 import S3Calls
-from s3_saver.errors import CorruptObjectError, StoreUnavailableError
-
-_MAX_SWAPS = 20
-_BACKOFF_MAX = 0.5  # seconds
-_JITTER = random.SystemRandom()
-_REGISTRY = "registry"
-_ROW_BYTES = 256  # a decoded row's objects beside its bytes (an estimate, as the saver's ENTRY_BYTES)
-
-# (ETag, document) as last read or written; ETag None: the object did not exist.
-Known = tuple[str | None, Any]
-
+from s3_saver.errors import StoreUnavailableError
 
 INLINE_LIMIT = 64 * 1024
 
 
-class ManifestMemory:
+class ManifestMemory(Removals):
     """``MemoryIndex`` on the bucket (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
     vector_limit = None  # a head holds an item's vectors whatever their size
     knows_leaves = True  # a head's ``desc``
-
-    def __init__(self, s3: S3Calls, prefix: str, budget: CacheBudget, clock: Clock) -> None:
-        self.s3 = s3
-        self.prefix = prefix
-        self.clock = clock
-        self._heads: Cache = budget.cache("mem-heads")
-        self._registry: Cache = budget.cache("mem-registry", entries=1)
-
-    def describe(self, path: Path) -> str:
-        return f"s3://{self.s3.bucket}/{head_key(self.prefix, node_id(path))}"
-
-    def value_key(self, path: Path, token: str) -> str:
-        return value_key(self.prefix, node_id(path), token)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -127,26 +107,6 @@ class ManifestMemory:
 
     def _read_heads(self, paths: Sequence[Path]) -> Op[None]:
         yield from self.read(paths, {})
-
-    def _head_answer(self, path: Path, call: Call, answer: Any) -> Known:
-        if isinstance(answer, BaseException):
-            if classify(answer, call.operation) != OBJECT_MISSING:
-                raise_failure(call, answer)
-            known: Known = (None, Head(path))
-        else:
-            known = (answer["ETag"], loads_head(answer["Body"], path, f"s3://{self.s3.bucket}/{call.params['Key']}"))
-        self._heads.put(node_id(path), known, _size(known))
-        return known
-
-    def _registry_answer(self, call: Call, answer: Any) -> Known:
-        if isinstance(answer, BaseException):
-            if classify(answer, call.operation) != OBJECT_MISSING:
-                raise_failure(call, answer)
-            known: Known = (None, Registry())
-        else:
-            known = (answer["ETag"], loads_registry(answer["Body"], f"s3://{self.s3.bucket}/{call.params['Key']}"))
-        self._registry.put(_REGISTRY, known, _size(known))
-        return known
 
     # -- writes ------------------------------------------------------------------------
 
@@ -325,178 +285,6 @@ class ManifestMemory:
                     raise_failure(call, answer)
         return [_moved(c, moves) for c in changes], list(moves)
 
-    # -- removals (erase, sweep) ------------------------------------------------------
-    #
-    # A removal unregisters a namespace in two steps: it reads the registry (its ``seq``
-    # S is the fence), swaps the namespace's head for an empty one marked ``emptied`` (a
-    # new write, even over an empty head: its ETag is new), then removes the registry
-    # entries numbered below S. A writer that puts into the namespace after the head swap
-    # meets the emptied head and registers it anew (``_swap``), numbered S or more: kept. A writer whose
-    # swap landed before it had its item erased (erase), or made the head non-empty, so
-    # the sweep did not empty it. So a namespace holding an item is always listed.
-
-    def node_folder(self, path: Path) -> str:
-        return node_folder(self.prefix, node_id(path))
-
-    def erase_rows(self, prefix: Path, purge: Purge) -> Op[Erasure]:
-        fence, registry = yield from self._read_registry()
-        paths = sorted(p for p in registry.created if p[: len(prefix)] == prefix)
-        # The namespaces' heads, and those of the nodes between them and the prefix
-        # (a head with no item names no namespace, but an erase leaves no doubt).
-        nodes = sorted({p[:i] for p in paths for i in range(max(len(prefix), 1), len(p) + 1)} | ({prefix} if prefix else set()))
-        registered = set(paths)
-        results = yield from gather(*(self._empty(n, n in registered, purge) for n in nodes))
-        items = sum(count for count, _ in results)
-        records = tuple(f"s3://{self.s3.bucket}/{key}" for _, key in results if key)
-        return Erasure(tuple(paths), tuple(nodes), items, fence, records, (registry_object_key(self.prefix),))
-
-    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
-        return (yield from self._unregister(list(erasure.namespaces), erasure.fence))
-
-    def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
-        cursor_key, reg_key = sweep_object_key(self.prefix), registry_object_key(self.prefix)
-        calls = (about(self.s3.get(cursor_key), "the TTL sweep's cursor"), about(self.s3.get(reg_key), _REGISTRY_SUBJECT))
-        answers = yield calls
-        cursor = self._cursor_answer(calls[0], answers[0])
-        _, registry = self._registry_answer(calls[1], answers[1])
-        fence = registry.seq  # read before any head is emptied (see above)
-        after = [p for p in registry.paths() if registry_key(p) > cursor]
-        page = after[:limit]
-        results = yield from gather(*(self._sweep_node(p, now, purge) for p in page))
-        emptied = [p for p, (_, empty) in zip(page, results) if empty]
-        kept = (yield from self._unregister(emptied, fence)) if emptied else []
-        # Past the last namespace, the next run starts over.
-        following = registry_key(page[-1]) if len(after) > limit else ""
-        if following != cursor:
-            call = about(self.s3.put_replace(cursor_key, following.encode()), "the TTL sweep's cursor")
-            yield from request_one(call)
-        return Swept(sum(n for n, _ in results), len(page), tuple(p for p in emptied if p not in kept))
-
-    def _cursor_answer(self, call: Call, answer: Any) -> str:
-        if isinstance(answer, BaseException):
-            if classify(answer, call.operation) != OBJECT_MISSING:
-                raise_failure(call, answer)
-            return ""
-        try:
-            return answer["Body"].decode()
-        except UnicodeDecodeError as exc:
-            raise CorruptObjectError(f"s3://{self.s3.bucket}/{call.params['Key']}: not a sweep cursor ({exc})") from exc
-
-    def _read_registry(self) -> Op[tuple[int, Registry]]:
-        """The registry as stored now (not as cached), and its ``seq``: a removal's fence."""
-        call = about(self.s3.get(registry_object_key(self.prefix)), _REGISTRY_SUBJECT)
-        (answer,) = yield (call,)
-        _, registry = self._registry_answer(call, answer)
-        return registry.seq, registry
-
-    def _empty(self, path: Path, registered: bool, purge: Purge) -> Op[tuple[int, str | None]]:
-        """Swap the head of ``path`` for an empty one (keeping ``desc``: namespaces below
-        may be registered again meanwhile), deleting first the value objects its rows name
-        (so a call cut short and made again still finds them named). Returns the items
-        removed and the head's key (None: there was no head, and none is needed)."""
-        node = node_id(path)
-        key = head_key(self.prefix, node)
-        subject = f"{_namespace(path)} (erase)"
-        for attempt in range(1, _MAX_SWAPS + 1):
-            call = about(self.s3.get(key), subject)
-            (answer,) = yield (call,)
-            etag, head = self._head_answer(path, call, answer)
-            if etag is None and not registered:
-                return 0, None
-            # Even an empty head is written again (a new ETag), and a missing one of a
-            # registered namespace created: a writer that read the old one registers again.
-            named = [self.value_key(path, r.value.token) for r in head.rows.values() if isinstance(r.value, ObjectRef)]
-            if named:
-                yield from purge(named)
-            emptied = Head(path, 0, {}, head.desc, emptied=True)
-            call = about(self.s3.put_swap(key, dumps_head(emptied), etag), subject)
-            (answer,) = yield (call,)
-            if not isinstance(answer, BaseException):
-                written: Known = (answer["ETag"], emptied)
-                self._heads.put(node, written, _size(written))
-                return len(head.rows), key
-            yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
-        raise StoreUnavailableError(
-            f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps while being "
-            "erased: too many writers at once; run the erase again"
-        )
-
-    def _sweep_node(self, path: Path, now: int, purge: Purge) -> Op[tuple[int, bool]]:
-        """Drop the rows of ``path`` expired at ``now`` (their value objects first: no
-        read returns an expired row); a head left with no row is emptied (see above).
-        Returns the rows dropped and whether the head was emptied."""
-        node = node_id(path)
-        key = head_key(self.prefix, node)
-        subject = f"{_namespace(path)} (TTL sweep)"
-        for attempt in range(1, _MAX_SWAPS + 1):
-            call = about(self.s3.get(key), subject)
-            (answer,) = yield (call,)
-            etag, head = self._head_answer(path, call, answer)
-            live = {k: r for k, r in head.rows.items() if r.live(now)}
-            expired = [r for r in head.rows.values() if not r.live(now)]
-            if live and not expired:
-                return 0, False
-            named = [self.value_key(path, r.value.token) for r in expired if isinstance(r.value, ObjectRef)]
-            if named:
-                yield from purge(named)
-            changed = Head(path, head.seq, live, head.desc) if live else Head(path, 0, {}, head.desc, emptied=True)
-            call = about(self.s3.put_swap(key, dumps_head(changed), etag), subject)
-            (answer,) = yield (call,)
-            if not isinstance(answer, BaseException):
-                written: Known = (answer["ETag"], changed)
-                self._heads.put(node, written, _size(written))
-                return len(expired), not live
-            yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
-        raise StoreUnavailableError(
-            f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps during the "
-            "TTL sweep: too many writers at once; the next sweep visits it again"
-        )
-
-    def _unregister(self, paths: list[Path], before: int) -> Op[list[Path]]:
-        """Remove the registry entries of ``paths`` numbered below ``before`` (a removal's
-        fence); returns the paths kept (registered again since)."""
-        key = registry_object_key(self.prefix)
-        for attempt in range(1, _MAX_SWAPS + 1):
-            known = self._registry.get(_REGISTRY)
-            if known is None:
-                call = about(self.s3.get(key), _REGISTRY_SUBJECT)
-                (answer,) = yield (call,)
-                known = self._registry_answer(call, answer)
-            etag, registry = known
-            changed = Registry(registry.seq, dict(registry.created))
-            kept = changed.remove(paths, before)
-            if changed.created == registry.created:
-                # Nothing to remove. The cached registry is no older than the removal's own
-                # read of it (the fence): it holds every entry numbered below the fence.
-                return kept
-            call = about(self.s3.put_swap(key, dumps_registry(changed), etag), _REGISTRY_SUBJECT)
-            (answer,) = yield (call,)
-            if not isinstance(answer, BaseException):
-                written: Known = (answer["ETag"], changed)
-                self._registry.put(_REGISTRY, written, _size(written))
-                return kept
-            yield from self._lost(call, answer, attempt, lambda: self._registry.pop(_REGISTRY))
-        raise StoreUnavailableError(
-            f"the namespace registry s3://{self.s3.bucket}/{key} kept changing under {_MAX_SWAPS} swaps unregistering "
-            f"{', '.join(show(p) for p in paths[:3])}: too many processes registering namespaces at once; try again"
-        )
-
-    def _lost(self, call: Call, answer: BaseException, attempt: int, forget: Any) -> Op[None]:
-        """A swap refused: another writer got there first (412, or 409 for a race S3 saw):
-        forget the guess, pause briefly, read again. Any other failure is raised."""
-        if error_code(answer) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
-            raise_failure(call, answer)
-        forget()
-        go_on = yield Backoff(_JITTER.uniform(0, min(_BACKOFF_MAX, 0.01 * 2**attempt)), attempt)
-        if go_on is False:
-            # The retry budget (or deadline()) leaves no time for another swap. The 412 is
-            # no error of the caller's: raised as is, it reached users as botocore's bare
-            # PreconditionFailed (one process's burst of writers of one namespace met it).
-            raise StoreUnavailableError(
-                f"{call.describe()} in s3://{self.s3.bucket}: the document kept changing under {attempt} swaps "
-                "within the retry budget: too many writers of one namespace at once; try again"
-            )
-
 
 def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None, list[str]]:
     """The head after ``changes`` (a new Head: the given one may be a cached copy), or
@@ -551,45 +339,8 @@ def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None,
     return Head(head.path, seq, kept, head.desc), released
 
 
-_REGISTRY_SUBJECT = "the namespace registry"
-
-
-def _namespace(path: Path, keys: Sequence[str] = ()) -> str:
-    """A call's subject: the namespace (and the keys) its hashed key stands for."""
-    text = f"namespace {show(path)}"
-    if len(keys) == 1:
-        return f"{text}, key {show(keys[0])}"
-    return f"{text}, keys {', '.join(show(k) for k in keys[:3])}{', ...' if len(keys) > 3 else ''}" if keys else text
-
-
 def _moved(change: Change, moves: dict[str, str]) -> Change:
     def cell(c: Any) -> Any:
         return ObjectRef(moves[c.token], c.size) if isinstance(c, ObjectRef) else c
 
     return replace(change, value=cell(change.value), vectors=cell(change.vectors))  # stamps and all kept
-
-
-_NEVER = object()
-
-
-def _ancestors(paths: Sequence[Path]) -> list[Path]:
-    return sorted({p[:i] for p in paths for i in range(1, len(p))})
-
-
-def _adds(changes: list[Change]) -> bool:
-    return any(c.value is not None for c in changes)
-
-
-def _size(known: Known) -> int:
-    """Bytes charged to the budget: the stored bytes of the rows (values, vectors, keys)
-    and a fixed overhead per row and per registry entry."""
-    doc = known[1]
-    if isinstance(doc, Head):
-        return 256 + sum(_ROW_BYTES + len(r.key) + _cell(r.value) + _cell(r.vectors) for r in doc.rows.values())
-    return 256 + sum(_ROW_BYTES + sum(len(label) for label in p) for p in doc.created)
-
-
-def _cell(cell: Any) -> int:
-    if isinstance(cell, ValueCell):
-        return cell.size
-    return len(cell.raw) if isinstance(cell, VectorsCell) else 0
