@@ -22,7 +22,7 @@ Expired items are never returned (the store's clock, read once per batch for rea
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -112,7 +112,7 @@ def batch(
     if under:
         nodes.update((yield from mem.index.read(under, {})).nodes)
     now = mem.clock.now()
-    values = yield from _resolve(mem, nodes, _needed(prepared, nodes, spaces, now))
+    values = yield from _resolve(mem, nodes, lambda: _needed(prepared, nodes, spaces, now))
     returned: list[tuple[Path, rows.Row, bool]] = []
 
     for namespace, positions in get_groups.items():
@@ -218,17 +218,24 @@ def _needed(
 
 
 def _resolve(
-    mem: Memory, nodes: dict[Path, dict[str, rows.Row]], needed: set[tuple[Path, str]]
+    mem: Memory, nodes: dict[Path, dict[str, rows.Row]], needed: Callable[[], set[tuple[Path, str]]]
 ) -> Op[dict[tuple[Path, str], rows.ValueCell]]:
-    """The values of ``needed`` rows, from their objects (one wave). An object gone means
-    a writer replaced the row after it was read: read those namespaces again, and retry."""
-    found: dict[tuple[Path, str], rows.ValueCell] = {}
+    """The values of the ``needed()`` rows (of ``nodes`` as they are now), from their
+    objects (one wave). An object gone means a writer replaced the row after it was read:
+    read those namespaces again (into ``nodes``), and retry. What the answers need is
+    judged again on the rows read again (a key put meanwhile is needed too), and a value
+    is kept only for the token its row names now (never an older version's value beside
+    a newer row's times)."""
+    found: dict[tuple[Path, str], tuple[str, rows.ValueCell]] = {}
+
+    def token(path: Path, key: str) -> str:
+        return nodes[path][key].value.token  # type: ignore[union-attr]
+
     for _ in range(_RESOLVE_TRIES):
-        wanted = sorted(needed - set(found))
+        wanted = sorted(k for k in needed() if k not in found or found[k][0] != token(*k))
         if not wanted:
-            return found
-        refs = [nodes[p][k].value for p, k in wanted]
-        calls = tuple(mem.s3.get(mem.index.value_key(p, ref.token)) for (p, _), ref in zip(wanted, refs))  # type: ignore[union-attr]
+            return {k: cell for k, (_, cell) in found.items()}
+        calls = tuple(mem.s3.get(mem.index.value_key(p, token(p, k))) for p, k in wanted)
         answers = yield calls
         gone: set[Path] = set()
         for (path, key), call, answer in zip(wanted, calls, answers):
@@ -237,18 +244,19 @@ def _resolve(
                     raise_failure(call, answer)
                 gone.add(path)
                 continue
-            found[(path, key)] = loads_value(answer["Body"], path, key, f"s3://{mem.s3.bucket}/{call.params['Key']}")
+            cell = loads_value(answer["Body"], path, key, f"s3://{mem.s3.bucket}/{call.params['Key']}")
+            found[(path, key)] = (token(path, key), cell)
         if gone:
             again = yield from mem.index.read(sorted(gone), {})
             for path in gone:
                 nodes[path] = again.nodes[path]
-                needed = {(p, k) for p, k in needed if p != path or (k in nodes[p] and isinstance(nodes[p][k].value, rows.ObjectRef))}
-    if needed - set(found):
+    left = sorted(k for k in needed() if k not in found or found[k][0] != token(*k))
+    if left:
         raise StoreUnavailableError(
-            f"values of {', '.join(f'{show(p)} key {show(k)}' for p, k in sorted(needed - set(found))[:3])} kept being "
+            f"values of {', '.join(f'{show(p)} key {show(k)}' for p, k in left[:3])} kept being "
             f"replaced while being read (s3://{mem.s3.bucket}); try again"
         )
-    return found
+    return {k: cell for k, (_, cell) in found.items()}
 
 
 def _key(op: Any) -> str:

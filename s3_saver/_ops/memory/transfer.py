@@ -70,8 +70,8 @@ def export_items(mem: Memory, prefix: Path) -> Op[list[ExportedItem]]:
         chunk = spaces[start : start + _NAMESPACES_PER_READ]
         nodes = dict((yield from mem.index.read(chunk, {})).nodes)
         now = mem.clock.now()
-        needed = {(p, k) for p in chunk for k, r in nodes[p].items() if r.live(now) and isinstance(r.value, rows.ObjectRef)}
-        values = yield from _resolve(mem, nodes, needed)
+        # Judged again on the namespaces ``_resolve`` reads again (a value object found gone).
+        values = yield from _resolve(mem, nodes, lambda: _objects(nodes, chunk, now))
         for path in chunk:
             for row in sorted((r for r in nodes[path].values() if r.live(now)), key=lambda r: (r.seq, r.created_us, r.key)):
                 cell = row.value if isinstance(row.value, rows.ValueCell) else values[(path, row.key)]
@@ -123,3 +123,8 @@ def import_items(mem: Memory, items: Sequence[ExportedItem], now: int) -> Op[Mem
             released = yield from mem.index.commit(groups)
             yield from _delete_released(mem, released)
     return MemoryImportReport(len({item.namespace for item in items}), written, unchanged, expired)
+
+
+def _objects(nodes: dict[Path, dict[str, rows.Row]], chunk: list[Path], now: int) -> set[tuple[Path, str]]:
+    """The live rows of ``chunk`` whose value lives in an object."""
+    return {(p, k) for p in chunk for k, r in nodes[p].items() if r.live(now) and isinstance(r.value, rows.ObjectRef)}
