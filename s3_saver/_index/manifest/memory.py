@@ -38,10 +38,8 @@ The module holds reads and writes; the documents and what they share are
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
-from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.documents import (
     Head,
     Registry,
@@ -65,18 +63,11 @@ from s3_saver._index.manifest.memory_documents import (
     _size,
 )
 from s3_saver._index.manifest.memory_removal import Removals
-from s3_saver._index.memory import Change, Path, Snapshot
-from s3_saver._transport.failures import (
-    OBJECT_MISSING,
-    PRECONDITION_FAILED_CODES,
-    classify,
-    error_code,
-)
+from s3_saver._index.memory import Change, Path, Snapshot, fresh_objects
 from s3_saver._transport.protocol import (
     Op,
     about,
     gather,
-    raise_failure,
 )
 from s3_saver.errors import StoreUnavailableError
 
@@ -220,7 +211,7 @@ class ManifestMemory(Removals):
                 for written, released in refused:
                     if any(head.rows.get(k) == row for k, row in written.items()):
                         return self._released(path, released, refused, head)
-                fresh = yield from self._fresh_objects(path, changes)
+                fresh = yield from fresh_objects(self.s3, self, path, changes, _namespace(path))
                 if fresh is None:  # an earlier swap landed, then was replaced
                     return self._released(path, [], refused, head)
                 changes, old = fresh
@@ -263,27 +254,6 @@ class ManifestMemory(Removals):
         named = {cell.token for row in head.rows.values() for cell in (row.value, row.vectors) if isinstance(cell, ObjectRef)}
         tokens = dict.fromkeys([*released, *(t for _, gone in refused for t in gone if t not in named)])
         return [self.value_key(path, token) for token in tokens]
-
-    def _fresh_objects(self, path: Path, changes: list[Change]) -> Op[tuple[list[Change], list[str]] | None]:
-        """``changes`` with each value object copied to a fresh token (one wave), and the
-        old tokens; None when a source is gone (the swap that named it landed, and the
-        writer that replaced it deleted it)."""
-        moves: dict[str, str] = {}
-        for change in changes:
-            for cell in (change.value, change.vectors):
-                if isinstance(cell, ObjectRef):
-                    moves.setdefault(cell.token, new_token())
-        if not moves:
-            return changes, []
-        calls = tuple(about(self.s3.copy(self.value_key(path, old), self.value_key(path, new)), _namespace(path)) for old, new in moves.items())
-        answers = yield calls
-        for call, answer in zip(calls, answers):
-            if isinstance(answer, BaseException):
-                if classify(answer, call.operation) == OBJECT_MISSING:
-                    return None
-                if error_code(answer) not in PRECONDITION_FAILED_CODES:  # 412: this copy, sent again, met itself
-                    raise_failure(call, answer)
-        return [_moved(c, moves) for c in changes], list(moves)
 
 
 def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None, list[str]]:
@@ -337,10 +307,3 @@ def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None,
     named = {r.value.token for r in kept.values() if isinstance(r.value, ObjectRef)}
     released = [r.value.token for r in head.rows.values() if isinstance(r.value, ObjectRef) and r.value.token not in named]
     return Head(head.path, seq, kept, head.desc), released
-
-
-def _moved(change: Change, moves: dict[str, str]) -> Change:
-    def cell(c: Any) -> Any:
-        return ObjectRef(moves[c.token], c.size) if isinstance(c, ObjectRef) else c
-
-    return replace(change, value=cell(change.value), vectors=cell(change.vectors))  # stamps and all kept
