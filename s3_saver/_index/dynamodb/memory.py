@@ -196,7 +196,9 @@ class DynamoMemory(Removals):
         overwrite = (path, change.key) in self._live
         copied: list[str] = []  # value objects of writes judged not current: named by no row from now on
         lost = 0
-        for _ in range(_MAX_TRIES + 2 * _MAX_TRIES):
+        # Up to _MAX_TRIES refusals (the item changing between the writes), and up to
+        # _MAX_TRIES lost answers (bounded below, where each is judged).
+        for _ in range(2 * _MAX_TRIES):
             now = self.clock.now()
             if overwrite:
                 token = new_token()
