@@ -161,9 +161,11 @@ class MemoryIndex(Protocol):
         until ``erase_registrations``, so a call cut short and made again finds them."""
         ...
 
-    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
+    def erase_registrations(self, erasure: Erasure, hold: Sequence[Path] = ()) -> Op[list[Path]]:
         """Unregister the namespaces ``erase_rows`` emptied, except those registered again
-        since it began (a put meanwhile: they stay listed); returns those."""
+        since it began (a put meanwhile: they stay listed) and those of ``hold`` (the
+        erase left a version in their folder: registered, the erase called again finds
+        it); returns the namespaces that stay registered."""
         ...
 
     def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:

@@ -83,8 +83,10 @@ class Removals(Items):
         counts = yield from gather(*(self._erase_items(p, purge) for p in marked))
         return Erasure(tuple(marked), tuple(marked), sum(counts), token, ())
 
-    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
-        deleted = yield from self._unretire(list(erasure.namespaces), erasure.fence, delete=True)
+    def erase_registrations(self, erasure: Erasure, hold: Sequence[Path] = ()) -> Op[list[Path]]:
+        # A held namespace keeps the erase's mark: no sweep takes an erase's, so it stays
+        # registered until a put registers it again or the erase, called again, ends it.
+        deleted = yield from self._unretire([p for p in erasure.namespaces if p not in hold], erasure.fence, delete=True)
         return [p for p in erasure.namespaces if p not in deleted]
 
     def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
