@@ -35,7 +35,7 @@ as a warning, with the command that replays it; the pinned ones fail on it.
 Budgets (seconds per test, ``SIM_BUDGET_SECONDS`` overrides): random 3 (20 in make
 test-all), exhaustive 3 (15), put cut 4 (300: every cut), removal random 2 (20), erase
 cut 2 (120), put cut then erased 2 (60); ``make soak`` shares its minutes with these. ``test_store_removal_batch``
-(slow) runs ``SIM_REMOVAL_SCHEDULES`` (200) removal schedules per mode and bucket. ``SIM_SEED``,
+(slow) runs ``SIM_REMOVAL_SCHEDULES`` (100) removal schedules per mode and bucket. ``SIM_SEED``,
 ``SIM_KEEP_GOING``, ``SIM_EXHAUSTIVE_CAP`` as in tests/test_simulation.py.
 """
 
@@ -256,8 +256,12 @@ def test_store_removal_random(moto_endpoint: str, mode: str, bucket: str) -> Non
 @pytest.mark.parametrize("bucket", BUCKETS)
 @pytest.mark.parametrize("mode", INDEX_MODES)
 def test_store_removal_batch(moto_endpoint: str, mode: str, bucket: str) -> None:
-    """A fixed number of removal schedules (``SIM_REMOVAL_SCHEDULES``, default 200)."""
-    _removal_random(moto_endpoint, mode, bucket, seconds=None, count=int(os.environ.get("SIM_REMOVAL_SCHEDULES", "200")))
+    """A fixed number of removal schedules (``SIM_REMOVAL_SCHEDULES``, default 100 per
+    mode and bucket); in make soak, its share of the minutes instead."""
+    if os.environ.get("SOAK_MINUTES"):
+        _removal_random(moto_endpoint, mode, bucket, seconds=budget_seconds(2), count=None)
+        return
+    _removal_random(moto_endpoint, mode, bucket, seconds=None, count=int(os.environ.get("SIM_REMOVAL_SCHEDULES", "100")))
 
 
 ERASE_OVER = "erase+put_large,get@one"
