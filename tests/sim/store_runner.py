@@ -46,9 +46,9 @@ from sim.world import OLD, World
 
 # A known gap, not fixed: an erase finds a namespace's folder only through the registry,
 # and a sweep unregisters a namespace it found empty without listing its folder. What the
-# folder still held then (on a versioned bucket the head versions the sweep replaced, with
-# the expired items' values; the value object of a put cut before its commit) stays after
-# any later erase of the namespace. (The erase itself unregisters a namespace only once
+# folder still held then (on a versioned bucket the noncurrent versions its deletes,
+# overwrites and expiries left: earlier heads, deleted value objects; the value object of a
+# put cut before its commit) stays after any later erase of the namespace. (The erase itself unregisters a namespace only once
 # its folder is clear.) A process that knew the namespace registered and writes a value
 # object after it was unregistered, then is cut before registering again, leaves the same.
 KNOWN_UNREGISTERED = "sim/store_runner.py KNOWN_UNREGISTERED"
