@@ -71,6 +71,10 @@ class Snapshot:
     of one needs no registry read); an index that cannot tell names none."""
 
 
+Stage = Callable[[], Op[None]]
+"""Writes the value objects a commit's rows will name (``commit`` runs it once the
+namespaces that receive items are registered, before any row is written)."""
+
 Purge = Callable[[list[str]], Op[None]]
 """Deletes value objects (by key) before the rows that name them go: an erase or a
 sweep passes one to the index (the objects are the bucket's in both modes)."""
@@ -132,12 +136,18 @@ class MemoryIndex(Protocol):
         may hold more): one round trip (and the further pages of what does not fit one)."""
         ...
 
-    def commit(self, groups: dict[Path, list[Change]]) -> Op[list[str]]:
+    def commit(self, groups: dict[Path, list[Change]], stage: Stage | None = None) -> Op[list[str]]:
         """Apply each namespace's changes, in order (the last change of a key wins),
         registering first the namespaces that receive an item and are not registered
-        (in the order of ``groups``). Namespaces are committed side by side. Returns the
-        keys of the value objects the commit released: named by the rows it replaced or
-        removed, as stored (delete only what you read)."""
+        (in the order of ``groups``), then running ``stage`` (the value objects the rows
+        name: objects first, index last). Namespaces are committed side by side. Returns
+        the keys of the value objects the commit released: named by the rows it replaced
+        or removed, as stored (delete only what you read).
+
+        Invariant: a value object is written into a namespace's folder only once the
+        namespace is registered, as far as this process knows (an erase finds folders
+        through the registry: a commit cut short after its objects leaves them where an
+        erase of any prefix of the namespace lists them)."""
         ...
 
     def node_folder(self, path: Path) -> str:
@@ -151,9 +161,11 @@ class MemoryIndex(Protocol):
         until ``erase_registrations``, so a call cut short and made again finds them."""
         ...
 
-    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
+    def erase_registrations(self, erasure: Erasure, hold: Sequence[Path] = ()) -> Op[list[Path]]:
         """Unregister the namespaces ``erase_rows`` emptied, except those registered again
-        since it began (a put meanwhile: they stay listed); returns those."""
+        since it began (a put meanwhile: they stay listed) and those of ``hold`` (the
+        erase left a version in their folder: registered, the erase called again finds
+        it); returns the namespaces that stay registered."""
         ...
 
     def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:

@@ -81,7 +81,7 @@ from s3_saver._index.dynamodb.memory_items import (
     _subject,
 )
 from s3_saver._index.dynamodb.memory_removal import Removals
-from s3_saver._index.memory import Change, Path, Snapshot, fresh_objects
+from s3_saver._index.memory import Change, Path, Snapshot, Stage, fresh_objects
 from s3_saver._transport.failures import (
     CONDITION_FAILED_CODES,
     UNAVAILABLE,
@@ -139,11 +139,15 @@ class DynamoMemory(Removals):
             found.update(self._registry(items))
         return Snapshot(nodes, found)
 
-    def commit(self, groups: dict[Path, list[Change]]) -> Op[list[str]]:
+    def commit(self, groups: dict[Path, list[Change]], stage: Stage | None = None) -> Op[list[str]]:
         new = [p for p, changes in groups.items() if any(c.value is not None for c in changes) and self._known.get(p) is None]
         if new:
             # Listed before readable: a namespace's registry item is written before its items.
             yield from gather(*(self._register(p) for p in new))
+        if stage is not None:
+            # And before its value objects (``MemoryIndex.commit``'s invariant): an erase
+            # finds them even if this commit is cut short before its items.
+            yield from stage()
         # Each key appears once in a commit (``prepare`` keeps a key's last put; a refresh
         # is planned only for keys the batch does not write): every change goes in one wave.
         released = yield from gather(*(self._change(path, c) for path, changes in groups.items() for c in changes))

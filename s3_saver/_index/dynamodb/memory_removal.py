@@ -19,6 +19,12 @@ unregistered as registered again (erase's ``written_during``), an item it delete
 removed. So they are never sent again as is (``Call.idempotent``): each is judged on its
 item read after it (``_judged``): gone, it landed; as read, it did not (sent again);
 changed since, refused.
+
+A mark outlives a removal cut short. An erase's stays the erase's: called again, it marks
+over it (no sweep takes it, so nothing unregisters a namespace an erase has not finished
+with). A sweep's is ``SWEEP_MARK`` and a token: the next sweep, or the same one retried,
+marks over it; a sweep still running then fails to delete the registry item and keeps the
+namespace, and the one that marked last finishes the work as above.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ _JITTER = random.SystemRandom()
 # land (sent again).
 Verdict = Callable[[dict[str, Any] | None], bool | None]
 
+SWEEP_MARK = "sweep:"
+"""How a sweep's ``retiring`` mark begins (an erase's is a bare token)."""
+
 
 class Removals(Items):
     """Erase and the TTL sweep of the DynamoDB memory index."""
@@ -74,8 +83,10 @@ class Removals(Items):
         counts = yield from gather(*(self._erase_items(p, purge) for p in marked))
         return Erasure(tuple(marked), tuple(marked), sum(counts), token, ())
 
-    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
-        deleted = yield from self._unretire(list(erasure.namespaces), erasure.fence, delete=True)
+    def erase_registrations(self, erasure: Erasure, hold: Sequence[Path] = ()) -> Op[list[Path]]:
+        # A held namespace keeps the erase's mark: no sweep takes an erase's, so it stays
+        # registered until a put registers it again or the erase, called again, ends it.
+        deleted = yield from self._unretire([p for p in erasure.namespaces if p not in hold], erasure.fence, delete=True)
         return [p for p in erasure.namespaces if p not in deleted]
 
     def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
@@ -94,7 +105,7 @@ class Removals(Items):
         empty = [p for p, (_, none_live) in zip(paths, results) if none_live]
         unregistered: list[Path] = []
         if empty:
-            token = new_token()
+            token = SWEEP_MARK + new_token()
             retired = yield from self._retire(empty, token, fresh=True)
             # Items created before the mark landed are seen now: those namespaces stay.
             again = yield from gather(*(self._query(self._pk(p), f"namespace {show(p)} (TTL sweep)") for p in retired))
@@ -109,13 +120,19 @@ class Removals(Items):
         return Swept(sum(n for n, _ in results), len(paths), tuple(unregistered))
 
     def _retire(self, paths: list[Path], token: str, *, fresh: bool) -> Op[list[Path]]:
-        """Mark the registry items of ``paths`` retiring with ``token`` (``fresh``: only
-        those no other removal marked); returns the paths marked (the others are gone,
-        or marked by another removal)."""
-        # ``fresh``: or a mark already its own (sent again after a lost answer and refused,
-        # the mark would stay: the namespace never unregistered by a sweep, and a creation
-        # in it refused once per process that knew it registered).
-        condition = "attribute_exists(pk)" + (" AND (attribute_not_exists(retiring) OR retiring = :t)" if fresh else "")
+        """Mark the registry items of ``paths`` retiring with ``token`` (``fresh``, a
+        sweep's: only those no erase marked); returns the paths marked (the others are
+        gone, or marked by an erase)."""
+        condition = "attribute_exists(pk)"
+        values = {":t": {"S": token}}
+        if fresh:
+            # Over no mark, or a sweep's: its own, sent again after a lost answer (refused,
+            # the mark would stay), and one a sweep cut short left (a sweep that could not
+            # take it, its own retry included, would never unregister the namespace, and a
+            # creation in it would be refused once per process that knew it registered).
+            # Taking a sweep's mark is safe: see the module docstring.
+            condition += " AND (attribute_not_exists(retiring) OR begins_with(retiring, :sweep))"
+            values[":sweep"] = {"S": SWEEP_MARK}
         calls = tuple(
             self._call(
                 "update_item",
@@ -123,7 +140,7 @@ class Removals(Items):
                     "Key": _key(registry_partition(self.prefix), registry_key(p)),
                     "UpdateExpression": "SET retiring = :t",
                     "ConditionExpression": condition,
-                    "ExpressionAttributeValues": {":t": {"S": token}},
+                    "ExpressionAttributeValues": values,
                 },
                 f"registry of namespace {show(p)}",
             )

@@ -63,7 +63,7 @@ from s3_saver._index.manifest.memory_documents import (
     _size,
 )
 from s3_saver._index.manifest.memory_removal import Removals
-from s3_saver._index.memory import Change, Path, Snapshot, fresh_objects
+from s3_saver._index.memory import Change, Path, Snapshot, Stage, fresh_objects
 from s3_saver._transport.protocol import (
     Op,
     about,
@@ -101,7 +101,7 @@ class ManifestMemory(Removals):
 
     # -- writes ------------------------------------------------------------------------
 
-    def commit(self, groups: dict[Path, list[Change]]) -> Op[list[str]]:
+    def commit(self, groups: dict[Path, list[Change]], stage: Stage | None = None) -> Op[list[str]]:
         if not groups:
             return []
         # The heads this process does not know: read them first (one wave), to learn
@@ -119,6 +119,10 @@ class ManifestMemory(Removals):
             registered = {p: etag for p, (etag, _) in heads.items()}
             yield from self._register(new, frozenset(p for p, (_, head) in heads.items() if head.emptied))
             yield from gather(*(self._mark(a) for a in _ancestors(new)))
+        if stage is not None:
+            # And before its value objects (``MemoryIndex.commit``'s invariant): an erase
+            # finds them even if this commit is cut short before its head's swap.
+            yield from stage()
         swaps = (self._swap(path, changes, path in unknown, registered.get(path, _NEVER)) for path, changes in groups.items())
         released = yield from gather(*swaps)
         return [key for keys in released for key in keys]

@@ -13,6 +13,7 @@ always listed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from s3_saver._format.memory.documents import (
@@ -70,8 +71,10 @@ class Removals(Documents):
         records = tuple(f"s3://{self.s3.bucket}/{key}" for _, key in results if key)
         return Erasure(tuple(paths), tuple(nodes), items, fence, records, (registry_object_key(self.prefix),))
 
-    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
-        return (yield from self._unregister(list(erasure.namespaces), erasure.fence))
+    def erase_registrations(self, erasure: Erasure, hold: Sequence[Path] = ()) -> Op[list[Path]]:
+        going = [p for p in erasure.namespaces if p not in hold]
+        kept = (yield from self._unregister(going, erasure.fence)) if going else []
+        return [p for p in erasure.namespaces if p in kept or p in hold]
 
     def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
         cursor_key, reg_key = sweep_object_key(self.prefix), registry_object_key(self.prefix)

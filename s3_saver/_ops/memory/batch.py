@@ -13,7 +13,8 @@ the user's code, not an AWS call). As InMemoryStore:
 2. then one commit of every change: the refreshes the reads found due, and the puts
    and deletes (deduplicated by ``prepare``: the last value of a key, at the place of
    its first op), grouped by namespace; values over the index's inline limit are
-   written to their own objects first, and the objects of replaced values deleted after;
+   written to their own objects once their namespaces are registered, before the rows,
+   and the objects of replaced values deleted after;
 3. results in op order.
 
 Expired items are never returned (the store's clock, read once per batch for reads).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import ormsgpack
@@ -149,8 +151,8 @@ def batch(
         for number in numbers:
             put = prepared.puts[number]
             changes.append(Change(put.key, put.value, packed[number], put.ttl_minutes))
-    yield from _move_large_values(mem, groups)
-    released = yield from mem.index.commit(groups)
+    # The value objects go once their namespaces are registered (``MemoryIndex.commit``).
+    released = yield from mem.index.commit(groups, partial(_move_large_values, mem, groups))
     yield from _delete_released(mem, released)
     return results
 
@@ -175,9 +177,11 @@ def check_vectors(mem: Memory, namespace: Path, key: str, cell: rows.VectorsCell
 
 def _move_large_values(mem: Memory, groups: dict[Path, list[Change]]) -> Op[None]:
     """Values over the index's inline limit go to objects of their own, written (one
-    wave, ``IfNoneMatch``) before the commit that names them: objects first, index last.
+    wave, ``IfNoneMatch``) before the rows that name them: objects first, index last
+    (``MemoryIndex.commit`` runs this once their namespaces are registered).
     A commit that never lands leaves such an object unnamed: no read ever returns it, and
-    only ``erase_namespace`` removes it (there is no memory gc yet: see the guide)."""
+    only ``erase_namespace`` removes it, unless a sweep unregistered its namespace first
+    (there is no memory gc yet: see the guide)."""
     objects: dict[str, bytes] = {}
     for path, changes in groups.items():
         for i, change in enumerate(changes):
