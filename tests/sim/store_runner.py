@@ -6,17 +6,21 @@ as separate Lambdas: no cache shared), and the rules are the store's
 (``sim.store_model``).
 
 A scenario is ``random`` (2-3 processes of 1-3 steps of ``store_model.KINDS``, by
-weight) or processes spelled out: ``+`` between processes, ``,`` between a process's
-steps, ``@one`` at the end to put every step on one key (e.g.
-``put_large,get+put_large@one``). Before the schedule a setup store may put a few items
-(existing namespaces, values to replace).
+weight), ``random-shared`` (the same, the second process running on the first one's
+store: one process's concurrent calls, which its group commit puts in shared swaps),
+or processes spelled out: ``+`` between processes, ``&`` between processes that run
+on one store (the first one's), ``,`` between a process's steps, ``@one`` at the end to
+put every step on one key (e.g. ``put_large,get+put_large@one``,
+``put_large&put_large@one``). Before the schedule a setup store may put a few items
+(existing namespaces, values to replace). A step cut short and retried runs on a fresh
+store (a new process), whether it shared one or not.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph.store.base import GetOp, ListNamespacesOp, SearchOp
@@ -42,6 +46,7 @@ class StoreWorld(World):
         self.clock = SM.TickClock()
         self.last: dict[int, int] = {}  # id(LogicalOp) -> tick of its last call sent
         self.scheduler: Scheduler | None = None
+        self.processes: list[Process] = []
         super().__init__(endpoint, mode, **kwargs)
 
     def saver(self, prefix: str, **options: Any) -> Any:  # the scheduler's name for "a new process's object"
@@ -64,6 +69,12 @@ class StoreWorld(World):
     def send(self, call: Any, writer: Any = None) -> Any:
         if writer is not None and self.scheduler is not None:
             self.last[id(writer)] = self.scheduler.tick
+            # A commit queued behind another of its store (group commit) takes effect in
+            # that one's swap: every step waiting on the store that sends a call may.
+            store = next((p.saver for p in self.processes if p.current is writer), None)
+            for p in self.processes:
+                if p.saver is store and p.current is not writer and p.runner is not None and p.runner.blocked is not None:
+                    self.last[id(p.current)] = self.scheduler.tick
         return super().send(call, writer)
 
 
@@ -80,16 +91,26 @@ class Scenario:
     name: str
     setup: list[SM.Made]
     processes: list[list[SM.Made]]
+    shares: dict[int, int] = field(default_factory=dict)  # process -> the process whose store it runs on
 
 
 def build(rng: random.Random, scenario: str) -> Scenario:
     spelled, _, focus = scenario.partition("@")
     space = SM.SPACES[focus]
-    if spelled == "random":
+    shares: dict[int, int] = {}
+    if spelled in ("random", "random-shared"):
         weights = {name: kind.weight for name, kind in SM.KINDS.items()}
         plan = [rng.choices(list(weights), list(weights.values()), k=rng.randint(1, 3)) for _ in range(rng.randint(2, 3))]
+        if spelled == "random-shared":
+            shares[1] = 0
     else:
-        plan = [process.split(",") for process in spelled.split("+")]
+        plan = []
+        for together in spelled.split("+"):
+            first = len(plan)
+            for j, process in enumerate(together.split("&")):
+                if j:
+                    shares[first + j] = first
+                plan.append(process.split(","))
     for kinds in plan:
         for kind in kinds:
             if kind not in SM.KINDS:
@@ -97,8 +118,8 @@ def build(rng: random.Random, scenario: str) -> Scenario:
     # Existing items (a namespace registered, a value to replace): none to three.
     setup = [SM.KINDS[rng.choice(["put", "put_large", "put_medium"])].make(rng, f"S.{i}", space) for i in range(rng.randint(0, 3))]
     processes = [[SM.KINDS[kind].make(rng, f"P{pid}.{i}", space) for i, kind in enumerate(kinds)] for pid, kinds in enumerate(plan)]
-    name = "+".join(",".join(kinds) for kinds in plan) + (f"@{focus}" if focus else "")
-    return Scenario(name, setup, processes)
+    name = "".join(("&" if i in shares else "+" if i else "") + ",".join(kinds) for i, kinds in enumerate(plan))
+    return Scenario(name + (f"@{focus}" if focus else ""), setup, processes, shares)
 
 
 def run_store_schedule(world: StoreWorld, spec: Spec) -> Outcome:
@@ -137,6 +158,9 @@ def run_store_schedule(world: StoreWorld, spec: Spec) -> Outcome:
         Process(pid=i, steps=[Step(m.name, _invoke(m), m) for m in steps], prefix=prefix)
         for i, steps in enumerate(scenario.processes)
     ]
+    for i, j in scenario.shares.items():
+        processes[i].share = processes[j]
+    world.processes = processes
     try:
         ops = scheduler.run(processes)
     finally:

@@ -27,12 +27,15 @@ again (``_swap``); applied again, its value objects are first copied to fresh to
 Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace by a
 head swap and a registry swap, fenced by the registry's ``seq`` (``memory_removal``).
 
+One process's concurrent swaps of one head go out as one (group commit:
+``memory_group``): a process never conflicts with itself.
+
 Not built yet (the design's phase 1b): sealing rows into immutable segments (a head
 holds all of its namespace's rows: it grows with the namespace), conditional GETs (304)
-of unchanged heads, group commit of one process's concurrent swaps of one head.
+of unchanged heads.
 
 The module holds reads and writes; the documents and what they share are
-``memory_documents``'s, removals ``memory_removal``'s.
+``memory_documents``'s, removals ``memory_removal``'s, group commit ``memory_group``'s.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from s3_saver._index.manifest.memory_documents import (
     _namespace,
     _size,
 )
+from s3_saver._index.manifest.memory_group import GroupCommits
 from s3_saver._index.manifest.memory_removal import Removals
 from s3_saver._index.memory import Change, Path, Snapshot
 from s3_saver._transport.failures import (
@@ -83,7 +87,7 @@ from s3_saver.errors import StoreUnavailableError
 INLINE_LIMIT = 64 * 1024
 
 
-class ManifestMemory(Removals):
+class ManifestMemory(GroupCommits, Removals):
     """``MemoryIndex`` on the bucket (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
@@ -96,11 +100,12 @@ class ManifestMemory(Removals):
         # The registry is one document: any range reads it whole.
         # A head holds every row of its namespace: a get reads it whole.
         paths = list(dict.fromkeys([*whole, *keys]))
+        held = [self._heads.get(node_id(p)) for p in paths]  # what the cache holds as the reads go out
         calls = tuple(about(self.s3.get(head_key(self.prefix, node_id(p))), _namespace(p)) for p in paths)
         if registry:
             calls += (about(self.s3.get(registry_object_key(self.prefix)), _REGISTRY_SUBJECT),)
         answers = yield calls
-        heads = {p: self._head_answer(p, calls[i], answers[i])[1] for i, p in enumerate(paths)}
+        heads = {p: self._head_answer(p, calls[i], answers[i], held[i])[1] for i, p in enumerate(paths)}
         found = self._registry_answer(calls[-1], answers[-1])[1].created if registry else {}
         leaves = frozenset(p for p in whole if not heads[p].desc)
         return Snapshot({p: h.rows for p, h in heads.items()}, found, leaves)
@@ -118,24 +123,25 @@ class ManifestMemory(Removals):
         unknown = [p for p in groups if self._heads.get(node_id(p)) is None]
         if unknown:
             yield from self._read_heads(unknown)
-        new = [p for p, changes in groups.items() if _adds(changes) and self._heads.get(node_id(p))[1].empty]
+        # (A head the cache lost meanwhile is judged by the swap: it registers what it finds new.)
+        heads = {p: k for p, changes in groups.items() if _adds(changes) and (k := self._heads.get(node_id(p))) is not None and k[1].empty}
+        new = list(heads)
         registered: dict[Path, str | None] = {}
         if new:
             # Listed before readable: the registry's swap lands before any head it lists,
             # and each ancestor's ``desc`` before any item below it (a search of an
             # ancestor whose head says it has none below reads no registry).
-            heads = {p: self._heads.get(node_id(p)) for p in new}
             registered = {p: etag for p, (etag, _) in heads.items()}
             yield from self._register(new, frozenset(p for p, (_, head) in heads.items() if head.emptied))
             yield from gather(*(self._mark(a) for a in _ancestors(new)))
-        swaps = (self._swap(path, changes, path in unknown, registered.get(path, _NEVER)) for path, changes in groups.items())
+        swaps = (self._joined(path, changes, path in unknown, registered.get(path, _NEVER)) for path, changes in groups.items())
         released = yield from gather(*swaps)
         return [key for keys in released for key in keys]
 
-    def _register(self, paths: list[Path], renew: frozenset[Path] = frozenset()) -> Op[None]:
+    def _register_now(self, paths: list[Path], renew: frozenset[Path] = frozenset()) -> Op[None]:
         key = registry_object_key(self.prefix)
         for attempt in range(1, _MAX_SWAPS + 1):
-            known = self._registry.get(_REGISTRY)
+            known = self._registry.get(_REGISTRY) if attempt == 1 else None  # refused: read, never a guess again
             if known is None:
                 call = about(self.s3.get(key), _REGISTRY_SUBJECT)
                 (answer,) = yield (call,)
@@ -156,13 +162,13 @@ class ManifestMemory(Removals):
             f"{', '.join(show(p) for p in paths[:3])}: too many processes registering namespaces at once; try again"
         )
 
-    def _mark(self, path: Path) -> Op[None]:
+    def _mark_now(self, path: Path) -> Op[None]:
         """Set ``desc`` on the head of ``path`` (creating an empty head if none)."""
         node = node_id(path)
         key = head_key(self.prefix, node)
         subject = f"{_namespace(path)} (a namespace below it)"
         for attempt in range(1, _MAX_SWAPS + 1):
-            known = self._heads.get(node)
+            known = self._heads.get(node) if attempt == 1 else None  # refused: read, never a guess again
             if known is None:
                 call = about(self.s3.get(key), subject)
                 (answer,) = yield (call,)
@@ -210,7 +216,7 @@ class ManifestMemory(Removals):
         subject = _namespace(path, [c.key for c in changes])
         refused: list[tuple[dict[str, Any], list[str]]] = []  # (rows written, tokens released) per refused swap
         for attempt in range(1, _MAX_SWAPS + 1):
-            known = self._heads.get(node)
+            known = None if refused else self._heads.get(node)  # refused: read, never a guess again
             if known is None:
                 call = about(self.s3.get(key), subject)
                 (answer,) = yield (call,)
@@ -335,7 +341,11 @@ def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None,
         return None, []
     kept = {k: r for k, r in rows.items() if r.live(now)}
     named = {r.value.token for r in kept.values() if isinstance(r.value, ObjectRef)}
-    released = [r.value.token for r in head.rows.values() if isinstance(r.value, ObjectRef) and r.value.token not in named]
+    # The head's, and those of values put and replaced within these changes (two commits
+    # of one group commit): named by no head once this one is written.
+    put = [c.value.token for c in changes if isinstance(c.value, ObjectRef)]
+    old = [r.value.token for r in head.rows.values() if isinstance(r.value, ObjectRef)]
+    released = [t for t in dict.fromkeys([*old, *put]) if t not in named]
     return Head(head.path, seq, kept, head.desc), released
 
 
