@@ -45,6 +45,9 @@ class Change:
     ttl_minutes: float | None = None
     refresh: Refresh | None = None
     stamps: tuple[int, int, int | None] | None = None
+    written: int | None = None
+    """When its value object (an ``ObjectRef``) was sent, by the store's clock (µs): a
+    commit never names one older than ``memory_lease.VALUE_LEASE``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,14 @@ class MemoryIndex(Protocol):
         (in the order of ``groups``). Namespaces are committed side by side. Returns the
         keys of the value objects the commit released: named by the rows it replaced or
         removed, as stored (delete only what you read)."""
+        ...
+
+    def named_values(self, node: str) -> Op[frozenset[str]]:
+        """The tokens of the value objects that the rows of the namespace whose node id is
+        ``node`` name, as stored now, expired rows included (``collect_garbage`` keeps
+        them). Read by the node id alone (a folder of the bucket: its namespace may be
+        registered or not); each row read is checked to be that node's. Raises
+        CorruptObjectError when the rows cannot be read."""
         ...
 
     def node_folder(self, path: Path) -> str:

@@ -60,5 +60,5 @@ def memory_site(
 def memory_index(ctx: Context, where: Where, table: str | None, clock: Clock) -> MemoryIndex:
     """The memory index of a site's mode, on its context (calls, prefix, cache budget)."""
     if table:
-        return DynamoMemory(table, ctx.layout.prefix, where, ctx.budget, clock)
+        return DynamoMemory(table, ctx.layout.prefix, where, ctx.budget, clock, ctx.s3)
     return ManifestMemory(ctx.s3, ctx.layout.prefix, ctx.budget, clock)

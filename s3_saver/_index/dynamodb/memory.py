@@ -27,8 +27,9 @@ namespace with no sub-namespaces 2 requests in one round trip (a Query of its pa
 and one of the registry), a list_namespaces page 1 Query (per MB of registry).
 
 A value over ``INLINE_LIMIT`` bytes (packed) lives in an S3 object of its own
-(``memory/n/<node id>/@v/<token>``), written before the item that names it and deleted
-after the write that replaces it (the write returns the old value's reference).
+(``memory/n/<node id>/@v/<token>``), written before the item that names it (within its
+lease: ``memory_lease``) and deleted after the write that replaces it (the write returns
+the old value's reference).
 
 Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace at once,
 fenced by a mark on its registry item (``memory_removal``). Expired items are hidden
@@ -69,8 +70,10 @@ from s3_saver._index.dynamodb.memory_items import (
     _n,
     _subject,
 )
+from s3_saver._index.dynamodb.memory_collect import Collection
 from s3_saver._index.dynamodb.memory_removal import Removals
 from s3_saver._index.memory import Change, Path, Snapshot
+from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
 from s3_saver._transport.protocol import Call, Op, gather, raise_failure, request_one
 from s3_saver.errors import CorruptObjectError, StoreUnavailableError
@@ -84,7 +87,7 @@ INLINE_LIMIT = 16 * 1024  # past ~8 KB an S3 PUT costs less than the item's writ
 VECTOR_LIMIT = 400_000 - INLINE_LIMIT - 4 * 1024
 
 
-class DynamoMemory(Removals):
+class DynamoMemory(Collection, Removals):
     """``MemoryIndex`` on the saver's table (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
@@ -162,6 +165,8 @@ class DynamoMemory(Removals):
             return (yield from self._restore_fenced(path, key, change))
         overwrite = (path, change.key) in self._live
         for _ in range(_MAX_TRIES):
+            # The lease: never name a value object older than VALUE_LEASE (``memory_lease``).
+            (change,) = yield from renewed(self.s3, self.value_key, self.clock, path, [change])
             now = self.clock.now()
             if overwrite:
                 call = self._overwrite(path, key, change, now)
@@ -286,6 +291,7 @@ class DynamoMemory(Removals):
         returns no old values: an item it replaces that had a value object of its own
         leaves that object behind (an import over a different version of a large item)."""
         for _ in range(_MAX_TRIES):
+            (change,) = yield from renewed(self.s3, self.value_key, self.clock, path, [change])  # the lease, as a put's
             call = self._restore(path, key, change)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):

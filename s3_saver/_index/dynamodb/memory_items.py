@@ -24,6 +24,7 @@ from s3_saver._index.memory import Path
 from s3_saver._transport.budget import Cache, CacheBudget
 from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
 from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
+from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import CorruptObjectError, Where
 
 _MAX_TRIES = 10
@@ -69,9 +70,10 @@ class Items:
     """The table, the prefix, the registrations known, and how an item answered becomes
     a row or a registry entry (see the module docstring)."""
 
-    def __init__(self, table: str, prefix: str, where: Where | None, budget: CacheBudget, clock: Clock) -> None:
+    def __init__(self, table: str, prefix: str, where: Where | None, budget: CacheBudget, clock: Clock, s3: S3Calls) -> None:
         self.table = table
         self.prefix = prefix
+        self.s3 = s3  # the bucket of the value objects (a value over INLINE_LIMIT): copied when a lease runs out
         self.where = where
         self.clock = clock
         # Namespaces this process registered or found registered: a hint that saves the

@@ -19,7 +19,8 @@ their ETags. Each is a guess that the swap's condition checks: a stale one costs
 412 and a read, never another answer. Reads never answer from them.
 
 A value over ``INLINE_LIMIT`` bytes (packed) lives in an object of its own, written
-before the head that names it and deleted after the swap that drops it. A swap refused
+before the head that names it (within its lease: ``memory_lease``) and deleted after the
+swap that drops it. A swap refused
 (another writer, or its own resend after a lost answer) is judged on the head read
 again (``_swap``); applied again, its value objects are first copied to fresh tokens
 (+1 CopyObject per large value, only after a refusal).
@@ -67,9 +68,11 @@ from s3_saver._index.manifest.memory_documents import (
     _namespace,
     _size,
 )
+from s3_saver._index.manifest.memory_collect import Collection
 from s3_saver._index.manifest.memory_group import GroupCommits
 from s3_saver._index.manifest.memory_removal import Removals
 from s3_saver._index.memory import Change, Path, Snapshot
+from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.failures import (
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
@@ -87,7 +90,7 @@ from s3_saver.errors import StoreUnavailableError
 INLINE_LIMIT = 64 * 1024
 
 
-class ManifestMemory(GroupCommits, Removals):
+class ManifestMemory(GroupCommits, Collection, Removals):
     """``MemoryIndex`` on the bucket (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
@@ -241,6 +244,8 @@ class ManifestMemory(GroupCommits, Removals):
                 yield from self._register([path], frozenset([path]) if head.emptied else frozenset())
                 yield from gather(*(self._mark(a) for a in _ancestors([path])))
                 registered = etag
+            # The lease: never name a value object older than VALUE_LEASE (``memory_lease``).
+            changes = yield from renewed(self.s3, self.value_key, self.clock, path, changes)
             changed, released = apply(head, changes, self.clock)
             if changed is None:
                 if confirmed:
@@ -282,6 +287,7 @@ class ManifestMemory(GroupCommits, Removals):
         if not moves:
             return changes, []
         calls = tuple(about(self.s3.copy(self.value_key(path, old), self.value_key(path, new)), _namespace(path)) for old, new in moves.items())
+        sent = self.clock.now()
         answers = yield calls
         for call, answer in zip(calls, answers):
             if isinstance(answer, BaseException):
@@ -289,7 +295,7 @@ class ManifestMemory(GroupCommits, Removals):
                     return None
                 if error_code(answer) not in PRECONDITION_FAILED_CODES:  # 412: this copy, sent again, met itself
                     raise_failure(call, answer)
-        return [_moved(c, moves) for c in changes], list(moves)
+        return [_moved(c, moves, sent) for c in changes], list(moves)
 
 
 def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None, list[str]]:
@@ -349,8 +355,10 @@ def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None,
     return Head(head.path, seq, kept, head.desc), released
 
 
-def _moved(change: Change, moves: dict[str, str]) -> Change:
+def _moved(change: Change, moves: dict[str, str], sent: int) -> Change:
     def cell(c: Any) -> Any:
         return ObjectRef(moves[c.token], c.size) if isinstance(c, ObjectRef) else c
 
-    return replace(change, value=cell(change.value), vectors=cell(change.vectors))  # stamps and all kept
+    moved = any(isinstance(c, ObjectRef) for c in (change.value, change.vectors))
+    # Stamps and all kept; a copy's lease runs from its own write.
+    return replace(change, value=cell(change.value), vectors=cell(change.vectors), written=sent if moved else change.written)

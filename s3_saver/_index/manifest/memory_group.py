@@ -16,8 +16,9 @@ as one commit's changes are, so the rules of a single swap hold for the batch wh
 a swap is atomic, so its commits land together or not at all, and a refused swap is
 judged on the head read after it for all of them. Each commit's answer is its own: the
 batch's commits are answered together when the swap is done, and a swap that fails
-fails the commits in it, and only them (the next ones go in a swap of their own). No
-change is refused alone (``apply`` refuses none: what a change could be refused for,
+fails the commits in it, and only them (the next ones go in a swap of their own). A
+commit is refused alone only when its value object, past its lease, is gone
+(``memory_lease``): ``apply`` refuses no change (what a change could be refused for,
 ``prepare`` refused before any request). The value objects the swap released (named by
 rows it replaced) are the lead's answer: its operation runs on after the swap and
 deletes them, whereas a commit it carried may have been cut short meanwhile.
@@ -41,7 +42,9 @@ from typing import Any
 from s3_saver._format.memory.names import node_id
 from s3_saver._index.manifest.memory_documents import _NEVER, Documents
 from s3_saver._index.memory import Change, Path
+from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.protocol import Op
+from s3_saver.errors import StoreUnavailableError
 
 _REGISTRY_QUEUE = "@registry"  # never a node id (64 hex digits)
 
@@ -86,10 +89,18 @@ class GroupCommits(Documents):
         """The lead's swap: the jobs that went together before (a cut swap's) together,
         each such group a ``_swap`` of its own, in queue order. The answers: an error for
         the jobs of a group that failed; the keys released, for the lead (see above)."""
+        answers: list[Any] = [[] for _ in jobs]
+        for i, job in enumerate(jobs):
+            # A value object past its lease is copied first, per commit: one whose object is
+            # gone fails alone (``memory_lease``); none is, in the steady state (no request).
+            try:
+                job.changes = yield from renewed(self.s3, self.value_key, self.clock, path, job.changes)
+            except StoreUnavailableError as exc:
+                answers[i] = exc
         groups: dict[object, list[int]] = {}
         for i, job in enumerate(jobs):
-            groups.setdefault(job.tried, []).append(i)
-        answers: list[Any] = [[] for _ in jobs]
+            if not isinstance(answers[i], BaseException):
+                groups.setdefault(job.tried, []).append(i)
         released: list[str] = []
         for members in groups.values():
             batch = [jobs[i] for i in members]
