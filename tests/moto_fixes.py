@@ -58,6 +58,55 @@ def _serialised_dynamodb(serialised) -> None:
     DynamoHandler.call_action = serialised(DynamoHandler.call_action)
     DynamoHandler._s3_saver_atomic = True
     DynamoDBBackend.transact_write_items = _transact_write_items
+    DynamoHandler.transact_write_items = _once_per_token(DynamoHandler.transact_write_items)
+
+
+_TOKEN_WINDOW = 600.0  # seconds: DynamoDB honours a ClientRequestToken for 10 minutes
+
+
+def _once_per_token(handler):
+    """TransactWriteItems with a ``ClientRequestToken`` applied once, as DynamoDB does.
+
+    DynamoDB answers a transaction sent again with the token of one that succeeded (within
+    10 minutes, same parameters) with success, and applies nothing; other parameters under
+    the same token are refused (IdempotentParameterMismatchException). moto ignores the
+    token: a transaction sent again after a lost answer was applied twice (its item's
+    condition then failed on its own write), which real DynamoDB never does. Requests run
+    one at a time (``call_action`` is serialised above), so a dict is enough."""
+    import json
+    import time
+
+    done: dict[str, tuple[float, str, object]] = {}
+
+    @functools.wraps(handler)
+    def wrapper(self, *args, **kwargs):
+        token = self.body.get("ClientRequestToken")
+        if not token:
+            return handler(self, *args, **kwargs)
+        now = time.monotonic()
+        for old in [t for t, (at, _, _) in done.items() if now - at > _TOKEN_WINDOW]:
+            del done[old]
+        # moto's body holds binary attribute values decoded (bytes): they are part of the parameters.
+        body = json.dumps({k: v for k, v in self.body.items() if k != "ClientRequestToken"}, sort_keys=True, default=_plain)
+        if token in done:
+            _, first, answer = done[token]
+            if first != body:
+                from moto.dynamodb.exceptions import ERROR_TYPE_PREFIX, DynamodbException
+
+                raise DynamodbException(
+                    ERROR_TYPE_PREFIX + "IdempotentParameterMismatchException",
+                    "The request with the client token was already used with other parameters",
+                )
+            return answer
+        answer = handler(self, *args, **kwargs)  # raises when the transaction is refused: nothing kept
+        done[token] = (now, body, answer)
+        return answer
+
+    return wrapper
+
+
+def _plain(value: object) -> str:
+    return value.hex() if isinstance(value, (bytes, bytearray)) else repr(value)
 
 
 def _transact_write_items(backend, transact_items):

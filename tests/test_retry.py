@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
+from botocore.exceptions import ClientError, ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
 
 from s3_saver import ConfigurationError, RetryPolicy, StoreUnavailableError
 from s3_saver._transport.protocol import Call, Sleep, request
@@ -442,3 +443,40 @@ def test_an_operations_own_retry_loops_keep_to_the_deadline() -> None:
     with pytest.raises(S3SaverError, match="at most 10"):
         store.drive(resilient(index.transact([{"Put": {}}], "a commit"), RetryPolicy(), clock=store.clock))
     assert len(store.sent) == 10
+
+
+def _judged_write_and_read() -> Any:
+    """A write its operation judges after a failure that may have landed (the memory
+    store's item writes, ``Call.idempotent=False``), beside an ordinary read."""
+    s3 = S3Calls("b")
+    write = replace(s3.get("w"), idempotent=False)
+    results = yield (write, s3.get("r"))
+    return results
+
+
+@pytest.mark.parametrize(
+    ("failure", "resent"),
+    [
+        (ReadTimeoutError(endpoint_url="http://127.0.0.1:1"), False),
+        (ConnectionClosedError(endpoint_url="http://127.0.0.1:1"), False),
+        (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), False),  # aiobotocore: also a reset while sending
+        (_error("InternalServerError", 500), False),
+        (_error("ServiceUnavailable", 503), False),
+        (ConnectTimeoutError(endpoint_url="http://127.0.0.1:1"), True),
+        (_error("ProvisionedThroughputExceededException", 400), True),
+        (_error("ThrottlingException", 400), True),
+    ],
+    ids=["read timeout", "reset", "connection", "500", "503", "connect timeout", "throughput", "throttling"],
+)
+def test_a_write_judged_by_its_operation_is_sent_again_only_when_it_cannot_have_landed(failure: BaseException, resent: bool) -> None:
+    """A failure that may have been applied is handed back at once (no attempt, no
+    pause): sent again as is, such a write could return itself as the item it replaced,
+    or name an object another writer deleted meanwhile. One that proves it was not
+    applied is sent again as any call is. Other calls of the round trip are retried
+    as before."""
+    answers = {"w": [failure, {"Body": b"W"}], "r": [ReadTimeoutError(endpoint_url="http://127.0.0.1:1"), {"Body": b"R"}]}
+    result, sent, _ = _drive(resilient(_judged_write_and_read(), RetryPolicy(attempts=4)), answers)
+    if resent:
+        assert result == [{"Body": b"W"}, {"Body": b"R"}] and sent == ["w", "r", "w", "r"]
+    else:
+        assert result[0] is failure and result[1] == {"Body": b"R"} and sent == ["w", "r", "r"]

@@ -555,6 +555,92 @@ def test_a_put_cut_after_any_round_trip_leaves_the_old_or_the_new_item_listed(bu
                 assert reader.get(space, "k").value == big
 
 
+# -- a write whose answer is lost ---------------------------------------------------------
+
+
+def _lose_the_commits_answer(store: S3Store, meanwhile: Any = None) -> None:
+    """The first index write of ``store`` that lands (DynamoDB UpdateItem or DeleteItem,
+    manifest head swap): then ``meanwhile()`` runs (another writer), and its answer is
+    lost (a read timeout)."""
+    from botocore.exceptions import ReadTimeoutError
+
+    sent = store._sync._wave
+    lost = [False]
+
+    def wave(calls: Any) -> Any:
+        answers = sent(calls)
+        for i, call in enumerate(calls):
+            head = call.operation == "put_object" and str(call.params.get("Key", "")).endswith("/@head")
+            item = call.operation in ("update_item", "delete_item")
+            if (head or item) and not isinstance(answers[i], BaseException) and not lost[0]:
+                lost[0] = True
+                if meanwhile is not None:
+                    meanwhile()
+                answers = list(answers)
+                answers[i] = ReadTimeoutError(endpoint_url="http://127.0.0.1:1")
+        return answers
+
+    store._sync._wave = wave  # type: ignore[method-assign]
+
+
+# Requests of a put of a large value over a large value whose index write's answer is lost,
+# with no writer between. Before: the write sent again as is (manifest: refused, 412, then
+# judged on the head read), leaving the replaced value's object behind in DynamoDB mode.
+LOST_ANSWER_REQUESTS = {
+    # PUT @v, PUT head (lost), PUT head again (412: its own swap), GET head (its rows
+    # stand: done), DELETE the replaced value
+    "manifest": {("s3", "put_object"): 3, ("s3", "get_object"): 1, ("s3", "delete_objects"): 1},
+    # PUT @v, the creation (a key this process never saw: refused, the item exists),
+    # UpdateItem (lost), GetItem (its write token: landed; ``pv`` names the replaced
+    # value), DELETE it
+    "dynamodb": {
+        ("s3", "put_object"): 1,
+        ("dynamodb", "transact_write_items"): 1,
+        ("dynamodb", "update_item"): 1,
+        ("dynamodb", "get_item"): 1,
+        ("s3", "delete_objects"): 1,
+    },
+}
+
+
+def test_a_put_whose_answer_is_lost_keeps_the_value_and_leaves_no_object(bucket: tuple[str, str]) -> None:
+    """A put of a large value over another, its index write landed but its answer lost:
+    the key holds its value (or, with another writer's put landed between, either
+    value, whole: never a value object that writer deleted), and the only value object
+    left is the one the item names (the replaced ones deleted)."""
+    for between in (False, True):
+        prefix = f"lost{next(_PREFIXES)}/"
+        ns = ("lost", "answer")
+        old, mine, theirs = ({"text": c + secrets.token_urlsafe(100_000)} for c in "OMT")
+        with make_store(*bucket, prefix) as setup:
+            setup.put(ns, "k", old)
+        with make_store(*bucket, prefix) as other, make_store(*bucket, prefix) as store:
+            store.put(ns, "warm", {"a": 1})  # checks, registration, head known: the put's own requests alone
+            _lose_the_commits_answer(store, (lambda: other.put(ns, "k", theirs)) if between else None)
+            store.stats.reset()
+            store.put(ns, "k", mine)
+            requests = {k: v for k, v in store.stats.requests.items() if v}
+        if not between:
+            assert requests == LOST_ANSWER_REQUESTS[bucket[1]]
+        with make_store(*bucket, prefix) as reader:
+            assert reader.get(ns, "k").value in ((mine, theirs) if between else (mine,)), between
+            assert [i.value for i in reader.search(ns) if i.key == "k"] == [reader.get(ns, "k").value]
+        assert len([k for k in keys(bucket[0], prefix + "memory/") if "/@v/" in k]) == 1, between
+
+
+def test_a_delete_whose_answer_is_lost_leaves_no_object(bucket: tuple[str, str]) -> None:
+    """The delete of a large value, its index write landed but its answer lost: the key
+    is gone and so is its value object."""
+    prefix = f"lost{next(_PREFIXES)}/"
+    ns = ("lost", "delete")
+    with make_store(*bucket, prefix) as store:
+        store.put(ns, "k", {"text": secrets.token_urlsafe(100_000)})
+        _lose_the_commits_answer(store)
+        store.delete(ns, "k")
+        assert store.get(ns, "k") is None
+    assert [k for k in keys(bucket[0], prefix + "memory/") if "/@v/" in k] == []
+
+
 def test_dynamodb_reads_only_the_registry_range_a_search_or_a_page_needs(endpoint: str) -> None:
     """DynamoDB mode: a search, or a list_namespaces page with a fixed prefix, reads the
     registry items under its prefix (a Query BETWEEN its bounds), not every namespace."""

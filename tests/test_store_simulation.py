@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import time
-import warnings
 
 import pytest
 from conftest import INDEX_MODES
@@ -61,31 +59,8 @@ def _base_seed() -> int:
     return int(given) if given else random.SystemRandom().randrange(10**6)
 
 
-# A known defect, not fixed yet (DynamoDB mode): an overwrite or a delete (UpdateItem,
-# DeleteItem; a creation is a transaction with a ClientRequestToken, applied once) whose
-# answer is lost is sent again by the driver as the same call, which cannot tell whether
-# the first one landed. Landed, its answer named the value object of the item it replaced: that object
-# is left, named by no row. Landed and replaced by another writer before the resend (that
-# writer deleted its value object, which the item named), the resend names that object
-# again: the key is unreadable (StoreUnavailableError) until written again. The
-# manifest mode judges a refused swap on the head read after it (tests below). The
-# random schedules meet it now and then: they report it as a warning, with the command
-# that replays it, and fail on every other problem.
-KNOWN_DYNAMODB_RESEND = re.compile(
-    r"is named by no row \(no step was cut\)|names the value object .*, which is gone|kept being replaced while being read"
-)
-
-
-def _known(out: Outcome) -> bool:
-    resent = any("[lost]" in line and re.search(r"dynamodb\.(update_item|put_item|delete_item)", line) for line in out.trace)
-    return out.spec.mode == "dynamodb" and resent and bool(out.problems) and all(KNOWN_DYNAMODB_RESEND.search(p) for p in out.problems)
-
-
-def _run(world: StoreWorld, spec: Spec, tally: Tally, known: bool = True) -> Outcome:
+def _run(world: StoreWorld, spec: Spec, tally: Tally) -> Outcome:
     out = run_store_schedule(world, spec)
-    if known and _known(out):
-        warnings.warn(f"the known DynamoDB resend defect (KNOWN_DYNAMODB_RESEND): {spec.replay()}: {out.problems}", stacklevel=2)
-        out.problems = []
     tally.add(out)
     return out
 
@@ -249,6 +224,16 @@ PINNED = (
     # left, named by no row. A refused swap is now judged on the head read after it
     # (its rows stand: done; else its value objects are copied to fresh tokens first).
     pytest.param("manifest", "put_large+put_large@one", 0, "one", [6, 1, 0], id="manifest-resend-leaves-the-old-value"),
+    # The same in DynamoDB mode: the UpdateItem landed, its answer lost, and the driver sent
+    # it again as is. With the other writer's put between, the resend named the value
+    # object that writer had deleted (the key unreadable); with none, it returned its own
+    # item as the old one, and the value it replaced was left, named by no row. An item
+    # write is now never sent again blindly (Call.idempotent): the put reads the item,
+    # finds its write token there (landed: it releases the ``pv`` the item recorded) or
+    # copies its value object to a fresh token before writing again (a source gone: it
+    # landed and was replaced, done).
+    pytest.param("dynamodb", "put_large+put_large@one", 0, "one", [2, 1, 0], id="dynamodb-resend-names-a-deleted-value"),
+    pytest.param("dynamodb", "put_large+put_large@one", 0, "one", [5, 1, 0], id="dynamodb-resend-leaves-the-old-value"),
     # A search met a value object gone (its row replaced after the read), read the
     # namespace again, and found there a key put meanwhile with a large value: that row was
     # never added to the values to fetch, and the search raised KeyError. What a batch
@@ -262,18 +247,8 @@ PINNED = (
 @pytest.mark.parametrize(("mode", "scenario", "seed", "faults", "path"), PINNED)
 def test_store_pinned(moto_endpoint: str, mode: str, scenario: str, seed: int, faults: str, path: list[int] | None) -> None:
     tally = Tally()
-    _run(StoreWorld(moto_endpoint, mode), StoreSpec(mode, scenario, seed, faults, path), tally, known=False)
+    _run(StoreWorld(moto_endpoint, mode), StoreSpec(mode, scenario, seed, faults, path), tally)
     _fail(tally, f"{mode} {scenario} seed {seed}")
-
-
-@pytest.mark.parametrize("path", [[2, 1, 0], [5, 1, 0]], ids=["names-a-deleted-value", "leaves-the-old-value"])
-def test_two_first_puts_of_a_large_value_resent_after_a_lost_answer_pinned(moto_endpoint: str, path: list[int]) -> None:
-    """The schedules that found the resend defect, first puts of one key by two processes:
-    a creation is a transaction with a ClientRequestToken, applied once however often it is
-    sent, so they hold now. An overwrite (UpdateItem) resent still meets the defect."""
-    tally = Tally()
-    _run(StoreWorld(moto_endpoint, "dynamodb"), StoreSpec("dynamodb", "put_large+put_large@one", 0, "one", path), tally, known=False)
-    _fail(tally, "dynamodb put_large+put_large@one seed 0")
 
 
 def test_store_replay(moto_endpoint: str) -> None:

@@ -151,9 +151,15 @@ def test_the_check_refuses_an_import_against_the_map(where: str, line: str) -> N
     assert problems(wing_map(), {PKG / where: line})
 
 
+def _sources(root: Path) -> list[Path]:
+    """The project's Python files under ``root``: not a virtualenv's (``make bench``
+    builds the peer's under benchmarks/)."""
+    return sorted(p for p in root.rglob("*.py") if not any(part.startswith(".venv") for part in p.relative_to(root).parts))
+
+
 def _graph(root: Path) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
-    for path in sorted(root.rglob("*.py")):
+    for path in _sources(root):
         graph[module_of(path)] = {m for _, m in imports(path) if m.split(".")[0] == root.name}
     return graph
 
@@ -195,7 +201,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_benchmarks_measure_the_public_api() -> None:
     """The bench runs what users run: ``from s3_saver import ...`` only."""
-    private = [f"{p.relative_to(REPO)}:{line}: {m}" for p in sorted((REPO / "benchmarks").rglob("*.py"))
+    private = [f"{p.relative_to(REPO)}:{line}: {m}" for p in _sources(REPO / "benchmarks")
                for line, m in imports(p) if m.startswith("s3_saver.")]
     assert not private, private
 

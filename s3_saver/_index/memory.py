@@ -16,18 +16,29 @@ Invariants every backend keeps:
   the last committed value whole, and ``created_at`` the first's;
 - a refresh moves an item's expiry only if the expiry is still the one read (it never
   revives a deleted item, nor shortens an expiry a newer write gave);
-- what a read returns is checked to be the namespace asked for.
+- what a read returns is checked to be the namespace asked for;
+- a value object, once the row naming it is replaced or removed, is never named again
+  (tokens are fresh, and a write applied again after a lost answer names copies:
+  ``fresh_objects``), so whoever learns that a row was replaced may delete its objects.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.rows import ObjectRef, Row, ValueCell, VectorsCell
-from s3_saver._format.memory.ttl import Refresh
-from s3_saver._transport.protocol import Op
+from s3_saver._format.memory.ttl import Clock, Refresh
+from s3_saver._transport.failures import (
+    OBJECT_MISSING,
+    PRECONDITION_FAILED_CODES,
+    classify,
+    error_code,
+)
+from s3_saver._transport.protocol import Op, about, raise_failure
+from s3_saver._transport.s3 import S3Calls
 
 Path = tuple[str, ...]
 
@@ -100,6 +111,8 @@ class Swept:
 class MemoryIndex(Protocol):
     prefix: str
     """The store's key prefix (in the bucket; encoded, in the table)."""
+    clock: Clock
+    """The store's clock: its items' times, and a value object's lease (``memory_lease``)."""
     knows_leaves: bool
     """Whether ``read`` names the leaves among the namespaces it reads whole (then a
     search of a leaf reads no registry)."""
@@ -162,3 +175,44 @@ class MemoryIndex(Protocol):
         over): remove their items expired at ``now`` (value objects first) and unregister
         those left with no item."""
         ...
+
+
+def fresh_objects(
+    s3: S3Calls, index: MemoryIndex, path: Path, changes: list[Change], subject: str
+) -> Op[tuple[list[Change], list[str]] | None]:
+    """``changes`` with each value object copied to a fresh token (one wave of
+    CopyObject), and the old tokens; None when a source is gone.
+
+    For a write applied again after one whose answer was lost (both modes): that one may
+    have landed and been replaced since, and the writer that replaced it deleted its
+    objects (the row it replaced named them). Named again, the key would name a deleted
+    object. A copy that finds its source gone proves exactly that: the earlier write
+    landed (ordered before the one that replaced it), and the commit is done. The old
+    tokens are named by no row from now on (the caller releases them)."""
+    moves: dict[str, str] = {}
+    for change in changes:
+        for cell in (change.value, change.vectors):
+            if isinstance(cell, ObjectRef):
+                moves.setdefault(cell.token, new_token())
+    if not moves:
+        return changes, []
+    calls = tuple(about(s3.copy(index.value_key(path, old), index.value_key(path, new)), subject) for old, new in moves.items())
+    sent = index.clock.now()
+    answers = yield calls
+    for call, answer in zip(calls, answers):
+        if isinstance(answer, BaseException):
+            if classify(answer, call.operation) == OBJECT_MISSING:
+                return None
+            if error_code(answer) not in PRECONDITION_FAILED_CODES:  # 412: this copy, sent again, met itself
+                raise_failure(call, answer)
+    return [_moved(c, moves, sent) for c in changes], list(moves)
+
+
+def _moved(change: Change, moves: dict[str, str], sent: int) -> Change:
+    def cell(c: Any) -> Any:
+        return ObjectRef(moves[c.token], c.size) if isinstance(c, ObjectRef) else c
+
+    moved = any(isinstance(c, ObjectRef) for c in (change.value, change.vectors))
+    # replace(): every other field kept (an import's stamps among them); a copy's lease
+    # runs from its own write (``memory_lease``).
+    return replace(change, value=cell(change.value), vectors=cell(change.vectors), written=sent if moved else change.written)

@@ -12,6 +12,7 @@ from typing import Any
 
 from botocore.exceptions import (
     BotoCoreError,
+    ConnectTimeoutError,
     InvalidRegionError,
     NoCredentialsError,
     NoRegionError,
@@ -174,6 +175,15 @@ def throttled(exc: BaseException) -> bool:
         codes = {r.get("Code") or "None" for r in reasons}
         return bool(codes & THROTTLED_REASONS) and codes <= THROTTLED_REASONS | {"None"}
     return error_code(exc) in THROTTLING_CODES or _status(exc) == 429
+
+
+def unapplied(exc: BaseException) -> bool:
+    """The failure proves the call was not applied: the store refused it for throttling
+    (it is up and asks for fewer requests), or no connection was made (a connect
+    timeout). Any other failure without an answer (a read timeout, a dropped or refused
+    connection: aiobotocore reports a connection reset while sending as a connection
+    error, a 5xx, an unreadable answer) may have been applied."""
+    return isinstance(exc, ConnectTimeoutError) or throttled(exc)
 
 
 def _message(exc: BaseException) -> str:

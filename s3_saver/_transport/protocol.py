@@ -42,6 +42,13 @@ class Call:
     # What the call is about, in the user's words, where its key is a hash (the memory
     # store's namespace and key): named in its errors before the key.
     subject: str | None = field(default=None, compare=False, repr=False)
+    # False: sending it again after a failure that may have been applied (a lost answer)
+    # is not the same as sending it once (a write whose answer names what it replaced, or
+    # that names an object another writer may release meanwhile). ``resilient`` then
+    # sends it again only after a failure that proves it was not applied (throttling, a
+    # connect timeout) and hands any other back to the operation, which judges whether it
+    # landed. Every call of the saver is True.
+    idempotent: bool = field(default=True, compare=False, repr=False)
 
     def describe(self) -> str:
         """The operation and the key it touches, e.g. ``s3.get_object(live/t/...)``

@@ -5,6 +5,10 @@ writes (``IfNoneMatch``: a retry that meets its own object compares bytes),
 the manifest head's compare-and-swap (a retry that meets its own swap finds it
 on the re-read), index items written whole or conditionally with a token that
 recognises the writer's own commit, batch writes and deletes of fixed keys.
+(A call marked ``idempotent=False`` -- the memory store's overwrites, and the
+conditional deletes of its erase and TTL sweep, in DynamoDB mode -- is sent
+again only after a failure that proves it was not
+applied; any other is handed back to its operation, which judges it.)
 So the saver retries them itself, the same way under boto3 and aioboto3:
 connection failures, timeouts, 5xx answers, answers that are not the store's
 (``_transport/answers``: a 200 that confirms nothing, as good as no answer) and throttling are sent again after
@@ -33,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from s3_saver._transport.failures import UNAVAILABLE, classify, throttled
+from s3_saver._transport.failures import UNAVAILABLE, classify, throttled, unapplied
 from s3_saver._transport.protocol import Backoff, Call, Op, Sleep, T
 from s3_saver.errors import ConfigurationError
 
@@ -169,6 +173,11 @@ def resilient(op: Op[T], policy: RetryPolicy, clock: Callable[[], float] = time.
                 again = []
                 for i, (call, result) in enumerate(zip(step, results)):
                     if not transient(call, result):
+                        continue
+                    if not call.idempotent and not unapplied(result):
+                        # It may have landed: sent again as is, it could return its own
+                        # write as the old one, or name again an object another writer
+                        # released meanwhile. Its operation judges it (Call.idempotent).
                         continue
                     if by_time and throttled(result):
                         # Bounded by time, not by count: full jitter's short

@@ -5,7 +5,9 @@ One item per memory item, ``pk = <P>#m/<node id>``, ``sk = "k" + key``, holding 
 row's fields as attributes (``ns`` its namespace, checked on every read; ``seq`` and
 ``ca`` its creation time, kept by an overwrite; ``ua``; ``exu`` its exact expiry in
 microseconds and ``expires_at`` the same in seconds, rounded up, for DynamoDB's TTL;
-``ttl``; ``v`` the packed value; ``vec`` the packed vectors). One registry item per
+``ttl``; ``v`` the packed value; ``vec`` the packed vectors; ``wt`` the token of the
+write that made it; ``vo`` its value object's token, when its value lives in one; ``pv``
+the ``vo`` of the item an overwrite replaced, or ""). One registry item per
 namespace, ``pk = <P>#mreg``, ``sk`` = its registry key (so a Query returns namespaces
 in Python's tuple order), with its path and its registration time (the namespace order
 of a search).
@@ -16,10 +18,20 @@ deleted after), refused when the item is absent or expired; a put that creates a
 is one ``TransactWriteItems`` of a check that the namespace is registered (and not being
 unregistered) and a conditional ``Put``. The process tries first the one its hint says
 (a key it wrote or read: the overwrite); a wrong guess costs one more request. A delete
-is one ``DeleteItem``; a refresh one ``UpdateItem`` fenced on the expiry read. DynamoDB
+is one ``DeleteItem`` (two for an item whose value lives in an object: ``_delete``); a refresh one ``UpdateItem`` fenced on the expiry read. DynamoDB
 applies the writes of one item one at a time: the last wins, whole. A namespace is
 registered (a conditional ``PutItem`` of its registry item) before its first item is
 written, once per process, and again when a creation's check finds it unregistered.
+
+An overwrite whose answer is lost (a read timeout: it may have landed) is never
+answered by sending the same write again (``Call.idempotent``): the put reads the item
+and judges (``_put``). The old value's object is deleted by whoever learns the item was
+replaced: the write's own answer (its ``v``, ``vo`` and ``pv``), or, answer lost, the
+item read after it (its ``pv``) or the next writer's answer (the ``pv`` it returns).
+Left behind (to gc, as an object whose commit never landed): the object an item
+replaced when two overwrites of the key in a row both lose their answers. Not handled:
+a write that lands after its timeout and after the read that judged it (DynamoDB
+bounds no such delay).
 
 Costs: a get 1 request (per key), a put 1 request (2 for the first put a process makes
 into a namespace: the registration first; 2 when the hint guessed wrong), a search of a
@@ -43,6 +55,7 @@ removals ``memory_removal``'s.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,15 +66,14 @@ from s3_saver._format.memory.documents import (
     ITEM_MARK,
     registry_partition,
 )
-from s3_saver._format.memory.names import registry_bounds, registry_key, show
+from s3_saver._format.memory.names import registry_bounds, show
 from s3_saver._format.memory.rows import (
     ObjectRef,
     Row,
     value_from_wire,
-    value_to_wire,
-    vectors_to_wire,
 )
-from s3_saver._format.memory.ttl import epoch_seconds_up, expires_at
+from s3_saver._format.memory.ttl import epoch_seconds_up
+from s3_saver._index.dynamodb.memory_collect import Collection
 from s3_saver._index.dynamodb.memory_items import (
     _LIVE_BYTES,
     _MAX_TRIES,
@@ -70,15 +82,21 @@ from s3_saver._index.dynamodb.memory_items import (
     _n,
     _subject,
 )
-from s3_saver._index.dynamodb.memory_collect import Collection
 from s3_saver._index.dynamodb.memory_removal import Removals
-from s3_saver._index.memory import Change, Path, Snapshot
+from s3_saver._index.memory import Change, Path, Snapshot, fresh_objects
 from s3_saver._index.memory_lease import renewed
-from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
-from s3_saver._transport.protocol import Call, Op, gather, raise_failure, request_one
+from s3_saver._transport.failures import (
+    CONDITION_FAILED_CODES,
+    UNAVAILABLE,
+    classify,
+    error_code,
+)
+from s3_saver._transport.protocol import Backoff, Op, gather, raise_failure, request_one
 from s3_saver.errors import CorruptObjectError, StoreUnavailableError
 
 INLINE_LIMIT = 16 * 1024  # past ~8 KB an S3 PUT costs less than the item's write units
+_BACKOFF_MAX = 0.5  # seconds, before a put whose answer was lost is written again
+_JITTER = random.SystemRandom()
 
 # A DynamoDB item holds 400 KB (names and values). The vectors are inline; beside them at
 # most INLINE_LIMIT of value, a key of 1,000 bytes, a namespace of 1,024 and a few numbers.
@@ -157,33 +175,70 @@ class DynamoMemory(Collection, Removals):
                 raise_failure(call, answer)
             return []
         if change.value is None:
-            params = {"Key": key, "ReturnValues": "ALL_OLD"}
-            answer = yield from request_one(self._call("delete_item", params, _subject(path, change.key)))
+            released = yield from self._delete(path, key, change.key)
             self._live.pop((path, change.key))
-            return self._released(path, answer, None)
+            return released
         if change.stamps is not None:
             return (yield from self._restore_fenced(path, key, change))
+        return (yield from self._put(path, key, change))
+
+    def _put(self, path: Path, key: dict[str, Any], change: Change) -> Op[list[str]]:
+        """The overwrite of a live item (one ``UpdateItem``, tried first when the process
+        has seen the key), else the creation (one transaction, see ``_create``).
+
+        The overwrite is never sent again blindly after a lost answer (``Call.idempotent``):
+        sent again as is, it would return its own item as the old one (the value object it
+        replaced left behind), or, landed and replaced by another writer since (who deleted
+        its value object, named by the item that writer replaced), name that deleted object
+        again: the key unreadable. So it is judged on the item read after it: its write
+        token there, it landed (it releases the ``pv`` its item recorded); else its value
+        object is copied to a fresh token (a source gone proves it landed and was replaced:
+        done) and the write sent again, naming the copy. A creation is a transaction with a
+        ``ClientRequestToken``: sent again, DynamoDB applies it once."""
+        assert change.value is not None
         overwrite = (path, change.key) in self._live
-        for _ in range(_MAX_TRIES):
+        copied: list[str] = []  # value objects of writes judged not current: named by no row from now on
+        lost = 0
+        for _ in range(_MAX_TRIES + 2 * _MAX_TRIES):
             # The lease: never name a value object older than VALUE_LEASE (``memory_lease``).
             (change,) = yield from renewed(self.s3, self.value_key, self.clock, path, [change])
             now = self.clock.now()
             if overwrite:
-                call = self._overwrite(path, key, change, now)
+                token = new_token()
+                call = self._overwrite(path, key, change, now, token)
                 (answer,) = yield (call,)
                 if not isinstance(answer, BaseException):
                     self._live.put((path, change.key), True, _LIVE_BYTES + len(change.key))
-                    return self._released(path, answer, change.value)
+                    return self._released(path, answer.get("Attributes") or {}, change.value) + copied
+                if classify(answer, call.operation) == UNAVAILABLE:
+                    # The answer lost (or a failure that may have been applied): judge it.
+                    lost += 1
+                    item = (yield from request_one(self._get(path, change.key))).get("Item") or {}
+                    if item.get("wt", {}).get("S") == token:
+                        # Landed, and still the key's item: what it replaced is in its ``pv``.
+                        self._live.put((path, change.key), True, _LIVE_BYTES + len(change.key))
+                        return self._released(path, {"pv": item.get("pv", {})}, change.value) + copied
+                    fresh = yield from fresh_objects(self.s3, self, path, [change], _subject(path, change.key))
+                    if fresh is None:
+                        # Landed, then replaced: that writer released this one's value object
+                        # and the one it had replaced (its ``pv``). Ordered before it: done.
+                        return copied
+                    (change,), old = fresh
+                    copied += [self.value_key(path, t) for t in old]
+                    go_on = yield Backoff(_JITTER.uniform(0, min(_BACKOFF_MAX, 0.01 * 2**lost)), lost)
+                    if go_on is False or lost >= _MAX_TRIES:
+                        raise_failure(call, answer)
+                    continue
                 if error_code(answer) not in CONDITION_FAILED_CODES:
                     raise_failure(call, answer)
                 # No live item (absent, deleted or expired): create one.
-            call = self._create(path, key, change, now)
+            call = self._create(path, key, change, now, new_token())
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
                 self._live.put((path, change.key), True, _LIVE_BYTES + len(change.key))
-                return []
-            registry, item = _cancelled(answer)
-            if item:
+                return copied
+            registry, item_refused = _cancelled(answer)
+            if item_refused:
                 overwrite = True  # a live item is there: overwrite it (its created_at kept)
             elif registry:
                 # Unregistered (an erase or a sweep) or being unregistered since this
@@ -198,90 +253,75 @@ class DynamoMemory(Collection, Removals):
             "(created, deleted, or its namespace unregistered) between the writes; try again"
         )
 
-    def _released(self, path: Path, answer: dict[str, Any], value: Any) -> list[str]:
-        old = (answer.get("Attributes") or {}).get("v")
-        if old is None or "B" not in old:
-            return []
-        try:
-            cell = value_from_wire(ormsgpack.unpackb(old["B"]), self.describe(path))
-        except (CorruptObjectError, ormsgpack.MsgpackDecodeError, ValueError):
-            return []  # not one of ours to delete
-        if isinstance(cell, ObjectRef) and not (isinstance(value, ObjectRef) and value.token == cell.token):
-            return [self.value_key(path, cell.token)]
-        return []
-
-    def _attributes(self, path: Path, change: Change, now: int) -> tuple[dict[str, Any], list[str]]:
-        """The attributes a put sets, and those it removes (an overwrite with no expiry or
-        no vectors drops the old ones)."""
-        assert change.value is not None
-        values: dict[str, Any] = {
-            "ns": {"L": [{"S": label} for label in path]},
-            "ua": _n(now),
-            "v": {"B": ormsgpack.packb(value_to_wire(change.value))},
-        }
-        removed: list[str] = []
-        exu = expires_at(now, change.ttl_minutes)
-        if exu is None:
-            removed += ["exu", "expires_at", "ttl"]
-        else:
-            values.update(exu=_n(exu), expires_at=_n(epoch_seconds_up(exu)), ttl={"N": repr(float(change.ttl_minutes or 0))})
-        if change.vectors is None:
-            removed.append("vec")
-        else:
-            values["vec"] = {"B": ormsgpack.packb(vectors_to_wire(change.vectors))}
-        return values, removed
-
-    def _overwrite(self, path: Path, key: dict[str, Any], change: Change, now: int) -> Call:
-        values, removed = self._attributes(path, change, now)
-        names = {f"#{name}": name for name in [*values, *removed, "ca", "seq"]}
-        sets = [f"#{name} = :{name}" for name in values]
-        sets += ["#ca = if_not_exists(#ca, :now)", "#seq = if_not_exists(#seq, :now)"]
-        expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(f"#{n}" for n in removed) if removed else "")
-        return self._call(
-            "update_item",
-            {
-                "Key": key,
-                "UpdateExpression": expression,
-                # Live: an overwrite keeps created_at. Never a creation: an item is created only
-                # by ``_create``, whose transaction checks the namespace is registered (an
-                # item written here after an erase or a sweep removed it would be unlisted).
-                "ConditionExpression": "attribute_exists(#pk) AND (attribute_not_exists(#exu) OR #exu > :now)",
-                "ExpressionAttributeNames": {**names, "#exu": "exu", "#pk": "pk"},
-                "ExpressionAttributeValues": {**{f":{n}": v for n, v in values.items()}, ":now": _n(now)},
-                # The old value: a value object it named is deleted after (never one unread).
-                "ReturnValues": "UPDATED_OLD",
-            },
-            _subject(path, change.key),
+    def _delete(self, path: Path, key: dict[str, Any], name: str) -> Op[list[str]]:
+        """A ``DeleteItem`` of an item with no value object (or of none): nothing to lose
+        if its answer is lost and it is sent again. An item with a value object is refused
+        by it, with the item as it is (or read after it), and deleted by a second
+        ``DeleteItem`` conditioned on that value object (delete only what you read): sent
+        again after a lost answer, it is refused, and the objects of the item read are
+        released either way (that item is gone: deleted by this delete, or replaced by a
+        writer it is ordered before). Sent again blindly, a single ``DeleteItem`` whose
+        answer was lost would find nothing, and the value object would stay, unnamed."""
+        subject = _subject(path, name)
+        for _ in range(_MAX_TRIES):
+            call = self._call(
+                "delete_item",
+                {
+                    "Key": key,
+                    "ConditionExpression": "attribute_not_exists(#vo)",
+                    "ExpressionAttributeNames": {"#vo": "vo"},
+                    "ReturnValues": "ALL_OLD",
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                },
+                subject,
+            )
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                return self._released(path, answer.get("Attributes") or {}, None)
+            if error_code(answer) not in CONDITION_FAILED_CODES:
+                raise_failure(call, answer)
+            seen = (getattr(answer, "response", None) or {}).get("Item")
+            if seen is None:  # a store that does not return it: read it
+                seen = (yield from request_one(self._get(path, name))).get("Item")
+            if seen is None or "vo" not in seen:
+                continue  # changed meanwhile: judge it again
+            call = self._call(
+                "delete_item",
+                {
+                    "Key": key,
+                    "ConditionExpression": "#vo = :vo",
+                    "ExpressionAttributeNames": {"#vo": "vo"},
+                    "ExpressionAttributeValues": {":vo": seen["vo"]},
+                    "ReturnValues": "ALL_OLD",
+                },
+                subject,
+            )
+            (answer,) = yield (call,)
+            if isinstance(answer, BaseException) and error_code(answer) not in CONDITION_FAILED_CODES:
+                raise_failure(call, answer)
+            return self._released(path, seen, None)
+        raise StoreUnavailableError(
+            f"delete of key {show(name)} in namespace {show(path)} ({self.describe(path)}): the item kept changing "
+            "between the two deletes; try again"
         )
 
-    def _create(self, path: Path, key: dict[str, Any], change: Change, now: int) -> Call:
-        """A new item (over nothing, or an expired one), in a transaction with a check that
-        the namespace is registered and no removal is under way: the invariant "every item
-        is listed" holds against erases and sweeps (``_erase_items``, ``_sweep_empty``)
-        without a read before the write. (A replaced expired item's value object, if it had
-        one, is left behind, unnamed: a transaction returns no old values.)"""
-        values, _ = self._attributes(path, change, now)
-        item = {**key, **values, "ca": _n(now), "seq": _n(now)}
-        actions = [
-            {
-                "ConditionCheck": {
-                    "TableName": self.table,
-                    "Key": _key(registry_partition(self.prefix), registry_key(path)),
-                    "ConditionExpression": "attribute_exists(pk) AND attribute_not_exists(retiring)",
-                }
-            },
-            {
-                "Put": {
-                    "TableName": self.table,
-                    "Item": item,
-                    "ConditionExpression": "attribute_not_exists(pk) OR exu <= :now",
-                    "ExpressionAttributeValues": {":now": _n(now)},
-                }
-            },
-        ]
-        # A token of its own: sent again after a lost answer, it is applied once.
-        params = {"TransactItems": actions, "ClientRequestToken": new_token()}
-        return Call("dynamodb", "transact_write_items", params, self.where, _subject(path, change.key))
+    def _released(self, path: Path, old: dict[str, Any], value: Any) -> list[str]:
+        """The value objects named by the item ``old`` (attributes as the write returned
+        them, or as read): its value's (``v``, ``vo``) and the one it had replaced (``pv``:
+        released by its own writer too, unless that writer's answer was lost; deleting it
+        twice is harmless, as it is named by no row). Never the object of ``value``, the
+        one the commit names."""
+        tokens: list[str] = [t for t in (old.get("vo", {}).get("S"), old.get("pv", {}).get("S")) if t]
+        packed = old.get("v")
+        if packed is not None and "B" in packed:
+            try:
+                cell = value_from_wire(ormsgpack.unpackb(packed["B"]), self.describe(path))
+            except (CorruptObjectError, ormsgpack.MsgpackDecodeError, ValueError):
+                cell = None  # not one of ours to delete
+            if isinstance(cell, ObjectRef):
+                tokens.append(cell.token)
+        mine = value.token if isinstance(value, ObjectRef) else None
+        return [self.value_key(path, t) for t in dict.fromkeys(tokens) if t != mine]
 
     def _restore_fenced(self, path: Path, key: dict[str, Any], change: Change) -> Op[list[str]]:
         """An imported item, written whole with its exported times (last writer wins, as a
@@ -292,7 +332,7 @@ class DynamoMemory(Collection, Removals):
         leaves that object behind (an import over a different version of a large item)."""
         for _ in range(_MAX_TRIES):
             (change,) = yield from renewed(self.s3, self.value_key, self.clock, path, [change])  # the lease, as a put's
-            call = self._restore(path, key, change)
+            call = self._restore(path, key, change, new_token())
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
                 self._live.put((path, change.key), True, _LIVE_BYTES + len(change.key))
@@ -306,34 +346,3 @@ class DynamoMemory(Collection, Removals):
             f"import of key {show(change.key)} in namespace {show(path)} ({self.describe(path)}): its namespace kept "
             "being unregistered between the writes; try again"
         )
-
-    def _restore(self, path: Path, key: dict[str, Any], change: Change) -> Call:
-        assert change.value is not None and change.stamps is not None
-        created, updated, expires = change.stamps
-        item = {
-            **key,
-            "ns": {"L": [{"S": label} for label in path]},
-            "v": {"B": ormsgpack.packb(value_to_wire(change.value))},
-            "ca": _n(created),
-            "seq": _n(created),  # the creation time orders items in this mode (as ``_create``)
-            "ua": _n(updated),
-        }
-        if expires is not None:
-            item.update(exu=_n(expires), expires_at=_n(epoch_seconds_up(expires)))
-        if change.ttl_minutes is not None:
-            item["ttl"] = {"N": repr(float(change.ttl_minutes))}
-        if change.vectors is not None:
-            item["vec"] = {"B": ormsgpack.packb(vectors_to_wire(change.vectors))}
-        actions = [
-            {
-                "ConditionCheck": {
-                    "TableName": self.table,
-                    "Key": _key(registry_partition(self.prefix), registry_key(path)),
-                    "ConditionExpression": "attribute_exists(pk) AND attribute_not_exists(retiring)",
-                }
-            },
-            {"Put": {"TableName": self.table, "Item": item}},
-        ]
-        # A token of its own: sent again after a lost answer, it is applied once.
-        params = {"TransactItems": actions, "ClientRequestToken": new_token()}
-        return Call("dynamodb", "transact_write_items", params, self.where, _subject(path, change.key))

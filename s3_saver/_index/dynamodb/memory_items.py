@@ -4,10 +4,12 @@ and queried, a namespace's registration, and what the index's writes and removal
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import ormsgpack
 
+from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.documents import (
     ITEM_MARK,
     item_partition,
@@ -16,11 +18,14 @@ from s3_saver._format.memory.documents import (
 )
 from s3_saver._format.memory.names import node_id, registry_key, show
 from s3_saver._format.memory.rows import (
+    ObjectRef,
     Row,
     row_from_wire,
+    value_to_wire,
+    vectors_to_wire,
 )
-from s3_saver._format.memory.ttl import Clock
-from s3_saver._index.memory import Path
+from s3_saver._format.memory.ttl import Clock, epoch_seconds_up, expires_at
+from s3_saver._index.memory import Change, Path
 from s3_saver._transport.budget import Cache, CacheBudget
 from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
 from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
@@ -72,8 +77,8 @@ class Items:
 
     def __init__(self, table: str, prefix: str, where: Where | None, budget: CacheBudget, clock: Clock, s3: S3Calls) -> None:
         self.table = table
+        self.s3 = s3  # the value objects' bucket (copies, after a lost answer or a lease run out)
         self.prefix = prefix
-        self.s3 = s3  # the bucket of the value objects (a value over INLINE_LIMIT): copied when a lease runs out
         self.where = where
         self.clock = clock
         # Namespaces this process registered or found registered: a hint that saves the
@@ -175,3 +180,111 @@ class Items:
         if isinstance(answer[0], BaseException) and error_code(answer[0]) not in CONDITION_FAILED_CODES:
             raise_failure(call, answer[0])
         self._known.put(path, True, _KNOWN_BYTES)  # registered now, or before (by anyone)
+
+    # -- the calls of a put ---------------------------------------------------------------
+    # Every item a put writes carries ``wt`` (the write's token: how a write whose answer
+    # was lost recognises its own item) and ``vo`` (its value object's token, when its
+    # value lives in one); an overwrite also records ``pv``, the ``vo`` of the item it
+    # replaced (read by DynamoDB, as every operand, before the update), so that the
+    # writer, its judge after a lost answer, or the next writer releases that object.
+
+    def _attributes(self, path: Path, change: Change, now: int, token: str) -> tuple[dict[str, Any], list[str]]:
+        """The attributes a put sets, and those it removes (an overwrite with no expiry, no
+        vectors or no value object drops the old ones)."""
+        assert change.value is not None
+        values: dict[str, Any] = {
+            "ns": {"L": [{"S": label} for label in path]},
+            "ua": _n(now),
+            "v": {"B": ormsgpack.packb(value_to_wire(change.value))},
+            "wt": {"S": token},
+        }
+        removed: list[str] = []
+        exu = expires_at(now, change.ttl_minutes)
+        if exu is None:
+            removed += ["exu", "expires_at", "ttl"]
+        else:
+            values.update(exu=_n(exu), expires_at=_n(epoch_seconds_up(exu)), ttl={"N": repr(float(change.ttl_minutes or 0))})
+        _vectors_and_object(change, values, removed)
+        return values, removed
+
+    def _overwrite(self, path: Path, key: dict[str, Any], change: Change, now: int, token: str) -> Call:
+        values, removed = self._attributes(path, change, now, token)
+        sets = [f"#{name} = :{name}" for name in values]
+        sets += ["#ca = if_not_exists(#ca, :now)", "#seq = if_not_exists(#seq, :now)", "#pv = if_not_exists(#vo, :nil)"]
+        expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(f"#{n}" for n in removed) if removed else "")
+        names = {f"#{name}": name for name in [*values, *removed, "ca", "seq", "pv", "vo", "exu", "pk"]}
+        call = self._call(
+            "update_item",
+            {
+                "Key": key,
+                "UpdateExpression": expression,
+                # Live: an overwrite keeps created_at. Never a creation: an item is created only
+                # by ``_create``, whose transaction checks the namespace is registered (an
+                # item written here after an erase or a sweep removed it would be unlisted).
+                "ConditionExpression": "attribute_exists(#pk) AND (attribute_not_exists(#exu) OR #exu > :now)",
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": {**{f":{n}": v for n, v in values.items()}, ":now": _n(now), ":nil": {"S": ""}},
+                # The old value, its object and the one it had replaced: deleted after (never one unread).
+                "ReturnValues": "UPDATED_OLD",
+            },
+            _subject(path, change.key),
+        )
+        # Judged by ``DynamoMemory._put`` after a lost answer, never sent again as is.
+        return replace(call, idempotent=False)
+
+    def _create(self, path: Path, key: dict[str, Any], change: Change, now: int, token: str) -> Call:
+        """A new item (over nothing, or an expired one), in a transaction with a check that
+        the namespace is registered and no removal is under way: the invariant "every item
+        is listed" holds against erases and sweeps (``_erase_items``, ``_sweep_empty``)
+        without a read before the write. (A replaced expired item's value object, if it had
+        one, is left behind, unnamed: a transaction returns no old values.)"""
+        values, _ = self._attributes(path, change, now, token)
+        item = {**key, **values, "ca": _n(now), "seq": _n(now)}
+        put = {"Put": {"TableName": self.table, "Item": item, "ConditionExpression": "attribute_not_exists(pk) OR exu <= :now", "ExpressionAttributeValues": {":now": _n(now)}}}
+        return self._fenced(path, change.key, put)
+
+    def _restore(self, path: Path, key: dict[str, Any], change: Change, token: str) -> Call:
+        """An imported item, written whole with its exported times."""
+        assert change.value is not None and change.stamps is not None
+        created, updated, expires = change.stamps
+        item = {
+            **key,
+            "ns": {"L": [{"S": label} for label in path]},
+            "v": {"B": ormsgpack.packb(value_to_wire(change.value))},
+            "ca": _n(created),
+            "seq": _n(created),  # the creation time orders items in this mode (as ``_create``)
+            "ua": _n(updated),
+            "wt": {"S": token},
+        }
+        if expires is not None:
+            item.update(exu=_n(expires), expires_at=_n(epoch_seconds_up(expires)))
+        if change.ttl_minutes is not None:
+            item["ttl"] = {"N": repr(float(change.ttl_minutes))}
+        _vectors_and_object(change, item, [])
+        return self._fenced(path, change.key, {"Put": {"TableName": self.table, "Item": item}})
+
+    def _fenced(self, path: Path, name: str, put: dict[str, Any]) -> Call:
+        """``put`` in a transaction with the check that the namespace is registered and no
+        removal is under way (``memory_removal``)."""
+        check = {
+            "ConditionCheck": {
+                "TableName": self.table,
+                "Key": _key(registry_partition(self.prefix), registry_key(path)),
+                "ConditionExpression": "attribute_exists(pk) AND attribute_not_exists(retiring)",
+            }
+        }
+        # A token of its own: sent again after a lost answer, DynamoDB applies it once.
+        params = {"TransactItems": [check, put], "ClientRequestToken": new_token()}
+        return Call("dynamodb", "transact_write_items", params, self.where, _subject(path, name))
+
+
+def _vectors_and_object(change: Change, values: dict[str, Any], removed: list[str]) -> None:
+    """Adds to ``values`` (or ``removed``) the packed vectors and the value object's token."""
+    if change.vectors is None:
+        removed.append("vec")
+    else:
+        values["vec"] = {"B": ormsgpack.packb(vectors_to_wire(change.vectors))}
+    if isinstance(change.value, ObjectRef):
+        values["vo"] = {"S": change.value.token}
+    else:
+        removed.append("vo")

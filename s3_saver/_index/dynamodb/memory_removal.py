@@ -10,10 +10,22 @@ live item. So an item written after the mark makes its writer register again (th
 removal then fails to delete the registry item: the namespace stays listed), and an item
 written before it is seen by the removal's Query (erase: deleted; sweep: the namespace
 kept).
+
+A write whose answer is lost (a read timeout: it may have landed). A mark is sent again
+as is (its condition allows a mark already its own: applied twice, the same mark). The
+deletes are conditioned on what was read (``ua``, ``exu``, the mark): sent again after
+they landed, they would be refused, and the removal would report a namespace it
+unregistered as registered again (erase's ``written_during``), an item it deleted as not
+removed. So they are never sent again as is (``Call.idempotent``): each is judged on its
+item read after it (``_judged``): gone, it landed; as read, it did not (sent again);
+changed since, refused.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from s3_saver._format.key_codec import new_token
@@ -35,8 +47,17 @@ from s3_saver._index.dynamodb.memory_items import (
     _subject,
 )
 from s3_saver._index.memory import Erasure, Path, Purge, Swept
-from s3_saver._transport.protocol import Op, gather, raise_failure, request_one
+from s3_saver._transport.failures import UNAVAILABLE, classify
+from s3_saver._transport.protocol import Backoff, Call, Op, gather, raise_failure, request_one
 from s3_saver.errors import StoreUnavailableError
+
+_BACKOFF_MAX = 0.5  # seconds, before a delete judged not landed is sent again
+_JITTER = random.SystemRandom()
+
+# The verdict on a conditional delete whose answer was lost, from its item read after it
+# (None: absent): True it landed, False its condition no longer holds, None it did not
+# land (sent again).
+Verdict = Callable[[dict[str, Any] | None], bool | None]
 
 
 class Removals(Items):
@@ -91,7 +112,10 @@ class Removals(Items):
         """Mark the registry items of ``paths`` retiring with ``token`` (``fresh``: only
         those no other removal marked); returns the paths marked (the others are gone,
         or marked by another removal)."""
-        condition = "attribute_exists(pk)" + (" AND attribute_not_exists(retiring)" if fresh else "")
+        # ``fresh``: or a mark already its own (sent again after a lost answer and refused,
+        # the mark would stay: the namespace never unregistered by a sweep, and a creation
+        # in it refused once per process that knew it registered).
+        condition = "attribute_exists(pk)" + (" AND (attribute_not_exists(retiring) OR retiring = :t)" if fresh else "")
         calls = tuple(
             self._call(
                 "update_item",
@@ -123,12 +147,62 @@ class Removals(Items):
             if not delete:
                 params["UpdateExpression"] = "REMOVE retiring"
             calls.append(self._call("delete_item" if delete else "update_item", params, f"registry of namespace {show(p)}"))
-        answers = yield tuple(calls)
-        done = [p for p, call, answer in zip(paths, calls, answers) if _done(call, answer)]
-        if delete:
-            for p in done:
-                self._known.pop(p)
+        if not delete:
+            # Sent again after it landed, it is refused: the mark is off either way.
+            answers = yield tuple(calls)
+            return [p for p, call, answer in zip(paths, calls, answers) if _done(call, answer)]
+
+        def unregistered(item: dict[str, Any] | None) -> bool | None:
+            # Gone: unregistered (by this delete, or by a removal that took the mark over).
+            # Marked still: not landed. Else registered again since: kept.
+            return True if item is None else None if item.get("retiring") == {"S": token} else False
+
+        reads = [self._call("get_item", {"Key": c.params["Key"], "ConsistentRead": True}, c.subject or "") for c in calls]
+        applied = yield from self._judged([(c, r, unregistered) for c, r in zip(calls, reads)])
+        done = [p for p, ok in zip(paths, applied) if ok]
+        for p in done:
+            self._known.pop(p)
         return done
+
+    def _judged(self, writes: Sequence[tuple[Call, Call, Verdict]]) -> Op[list[bool]]:
+        """Conditional deletes, each with the read of its item and its ``Verdict``, in one
+        round trip; for each, True if it was applied, False if its condition failed. One
+        whose answer is lost is judged on its item read after it, never sent again as is:
+        its condition is on what was read before it, so the copy of a delete that landed
+        would be refused, and the removal would report what it did as not done."""
+        if not writes:
+            return []
+        results = [False] * len(writes)
+        pending = list(range(len(writes)))
+        for lost in range(1, _MAX_TRIES + 1):
+            answers = yield tuple(replace(writes[i][0], idempotent=False) for i in pending)
+            unknown: list[tuple[int, BaseException]] = []
+            for i, answer in zip(pending, answers):
+                if isinstance(answer, BaseException) and classify(answer, writes[i][0].operation) == UNAVAILABLE:
+                    unknown.append((i, answer))  # it may have landed: judged below
+                else:
+                    results[i] = _done(writes[i][0], answer)
+            if not unknown:
+                return results
+            reads = tuple(writes[i][1] for i, _ in unknown)
+            found = yield reads
+            pending = []
+            failure: tuple[Call, BaseException] | None = None  # of a delete to send again
+            for (i, answer), read, item in zip(unknown, reads, found):
+                if isinstance(item, BaseException):
+                    raise_failure(read, item)
+                verdict = writes[i][2](item.get("Item"))
+                if verdict is None:
+                    pending.append(i)
+                    failure = (writes[i][0], answer)
+                else:
+                    results[i] = verdict
+            if failure is None:
+                return results
+            go_on = yield Backoff(_JITTER.uniform(0, min(_BACKOFF_MAX, 0.01 * 2**lost)), lost)
+            if go_on is False or lost == _MAX_TRIES:
+                raise_failure(*failure)
+        return results
 
     def _live_at(self, path: Path, item: dict[str, Any], now: int) -> bool:
         return not is_expired(self._row(path, item).expires_us, now)
@@ -147,20 +221,8 @@ class Removals(Items):
             named = [self.value_key(path, r.value.token) for r in rows if isinstance(r.value, ObjectRef)]
             if named:
                 yield from purge(named)
-            calls = tuple(
-                self._call(
-                    "delete_item",
-                    {
-                        "Key": _key(self._pk(path), i["sk"]["S"]),
-                        "ConditionExpression": "ua = :ua",
-                        "ExpressionAttributeValues": {":ua": i["ua"]},
-                    },
-                    _subject(path, r.key),
-                )
-                for i, r in zip(items, rows)
-            )
-            answers = yield calls
-            changed = [i for i, call, answer in zip(items, calls, answers) if not _done(call, answer)]
+            applied = yield from self._judged([self._delete_as_read(path, r.key, i, "ua") for i, r in zip(items, rows)])
+            changed = [i for i, ok in zip(items, applied) if not ok]
             count += len(items) - len(changed)
             for r in rows:
                 self._live.pop((path, r.key))
@@ -191,18 +253,20 @@ class Removals(Items):
         named = [self.value_key(path, r.value.token) for _, r in expired if isinstance(r.value, ObjectRef)]
         if named:
             yield from purge(named)
-        calls = tuple(
-            self._call(
-                "delete_item",
-                {
-                    "Key": _key(self._pk(path), i["sk"]["S"]),
-                    "ConditionExpression": "exu = :seen",
-                    "ExpressionAttributeValues": {":seen": i["exu"]},
-                },
-                _subject(path, r.key),
-            )
-            for i, r in expired
-        )
-        answers = yield calls
-        deleted = sum(_done(call, answer) for call, answer in zip(calls, answers))
-        return deleted, len(expired) == len(rows)
+        applied = yield from self._judged([self._delete_as_read(path, r.key, i, "exu") for i, r in expired])
+        return sum(applied), len(expired) == len(rows)
+
+    def _delete_as_read(self, path: Path, name: str, item: dict[str, Any], fence: str) -> tuple[Call, Call, Verdict]:
+        """The ``DeleteItem`` of ``item`` only if its attribute ``fence`` is still as read
+        (``ua``: no put since; ``exu``: the expiry read), the read of the item, and the
+        verdict on a lost answer: the item gone, it landed; as read, it did not."""
+        key = _key(self._pk(path), item["sk"]["S"])
+        subject = _subject(path, name)
+        seen = item[fence]
+        params = {"Key": key, "ConditionExpression": f"{fence} = :seen", "ExpressionAttributeValues": {":seen": seen}}
+
+        def deleted(now: dict[str, Any] | None) -> bool | None:
+            return True if now is None else None if now.get(fence) == seen else False
+
+        read = self._call("get_item", {"Key": key, "ConsistentRead": True}, subject)
+        return self._call("delete_item", params, subject), read, deleted

@@ -42,10 +42,8 @@ The module holds reads and writes; the documents and what they share are
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
-from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.documents import (
     Head,
     Registry,
@@ -57,6 +55,7 @@ from s3_saver._format.memory.documents import (
 from s3_saver._format.memory.names import node_id, show
 from s3_saver._format.memory.rows import ObjectRef, Row, put_row
 from s3_saver._format.memory.ttl import Clock, expires_at
+from s3_saver._index.manifest.memory_collect import Collection
 from s3_saver._index.manifest.memory_documents import (
     _MAX_SWAPS,
     _NEVER,
@@ -68,22 +67,14 @@ from s3_saver._index.manifest.memory_documents import (
     _namespace,
     _size,
 )
-from s3_saver._index.manifest.memory_collect import Collection
 from s3_saver._index.manifest.memory_group import GroupCommits
 from s3_saver._index.manifest.memory_removal import Removals
-from s3_saver._index.memory import Change, Path, Snapshot
+from s3_saver._index.memory import Change, Path, Snapshot, fresh_objects
 from s3_saver._index.memory_lease import renewed
-from s3_saver._transport.failures import (
-    OBJECT_MISSING,
-    PRECONDITION_FAILED_CODES,
-    classify,
-    error_code,
-)
 from s3_saver._transport.protocol import (
     Op,
     about,
     gather,
-    raise_failure,
 )
 from s3_saver.errors import StoreUnavailableError
 
@@ -229,7 +220,7 @@ class ManifestMemory(GroupCommits, Collection, Removals):
                 for written, released in refused:
                     if any(head.rows.get(k) == row for k, row in written.items()):
                         return self._released(path, released, refused, head)
-                fresh = yield from self._fresh_objects(path, changes)
+                fresh = yield from fresh_objects(self.s3, self, path, changes, _namespace(path))
                 if fresh is None:  # an earlier swap landed, then was replaced
                     return self._released(path, [], refused, head)
                 changes, old = fresh
@@ -274,28 +265,6 @@ class ManifestMemory(GroupCommits, Collection, Removals):
         named = {cell.token for row in head.rows.values() for cell in (row.value, row.vectors) if isinstance(cell, ObjectRef)}
         tokens = dict.fromkeys([*released, *(t for _, gone in refused for t in gone if t not in named)])
         return [self.value_key(path, token) for token in tokens]
-
-    def _fresh_objects(self, path: Path, changes: list[Change]) -> Op[tuple[list[Change], list[str]] | None]:
-        """``changes`` with each value object copied to a fresh token (one wave), and the
-        old tokens; None when a source is gone (the swap that named it landed, and the
-        writer that replaced it deleted it)."""
-        moves: dict[str, str] = {}
-        for change in changes:
-            for cell in (change.value, change.vectors):
-                if isinstance(cell, ObjectRef):
-                    moves.setdefault(cell.token, new_token())
-        if not moves:
-            return changes, []
-        calls = tuple(about(self.s3.copy(self.value_key(path, old), self.value_key(path, new)), _namespace(path)) for old, new in moves.items())
-        sent = self.clock.now()
-        answers = yield calls
-        for call, answer in zip(calls, answers):
-            if isinstance(answer, BaseException):
-                if classify(answer, call.operation) == OBJECT_MISSING:
-                    return None
-                if error_code(answer) not in PRECONDITION_FAILED_CODES:  # 412: this copy, sent again, met itself
-                    raise_failure(call, answer)
-        return [_moved(c, moves, sent) for c in changes], list(moves)
 
 
 def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None, list[str]]:
@@ -353,12 +322,3 @@ def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None,
     old = [r.value.token for r in head.rows.values() if isinstance(r.value, ObjectRef)]
     released = [t for t in dict.fromkeys([*old, *put]) if t not in named]
     return Head(head.path, seq, kept, head.desc), released
-
-
-def _moved(change: Change, moves: dict[str, str], sent: int) -> Change:
-    def cell(c: Any) -> Any:
-        return ObjectRef(moves[c.token], c.size) if isinstance(c, ObjectRef) else c
-
-    moved = any(isinstance(c, ObjectRef) for c in (change.value, change.vectors))
-    # Stamps and all kept; a copy's lease runs from its own write.
-    return replace(change, value=cell(change.value), vectors=cell(change.vectors), written=sent if moved else change.written)

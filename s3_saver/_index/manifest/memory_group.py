@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s3_saver._format.memory.names import node_id
-from s3_saver._index.manifest.memory_documents import _NEVER, Documents
-from s3_saver._index.memory import Change, Path
+from s3_saver._index.manifest.memory_documents import _NEVER, Documents, _namespace
+from s3_saver._index.memory import Change, Path, fresh_objects
 from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.protocol import Op
 from s3_saver.errors import StoreUnavailableError
@@ -66,13 +66,11 @@ class _Job:
 
 class GroupCommits(Documents):
     """Group commit of the memory index's swaps (see the module docstring); mixed into
-    ``ManifestMemory``, whose ``_swap``, ``_register_now``, ``_mark_now`` and
-    ``_fresh_objects`` it drives."""
+    ``ManifestMemory``, whose ``_swap``, ``_register_now`` and ``_mark_now`` it drives."""
 
     _swap: Callable[[Path, list[Change], bool, object], Op[list[str]]]
     _register_now: Callable[[list[Path], frozenset[Path]], Op[None]]
     _mark_now: Callable[[Path], Op[None]]
-    _fresh_objects: Callable[[Path, list[Change]], Op[tuple[list[Change], list[str]] | None]]
 
     def _joined(self, path: Path, changes: list[Change], confirmed: bool, registered: object) -> Op[list[str]]:
         """``ManifestMemory._swap`` of ``changes``, in one swap with the other commits of
@@ -124,7 +122,7 @@ class GroupCommits(Documents):
         changes = [c for job in batch for c in job.changes]
         if tried is not None:
             # A swap that carried them was cut short: it may have landed (see above).
-            fresh = yield from self._fresh_objects(path, changes)
+            fresh = yield from fresh_objects(self.s3, self, path, changes, _namespace(path))  # type: ignore[arg-type]
             if fresh is None:
                 return [key for job in batch for key in job.moved]  # it landed, and was replaced since
             moved, old = fresh

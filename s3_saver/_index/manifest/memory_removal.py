@@ -110,10 +110,15 @@ class Removals(Documents):
         node = node_id(path)
         key = head_key(self.prefix, node)
         subject = f"{_namespace(path)} (erase)"
+        refused: int | None = None  # the rows of the head a refused swap emptied
         for attempt in range(1, _MAX_SWAPS + 1):
             call = about(self.s3.get(key), subject)
             (answer,) = yield (call,)
             etag, head = self._head_answer(path, call, answer)
+            if refused is not None and head.emptied and not head.rows:
+                # A refused swap may be one that landed (its answer lost, sent again, the copy
+                # met its own write): the head is emptied now, so it is counted as this erase's.
+                return refused, key
             if etag is None and not registered:
                 return 0, None
             # Even an empty head is written again (a new ETag), and a missing one of a
@@ -129,6 +134,7 @@ class Removals(Documents):
                 self._heads.put(node, written, _size(written))
                 return len(head.rows), key
             yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
+            refused = len(head.rows)
         raise StoreUnavailableError(
             f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps while being "
             "erased: too many writers at once; run the erase again"
@@ -141,10 +147,15 @@ class Removals(Documents):
         node = node_id(path)
         key = head_key(self.prefix, node)
         subject = f"{_namespace(path)} (TTL sweep)"
+        refused: tuple[int, Head] | None = None  # the rows a refused swap dropped, and the head it wrote
         for attempt in range(1, _MAX_SWAPS + 1):
             call = about(self.s3.get(key), subject)
             (answer,) = yield (call,)
             etag, head = self._head_answer(path, call, answer)
+            if refused is not None and head.rows == refused[1].rows and head.emptied == refused[1].emptied:
+                # Its rows stand: the refused swap landed (its answer lost, the copy sent
+                # again met its own write); the rows it dropped are this sweep's.
+                return refused[0], not head.rows
             live = {k: r for k, r in head.rows.items() if r.live(now)}
             expired = [r for r in head.rows.values() if not r.live(now)]
             if live and not expired:
@@ -160,6 +171,7 @@ class Removals(Documents):
                 self._heads.put(node, written, _size(written))
                 return len(expired), not live
             yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
+            refused = (len(expired), changed)
         raise StoreUnavailableError(
             f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps during the "
             "TTL sweep: too many writers at once; the next sweep visits it again"

@@ -1,0 +1,44 @@
+"""The test harness's fixes to moto behave as the AWS service does (tests/moto_fixes.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+
+def _table(endpoint: str) -> tuple[object, str]:
+    client = boto3.client(
+        "dynamodb", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    name = f"tokens-{uuid.uuid4().hex[:8]}"
+    client.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    return client, name
+
+
+def test_a_transaction_sent_again_with_its_token_is_applied_once(moto_endpoint: str) -> None:
+    """As DynamoDB: the same ClientRequestToken and parameters answer success and apply
+    nothing (a conditional Put sent again does not meet its own item); other parameters
+    under that token are refused; a new token is a new transaction."""
+    client, table = _table(moto_endpoint)
+
+    def put(token: str, value: str) -> dict:
+        item = {"TableName": table, "Item": {"pk": {"S": "a"}, "v": {"S": value}, "b": {"B": b"\x00\xff"}}, "ConditionExpression": "attribute_not_exists(pk)"}
+        return client.transact_write_items(TransactItems=[{"Put": item}], ClientRequestToken=token)  # type: ignore[attr-defined]
+
+    put("t1", "first")
+    put("t1", "first")  # applied once: its condition never meets its own item
+    assert client.get_item(TableName=table, Key={"pk": {"S": "a"}})["Item"]["v"] == {"S": "first"}  # type: ignore[attr-defined]
+    with pytest.raises(ClientError) as mismatch:
+        put("t1", "other")
+    assert mismatch.value.response["Error"]["Code"] == "IdempotentParameterMismatchException"
+    with pytest.raises(ClientError) as refused:
+        put("t2", "first")
+    assert refused.value.response["Error"]["Code"] == "TransactionCanceledException"
