@@ -26,6 +26,10 @@ tests/sim/store_model.py and tests/sim/store_runner.py. Each process is its own 
   abandoned (and called again);
 * ``test_store_put_cut_at_every_call_then_erased``: a large put into a new namespace cut
   after each of its calls and abandoned, beside an erase: nothing it wrote is left;
+* ``test_store_group_commit_cut_at_every_call``: three puts of large values into one key
+  from one process at once (its group commit puts them in shared swaps), cut after and
+  before each call in turn: the key holds the old value or one of the new ones, whole;
+* random schedules alternate with ``random-shared`` ones (two processes on one store);
 * ``test_store_replay``: one schedule from the environment (the command a failure prints).
 
 The removal tests count the known gap (sim/store_runner.py ``KNOWN_UNREGISTERED``: what
@@ -65,6 +69,8 @@ EXHAUSTIVE = (
     "put_large,get+erase@one",
     "put_ttl,put_large+sweep,get@one",
     "put_two+erase,list",
+    "put_large&put_large@one",  # one process, two puts of one key: one swap (group commit)
+    "put_two&put_large",  # a batch of two namespaces beside a put of the same process
 )
 
 
@@ -101,7 +107,7 @@ def test_store_random(moto_endpoint: str, mode: str) -> None:
     tally = Tally()
     i = 0
     while time.monotonic() < deadline:
-        out = _run(world, StoreSpec(mode, "random", base + i), tally)
+        out = _run(world, StoreSpec(mode, ("random", "random-shared")[i % 2], base + i), tally)
         i += 1
         if not out.ok and not KEEP_GOING:
             break
@@ -173,6 +179,43 @@ def test_store_put_cut_at_every_call(moto_endpoint: str, mode: str) -> None:
 
 
 PUT_OVER = "put_large,get+get,search@one"
+GROUP = "put_large&put_large&put_large+get,search@one"
+
+
+def test_store_group_commit_cut_at_every_call(moto_endpoint: str) -> None:
+    """Three puts of large values into one key from one process at once (manifest mode:
+    they share head swaps, the first leading, the others queued behind it) beside a
+    reader, cut after and before each call of the schedule in turn (a lead cut mid-swap
+    hands its batch back: that swap may have landed), then retried by a fresh process or
+    abandoned: the key holds its old value or one of the new ones, whole, readers see
+    nothing else, and no row names a value object that is gone. Within the budget, as
+    the put cut test."""
+    mode = "manifest"
+    world = StoreWorld(moto_endpoint, mode)
+    base = _base_seed()
+    tally = Tally()
+    deadline = time.monotonic() + budget_seconds(4, long=300)
+    seed, first = _grouped_seed(world, tally)
+    cuts = [(k, fault, retry) for k in range(first.events) for fault in (3, 4) for retry in (0, 1)]
+    covered = 0
+    for j in range(len(cuts)):
+        if (tally.failures and not KEEP_GOING) or time.monotonic() >= deadline:
+            break
+        _run(world, StoreSpec(mode, GROUP, seed, "one", list(cuts[(base + j) % len(cuts)])), tally)
+        covered += 1
+    _fail(tally, f"{mode} group commit cut at every call ({covered} of {len(cuts)} cuts, seed {seed}, base seed {base})")
+
+
+def _grouped_seed(world: StoreWorld, tally: Tally) -> tuple[int, Outcome]:
+    """The first seed whose schedule without a fault has the puts share a swap: a put
+    waited for a commit of its process (the trace says so) and the head was swapped fewer
+    times than there were puts."""
+    for seed in range(40):
+        out = _run(world, StoreSpec("manifest", GROUP, seed, "one", [-1, 0, 0]), tally)
+        swaps = sum(1 for line in out.trace if "put_object" in line and "/@head" in line)
+        if any("waited" in line for line in out.trace) and swaps < 3:
+            return seed, out
+    raise AssertionError(f"no seed below 40 has {GROUP}'s puts share a head swap (group commit)")
 
 
 def _put_over_seed(mode: str) -> int:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.rows import ObjectRef, Row, ValueCell, VectorsCell
-from s3_saver._format.memory.ttl import Refresh
+from s3_saver._format.memory.ttl import Clock, Refresh
 from s3_saver._transport.failures import (
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
@@ -56,6 +56,9 @@ class Change:
     ttl_minutes: float | None = None
     refresh: Refresh | None = None
     stamps: tuple[int, int, int | None] | None = None
+    written: int | None = None
+    """When its value object (an ``ObjectRef``) was sent, by the store's clock (µs): a
+    commit never names one older than ``memory_lease.VALUE_LEASE``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,8 @@ class Swept:
 class MemoryIndex(Protocol):
     prefix: str
     """The store's key prefix (in the bucket; encoded, in the table)."""
+    clock: Clock
+    """The store's clock: its items' times, and a value object's lease (``memory_lease``)."""
     knows_leaves: bool
     """Whether ``read`` names the leaves among the namespaces it reads whole (then a
     search of a leaf reads no registry)."""
@@ -148,6 +153,14 @@ class MemoryIndex(Protocol):
         namespace is registered, as far as this process knows (an erase finds folders
         through the registry: a commit cut short after its objects leaves them where an
         erase of any prefix of the namespace lists them)."""
+        ...
+
+    def named_values(self, node: str) -> Op[frozenset[str]]:
+        """The tokens of the value objects that the rows of the namespace whose node id is
+        ``node`` name, as stored now, expired rows included (``collect_garbage`` keeps
+        them). Read by the node id alone (a folder of the bucket: its namespace may be
+        registered or not); each row read is checked to be that node's. Raises
+        CorruptObjectError when the rows cannot be read."""
         ...
 
     def node_folder(self, path: Path) -> str:
@@ -196,6 +209,7 @@ def fresh_objects(
     if not moves:
         return changes, []
     calls = tuple(about(s3.copy(index.value_key(path, old), index.value_key(path, new)), subject) for old, new in moves.items())
+    sent = index.clock.now()
     answers = yield calls
     for call, answer in zip(calls, answers):
         if isinstance(answer, BaseException):
@@ -203,12 +217,14 @@ def fresh_objects(
                 return None
             if error_code(answer) not in PRECONDITION_FAILED_CODES:  # 412: this copy, sent again, met itself
                 raise_failure(call, answer)
-    return [_moved(c, moves) for c in changes], list(moves)
+    return [_moved(c, moves, sent) for c in changes], list(moves)
 
 
-def _moved(change: Change, moves: dict[str, str]) -> Change:
+def _moved(change: Change, moves: dict[str, str], sent: int) -> Change:
     def cell(c: Any) -> Any:
         return ObjectRef(moves[c.token], c.size) if isinstance(c, ObjectRef) else c
 
-    # replace(): every other field kept (an import's stamps among them).
-    return replace(change, value=cell(change.value), vectors=cell(change.vectors))
+    moved = any(isinstance(c, ObjectRef) for c in (change.value, change.vectors))
+    # replace(): every other field kept (an import's stamps among them); a copy's lease
+    # runs from its own write (``memory_lease``).
+    return replace(change, value=cell(change.value), vectors=cell(change.vectors), written=sent if moved else change.written)

@@ -6,12 +6,16 @@ as separate Lambdas: no cache shared), and the rules are the store's
 (``sim.store_model``).
 
 A scenario is ``random`` (2-3 processes of 1-3 steps of ``store_model.BASE_KINDS``,
-by weight), ``removal`` (the same, drawn from every kind: erase, sweep and puts with a
-ttl among them) or processes spelled out: ``+`` between processes, ``,`` between a
-process's steps, ``@one`` at the end to put every step on one key (e.g.
-``put_large,get+put_large@one``). Before the schedule a setup store may put a few items
+by weight), ``random-shared`` (the same, the second process running on the first one's
+store: one process's concurrent calls, which its group commit puts in shared swaps),
+``removal`` (as ``random``, drawn from every kind: erase, sweep and puts with a ttl among
+them) or processes spelled out: ``+`` between processes, ``&`` between processes that
+run on one store (the first one's), ``,`` between a process's steps, ``@one`` at the end
+to put every step on one key (e.g. ``put_large,get+put_large@one``,
+``put_large&put_large@one``). Before the schedule a setup store may put a few items
 (existing namespaces, values to replace; with a ttl too when the scenario has a
-removal kind).
+removal kind). A step cut short and retried runs on a fresh store (a new process),
+whether it shared one or not.
 
 An erase that was cut and abandoned is finished after the schedule by calling it
 again (as the guide says an operator does), before the final reads; the checks of
@@ -24,7 +28,7 @@ from __future__ import annotations
 import random
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph.store.base import GetOp, ListNamespacesOp, SearchOp
@@ -63,6 +67,7 @@ class StoreWorld(World):
         self.last: dict[int, int] = {}  # id(LogicalOp) -> tick of its last call sent
         self.called: dict[int, int] = {}  # id(Made) -> tick its method was first called
         self.scheduler: Scheduler | None = None
+        self.processes: list[Process] = []
         super().__init__(endpoint, mode, **kwargs)
 
     def saver(self, prefix: str, **options: Any) -> Any:  # the scheduler's name for "a new process's object"
@@ -83,9 +88,15 @@ class StoreWorld(World):
         return store
 
     def send(self, call: Any, writer: Any = None) -> Any:
+        self._lister = writer
         if writer is not None and self.scheduler is not None:
             self.last[id(writer)] = self.scheduler.tick
-        self._lister = writer
+            # A commit queued behind another of its store (group commit) takes effect in
+            # that one's swap: every step waiting on the store that sends a call may.
+            store = next((p.saver for p in self.processes if p.current is writer), None)
+            for p in self.processes:
+                if p.saver is store and p.current is not writer and p.runner is not None and p.runner.blocked is not None:
+                    self.last[id(p.current)] = self.scheduler.tick
         return super().send(call, writer)
 
     def _age(self, page: dict[str, Any]) -> None:
@@ -122,17 +133,27 @@ class Scenario:
     name: str
     setup: list[SM.Made]
     processes: list[list[SM.Made]]
+    shares: dict[int, int] = field(default_factory=dict)  # process -> the process whose store it runs on
 
 
 def build(rng: random.Random, scenario: str) -> Scenario:
     spelled, _, focus = scenario.partition("@")
     space = SM.SPACES[focus]
-    if spelled in ("random", "removal"):
-        drawn = SM.BASE_KINDS if spelled == "random" else SM.KINDS
+    shares: dict[int, int] = {}
+    if spelled in ("random", "random-shared", "removal"):
+        drawn = SM.KINDS if spelled == "removal" else SM.BASE_KINDS
         weights = {name: kind.weight for name, kind in drawn.items()}
         plan = [rng.choices(list(weights), list(weights.values()), k=rng.randint(1, 3)) for _ in range(rng.randint(2, 3))]
+        if spelled == "random-shared":
+            shares[1] = 0
     else:
-        plan = [process.split(",") for process in spelled.split("+")]
+        plan = []
+        for together in spelled.split("+"):
+            first = len(plan)
+            for j, process in enumerate(together.split("&")):
+                if j:
+                    shares[first + j] = first
+                plan.append(process.split(","))
     for kinds in plan:
         for kind in kinds:
             if kind not in SM.KINDS:
@@ -144,8 +165,8 @@ def build(rng: random.Random, scenario: str) -> Scenario:
         choices.append("put_ttl")
     setup = [SM.KINDS[rng.choice(choices)].make(rng, f"S.{i}", space) for i in range(rng.randint(0, 3))]
     processes = [[SM.KINDS[kind].make(rng, f"P{pid}.{i}", space) for i, kind in enumerate(kinds)] for pid, kinds in enumerate(plan)]
-    name = "+".join(",".join(kinds) for kinds in plan) + (f"@{focus}" if focus else "")
-    return Scenario(name, setup, processes)
+    name = "".join(("&" if i in shares else "+" if i else "") + ",".join(kinds) for i, kinds in enumerate(plan))
+    return Scenario(name + (f"@{focus}" if focus else ""), setup, processes, shares)
 
 
 def run_store_schedule(world: StoreWorld, spec: Spec, *, strict: bool = False) -> Outcome:
@@ -186,6 +207,9 @@ def run_store_schedule(world: StoreWorld, spec: Spec, *, strict: bool = False) -
         Process(pid=i, steps=[Step(m.name, _invoke(world, m), m) for m in steps], prefix=prefix)
         for i, steps in enumerate(scenario.processes)
     ]
+    for i, j in scenario.shares.items():
+        processes[i].share = processes[j]
+    world.processes = processes
     try:
         ops = scheduler.run(processes)
     finally:

@@ -9,6 +9,8 @@ Manifest mode (under the store's ``prefix``, in the ``memory/`` folder)::
                                  written before the row that names it
     memory/@sweep/cursor         where the TTL sweep stopped (the registry key of the last
                                  namespace it visited; last writer wins)
+    memory/@gc/cursor            where garbage collection stopped (both modes: the last key it
+                                 listed; last writer wins)
 
 Every name the store writes starts with ``@``, which ``encode`` never produces; node
 folders are 64 hex digits (``names.node_id``). So a key parses as the store's only if
@@ -63,6 +65,7 @@ REGISTRY_FORMAT = "s3_saver.memory-registry/1"
 HEAD_NAME = "@head"
 REGISTRY_KEY = "@reg/head"
 SWEEP_KEY = "@sweep/cursor"
+GC_KEY = "@gc/cursor"
 _NODE = re.compile(r"n/[0-9a-f]{64}/(?:" + re.escape(HEAD_NAME) + r"|@v/[0-9a-f]{32})")
 
 
@@ -101,6 +104,11 @@ def sweep_object_key(prefix: str) -> str:
     return f"{prefix}{MEMORY_PREFIX}{SWEEP_KEY}"
 
 
+def gc_object_key(prefix: str) -> str:
+    """Both modes: where garbage collection stopped (it lists the bucket in both)."""
+    return f"{prefix}{MEMORY_PREFIX}{GC_KEY}"
+
+
 def node_folder(prefix: str, node: str) -> str:
     """Every object of a namespace (its head, its value objects) is under this key prefix."""
     return f"{prefix}{MEMORY_PREFIX}n/{node}/"
@@ -112,7 +120,7 @@ def is_memory_key(prefix: str, key: str) -> bool:
     if not key.startswith(root):
         return False
     rest = key[len(root) :]
-    return rest in (REGISTRY_KEY, SWEEP_KEY) or _NODE.fullmatch(rest) is not None
+    return rest in (REGISTRY_KEY, SWEEP_KEY, GC_KEY) or _NODE.fullmatch(rest) is not None
 
 
 def item_partition(prefix: str, node: str) -> str:

@@ -19,7 +19,8 @@ their ETags. Each is a guess that the swap's condition checks: a stale one costs
 412 and a read, never another answer. Reads never answer from them.
 
 A value over ``INLINE_LIMIT`` bytes (packed) lives in an object of its own, written
-before the head that names it and deleted after the swap that drops it. A swap refused
+before the head that names it (within its lease: ``memory_lease``) and deleted after the
+swap that drops it. A swap refused
 (another writer, or its own resend after a lost answer) is judged on the head read
 again (``_swap``); applied again, its value objects are first copied to fresh tokens
 (+1 CopyObject per large value, only after a refusal).
@@ -27,12 +28,15 @@ again (``_swap``); applied again, its value objects are first copied to fresh to
 Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace by a
 head swap and a registry swap, fenced by the registry's ``seq`` (``memory_removal``).
 
+One process's concurrent swaps of one head go out as one (group commit:
+``memory_group``): a process never conflicts with itself.
+
 Not built yet (the design's phase 1b): sealing rows into immutable segments (a head
 holds all of its namespace's rows: it grows with the namespace), conditional GETs (304)
-of unchanged heads, group commit of one process's concurrent swaps of one head.
+of unchanged heads.
 
 The module holds reads and writes; the documents and what they share are
-``memory_documents``'s, removals ``memory_removal``'s.
+``memory_documents``'s, removals ``memory_removal``'s, group commit ``memory_group``'s.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from s3_saver._format.memory.documents import (
 from s3_saver._format.memory.names import node_id, show
 from s3_saver._format.memory.rows import ObjectRef, Row, put_row
 from s3_saver._format.memory.ttl import Clock, expires_at
+from s3_saver._index.manifest.memory_collect import Collection
 from s3_saver._index.manifest.memory_documents import (
     _MAX_SWAPS,
     _NEVER,
@@ -62,8 +67,10 @@ from s3_saver._index.manifest.memory_documents import (
     _namespace,
     _size,
 )
+from s3_saver._index.manifest.memory_group import GroupCommits
 from s3_saver._index.manifest.memory_removal import Removals
 from s3_saver._index.memory import Change, Path, Snapshot, Stage, fresh_objects
+from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.protocol import (
     Op,
     about,
@@ -74,7 +81,7 @@ from s3_saver.errors import StoreUnavailableError
 INLINE_LIMIT = 64 * 1024
 
 
-class ManifestMemory(Removals):
+class ManifestMemory(GroupCommits, Collection, Removals):
     """``MemoryIndex`` on the bucket (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
@@ -87,11 +94,12 @@ class ManifestMemory(Removals):
         # The registry is one document: any range reads it whole.
         # A head holds every row of its namespace: a get reads it whole.
         paths = list(dict.fromkeys([*whole, *keys]))
+        held = [self._heads.get(node_id(p)) for p in paths]  # what the cache holds as the reads go out
         calls = tuple(about(self.s3.get(head_key(self.prefix, node_id(p))), _namespace(p)) for p in paths)
         if registry:
             calls += (about(self.s3.get(registry_object_key(self.prefix)), _REGISTRY_SUBJECT),)
         answers = yield calls
-        heads = {p: self._head_answer(p, calls[i], answers[i])[1] for i, p in enumerate(paths)}
+        heads = {p: self._head_answer(p, calls[i], answers[i], held[i])[1] for i, p in enumerate(paths)}
         found = self._registry_answer(calls[-1], answers[-1])[1].created if registry else {}
         leaves = frozenset(p for p in whole if not heads[p].desc)
         return Snapshot({p: h.rows for p, h in heads.items()}, found, leaves)
@@ -109,13 +117,14 @@ class ManifestMemory(Removals):
         unknown = [p for p in groups if self._heads.get(node_id(p)) is None]
         if unknown:
             yield from self._read_heads(unknown)
-        new = [p for p, changes in groups.items() if _adds(changes) and self._heads.get(node_id(p))[1].empty]
+        # (A head the cache lost meanwhile is judged by the swap: it registers what it finds new.)
+        heads = {p: k for p, changes in groups.items() if _adds(changes) and (k := self._heads.get(node_id(p))) is not None and k[1].empty}
+        new = list(heads)
         registered: dict[Path, str | None] = {}
         if new:
             # Listed before readable: the registry's swap lands before any head it lists,
             # and each ancestor's ``desc`` before any item below it (a search of an
             # ancestor whose head says it has none below reads no registry).
-            heads = {p: self._heads.get(node_id(p)) for p in new}
             registered = {p: etag for p, (etag, _) in heads.items()}
             yield from self._register(new, frozenset(p for p, (_, head) in heads.items() if head.emptied))
             yield from gather(*(self._mark(a) for a in _ancestors(new)))
@@ -123,14 +132,14 @@ class ManifestMemory(Removals):
             # And before its value objects (``MemoryIndex.commit``'s invariant): an erase
             # finds them even if this commit is cut short before its head's swap.
             yield from stage()
-        swaps = (self._swap(path, changes, path in unknown, registered.get(path, _NEVER)) for path, changes in groups.items())
+        swaps = (self._joined(path, changes, path in unknown, registered.get(path, _NEVER)) for path, changes in groups.items())
         released = yield from gather(*swaps)
         return [key for keys in released for key in keys]
 
-    def _register(self, paths: list[Path], renew: frozenset[Path] = frozenset()) -> Op[None]:
+    def _register_now(self, paths: list[Path], renew: frozenset[Path] = frozenset()) -> Op[None]:
         key = registry_object_key(self.prefix)
         for attempt in range(1, _MAX_SWAPS + 1):
-            known = self._registry.get(_REGISTRY)
+            known = self._registry.get(_REGISTRY) if attempt == 1 else None  # refused: read, never a guess again
             if known is None:
                 call = about(self.s3.get(key), _REGISTRY_SUBJECT)
                 (answer,) = yield (call,)
@@ -151,13 +160,13 @@ class ManifestMemory(Removals):
             f"{', '.join(show(p) for p in paths[:3])}: too many processes registering namespaces at once; try again"
         )
 
-    def _mark(self, path: Path) -> Op[None]:
+    def _mark_now(self, path: Path) -> Op[None]:
         """Set ``desc`` on the head of ``path`` (creating an empty head if none)."""
         node = node_id(path)
         key = head_key(self.prefix, node)
         subject = f"{_namespace(path)} (a namespace below it)"
         for attempt in range(1, _MAX_SWAPS + 1):
-            known = self._heads.get(node)
+            known = self._heads.get(node) if attempt == 1 else None  # refused: read, never a guess again
             if known is None:
                 call = about(self.s3.get(key), subject)
                 (answer,) = yield (call,)
@@ -205,7 +214,7 @@ class ManifestMemory(Removals):
         subject = _namespace(path, [c.key for c in changes])
         refused: list[tuple[dict[str, Any], list[str]]] = []  # (rows written, tokens released) per refused swap
         for attempt in range(1, _MAX_SWAPS + 1):
-            known = self._heads.get(node)
+            known = None if refused else self._heads.get(node)  # refused: read, never a guess again
             if known is None:
                 call = about(self.s3.get(key), subject)
                 (answer,) = yield (call,)
@@ -230,6 +239,8 @@ class ManifestMemory(Removals):
                 yield from self._register([path], frozenset([path]) if head.emptied else frozenset())
                 yield from gather(*(self._mark(a) for a in _ancestors([path])))
                 registered = etag
+            # The lease: never name a value object older than VALUE_LEASE (``memory_lease``).
+            changes = yield from renewed(self.s3, self.value_key, self.clock, path, changes)
             changed, released = apply(head, changes, self.clock)
             if changed is None:
                 if confirmed:
@@ -309,5 +320,9 @@ def apply(head: Head, changes: list[Change], clock: Clock) -> tuple[Head | None,
         return None, []
     kept = {k: r for k, r in rows.items() if r.live(now)}
     named = {r.value.token for r in kept.values() if isinstance(r.value, ObjectRef)}
-    released = [r.value.token for r in head.rows.values() if isinstance(r.value, ObjectRef) and r.value.token not in named]
+    # The head's, and those of values put and replaced within these changes (two commits
+    # of one group commit): named by no head once this one is written.
+    put = [c.value.token for c in changes if isinstance(c.value, ObjectRef)]
+    old = [r.value.token for r in head.rows.values() if isinstance(r.value, ObjectRef)]
+    released = [t for t in dict.fromkeys([*old, *put]) if t not in named]
     return Head(head.path, seq, kept, head.desc), released

@@ -180,28 +180,30 @@ def _move_large_values(mem: Memory, groups: dict[Path, list[Change]]) -> Op[None
     wave, ``IfNoneMatch``) before the rows that name them: objects first, index last
     (``MemoryIndex.commit`` runs this once their namespaces are registered).
     A commit that never lands leaves such an object unnamed: no read ever returns it, and
-    only ``erase_namespace`` removes it, unless a sweep unregistered its namespace first
-    (there is no memory gc yet: see the guide)."""
+    ``collect_garbage`` (or ``erase_namespace``, unless a sweep unregistered its namespace
+    first) removes it. Each change records when its object was sent: the commit names it
+    only within the lease (``_index/memory_lease``)."""
     objects: dict[str, bytes] = {}
+    sent = mem.clock.now()  # before the objects go out: the lease never runs from later than their write
     for path, changes in groups.items():
         for i, change in enumerate(changes):
             if isinstance(change.value, rows.ValueCell) and change.value.size > mem.index.inline_limit:
                 token = new_token()
                 objects[mem.index.value_key(path, token)] = dumps_value(change.value, path, change.key)
-                changes[i] = replace(change, value=rows.ObjectRef(token, change.value.size))  # an import's stamps kept
+                # An import's stamps kept.
+                changes[i] = replace(change, value=rows.ObjectRef(token, change.value.size), written=sent)
     if objects:
         yield from put_immutable(mem.s3, objects)
 
 
 def _delete_released(mem: Memory, released: list[str]) -> Op[None]:
     """The value objects of the rows the commit replaced, after it landed. Best effort: the
-    batch's changes are committed; an object left here is unnamed, removed only by
-    ``erase_namespace`` (no memory gc yet)."""
+    batch's changes are committed; an object left here is unnamed, for ``collect_garbage``."""
     for start in range(0, len(released), DELETE_BATCH):
         call = mem.s3.delete_many(released[start : start + DELETE_BATCH])
         (answer,) = yield (call,)
         if isinstance(answer, BaseException) or answer.get("Errors"):
-            log.warning("%s: replaced values left behind (unnamed; erase_namespace removes them): %s", call.describe(), answer)
+            log.warning("%s: replaced values left behind (unnamed; collect_garbage removes them): %s", call.describe(), answer)
 
 
 def _needed(
