@@ -54,10 +54,13 @@ def _failed_put(store: S3Store, ns: tuple[str, ...], value: dict[str, Any]) -> N
     index = store._memory.index
     real = index.commit
 
-    def commit(groups: Any) -> Any:
+    def commit(groups: Any, stage: Any = None) -> Any:
+        # Cut after the value objects (``stage``), before any row; the namespace's
+        # registration skipped too: what a process leaves that saw the namespace
+        # registered before a sweep unregistered it.
         index.commit = real
+        yield from stage()
         raise StoreUnavailableError("the commit failed (a test)")
-        yield  # a generator, as the index's
 
     index.commit = commit
     with pytest.raises(StoreUnavailableError):
@@ -194,7 +197,9 @@ def _racing(bucket: tuple[str, str], clock: _Clock, pause: int, during: Callable
 
     def put() -> None:
         with make_store(*bucket, clock=ttl.Clock(clock)) as store:
-            store.get(ns, "doc")  # a warm process: its next round trip writes the value object
+            # A warm process that knows the namespace registered: its put's first round
+            # trip writes the value object.
+            store.put(ns, "warm", {"tag": "warm"})
 
             def paused() -> None:
                 clock.offset += pause
