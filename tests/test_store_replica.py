@@ -7,9 +7,9 @@ memory index travels in the bucket; "dynamodb-global": the harness replicates th
 table's items too) and both drivers (the store's sync methods, and its a* forms on a
 loop of the test's own).
 
-Every saver here keeps the default failover budget (``failover_after=3``): writes
-made while the primary is up never race a short budget on a busy machine. The outage
-is a refused connection or a 503, which fail at once.
+The savers here get generous timeouts and budgets (``_saver``): writes made while the
+primary is up never race a short budget on a busy machine. The outage is a refused
+connection or a 503, which fail at once, so the budgets cost the tests no time.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import random
 from typing import Any
 
 import pytest
+from botocore.config import Config
 
-from s3_saver import ConfigurationError, PrimaryUnavailableError, ReplicationLagError, S3Store
+from s3_saver import ConfigurationError, PrimaryUnavailableError, ReplicationLagError, RetryPolicy, S3Store
 from s3_saver._regions.sites import REPLICA
 from s3_saver._transport.protocol import PRIMARY
 
@@ -38,7 +39,9 @@ WRITES = {("s3", "put_object"), ("s3", "delete_objects"), ("s3", "copy_object")}
 
 def _saver(regions: Any, mode: str, **kw: Any) -> Any:
     index_mode = "manifest" if mode == "manifest" else "dynamodb"
-    saver = regions.make_saver(index_mode, global_table=mode == "dynamodb-global", **kw)
+    kw.setdefault("client_config", Config(connect_timeout=5, read_timeout=20))
+    kw.setdefault("retry", RetryPolicy(attempts=3, base=0.05, cap=0.2, budget=30.0))
+    saver = regions.make_saver(index_mode, global_table=mode == "dynamodb-global", failover_after=30.0, **kw)
     if index_mode == "dynamodb" and regions.replica.table not in regions.replica.dynamodb.list_tables()["TableNames"]:
         regions.create_replica_table()
     return saver
