@@ -70,8 +70,9 @@ class Memory:
     slack: float
     dims: int
     dtype: str
-    # Set for reads of a lag-safe region (``Route.as_reader``): a replica, or a region
-    # promoted after a failover. A batch with it is reads alone.
+    # Set in a lag-safe region (``Route.as_reader``): a replica (then the batch is reads
+    # alone: ``S3Store`` routes nothing else there), or the region written to when it may
+    # name what never arrived (promoted after a failover, or one of a global table's).
     reads: ReplicaReads | None = None
 
     @property
