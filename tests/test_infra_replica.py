@@ -458,10 +458,9 @@ def test_replica_policies_have_no_wildcard_actions_or_resources(replica: dict, m
 
 def test_template_text_names_every_saver_sub_prefix() -> None:
     """The sub-prefixes are pasted into the template as text: they must be the saver's."""
+    from s3_saver._format.key_codec import MEMORY_PREFIX as saver_memory
     from s3_saver._format.keys import LISTING_PREFIX as saver_listing
     from s3_saver._format.keys import MANIFEST_PREFIX as saver_manifests
-
-    from s3_saver._format.key_codec import MEMORY_PREFIX as saver_memory
 
     assert (MANIFEST_PREFIX, LISTING_PREFIX, MEMORY_PREFIX) == (saver_manifests, saver_listing, saver_memory)
     text = REPLICA_TEMPLATE.read_text()

@@ -22,7 +22,13 @@ from typing import Any
 import pytest
 from botocore.config import Config
 
-from s3_saver import ConfigurationError, PrimaryUnavailableError, ReplicationLagError, RetryPolicy, S3Store
+from s3_saver import (
+    ConfigurationError,
+    PrimaryUnavailableError,
+    ReplicationLagError,
+    RetryPolicy,
+    S3Store,
+)
 from s3_saver._regions.sites import REPLICA
 from s3_saver._transport.protocol import PRIMARY
 
