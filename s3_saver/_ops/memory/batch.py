@@ -10,14 +10,18 @@ the user's code, not an AWS call). As InMemoryStore:
    round trip (a searched namespace known to have none below it needs no registry);
    then the namespaces under a searched prefix that the first wave did not read;
    values kept in objects of their own are read in one more wave;
-2. then one commit of every change: the refreshes the reads found due, and the puts
-   and deletes (deduplicated by ``prepare``: the last value of a key, at the place of
+2. then one commit of every change: the refreshes the reads found due (none in a
+   replica region, read-only until ``promote()``), and the puts and deletes (deduplicated by ``prepare``: the last value of a key, at the place of
    its first op), grouped by namespace; values over the index's inline limit are
    written to their own objects once their namespaces are registered, before the rows,
    and the objects of replaced values deleted after;
 3. results in op order.
 
 Expired items are never returned (the store's clock, read once per batch for reads).
+
+A batch of reads alone may run in a replica region (``S3Store`` routes it through the
+saver's ``Route``, as the saver's reads): ``Memory.reads`` is then set, and a value object
+that the replica's index names and that has not arrived is replication lag (``_resolve``).
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ from s3_saver._format.memory.names import show
 from s3_saver._index.memory import Change, MemoryIndex, Path
 from s3_saver._ops.memory import listing, rank
 from s3_saver._ops.memory.prepare import Prepared
+from s3_saver._ops.source import ReplicaReads
 from s3_saver._transport.failures import OBJECT_MISSING, classify
-from s3_saver._transport.protocol import Op, raise_failure
+from s3_saver._transport.protocol import PRIMARY, Op, about, raise_failure
 from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import EmbeddingError, StoreUnavailableError
 
@@ -67,6 +72,15 @@ class Memory:
     slack: float
     dims: int
     dtype: str
+    # Set in a lag-safe region (``Route.as_reader``): a replica (then the batch is reads
+    # alone: ``S3Store`` routes nothing else there), or the region written to when it may
+    # name what never arrived (promoted after a failover, or one of a global table's).
+    reads: ReplicaReads | None = None
+
+    @property
+    def read_only(self) -> bool:
+        """Reads of a replica region: nothing may be written there before ``promote()``."""
+        return self.reads is not None and self.reads.site != PRIMARY
 
 
 def batch(
@@ -142,9 +156,12 @@ def batch(
         assert isinstance(op, ListNamespacesOp)
         results[position] = listing.page_namespaces(paths, op)
 
-    # The refreshes first (the batch's puts, applied after them, win over them).
+    # The refreshes first (the batch's puts, applied after them, win over them). A replica
+    # region takes no write: its reads leave the expiry as replicated (the primary's next
+    # read refreshes it); they only go there while the primary is unavailable.
     groups: dict[Path, list[Change]] = {}
-    for namespace, moves in ttl_core.plan_refreshes(returned, prepared.written(), now, mem.slack).items():
+    refreshes = {} if mem.read_only else ttl_core.plan_refreshes(returned, prepared.written(), now, mem.slack)
+    for namespace, moves in refreshes.items():
         groups[namespace] = [Change(m.key, refresh=m) for m in moves]
     for namespace, numbers in prepared.groups.items():
         changes = groups.setdefault(namespace, [])
@@ -231,7 +248,13 @@ def _resolve(
     read those namespaces again (into ``nodes``), and retry. What the answers need is
     judged again on the rows read again (a key put meanwhile is needed too), and a value
     is kept only for the token its row names now (never an older version's value beside
-    a newer row's times)."""
+    a newer row's times).
+
+    Lag-safe reads (``mem.reads``): S3 replication copies each object on its own, so a
+    replica's head or item can name a value object that has not arrived. One still named
+    after the read again raises ``MissingObjectError`` (the route reports it as
+    ``ReplicationLagError``): a namespace's rows are its only state, with no older one to
+    stand in, and a value is never returned without its object."""
     found: dict[tuple[Path, str], tuple[str, rows.ValueCell]] = {}
 
     def token(path: Path, key: str) -> str:
@@ -241,14 +264,18 @@ def _resolve(
         wanted = sorted(k for k in needed() if k not in found or found[k][0] != token(*k))
         if not wanted:
             return {k: cell for k, (_, cell) in found.items()}
-        calls = tuple(mem.s3.get(mem.index.value_key(p, token(p, k))) for p, k in wanted)
+        calls = tuple(
+            about(mem.s3.get(mem.index.value_key(p, token(p, k))), f"namespace {show(p)}, key {show(k)}") for p, k in wanted
+        )
         answers = yield calls
         gone: set[Path] = set()
+        missing: list[tuple[Path, str, Any, BaseException]] = []
         for (path, key), call, answer in zip(wanted, calls, answers):
             if isinstance(answer, BaseException):
                 if classify(answer, call.operation) != OBJECT_MISSING:
                     raise_failure(call, answer)
                 gone.add(path)
+                missing.append((path, key, call, answer))
                 continue
             cell = loads_value(answer["Body"], path, key, f"s3://{mem.s3.bucket}/{call.params['Key']}")
             found[(path, key)] = (token(path, key), cell)
@@ -256,6 +283,11 @@ def _resolve(
             again = yield from mem.index.read(sorted(gone), {})
             for path in gone:
                 nodes[path] = again.nodes[path]
+            if mem.reads is not None:
+                for path, key, call, answer in missing:
+                    value = row.value if (row := nodes[path].get(key)) is not None else None
+                    if isinstance(value, rows.ObjectRef) and mem.index.value_key(path, value.token) == call.params["Key"]:
+                        raise_failure(call, answer)  # MissingObjectError: still named, not arrived
     left = sorted(k for k in needed() if k not in found or found[k][0] != token(*k))
     if left:
         raise StoreUnavailableError(
