@@ -143,7 +143,7 @@ def test_segment_keys_are_the_stores_own() -> None:
 
 # -- a store sealing at every put agrees with InMemoryStore ----------------------------------
 
-_HARNESS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_HARNESS = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.mark.parametrize("driver", ["sync", "async"])
@@ -230,15 +230,15 @@ def test_requests_on_a_sealed_namespace_cold_and_warm(manifest: str) -> None:
 
 
 def test_a_head_stays_within_its_budget_as_its_namespace_grows(manifest: str) -> None:
-    """600 puts of 200-byte items, one by one, into a namespace whose head holds 4 KiB of
+    """300 puts of 200-byte items, one by one, into a namespace whose head holds 4 KiB of
     rows: the head object never passes the budget by more than its segments' refs, the
     small segments after the last large one stay at most eight, no segment passes 1 MiB,
     and every item reads back, in creation order."""
     with sealing(manifest, 4096) as store:
         sizes = []
-        for i in range(600):
+        for i in range(300):
             store.put(NS, f"k{i:04d}", {"text": f"item {i} " + secrets.token_hex(80)})
-            if i % 50 == 49:
+            if i % 25 == 24:
                 key = head_key(store._memory.index.prefix, node_id(NS))
                 sizes.append(_s3(manifest).head_object(Bucket=BUCKET, Key=key)["ContentLength"])
         head = head_of(manifest, store, NS)
@@ -247,7 +247,8 @@ def test_a_head_stays_within_its_budget_as_its_namespace_grows(manifest: str) ->
         assert len(head.segments) - tail_start(head.segments) <= TAIL_MAX
         assert all(r.size <= SEGMENT_MAX for r in head.segments)
         assert sorted(segments_in(manifest, store)) == sorted(store._memory.index.segment_key(NS, r) for r in head.segments)
-        assert [i.key for i in store.search(NS, limit=1000)] == [f"k{i:04d}" for i in range(600)]
+        assert head.segments[-1].number >= 2 * TAIL_MAX > len(head.segments)  # sealed often, merged
+        assert [i.key for i in store.search(NS, limit=1000)] == [f"k{i:04d}" for i in range(300)]
 
 
 def test_compaction_drops_shadowed_rows_and_deletes_what_it_retires(manifest: str) -> None:
