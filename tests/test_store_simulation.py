@@ -30,7 +30,12 @@ tests/sim/store_model.py and tests/sim/store_runner.py. Each process is its own 
   from one process at once (its group commit puts them in shared swaps), cut after and
   before each call in turn: the key holds the old value or one of the new ones, whole;
 * random schedules alternate with ``random-shared`` ones (two processes on one store);
-* ``test_store_replay``: one schedule from the environment (the command a failure prints).
+* ``test_store_sealing_random`` / ``test_store_sealing_exhaustive`` /
+  ``test_store_sealing_put_cut_at_every_call``: the manifest mode with heads of a few
+  hundred bytes (or one), so that puts seal rows into segments and merge them in the
+  schedules (each asks that segments were met);
+* ``test_store_replay``: one schedule from the environment (the command a failure prints;
+  ``SIM_HEAD_BUDGET`` for a sealing schedule's).
 
 The removal tests count the known gap (sim/store_runner.py ``KNOWN_UNREGISTERED``: what
 a folder holds when a sweep unregisters its namespace is out of a later erase's reach)
@@ -38,8 +43,9 @@ as a warning, with the command that replays it; the pinned ones fail on it.
 
 Budgets (seconds per test, ``SIM_BUDGET_SECONDS`` overrides): random 3 (20 in make
 test-all), exhaustive 3 (15), put cut 4 (300: every cut), removal random 2 (20), erase
-cut 2 (120), put cut then erased 2 (60); ``make soak`` shares its minutes with these. ``test_store_removal_batch``
-(slow) runs ``SIM_REMOVAL_SCHEDULES`` (100) removal schedules per mode and bucket. ``SIM_SEED``,
+cut 2 (120), put cut then erased 2 (60), each sealing one 3 (20); ``make soak`` shares its
+minutes with these. ``test_store_removal_batch`` (slow) runs ``SIM_REMOVAL_SCHEDULES`` (100)
+removal schedules per mode and bucket. ``SIM_SEED``,
 ``SIM_KEEP_GOING``, ``SIM_EXHAUSTIVE_CAP`` as in tests/test_simulation.py.
 """
 
@@ -412,9 +418,107 @@ def test_store_put_cut_at_every_call_then_erased(moto_endpoint: str, mode: str) 
     _fail(tally, f"{mode} {scenario} seed {seed}, a cut after {covered} of {first.events} calls (base seed {base})")
 
 
+# Sealing (manifest mode): head budgets in bytes of rows. 1: every row is sealed at every
+# swap (segments, merges past eight, tombstones); a few hundred: a head keeps a row or
+# two and seals the rest now and then.
+SEALING_BUDGETS = (1, 300, 900)
+SEALING_EXHAUSTIVE = (
+    "put+put@one",
+    "put,delete+put@one",
+    "put_large+put_large@one",
+    "put_two+search",
+    "put,put+get@one",
+    "put_large+delete@one",
+)
+
+
+def _sealing_budget(seed: int) -> int:
+    return SEALING_BUDGETS[seed % len(SEALING_BUDGETS)]
+
+
+def _sealed(world: StoreWorld, tally: Tally, what: str) -> None:
+    """The schedules met segments (a budget too large, or a store that does not seal, would
+    pass every schedule without testing sealing), then the usual verdict."""
+    if not tally.failures:
+        assert world.sealed > 0, f"{what}: no schedule left a sealed segment"
+    _fail(tally, what)
+
+
+def test_store_sealing_random(moto_endpoint: str) -> None:
+    """Random schedules (as ``test_store_random``) on heads that seal almost at once: a
+    put cut or raced across a seal or a merge leaves each key old or new, whole, and no
+    segment is left that no head names (once no step was cut)."""
+    world = StoreWorld(moto_endpoint, "manifest")
+    deadline = time.monotonic() + budget_seconds(3, long=20)
+    base = _base_seed()
+    tally = Tally()
+    i = 0
+    while time.monotonic() < deadline:
+        world.head_budget = _sealing_budget(base + i)
+        out = _run(world, StoreSpec("manifest", "random", base + i), tally)
+        i += 1
+        if not out.ok and not KEEP_GOING:
+            out.problems.append(f"(head budget {world.head_budget}: SIM_HEAD_BUDGET={world.head_budget})")
+            break
+    _sealed(world, tally, f"manifest sealing random (seeds {base}..{base + i - 1})")
+
+
+def test_store_sealing_exhaustive(moto_endpoint: str) -> None:
+    """Small scenarios on heads of one byte (every swap seals, merges after eight): their
+    interleavings, then one fault at each call, ``cap`` of each, within the budget."""
+    world = StoreWorld(moto_endpoint, "manifest", head_budget=1)
+    deadline = time.monotonic() + budget_seconds(3, long=20)
+    cap = int(os.environ.get("SIM_EXHAUSTIVE_CAP", "12"))
+    base = _base_seed()
+    tally = Tally()
+    what = f"manifest sealing exhaustive (base seed {base}, cap {cap}, SIM_HEAD_BUDGET=1)"
+    start = base % len(SEALING_EXHAUSTIVE)
+    for i, name in enumerate(SEALING_EXHAUSTIVE[start:] + SEALING_EXHAUSTIVE[:start]):
+        seed = base + i
+        path: list[int] | None = []
+        for _ in range(cap):
+            out = _run(world, StoreSpec("manifest", name, seed, "none", path), tally)
+            if (not out.ok and not KEEP_GOING) or time.monotonic() >= deadline:
+                return _sealed(world, tally, what)
+            path = out.next_path
+            if path is None:
+                break
+        out = _run(world, StoreSpec("manifest", name, seed, "one", [-1, 0, 0]), tally)
+        faults = [(k, f, r) for k in range(out.events) for f in (1, 2, 3, 4) for r in ((0, 1) if f >= 3 else (0,))]
+        random.Random(seed).shuffle(faults)
+        for k, f, r in faults[:cap]:
+            out = _run(world, StoreSpec("manifest", name, seed, "one", [k, f, r]), tally)
+            if (not out.ok and not KEEP_GOING) or time.monotonic() >= deadline:
+                return _sealed(world, tally, what)
+    _sealed(world, tally, what)
+
+
+def test_store_sealing_put_cut_at_every_call(moto_endpoint: str) -> None:
+    """``test_store_put_cut_at_every_call`` on heads of one byte: the put that replaces
+    the large value seals (and, the old row being sealed, may merge) in its swap; cut
+    after and before each call, then retried or abandoned, the key holds the old value
+    or the new one, whole."""
+    world = StoreWorld(moto_endpoint, "manifest", head_budget=1)
+    base = _base_seed()
+    tally = Tally()
+    deadline = time.monotonic() + budget_seconds(3, long=300)
+    seed = _put_over_seed("manifest")
+    first = _run(world, StoreSpec("manifest", PUT_OVER, seed, "one", [-1, 0, 0]), tally)
+    cuts = [(k, fault, retry) for k in range(first.events) for fault in (3, 4) for retry in (0, 1)]
+    covered = 0
+    for j in range(len(cuts)):
+        if (tally.failures and not KEEP_GOING) or time.monotonic() >= deadline:
+            break
+        _run(world, StoreSpec("manifest", PUT_OVER, seed, "one", list(cuts[(base + j) % len(cuts)])), tally)
+        covered += 1
+    _sealed(world, tally, f"manifest sealing put cut ({covered} of {len(cuts)} cuts, seed {seed}, base seed {base}, SIM_HEAD_BUDGET=1)")
+
+
 def test_store_replay(moto_endpoint: str) -> None:
     if "SIM_SEED" not in os.environ or "SIM_SCENARIO" not in os.environ:
-        pytest.skip("replays one schedule: SIM_SEED=.. SIM_MODE=.. SIM_SCENARIO=.. [SIM_FAULTS=..] [SIM_PATH=..] [SIM_VERSIONED=1]")
+        pytest.skip(
+            "replays one schedule: SIM_SEED=.. SIM_MODE=.. SIM_SCENARIO=.. [SIM_FAULTS=..] [SIM_PATH=..] [SIM_VERSIONED=1] [SIM_HEAD_BUDGET=..]"
+        )
     path = os.environ.get("SIM_PATH")
     spec = StoreSpec(
         os.environ.get("SIM_MODE", "dynamodb"),
@@ -424,7 +528,9 @@ def test_store_replay(moto_endpoint: str) -> None:
         None if path is None else ([] if path == "-" else [int(x) for x in path.split(",")]),
     )
     spec.versioned = os.environ.get("SIM_VERSIONED") == "1"
-    out = run_store_schedule(StoreWorld(moto_endpoint, spec.mode, versioned=spec.versioned), spec)
+    budget = os.environ.get("SIM_HEAD_BUDGET")
+    world = StoreWorld(moto_endpoint, spec.mode, versioned=spec.versioned, head_budget=int(budget) if budget else None)
+    out = run_store_schedule(world, spec)
     print("\n".join(out.history))
     print("\n".join(out.trace))
     if not out.ok:

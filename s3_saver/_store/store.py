@@ -63,8 +63,9 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
     """Long-term memory (LangGraph's ``BaseStore``) in an S3 bucket, with no database.
 
     With no ``table`` (manifest mode, no database), items live in the bucket under
-    ``<prefix>memory/``: per namespace one head holding its items, replaced by
-    compare-and-swap, and a registry of namespaces for ``list_namespaces`` and prefix
+    ``<prefix>memory/``: per namespace one head holding its newest items, replaced by
+    compare-and-swap (older items sealed into immutable segments past 256 KiB, 32 KiB
+    on a versioned bucket), and a registry of namespaces for ``list_namespaces`` and prefix
     searches. With a ``table`` (the saver's DynamoDB table), each item is a table item
     and the registry a partition of the table. A saver and a store may share a bucket,
     a table and a prefix (a prefix belongs to one index mode: both must use the same).

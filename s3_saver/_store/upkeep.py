@@ -52,11 +52,11 @@ class Upkeep:
         racing the erase either has its item erased or keeps it whole and listed (the
         namespace is then reported in ``written_during``). What stays: in the manifest
         mode an empty head per erased namespace (no item, no namespace name); versions
-        Object Lock holds, and value objects younger than an hour that no item named
-        when the erase read it (a put about to commit), reported in ``remaining``;
-        their namespaces stay registered (in ``written_during``), so that the erase,
-        called again once they may go, finds them. A call cut short is finished by
-        calling it again. The store writes to one region:
+        Object Lock holds, and value objects (or sealed segments) younger than an hour
+        that no item named when the erase read it (a put about to commit), reported in
+        ``remaining``; their namespaces stay registered (in ``written_during``), so that
+        the erase, called again once they may go, finds them. A call cut short is
+        finished by calling it again. The store writes to one region:
         copies that S3 Replication or a DynamoDB global table made elsewhere, the
         table's point-in-time recovery and backups are the operator's to remove.
 

@@ -62,12 +62,16 @@ class StoreWorld(World):
     """The moto server, with ``S3Store`` processes; the stores' clock is the scheduler's
     tick (``store_model.TickClock``), and each step's last call sent is recorded."""
 
-    def __init__(self, endpoint: str, mode: str, **kwargs: Any) -> None:
+    def __init__(self, endpoint: str, mode: str, head_budget: int | None = None, **kwargs: Any) -> None:
         self.clock = SM.TickClock()
+        # Manifest mode: a head's row bytes before it seals (tiny: every schedule seals
+        # and compacts); None: the store's own.
+        self.head_budget = head_budget
         self.last: dict[int, int] = {}  # id(LogicalOp) -> tick of its last call sent
         self.called: dict[int, int] = {}  # id(Made) -> tick its method was first called
         self.scheduler: Scheduler | None = None
         self.processes: list[Process] = []
+        self.sealed = 0  # segments seen by the leftover checks (a test asks that seals happened)
         super().__init__(endpoint, mode, **kwargs)
 
     def saver(self, prefix: str, **options: Any) -> Any:  # the scheduler's name for "a new process's object"
@@ -84,6 +88,8 @@ class StoreWorld(World):
             clock=Clock(self.clock),
             **options,
         )
+        if self.head_budget is not None and self.table is None:
+            store._memory.index.head_budget = self.head_budget
         self.savers.append(store)
         return store
 
@@ -395,7 +401,8 @@ def _leftovers(world: StoreWorld, reader: Any, prefix: str, history: SR.History,
     missing one. Two leftovers the store allows: an expired row whose object a sweep cut
     short deleted already (no read returns it; the next sweep drops it), and in DynamoDB
     mode the object of an expired item a put replaced (a creation is a transaction, which
-    returns no old value to delete: the guide says so)."""
+    returns no old value to delete: the guide says so). In manifest mode, sealed segments
+    named by no head (once no step was cut), and heads naming a missing one."""
     from s3_saver._format.memory.rows import ObjectRef
 
     snapshot = reader._sync.run(reader._memory.index.read(list(SM.NAMESPACES), {}))
@@ -419,4 +426,28 @@ def _leftovers(world: StoreWorld, reader: Any, prefix: str, history: SR.History,
         if world.mode == "dynamodb":
             unnamed = [k for k in unnamed if not removal.replaced_expired(world, reader, history, k)]
         problems += [f"the value object {k} is named by no row (no step was cut)" for k in unnamed]
+    if world.table is None:
+        problems += _segment_leftovers(world, reader, prefix, history)
     return problems
+
+
+def _segment_leftovers(world: StoreWorld, reader: Any, prefix: str, history: SR.History) -> list[str]:
+    index = reader._memory.index
+    heads = {ns: reader._sync.run(_head(index, ns)) for ns in SM.NAMESPACES}
+    named = {index.segment_key(ns, ref): ns for ns, head in heads.items() for ref in head.segments}
+    retired = {index.segment_key(ns, ref) for ns, head in heads.items() for ref in head.retired}
+    present = {key for key, _ in world.objects_naming(prefix, "/@s/")}
+    world.sealed += len(present)
+    problems = [f"the head of {'/'.join(named[k])} names the segment {k}, which is gone" for k in sorted(set(named) - present)]
+    if not history.cut:
+        problems += [f"the segment {k} is named by no head (no step was cut)" for k in sorted(present - set(named) - retired)]
+    return problems
+
+
+def _head(index: Any, ns: Any) -> Any:
+    from s3_saver._format.memory.documents import head_key
+    from s3_saver._format.memory.names import node_id
+
+    call = index.s3.get(head_key(index.prefix, node_id(ns)))
+    (answer,) = yield (call,)
+    return index._head_answer(ns, call, answer)[1]

@@ -85,7 +85,8 @@ def _size(known: Known) -> int:
     and a fixed overhead per row and per registry entry."""
     doc = known[1]
     if isinstance(doc, Head):
-        return 256 + sum(_ROW_BYTES + len(r.key) + _cell(r.value) + _cell(r.vectors) for r in doc.rows.values())
+        refs = sum(_ROW_BYTES + len(r.bloom) + len(r.min_key) + len(r.max_key) for r in [*doc.segments, *doc.retired])
+        return 256 + refs + sum(_ROW_BYTES + len(r.key) + _cell(r.value) + _cell(r.vectors) for r in doc.rows.values())
     return 256 + sum(_ROW_BYTES + sum(len(label) for label in p) for p in doc.created)
 
 

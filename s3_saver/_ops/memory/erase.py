@@ -5,8 +5,9 @@ Order, so that a call cut short anywhere and made again finishes (both index mod
 
 1. the index removes the rows (``MemoryIndex.erase_rows``): per namespace, the value
    objects its rows name first (a plain delete: on a versioned bucket their versions
-   go in step 2), then the rows (manifest: the head swapped for an empty one, which
-   names no namespace; DynamoDB: each item deleted as read). The registrations stay,
+   go in step 2), then the rows (manifest: the sealed segments deleted, then the head
+   swapped for an empty one, which names no namespace; DynamoDB: each item deleted as
+   read). The registrations stay,
    so a call made again finds the namespaces;
 2. each namespace's folder is listed, every version and delete marker in it (the
    head's replaced versions, value objects' versions) is deleted, but the current head
