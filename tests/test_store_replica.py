@@ -300,3 +300,131 @@ def test_from_saver_refuses_a_dynamodb_replica_without_a_global_table(regions) -
         S3Store.from_saver(saver)
     message = str(raised.value)
     assert regions.replica.region in message and repr(regions.replica.table) in message, message
+
+
+def _memory_versions(site: Any) -> list[tuple[str, str, bool, bytes]]:
+    """Every version under the site's ``memory/``: (key, version id, is latest, bytes
+    uncompressed; a delete marker's are empty)."""
+    from s3_saver._format.codec import plain
+
+    out = []
+    for page in site.s3.get_paginator("list_object_versions").paginate(Bucket=site.bucket, Prefix="memory/"):
+        for v in page.get("Versions", []):
+            body = site.s3.get_object(Bucket=site.bucket, Key=v["Key"], VersionId=v["VersionId"])["Body"].read()
+            out.append((v["Key"], v["VersionId"], v["IsLatest"], plain(body, v["Key"])))
+        out += [(m["Key"], m["VersionId"], m["IsLatest"], b"") for m in page.get("DeleteMarkers", [])]
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_erase_namespace_erases_in_the_replica_bucket_once_replication_caught_up(regions, apis, mode: str) -> None:
+    """S3 Replication copies every version of the memory folder to the replica's bucket,
+    and never the erase's deletes of versions: the erase goes there itself. Called while
+    replication has not delivered the erase's own writes (the head emptied, the registry
+    without the namespace), it reports what the replica still holds as lag and keeps the
+    namespace registered; called again once replication caught up, it completes, and no
+    version in either bucket holds an erased value or names the erased namespace."""
+    from s3_saver._format.memory.names import node_id
+    from s3_saver._ops.memory.erase import REPLICA_LAG
+
+    saver = _saver(regions, mode)
+    api = apis("sync", saver)
+    secret = [f"ann-secret-{i}-{random.Random(i).getrandbits(64):x}" for i in range(2)]
+    api.put(ANN, "diet", {"text": secret[0]})
+    api.put(ANN, "diet", {"text": secret[1]})  # a replaced head: a noncurrent version
+    api.put(ANN, "notes", {"text": BIG})  # a value object of its own (compressed: found by its key)
+    api.put(ANN, "notes", {"text": BIG + "!"})  # ... replaced: a noncurrent version too
+    api.put(BOB, "diet", {"text": "bob-stays"})
+    regions.replicator.sync()
+    folder = f"memory/n/{node_id(ANN)}/"
+    if mode == "manifest":  # small values live in the heads (with a table, in its items)
+        assert any(secret[0].encode() in body for *_, body in _memory_versions(regions.replica))
+    assert any(k.startswith(folder + "@v/") for k, *_ in _memory_versions(regions.replica))
+
+    reports = [api.store.erase_namespace(ANN)]
+    while not reports[-1].complete and len(reports) < 4:
+        # What the erase left in the replica waits for replication, and only that.
+        assert {r.reason for r in reports[-1].remaining} == {REPLICA_LAG}, reports[-1].remaining
+        assert {r.bucket for r in reports[-1].remaining} == {regions.replica.bucket}
+        regions.replicator.sync()
+        reports.append(api.store.erase_namespace(ANN))
+    assert reports[-1].complete, reports[-1].remaining
+    assert reports[0].buckets == (regions.primary.bucket, regions.replica.bucket)
+    assert reports[0].items == 2 and reports[0].namespaces in ((ANN,), ())
+    if mode == "manifest":
+        # The replica's head lagged at the first call: the namespace stayed registered for the next.
+        assert len(reports) > 1 and ANN in reports[0].written_during
+    regions.replicator.sync()  # what the last call wrote arrives too
+
+    for site in (regions.primary, regions.replica):
+        stored = _memory_versions(site)
+        assert not [k for k, *_, body in stored if any(s.encode() in body for s in secret)], site.bucket
+        assert not [k for k, *_, body in stored if b"ann" in body], site.bucket  # no version names the namespace
+        assert not [k for k, *_ in stored if k.startswith(folder + "@v/")], site.bucket  # no value object
+        if mode == "manifest":
+            assert any(b"bob-stays" in body for *_, latest, body in stored if latest), site.bucket
+        else:  # the global table's replica followed the deletes
+            items = [i for p in site.dynamodb.get_paginator("scan").paginate(TableName=site.table) for i in p["Items"]]
+            assert not [i for i in items if any(x.encode() in repr(i).encode() for x in secret)], site.table
+    assert api.namespaces() == [BOB] and api.get(ANN, "diet") is None
+    assert api.get(BOB, "diet") == {"text": "bob-stays"}
+
+
+class _Cut(Exception):
+    pass
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_erase_namespace_with_a_replica_cut_after_any_round_trip_finishes_when_made_again(regions, mode: str) -> None:
+    """The erase (with its replica part) stopped after each of its round trips, then made
+    again by a new process until complete (replication catching up between): nothing
+    of the erased namespace is left in either bucket, and the other namespace reads."""
+    from s3_saver._format.memory.names import node_id
+
+    def erase_until_complete(store: S3Store, ns: tuple) -> None:
+        reports = []
+        for _ in range(4):
+            reports.append(store.erase_namespace(ns))
+            if reports[-1].complete:
+                return
+            regions.replicator.sync()
+        raise AssertionError(f"the erase of {ns} never completed: {[(r.key, r.reason) for r in reports[-1].remaining]}")
+
+    writer = S3Store.from_saver(_saver(regions, mode))
+    probe = ("probe", "u")
+    for ns in (probe, BOB):
+        writer.put(ns, "a", {"text": "alpha"})
+        writer.put(ns, "big", {"text": BIG})
+    regions.replicator.sync()
+    writer.stats.reset()
+    writer.erase_namespace(probe)
+    waves = writer.stats.round_trips
+    assert waves >= 5
+    for k in range(1, waves + 1):
+        ns = ("cut", str(k))
+        writer.put(ns, "a", {"text": f"alpha-{k}"})
+        writer.put(ns, "big", {"text": BIG})
+        writer.put(ns, "big", {"text": BIG + "!"})
+        regions.replicator.sync()
+        cut = S3Store.from_saver(_saver(regions, mode))
+        sent, count = cut._sync._wave, [0]
+
+        def wave(calls: Any, sent: Any = sent, count: list = count, k: int = k) -> Any:
+            answers = sent(calls)
+            count[0] += 1
+            if count[0] == k:
+                raise _Cut
+            return answers
+
+        cut._sync._wave = wave
+        with pytest.raises(_Cut):
+            cut.erase_namespace(ns)
+        regions.replicator.sync()
+        erase_until_complete(S3Store.from_saver(_saver(regions, mode)), ns)
+        regions.replicator.sync()
+        folder = f"memory/n/{node_id(ns)}/"
+        for site in (regions.primary, regions.replica):
+            stored = _memory_versions(site)
+            assert not [key for key, *_ in stored if key.startswith(folder + "@v/")], (k, site.bucket)
+            assert not [key for key, *_, body in stored if f"alpha-{k}".encode() in body], (k, site.bucket)
+    assert writer.get(BOB, "a").value == {"text": "alpha"} and writer.get(BOB, "big").value == {"text": BIG}

@@ -278,6 +278,15 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
         """What the operations that write (or are admin calls) run on: the region written to."""
         return self._memory_at(self._ctx)
 
+    @property
+    def _replicas(self) -> list[Memory]:
+        """The memory of the other region (a saver with a ``Replica``; none after its
+        promote() when the region given up is not one any more): what an erase also erases
+        in, as the saver's ``erase_thread`` does."""
+        if self._home._route is None or self._home.replica is None:
+            return []
+        return [self._memories[self._home._other_ctx.s3.where.site]]
+
     def _memory_at(self, ctx: Context) -> Memory:
         """The memory of the region ``ctx`` reads, lag-safe when ``ctx`` is (``Route.as_reader``)."""
         memory = self._memories[ctx.s3.where.site]

@@ -29,6 +29,7 @@ class Upkeep:
 
     # Set by S3Store.
     _memory: Any
+    _replicas: Any
     _sync: Any
     _async: Any
     ttl_config: Any
@@ -56,9 +57,16 @@ class Upkeep:
         that no item named when the erase read it (a put about to commit), reported in
         ``remaining``; their namespaces stay registered (in ``written_during``), so that
         the erase, called again once they may go, finds them. A call cut short is
-        finished by calling it again. The store writes to one region:
-        copies that S3 Replication or a DynamoDB global table made elsewhere, the
-        table's point-in-time recovery and backups are the operator's to remove.
+        finished by calling it again.
+
+        A store made by ``from_saver`` from a saver with a [Replica][s3_saver.Replica]
+        erases in the replica's bucket too (the buckets are in ``buckets``): S3
+        Replication copies every version there, and deletes of a version are not
+        replicated. A head or registry there that replication has not replaced yet
+        with the erase's is reported in ``remaining`` (its namespace stays
+        registered): call the erase again once replication caught up. A DynamoDB
+        global table's replicas follow the table by themselves. The table's
+        point-in-time recovery and backups are the operator's to remove.
 
         Args:
             prefix: The namespace prefix (a tuple of labels).
@@ -73,11 +81,11 @@ class Upkeep:
             ConfigurationError: ``()`` without ``everything=True``, or ``everything``
                 with another prefix.
         """
-        return self._sync.run(erase_namespace(self._memory, self._erase_prefix(prefix, everything)))
+        return self._sync.run(erase_namespace(self._memory, self._erase_prefix(prefix, everything), replicas=self._replicas))
 
     async def aerase_namespace(self, prefix: tuple[str, ...], *, everything: bool = False) -> NamespaceEraseReport:
         """Async version of [erase_namespace()][s3_saver.S3Store.erase_namespace]."""
-        return await self._async.run(erase_namespace(self._memory, self._erase_prefix(prefix, everything)))
+        return await self._async.run(erase_namespace(self._memory, self._erase_prefix(prefix, everything), replicas=self._replicas))
 
     def _erase_prefix(self, prefix: tuple[str, ...], everything: bool) -> tuple[str, ...]:
         prefix = check_labels(prefix, what="namespace prefix")

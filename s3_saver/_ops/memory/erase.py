@@ -24,6 +24,19 @@ Order, so that a call cut short anywhere and made again finishes (both index mod
 4. on a versioned bucket, the registry's noncurrent versions (they name the erased
    namespaces) are deleted (manifest mode; DynamoDB mode's registry is in the table).
 
+With a replica (a store made by ``S3Store.from_saver`` from a saver with a ``Replica``),
+step 2 runs in the replica's bucket too, before step 3, on the folders the erase found
+in the region written to (the replica's registry may lag): every version S3 Replication
+brought there goes, but the current head and young current objects, as above, and a
+current head that holds what the region written to no longer holds (replication has not
+delivered the erase yet: the erase leaves it, reports it ``REPLICA_LAG`` and keeps the
+namespace registered, so that the erase called again, once replication caught up, finds
+it). Step 4 runs there too, after step 3; the replica's current registry, until the
+registry step 3 wrote arrives, still names the namespaces: reported ``REPLICA_LAG``, and
+the erase called again (which always visits the registry) removes it once noncurrent.
+Deletes of a version are not replicated (only delete markers may be), which is why the
+erase goes to the replica itself.
+
 A put racing the erase: an item it wrote before the erase read the namespace's rows is
 erased; one written after lands through a new registration (see the index modules):
 each item is either erased or whole and listed, never in an unlisted namespace.
@@ -32,19 +45,25 @@ each item is either erased or whole and listed, never in an unlisted namespace.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from s3_saver._format.memory.documents import HEAD_NAME, is_memory_key
+from s3_saver._format.memory.documents import (
+    HEAD_NAME,
+    is_memory_key,
+    loads_head,
+)
 from s3_saver._index.memory import Path
 from s3_saver._ops.bucket import RemainingVersion, _listed, _purge, _Version
 from s3_saver._ops.erase import GRACE, NEWER, _versioned
 from s3_saver._ops.memory.batch import Memory
-from s3_saver._transport.failures import DENIED_CODES
-from s3_saver._transport.protocol import Op, gather, request_one
+from s3_saver._transport.failures import DENIED_CODES, OBJECT_MISSING, classify
+from s3_saver._transport.protocol import Op, gather, raise_failure, request_one
 from s3_saver._transport.s3 import DELETE_BATCH
 from s3_saver.errors import AccessDeniedError, S3SaverError
+
+REPLICA_LAG = "in the replica, replication has not delivered the erase yet (run the erase again once it has)"
 
 
 @dataclass(frozen=True)
@@ -88,7 +107,11 @@ class NamespaceEraseReport:
         return not self.remaining
 
 
-def erase_namespace(mem: Memory, prefix: Path, grace: float = GRACE) -> Op[NamespaceEraseReport]:
+def erase_namespace(
+    mem: Memory, prefix: Path, grace: float = GRACE, replicas: Sequence[Memory] = ()
+) -> Op[NamespaceEraseReport]:
+    """Erase in ``mem``'s region, and in the buckets of ``replicas`` (see the module
+    docstring)."""
     versioned = yield from _versioned(mem)  # type: ignore[arg-type]
     removed = [0]
 
@@ -113,27 +136,112 @@ def erase_namespace(mem: Memory, prefix: Path, grace: float = GRACE) -> Op[Names
         doomed.append(v)
     deleted, locked = yield from _purge_all(mem, doomed)
     left += locked
+    for replica in replicas:
+        more, kept_there = yield from _erase_folders_in(replica, mem, erasure.nodes, young)
+        deleted += more
+        left += kept_there
     # Step 3: a namespace whose folder keeps a version stays registered (found again).
     folders = {mem.index.node_folder(p): p for p in erasure.namespaces}
     held = sorted({p for f, p in folders.items() for r in left if r.key.startswith(f)})
     kept = yield from mem.index.erase_registrations(erasure, held)
     if versioned and erasure.history:
-        # Written by every registration: each replaced version names namespaces.
-        pages = yield from gather(*(_listed(mem, key, versioned) for key in erasure.history))  # type: ignore[arg-type]
-        old = [v for key, page in zip(erasure.history, pages) for v in page if v.key == key and not v.current]
-        more, locked = yield from _purge_all(mem, old)
+        more, locked = yield from _erase_history(mem, erasure.history)
         deleted += more
         left += locked
+        for replica in replicas:
+            more, locked = yield from _erase_history(replica, erasure.history, mem)
+            deleted += more
+            left += locked
     return NamespaceEraseReport(
         prefix,
         tuple(p for p in erasure.namespaces if p not in kept),
         erasure.items,
-        (mem.s3.bucket,),
+        (mem.s3.bucket, *(r.s3.bucket for r in replicas)),
         deleted + removed[0],
         tuple(left),
         erasure.records,
         tuple(kept),
     )
+
+
+def _erase_history(mem: Memory, keys: Sequence[str], written: Memory | None = None) -> Op[tuple[int, list[RemainingVersion]]]:
+    """Step 4 in ``mem``'s bucket: the noncurrent versions of ``keys`` (written by every
+    registration: each replaced version names namespaces). In a replica (``written``: the
+    region written to), a current version unlike the one there is reported: it still
+    names what step 3 removed, until replication delivers the new one."""
+    pages = yield from gather(*(_listed(mem, key, True) for key in keys))  # type: ignore[arg-type]
+    listed = [v for key, page in zip(keys, pages) for v in page if v.key == key]
+    count, left = yield from _purge_all(mem, [v for v in listed if not v.current])
+    if written is not None:
+        current = [v for v in listed if v.current]
+        for v, same in zip(current, (yield from gather(*(_same(mem, written, v.key) for v in current)))):
+            if not same:
+                left.append(RemainingVersion(mem.s3.bucket, v.key, v.version_id, REPLICA_LAG))
+    return count, left
+
+
+def _erase_folders_in(
+    replica: Memory, mem: Memory, nodes: Sequence[Path], young: float
+) -> Op[tuple[int, list[RemainingVersion]]]:
+    """Step 2 in a replica's bucket, on the folders of ``nodes`` (found by the erase in
+    ``mem``, the region written to). Replication only writes there: every version goes but
+    the current head, and a young current object that the region written to still holds
+    when asked after the listing (as there: a put that may still commit, whose object
+    replication brought already; gone there, the erase, or an earlier call of it, deleted
+    it). A current head
+    unlike the one in the region written to that holds rows is what replication has not
+    replaced yet: it stays, reported (deleted, the next replicated version would be the
+    head; left, it turns noncurrent when that arrives, and the erase called again
+    deletes it)."""
+    versioned = yield from _versioned(replica)  # type: ignore[arg-type]
+    pages = yield from gather(*(_listed(replica, mem.index.node_folder(n), versioned) for n in nodes))  # type: ignore[arg-type]
+    doomed: list[_Version] = []
+    left: list[RemainingVersion] = []
+    heads: list[tuple[Path, _Version]] = []
+    recent: list[_Version] = []
+    for node, page in zip(nodes, pages):
+        for v in page:
+            if not is_memory_key(replica.index.prefix, v.key):
+                continue  # not a key this store writes: never deleted from here
+            if v.current and v.key.endswith("/" + HEAD_NAME):
+                heads.append((node, v))
+            elif v.current and v.modified >= young:
+                recent.append(v)
+            else:
+                doomed.append(v)
+    there = yield from gather(*(_body(mem, v.key, head=True) for v in recent))
+    for v, held in zip(recent, there):
+        if held is None:
+            doomed.append(v)
+        else:
+            left.append(RemainingVersion(replica.s3.bucket, v.key, v.version_id, NEWER))
+    deleted, locked = yield from _purge_all(replica, doomed)
+    checks = yield from gather(*(_same(replica, mem, v.key, node) for node, v in heads))
+    left += [RemainingVersion(replica.s3.bucket, v.key, v.version_id, REPLICA_LAG) for (_, v), same in zip(heads, checks) if not same]
+    return deleted, left + locked
+
+
+def _same(replica: Memory, written: Memory, key: str, node: Path | None = None) -> Op[bool]:
+    """Whether the replica's current object at ``key`` is the one in the region written
+    to (byte for byte), or, for the head of ``node``, holds no row and no segment."""
+    there, here = yield from gather(_body(replica, key), _body(written, key))
+    if there == here or there is None:
+        return True
+    if node is None:
+        return False
+    head = loads_head(there, node, f"s3://{replica.s3.bucket}/{key}")
+    return not head.rows and not head.segments and not head.retired
+
+
+def _body(mem: Memory, key: str, head: bool = False) -> Op[bytes | None]:
+    """The current object at ``key`` (``head``: whether there is one, b""), None when none."""
+    call = mem.s3.head(key) if head else mem.s3.get(key)
+    (answer,) = yield (call,)
+    if isinstance(answer, BaseException):
+        if classify(answer, call.operation) == OBJECT_MISSING:
+            return None
+        raise_failure(call, answer)
+    return b"" if head else bytes(answer["Body"])
 
 
 def _purge_all(mem: Memory, versions: list[_Version]) -> Op[tuple[int, list[RemainingVersion]]]:
