@@ -49,7 +49,9 @@ class RemainingVersion:
             a saver whose prefix lies inside this one's folders"``: a prefix
             such as ``live/<thread>``, refused now, that an earlier version
             accepted; its objects are never deleted from outside (move its
-            threads to another prefix with ``migrate``).
+            threads to another prefix with ``migrate``) Or, from
+            ``S3Store.erase_namespace`` in a replica's bucket, replication has not
+            delivered the erase yet (call it again once it has).
         mode: Object Lock retention mode (``"GOVERNANCE"`` or ``"COMPLIANCE"``).
         retain_until: End of the retention period.
         legal_hold: A legal hold is on.
