@@ -132,3 +132,35 @@ def test_memory_gc(endpoint: str, index_mode: str) -> None:
     assert [k["Key"] for k in s3.list_objects_v2(Bucket=BUCKET, Prefix=stray).get("Contents", [])] == []
     assert store.get(("users", "ann"), "doc").value == big
     store.close()
+
+
+def test_memory_erase(endpoint: str, index_mode: str) -> None:
+    """erase of a namespace prefix: asks first (--yes in a pipe), a tuple prefix (users.ann
+    and users.ann.notes, never users.bob smith), --json with the report; no prefix is a usage
+    error unless --all, which erases every namespace."""
+    from conftest import make_versioned
+
+    make_versioned(endpoint)
+    store = _filled(endpoint, index_mode)
+    store.put(("users", "ann"), "big", {"text": "x" * 100_000})  # an object of its own
+    store.put(("users", "ann"), "big", {"text": "y" * 100_000})  # ... and its replaced version
+    run = lambda *args: run_cli(endpoint, *args, mode=index_mode)
+
+    line = error_line(run("memory", "erase", "--ns", "users.ann"), 2)
+    assert "--yes" in line and "nothing was changed" in line and store.get(("users", "ann"), "pref") is not None
+    for args, says in ((("--yes",), "--all to erase every namespace"), (("--ns", "users", "--all", "--yes"), "without --ns")):
+        refused = run("memory", "erase", *args)  # usage errors
+        assert refused.returncode == 2 and says in refused.stderr.decode(), refused.stderr
+
+    out = ok(run("memory", "erase", "--ns", "users.ann", "--yes")).strip()
+    assert out.startswith("erased 2 namespaces under users.ann (3 items; ") and "delete markers removed" in out, out
+    assert store.list_namespaces() == [("teams",), ("users", "bob smith")]
+    assert store.get(("users", "ann"), "pref") is None and store.get(("users", "ann"), "big") is None
+
+    doc = json.loads(ok(run("memory", "erase", "--ns", "users", "--yes", "--json")))
+    assert doc["namespace_prefix"] == ["users"] and doc["erased_namespaces"] == [["users", "bob smith"]]
+    assert doc["items"] == 1 and doc["remaining"] == [] and doc["written_during"] == [] and len(doc["buckets"]) == 1
+    out = ok(run("memory", "erase", "--all", "--yes")).strip()
+    assert out.startswith("erased 1 namespace under the root (1 item; "), out
+    assert store.list_namespaces() == []
+    store.close()

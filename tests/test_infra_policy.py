@@ -500,8 +500,10 @@ def erase_policy(index_mode: str) -> dict[str, Any]:
 @pytest.mark.slow  # with the other policy tests
 def test_erase_policy_covers_what_erase_adds(endpoint: str, index_mode: str) -> None:
     """erase_thread and aerase_thread on an Object Lock bucket (a version held, so
-    its lock is read): SaverPolicy and EraseThreadsPolicy together allow every
-    call, and each action the erase policy grants was needed by one."""
+    its lock is read), and the memory store's erase_namespace and aerase_namespace
+    (a replaced large value: versions to delete one by one): SaverPolicy and
+    EraseThreadsPolicy together allow every call, and each action the erase policy
+    grants was needed by one."""
     s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
     s3.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)  # versioned
     saver = _recorded_saver(endpoint, index_mode, s3, dynamodb, session)
@@ -510,12 +512,18 @@ def test_erase_policy_covers_what_erase_adds(endpoint: str, index_mode: str) -> 
     run_report_sync(graph, "erase-sync")
     held = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}live/erase-sync/")["Contents"][0]["Key"]
     s3.put_object_legal_hold(Bucket=BUCKET, Key=held, LegalHold={"Status": "ON"})
+    store = s3_saver.S3Store.from_saver(saver)
+    for ns in (("erase", "sync"), ("erase", "async")):
+        store.put(ns, "big", {"text": "x" * 100_000})
+        store.put(ns, "big", {"text": "y" * 100_000})
     sync_calls.active = async_calls.active = True
     assert [r.key for r in saver.erase_thread("erase-sync").remaining] == [held]
+    assert store.erase_namespace(("erase", "sync")).complete
 
     async def async_part() -> None:
         await run_report_async(graph, "erase-async")
         assert (await saver.aerase_thread("erase-async")).complete
+        assert (await store.aerase_namespace(("erase", "async"))).complete
         await saver.aclose()
 
     asyncio.run(async_part())

@@ -476,16 +476,17 @@ def test_outputs_build_a_saver(template: dict, prefix: str, index_mode: str) -> 
 # -- the opt-in erase policy ------------------------------------------------------------------
 @pytest.mark.parametrize("replica", [False, True], ids=["alone", "replica"])
 def test_erase_policy_is_opt_in_and_scoped_to_the_thread_prefixes(template: dict, replica: bool) -> None:
-    """``ErasePolicy=Enabled`` adds what erase_thread needs beside SaverPolicy:
-    versions listed on the bucket(s), deleted and their lock read under the
-    saver's sub-prefixes only; nothing of it by default."""
+    """``ErasePolicy=Enabled`` adds what erase_thread (and the memory store's
+    erase_namespace) needs beside SaverPolicy: versions listed on the bucket(s),
+    deleted and their lock read under the saver's sub-prefixes only; nothing of it
+    by default."""
     assert "EraseThreadsPolicy" not in stack(template).resources
     assert "ErasePolicyArn" not in stack(template).outputs
     params = {"ErasePolicy": "Enabled", "KeyPrefix": "agents/", **(REPLICA if replica else {})}
     s = stack(template, **params)
     grants = statement_resources(s.resources["EraseThreadsPolicy"]["Properties"]["PolicyDocument"])
     buckets = ["<Bucket.Arn>"] + (["arn:aws:s3:::checkpoints-replica"] if replica else [])
-    subs = (LIVE_PREFIX, ARCHIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX, SET_ASIDE_PREFIX)
+    subs = (LIVE_PREFIX, ARCHIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX, SET_ASIDE_PREFIX, "memory/")
     objects = {f"{b}/agents/{sub}*" for b in buckets for sub in subs}
     by_action: dict[str, set[str]] = {}
     for action, resource in grants:

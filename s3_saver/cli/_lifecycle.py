@@ -137,10 +137,7 @@ def erase_command(app: App, threads: tuple[str, ...], yes: bool) -> int:
             {
                 "erased_threads": [r.thread_id for r in reports],
                 "deleted_versions": sum(r.deleted for r in reports),
-                "remaining": [
-                    {**dataclasses.asdict(r), "retain_until": _iso(r.retain_until) or None}
-                    for r in remaining
-                ],
+                "remaining": remaining_json(remaining),
             }
         )
     else:
@@ -149,14 +146,24 @@ def erase_command(app: App, threads: tuple[str, ...], yes: bool) -> int:
             f"erased {plural(len(reports), 'thread')} ({plural(deleted, 'version')} and delete markers removed): "
             f"{shown_list([r.thread_id for r in reports])}"
         )
-        if remaining:
-            rows = [
-                (r.bucket, r.key, r.version_id or "", r.reason, r.mode or "", _iso(r.retain_until), "on" if r.legal_hold else "")
-                for r in remaining
-            ]
-            columns = ("bucket", "key", "version", "reason", "mode", "retain until", "legal hold")
-            app.out.print(app.out.table(columns, rows, title=f"{plural(len(remaining), 'version')} remain"))
+        print_remaining(app, remaining)
     return EXIT_FAILED if remaining else EXIT_OK
+
+
+def remaining_json(remaining: list[Any]) -> list[dict[str, Any]]:
+    """An erase's ``remaining`` (``RemainingVersion``s) for ``--json``."""
+    return [{**dataclasses.asdict(r), "retain_until": _iso(r.retain_until) or None} for r in remaining]
+
+
+def print_remaining(app: App, remaining: list[Any]) -> None:
+    """The versions an erase left, as a table (nothing when none)."""
+    if remaining:
+        rows = [
+            (r.bucket, r.key, r.version_id or "", r.reason, r.mode or "", _iso(r.retain_until), "on" if r.legal_hold else "")
+            for r in remaining
+        ]
+        columns = ("bucket", "key", "version", "reason", "mode", "retain until", "legal hold")
+        app.out.print(app.out.table(columns, rows, title=f"{plural(len(remaining), 'version')} remain"))
 
 
 # -- archive, restore --------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Long-term memory (``S3Store``): ``memory namespaces``, ``memory show``, ``memory delete``,
-``memory export``, ``memory import``, ``memory gc``.
+``memory erase``, ``memory export``, ``memory import``, ``memory gc``.
 
 The store is the saver's (``S3Store.from_saver``): the same bucket, table, prefix, index
 mode, serializer (``--serde``) and checks as the thread commands. A namespace is given as
@@ -24,6 +24,7 @@ from rich.text import Text
 
 from s3_saver.cli._app import (
     EXIT_BROKEN,
+    EXIT_FAILED,
     EXIT_OK,
     EXIT_ORPHANS,
     App,
@@ -31,7 +32,7 @@ from s3_saver.cli._app import (
     pass_app,
 )
 from s3_saver.cli._inspect import render_value
-from s3_saver.cli._lifecycle import _write_whole
+from s3_saver.cli._lifecycle import _write_whole, print_remaining, remaining_json
 from s3_saver.cli._maintain import DEFAULT_GRACE, SAFE_GRACE
 from s3_saver.cli._output import human_bytes, plural, short_time, shown
 from s3_saver.cli._params import Duration, format_duration
@@ -156,6 +157,55 @@ def delete_command(app: App, labels: tuple[str, ...], key: str, yes: bool) -> No
         app.out.emit_json({"deleted": {"namespace": list(namespace), "key": key}})
     else:
         app.out.message(f"deleted item {key!r} of namespace {dotted(namespace)}")
+
+
+# -- erase -------------------------------------------------------------------------------
+@memory_group.command("erase", short_help="Erase a namespace prefix: its items and every version of their objects.")
+@ns_option(False, "The namespace prefix to erase (repeat, or dotted: a.b).")
+@click.option("--all", "everything", is_flag=True, help="Erase every namespace (without --ns).")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_app
+def erase_command(app: App, labels: tuple[str, ...], everything: bool, yes: bool) -> int:
+    """Erase every item of the namespaces under --ns (a tuple prefix: users.ann erases
+    users.ann and users.ann.notes, never users.anna), then every version of the objects
+    that held one (a versioned bucket keeps them), in the replica too; the namespaces are
+    no longer listed (erase_namespace).
+
+    Versions an Object Lock holds, objects a put may still name, and what replication has
+    not replaced in the replica yet stay and are listed (exit 1): run it again later, or
+    to finish an erase cut short."""
+    prefix = namespace_of(labels)
+    if not prefix and not everything:
+        raise click.UsageError("give the namespace prefix to erase (--ns), or --all to erase every namespace")
+    if prefix and everything:
+        raise click.UsageError("--all erases every namespace: give it without --ns")
+    what = f"every namespace under {dotted(prefix)}" if prefix else "every namespace"
+    app.confirm(f"erase {what}, its items and every version of their objects", yes)
+    report = store_of(app).erase_namespace(prefix, everything=everything)
+    remaining = list(report.remaining)
+    if app.out.json:
+        app.out.emit_json(
+            {
+                "namespace_prefix": list(prefix),
+                "erased_namespaces": [list(ns) for ns in report.namespaces],
+                "items": report.items,
+                "buckets": list(report.buckets),
+                "deleted_versions": report.deleted,
+                "written_during": [list(ns) for ns in report.written_during],
+                "remaining": remaining_json(remaining),
+            }
+        )
+    else:
+        app.out.message(
+            f"erased {plural(len(report.namespaces), 'namespace')} under {dotted(prefix) if prefix else 'the root'} "
+            f"({plural(report.items, 'item')}; {plural(report.deleted, 'version')} and delete markers removed)"
+        )
+        if report.written_during:
+            app.out.message(
+                f"still listed, erase again later: {', '.join(dotted(ns) for ns in report.written_during)}"
+            )
+        print_remaining(app, remaining)
+    return EXIT_FAILED if remaining else EXIT_OK
 
 
 # -- export, import ----------------------------------------------------------------------

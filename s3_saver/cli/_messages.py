@@ -102,6 +102,7 @@ COMMANDS = {
     "collect_garbage": "gc",
     "list_threads": "threads",
     "import_memory": "memory import",
+    "erase_namespace": "memory erase",
     "export_memory": "memory export",
 }
 _METHOD = re.compile(r"\b(?:saver\.)?(" + "|".join(COMMANDS) + r")\b(?:\(\))?")
