@@ -77,7 +77,8 @@ class NamespaceEraseReport:
         prefix: The namespace prefix erased (``()``: every namespace).
         namespaces: The namespaces erased and unregistered.
         items: Items removed.
-        buckets: The buckets erased in.
+        buckets: The buckets erased in (the region written to, then the
+            replica's, for a store made from a saver with a replica).
         deleted: Object versions, delete markers and (on an unversioned bucket)
             objects removed: value objects, the replaced versions of manifest
             heads, the registry's noncurrent versions.
@@ -103,7 +104,7 @@ class NamespaceEraseReport:
 
     @property
     def complete(self) -> bool:
-        """True when no version of an erased item remains in the bucket."""
+        """True when no version of an erased item remains in the buckets erased in."""
         return not self.remaining
 
 
