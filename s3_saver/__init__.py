@@ -3,6 +3,7 @@ table or by manifests in the bucket, with LangGraph's long-term memory (``S3Stor
 node cache (``S3Cache``) on the same bucket."""
 
 from s3_saver._cache.cache import S3Cache
+from s3_saver._crypto.config import KmsKey, LocalKey
 from s3_saver._format.keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._index.dynamodb.table import (
     PARTITION_KEY,
@@ -41,6 +42,9 @@ from s3_saver.errors import (
     ConfigurationError,
     CorruptObjectError,
     EmbeddingError,
+    EncryptedObjectError,
+    EncryptionKeyError,
+    ForeignCiphertextError,
     ImmutableObjectConflictError,
     IndexModeMismatchError,
     InvalidFilterError,
@@ -48,6 +52,7 @@ from s3_saver.errors import (
     MigrationError,
     MissingObjectError,
     NamespaceError,
+    PlaintextObjectError,
     PrimaryUnavailableError,
     ReplicationLagError,
     ResourceMissingError,
@@ -61,6 +66,7 @@ from s3_saver.errors import (
     TableOwnedError,
     ThreadArchivedError,
     ThreadDeletedError,
+    ThreadErasedError,
     UnreadableAnswerError,
 )
 
@@ -83,17 +89,23 @@ __all__ = [
     "ConfigurationError",
     "CorruptObjectError",
     "EmbeddingError",
+    "EncryptedObjectError",
+    "EncryptionKeyError",
     "EraseReport",
+    "ForeignCiphertextError",
     "ImmutableObjectConflictError",
     "IndexModeMismatchError",
     "InvalidFilterError",
     "KeyTooLongError",
+    "KmsKey",
+    "LocalKey",
     "MigrationError",
     "MigrationProgress",
     "MigrationReport",
     "MissingObjectError",
     "NamespaceEraseReport",
     "NamespaceError",
+    "PlaintextObjectError",
     "PrimaryUnavailableError",
     "Promotion",
     "RemainingVersion",
@@ -121,6 +133,7 @@ __all__ = [
     "TableOwnedError",
     "ThreadArchivedError",
     "ThreadDeletedError",
+    "ThreadErasedError",
     "ThreadInfo",
     "UnreadableAnswerError",
     "migrate",

@@ -1,0 +1,140 @@
+"""The key store: where each thread's data key lives, wrapped, in a bucket that keeps no
+old copy of anything (unversioned: no Object Lock, no replication), holding nothing else.
+
+Its operations are written as every operation is (``_transport/protocol``): generators of
+S3 calls on the key bucket, one wave for all the threads asked at once.
+
+* ``read``: the records of some threads (None: no key yet).
+* ``create``: a new record, written only if none is there (``IfNoneMatch``), or over the
+  erased record of a thread's earlier life (``IfMatch`` its ETag). Two processes that make
+  a thread's first key at once agree on one: the loser's write is refused (412), it reads
+  the winner's record and uses that key.
+* ``destroy``: the live record replaced by its erasure (``IfMatch`` the ETag read). The
+  bucket keeps no old version, so the wrapped key is gone once the answer comes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from s3_saver._crypto.records import (
+    KeyRecord,
+    decode_record,
+    encode_record,
+    erasure,
+    record_key,
+)
+from s3_saver._transport.failures import (
+    CONDITIONAL_CONFLICT_CODES,
+    OBJECT_MISSING,
+    PRECONDITION_FAILED_CODES,
+    classify,
+    error_code,
+)
+from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
+from s3_saver._transport.s3 import S3Calls
+from s3_saver.errors import S3SaverError
+
+# A record another writer keeps replacing between our read and our write: each round
+# has a reason (a create, an erase), which does not repeat without end.
+_ATTEMPTS = 6
+
+
+class KeyStore:
+    """The records of one saver prefix in the key bucket."""
+
+    def __init__(self, s3: S3Calls, prefix: str) -> None:
+        self.s3 = s3
+        self.prefix = prefix
+
+    @property
+    def bucket(self) -> str:
+        return self.s3.bucket
+
+    def key_of(self, thread_id: str) -> str:
+        return record_key(self.prefix, thread_id)
+
+    def where(self, thread_id: str) -> str:
+        return f"s3://{self.bucket}/{self.key_of(thread_id)}"
+
+    # -- read ------------------------------------------------------------------------------
+    def read(self, thread_ids: list[str]) -> Op[dict[str, KeyRecord | None]]:
+        """The record of each thread (None: none stored), in one wave."""
+        if not thread_ids:
+            return {}
+        calls = tuple(self.s3.get(self.key_of(t)) for t in thread_ids)
+        answers = yield calls
+        return {t: self._record(t, call, answer) for t, call, answer in zip(thread_ids, calls, answers)}
+
+    def read_one(self, thread_id: str) -> Op[KeyRecord | None]:
+        return (yield from self.read([thread_id]))[thread_id]
+
+    def _record(self, thread_id: str, call: Call, answer: object) -> KeyRecord | None:
+        if isinstance(answer, BaseException):
+            if classify(answer, "get_object") == OBJECT_MISSING:
+                return None
+            raise_failure(call, answer)
+        assert isinstance(answer, dict)
+        return decode_record(answer["Body"], answer.get("ETag"), self.where(thread_id))
+
+    # -- create ----------------------------------------------------------------------------
+    def create(self, thread_id: str, record: KeyRecord, over: KeyRecord | None = None) -> Op[KeyRecord]:
+        """Store ``record`` as the thread's key, unless one is there: then the one there
+        (the winner's, when another process made the thread's key first). ``over``: the
+        erased record of the thread's earlier life, replaced only as read.
+
+        Returns:
+            The thread's live record (``record`` or the winner's), with its ETag.
+        """
+        key = self.key_of(thread_id)
+        body = encode_record(record)
+        for _ in range(_ATTEMPTS):
+            call = self.s3.put_swap(key, body, over.etag if over is not None else None)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                return replace(record, etag=answer["ETag"])
+            code = error_code(answer)
+            if code in CONDITIONAL_CONFLICT_CODES:
+                continue  # two conditional writes met: send again, one of them wins
+            if code not in PRECONDITION_FAILED_CODES:
+                raise_failure(call, answer)
+            # Refused: a record is there (or not the one read). What is there decides.
+            found = yield from self.read_one(thread_id)
+            if found is None:
+                over = None  # removed meanwhile (by hand): create it again
+            elif found.live:
+                # The winner's key (or ours, if this is our own write sent again after a
+                # lost answer: the same bytes, so the same key): everyone uses it.
+                return found
+            else:
+                over = found  # an erased record: this thread's new life replaces it
+        raise S3SaverError(f"{self.where(thread_id)}: the key record kept changing while it was created; nothing was written")
+
+    # -- destroy ---------------------------------------------------------------------------
+    def destroy(self, thread_id: str, now: int) -> Op[KeyRecord | None]:
+        """Replace the thread's live record by its erasure (the data key destroyed).
+
+        Returns:
+            The erased record (an earlier erasure when the key was destroyed already),
+            or None when the thread never had a key.
+        """
+        key = self.key_of(thread_id)
+        for _ in range(_ATTEMPTS):
+            found = yield from self.read_one(thread_id)
+            if found is None or not found.live:
+                return found
+            gone = erasure(found, now)
+            call = self.s3.put_swap(key, encode_record(gone), found.etag)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                return replace(gone, etag=answer["ETag"])
+            if error_code(answer) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+                raise_failure(call, answer)
+            # Replaced meanwhile (a new life's create, our own erasure sent again): read again.
+        raise S3SaverError(f"{self.where(thread_id)}: the key record kept changing while it was destroyed; call again")
+
+    # -- setup -----------------------------------------------------------------------------
+    def versioning(self) -> Op[str]:
+        """The key bucket's versioning status ("" when it was never enabled)."""
+        answer = yield from request_one(self.s3.versioning())
+        return str(answer.get("Status") or "")
