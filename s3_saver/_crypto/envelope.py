@@ -59,8 +59,8 @@ def aesgcm() -> Any:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     except ImportError as exc:  # pragma: no cover - the extra is missing
         raise ImportError(
-            "encryption= needs the cryptography package: pip install 'langgraph-s3-saver[encryption]' "
-            "(or pip install cryptography)"
+            "encryption= needs the cryptography package: pip install '.[encryption]' in a checkout of "
+            "s3_saver (or its path instead of '.'), or pip install cryptography"
         ) from exc
     return AESGCM
 
@@ -69,7 +69,7 @@ class DataKey:
     """A data key in the clear: its id and its cipher. Never printed, never stored
     unwrapped (the key store keeps it wrapped by the key-encryption key)."""
 
-    __slots__ = ("key_id", "_cipher")
+    __slots__ = ("_cipher", "key_id")
 
     def __init__(self, key_id: bytes, secret: bytes) -> None:
         if len(key_id) != KEY_ID_BYTES or len(secret) != DATA_KEY_BYTES:

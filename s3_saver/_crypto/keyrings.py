@@ -22,7 +22,12 @@ from s3_saver._crypto.envelope import DATA_KEY_BYTES, aesgcm
 from s3_saver._crypto.records import KeyRecord, canonical
 from s3_saver._transport.failures import error_code
 from s3_saver._transport.protocol import Call, Op, raise_failure, request
-from s3_saver.errors import CorruptObjectError, EncryptionKeyError, ForeignCiphertextError, Where
+from s3_saver.errors import (
+    CorruptObjectError,
+    EncryptionKeyError,
+    ForeignCiphertextError,
+    Where,
+)
 
 KMS_PREFIX = "kms:"
 LOCAL_PREFIX = "local:"

@@ -25,6 +25,8 @@ from s3_saver._crypto.records import (
     record_key,
 )
 from s3_saver._transport.failures import (
+    BUCKET_MISSING,
+    BUCKET_OURS_CODES,
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
@@ -33,7 +35,7 @@ from s3_saver._transport.failures import (
 )
 from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
 from s3_saver._transport.s3 import S3Calls
-from s3_saver.errors import S3SaverError
+from s3_saver.errors import ConfigurationError, S3SaverError
 
 # A record another writer keeps replacing between our read and our write: each round
 # has a reason (a create, an erase), which does not repeat without end.
@@ -133,8 +135,27 @@ class KeyStore:
             # Replaced meanwhile (a new life's create, our own erasure sent again): read again.
         raise S3SaverError(f"{self.where(thread_id)}: the key record kept changing while it was destroyed; call again")
 
-    # -- setup -----------------------------------------------------------------------------
-    def versioning(self) -> Op[str]:
-        """The key bucket's versioning status ("" when it was never enabled)."""
-        answer = yield from request_one(self.s3.versioning())
-        return str(answer.get("Status") or "")
+    # -- setup ---------------------------------------------------------------------------
+    def setup(self, region: str | None) -> Op[None]:
+        """Create the key bucket when missing (unversioned); refuse one that is versioned.
+
+        A versioned bucket keeps every record it replaces as a noncurrent version: a
+        destroyed key would stay readable there. Object Lock and replication both need
+        versioning, so refusing it refuses them too. (A backup plan cannot be seen from
+        here: keep the bucket out of them.)
+        """
+        (head,) = yield (self.s3.head_bucket(),)
+        if isinstance(head, BaseException):
+            if classify(head, "head_bucket") != BUCKET_MISSING:
+                raise_failure(self.s3.head_bucket(), head)
+            (created,) = yield (self.s3.create_bucket(region),)
+            if isinstance(created, BaseException) and error_code(created) not in BUCKET_OURS_CODES:
+                raise_failure(self.s3.create_bucket(region), created)
+        state = yield from request_one(self.s3.versioning())
+        status = state.get("Status")
+        if status:
+            raise ConfigurationError(
+                f"the key store s3://{self.bucket} has versioning {status}: every key record it replaced would stay "
+                "as a noncurrent version, so a destroyed key could be read back. Give the saver a bucket of its own "
+                "that was never versioned (key_bucket=), with no Object Lock, no replication and no backup plan"
+            )

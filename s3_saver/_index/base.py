@@ -78,6 +78,12 @@ class Index(Upkeep):
         ancestor stored, which later checkpoints still read)."""
         return {}
 
+    def held_bodies(self) -> Any:
+        """Checkpoint objects' bytes as stored (sealed, with encryption) that the index
+        holds by key (``.get(key)``: None when it holds none): the resolver opens and
+        decodes them, as it does what it GETs."""
+        return {}
+
     # -- setup ---------------------------------------------------------------------
     @abstractmethod
     def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:

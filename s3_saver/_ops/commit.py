@@ -92,7 +92,7 @@ def _parent_gone(ctx: Context, d: Draft, entry: CheckpointEntry) -> Op[bool]:
         alone = {k: v for k, v in d.head.items() if k != "carried"}
         d.staged = stage(ctx, d.thread_id, d.ns, d.checkpoint_id, alone, every, d.values, None, d.now, d.loc_estimate, tag)
         d.objects = d.staged.objects
-        yield from put_immutable(ctx.s3, d.objects)
+        yield from put_immutable(ctx.s3, d.objects, same=ctx.sealer.same(d.thread_id))
         d.loc = entry.loc = dict(d.staged.loc)
         entry.body, entry.tag = d.staged.body, tag
         yield from _take_back(ctx, first)

@@ -24,6 +24,7 @@ from s3_saver._ops.archived import read_archive
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import deleter
 from s3_saver._ops.install import install
+from s3_saver._ops.keyed import unsupported
 from s3_saver._ops.prune import take_out_runs
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import copy_immutable
@@ -34,6 +35,7 @@ _READS = 3
 
 
 def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> Op[None]:
+    unsupported(ctx, "copy_thread")
     source, _, _ = target({"configurable": {"thread_id": source_thread_id}})
     dest, _, _ = target({"configurable": {"thread_id": target_thread_id}})
     if source == dest:

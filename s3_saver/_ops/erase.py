@@ -38,6 +38,7 @@ from s3_saver._ops import delete, idle
 from s3_saver._ops.audit import _referenced
 from s3_saver._ops.bucket import _GONE, RemainingVersion, _listed, _purge, _Version
 from s3_saver._ops.context import Context, target
+from s3_saver._ops.keyed import unsupported
 from s3_saver._transport.failures import (
     error_code,
 )
@@ -91,6 +92,7 @@ class EraseReport:
 def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, bool]] = ()) -> Op[EraseReport]:
     """Erase in ``ctx``'s region, then in each of ``others`` (context, whether
     its index is its own to delete in: a global table's replica is not)."""
+    unsupported(ctx, "erase_thread")
     thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
     deleted = 0
     remaining: list[RemainingVersion] = []

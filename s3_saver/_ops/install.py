@@ -34,6 +34,7 @@ from s3_saver._ops.archived import (
 )
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import deleter
+from s3_saver._ops.keyed import unsupported
 from s3_saver._transport.failures import (
     error_code,
 )
@@ -55,6 +56,7 @@ INTELLIGENT_TIERING_ARCHIVE_TIERS = frozenset({"ARCHIVE_ACCESS", "DEEP_ARCHIVE_A
 
 # -- restore, export, import ----------------------------------------------------------------
 def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[ArchiveStatus]:
+    unsupported(ctx, "restore_thread")
     thread_id = _thread(thread_id)
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
         raise ConfigurationError(f"days must be an int >= 1 (how long S3 keeps the restored copy), got {days!r}")
@@ -122,6 +124,7 @@ def restore_before_write(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[No
 
 
 def import_thread(ctx: Context, data: bytes, thread_id: str | None) -> Op[str]:
+    unsupported(ctx, "import_thread")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ConfigurationError(f"import_thread takes the bytes export_thread returned, got {type(data).__name__}")
     archive = decode_archive(bytes(data), "the archive given to import_thread")

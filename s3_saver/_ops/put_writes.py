@@ -29,6 +29,7 @@ from s3_saver._ops.commit import (
     _writes_deleted,
 )
 from s3_saver._ops.context import Context, target
+from s3_saver._ops.keyed import keyed
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import put_immutable
 
@@ -53,6 +54,8 @@ def put_writes(
     thread_id, ns, checkpoint_id = target(config, need_checkpoint_id=True)
     assert checkpoint_id is not None
     own = (thread_id, ns, checkpoint_id)
+    # The thread's key before anything is sealed (writes may come before the first put).
+    ctx = yield from keyed(ctx, [thread_id], create=True)
     objects, entries = _draft_writes(ctx, own, writes, task_id, task_path)
     if not entries:
         return
@@ -90,7 +93,8 @@ def _draft_writes(
             # the commit). A rebuild from the bucket takes a call only when its set
             # is there (see rebuild._whole_calls); a one-part call needs no name.
             record["parts"] = sorted(parts)
-        body = pack(record)
+        # Sealed for its own key: the index entry carries the same bytes.
+        body = ctx.sealer.seal(thread_id, key, pack(record))
         objects[key] = body
         entries.append(WritesEntry(thread_id, ns, checkpoint_id, task_id, part, token, body))
     return objects, entries
@@ -109,7 +113,9 @@ def _send_writes(ctx: Context, own: tuple[str, str, str], objects: dict[str, byt
     # the new one only with their checkpoint (_joins).
     known = ctx.locs.get(own)
     made_in = known[1] if known is not None else ctx.locs.thread_gen(thread_id)
-    _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None, None, made_in))
+    _, prepared = yield from gather(
+        put_immutable(ctx.s3, objects, same=ctx.sealer.same(thread_id)), ctx.index.prepare(thread_id, ns, None, None, made_in)
+    )
     if prepared.archive is not None:
         yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
         prepared = yield from ctx.index.prepare(thread_id, ns, None)

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import Any
 
-from s3_saver._format.codec import CHECKPOINT_FORMAT, unpack
 from s3_saver._format.entries import (
     REGULAR_PART,
     Activity,
@@ -67,16 +65,16 @@ from s3_saver._transport.s3 import S3Calls, put_immutable
 
 
 class _Pinned:
-    """Checkpoint records a cached head pins (``Head.pinned``), by object key."""
+    """Checkpoint objects' bytes a cached head pins (``Head.pinned``), by object key:
+    as stored (sealed, with encryption), the resolver opens and decodes them."""
 
     def __init__(self, index: ManifestIndex) -> None:
         self._index = index
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> bytes | None:
         o = self._index.layout.parts_of(key)  # a key of a reference: this layout built it
         head = self._index._cached(o.thread_id) if o is not None and o.kind == "checkpoint" else None
-        body = head.pinned.get((o.ns, o.checkpoint_id, o.tag)) if head is not None and o is not None else None
-        return None if body is None else unpack(body, CHECKPOINT_FORMAT, f"{key}, pinned in its thread's head")
+        return head.pinned.get((o.ns, o.checkpoint_id, o.tag)) if head is not None and o is not None else None
 
 
 class ManifestIndex(
@@ -113,7 +111,7 @@ class ManifestIndex(
     def replaced_prefix(self) -> str:  # type: ignore[override]
         return self.layout.manifest_root  # every write replaces a head here
 
-    def held_records(self) -> _Pinned:  # type: ignore[override]
+    def held_bodies(self) -> _Pinned:
         """The pinned bodies of the heads this process holds (read as they are
         when the resolver asks: it asks after its first wave read the head)."""
         return _Pinned(self)
