@@ -367,3 +367,31 @@ def test_a_kms_answer_without_its_data_key_is_not_taken() -> None:
         assert isinstance(found, UnreadableAnswerError) and "KMS" in str(found) and "Plaintext" in str(found)
     good = {"KeyId": "k", "Plaintext": b"p" * 32}
     assert confirm(Call("kms", "decrypt", {"KeyId": "k"}, where), good) is good
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_kms_rewraps_a_data_key_under_another_key_without_changing_it(endpoint, driver) -> None:
+    """ReEncrypt (rotation's building block): the same data key, wrapped under the new KMS
+    key and still bound to its thread; unwrapped by the key the record names."""
+    from dataclasses import replace
+
+    from s3_saver._crypto.records import context
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=f"{BUCKET}-keys")
+    _kms_key(endpoint)
+    new_key = _kms_key(endpoint, "alias/rotated")
+    e = Env(endpoint, KmsKey("alias/checkpoints"))
+    key = f"{PREFIX}live/t/-/checkpoints/1"
+    sealed = e.load(["t"], driver, create=True).seal("t", key, b"state")
+    record = e.run(e.crypt.store.read_one("t"), driver)
+    item = e.crypt._sealed("t", record)
+    ((wrapped, kek),) = e.run(e.crypt.keyring.rewrap([item], "alias/rotated"), driver)
+    assert wrapped != record.wrapped and kek.startswith("kms:") and new_key in kek
+    rotated = replace(record, wrapped=wrapped, kek=kek)
+    (secret,) = e.run(e.crypt.keyring.unwrap([replace(item, record=rotated)]), driver)
+    assert open_sealed(DataKey(record.key_id, secret), place(PREFIX, key, "t"), sealed) == b"state"
+    # Bound to its thread still: the rotated key does not unwrap for another one.
+    other = replace(item, record=rotated, context=context(PREFIX, "u", record.key_id), thread_id="u")
+    with pytest.raises(ForeignCiphertextError):
+        e.run(e.crypt.keyring.unwrap([other]), driver)
+    e.close()
