@@ -380,8 +380,9 @@ def test_a_cold_process_pays_the_key_once(endpoint, index_mode, kind) -> None:
     encryption = _encryption(endpoint, kind)
     writer = _saver(endpoint, index_mode, encryption)
     plain_writer = _saver(endpoint, index_mode, None, prefix="plain/")
-    for s in (writer, plain_writer):
-        _thread(s, "t", "value")
+    ids = {}
+    for s, name in ((writer, ""), (plain_writer, "plain/")):
+        ids[name] = _thread(s, "t", "value")["configurable"]["checkpoint_id"]
 
     def cold_read(saver_kwargs: dict[str, Any]) -> tuple[int, int]:
         cold = make_saver(endpoint, index_mode, **saver_kwargs)
@@ -409,6 +410,17 @@ def test_a_cold_process_pays_the_key_once(endpoint, index_mode, kind) -> None:
 
     sealed, plain = first_turn({"encryption": encryption}), first_turn({"prefix": "plain/"})
     assert sealed[0] == plain[0] and sealed[1] - plain[1] == (2 if kms else 1)
+
+    # A cold process whose first call writes an existing thread: the key's GET (and
+    # Decrypt) before it can seal anything.
+    def cold_write(saver_kwargs: dict[str, Any]) -> int:
+        saver = make_saver(endpoint, index_mode, **saver_kwargs)
+        saver.put_writes(config("t", checkpoint_id=ids[saver_kwargs.get("prefix", "")]), [("doc", "late")], "task-9")
+        trips = saver.stats.round_trips
+        saver.close()
+        return trips
+
+    assert cold_write({"encryption": encryption}) - cold_write({"prefix": "plain/"}) == (2 if kms else 1)
     writer.close()
     plain_writer.close()
 
