@@ -83,8 +83,8 @@ def record_key(prefix: str, thread_id: str) -> str:
 
 
 def context(prefix: str, thread_id: str, key_id: bytes) -> dict[str, str]:
-    """What a wrapped data key is bound to: the saver's prefix (absent when empty: KMS
-    takes no empty value), the thread and the key id. The bucket is not in it: a
+    """What a wrapped data key is bound to: the saver's prefix (left out when empty, so
+    no context value is ever empty), the thread and the key id. The bucket is not in it: a
     replica bucket of another name holds the same threads under the same keys."""
     found = {CONTEXT_THREAD: thread_id, CONTEXT_KEY_ID: key_id.hex()}
     if prefix:
