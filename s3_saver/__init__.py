@@ -32,6 +32,7 @@ from s3_saver._regions.replica import (
 from s3_saver._saver.saver import S3Saver
 from s3_saver._store.store import S3Store
 from s3_saver._ops.memory.transfer import MemoryImportReport
+from s3_saver._ops.memory.gc import MemoryGarbageReport
 from s3_saver._transport.budget import CacheStats, CacheUse
 from s3_saver._transport.protocol import RequestStats
 from s3_saver._transport.retry import RetryPolicy
@@ -122,6 +123,7 @@ __all__ = [
     "S3Saver",
     "S3Store",
     "MemoryImportReport",
+    "MemoryGarbageReport",
     "S3SaverError",
     "SerializationError",
     "SetupMismatchError",

@@ -244,7 +244,8 @@ class ReplicationLagError(S3SaverError):
     name a checkpoint whose objects have not arrived. Raised when no complete
     checkpoint can stand in (a checkpoint asked for by id, a gap inside a
     history, ``Replica(on_lag="raise")``), and by ``promote()`` when the region
-    it leaves holds writes the new one lacks.
+    it leaves holds writes the new one lacks. A memory store (``S3Store.from_saver``)
+    raises it when a replica read needs an item whose value object has not arrived.
     """
 
 

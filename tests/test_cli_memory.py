@@ -98,3 +98,37 @@ def test_memory_export_import_into_the_other_index_mode(endpoint: str, index_mod
     absent = run_cli(endpoint, "memory", "import", str(tmp_path / "absent"), mode=index_mode)
     assert absent.returncode == 2 and "does not exist" in absent.stderr.decode()
     source.close()
+
+
+def test_memory_gc(endpoint: str, index_mode: str) -> None:
+    """``memory gc``: a dry run names the value objects no item names (exit 4), deleting
+    under 15 minutes of grace needs --force (exit 2), --yes deletes (exit 0), and the
+    items' own value objects stay."""
+    import base64
+    import secrets
+
+    import boto3
+    from conftest import BUCKET
+
+    from s3_saver._format.memory.names import node_id
+
+    store = _filled(endpoint, index_mode)
+    big = {"text": base64.b64encode(secrets.token_bytes(90_000)).decode()}  # an object of its own in both modes
+    store.put(("users", "ann"), "doc", big)
+    stray = f"memory/n/{node_id(('users', 'ann'))}/@v/{secrets.token_hex(16)}"  # what a put cut short leaves
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    s3.put_object(Bucket=BUCKET, Key=stray, Body=b"x" * 70_000)
+    run = lambda *args: run_cli(endpoint, *args, mode=index_mode)
+
+    out = ok(run("memory", "gc"), 0)  # an hour's grace: nothing is old enough
+    assert "0 value objects no item names, 2 younger than 1h" in out and "would delete 0 objects" in out
+    dry = json.loads(ok(run("memory", "gc", "--older-than", "0s", "--json"), 4))
+    assert dry["would_delete"] == [stray] and dry["delete_bytes"] == 70_000 and dry["dry_run"] and dry["finished"]
+    assert dry["exit_code"] == 4 and dry["broken"] == [] and dry["namespaces"] == 1
+    assert "--force" in run("memory", "gc", "--older-than", "0s", "--yes").stderr.decode()
+    assert run("memory", "gc", "--older-than", "0s", "--yes").returncode == 2
+    out = ok(run("memory", "gc", "--older-than", "0s", "--yes", "--force", "-v"))
+    assert stray in out and "deleted 1 object (70.0 kB)" in out
+    assert [k["Key"] for k in s3.list_objects_v2(Bucket=BUCKET, Prefix=stray).get("Contents", [])] == []
+    assert store.get(("users", "ann"), "doc").value == big
+    store.close()

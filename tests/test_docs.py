@@ -64,7 +64,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)(?P<info>[^\n]*)\n(?
 
 # The blocks of each kind in README.md and docs/. Adding or removing one means changing
 # this count too: a block that stops being found must not pass as "nothing to run".
-EXPECTED_BLOCKS = {"python": 20, "json": 5, "yaml": 0, "console": 17, "bash": 10, "text": 10}
+EXPECTED_BLOCKS = {"python": 21, "json": 5, "yaml": 0, "console": 17, "bash": 10, "text": 11}
 LANGUAGES = set(EXPECTED_BLOCKS)
 # The command line's page: its console transcripts run, in page order (test_cli_transcripts_run).
 CLI_PAGE = "docs/reference/cli.md"
@@ -725,12 +725,24 @@ def _memories(endpoint: str) -> None:
     store.close()
 
 
+def _unnamed_value(endpoint: str) -> None:
+    """A value object a put left when it was cut short before its item was written."""
+    import boto3
+
+    from s3_saver._format.memory.names import node_id
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    key = f"memory/n/{node_id(('users', 'ann'))}/@v/{'5e' * 16}"
+    s3.put_object(Bucket="my-checkpoints", Key=key, Body=b"x" * 70_000)
+
+
 # What the store held before a transcript's first command, as when it was captured.
 _BEFORE = {
     "langgraph-s3-saver memory namespaces": _memories,
     "langgraph-s3-saver threads": _populate,
     "langgraph-s3-saver verify": _crashed_write,
     "langgraph-s3-saver migrate --from sqlite:///checkpoints.db": _sqlite_database,
+    "langgraph-s3-saver memory gc": _unnamed_value,
 }
 
 

@@ -17,9 +17,10 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 from helpers import config
+from s3_saver._index.manifest import group as group_module
 from s3_saver._index.manifest.doc import Head
 from s3_saver._index.manifest.group import GroupCommit
-from s3_saver._transport.protocol import Wait
+from s3_saver._transport.protocol import Signal, Wait, gather
 
 BRANCHES = 8
 
@@ -202,3 +203,105 @@ def test_a_commit_whose_lead_is_slow_swaps_on_its_own() -> None:
     assert _step(b) == ("done", None)
     assert _step(a) == ("done", None)
     assert sorted(sum(swaps.swaps, [])) == ["a", "b"]
+
+
+# -- the general form: a job per commit, one swap per batch, each answered alone ----------------
+def _jobs(group: GroupCommit, swaps: list[list[str]], name: str, fail: set[str] | None = None):
+    """A commit whose job is ``name``; the swap answers each job with its name upper-cased,
+    and raises when its batch holds a job of ``fail``."""
+
+    def swap(jobs):
+        yield ("swap", *jobs)
+        swaps.append(list(jobs))
+        if fail and fail & set(jobs):
+            raise RuntimeError(f"swap of {jobs} failed")
+        return [j.upper() for j in jobs]
+
+    return group.join("h", name, swap)
+
+
+def test_each_job_gets_its_own_answer_and_a_failed_swap_fails_only_its_batch() -> None:
+    group, swaps = GroupCommit(threading.Lock()), []
+    a = _jobs(group, swaps, "a", fail={"a"})
+    assert _step(a)[0] == "swap"  # a leads alone
+    b, c = _jobs(group, swaps, "b"), _jobs(group, swaps, "c")
+    assert isinstance(_step(b), Wait) and isinstance(_step(c), Wait)
+    done, error = _step(a)
+    assert done == "done" and str(error) == "swap of ['a'] failed"  # a's swap failed: a's answer
+    assert _step(b) == ("swap", "b", "c")  # the next batch goes on, its own swap
+    assert _result(b) == "B"
+    assert _result(c) == "C"
+    assert swaps == [["a"], ["b", "c"]]
+
+
+def _result(op):
+    try:
+        op.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("not done")
+
+
+def test_a_commit_queued_behind_a_moving_queue_waits_its_turn(monkeypatch) -> None:
+    """A wait that runs out while leads keep finishing is no slow lead: the commit stays in
+    line (before, it swapped alone and met the lead's swap). Two per swap here."""
+    monkeypatch.setattr(group_module, "BATCH_MAX", 2)
+    group, swaps = GroupCommit(threading.Lock()), []
+    a, b, c, d = (_jobs(group, swaps, n) for n in "abcd")
+    assert _step(a)[0] == "swap"
+    wait_d = [_step(op) for op in (b, c, d)][-1]
+    assert _result(a) == "A"  # b leads, c goes with it; d stays in line
+    assert _step(b) == ("swap", "b", "c")
+    assert not wait_d.signal.is_set()
+    assert isinstance(_step(d), Wait)  # its wait ran out, but a lead finished meanwhile: it waits on
+    assert _result(b) == "B" and wait_d.signal.is_set()  # d leads now
+    assert _step(d) == ("swap", "d")
+    assert _result(d) == "D" and _result(c) == "C"
+    assert swaps == [["a"], ["b", "c"], ["d"]]
+
+
+# -- gather: a waiting operation never holds back the others ----------------------------------
+def test_gather_goes_on_with_the_others_while_one_waits() -> None:
+    """One operation waits (a commit queued behind a lead); the other's calls go out wave
+    after wave, answered, without waiting for it; once only waiting ones are left, the
+    gather waits for the first of their signals."""
+    signal = Signal()
+
+    def waiting():
+        yield Wait(signal, 10.0)
+        return "waited"
+
+    def working():
+        first = yield ("call-1",)
+        second = yield ("call-2",)
+        return first + second
+
+    op = gather(waiting(), working())
+    assert op.send(None) == ("call-1",)  # the wait does not come first
+    assert op.send([1]) == ("call-2",)
+    last = op.send([2])
+    assert isinstance(last, Wait) and not last.signal.is_set()
+    signal.set()
+    assert last.signal.is_set()  # the gather's wait ends with the operation's
+    with pytest.raises(StopIteration) as done:
+        op.send(None)
+    assert done.value.value == ["waited", [1, 2]]
+
+
+def test_a_gather_closed_early_closes_its_operations() -> None:
+    """Closed (a cut, a cancelled task), a gather closes its operations at once, not when
+    they are collected: a group commit's lead among them hands on now (held elsewhere, as
+    a reference cycle would hold it, it would keep every commit of its head waiting)."""
+    closed = []
+
+    def one(name):
+        try:
+            yield (name,)
+        finally:
+            closed.append(name)
+
+    held = [one("a"), one("b")]
+    op = gather(*held)
+    assert op.send(None) == ("a", "b")
+    op.close()
+    assert sorted(closed) == ["a", "b"]

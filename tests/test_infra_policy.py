@@ -566,6 +566,32 @@ REPLICA_READS = {
 }
 
 
+OUTAGE_MEMORY = ("outage", "ann")
+
+
+async def exercise_memory_outage(store: Any) -> None:
+    """An S3Store's reads while the primary is down (sync and async), served by the
+    replica: a get (a value in an object of its own among them), searches, the
+    namespaces; its writes are refused there, sending nothing."""
+    for get in (store.get, store.aget):
+        found = get(OUTAGE_MEMORY, "notes")
+        found = await found if inspect.isawaitable(found) else found
+        assert found.value == {"text": BIG, "n": 2}
+    assert store.last_read.site == "replica", store.last_read
+    assert [(i.namespace, i.key) for i in store.search(("outage",), filter={"n": {"$gte": 2}})] == [
+        (OUTAGE_MEMORY, "notes"),
+        (("outage", "bob"), "diet"),
+    ]
+    assert [i.key for i in await store.asearch(OUTAGE_MEMORY)] == ["diet", "notes"]
+    assert store.list_namespaces(prefix=("outage",)) == [OUTAGE_MEMORY, ("outage", "bob")]
+    assert await store.alist_namespaces() == [OUTAGE_MEMORY, ("outage", "bob")]
+    assert store.get(("outage", "nobody"), "k") is None  # a namespace never written: nothing there
+    with pytest.raises(s3_saver.PrimaryUnavailableError):
+        store.put(OUTAGE_MEMORY, "diet", {"text": "coffee"})
+    with pytest.raises(s3_saver.PrimaryUnavailableError):
+        await store.adelete(OUTAGE_MEMORY, "diet")
+
+
 def replica_policies(mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
     from infra_support import REPLICA_TEMPLATE
     from regions import REPLICA_BUCKET, REPLICA_REGION, TABLE_NAME
@@ -766,6 +792,17 @@ def test_replica_policies_allow_exactly_what_the_saver_does(regions: Any, mode: 
         saver.archive_thread("archived-user")
         grow_thread(saver, "long-user", LONG_THREAD)
         fill_thread_sync(graph, "lagging-user")
+        # The long-term memory beside the threads, where this region can answer for it
+        # (from_saver refuses a table that promote() rebuilds: none of its items would be there).
+        store = None
+        if mode == "dynamodb":
+            with pytest.raises(s3_saver.ConfigurationError, match="global_table=True"):
+                s3_saver.S3Store.from_saver(saver)
+        else:
+            store = s3_saver.S3Store.from_saver(saver)
+            store.put(OUTAGE_MEMORY, "diet", {"text": "tea", "n": 1})
+            store.put(OUTAGE_MEMORY, "notes", {"text": BIG, "n": 2})  # an object of its own
+            store.put(("outage", "bob"), "diet", {"text": "none", "n": 3})
         replicator.run()
         assert replicator.pending == []
         lagging = {"configurable": {"thread_id": "lagging-user"}}
@@ -785,6 +822,8 @@ def test_replica_policies_allow_exactly_what_the_saver_does(regions: Any, mode: 
         if mode != "dynamodb":
             assert saver.get_tuple(nowhere) is None and await saver.aget_tuple(nowhere) is None
             assert list(saver.list(nowhere)) == [] and [c async for c in saver.alist(nowhere)] == []
+        if store is not None:
+            await exercise_memory_outage(store)
         if mode == "dynamodb":
             # No index in the replica region before promote() rebuilds it: reads are refused.
             with pytest.raises(s3_saver.PrimaryUnavailableError, match=r"promote\(\)"):
@@ -812,6 +851,10 @@ def test_replica_policies_allow_exactly_what_the_saver_does(regions: Any, mode: 
         promoted.run_sync()
         await run_report_async(graph, "promoted-async-user")
         await promoted.run_async()
+        if store is not None:
+            # The memory store moved with the saver: its whole life in the promoted region.
+            exercise_memory_sync(store)
+            await exercise_memory_async(store)
         await saver.aclose()
         sync_calls.active = async_calls.active = False
         return read_calls, sync_calls.calls + async_calls.calls, outage, promoted

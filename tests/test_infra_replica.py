@@ -38,6 +38,7 @@ FAILBACK = {
 REPLICA = {"ReplicaRegion": REPLICA_REGION, "ReplicaBucketName": "checkpoints-replica", "ReplicaKmsKeyArn": REPLICA_KEY}
 MANIFEST_PREFIX = "manifests/"
 LISTING_PREFIX = "listing/"
+MEMORY_PREFIX = "memory/"
 
 # Parameters both templates take, with the same meaning.
 SHARED = (
@@ -364,6 +365,10 @@ def test_replica_policies_are_scoped_to_the_replica_stack(replica: dict, mode: s
     objects = {f"<Bucket.Arn>/{prefix}{sub}*" for sub in (LIVE_PREFIX, ARCHIVE_PREFIX)}
     if mode == "manifest":
         objects.add(f"<Bucket.Arn>/{prefix}{MANIFEST_PREFIX}*")
+    if mode != "dynamodb":
+        # The memory store, where this region holds its index (a table promote()
+        # rebuilds holds none of its items: S3Store.from_saver refuses that replica).
+        objects.add(f"<Bucket.Arn>/{prefix}{MEMORY_PREFIX}*")
     reader, promote = reader_and_promote(s)
     assert sorted(statement_resources(reader)) == sorted(
         [("s3:GetObject", o) for o in objects]
@@ -417,8 +422,8 @@ def test_reader_and_promote_together_are_the_saver_policy_plus_list_bucket(
     """In DynamoDB mode a promoted replica runs the same saver as the primary: the
     primary's SaverPolicy, on the replica's bucket, table and key, plus s3:ListBucket
     (rebuild; missing objects answered 404 during replication lag), minus the node
-    cache's and the memory store's grants (the replica policies are the saver's;
-    infra/README.md, "Replica region")."""
+    cache's grants (the replica policies are the saver's and, with a global table, the
+    memory store's; infra/README.md, "Replica region")."""
     prefix = "agents/"
     p = primary_stack(primary, KeyPrefix=prefix, TableName="idx")
     r = replica_stack(replica, KeyPrefix=prefix, IndexMode=mode, TableName="idx")
@@ -430,7 +435,9 @@ def test_reader_and_promote_together_are_the_saver_policy_plus_list_bucket(
     assert node_cache == {("s3:GetObject", "<Bucket.Arn>/agents/node-cache/*"), ("s3:PutObject", "<Bucket.Arn>/agents/node-cache/*")}
     memory = {(a, res) for a, res in saver if res == "<Bucket.Arn>/agents/memory/*"}
     assert memory == {(a, "<Bucket.Arn>/agents/memory/*") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")}
-    assert together == (saver - node_cache - memory) | {("s3:ListBucket", "<Bucket.Arn>")}
+    # A table promote() rebuilds holds no memory item: no store lives in that region.
+    without = node_cache | (memory if mode == "dynamodb" else set())
+    assert together == (saver - without) | {("s3:ListBucket", "<Bucket.Arn>")}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -451,11 +458,12 @@ def test_replica_policies_have_no_wildcard_actions_or_resources(replica: dict, m
 
 def test_template_text_names_every_saver_sub_prefix() -> None:
     """The sub-prefixes are pasted into the template as text: they must be the saver's."""
+    from s3_saver._format.key_codec import MEMORY_PREFIX as saver_memory
     from s3_saver._format.keys import LISTING_PREFIX as saver_listing
     from s3_saver._format.keys import MANIFEST_PREFIX as saver_manifests
 
-    assert (MANIFEST_PREFIX, LISTING_PREFIX) == (saver_manifests, saver_listing)
+    assert (MANIFEST_PREFIX, LISTING_PREFIX, MEMORY_PREFIX) == (saver_manifests, saver_listing, saver_memory)
     text = REPLICA_TEMPLATE.read_text()
-    for sub in (LIVE_PREFIX, ARCHIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX):
+    for sub in (LIVE_PREFIX, ARCHIVE_PREFIX, MANIFEST_PREFIX, LISTING_PREFIX, MEMORY_PREFIX):
         assert re.search(r"\$\{KeyPrefix\}" + re.escape(sub) + r"\*", text), sub
 

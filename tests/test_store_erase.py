@@ -23,7 +23,7 @@ from test_store_s3 import make_store
 from s3_saver import NamespaceEraseReport
 from s3_saver._format.codec import plain
 from s3_saver._format.memory import ttl
-from s3_saver._format.memory.documents import loads_registry, registry_object_key
+from s3_saver._format.memory.documents import loads_registry, registry_object_key, registry_partition
 from s3_saver._format.memory.names import node_id
 from s3_saver._store.store import S3Store
 from s3_saver.errors import ConfigurationError, NamespaceError
@@ -433,3 +433,78 @@ def test_a_namespace_keeps_its_place_when_a_process_that_read_it_empty_writes_it
         b.put(("o", "second"), "k", {"i": 2})
         a.put(("o", "first"), "k2", {"i": 3})
         assert [i.value["i"] for i in a.search(("o",))] == [1, 3, 2]
+
+
+# -- a removal write whose answer is lost -------------------------------------------------
+
+
+def _index_write(call: Any) -> bool:
+    """A write of the index (an item or registry write; a head, registry or cursor swap)."""
+    if call.service == "dynamodb":
+        return call.operation in ("put_item", "update_item", "delete_item", "transact_write_items")
+    return call.operation == "put_object" and "/@v/" not in str(call.params.get("Key", ""))
+
+
+def _lose_the_answer_of_write(store: S3Store, k: int) -> list[int]:
+    """The ``k``-th index write ``store`` sends that lands has its answer lost (a read
+    timeout; 0: none). Returns a counter of the writes that landed."""
+    from botocore.exceptions import ReadTimeoutError
+
+    sent = store._sync._wave
+    count = [0]
+
+    def wave(calls: Any) -> Any:
+        answers = list(sent(calls))
+        for i, call in enumerate(calls):
+            if _index_write(call) and not isinstance(answers[i], BaseException):
+                count[0] += 1
+                if count[0] == k:
+                    answers[i] = ReadTimeoutError(endpoint_url="http://127.0.0.1:1")
+        return answers
+
+    store._sync._wave = wave  # type: ignore[method-assign]
+    return count
+
+
+def test_a_removal_whose_write_lost_its_answer_reports_what_it_did(bucket: tuple[str, str]) -> None:
+    """An erase, then a sweep that empties a namespace, each with the answer of one of its
+    index writes lost (each write in turn): the report is what was done (every item
+    counted, the namespace unregistered, not "written during"), and nothing stays behind:
+    no item, no value object, no removal's mark on a registration."""
+    endpoint, mode = bucket
+    ns = ("lost", "u1")
+    big = secrets.token_hex(40_000)  # its own object in both modes
+
+    def fill(store: S3Store) -> None:
+        store.put(ns, "a", {"text": "alpha"})
+        store.put(ns, "big", {"text": big})
+        store.put(ns + ("deep",), "b", {"text": "beta"})
+        store.put(("kept",), "c", {"text": "gamma"}, ttl=None)
+
+    for removal in ("erase", "sweep"):
+        clock = FakeTime()
+        k, writes = 0, 1
+        while k < writes:
+            k += 1
+            prefix = f"lost-{removal}{k}/"
+            with _ttl_store(bucket, clock, prefix=prefix) as store:
+                fill(store)
+            clock.us += 61_000_000  # every item but "c" expired
+            with _ttl_store(bucket, clock, prefix=prefix) as store:
+                store.get(("warm",), "up")
+                count = _lose_the_answer_of_write(store, k)
+                if removal == "erase":
+                    report = store.erase_namespace(("lost",))
+                    done = (report.namespaces, report.items, report.written_during)
+                    assert done == ((ns, ns + ("deep",)), 3, ()), (k, done)
+                else:
+                    assert store.sweep_ttl() == 3, k
+                writes = count[0]
+            with make_store(*bucket, prefix=prefix) as reader:
+                assert reader.list_namespaces() == [("kept",)], (removal, k)
+                assert reader.search(("lost",)) == [] and reader.get(("kept",), "c").value == {"text": "gamma"}
+            assert [key for key in _all_keys(endpoint) if key.startswith(prefix) and "/@v/" in key] == [], (removal, k)
+            ours = registry_partition(prefix).removesuffix("mreg")
+            left = [i for i in _items(endpoint, mode) if i["pk"]["S"].startswith(ours) and ("retiring" in i or "ns" in i)]
+            assert [i["sk"]["S"] for i in left] == (["kc"] if mode == "dynamodb" else []), (removal, k, left)
+        assert writes >= 3, (removal, writes)

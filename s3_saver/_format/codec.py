@@ -24,7 +24,11 @@ WRITES_FORMAT = "s3_saver.writes/2"  # /2: one task's part, no clock sequence
 CHECKPOINT_PIECES_FORMAT = "s3_saver.checkpoint/2"
 PIECE_FORMAT = "s3_saver.piece/1"
 # What a reader of each format also reads.
-_ALSO = {CHECKPOINT_FORMAT: (CHECKPOINT_PIECES_FORMAT,), BLOB_FORMAT: (PIECE_FORMAT,)}
+_ALSO = {
+    CHECKPOINT_FORMAT: (CHECKPOINT_PIECES_FORMAT,),
+    BLOB_FORMAT: (PIECE_FORMAT,),
+    "s3_saver.memory-head/1": ("s3_saver.memory-head/2",),  # a head naming sealed segments
+}
 
 Typed = tuple[str, bytes]
 

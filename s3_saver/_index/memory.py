@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.rows import ObjectRef, Row, ValueCell, VectorsCell
-from s3_saver._format.memory.ttl import Refresh
+from s3_saver._format.memory.ttl import Clock, Refresh
 from s3_saver._transport.failures import (
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
@@ -56,6 +56,9 @@ class Change:
     ttl_minutes: float | None = None
     refresh: Refresh | None = None
     stamps: tuple[int, int, int | None] | None = None
+    written: int | None = None
+    """When its value object (an ``ObjectRef``) was sent, by the store's clock (µs): a
+    commit never names one older than ``memory_lease.VALUE_LEASE``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,10 @@ class Snapshot:
     """Namespaces read whole that are known to have no namespace below them (so a search
     of one needs no registry read); an index that cannot tell names none."""
 
+
+Stage = Callable[[], Op[None]]
+"""Writes the value objects a commit's rows will name (``commit`` runs it once the
+namespaces that receive items are registered, before any row is written)."""
 
 Purge = Callable[[list[str]], Op[None]]
 """Deletes value objects (by key) before the rows that name them go: an erase or a
@@ -108,6 +115,8 @@ class Swept:
 class MemoryIndex(Protocol):
     prefix: str
     """The store's key prefix (in the bucket; encoded, in the table)."""
+    clock: Clock
+    """The store's clock: its items' times, and a value object's lease (``memory_lease``)."""
     knows_leaves: bool
     """Whether ``read`` names the leaves among the namespaces it reads whole (then a
     search of a leaf reads no registry)."""
@@ -132,12 +141,26 @@ class MemoryIndex(Protocol):
         may hold more): one round trip (and the further pages of what does not fit one)."""
         ...
 
-    def commit(self, groups: dict[Path, list[Change]]) -> Op[list[str]]:
+    def commit(self, groups: dict[Path, list[Change]], stage: Stage | None = None) -> Op[list[str]]:
         """Apply each namespace's changes, in order (the last change of a key wins),
         registering first the namespaces that receive an item and are not registered
-        (in the order of ``groups``). Namespaces are committed side by side. Returns the
-        keys of the value objects the commit released: named by the rows it replaced or
-        removed, as stored (delete only what you read)."""
+        (in the order of ``groups``), then running ``stage`` (the value objects the rows
+        name: objects first, index last). Namespaces are committed side by side. Returns
+        the keys of the value objects the commit released: named by the rows it replaced
+        or removed, as stored (delete only what you read).
+
+        Invariant: a value object is written into a namespace's folder only once the
+        namespace is registered, as far as this process knows (an erase finds folders
+        through the registry: a commit cut short after its objects leaves them where an
+        erase of any prefix of the namespace lists them)."""
+        ...
+
+    def named_values(self, node: str) -> Op[frozenset[str]]:
+        """The tokens of the value objects that the rows of the namespace whose node id is
+        ``node`` name, as stored now, expired rows included (``collect_garbage`` keeps
+        them). Read by the node id alone (a folder of the bucket: its namespace may be
+        registered or not); each row read is checked to be that node's. Raises
+        CorruptObjectError when the rows cannot be read."""
         ...
 
     def node_folder(self, path: Path) -> str:
@@ -151,9 +174,11 @@ class MemoryIndex(Protocol):
         until ``erase_registrations``, so a call cut short and made again finds them."""
         ...
 
-    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
+    def erase_registrations(self, erasure: Erasure, hold: Sequence[Path] = ()) -> Op[list[Path]]:
         """Unregister the namespaces ``erase_rows`` emptied, except those registered again
-        since it began (a put meanwhile: they stay listed); returns those."""
+        since it began (a put meanwhile: they stay listed) and those of ``hold`` (the
+        erase left a version in their folder: registered, the erase called again finds
+        it); returns the namespaces that stay registered."""
         ...
 
     def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
@@ -184,6 +209,7 @@ def fresh_objects(
     if not moves:
         return changes, []
     calls = tuple(about(s3.copy(index.value_key(path, old), index.value_key(path, new)), subject) for old, new in moves.items())
+    sent = index.clock.now()
     answers = yield calls
     for call, answer in zip(calls, answers):
         if isinstance(answer, BaseException):
@@ -191,12 +217,14 @@ def fresh_objects(
                 return None
             if error_code(answer) not in PRECONDITION_FAILED_CODES:  # 412: this copy, sent again, met itself
                 raise_failure(call, answer)
-    return [_moved(c, moves) for c in changes], list(moves)
+    return [_moved(c, moves, sent) for c in changes], list(moves)
 
 
-def _moved(change: Change, moves: dict[str, str]) -> Change:
+def _moved(change: Change, moves: dict[str, str], sent: int) -> Change:
     def cell(c: Any) -> Any:
         return ObjectRef(moves[c.token], c.size) if isinstance(c, ObjectRef) else c
 
-    # replace(): every other field kept (an import's stamps among them).
-    return replace(change, value=cell(change.value), vectors=cell(change.vectors))
+    moved = any(isinstance(c, ObjectRef) for c in (change.value, change.vectors))
+    # replace(): every other field kept (an import's stamps among them); a copy's lease
+    # runs from its own write (``memory_lease``).
+    return replace(change, value=cell(change.value), vectors=cell(change.vectors), written=sent if moved else change.written)

@@ -26,7 +26,8 @@ ON_LAG = ("older", "raise")
 class Replica:
     """A second region holding a replica of the bucket (and of the index).
 
-    Reads fall over to it when the primary fails; writes go to it only after
+    Reads fall over to it when the primary fails (the saver's, and those of a store made by
+    [S3Store.from_saver()][s3_saver.S3Store.from_saver]); writes go to it only after
     [S3Saver.promote()][s3_saver.S3Saver.promote]. The prefix is the primary's (replication keeps keys).
 
     Attributes:
@@ -40,7 +41,9 @@ class Replica:
         global_table: DynamoDB mode: the table is a replica of a DynamoDB
             global table, so reads can use it before ``promote()``, which then
             has nothing to rebuild. Without it, the table there is filled by
-            ``promote()`` (rebuilt from the replica bucket) and reads wait for it.
+            ``promote()`` (rebuilt from the replica bucket) and reads wait for it;
+            [S3Store.from_saver()][s3_saver.S3Store.from_saver] then refuses the saver
+            (memory items live in the table: a rebuild from the bucket has none).
         failover_after: Seconds a read may spend on the primary, its retries
             included, before it goes to the replica (a single attempt that
             hangs still ends only at the client's read timeout).

@@ -64,7 +64,9 @@ class Regions:
         * it does not, DynamoDB without a global table: the table is rebuilt
           from the bucket (only complete checkpoints).
 
-        Then the roles swap in this saver: writes go to the promoted region,
+        Then the roles swap in this saver (and in the stores made from it by
+        [S3Store.from_saver()][s3_saver.S3Store.from_saver]; their memory is not
+        compared nor merged): writes go to the promoted region,
         and reads fall over to the other. Other processes follow once
         configured the same way (see the [Failover runbook][failover-runbook]).
 

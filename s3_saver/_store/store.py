@@ -11,14 +11,21 @@ Both index modes: the bucket alone (``_index/manifest/memory``) and the saver's 
 (``_index/dynamodb/memory``); each module says what it costs and what it does not do yet.
 Export and import are the ``Transfer`` mixin's (``transfer``), erase and the TTL sweep the
 ``Upkeep`` mixin's (``upkeep``).
+
+Regions: a store made by ``from_saver`` lives in its saver's regions, read at each call
+(``_home``): its batches of reads alone go through the saver's ``Route`` (the primary,
+then the replica when the primary is unavailable, lag-safe), everything else to the region
+written to; the saver's ``promote()`` moves it. Each region has its own memory index
+(``_memories``, by site), so caches and hints of one never stand for the other's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import replace
 from typing import Any
 
 from botocore.config import Config
@@ -35,15 +42,18 @@ from langgraph.store.base import (
 from s3_saver._format.memory import rows
 from s3_saver._format.memory import ttl as ttl_core
 from s3_saver._ops import setup
+from s3_saver._ops.context import Context
 from s3_saver._ops.memory import embedding
 from s3_saver._ops.memory.batch import Memory, batch
 from s3_saver._ops.memory.prepare import Prepared, prepare, query_vectors
+from s3_saver._ops.source import ReadSource
 from s3_saver._regions.memory import memory_index, memory_site
 from s3_saver._store.transfer import Transfer
 from s3_saver._store.upkeep import Upkeep
 from s3_saver._transport.aio import AsyncDriver
 from s3_saver._transport.budget import CacheBudget, CacheStats, default_bytes
-from s3_saver._transport.protocol import PRIMARY, RequestStats
+from s3_saver._transport.protocol import PRIMARY, RequestStats, T
+from s3_saver._transport.protocol import Op as Operation
 from s3_saver._transport.retry import RetryPolicy
 from s3_saver._transport.sync import SyncDriver
 from s3_saver.errors import ConfigurationError
@@ -53,8 +63,9 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
     """Long-term memory (LangGraph's ``BaseStore``) in an S3 bucket, with no database.
 
     With no ``table`` (manifest mode, no database), items live in the bucket under
-    ``<prefix>memory/``: per namespace one head holding its items, replaced by
-    compare-and-swap, and a registry of namespaces for ``list_namespaces`` and prefix
+    ``<prefix>memory/``: per namespace one head holding its newest items, replaced by
+    compare-and-swap (older items sealed into immutable segments past 256 KiB, 32 KiB
+    on a versioned bucket), and a registry of namespaces for ``list_namespaces`` and prefix
     searches. With a ``table`` (the saver's DynamoDB table), each item is a table item
     and the registry a partition of the table. A saver and a store may share a bucket,
     a table and a prefix (a prefix belongs to one index mode: both must use the same).
@@ -116,11 +127,9 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
         clock: ttl_core.Clock | None = None,
     ) -> None:
         self._settings(serde, index, ttl, vector_dtype, clock)
-        self.bucket = bucket
         self.stats = RequestStats()
         """Round trips and requests sent so far, by both drivers."""
-        self.table = table
-        site, self._ctx, index_backend = memory_site(
+        site, ctx, index_backend = memory_site(
             bucket,
             table,
             prefix=prefix,
@@ -135,9 +144,9 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
             budget=CacheBudget(cache_bytes if cache_bytes is not None else default_bytes()),
             clock=self.clock,
         )
-        self.region_name = region_name
+        self._home: Any = _Alone(ctx, bucket, table, region_name)
         self._site = site
-        self._memory = self._memory_of(index_backend, refresh_slack, vector_dtype)
+        self._memories = {site.key: self._memory_of(ctx, index_backend, refresh_slack, vector_dtype)}
         policy = retry if retry is not None else RetryPolicy()
         # Checked on the first wave to the site, as the saver's: the prefix's index mode,
         # and (DynamoDB mode) that the table's prefix belongs to this bucket.
@@ -166,16 +175,48 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
         budget, the checks its first calls made (index mode, table owner) and its
         serializer (an ``EncryptedSerializer`` covers memory too); the saver's
         ``setup()`` is the store's. Closing the store closes nothing of the saver's.
-        Reads go to the saver's primary region (they do not fall over to a replica yet).
+
+        With a [Replica][s3_saver.Replica], it lives in the saver's regions: ``get``,
+        ``search``, ``list_namespaces`` (a batch of reads alone) fall over to the replica
+        when the primary is unavailable, as the saver's reads do, lag-safe: an item whose
+        value object has not arrived there raises
+        [ReplicationLagError][s3_saver.errors.ReplicationLagError], and ``last_read``
+        says where a read was served from. A read served by the replica refreshes no
+        expiry. Writes never fall over: they raise
+        [PrimaryUnavailableError][s3_saver.errors.PrimaryUnavailableError] until
+        [promote()][s3_saver.S3Saver.promote], which moves the store with the saver.
+
+        Raises:
+            ConfigurationError: The saver keeps its index in DynamoDB and its replica
+                region's table is not a global table's replica (``Replica(global_table=False)``):
+                memory items live in the table, and that one is filled only by
+                ``promote()``'s rebuild from the bucket, which holds none of them.
         """
+        route = getattr(saver, "_route", None)
+        if route is not None and not route.replicated:
+            # Nothing in the replica region could answer a read, and a promote would
+            # leave every item behind in the primary's table.
+            reader = route.reader
+            raise ConfigurationError(
+                f"S3Store.from_saver: memory items live in DynamoDB table {saver.table!r}, and the saver's replica "
+                f"region {reader.clients.region_name or '(AWS default)'} has table {reader.where.table!r}, which "
+                "promote() fills by a rebuild from the bucket: it would hold no memory item. Make the table a "
+                "global table with a replica there (Replica(..., global_table=True)), or keep memory in the bucket "
+                "(a saver without table=)"
+            )
         store = cls.__new__(cls)
         store._settings(saver.serde, index, ttl, vector_dtype, clock)
-        ctx = saver._ctx
-        site = saver._sites[PRIMARY]
-        store.bucket, store.table, store.region_name = saver.bucket, saver.table, saver.region_name
         store.stats = saver.stats
-        store._ctx, store._site = ctx, site
-        store._memory = store._memory_of(memory_index(ctx, site.where, saver.table, store.clock), refresh_slack, vector_dtype)
+        # The saver's regions, read at each call: its promote() moves the store too.
+        store._home = saver
+        store._site = saver._sites[PRIMARY]
+        contexts = [saver._ctx] + ([saver._other_ctx] if route is not None else [])
+        store._memories = {
+            ctx.s3.where.site: store._memory_of(
+                ctx, memory_index(ctx, ctx.s3.where, ctx.s3.where.table, store.clock), refresh_slack, vector_dtype
+            )
+            for ctx in contexts
+        }
         store._sync, store._async = saver._sync, saver._async
         store._owned = False
         return store
@@ -195,9 +236,60 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
         self._sweeper: threading.Thread | None = None
         self._sweeper_stop = threading.Event()
 
-    def _memory_of(self, index: Any, refresh_slack: float, vector_dtype: str) -> Memory:
+    def _memory_of(self, ctx: Context, index: Any, refresh_slack: float, vector_dtype: str) -> Memory:
         slack = ttl_core.check_slack(refresh_slack)
-        return Memory(index, self._ctx.s3, self.serde, self.clock, self.ttl_config, slack, self._dims, vector_dtype)
+        return Memory(index, ctx.s3, self.serde, self.clock, self.ttl_config, slack, self._dims, vector_dtype)
+
+    # -- regions -----------------------------------------------------------------------
+
+    @property
+    def bucket(self) -> str:
+        """The bucket written to (after the saver's ``promote()``, the promoted region's)."""
+        return str(self._home.bucket)
+
+    @property
+    def table(self) -> str | None:
+        """The DynamoDB table written to; None in manifest mode."""
+        return self._home.table  # type: ignore[no-any-return]
+
+    @property
+    def region_name(self) -> str | None:
+        """The region written to, as configured (None: the AWS default)."""
+        return self._home.region_name  # type: ignore[no-any-return]
+
+    @property
+    def last_read(self) -> ReadSource | None:
+        """Where the last read of this thread (or asyncio task) was served from.
+
+        Set by the reads of a store made by ``from_saver`` from a saver with a
+        [Replica][s3_saver.Replica] (None otherwise), and shared with the saver's own
+        reads (its ``last_read``): ``site`` is ``"replica"`` when the primary failed.
+        """
+        route = self._home._route
+        return route.source.get() if route is not None else None
+
+    @property
+    def _ctx(self) -> Context:
+        """The context of the region written to."""
+        return self._home._ctx  # type: ignore[no-any-return]
+
+    @property
+    def _memory(self) -> Memory:
+        """What the operations that write (or are admin calls) run on: the region written to."""
+        return self._memory_at(self._ctx)
+
+    def _memory_at(self, ctx: Context) -> Memory:
+        """The memory of the region ``ctx`` reads, lag-safe when ``ctx`` is (``Route.as_reader``)."""
+        memory = self._memories[ctx.s3.where.site]
+        return replace(memory, reads=ctx.replica) if ctx.replica is not None else memory
+
+    def _run(self, make: Callable[[Memory], Operation[T]], reads_only: bool) -> tuple[Operation[T], Any]:
+        """The operation and its driver's retry policy: a batch of reads alone routed as the
+        saver's reads (the primary first, the replica when it is unavailable), anything
+        that writes on the region written to (never over: ``PrimaryUnavailableError``)."""
+        if not reads_only:
+            return make(self._memory), None
+        return self._home._reading(lambda ctx: make(self._memory_at(ctx)))  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         # As the saver's: what tells two stores apart in a log line, never credentials.
@@ -217,7 +309,7 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
                 queries = query_vectors(prepared.queries, answers, self._dims)
             if prepared.texts.texts:
                 vectors = self._vectors(prepared, self.embeddings.embed_documents(prepared.texts.texts))
-        return self._sync.run(batch(self._memory, prepared, queries, vectors))
+        return self._sync.run(*self._run(lambda mem: batch(mem, prepared, queries, vectors), not prepared.puts))
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         prepared = self._prepare(ops)
@@ -229,7 +321,7 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
                 queries = query_vectors(prepared.queries, list(answers), self._dims)
             if prepared.texts.texts:
                 vectors = self._vectors(prepared, await self.embeddings.aembed_documents(prepared.texts.texts))
-        return await self._async.run(batch(self._memory, prepared, queries, vectors))
+        return await self._async.run(*self._run(lambda mem: batch(mem, prepared, queries, vectors), not prepared.puts))
 
     def _prepare(self, ops: Iterable[Op]) -> Prepared:
         return prepare(ops, serde=self.serde, fields=self._fields, ttl_config=self.ttl_config)
@@ -270,3 +362,16 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+class _Alone:
+    """A standalone store's one region, in the shape of a saver's regions (``from_saver``'s
+    ``_home``): read and written there, no route."""
+
+    _route = None
+
+    def __init__(self, ctx: Context, bucket: str, table: str | None, region_name: str | None) -> None:
+        self._ctx, self.bucket, self.table, self.region_name = ctx, bucket, table, region_name
+
+    def _reading(self, make: Callable[[Context], Operation[T]]) -> tuple[Operation[T], None]:
+        return make(self._ctx), None

@@ -1,16 +1,19 @@
-"""S3Store's erase of a namespace prefix and its TTL sweep (a mixin of ``S3Store``): each
-one operation (``_ops/memory/erase``, ``_ops/memory/sweep``) on the store's drivers, and
-the sweeper thread that runs the sweep on a schedule, as LangGraph's PostgresStore's."""
+"""S3Store's erase of a namespace prefix, its TTL sweep and its garbage collection (a mixin
+of ``S3Store``): each one operation (``_ops/memory/erase``, ``_ops/memory/sweep``,
+``_ops/memory/gc``) on the store's drivers, and the sweeper thread that runs the sweep on
+a schedule, as LangGraph's PostgresStore's."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
 import threading
+from datetime import timedelta
 from typing import Any
 
 from s3_saver._format.memory.names import check_labels, registry_bounds, show
 from s3_saver._ops.memory.erase import NamespaceEraseReport, erase_namespace
+from s3_saver._ops.memory.gc import MemoryGarbageReport, collect_garbage
 from s3_saver._ops.memory.sweep import sweep_ttl
 from s3_saver.errors import ConfigurationError
 
@@ -21,7 +24,8 @@ DEFAULT_SWEEP_INTERVAL = 5.0  # minutes, as PostgresStore's
 
 
 class Upkeep:
-    """``erase_namespace``, ``sweep_ttl``, ``start_ttl_sweeper``/``stop_ttl_sweeper`` (see ``S3Store``)."""
+    """``erase_namespace``, ``sweep_ttl``, ``start_ttl_sweeper``/``stop_ttl_sweeper``,
+    ``collect_garbage`` (see ``S3Store``)."""
 
     # Set by S3Store.
     _memory: Any
@@ -48,9 +52,11 @@ class Upkeep:
         racing the erase either has its item erased or keeps it whole and listed (the
         namespace is then reported in ``written_during``). What stays: in the manifest
         mode an empty head per erased namespace (no item, no namespace name); versions
-        Object Lock holds, and value objects younger than an hour that no item named
-        when the erase read it (a put about to commit), reported in ``remaining``. A
-        call cut short is finished by calling it again. The store writes to one region:
+        Object Lock holds, and value objects (or sealed segments) younger than an hour
+        that no item named when the erase read it (a put about to commit), reported in
+        ``remaining``; their namespaces stay registered (in ``written_during``), so that
+        the erase, called again once they may go, finds them. A call cut short is
+        finished by calling it again. The store writes to one region:
         copies that S3 Replication or a DynamoDB global table made elsewhere, the
         table's point-in-time recovery and backups are the operator's to remove.
 
@@ -165,6 +171,56 @@ class Upkeep:
             return False
         self._sweeper = None
         return True
+
+    # -- garbage collection ------------------------------------------------------------
+
+    def collect_garbage(
+        self, *, older_than: timedelta = timedelta(hours=1), limit: int = 10_000, dry_run: bool = False
+    ) -> MemoryGarbageReport:
+        """Delete the value objects no item names, once older than ``older_than``.
+
+        A value too large for its item (over 64 KiB in the bucket alone, 16 KiB with a
+        table) lives in an object of its own, written before the item that names it. A
+        put cut short between the two, a commit whose replaced value was not deleted, or
+        (with a table) an item DynamoDB's TTL deleted, leaves such an object named by
+        nothing: no read returns it, this deletes it. The same name and arguments as
+        [S3Saver.collect_garbage()][s3_saver.S3Saver.collect_garbage], for memory.
+
+        An admin call: it lists the store's folders in the bucket (``s3:ListBucket``), at
+        most ``limit`` keys a run, from where the last run (of any process) stopped; run
+        it repeatedly (a schedule) and every folder is visited once every
+        ``ceil(keys / limit)`` runs. It reads the items of each folder holding an object
+        older than ``older_than``, and deletes the objects they do not name. An object
+        younger than ``older_than`` is never deleted: a put may be about to name it. A put
+        never names an object written more than ten minutes before (it copies it first),
+        so with ``older_than`` of 15 minutes or more a deletion races no put; below that,
+        stop every writer first. A run cut short is finished by running it again.
+
+        Args:
+            older_than: The grace period (see above).
+            limit: Keys listed in this run (its work is bounded by it).
+            dry_run: Report what would be deleted, delete nothing (and leave the cursor).
+
+        Returns:
+            [MemoryGarbageReport][s3_saver.MemoryGarbageReport]: what was examined, what
+            is garbage and what was deleted.
+
+        Raises:
+            ConfigurationError: A negative ``older_than`` or a ``limit`` under 1.
+        """
+        return self._sync.run(collect_garbage(self._memory, limit, _micros(older_than), dry_run))
+
+    async def acollect_garbage(
+        self, *, older_than: timedelta = timedelta(hours=1), limit: int = 10_000, dry_run: bool = False
+    ) -> MemoryGarbageReport:
+        """Async version of [collect_garbage()][s3_saver.S3Store.collect_garbage]."""
+        return await self._async.run(collect_garbage(self._memory, limit, _micros(older_than), dry_run))
+
+
+def _micros(older_than: object) -> int:
+    if not isinstance(older_than, timedelta):
+        raise ConfigurationError(f"older_than must be a datetime.timedelta, got {type(older_than).__name__}: {older_than!r}")
+    return older_than // timedelta(microseconds=1)
 
 
 def _check_limit(limit: object) -> int:

@@ -17,6 +17,7 @@ Its return value is the method's result. Operations never import boto.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
@@ -255,43 +256,73 @@ def gather(*ops: Op[Any]) -> Op[list[Any]]:
 
     This is how an index lookup and the S3 GETs that do not depend on it share a
     wave. A ``Sleep`` of one operation pauses all of them (only throttled retries
-    sleep); a ``Wait`` is made after the wave the others sent. Operations that
-    emit are not supported here.
+    sleep). A ``Wait`` parks its operation while the others go on (their answers
+    delivered, their next waves sent); once every operation left waits, the gather
+    waits for the first of their signals, or the earliest end of their waits.
+    Operations that emit are not supported here. Closed early, it closes them (their
+    ``finally`` blocks hand on what others wait for: a group commit's lead).
     """
     results: list[Any] = [None] * len(ops)
     replies: dict[int, Any] = dict.fromkeys(range(len(ops)))
     active = list(range(len(ops)))
-    while active:
-        wave: list[Call] = []
-        spans: list[tuple[int, int, int]] = []
-        sleep = 0.0
-        attempt = 0  # > 0: a Backoff among the steps
-        waits: list[Wait] = []
-        for i in list(active):
-            try:
-                step = ops[i].send(replies[i])
-            except StopIteration as stop:
-                results[i] = stop.value
-                active.remove(i)
+    # Invariant: an operation that waits never holds back the others' answers. One
+    # waiting for a head swap another operation of this gather leads (a batch of two
+    # namespaces), or one of a gather elsewhere whose lead waits on this one, would
+    # otherwise wait out its whole time (group commit, ``_index/manifest/group``).
+    parked: dict[int, tuple[Wait, float]] = {}  # the Wait, and when it runs out
+    skew = 0.0  # what waits that ran out took beyond the clock (a driver that does not sleep)
+
+    def now() -> float:
+        return time.monotonic() + skew
+
+    try:
+        while active:
+            moment = now()
+            for i, (wait, until) in list(parked.items()):
+                if wait.signal.is_set() or moment >= until:
+                    del parked[i]
+                    replies[i] = None
+            if len(parked) == len(active):
+                first = Signal()
+                for wait, _ in parked.values():
+                    if not wait.signal.subscribe(first.set):
+                        first.set()
+                timeout = max(0.0, min(until for _, until in parked.values()) - moment)
+                yield Wait(first, timeout)
+                if not first.is_set():  # it ran out: ``timeout`` passed, however long the driver slept
+                    skew += max(0.0, moment + timeout - now())
                 continue
-            if isinstance(step, Sleep):
-                sleep = max(sleep, step.seconds)
-                if isinstance(step, Backoff):
-                    attempt = max(attempt, step.attempt)  # the loop that began first
-                spans.append((i, -2 if isinstance(step, Backoff) else -1, 0))
-            elif isinstance(step, Wait):
-                waits.append(step)
-                spans.append((i, -1, 0))
-            elif isinstance(step, Emit):
-                raise TypeError("gather() runs operations that do not emit")
-            else:
-                spans.append((i, len(wave), len(step)))
-                wave.extend(step)
-        # One pause for the wave; a Backoff among them asks the retry layer for all of them.
-        allowed = (yield Backoff(sleep, attempt)) if attempt else (yield Sleep(sleep)) if sleep else None
-        answers: list[Any] = (yield tuple(wave)) if wave else []
-        for wait in waits:
-            yield wait
-        for i, start, size in spans:
-            replies[i] = allowed if start == -2 else None if start < 0 else answers[start : start + size]
+            wave: list[Call] = []
+            spans: list[tuple[int, int, int]] = []
+            sleep = 0.0
+            attempt = 0  # > 0: a Backoff among the steps
+            for i in list(active):
+                if i in parked:
+                    continue
+                try:
+                    step = ops[i].send(replies[i])
+                except StopIteration as stop:
+                    results[i] = stop.value
+                    active.remove(i)
+                    continue
+                if isinstance(step, Sleep):
+                    sleep = max(sleep, step.seconds)
+                    if isinstance(step, Backoff):
+                        attempt = max(attempt, step.attempt)  # the loop that began first
+                    spans.append((i, -2 if isinstance(step, Backoff) else -1, 0))
+                elif isinstance(step, Wait):
+                    parked[i] = (step, now() + step.timeout)
+                elif isinstance(step, Emit):
+                    raise TypeError("gather() runs operations that do not emit")
+                else:
+                    spans.append((i, len(wave), len(step)))
+                    wave.extend(step)
+            # One pause for the wave; a Backoff among them asks the retry layer for all of them.
+            allowed = (yield Backoff(sleep, attempt)) if attempt else (yield Sleep(sleep)) if sleep else None
+            answers: list[Any] = (yield tuple(wave)) if wave else []
+            for i, start, size in spans:
+                replies[i] = allowed if start == -2 else None if start < 0 else answers[start : start + size]
+    finally:
+        for op in ops:
+            op.close()  # a finished one: nothing; one cut short with this gather: its ``finally`` now
     return results

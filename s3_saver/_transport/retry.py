@@ -5,8 +5,9 @@ writes (``IfNoneMatch``: a retry that meets its own object compares bytes),
 the manifest head's compare-and-swap (a retry that meets its own swap finds it
 on the re-read), index items written whole or conditionally with a token that
 recognises the writer's own commit, batch writes and deletes of fixed keys.
-(A call marked ``idempotent=False`` -- the memory store's item writes in
-DynamoDB mode -- is sent again only after a failure that proves it was not
+(A call marked ``idempotent=False`` -- the memory store's overwrites, and the
+conditional deletes of its erase and TTL sweep, in DynamoDB mode -- is sent
+again only after a failure that proves it was not
 applied; any other is handed back to its operation, which judges it.)
 So the saver retries them itself, the same way under boto3 and aioboto3:
 connection failures, timeouts, 5xx answers, answers that are not the store's

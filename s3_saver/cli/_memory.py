@@ -1,5 +1,5 @@
 """Long-term memory (``S3Store``): ``memory namespaces``, ``memory show``, ``memory delete``,
-``memory export``, ``memory import``.
+``memory export``, ``memory import``, ``memory gc``.
 
 The store is the saver's (``S3Store.from_saver``): the same bucket, table, prefix, index
 mode, serializer (``--serde``) and checks as the thread commands. A namespace is given as
@@ -14,6 +14,7 @@ more ``@memory_group.command`` here.
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -21,10 +22,19 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from s3_saver.cli._app import App, NotFoundError, pass_app
+from s3_saver.cli._app import (
+    EXIT_BROKEN,
+    EXIT_OK,
+    EXIT_ORPHANS,
+    App,
+    NotFoundError,
+    pass_app,
+)
 from s3_saver.cli._inspect import render_value
 from s3_saver.cli._lifecycle import _write_whole
+from s3_saver.cli._maintain import DEFAULT_GRACE, SAFE_GRACE
 from s3_saver.cli._output import human_bytes, plural, short_time, shown
+from s3_saver.cli._params import Duration, format_duration
 
 if TYPE_CHECKING:
     from s3_saver import S3Store
@@ -66,7 +76,7 @@ def ns_option(required: bool, help: str) -> Any:
     return click.option("--ns", "labels", multiple=True, required=required, metavar="LABEL", help=help)
 
 
-@click.group("memory", short_help="Long-term memory (S3Store): namespaces, items, export, import.")
+@click.group("memory", short_help="Long-term memory (S3Store): namespaces, items, export, import, gc.")
 def memory_group() -> None:
     """Long-term memory: the items LangGraph's store (S3Store) keeps on the same bucket, table
     and prefix as the threads. Namespaces are given as --ns LABEL, repeated or dotted."""
@@ -207,6 +217,82 @@ def import_command(app: App, file: str) -> None:
         + (f" ({', '.join(left)})" if left else "")
         + f": {human_bytes(len(data))}"
     )
+
+
+
+# -- gc ------------------------------------------------------------------------------------
+@memory_group.command("gc", short_help="Delete value objects no item names (a dry run unless --yes).")
+@click.option(
+    "--older-than",
+    type=Duration(),
+    default=format_duration(DEFAULT_GRACE),
+    show_default=True,
+    help="Grace period: a value object younger than this may belong to a put still in flight.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    metavar="N",
+    help="Keys listed in this run; the next run goes on from where it stopped.",
+)
+@click.option("--yes", is_flag=True, help="Delete (without it, a dry run: what would be deleted).")
+@click.option("--force", is_flag=True, help=f"Delete with a grace period under {format_duration(SAFE_GRACE)}.")
+@click.option("-v", "--verbose", is_flag=True, help="List every key.")
+@pass_app
+def gc_command(app: App, older_than: timedelta, limit: int, yes: bool, force: bool, verbose: bool) -> int:
+    """Delete the value objects no item names, past the grace period (a dry run unless
+    --yes): what a put cut short before its commit left, or an item DynamoDB's TTL deleted.
+    A run lists at most --limit keys, from where the last run stopped.
+
+    A dry run exits 4 when it finds such objects, with 32 added when a namespace's items
+    cannot be read (its folder is left alone); with --yes, 0 once deleted."""
+    if yes and older_than < SAFE_GRACE and not force:
+        # A put names its value object within ten minutes of writing it (else it copies it
+        # first): a grace period under SAFE_GRACE may delete the object of a put in flight.
+        raise click.UsageError(
+            f"--older-than {format_duration(older_than)} is shorter than a put may hold its value object "
+            f"({format_duration(SAFE_GRACE)}): objects of puts in flight would be deleted. "
+            "Stop every writer first and add --force, or use a longer grace period"
+        )
+    store = store_of(app)
+    with app.out.progress("memory gc" if yes else "memory gc (dry run)", total=1, unit="runs") as tracker:
+        report = store.collect_garbage(older_than=older_than, limit=limit, dry_run=not yes)
+        tracker.advance()
+    keys = report.deleted if yes else report.garbage
+    code = EXIT_OK if yes else (EXIT_ORPHANS if report.garbage else EXIT_OK) | (EXIT_BROKEN if report.broken else EXIT_OK)
+    if app.out.json:
+        app.out.emit_json(
+            {
+                "examined": report.examined,
+                "namespaces": report.namespaces,
+                "deleted" if yes else "would_delete": list(keys),
+                "delete_bytes": report.bytes,
+                "in_flight": list(report.in_flight),
+                "broken": [{"folder": folder, "reason": reason} for folder, reason in report.broken],
+                "finished": report.finished,
+                "dry_run": not yes,
+                "exit_code": code,
+            }
+        )
+        return code
+    if verbose:
+        for key in keys:
+            app.out.print(Text(key))
+    for folder, reason in report.broken:
+        app.out.message(f"left alone: {folder}: {reason}")
+    young = f", {len(report.in_flight)} younger than {format_duration(older_than)}" if report.in_flight else ""
+    app.out.message(
+        f"{plural(report.examined, 'key')} listed, {plural(report.namespaces, 'namespace')} read: "
+        f"{plural(len(report.garbage), 'value object')} no item names{young}"
+    )
+    verb = "deleted" if yes else "would delete"
+    hint = "" if yes or not keys else "; run again with --yes to delete"
+    app.out.message(f"{verb} {plural(len(keys), 'object')} ({human_bytes(report.bytes)}){hint}")
+    if not report.finished:
+        app.out.message(f"more keys to list: the next run goes on from here (--limit {limit})")
+    return code
 
 
 COMMANDS = [memory_group]

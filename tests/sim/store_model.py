@@ -1,45 +1,15 @@
-"""The store's simulation: its step kinds, and the rules that judge a schedule of them.
-
-``S3Store`` has no history a model must replay in order: every item is a register of
-its own (a put or a delete replaces it whole), and the namespaces are a set that puts
-add to. So the rules are per key, on the real-time windows of the writes (the
-scheduler's ticks), rather than a search over orders (``sim.model.linearize``):
-
-* a write *takes effect* at one of its calls (the head's swap, the item's write), so
-  in ``(start, last]``: from its first call to the last call it sent (an abandoned
-  step sends nothing after its cut; a step cut and retried is one write whose window
-  spans its attempts, which may each take effect);
-* it *surely* took effect if it answered; it *may* have if it sent any call;
-* ``w`` is surely before ``w2`` when ``w.last <= w2.start``.
-
-What the rules ask (``Judge``):
-
-* **final**: each key's final value (or absence) is one a write of it wrote (the
-  value of a put, whole: every value is unique, so a torn or mixed one names no put)
-  that could have been last: no write that surely took effect is surely after it;
-* **reads** (get, search, answered during the schedule): a key read (found or not)
-  holds what a write of it that had started wrote, never older than a write that
-  answered before the read started (read your completed writes, per key);
-* **listing**: a namespace is listed by ``list_namespaces`` (during the schedule, at
-  the end) if a put into it answered before the listing started (and nothing that
-  unlists it may have come after that put); a listed namespace had a put begun;
-  at the end every namespace holding a readable item is listed, and found by a search
-  of each of its prefixes with the value ``get`` returns;
-* **created_at**: a key no step deletes keeps one ``created_at`` in every read of the
-  schedule, set no later than the answer of its first put (the stores' clock is the
-  scheduler's tick: ``TickClock``); ``updated_at`` is never before it;
-* **leftovers**: once no step was cut (every step answered without a cut; lost
-  replies and unsent requests are retried inside the step and count as answered), no
-  value object ``memory/n/<id>/@v/<token>`` is left that no row names, and none a row
-  names is missing. A step cut short (abandoned, or retried by a fresh process) may
-  leave the value object of a commit that never landed: garbage collection's, as for
-  the saver's leftover check (``check.deleted_cleanly``).
+"""The store's simulation: its step kinds (the rules that judge a schedule of them are
+``sim.store_rules``).
 
 Step kinds (``KINDS``): each entry makes one step (its public-method call and its
 ``Effect``: the keys it writes, the namespaces it registers or may unlist) and turns
-the step's answer into observations (``Obs``). A new kind (e.g. ``erase`` of a prefix,
-``sweep``) is one entry: its ``Effect`` says what it does to keys and listing, and
-the rules above judge it with the others.
+the step's answer into observations (``Obs``). A new kind is one entry: its
+``Effect`` says what it does to keys and listing, and the rules judge it with the
+others. ``BASE_KINDS`` are those of ``random`` schedules (their seeds replay as
+pinned); ``removal`` schedules draw from every kind.
+
+The stores' clock is the scheduler's tick (``TickClock``); a put's ttl is a number of
+ticks with a fraction of its own (``_ttl_ticks``).
 """
 
 from __future__ import annotations
@@ -66,6 +36,11 @@ SIZES = {"small": 40, "medium": 24_000, "large": 90_000}
 
 BASE_US = 1_750_000_000_000_000  # the tick clock's epoch (2025), in microseconds
 US_PER_TICK = 1000
+US_PER_MINUTE = 60_000_000
+# A put_ttl's ttl, in ticks: some expire within a schedule (a few dozen calls), one
+# hardly ever does; each gets a fraction of a tick of its own (``_ttl_ticks``).
+TTL_TICKS = (2, 6, 15, 60)
+NEVER = float("inf")
 
 
 class TickClock:
@@ -89,11 +64,14 @@ def tick_of(dt: Any) -> int:
 class Effect:
     """What a step does to the model. ``writes``: the keys it sets (a value) or clears
     (None), each once; ``registers``: the namespaces it adds (a put's); ``unlists``:
-    prefixes whose namespaces it may take out of the listing (an erase's)."""
+    prefixes whose namespaces it may take out of the listing (an erase's); ``ttl``:
+    the ticks after which the values it writes expire; ``sweeps``: a TTL sweep."""
 
     writes: dict[KeyRef, Any] = field(default_factory=dict)
     registers: tuple[Path, ...] = ()
     unlists: tuple[Path, ...] = ()
+    ttl: float | None = None  # the values' ttl, in ticks (None: they never expire)
+    sweeps: bool = False  # a TTL sweep: unlists only a namespace it finds empty
 
 
 @dataclass(frozen=True)
@@ -114,6 +92,7 @@ class Made:
     effect: Effect
     # The observations in the operation's answer (the batch's results: one per op), for reads.
     observe: Callable[[list[Any]], list[Obs]] | None = None
+    touches: tuple[Path, ...] = ()  # a read's namespaces
 
 
 @dataclass(frozen=True)
@@ -186,8 +165,10 @@ def _delete(rng: random.Random, label: str, space: Space) -> Made:
 
 def _get(rng: random.Random, label: str, space: Space) -> Made:
     ns, key = _ns(rng, space), _key(rng, space)
-    return Made(f"get {'/'.join(ns)}:{key}", lambda s: s.get(ns, key), Effect(),
-                lambda results: [Obs((ns, key), None if results[0] is None else results[0].value, results[0])])
+    # Reads do not refresh expiries (refresh_ttl=False): a read writes nothing, and an
+    # expiry is the put's alone.
+    return Made(f"get {'/'.join(ns)}:{key}", lambda s: s.get(ns, key, refresh_ttl=False), Effect(),
+                lambda results: [Obs((ns, key), None if results[0] is None else results[0].value, results[0])], (ns,))
 
 
 def _search(rng: random.Random, label: str, space: Space) -> Made:
@@ -198,7 +179,8 @@ def _search(rng: random.Random, label: str, space: Space) -> Made:
         return [Obs((ns, k), found[(ns, k)].value if (ns, k) in found else None, found.get((ns, k)))
                 for ns in NAMESPACES if under(prefix, ns) for k in (*KEYS, "z")]
 
-    return Made(f"search {'/'.join(prefix) or '()'}", lambda s: s.search(prefix, limit=1000), Effect(), observe)
+    return Made(f"search {'/'.join(prefix) or '()'}", lambda s: s.search(prefix, limit=1000, refresh_ttl=False), Effect(), observe,
+                tuple(ns for ns in NAMESPACES if under(prefix, ns)))
 
 
 def _list(rng: random.Random, label: str, space: Space) -> Made:
@@ -206,7 +188,43 @@ def _list(rng: random.Random, label: str, space: Space) -> Made:
                 lambda results: [Obs(listed=frozenset(tuple(p) for p in results[0]))])
 
 
-KINDS: dict[str, Kind] = {
+def _ttl_ticks(rng: random.Random) -> float:
+    """A ttl in ticks, with a fraction (100-899 microseconds): an expiry never falls on a
+    tick, so "expired at tick q" is ``q > expiry`` whatever microseconds a store's clock
+    adds to keep itself increasing."""
+    return rng.choice(TTL_TICKS) + rng.randrange(100, 900) / US_PER_TICK
+
+
+def ttl_minutes(ticks: float) -> float:
+    """``ticks`` as the minutes ``put(ttl=...)`` takes (exact to the microsecond)."""
+    return ticks * US_PER_TICK / US_PER_MINUTE
+
+
+def _put_ttl(rng: random.Random, label: str, space: Space) -> Made:
+    """A put with a ttl of a few ticks: it expires within the schedule, or not."""
+    ns, key = _ns(rng, space), _key(rng, space)
+    size = rng.choice(["small", "large"])
+    value = value_of(label, size, rng)
+    ticks = _ttl_ticks(rng)
+    minutes = ttl_minutes(ticks)
+    return Made(f"put {'/'.join(ns)}:{key} {size} ttl {ticks:g}", lambda s: s.put(ns, key, value, ttl=minutes),
+                Effect({(ns, key): value}, registers=(ns,), ttl=ticks))
+
+
+def _erase(rng: random.Random, label: str, space: Space) -> Made:
+    """erase_namespace of a prefix of the space's namespaces (``()``: everything=True)."""
+    prefix = rng.choice(space.prefixes())
+    gone = {(ns, k): None for ns in NAMESPACES if under(prefix, ns) for k in (*KEYS, "z")}
+    return Made(f"erase {'/'.join(prefix) or '() everything'}",
+                lambda s: s.erase_namespace(prefix, everything=not prefix), Effect(gone, unlists=(prefix,)))
+
+
+def _sweep(rng: random.Random, label: str, space: Space) -> Made:
+    return Made("sweep_ttl", lambda s: s.sweep_ttl(), Effect(sweeps=True))
+
+
+# The kinds of ``random`` schedules (unchanged: their pinned seeds replay as they did).
+BASE_KINDS: dict[str, Kind] = {
     "put": Kind(4, _put("small")),
     "put_large": Kind(2, _put("large")),
     "put_medium": Kind(1, _put("medium")),
@@ -216,188 +234,10 @@ KINDS: dict[str, Kind] = {
     "search": Kind(2, _search),
     "list": Kind(1, _list),
 }
-
-
-# -- the rules -----------------------------------------------------------------------------
-@dataclass
-class Write:
-    """One write of one key: a step's (or the setup's), with its window in ticks."""
-
-    label: str
-    value: Any  # None: the key cleared
-    start: int
-    last: int | None  # its last call sent (None: it sent none: it never took effect)
-    end: int | None  # its answer (None: abandoned)
-    ok: bool  # answered: it surely took effect
-
-    @property
-    def may(self) -> bool:
-        return self.last is not None
-
-    def before(self, other: Write) -> bool:
-        """Surely before ``other`` (if both take effect)."""
-        return self.last is not None and self.last <= other.start
-
-
-@dataclass
-class Read:
-    label: str
-    start: int
-    end: int
-    obs: list[Obs]
-
-
-@dataclass
-class History:
-    """The schedule as the rules see it."""
-
-    writes: dict[KeyRef, list[Write]] = field(default_factory=dict)
-    registers: dict[Path, list[Write]] = field(default_factory=dict)  # value unused
-    unlisters: list[tuple[Path, Write]] = field(default_factory=list)
-    reads: list[Read] = field(default_factory=list)
-    cut: bool = False  # some step was cut (abandoned or retried by a fresh process)
-
-    def add(self, label: str, effect: Effect, start: int, last: int | None, end: int | None, ok: bool) -> None:
-        for key, value in effect.writes.items():
-            self.writes.setdefault(key, []).append(Write(label, value, start, last, end, ok))
-        for ns in effect.registers:
-            self.registers.setdefault(ns, []).append(Write(label, True, start, last, end, ok))
-        for prefix in effect.unlists:
-            self.unlisters.append((prefix, Write(label, None, start, last, end, ok)))
-
-
-def _same(a: Any, b: Any) -> bool:
-    return a == b
-
-
-def _name(value: Any) -> str:
-    if value is None:
-        return "absent"
-    if isinstance(value, dict) and "w" in value:
-        return f"{value['w']}'s {value.get('size')} value"
-    return f"an unknown value {str(value)[:80]}"
-
-
-class Judge:
-    """Every rule of the module docstring, over one ``History``."""
-
-    def __init__(self, history: History) -> None:
-        self.h = history
-
-    def _writers(self, key: KeyRef, value: Any) -> list[Write]:
-        """The writes of ``key`` that wrote ``value`` (absence: the deletes, and the
-        initial state when no setup wrote the key)."""
-        writes = self.h.writes.get(key, [])
-        found = [w for w in writes if w.may and _same(w.value, value)]
-        if value is None and not any(w.label == "setup" for w in writes):
-            found.append(Write("initial", None, -3, -2, -2, True))
-        return found
-
-    def final(self, key: KeyRef, value: Any) -> str | None:
-        """The problem with ``value`` as the key's final state, or None."""
-        writes = self.h.writes.get(key, [])
-        candidates = self._writers(key, value)
-        if not candidates:
-            return f"{_show(key)} ends {_name(value)}, which no write of it wrote (writes: {_writes(writes)})"
-        for w in candidates:
-            later = [o for o in writes if o is not w and o.ok and w.before(o)]
-            if not later:
-                return None
-        return (f"{_show(key)} ends {_name(value)} ({', '.join(w.label for w in candidates)}), but a write that "
-                f"answered came surely after it (writes: {_writes(writes)})")
-
-    def read(self, r: Read, key: KeyRef, value: Any) -> str | None:
-        writes = self.h.writes.get(key, [])
-        candidates = [w for w in self._writers(key, value) if w.start < r.end]
-        if not candidates:
-            return f"{r.label} ({r.start}..{r.end}) read {_show(key)} as {_name(value)}: no write of it that had begun wrote that (writes: {_writes(writes)})"
-        for w in candidates:
-            newer = [o for o in writes if o is not w and o.ok and o.end is not None and o.end <= r.start and w.before(o)]
-            if not newer:
-                return None
-        return (f"{r.label} ({r.start}..{r.end}) read {_show(key)} as {_name(value)}, older than a write that answered "
-                f"before the read began (writes: {_writes(writes)})")
-
-    def must_list(self, ns: Path, start: int) -> bool:
-        """Whether a listing begun at ``start`` must name ``ns``."""
-        for p in self.h.registers.get(ns, []):
-            if p.ok and p.end is not None and p.end <= start:
-                if not any(under(prefix, ns) and not u.before(p) for prefix, u in self.h.unlisters if u.may):
-                    return True
-        return False
-
-    def may_list(self, ns: Path, end: int) -> bool:
-        """Whether a listing answered at ``end`` may name ``ns``: a put into it had begun,
-        and no unlisting that answered before surely came after every such put."""
-        puts = [p for p in self.h.registers.get(ns, []) if p.may and p.start < end]
-        gone = [u for prefix, u in self.h.unlisters if under(prefix, ns) and u.ok and u.end is not None and u.end <= end]
-        return any(not any(p.before(u) for u in gone) for p in puts)
-
-    def listing(self, label: str, start: int, end: int, listed: frozenset[Path]) -> list[str]:
-        problems = []
-        known = set(self.h.registers) | set(listed)
-        for ns in sorted(known):
-            if ns in listed and not self.may_list(ns, end):
-                problems.append(f"{label} ({start}..{end}) listed {_show_ns(ns)}, into which no put had begun")
-            if ns not in listed and self.must_list(ns, start):
-                problems.append(f"{label} ({start}..{end}) did not list {_show_ns(ns)}, which a put that answered before it registered")
-        return problems
-
-    def during(self) -> list[str]:
-        """The reads answered during the schedule."""
-        problems = []
-        for r in self.h.reads:
-            for o in r.obs:
-                if o.listed is not None:
-                    problems += self.listing(r.label, r.start, r.end, o.listed)
-                elif o.key is not None:
-                    problem = self.read(r, o.key, o.value)
-                    if problem:
-                        problems.append(problem)
-        return problems
-
-    def created(self, finals: dict[KeyRef, Any]) -> list[str]:
-        """``created_at`` of the keys no step deletes: one in every read, set no later than
-        the first answered put's answer; ``updated_at`` never before it."""
-        problems = []
-        seen: dict[KeyRef, list[tuple[str, Any]]] = {}
-        for r in self.h.reads:
-            for o in r.obs:
-                if o.key is not None and o.item is not None:
-                    seen.setdefault(o.key, []).append((r.label, o.item))
-        for key, item in finals.items():
-            if item is not None:
-                seen.setdefault(key, []).append(("the final read", item))
-        for key, items in seen.items():
-            for label, item in items:
-                if item.updated_at < item.created_at:
-                    problems.append(f"{label}: {_show(key)} updated_at {item.updated_at} before created_at {item.created_at}")
-            writes = self.h.writes.get(key, [])
-            if any(w.value is None for w in writes):
-                continue  # a delete starts a new item (a new created_at)
-            created = {item.created_at for _, item in items}
-            if len(created) > 1:
-                problems.append(f"{_show(key)} (never deleted) was read with created_at "
-                                f"{sorted(f'{tick_of(c)}' for c in created)} (ticks): an overwrite moved it")
-            answered = [w.end for w in writes if w.ok and w.end is not None]
-            if answered:
-                first = min(answered)
-                late = [tick_of(c) for c in created if tick_of(c) > first]
-                if late:
-                    problems.append(f"{_show(key)} created_at at tick {late[0]}, after its first put answered (tick {first})")
-        return problems
-
-
-def _show(key: KeyRef) -> str:
-    return f"{'/'.join(key[0])}:{key[1]}"
-
-
-def _show_ns(ns: Path) -> str:
-    return "/".join(ns) or "()"
-
-
-def _writes(writes: list[Write]) -> str:
-    def one(w: Write) -> str:
-        state = "ok" if w.ok else ("abandoned" if w.end is None else "raised")
-        return f"{w.label}={_name(w.value)} {w.start}..{w.last if w.last is not None else '-'} {state}"
-    return "; ".join(one(w) for w in writes) or "none"
+# Removals and expiry: with the base kinds, those of ``removal`` schedules.
+REMOVAL_KINDS: dict[str, Kind] = {
+    "put_ttl": Kind(3, _put_ttl),
+    "erase": Kind(2, _erase),
+    "sweep": Kind(2, _sweep),
+}
+KINDS: dict[str, Kind] = {**BASE_KINDS, **REMOVAL_KINDS}

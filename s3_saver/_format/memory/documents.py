@@ -2,13 +2,17 @@
 
 Manifest mode (under the store's ``prefix``, in the ``memory/`` folder)::
 
-    memory/n/<node id>/@head     a namespace's head: its rows (replaced only by compare-and-swap)
+    memory/n/<node id>/@head     a namespace's head: its newest rows, and the refs of its
+                                 segments (replaced only by compare-and-swap)
+    memory/n/<node id>/@s/<number>.<token>  a segment: older rows, sealed (immutable; ``segments``)
     memory/@reg/head             the namespace registry: every namespace that holds (or held) an
                                  item, sorted by path (replaced only by compare-and-swap)
     memory/n/<node id>/@v/<token>  a value too large to keep in its row (both modes): immutable,
                                  written before the row that names it
     memory/@sweep/cursor         where the TTL sweep stopped (the registry key of the last
                                  namespace it visited; last writer wins)
+    memory/@gc/cursor            where garbage collection stopped (both modes: the last key it
+                                 listed; last writer wins)
 
 Every name the store writes starts with ``@``, which ``encode`` never produces; node
 folders are 64 hex digits (``names.node_id``). So a key parses as the store's only if
@@ -48,6 +52,7 @@ from s3_saver._format.codec import pack, unpack
 from s3_saver._format.key_codec import MEMORY_PREFIX, encode, new_token
 from s3_saver._format.memory.names import registry_key, show
 from s3_saver._format.memory.rows import (
+    ObjectRef,
     Row,
     ValueCell,
     row_from_wire,
@@ -55,15 +60,27 @@ from s3_saver._format.memory.rows import (
     value_from_wire,
     value_to_wire,
 )
+from s3_saver._format.memory.segments import (
+    SEGMENT_NAME,
+    SegmentRef,
+    ref_from_wire,
+    ref_to_wire,
+)
 from s3_saver.errors import CorruptObjectError
 
 HEAD_FORMAT = "s3_saver.memory-head/1"
+# A head that names segments (sealed rows): a name of its own, so a version of the store
+# that predates segments refuses it (CorruptObjectError) rather than reading the head's
+# rows as every item of the namespace, and writing it back without its segments. A head
+# that names none is written as before, and read by either.
+SEALED_HEAD_FORMAT = "s3_saver.memory-head/2"
 VALUE_FORMAT = "s3_saver.memory-value/1"
 REGISTRY_FORMAT = "s3_saver.memory-registry/1"
 HEAD_NAME = "@head"
 REGISTRY_KEY = "@reg/head"
 SWEEP_KEY = "@sweep/cursor"
-_NODE = re.compile(r"n/[0-9a-f]{64}/(?:" + re.escape(HEAD_NAME) + r"|@v/[0-9a-f]{32})")
+GC_KEY = "@gc/cursor"
+_NODE = re.compile(r"n/[0-9a-f]{64}/(?:" + re.escape(HEAD_NAME) + r"|@v/[0-9a-f]{32}|" + SEGMENT_NAME.pattern + ")")
 
 
 def head_key(prefix: str, node: str) -> str:
@@ -101,6 +118,11 @@ def sweep_object_key(prefix: str) -> str:
     return f"{prefix}{MEMORY_PREFIX}{SWEEP_KEY}"
 
 
+def gc_object_key(prefix: str) -> str:
+    """Both modes: where garbage collection stopped (it lists the bucket in both)."""
+    return f"{prefix}{MEMORY_PREFIX}{GC_KEY}"
+
+
 def node_folder(prefix: str, node: str) -> str:
     """Every object of a namespace (its head, its value objects) is under this key prefix."""
     return f"{prefix}{MEMORY_PREFIX}n/{node}/"
@@ -112,7 +134,7 @@ def is_memory_key(prefix: str, key: str) -> bool:
     if not key.startswith(root):
         return False
     rest = key[len(root) :]
-    return rest in (REGISTRY_KEY, SWEEP_KEY) or _NODE.fullmatch(rest) is not None
+    return rest in (REGISTRY_KEY, SWEEP_KEY, GC_KEY) or _NODE.fullmatch(rest) is not None
 
 
 def item_partition(prefix: str, node: str) -> str:
@@ -139,9 +161,11 @@ ITEM_MARK = "k"  # an item's sort key is this mark and its key
 
 @dataclass
 class Head:
-    """A namespace's rows, by key (a delete removes its row: a head holds every row of
-    its namespace), and ``seq``, the number the next new item gets (items are ordered by
-    it: their first put's commit order)."""
+    """A namespace's newest rows, by key, the refs of its sealed segments (oldest first:
+    a key's item is its newest row, the head's, else the newest segment's), and ``seq``,
+    the number the next new item gets (items are ordered by it: their first put's commit
+    order). A delete removes its row from the head, or leaves a tombstone row where a
+    segment may hold the key."""
 
     path: tuple[str, ...]
     seq: int = 0
@@ -155,26 +179,41 @@ class Head:
     """An erase or a sweep emptied this head (and may be unregistering the namespace):
     a writer that reads it so registers the namespace anew (``Registry.register``)."""
 
+    segments: list[SegmentRef] = field(default_factory=list)
+    """Sealed segments, oldest first."""
+
+    retired: list[SegmentRef] = field(default_factory=list)
+    """Segments a compaction (or a sweep) took out of ``segments``: deleted after the swap
+    that retired them, and again after the next swap, which drops them from here (a
+    writer cut short between its swap and its deletes leaves them named here)."""
+
     @property
     def empty(self) -> bool:
         """No row, and none ever numbered since the head was last emptied: the namespace
         is not registered by this head (a put into it registers first)."""
-        return self.seq == 0 and not self.rows
+        return self.seq == 0 and not self.rows and not self.segments
+
+    def tokens(self) -> set[str]:
+        """The value objects the head's own rows name."""
+        return {c.token for r in self.rows.values() for c in (r.value, r.vectors) if isinstance(c, ObjectRef)}
 
 
 def dumps_head(head: Head) -> bytes:
-    return pack(
-        {
-            "format": HEAD_FORMAT,
-            # An empty head names no namespace (see the module docstring).
-            "path": None if head.empty else list(head.path),
-            "seq": head.seq,
-            "desc": head.desc,
-            "rows": [row_to_wire(r) for r in head.rows.values()],
-            "emptied": head.emptied,
-            "nonce": new_token(8),  # unique bytes, so a unique ETag, per write
-        }
-    )
+    sealed = bool(head.segments or head.retired)
+    record: dict[str, Any] = {
+        "format": SEALED_HEAD_FORMAT if sealed else HEAD_FORMAT,
+        # An empty head names no namespace (see the module docstring).
+        "path": None if head.empty else list(head.path),
+        "seq": head.seq,
+        "desc": head.desc,
+        "rows": [row_to_wire(r) for r in head.rows.values()],
+        "emptied": head.emptied,
+        "nonce": new_token(8),  # unique bytes, so a unique ETag, per write
+    }
+    if sealed:
+        record["segments"] = [ref_to_wire(r) for r in head.segments]
+        record["retired"] = [ref_to_wire(r) for r in head.retired]
+    return pack(record)
 
 
 def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
@@ -185,6 +224,14 @@ def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
     record = unpack(data, HEAD_FORMAT, at)
     stored, seq, wire, desc = record.get("path"), record.get("seq"), record.get("rows"), record.get("desc")
     emptied = record.get("emptied", False)
+    sealed = record["format"] == SEALED_HEAD_FORMAT
+    segments_wire, retired_wire = (record.get("segments"), record.get("retired")) if sealed else ([], [])
+    if not isinstance(segments_wire, list) or not isinstance(retired_wire, list):
+        raise CorruptObjectError(f"{at}: not a memory head (segments {type(segments_wire).__name__})")
+    segments = [ref_from_wire(r, at) for r in segments_wire]
+    retired = [ref_from_wire(r, at) for r in retired_wire]
+    if seq == 0 and segments:
+        raise CorruptObjectError(f"{at}: segments in a head that numbered no item")
     if stored is None and seq == 0 and wire == []:
         stored = list(path)  # an empty head names no namespace: nothing in it to mix up
     if not isinstance(stored, list) or tuple(stored) != path:
@@ -205,7 +252,7 @@ def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
         if row.key in rows or row.seq >= seq:
             raise CorruptObjectError(f"{at}: key {show(row.key)} twice, or numbered {row.seq} past the head's {seq}")
         rows[row.key] = row
-    return Head(path, seq, rows, desc, emptied and not rows and seq == 0)
+    return Head(path, seq, rows, desc, emptied and not rows and seq == 0, segments, retired)
 
 
 # -- the namespace registry --------------------------------------------------------------

@@ -39,8 +39,9 @@ namespace with no sub-namespaces 2 requests in one round trip (a Query of its pa
 and one of the registry), a list_namespaces page 1 Query (per MB of registry).
 
 A value over ``INLINE_LIMIT`` bytes (packed) lives in an S3 object of its own
-(``memory/n/<node id>/@v/<token>``), written before the item that names it and deleted
-after the write that replaces it (the write returns the old value's reference).
+(``memory/n/<node id>/@v/<token>``), written before the item that names it (within its
+lease: ``memory_lease``) and deleted after the write that replaces it (the write returns
+the old value's reference).
 
 Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace at once,
 fenced by a mark on its registry item (``memory_removal``). Expired items are hidden
@@ -72,6 +73,7 @@ from s3_saver._format.memory.rows import (
     value_from_wire,
 )
 from s3_saver._format.memory.ttl import epoch_seconds_up
+from s3_saver._index.dynamodb.memory_collect import Collection
 from s3_saver._index.dynamodb.memory_items import (
     _LIVE_BYTES,
     _MAX_TRIES,
@@ -81,7 +83,8 @@ from s3_saver._index.dynamodb.memory_items import (
     _subject,
 )
 from s3_saver._index.dynamodb.memory_removal import Removals
-from s3_saver._index.memory import Change, Path, Snapshot, fresh_objects
+from s3_saver._index.memory import Change, Path, Snapshot, Stage, fresh_objects
+from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.failures import (
     CONDITION_FAILED_CODES,
     UNAVAILABLE,
@@ -102,7 +105,7 @@ _JITTER = random.SystemRandom()
 VECTOR_LIMIT = 400_000 - INLINE_LIMIT - 4 * 1024
 
 
-class DynamoMemory(Removals):
+class DynamoMemory(Collection, Removals):
     """``MemoryIndex`` on the saver's table (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
@@ -139,11 +142,15 @@ class DynamoMemory(Removals):
             found.update(self._registry(items))
         return Snapshot(nodes, found)
 
-    def commit(self, groups: dict[Path, list[Change]]) -> Op[list[str]]:
+    def commit(self, groups: dict[Path, list[Change]], stage: Stage | None = None) -> Op[list[str]]:
         new = [p for p, changes in groups.items() if any(c.value is not None for c in changes) and self._known.get(p) is None]
         if new:
             # Listed before readable: a namespace's registry item is written before its items.
             yield from gather(*(self._register(p) for p in new))
+        if stage is not None:
+            # And before its value objects (``MemoryIndex.commit``'s invariant): an erase
+            # finds them even if this commit is cut short before its items.
+            yield from stage()
         # Each key appears once in a commit (``prepare`` keeps a key's last put; a refresh
         # is planned only for keys the batch does not write): every change goes in one wave.
         released = yield from gather(*(self._change(path, c) for path, changes in groups.items() for c in changes))
@@ -196,7 +203,11 @@ class DynamoMemory(Removals):
         overwrite = (path, change.key) in self._live
         copied: list[str] = []  # value objects of writes judged not current: named by no row from now on
         lost = 0
-        for _ in range(_MAX_TRIES + 2 * _MAX_TRIES):
+        # Up to _MAX_TRIES refusals (the item changing between the writes), and up to
+        # _MAX_TRIES lost answers (bounded below, where each is judged).
+        for _ in range(2 * _MAX_TRIES):
+            # The lease: never name a value object older than VALUE_LEASE (``memory_lease``).
+            (change,) = yield from renewed(self.s3, self.value_key, self.clock, path, [change])
             now = self.clock.now()
             if overwrite:
                 token = new_token()
@@ -326,6 +337,7 @@ class DynamoMemory(Removals):
         returns no old values: an item it replaces that had a value object of its own
         leaves that object behind (an import over a different version of a large item)."""
         for _ in range(_MAX_TRIES):
+            (change,) = yield from renewed(self.s3, self.value_key, self.clock, path, [change])  # the lease, as a put's
             call = self._restore(path, key, change, new_token())
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):

@@ -77,7 +77,7 @@ class Items:
 
     def __init__(self, table: str, prefix: str, where: Where | None, budget: CacheBudget, clock: Clock, s3: S3Calls) -> None:
         self.table = table
-        self.s3 = s3  # the value objects' bucket (copies, after a lost answer)
+        self.s3 = s3  # the value objects' bucket (copies, after a lost answer or a lease run out)
         self.prefix = prefix
         self.where = where
         self.clock = clock

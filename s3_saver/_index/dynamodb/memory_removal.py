@@ -10,10 +10,28 @@ live item. So an item written after the mark makes its writer register again (th
 removal then fails to delete the registry item: the namespace stays listed), and an item
 written before it is seen by the removal's Query (erase: deleted; sweep: the namespace
 kept).
+
+A write whose answer is lost (a read timeout: it may have landed). A mark is sent again
+as is (its condition allows a mark already its own: applied twice, the same mark). The
+deletes are conditioned on what was read (``ua``, ``exu``, the mark): sent again after
+they landed, they would be refused, and the removal would report a namespace it
+unregistered as registered again (erase's ``written_during``), an item it deleted as not
+removed. So they are never sent again as is (``Call.idempotent``): each is judged on its
+item read after it (``_judged``): gone, it landed; as read, it did not (sent again);
+changed since, refused.
+
+A mark outlives a removal cut short. An erase's stays the erase's: called again, it marks
+over it (no sweep takes it, so nothing unregisters a namespace an erase has not finished
+with). A sweep's is ``SWEEP_MARK`` and a token: the next sweep, or the same one retried,
+marks over it; a sweep still running then fails to delete the registry item and keeps the
+namespace, and the one that marked last finishes the work as above.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from s3_saver._format.key_codec import new_token
@@ -35,8 +53,20 @@ from s3_saver._index.dynamodb.memory_items import (
     _subject,
 )
 from s3_saver._index.memory import Erasure, Path, Purge, Swept
-from s3_saver._transport.protocol import Op, gather, raise_failure, request_one
+from s3_saver._transport.failures import UNAVAILABLE, classify
+from s3_saver._transport.protocol import Backoff, Call, Op, gather, raise_failure, request_one
 from s3_saver.errors import StoreUnavailableError
+
+_BACKOFF_MAX = 0.5  # seconds, before a delete judged not landed is sent again
+_JITTER = random.SystemRandom()
+
+# The verdict on a conditional delete whose answer was lost, from its item read after it
+# (None: absent): True it landed, False its condition no longer holds, None it did not
+# land (sent again).
+Verdict = Callable[[dict[str, Any] | None], bool | None]
+
+SWEEP_MARK = "sweep:"
+"""How a sweep's ``retiring`` mark begins (an erase's is a bare token)."""
 
 
 class Removals(Items):
@@ -53,8 +83,10 @@ class Removals(Items):
         counts = yield from gather(*(self._erase_items(p, purge) for p in marked))
         return Erasure(tuple(marked), tuple(marked), sum(counts), token, ())
 
-    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
-        deleted = yield from self._unretire(list(erasure.namespaces), erasure.fence, delete=True)
+    def erase_registrations(self, erasure: Erasure, hold: Sequence[Path] = ()) -> Op[list[Path]]:
+        # A held namespace keeps the erase's mark: no sweep takes an erase's, so it stays
+        # registered until a put registers it again or the erase, called again, ends it.
+        deleted = yield from self._unretire([p for p in erasure.namespaces if p not in hold], erasure.fence, delete=True)
         return [p for p in erasure.namespaces if p not in deleted]
 
     def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
@@ -73,7 +105,7 @@ class Removals(Items):
         empty = [p for p, (_, none_live) in zip(paths, results) if none_live]
         unregistered: list[Path] = []
         if empty:
-            token = new_token()
+            token = SWEEP_MARK + new_token()
             retired = yield from self._retire(empty, token, fresh=True)
             # Items created before the mark landed are seen now: those namespaces stay.
             again = yield from gather(*(self._query(self._pk(p), f"namespace {show(p)} (TTL sweep)") for p in retired))
@@ -88,10 +120,19 @@ class Removals(Items):
         return Swept(sum(n for n, _ in results), len(paths), tuple(unregistered))
 
     def _retire(self, paths: list[Path], token: str, *, fresh: bool) -> Op[list[Path]]:
-        """Mark the registry items of ``paths`` retiring with ``token`` (``fresh``: only
-        those no other removal marked); returns the paths marked (the others are gone,
-        or marked by another removal)."""
-        condition = "attribute_exists(pk)" + (" AND attribute_not_exists(retiring)" if fresh else "")
+        """Mark the registry items of ``paths`` retiring with ``token`` (``fresh``, a
+        sweep's: only those no erase marked); returns the paths marked (the others are
+        gone, or marked by an erase)."""
+        condition = "attribute_exists(pk)"
+        values = {":t": {"S": token}}
+        if fresh:
+            # Over no mark, or a sweep's: its own, sent again after a lost answer (refused,
+            # the mark would stay), and one a sweep cut short left (a sweep that could not
+            # take it, its own retry included, would never unregister the namespace, and a
+            # creation in it would be refused once per process that knew it registered).
+            # Taking a sweep's mark is safe: see the module docstring.
+            condition += " AND (attribute_not_exists(retiring) OR begins_with(retiring, :sweep))"
+            values[":sweep"] = {"S": SWEEP_MARK}
         calls = tuple(
             self._call(
                 "update_item",
@@ -99,7 +140,7 @@ class Removals(Items):
                     "Key": _key(registry_partition(self.prefix), registry_key(p)),
                     "UpdateExpression": "SET retiring = :t",
                     "ConditionExpression": condition,
-                    "ExpressionAttributeValues": {":t": {"S": token}},
+                    "ExpressionAttributeValues": values,
                 },
                 f"registry of namespace {show(p)}",
             )
@@ -123,12 +164,62 @@ class Removals(Items):
             if not delete:
                 params["UpdateExpression"] = "REMOVE retiring"
             calls.append(self._call("delete_item" if delete else "update_item", params, f"registry of namespace {show(p)}"))
-        answers = yield tuple(calls)
-        done = [p for p, call, answer in zip(paths, calls, answers) if _done(call, answer)]
-        if delete:
-            for p in done:
-                self._known.pop(p)
+        if not delete:
+            # Sent again after it landed, it is refused: the mark is off either way.
+            answers = yield tuple(calls)
+            return [p for p, call, answer in zip(paths, calls, answers) if _done(call, answer)]
+
+        def unregistered(item: dict[str, Any] | None) -> bool | None:
+            # Gone: unregistered (by this delete, or by a removal that took the mark over).
+            # Marked still: not landed. Else registered again since: kept.
+            return True if item is None else None if item.get("retiring") == {"S": token} else False
+
+        reads = [self._call("get_item", {"Key": c.params["Key"], "ConsistentRead": True}, c.subject or "") for c in calls]
+        applied = yield from self._judged([(c, r, unregistered) for c, r in zip(calls, reads)])
+        done = [p for p, ok in zip(paths, applied) if ok]
+        for p in done:
+            self._known.pop(p)
         return done
+
+    def _judged(self, writes: Sequence[tuple[Call, Call, Verdict]]) -> Op[list[bool]]:
+        """Conditional deletes, each with the read of its item and its ``Verdict``, in one
+        round trip; for each, True if it was applied, False if its condition failed. One
+        whose answer is lost is judged on its item read after it, never sent again as is:
+        its condition is on what was read before it, so the copy of a delete that landed
+        would be refused, and the removal would report what it did as not done."""
+        if not writes:
+            return []
+        results = [False] * len(writes)
+        pending = list(range(len(writes)))
+        for lost in range(1, _MAX_TRIES + 1):
+            answers = yield tuple(replace(writes[i][0], idempotent=False) for i in pending)
+            unknown: list[tuple[int, BaseException]] = []
+            for i, answer in zip(pending, answers):
+                if isinstance(answer, BaseException) and classify(answer, writes[i][0].operation) == UNAVAILABLE:
+                    unknown.append((i, answer))  # it may have landed: judged below
+                else:
+                    results[i] = _done(writes[i][0], answer)
+            if not unknown:
+                return results
+            reads = tuple(writes[i][1] for i, _ in unknown)
+            found = yield reads
+            pending = []
+            failure: tuple[Call, BaseException] | None = None  # of a delete to send again
+            for (i, answer), read, item in zip(unknown, reads, found):
+                if isinstance(item, BaseException):
+                    raise_failure(read, item)
+                verdict = writes[i][2](item.get("Item"))
+                if verdict is None:
+                    pending.append(i)
+                    failure = (writes[i][0], answer)
+                else:
+                    results[i] = verdict
+            if failure is None:
+                return results
+            go_on = yield Backoff(_JITTER.uniform(0, min(_BACKOFF_MAX, 0.01 * 2**lost)), lost)
+            if go_on is False or lost == _MAX_TRIES:
+                raise_failure(*failure)
+        return results
 
     def _live_at(self, path: Path, item: dict[str, Any], now: int) -> bool:
         return not is_expired(self._row(path, item).expires_us, now)
@@ -147,20 +238,8 @@ class Removals(Items):
             named = [self.value_key(path, r.value.token) for r in rows if isinstance(r.value, ObjectRef)]
             if named:
                 yield from purge(named)
-            calls = tuple(
-                self._call(
-                    "delete_item",
-                    {
-                        "Key": _key(self._pk(path), i["sk"]["S"]),
-                        "ConditionExpression": "ua = :ua",
-                        "ExpressionAttributeValues": {":ua": i["ua"]},
-                    },
-                    _subject(path, r.key),
-                )
-                for i, r in zip(items, rows)
-            )
-            answers = yield calls
-            changed = [i for i, call, answer in zip(items, calls, answers) if not _done(call, answer)]
+            applied = yield from self._judged([self._delete_as_read(path, r.key, i, "ua") for i, r in zip(items, rows)])
+            changed = [i for i, ok in zip(items, applied) if not ok]
             count += len(items) - len(changed)
             for r in rows:
                 self._live.pop((path, r.key))
@@ -191,18 +270,20 @@ class Removals(Items):
         named = [self.value_key(path, r.value.token) for _, r in expired if isinstance(r.value, ObjectRef)]
         if named:
             yield from purge(named)
-        calls = tuple(
-            self._call(
-                "delete_item",
-                {
-                    "Key": _key(self._pk(path), i["sk"]["S"]),
-                    "ConditionExpression": "exu = :seen",
-                    "ExpressionAttributeValues": {":seen": i["exu"]},
-                },
-                _subject(path, r.key),
-            )
-            for i, r in expired
-        )
-        answers = yield calls
-        deleted = sum(_done(call, answer) for call, answer in zip(calls, answers))
-        return deleted, len(expired) == len(rows)
+        applied = yield from self._judged([self._delete_as_read(path, r.key, i, "exu") for i, r in expired])
+        return sum(applied), len(expired) == len(rows)
+
+    def _delete_as_read(self, path: Path, name: str, item: dict[str, Any], fence: str) -> tuple[Call, Call, Verdict]:
+        """The ``DeleteItem`` of ``item`` only if its attribute ``fence`` is still as read
+        (``ua``: no put since; ``exu``: the expiry read), the read of the item, and the
+        verdict on a lost answer: the item gone, it landed; as read, it did not."""
+        key = _key(self._pk(path), item["sk"]["S"])
+        subject = _subject(path, name)
+        seen = item[fence]
+        params = {"Key": key, "ConditionExpression": f"{fence} = :seen", "ExpressionAttributeValues": {":seen": seen}}
+
+        def deleted(now: dict[str, Any] | None) -> bool | None:
+            return True if now is None else None if now.get(fence) == seen else False
+
+        read = self._call("get_item", {"Key": key, "ConsistentRead": True}, subject)
+        return self._call("delete_item", params, subject), read, deleted

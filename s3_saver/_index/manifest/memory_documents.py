@@ -6,6 +6,7 @@ index's reads, writes and removals share (``memory`` and ``memory_removal`` buil
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from s3_saver._format.memory.documents import (
 from s3_saver._format.memory.names import node_id, show
 from s3_saver._format.memory.rows import ValueCell, VectorsCell
 from s3_saver._format.memory.ttl import Clock
+from s3_saver._index.manifest.group import GroupCommit
 from s3_saver._index.memory import Change, Path
 from s3_saver._transport.budget import Cache, CacheBudget
 from s3_saver._transport.failures import (
@@ -44,6 +46,11 @@ _MAX_SWAPS = 20
 _BACKOFF_MAX = 0.5  # seconds
 _JITTER = random.SystemRandom()
 _REGISTRY = "registry"
+# A commit queued behind a lead swaps alone only when no lead of its head finished for
+# this long: the retry budget. A burst of hundreds of puts from one event loop keeps the
+# loop busy for seconds between swaps; a lead that is alive always answers within its
+# budget, and one cut short hands on at once (``group``).
+_WAIT_FOR_LEAD = 10.0
 _ROW_BYTES = 256  # a decoded row's objects beside its bytes (an estimate, as the saver's ENTRY_BYTES)
 
 # (ETag, document) as last read or written; ETag None: the object did not exist.
@@ -62,6 +69,7 @@ def _namespace(path: Path, keys: Sequence[str] = ()) -> str:
 
 
 _NEVER = object()
+_ANY = object()
 
 
 def _ancestors(paths: Sequence[Path]) -> list[Path]:
@@ -77,7 +85,8 @@ def _size(known: Known) -> int:
     and a fixed overhead per row and per registry entry."""
     doc = known[1]
     if isinstance(doc, Head):
-        return 256 + sum(_ROW_BYTES + len(r.key) + _cell(r.value) + _cell(r.vectors) for r in doc.rows.values())
+        refs = sum(_ROW_BYTES + len(r.bloom) + len(r.min_key) + len(r.max_key) for r in [*doc.segments, *doc.retired])
+        return 256 + refs + sum(_ROW_BYTES + len(r.key) + _cell(r.value) + _cell(r.vectors) for r in doc.rows.values())
     return 256 + sum(_ROW_BYTES + sum(len(label) for label in p) for p in doc.created)
 
 
@@ -97,6 +106,8 @@ class Documents:
         self.clock = clock
         self._heads: Cache = budget.cache("mem-heads")
         self._registry: Cache = budget.cache("mem-registry", entries=1)
+        # This process's concurrent swaps of one head, as one (``memory_group``).
+        self._group = GroupCommit(threading.Lock(), _WAIT_FOR_LEAD)
 
     def describe(self, path: Path) -> str:
         return f"s3://{self.s3.bucket}/{head_key(self.prefix, node_id(path))}"
@@ -104,14 +115,22 @@ class Documents:
     def value_key(self, path: Path, token: str) -> str:
         return value_key(self.prefix, node_id(path), token)
 
-    def _head_answer(self, path: Path, call: Call, answer: Any) -> Known:
+    def _head_answer(self, path: Path, call: Call, answer: Any, held: Any = _ANY) -> Known:
+        """The head an answer holds, cached; ``held``: what the cache held when the read
+        went out, and the answer is cached only if it still does. A head this process
+        swapped meanwhile (a commit of a burst) is newer than what a read sent before
+        that swap may have found: a stale guess there would cost the next swap a 412
+        and a read."""
         if isinstance(answer, BaseException):
             if classify(answer, call.operation) != OBJECT_MISSING:
                 raise_failure(call, answer)
             known: Known = (None, Head(path))
         else:
             known = (answer["ETag"], loads_head(answer["Body"], path, f"s3://{self.s3.bucket}/{call.params['Key']}"))
-        self._heads.put(node_id(path), known, _size(known))
+        node = node_id(path)
+        with self._heads.lock:
+            if held is _ANY or self._heads.get(node) is held:
+                self._heads.put(node, known, _size(known))
         return known
 
     def _registry_answer(self, call: Call, answer: Any) -> Known:

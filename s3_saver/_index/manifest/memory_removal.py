@@ -9,10 +9,19 @@ meets the emptied head and registers it anew (``ManifestMemory._swap``), numbere
 more: kept. A writer whose swap landed before it had its item erased (erase), or made
 the head non-empty, so the sweep did not empty it. So a namespace holding an item is
 always listed.
+
+Sealed segments: an erase deletes the value objects every row names (the head's and
+every segment's), then the segments, then swaps the head for an empty one; a call cut
+short and made again finds the segments it deleted gone, and what they named gone
+before them. The sweep reads every segment of a namespace it visits, deletes the value
+objects of the expired items, and swaps in a head without them: the head's expired rows
+dropped, the segments compacted when what no read returns outweighs the rest
+(``memory_segments``), or every segment retired when nothing is left.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from s3_saver._format.memory.documents import (
@@ -26,15 +35,21 @@ from s3_saver._format.memory.documents import (
     sweep_object_key,
 )
 from s3_saver._format.memory.names import node_id, registry_key, show
-from s3_saver._format.memory.rows import ObjectRef
+from s3_saver._format.memory.rows import ObjectRef, Row
+from s3_saver._format.memory.segments import row_bytes
 from s3_saver._index.manifest.memory_documents import (
     _MAX_SWAPS,
     _REGISTRY,
     _REGISTRY_SUBJECT,
-    Documents,
     Known,
     _namespace,
     _size,
+)
+from s3_saver._index.manifest.memory_segments import (
+    Segments,
+    drop_expired,
+    merged,
+    sealed_row,
 )
 from s3_saver._index.memory import Erasure, Path, Purge, Swept
 from s3_saver._transport.failures import (
@@ -52,7 +67,7 @@ from s3_saver._transport.protocol import (
 from s3_saver.errors import CorruptObjectError, StoreUnavailableError
 
 
-class Removals(Documents):
+class Removals(Segments):
     """Erase and the TTL sweep of the manifest memory index."""
 
     def node_folder(self, path: Path) -> str:
@@ -70,8 +85,10 @@ class Removals(Documents):
         records = tuple(f"s3://{self.s3.bucket}/{key}" for _, key in results if key)
         return Erasure(tuple(paths), tuple(nodes), items, fence, records, (registry_object_key(self.prefix),))
 
-    def erase_registrations(self, erasure: Erasure) -> Op[list[Path]]:
-        return (yield from self._unregister(list(erasure.namespaces), erasure.fence))
+    def erase_registrations(self, erasure: Erasure, hold: Sequence[Path] = ()) -> Op[list[Path]]:
+        going = [p for p in erasure.namespaces if p not in hold]
+        kept = (yield from self._unregister(going, erasure.fence)) if going else []
+        return [p for p in erasure.namespaces if p in kept or p in hold]
 
     def sweep(self, limit: int, now: int, purge: Purge) -> Op[Swept]:
         cursor_key, reg_key = sweep_object_key(self.prefix), registry_object_key(self.prefix)
@@ -110,25 +127,45 @@ class Removals(Documents):
         node = node_id(path)
         key = head_key(self.prefix, node)
         subject = f"{_namespace(path)} (erase)"
+        refused: int | None = None  # the rows of the head a refused swap emptied
         for attempt in range(1, _MAX_SWAPS + 1):
             call = about(self.s3.get(key), subject)
             (answer,) = yield (call,)
             etag, head = self._head_answer(path, call, answer)
+            if refused is not None and head.emptied and not head.rows:
+                # A refused swap may be one that landed (its answer lost, sent again, the copy
+                # met its own write): the head is emptied now, so it is counted as this erase's.
+                return refused, key
             if etag is None and not registered:
                 return 0, None
+            # Every row, the segments' too (one gone: an erase cut short deleted it, after
+            # what it named).
+            refs = [*head.segments, *head.retired]
+            loaded = (yield from self._load({path: refs}))[0][path] if refs else {}
+            every: list[Row] = [*head.rows.values(), *(r for rows in loaded.values() for r in rows.values())]
+            # The items: each key's newest row, if not a tombstone.
+            seen, items = set(head.rows), sum(not r.tombstone for r in head.rows.values())
+            for ref in reversed(head.segments):
+                for name, row in loaded.get(ref.token, {}).items():
+                    if name not in seen:
+                        seen.add(name)
+                        items += not row.tombstone
             # Even an empty head is written again (a new ETag), and a missing one of a
             # registered namespace created: a writer that read the old one registers again.
-            named = [self.value_key(path, r.value.token) for r in head.rows.values() if isinstance(r.value, ObjectRef)]
+            named = list(dict.fromkeys(self.value_key(path, c.token) for r in every for c in (r.value, r.vectors) if isinstance(c, ObjectRef)))
             if named:
                 yield from purge(named)
+            if refs:
+                yield from purge([self.segment_key(path, r) for r in refs])
             emptied = Head(path, 0, {}, head.desc, emptied=True)
             call = about(self.s3.put_swap(key, dumps_head(emptied), etag), subject)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
                 written: Known = (answer["ETag"], emptied)
                 self._heads.put(node, written, _size(written))
-                return len(head.rows), key
+                return items, key
             yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
+            refused = items
         raise StoreUnavailableError(
             f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps while being "
             "erased: too many writers at once; run the erase again"
@@ -141,25 +178,61 @@ class Removals(Documents):
         node = node_id(path)
         key = head_key(self.prefix, node)
         subject = f"{_namespace(path)} (TTL sweep)"
+        refused: tuple[int, Head, Head] | None = None  # a refused swap's: items dropped, head written, head read
         for attempt in range(1, _MAX_SWAPS + 1):
             call = about(self.s3.get(key), subject)
             (answer,) = yield (call,)
             etag, head = self._head_answer(path, call, answer)
-            live = {k: r for k, r in head.rows.items() if r.live(now)}
-            expired = [r for r in head.rows.values() if not r.live(now)]
-            if live and not expired:
-                return 0, False
-            named = [self.value_key(path, r.value.token) for r in expired if isinstance(r.value, ObjectRef)]
-            if named:
-                yield from purge(named)
-            changed = Head(path, head.seq, live, head.desc) if live else Head(path, 0, {}, head.desc, emptied=True)
+            if refused is not None and (head.rows, head.emptied, head.segments) == (refused[1].rows, refused[1].emptied, refused[1].segments):
+                # Its rows and segments stand: the refused swap landed (its answer lost, the
+                # copy sent again met its own write); the rows it dropped are this sweep's,
+                # and the segments it retired go as after its answer.
+                removed, changed, before = refused
+                retired = self._retired_keys(path, before, changed)
+                if retired:
+                    yield from self._drop(retired, "retired segments")
+                return removed, changed.emptied
+            found, gone = yield from self._load({path: head.segments})
+            if gone:  # compacted away since the head was read: read it again
+                continue
+            loaded = found[path]
+            items = merged(head, loaded)
+            expired = [r for r in items.values() if not r.live(now)]
+            live = len(items) - len(expired)
+            named = [self.value_key(path, c.token) for r in expired for c in (r.value, r.vectors) if isinstance(c, ObjectRef)]
+            if live:
+                sealed = [r for r in expired if r.key not in head.rows]
+                trimmed = drop_expired(head, now)
+                shaped = yield from self._reshape(path, trimmed, sum(row_bytes(r) for r in sealed))
+                if shaped is None:
+                    continue
+                if named:
+                    # Expired: no read returns them, so their objects go first, whether or
+                    # not this swap lands (a row left naming one is never read).
+                    yield from purge(named)
+                merging = {r.token for r in shaped.head.retired}
+                removed = len(expired) - sum(1 for r in sealed if (s := sealed_row(head, loaded, r.key)) and s[0].token not in merging)
+                if trimmed.rows == head.rows and not shaped.written and not shaped.head.retired:
+                    return removed, False  # nothing to swap (a sealed expired row stays until a compaction)
+                changed = shaped.head
+            else:
+                if named:
+                    yield from purge(named)
+                removed = len(expired)
+                # Nothing left: every segment retired (deleted after the swap).
+                changed = Head(path, 0, {}, head.desc, emptied=True, retired=[*head.segments, *head.retired])
             call = about(self.s3.put_swap(key, dumps_head(changed), etag), subject)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
+                self.learn(answer)
                 written: Known = (answer["ETag"], changed)
                 self._heads.put(node, written, _size(written))
-                return len(expired), not live
+                retired = self._retired_keys(path, head, changed)
+                if retired:
+                    yield from self._drop(retired, "retired segments")
+                return removed, not live
             yield from self._lost(call, answer, attempt, lambda: self._heads.pop(node))
+            refused = (removed, changed, head)
         raise StoreUnavailableError(
             f"namespace {show(path)} (s3://{self.s3.bucket}/{key}) kept changing under {_MAX_SWAPS} swaps during the "
             "TTL sweep: too many writers at once; the next sweep visits it again"

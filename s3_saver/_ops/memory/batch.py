@@ -10,13 +10,18 @@ the user's code, not an AWS call). As InMemoryStore:
    round trip (a searched namespace known to have none below it needs no registry);
    then the namespaces under a searched prefix that the first wave did not read;
    values kept in objects of their own are read in one more wave;
-2. then one commit of every change: the refreshes the reads found due, and the puts
-   and deletes (deduplicated by ``prepare``: the last value of a key, at the place of
+2. then one commit of every change: the refreshes the reads found due (none in a
+   replica region, read-only until ``promote()``), and the puts and deletes (deduplicated by ``prepare``: the last value of a key, at the place of
    its first op), grouped by namespace; values over the index's inline limit are
-   written to their own objects first, and the objects of replaced values deleted after;
+   written to their own objects once their namespaces are registered, before the rows,
+   and the objects of replaced values deleted after;
 3. results in op order.
 
 Expired items are never returned (the store's clock, read once per batch for reads).
+
+A batch of reads alone may run in a replica region (``S3Store`` routes it through the
+saver's ``Route``, as the saver's reads): ``Memory.reads`` is then set, and a value object
+that the replica's index names and that has not arrived is replication lag (``_resolve``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import ormsgpack
@@ -44,8 +50,9 @@ from s3_saver._format.memory.names import show
 from s3_saver._index.memory import Change, MemoryIndex, Path
 from s3_saver._ops.memory import listing, rank
 from s3_saver._ops.memory.prepare import Prepared
+from s3_saver._ops.source import ReplicaReads
 from s3_saver._transport.failures import OBJECT_MISSING, classify
-from s3_saver._transport.protocol import Op, raise_failure
+from s3_saver._transport.protocol import PRIMARY, Op, about, raise_failure
 from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import EmbeddingError, StoreUnavailableError
 
@@ -65,6 +72,15 @@ class Memory:
     slack: float
     dims: int
     dtype: str
+    # Set in a lag-safe region (``Route.as_reader``): a replica (then the batch is reads
+    # alone: ``S3Store`` routes nothing else there), or the region written to when it may
+    # name what never arrived (promoted after a failover, or one of a global table's).
+    reads: ReplicaReads | None = None
+
+    @property
+    def read_only(self) -> bool:
+        """Reads of a replica region: nothing may be written there before ``promote()``."""
+        return self.reads is not None and self.reads.site != PRIMARY
 
 
 def batch(
@@ -140,17 +156,20 @@ def batch(
         assert isinstance(op, ListNamespacesOp)
         results[position] = listing.page_namespaces(paths, op)
 
-    # The refreshes first (the batch's puts, applied after them, win over them).
+    # The refreshes first (the batch's puts, applied after them, win over them). A replica
+    # region takes no write: its reads leave the expiry as replicated (the primary's next
+    # read refreshes it); they only go there while the primary is unavailable.
     groups: dict[Path, list[Change]] = {}
-    for namespace, moves in ttl_core.plan_refreshes(returned, prepared.written(), now, mem.slack).items():
+    refreshes = {} if mem.read_only else ttl_core.plan_refreshes(returned, prepared.written(), now, mem.slack)
+    for namespace, moves in refreshes.items():
         groups[namespace] = [Change(m.key, refresh=m) for m in moves]
     for namespace, numbers in prepared.groups.items():
         changes = groups.setdefault(namespace, [])
         for number in numbers:
             put = prepared.puts[number]
             changes.append(Change(put.key, put.value, packed[number], put.ttl_minutes))
-    yield from _move_large_values(mem, groups)
-    released = yield from mem.index.commit(groups)
+    # The value objects go once their namespaces are registered (``MemoryIndex.commit``).
+    released = yield from mem.index.commit(groups, partial(_move_large_values, mem, groups))
     yield from _delete_released(mem, released)
     return results
 
@@ -175,29 +194,33 @@ def check_vectors(mem: Memory, namespace: Path, key: str, cell: rows.VectorsCell
 
 def _move_large_values(mem: Memory, groups: dict[Path, list[Change]]) -> Op[None]:
     """Values over the index's inline limit go to objects of their own, written (one
-    wave, ``IfNoneMatch``) before the commit that names them: objects first, index last.
+    wave, ``IfNoneMatch``) before the rows that name them: objects first, index last
+    (``MemoryIndex.commit`` runs this once their namespaces are registered).
     A commit that never lands leaves such an object unnamed: no read ever returns it, and
-    only ``erase_namespace`` removes it (there is no memory gc yet: see the guide)."""
+    ``collect_garbage`` (or ``erase_namespace``, unless a sweep unregistered its namespace
+    first) removes it. Each change records when its object was sent: the commit names it
+    only within the lease (``_index/memory_lease``)."""
     objects: dict[str, bytes] = {}
+    sent = mem.clock.now()  # before the objects go out: the lease never runs from later than their write
     for path, changes in groups.items():
         for i, change in enumerate(changes):
             if isinstance(change.value, rows.ValueCell) and change.value.size > mem.index.inline_limit:
                 token = new_token()
                 objects[mem.index.value_key(path, token)] = dumps_value(change.value, path, change.key)
-                changes[i] = replace(change, value=rows.ObjectRef(token, change.value.size))  # an import's stamps kept
+                # An import's stamps kept.
+                changes[i] = replace(change, value=rows.ObjectRef(token, change.value.size), written=sent)
     if objects:
         yield from put_immutable(mem.s3, objects)
 
 
 def _delete_released(mem: Memory, released: list[str]) -> Op[None]:
     """The value objects of the rows the commit replaced, after it landed. Best effort: the
-    batch's changes are committed; an object left here is unnamed, removed only by
-    ``erase_namespace`` (no memory gc yet)."""
+    batch's changes are committed; an object left here is unnamed, for ``collect_garbage``."""
     for start in range(0, len(released), DELETE_BATCH):
         call = mem.s3.delete_many(released[start : start + DELETE_BATCH])
         (answer,) = yield (call,)
         if isinstance(answer, BaseException) or answer.get("Errors"):
-            log.warning("%s: replaced values left behind (unnamed; erase_namespace removes them): %s", call.describe(), answer)
+            log.warning("%s: replaced values left behind (unnamed; collect_garbage removes them): %s", call.describe(), answer)
 
 
 def _needed(
@@ -225,7 +248,13 @@ def _resolve(
     read those namespaces again (into ``nodes``), and retry. What the answers need is
     judged again on the rows read again (a key put meanwhile is needed too), and a value
     is kept only for the token its row names now (never an older version's value beside
-    a newer row's times)."""
+    a newer row's times).
+
+    Lag-safe reads (``mem.reads``): S3 replication copies each object on its own, so a
+    replica's head or item can name a value object that has not arrived. One still named
+    after the read again raises ``MissingObjectError`` (the route reports it as
+    ``ReplicationLagError``): a namespace's rows are its only state, with no older one to
+    stand in, and a value is never returned without its object."""
     found: dict[tuple[Path, str], tuple[str, rows.ValueCell]] = {}
 
     def token(path: Path, key: str) -> str:
@@ -235,14 +264,18 @@ def _resolve(
         wanted = sorted(k for k in needed() if k not in found or found[k][0] != token(*k))
         if not wanted:
             return {k: cell for k, (_, cell) in found.items()}
-        calls = tuple(mem.s3.get(mem.index.value_key(p, token(p, k))) for p, k in wanted)
+        calls = tuple(
+            about(mem.s3.get(mem.index.value_key(p, token(p, k))), f"namespace {show(p)}, key {show(k)}") for p, k in wanted
+        )
         answers = yield calls
         gone: set[Path] = set()
+        missing: list[tuple[Path, str, Any, BaseException]] = []
         for (path, key), call, answer in zip(wanted, calls, answers):
             if isinstance(answer, BaseException):
                 if classify(answer, call.operation) != OBJECT_MISSING:
                     raise_failure(call, answer)
                 gone.add(path)
+                missing.append((path, key, call, answer))
                 continue
             cell = loads_value(answer["Body"], path, key, f"s3://{mem.s3.bucket}/{call.params['Key']}")
             found[(path, key)] = (token(path, key), cell)
@@ -250,6 +283,11 @@ def _resolve(
             again = yield from mem.index.read(sorted(gone), {})
             for path in gone:
                 nodes[path] = again.nodes[path]
+            if mem.reads is not None:
+                for path, key, call, answer in missing:
+                    value = row.value if (row := nodes[path].get(key)) is not None else None
+                    if isinstance(value, rows.ObjectRef) and mem.index.value_key(path, value.token) == call.params["Key"]:
+                        raise_failure(call, answer)  # MissingObjectError: still named, not arrived
     left = sorted(k for k in needed() if k not in found or found[k][0] != token(*k))
     if left:
         raise StoreUnavailableError(

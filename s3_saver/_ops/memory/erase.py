@@ -5,8 +5,9 @@ Order, so that a call cut short anywhere and made again finishes (both index mod
 
 1. the index removes the rows (``MemoryIndex.erase_rows``): per namespace, the value
    objects its rows name first (a plain delete: on a versioned bucket their versions
-   go in step 2), then the rows (manifest: the head swapped for an empty one, which
-   names no namespace; DynamoDB: each item deleted as read). The registrations stay,
+   go in step 2), then the rows (manifest: the sealed segments deleted, then the head
+   swapped for an empty one, which names no namespace; DynamoDB: each item deleted as
+   read). The registrations stay,
    so a call made again finds the namespaces;
 2. each namespace's folder is listed, every version and delete marker in it (the
    head's replaced versions, value objects' versions) is deleted, but the current head
@@ -14,7 +15,12 @@ Order, so that a call cut short anywhere and made again finishes (both index mod
    ``GRACE`` that no row named when step 1 read it (a put about to commit: it stays,
    reported, as ``erase_thread`` leaves such objects);
 3. the index unregisters the namespaces, but those registered again since the erase
-   began (a put meanwhile: kept, listed, reported in ``written_during``);
+   began (a put meanwhile: kept, listed, reported in ``written_during``) and those whose
+   folder keeps a version step 2 left (young, or locked: kept registered, reported in
+   ``written_during`` too). An erase finds folders only through the registry, so it
+   unregisters a namespace only once its folder holds nothing but its current head: the
+   erase called again, once those may go, finds them (and a put writes a value object
+   only once its namespace is registered: ``MemoryIndex.commit``);
 4. on a versioned bucket, the registry's noncurrent versions (they name the erased
    namespaces) are deleted (manifest mode; DynamoDB mode's registry is in the table).
 
@@ -61,8 +67,10 @@ class NamespaceEraseReport:
         records: What stays, with no item and no namespace name in it: in the
             manifest mode, one empty head per erased namespace (and per
             namespace between it and the prefix).
-        written_during: Namespaces a put registered again while the erase ran:
-            their items written after the erase read them stay, listed.
+        written_during: Namespaces that stay registered and listed: a put registered
+            them again while the erase ran (its items written after the erase read
+            them stay), or the erase left in their folder a version listed in
+            ``remaining`` (so that the erase called again finds it).
     """
 
     prefix: tuple[str, ...]
@@ -105,7 +113,10 @@ def erase_namespace(mem: Memory, prefix: Path, grace: float = GRACE) -> Op[Names
         doomed.append(v)
     deleted, locked = yield from _purge_all(mem, doomed)
     left += locked
-    kept = yield from mem.index.erase_registrations(erasure)
+    # Step 3: a namespace whose folder keeps a version stays registered (found again).
+    folders = {mem.index.node_folder(p): p for p in erasure.namespaces}
+    held = sorted({p for f, p in folders.items() for r in left if r.key.startswith(f)})
+    kept = yield from mem.index.erase_registrations(erasure, held)
     if versioned and erasure.history:
         # Written by every registration: each replaced version names namespaces.
         pages = yield from gather(*(_listed(mem, key, versioned) for key in erasure.history))  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from s3_saver._format.memory import rows
 from s3_saver._format.memory.export import ExportedItem
@@ -119,8 +120,7 @@ def import_items(mem: Memory, items: Sequence[ExportedItem], now: int) -> Op[Mem
             groups.setdefault(item.namespace, []).append(Change(item.key, value, item.vectors, item.ttl_minutes, stamps=stamps))
             written += 1
         if groups:
-            yield from _move_large_values(mem, groups)
-            released = yield from mem.index.commit(groups)
+            released = yield from mem.index.commit(groups, partial(_move_large_values, mem, groups))
             yield from _delete_released(mem, released)
     return MemoryImportReport(len({item.namespace for item in items}), written, unchanged, expired)
 
