@@ -289,8 +289,15 @@ def test_destroyed_key_makes_every_copy_read_as_erased(env, endpoint, driver) ->
     with pytest.raises(ThreadErasedError) as found:
         env().load(["t"], driver).open("t", key, sealed)
     assert found.value.erased_at == 1_700_000_000 and found.value.thread_id == "t" and found.value.key == key
-    # A new life: a new key, its record naming the destroyed one; the old copy still reads erased.
+    # No new life while the erase is under way (the erasure is not settled yet).
     writer.crypt.forget("t")
+    with pytest.raises(ThreadErasedError, match="is being erased") as found:
+        writer.load(["t"], driver, create=True)
+    assert found.value.erased_at == 1_700_000_000 and found.value.thread_id == "t"
+    settled = writer.run(writer.crypt.store.settle("t", record.key_id), driver)
+    assert settled is not None and settled.settled and not settled.live
+    assert _record(endpoint, "t").settled
+    # A new life: a new key, its record naming the destroyed one; the old copy still reads erased.
     new = writer.load(["t"], driver, create=True)
     assert new.keys["t"].key.key_id != record.key_id
     assert _record(endpoint, "t").earlier == ((record.key_id, 1_700_000_000),)

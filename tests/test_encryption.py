@@ -309,7 +309,6 @@ def test_operations_that_cannot_encrypt_yet_refuse_before_sending(endpoint, inde
         "export_thread": lambda: saver.export_thread("t"),
         "import_thread": lambda: saver.import_thread(b"x", thread_id="u"),
         "copy_thread": lambda: saver.copy_thread("t", "u"),
-        "erase_thread": lambda: saver.erase_thread("t"),
         "rebuild_index": lambda: saver.rebuild_index("t"),
         "archive_idle": lambda: saver.archive_idle(),
     }

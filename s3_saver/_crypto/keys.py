@@ -12,12 +12,25 @@ Invariant (the cache's, as every cache of the budget: ``_transport/budget``): a 
 evicted is read again; no decision rests on finding one. A thread this process saw without
 a key (a read's 404, LangGraph reads a thread before its first put) is remembered as such
 only to skip that GET before the create, which the store's condition decides anyway.
+
+A cached key may be stale: another process erased the thread (its key destroyed) and
+maybe wrote it anew under a new key. The cache is never trusted past what can check it,
+at no request in the steady state:
+
+* a read opens what names another key than the cached one only after reading the
+  thread's record again (``sealer``: the key is dropped, ``StaleKey`` raised, and the
+  read runs again once with the record read: ``_ops/keyed.rekeying``);
+* a write is committed only if its key is not one an erase destroyed: the erase records
+  the destroyed ids in the thread's index record, and every commit's fence checks them
+  (``Index.commit_checkpoint``'s ``key_id``); refused, the writer reads the record again
+  and seals its content anew (``_ops/commit``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
 from s3_saver._crypto.config import Encryption, KmsKey
 from s3_saver._crypto.envelope import DataKey, new_key_id
@@ -50,6 +63,8 @@ class KeyCache:
         return self._data.get(thread_id) == _ABSENT
 
     def put(self, thread_id: str, key: ThreadKey) -> None:
+        # From the cache, a key is not known to be the thread's still (``checked``).
+        key = replace(key, checked=False)
         self._data.put(thread_id, key, key_bytes(thread_id) + _KEY_ENTRY_BYTES + 24 * len(key.erased))
 
     def put_absent(self, thread_id: str) -> None:
@@ -114,6 +129,9 @@ class Crypt:
             if record is not None and record.live:
                 to_open[t] = record
             elif create:
+                if record is not None and not record.settled:
+                    # An erase under way: no new key before the thread is gone in its index.
+                    raise self.store.being_erased(t, record)
                 fresh[t] = record
             elif record is None:
                 self.cache.put_absent(t)

@@ -6,6 +6,8 @@ A record is a small msgpack map::
      "wrapped": the data key wrapped by the key-encryption key (live only),
      "kek": what wrapped it ("kms:<key ARN>" or "local:<fingerprint>"),
      "created": Unix seconds, "erased_at": Unix seconds (erased only),
+     "settled": whether the erase that destroyed the key has made the thread gone in
+     its index (erased only),
      "earlier": [[key id, erased_at], ...] (the keys of the thread's earlier lives)}
 
 An erased record keeps no key material: it lets a reader say when the key was destroyed,
@@ -14,6 +16,13 @@ new id, naming the ids of the keys it replaced (``earlier``): a ciphertext resto
 an earlier life is then told apart (erased) from one copied from another thread (foreign).
 It lives in a bucket that keeps no old version, so overwriting a live record with its
 erasure destroys the key.
+
+An erasure is written unsettled: the erase that wrote it has still to make the thread
+gone in its index (the delete's switch, which records the destroyed key ids so that a
+process still holding one in its cache commits nothing under it). Until the erase
+settles it, no new life may begin: a key made then could seal content the erase is
+about to delete, and what a lock keeps of that content would stay readable under a
+live key.
 """
 
 from __future__ import annotations
@@ -56,6 +65,9 @@ class KeyRecord:
     # The ids of the thread's earlier keys (all destroyed), with when (oldest first).
     earlier: tuple[tuple[bytes, int | None], ...] = ()
     etag: str | None = None
+    # Erased only: the erase has made the thread gone in its index (a new life may
+    # begin). A record written before this field existed counts as settled.
+    settled: bool = True
 
     @property
     def live(self) -> bool:
@@ -109,6 +121,7 @@ def encode_record(record: KeyRecord) -> bytes:
         doc["wrapped"] = record.wrapped
     else:
         doc["erased_at"] = record.erased_at
+        doc["settled"] = record.settled
     if record.earlier:
         doc["earlier"] = [[k, t] for k, t in record.earlier]
     return ormsgpack.packb(doc)
@@ -126,13 +139,17 @@ def decode_record(data: bytes, etag: str | None, where: str) -> KeyRecord:
             raise ValueError(f"state {state!r}, key id of {len(key_id)} bytes")
         wrapped = bytes(doc["wrapped"]) if state == LIVE else None
         earlier = tuple((bytes(k), t) for k, t in doc.get("earlier") or ())
+        settled = doc.get("settled", True)
+        if not isinstance(settled, bool):
+            raise ValueError(f"settled {settled!r}")
         return KeyRecord(
-            state, key_id, int(doc["created"]), wrapped, doc.get("kek"), doc.get("erased_at"), earlier, etag
+            state, key_id, int(doc["created"]), wrapped, doc.get("kek"), doc.get("erased_at"), earlier, etag, settled
         )
     except (ormsgpack.MsgpackDecodeError, KeyError, TypeError, ValueError) as exc:
         raise CorruptObjectError(f"{where}: not a key record ({exc})") from exc
 
 
 def erasure(record: KeyRecord, now: int) -> KeyRecord:
-    """The record that replaces ``record`` when its key is destroyed: no key material."""
-    return KeyRecord(ERASED, record.key_id, record.created, None, record.kek, now, record.earlier)
+    """The record that replaces ``record`` when its key is destroyed: no key material,
+    and not settled (its erase has still to make the thread gone in its index)."""
+    return KeyRecord(ERASED, record.key_id, record.created, None, record.kek, now, record.earlier, settled=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Protocol
 
 import ormsgpack
@@ -51,6 +52,23 @@ class Crypt(Protocol):
 
     def describe(self) -> str: ...
 
+    def forget(self, thread_id: str) -> None: ...
+
+
+class StaleKey(S3SaverError):
+    """A ciphertext names another key than the one this process cached for its thread:
+    the thread was erased (and written anew) by another process since. The cached key
+    is dropped when this is raised; a read runs again once with the thread's record
+    read (``_ops/keyed.rekeying``). Raised out of an operation that does not, it says
+    to call again (the next call reads the record)."""
+
+    def __init__(self, thread_id: str, where: str) -> None:
+        super().__init__(
+            f"{where}: thread {thread_id!r} is encrypted under another key than the one this process held for "
+            "it (another process erased the thread and wrote it anew): the key held was dropped, call again"
+        )
+        self.thread_id = thread_id
+
 # The type tag of a sealed metadata pair in an index entry (its bytes: an envelope of
 # the pair as the serializer wrote it). Never one of a serializer's tags.
 SEALED_TAG = "s3_saver.sealed"
@@ -68,6 +86,9 @@ class ThreadKey:
     erased: dict[bytes, int | None] = field(default_factory=dict)
     # Where the record lives (named when there is none).
     record: str = ""
+    # Read from the key store by this operation (False: from the cache, so perhaps
+    # replaced since by another process's erase).
+    checked: bool = True
 
 
 class Sealer:
@@ -84,6 +105,19 @@ class Sealer:
     def with_keys(self, keys: dict[str, ThreadKey]) -> Sealer:
         """This sealer holding ``keys`` too (an operation that loads more threads)."""
         return Sealer(self.crypt, {**self.keys, **keys})
+
+    def without(self, thread_id: str) -> Sealer:
+        """This sealer without the thread's key (to be read again)."""
+        return Sealer(self.crypt, {t: k for t, k in self.keys.items() if t != thread_id})
+
+    def key_id(self, thread_id: str) -> str | None:
+        """The id (hex) of the live key this sealer seals the thread's content with:
+        what a commit's fence checks against the ids an erase destroyed (None: no
+        encryption, or no live key held)."""
+        held = self.keys.get(thread_id)
+        if self.crypt is None or held is None or held.key is None:
+            return None
+        return held.key.key_id.hex()
 
     # -- objects ---------------------------------------------------------------------------
     def seal(self, thread_id: str, key: str, data: bytes) -> bytes:
@@ -156,6 +190,12 @@ class Sealer:
         found = key_id_of(bytes(data)) or b""
         if found in held.erased:
             raise self._erased(thread_id, key, where, held.erased[found])
+        if held.key is not None and found != held.key.key_id and not held.checked:
+            # A key from the cache, and bytes sealed under another one: the thread's
+            # record may have changed since (erased by another process, written anew).
+            # Never decided on the cache: the record is read again first.
+            self.crypt.forget(thread_id)
+            raise StaleKey(thread_id, where)
         if held.key is None:
             if held.erased:
                 # Erased, and this was sealed by no key the thread ever had.
@@ -203,12 +243,16 @@ class Sealer:
 
     def _erased(self, thread_id: str, key: str, where: str, when: int | None) -> ThreadErasedError:
         assert self.crypt is not None
-        at = f" at {when} (Unix seconds)" if when else ""
+        at = f" at {_iso(when)} ({when} Unix seconds)" if when else ""
         return ThreadErasedError(
-            f"{where}: thread {thread_id!r} was erased: the key this was encrypted with was destroyed{at}, "
-            "so no copy of it can be read",
+            f"{where}: thread {thread_id!r} of bucket {self.crypt.bucket!r} was erased: the key this was encrypted "
+            f"with was destroyed{at}, so no copy of it can be read",
             bucket=self.crypt.bucket, key=key, thread_id=thread_id, erased_at=when,
         )
+
+
+def _iso(when: int) -> str:
+    return datetime.fromtimestamp(when, timezone.utc).isoformat()
 
 
 PLAIN = Sealer()

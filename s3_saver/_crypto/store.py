@@ -10,7 +10,9 @@ S3 calls on the key bucket, one wave for all the threads asked at once.
   a thread's first key at once agree on one: the loser's write is refused (412), it reads
   the winner's record and uses that key.
 * ``destroy``: the live record replaced by its erasure (``IfMatch`` the ETag read). The
-  bucket keeps no old version, so the wrapped key is gone once the answer comes.
+  bucket keeps no old version, so the wrapped key is gone once the answer comes. The
+  erasure is unsettled until its erase has made the thread gone in the index
+  (``settle``): until then no new key is made for the thread (``create`` refuses).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from s3_saver._transport.failures import (
 )
 from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
 from s3_saver._transport.s3 import S3Calls
-from s3_saver.errors import ConfigurationError, S3SaverError
+from s3_saver.errors import ConfigurationError, S3SaverError, ThreadErasedError
 
 # A record another writer keeps replacing between our read and our write: each round
 # has a reason (a create, an erase), which does not repeat without end.
@@ -91,6 +93,8 @@ class KeyStore:
         key = self.key_of(thread_id)
         body = encode_record(record)
         for _ in range(_ATTEMPTS):
+            if over is not None and not over.settled:
+                raise self.being_erased(thread_id, over)
             call = self.s3.put_swap(key, body, over.etag if over is not None else None)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
@@ -112,9 +116,20 @@ class KeyStore:
                 over = found  # an erased record: this thread's new life replaces it
         raise S3SaverError(f"{self.where(thread_id)}: the key record kept changing while it was created; nothing was written")
 
+    def being_erased(self, thread_id: str, record: KeyRecord) -> ThreadErasedError:
+        """A writer's refusal while an erase of the thread is under way (its key
+        destroyed, the thread not yet gone in the index): no new key until then."""
+        return ThreadErasedError(
+            f"thread {thread_id!r} is being erased: its key was destroyed at {record.erased_at} (Unix seconds) "
+            f"and the erase has not finished ({self.where(thread_id)} is not settled). It can be written again "
+            "once erase_thread returns; if an erase was cut short, call erase_thread again",
+            bucket=self.bucket, key=self.key_of(thread_id), thread_id=thread_id, erased_at=record.erased_at,
+        )
+
     # -- destroy ---------------------------------------------------------------------------
     def destroy(self, thread_id: str, now: int) -> Op[KeyRecord | None]:
-        """Replace the thread's live record by its erasure (the data key destroyed).
+        """Replace the thread's live record by its erasure (the data key destroyed),
+        unsettled (see ``settle``).
 
         Returns:
             The erased record (an earlier erasure when the key was destroyed already),
@@ -134,6 +149,27 @@ class KeyStore:
                 raise_failure(call, answer)
             # Replaced meanwhile (a new life's create, our own erasure sent again): read again.
         raise S3SaverError(f"{self.where(thread_id)}: the key record kept changing while it was destroyed; call again")
+
+    def settle(self, thread_id: str, key_id: bytes) -> Op[KeyRecord | None]:
+        """Mark the erasure of key ``key_id`` settled: its erase has made the thread
+        gone in the index (the destroyed ids recorded there), so a new life may begin.
+
+        Returns:
+            The record as it is now (None: none; a live one: a new life began).
+        """
+        key = self.key_of(thread_id)
+        for _ in range(_ATTEMPTS):
+            found = yield from self.read_one(thread_id)
+            if found is None or found.live or found.settled or found.key_id != key_id:
+                return found
+            done = replace(found, settled=True, etag=None)
+            call = self.s3.put_swap(key, encode_record(done), found.etag)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                return replace(done, etag=answer["ETag"])
+            if error_code(answer) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+                raise_failure(call, answer)
+        raise S3SaverError(f"{self.where(thread_id)}: the key record kept changing while its erase settled; call again")
 
     # -- setup ---------------------------------------------------------------------------
     def setup(self, region: str | None) -> Op[None]:

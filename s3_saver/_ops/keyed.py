@@ -8,18 +8,25 @@ key store's GET beside that read, then, with KMS, one ``Decrypt``. A writer load
 before it seals its first object (``keyed``, ``create=True``: a thread's first key is made
 there). Without encryption both return at once, sending nothing.
 
+A key this process cached may have been destroyed by another process's erase (and the
+thread written anew under a new key). Nothing is decided on it unchecked: a read that
+meets content sealed under another key runs again once with the thread's record read
+(``rekeying``); a write whose key an erase destroyed is refused at its commit and sealed
+anew under the thread's key as read then (``rekeyed``, from ``_ops/commit``).
+
 Operations that cannot encrypt yet refuse to run on an encrypting saver (``unsupported``)
 rather than write or move plaintext.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from s3_saver._crypto.sealer import StaleKey
 from s3_saver._ops.context import Context
-from s3_saver._transport.protocol import Op, T, gather
+from s3_saver._transport.protocol import Emit, Op, T, gather
 from s3_saver.errors import ConfigurationError
 
 
@@ -43,6 +50,44 @@ def keyed_beside(ctx: Context, thread_ids: Iterable[str], op: Op[T]) -> Op[tuple
         return ctx, (yield from op)
     keyed_ctx, result = yield from gather(keyed(ctx, thread_ids), op)
     return keyed_ctx, result
+
+
+def rekeyed(ctx: Context, thread_id: str) -> Op[Context]:
+    """``ctx`` holding the thread's key as the key store has it now, made for a new
+    life when the one held was destroyed (a writer refused at its commit because an
+    erase destroyed the key it sealed with)."""
+    assert ctx.crypt is not None
+    ctx.crypt.forget(thread_id)
+    return (yield from keyed(replace(ctx, sealer=ctx.sealer.without(thread_id)), [thread_id], create=True))
+
+
+def rekeying(ctx: Context, make: Callable[[Context], Op[T]]) -> Op[T]:
+    """The read ``make(ctx)``, run again when it met content sealed under another key
+    than the one this process cached for its thread (``StaleKey``: the cached key is
+    dropped, so the next run reads the thread's record; once per thread). Not once it
+    has emitted results (a ``list`` half done): the caller would see some checkpoints
+    twice; the error then says to call again. Without encryption: ``make(ctx)``."""
+    if ctx.crypt is None:
+        return (yield from make(ctx))
+    renewed: set[str] = set()
+    while True:
+        op = make(ctx)
+        emitted = False
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    step = op.send(reply)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                emitted = emitted or isinstance(step, Emit)
+                reply = yield step
+        except StaleKey as stale:
+            # A thread's key is read again at most once per call: its second run
+            # reads the record, so a second StaleKey names another thread.
+            if emitted or stale.thread_id in renewed:
+                raise
+            renewed.add(stale.thread_id)
 
 
 def unsupported(ctx: Any, operation: str) -> None:

@@ -35,7 +35,10 @@ from s3_saver._format.entries import ENTRY_BUDGET, CheckpointEntry, Loc
 from s3_saver._index.activity import activity_day
 from s3_saver._index.terms import Prepared
 from s3_saver._ops.commit import (
+    MAX_REKEYS,
+    KeyGone,
     _deleted,
+    _rekeyed_too_often,
     _restore_first,
     _run_deleted,
     _take_back,
@@ -43,7 +46,7 @@ from s3_saver._ops.commit import (
     commit_checkpoint,
 )
 from s3_saver._ops.context import Context, meta_key, target
-from s3_saver._ops.keyed import keyed
+from s3_saver._ops.keyed import keyed, rekeyed
 from s3_saver._ops.stage import LOC_HEADROOM, Draft, held_key, stage, store_late
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import put_immutable
@@ -61,18 +64,36 @@ def put(
     # The thread's key before anything is sealed (made here for a new thread).
     ctx = yield from keyed(ctx, [thread_id], create=True)
     if parent_id is not None or ns != "":
-        return (yield from _put(ctx, config, checkpoint, metadata, new_versions))
+        return (yield from _sealed_put(ctx, config, checkpoint, metadata, new_versions))
     # A run starting afresh: the writes of its steps sent before their puts land
     # go into the generation this one goes into (see commit._joins).
     ctx.starting.add(thread_id)
     gen = None
     try:
-        done = yield from _put(ctx, config, checkpoint, metadata, new_versions)
+        done = yield from _sealed_put(ctx, config, checkpoint, metadata, new_versions)
         known = ctx.locs.get((thread_id, ns, checkpoint["id"]))
         gen = known[1] if known is not None else None
         return done
     finally:
         ctx.starting.done(thread_id, gen)
+
+
+def _sealed_put(
+    ctx: Context,
+    config: RunnableConfig,
+    checkpoint: Checkpoint,
+    metadata: CheckpointMetadata,
+    new_versions: ChannelVersions,
+) -> Op[RunnableConfig]:
+    """``_put``; with encryption, again from the draft when its commit found the key
+    it sealed with destroyed by another process's erase (``commit.KeyGone``: its
+    objects were taken back), under the thread's key as the key store has it now."""
+    for _ in range(MAX_REKEYS):
+        try:
+            return (yield from _put(ctx, config, checkpoint, metadata, new_versions))
+        except KeyGone as gone:
+            ctx = yield from rekeyed(ctx, gone.thread_id)
+    raise _rekeyed_too_often(target(config)[0])
 
 
 def _put(

@@ -21,15 +21,19 @@ from s3_saver._format.keys import new_token
 from s3_saver._index.terms import Fenced, WritesOutcome
 from s3_saver._ops.commit import (
     _MAX_FENCED,
+    MAX_REKEYS,
+    KeyGone,
     _busy,
     _fenced,
     _joins,
+    _rekeyed_too_often,
     _restore_first,
     _take_back,
     _writes_deleted,
+    key_gone,
 )
 from s3_saver._ops.context import Context, target
-from s3_saver._ops.keyed import keyed
+from s3_saver._ops.keyed import keyed, rekeyed
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import put_immutable
 
@@ -56,12 +60,21 @@ def put_writes(
     own = (thread_id, ns, checkpoint_id)
     # The thread's key before anything is sealed (writes may come before the first put).
     ctx = yield from keyed(ctx, [thread_id], create=True)
-    objects, entries = _draft_writes(ctx, own, writes, task_id, task_path)
-    if not entries:
+    for _ in range(MAX_REKEYS):
+        objects, entries = _draft_writes(ctx, own, writes, task_id, task_path)
+        if not entries:
+            return
+        gen = yield from _send_writes(ctx, own, objects)
+        try:
+            outcome = yield from _commit_writes(ctx, own, entries, objects, gen)
+        except KeyGone:
+            # The key this process cached was destroyed by another process's erase:
+            # sealed again (new objects, a new token) under the key read now.
+            ctx = yield from rekeyed(ctx, thread_id)
+            continue
+        yield from _release(ctx, own, task_id, outcome)
         return
-    gen = yield from _send_writes(ctx, own, objects)
-    outcome = yield from _commit_writes(ctx, own, entries, objects, gen)
-    yield from _release(ctx, own, task_id, outcome)
+    raise _rekeyed_too_often(thread_id)
 
 
 def _draft_writes(
@@ -141,13 +154,17 @@ def _commit_writes(
     try:
         for _ in range(_MAX_FENCED):
             try:
-                return (yield from ctx.index.commit_writes(entries))
+                return (yield from ctx.index.commit_writes(entries, ctx.sealer.key_id(thread_id)))
             except Fenced as fenced:
                 # A delete since the generation these writes were made in: they go
                 # with their checkpoint, into the new generation only if it is there.
                 record = fenced.record
                 moves = record.archive is None and record.gen != entries[0].gen
                 joins = moves and (yield from _joins(ctx, own, record.gen))
+                if key_gone(ctx, record, thread_id) and (joins or record.gen == entries[0].gen):
+                    # Sealed under a key an erase destroyed: sealed again by the caller.
+                    yield from _take_back(ctx, list(objects))
+                    raise KeyGone(thread_id) from None
                 yield from _fenced(ctx, record, entries[0], list(objects), created=joins)
                 for entry in entries:
                     entry.gen = entries[0].gen

@@ -95,6 +95,14 @@ class S3Calls:
             params["VersionId"] = version_id
         return self._call("get_object", params)
 
+    def get_start(self, key: str, version_id: str | None, size: int) -> Call:
+        """The first ``size`` bytes of one version (a ranged GET: an erase reads
+        which key a version it could not delete is sealed under)."""
+        params = {"Bucket": self.bucket, "Key": key, "Range": f"bytes=0-{size - 1}"}
+        if version_id is not None:
+            params["VersionId"] = version_id
+        return self._call("get_object", params)
+
     def versions(self, key: str, marker: tuple[str, str] | None = None) -> Call:
         """One page of the versions of ``key`` (and of keys it is a prefix of),
         newest first (admin: a failback reads the old region's own manifest heads)."""
