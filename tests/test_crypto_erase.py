@@ -260,3 +260,99 @@ def test_what_a_lock_keeps_is_reported_crypto_erased_by_its_bytes(endpoint, inde
     assert report.key_destroyed_at is not None
     assert abs(report.key_destroyed_at - datetime.now(timezone.utc)) < timedelta(minutes=5)
     saver.close()
+
+
+# -- restored from history ----------------------------------------------------------------------
+def _backup(index_mode: str) -> tuple[list[tuple[str, bytes]], list[dict[str, Any]]]:
+    """What a backup of the bucket and the table holds: every version of every object
+    (oldest first per key) and every table item. The key store is not in it."""
+    s3 = _s3()
+    versions: dict[str, list[bytes]] = {}
+    for page in s3.get_paginator("list_object_versions").paginate(Bucket=BUCKET):
+        for v in page.get("Versions", []):  # newest first, per key
+            body = s3.get_object(Bucket=BUCKET, Key=v["Key"], VersionId=v["VersionId"])["Body"].read()
+            versions.setdefault(v["Key"], []).append(body)
+    objects = [(key, body) for key, bodies in versions.items() for body in reversed(bodies)]
+    items: list[dict[str, Any]] = []
+    if index_mode == "dynamodb":
+        ddb = boto3.client("dynamodb", endpoint_url=_s3.endpoint, region_name="us-east-1")  # type: ignore[attr-defined]
+        for page in ddb.get_paginator("scan").paginate(TableName=TABLE):
+            items += page["Items"]
+    return objects, items
+
+
+def _restore(objects: list[tuple[str, bytes]], items: list[dict[str, Any]]) -> None:
+    """Every old version made current again (oldest first: a key's newest version ends
+    current), every item put back as it was: a restore of the bucket and a point-in-time
+    restore of the table to before the erase."""
+    s3 = _s3()
+    for key, body in objects:
+        s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+    if items:
+        ddb = boto3.client("dynamodb", endpoint_url=_s3.endpoint, region_name="us-east-1")  # type: ignore[attr-defined]
+        for item in items:
+            ddb.put_item(TableName=TABLE, Item=item)
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_an_erased_thread_stays_unreadable_when_the_bucket_and_the_index_are_restored_from_history(
+    endpoint, index_mode, driver
+) -> None:
+    """Object Lock (so a versioned bucket): a graph's thread with several turns, pending
+    writes and a list stored as deltas; erase; then every old version of every object is
+    made current again and every index item put back as it was before the erase. The
+    thread reads as erased (named error, the destruction time), never as its content;
+    the other thread reads as before."""
+    from test_encryption import _graph, _run
+
+    _s3().create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+    encryption = _kms(endpoint) if driver == "sync" else LocalKey(os.urandom(32))
+    saver = make_saver(endpoint, index_mode, encryption=encryption)
+    saver.setup()
+    secret = "erase-me-7f3a"
+    _run(_graph(saver, secret), secret, "t", driver, 3)
+    _run(_graph(saver, "kept"), "kept", "kept", driver, 1)
+    kept = [(s.config, s.checkpoint, s.metadata) for s in saver.list(config("kept"))]
+    # A version a lock keeps too: the erase cannot delete it.
+    live = sorted(_live_objects("t"))
+    until = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=30)
+    _s3().put_object_retention(Bucket=BUCKET, Key=live[0], Retention={"Mode": "GOVERNANCE", "RetainUntilDate": until})
+    backup = _backup(index_mode)
+    assert any(key.startswith("live/t/") for key, _ in backup[0])
+
+    report = saver.erase_thread("t")
+    assert report.unreadable and [r.key for r in report.remaining] == [live[0]], report.remaining
+    destroyed = _record("t")
+    assert not destroyed.live and destroyed.settled
+    _restore(*backup)
+
+    # The erasing process, another process, and each read the thread allows.
+    for reader in (saver, make_saver(endpoint, index_mode, encryption=encryption)):
+        found = _erased_read(reader, "t", driver)
+        assert (found.thread_id, found.bucket, found.erased_at) == ("t", BUCKET, destroyed.erased_at)
+        with pytest.raises(ThreadErasedError):
+            list(reader.list(config("t")))
+        with pytest.raises(ThreadErasedError):
+            list(reader.list(config("t"), filter={"source": "loop"}))
+        assert [(s.config, s.checkpoint, s.metadata) for s in reader.list(config("kept"))] == kept
+    # Every restored byte of the thread is encrypted under the destroyed key (or names no
+    # content): nothing opens it.
+    for key, body in _live_objects("t").items():
+        assert is_sealed(body) and key_id_of(body) == destroyed.key_id, key
+    saver.close()
+
+
+def test_the_same_restore_brings_back_a_thread_erased_without_encryption(endpoint, index_mode) -> None:
+    """The control: the restore above does bring a thread back (so the test above can
+    fail): without encryption, the erased thread reads as it was."""
+    from conftest import make_versioned
+
+    make_versioned(endpoint)
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    _put(saver, "t", "comes-back")
+    backup = _backup(index_mode)
+    assert saver.erase_thread("t").complete
+    _restore(*backup)
+    assert _value(_get(make_saver(endpoint, index_mode), "t")) == ("comes-back", ["comes-back-write"])
+    saver.close()
