@@ -307,8 +307,6 @@ def test_operations_that_cannot_encrypt_yet_refuse_before_sending(endpoint, inde
         "archive_thread": lambda: saver.archive_thread("t"),
         "restore_thread": lambda: saver.restore_thread("t"),
         "export_thread": lambda: saver.export_thread("t"),
-        "import_thread": lambda: saver.import_thread(b"x", thread_id="u"),
-        "copy_thread": lambda: saver.copy_thread("t", "u"),
         "rebuild_index": lambda: saver.rebuild_index("t"),
         "archive_idle": lambda: saver.archive_idle(),
     }
@@ -317,7 +315,7 @@ def test_operations_that_cannot_encrypt_yet_refuse_before_sending(endpoint, inde
             call()
     assert saver.stats.total_requests == 0
     with pytest.raises(ConfigurationError, match="not yet supported with encryption"):
-        asyncio.run(saver.acopy_thread("t", "u"))
+        asyncio.run(saver.arestore_thread("t"))
     from s3_saver import Replica, S3Cache, S3Store
 
     # Memory and the node cache are not encrypted yet: not on an encrypting saver either.
@@ -437,9 +435,9 @@ def test_setup_makes_the_key_store_and_refuses_a_versioned_one(endpoint, index_m
 
 
 # -- LangGraph's conformance suite, encrypted -----------------------------------------------------
-async def test_the_conformance_suite_passes_encrypted_but_for_copy(endpoint, index_mode) -> None:
-    """Every capability but copy_thread (refused with encryption, by name) passes with
-    encryption on: get, list and its filters, pending writes, delete, prune, delete_for_runs."""
+async def test_the_conformance_suite_passes_encrypted(endpoint, index_mode) -> None:
+    """Every capability passes with encryption on: get, list and its filters, pending
+    writes, delete, copy_thread (decrypted and encrypted again), prune, delete_for_runs."""
     from langgraph.checkpoint.conformance import checkpointer_test, validate
 
     encryption = LocalKey(os.urandom(32))
@@ -453,7 +451,6 @@ async def test_the_conformance_suite_passes_encrypted_but_for_copy(endpoint, ind
 
     report = await validate(factory)
     failed = {name: [str(f) for f in r.failures] for name, r in report.results.items() if r.passed is False}
-    assert set(failed) <= {"copy_thread"}, failed
-    assert all("copy_thread is not yet supported with encryption" in f for f in failed.get("copy_thread", [])), failed
+    assert failed == {}, failed
     passed = [name for name, r in report.results.items() if r.passed]
-    assert len(passed) >= 7, report.results
+    assert "copy_thread" in passed and len(passed) >= 8, report.results

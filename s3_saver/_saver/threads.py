@@ -110,18 +110,20 @@ class ThreadLifecycle:
         """Copy every checkpoint, value and pending write of a thread into another thread.
 
         Objects are copied server-side (``CopyObject``), all of them before the
-        first index item; index items follow newest first. A copy cut short
+        first index item; index items follow newest first. With ``encryption=``
+        each object is read, decrypted under the source's key and encrypted
+        under the target's instead (a ciphertext is bound to its thread). A copy cut short
         leaves the target's latest state readable and completes when called
         again: the target may hold copies from the same source, nothing else.
 
         Raises:
             ConfigurationError: The target thread has checkpoints of its own.
         """
-        self._sync.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
+        self._sync.run(rekeying(self._ctx, lambda ctx: copy.copy_thread(ctx, source_thread_id, target_thread_id)))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Async version of [copy_thread()][s3_saver.S3Saver.copy_thread]."""
-        await self._async.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
+        await self._async.run(rekeying(self._ctx, lambda ctx: copy.copy_thread(ctx, source_thread_id, target_thread_id)))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest", keep_last: int | None = None) -> None:
         """Remove older checkpoints of threads, with their pending writes and objects.
