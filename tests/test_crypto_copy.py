@@ -92,8 +92,8 @@ def test_a_copy_is_encrypted_under_the_target_s_key_and_bound_to_its_place(endpo
     # does not open there.
     s3 = _s3(endpoint)
     sources = _objects(endpoint, "live/src/")
-    src_blob = sorted(k for k in sources if "/blobs/notes/" in k)[-1]
-    dst_blob = sorted(k for k in copied if "/blobs/notes/" in k)[-1]
+    src_blob = max(k for k in sources if "/blobs/notes/" in k)
+    dst_blob = max(k for k in copied if "/blobs/notes/" in k)
     s3.put_object(Bucket=BUCKET, Key=src_blob, Body=copied[dst_blob])
     with pytest.raises(ForeignCiphertextError):
         list(make_saver(endpoint, index_mode, encryption=encryption).list(config("src")))

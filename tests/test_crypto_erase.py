@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -173,7 +173,7 @@ def test_an_erase_cut_after_it_destroyed_the_key_leaves_nothing_readable_and_fin
 
     report = make_saver(endpoint, index_mode, encryption=encryption).erase_thread("t")
     assert report.complete and report.unreadable
-    assert report.key_destroyed_at == datetime.fromtimestamp(record.erased_at, timezone.utc)
+    assert report.key_destroyed_at == datetime.fromtimestamp(record.erased_at, UTC)
     assert any("key" in r for r in report.records)
     assert _record("t").settled and _record("t").key_id == record.key_id
     assert _live_objects("t") == {}
@@ -239,7 +239,7 @@ def test_what_a_lock_keeps_is_reported_crypto_erased_by_its_bytes(endpoint, inde
     saver.setup()
     _put(saver, "t", "locked")
     live = sorted(_live_objects("t"))
-    until = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=30)
+    until = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)
     retained, held = live[0], live[-1]
     s3.put_object_retention(Bucket=BUCKET, Key=retained, Retention={"Mode": "GOVERNANCE", "RetainUntilDate": until})
     s3.put_object_legal_hold(Bucket=BUCKET, Key=held, LegalHold={"Status": "ON"})
@@ -258,7 +258,7 @@ def test_what_a_lock_keeps_is_reported_crypto_erased_by_its_bytes(endpoint, inde
     for r in by_version.values():
         assert r.reason == "object lock" and r.crypto_erased and r.key_destroyed_at == report.key_destroyed_at
     assert report.key_destroyed_at is not None
-    assert abs(report.key_destroyed_at - datetime.now(timezone.utc)) < timedelta(minutes=5)
+    assert abs(report.key_destroyed_at - datetime.now(UTC)) < timedelta(minutes=5)
     saver.close()
 
 
@@ -315,7 +315,7 @@ def test_an_erased_thread_stays_unreadable_when_the_bucket_and_the_index_are_res
     kept = [(s.config, s.checkpoint, s.metadata) for s in saver.list(config("kept"))]
     # A version a lock keeps too: the erase cannot delete it.
     live = sorted(_live_objects("t"))
-    until = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=30)
+    until = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)
     _s3().put_object_retention(Bucket=BUCKET, Key=live[0], Retention={"Mode": "GOVERNANCE", "RetainUntilDate": until})
     backup = _backup(index_mode)
     assert any(key.startswith("live/t/") for key, _ in backup[0])

@@ -294,7 +294,7 @@ def test_destroyed_key_makes_every_copy_read_as_erased(env, endpoint, driver) ->
     with pytest.raises(ThreadErasedError, match="is being erased") as found:
         writer.load(["t"], driver, create=True)
     assert found.value.erased_at == 1_700_000_000 and found.value.thread_id == "t"
-    settled = writer.run(writer.crypt.store.settle("t", record.key_id), driver)
+    settled = writer.run(writer.crypt.store.settle("t", record), driver)
     assert settled is not None and settled.settled and not settled.live
     assert _record(endpoint, "t").settled
     # A new life: a new key, its record naming the destroyed one; the old copy still reads erased.

@@ -141,7 +141,7 @@ def decode_record(data: bytes, etag: str | None, where: str) -> KeyRecord:
         earlier = tuple((bytes(k), t) for k, t in doc.get("earlier") or ())
         settled = doc.get("settled", True)
         if not isinstance(settled, bool):
-            raise ValueError(f"settled {settled!r}")
+            raise TypeError(f"settled {settled!r}")
         return KeyRecord(
             state, key_id, int(doc["created"]), wrapped, doc.get("kek"), doc.get("erased_at"), earlier, etag, settled
         )

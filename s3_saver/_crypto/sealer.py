@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 
 import ormsgpack
@@ -252,7 +252,7 @@ class Sealer:
 
 
 def _iso(when: int) -> str:
-    return datetime.fromtimestamp(when, timezone.utc).isoformat()
+    return datetime.fromtimestamp(when, UTC).isoformat()
 
 
 PLAIN = Sealer()

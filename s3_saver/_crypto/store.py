@@ -150,17 +150,21 @@ class KeyStore:
             # Replaced meanwhile (a new life's create, our own erasure sent again): read again.
         raise S3SaverError(f"{self.where(thread_id)}: the key record kept changing while it was destroyed; call again")
 
-    def settle(self, thread_id: str, key_id: bytes) -> Op[KeyRecord | None]:
-        """Mark the erasure of key ``key_id`` settled: its erase has made the thread
-        gone in the index (the destroyed ids recorded there), so a new life may begin.
+    def settle(self, thread_id: str, erased: KeyRecord) -> Op[KeyRecord | None]:
+        """Mark the erasure ``erased`` (as the erase destroyed or read it, with its
+        ETag) settled: its erase has made the thread gone in the index (the destroyed
+        ids recorded there), so a new life may begin. Swapped on that ETag first (no
+        read); refused, the record is read and decided again.
 
         Returns:
             The record as it is now (None: none; a live one: a new life began).
         """
         key = self.key_of(thread_id)
-        for _ in range(_ATTEMPTS):
-            found = yield from self.read_one(thread_id)
-            if found is None or found.live or found.settled or found.key_id != key_id:
+        found: KeyRecord | None = erased
+        for attempt in range(_ATTEMPTS):
+            if attempt or erased.etag is None:
+                found = yield from self.read_one(thread_id)
+            if found is None or found.live or found.settled or found.key_id != erased.key_id:
                 return found
             done = replace(found, settled=True, etag=None)
             call = self.s3.put_swap(key, encode_record(done), found.etag)

@@ -47,14 +47,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
+from s3_saver._crypto.envelope import HEADER_BYTES, is_sealed, key_id_of
+from s3_saver._crypto.records import KeyRecord
 from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._ops import delete, idle
 from s3_saver._ops.audit import _referenced
 from s3_saver._ops.bucket import _GONE, RemainingVersion, _listed, _purge, _Version
-from s3_saver._crypto.envelope import HEADER_BYTES, is_sealed, key_id_of
-from s3_saver._crypto.records import KeyRecord
 from s3_saver._ops.context import Context, target
 from s3_saver._transport.failures import (
     error_code,
@@ -148,11 +148,11 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
     destroyed_at = None
     if destroyed is not None and ctx.crypt is not None:
         # Every region's index records the destroyed ids now: a new life may begin.
-        yield from ctx.crypt.store.settle(thread_id, destroyed.key_id)
+        yield from ctx.crypt.store.settle(thread_id, destroyed)
         ctx.crypt.forget(thread_id)
         records.append(f"{ctx.crypt.store.where(thread_id)}: the record of the key's destruction (no key material)")
         if destroyed.erased_at is not None:
-            destroyed_at = datetime.fromtimestamp(destroyed.erased_at, timezone.utc)
+            destroyed_at = datetime.fromtimestamp(destroyed.erased_at, UTC)
     return EraseReport(
         thread_id,
         tuple(c.s3.bucket for c, _ in ((ctx, True), *others)),
@@ -204,7 +204,7 @@ def _crypto_erased(ctx: Context, left: list[RemainingVersion], destroyed: KeyRec
             if found is None or found not in gone:
                 continue
             when = gone[found]
-        at = datetime.fromtimestamp(when, timezone.utc) if when is not None else None
+        at = datetime.fromtimestamp(when, UTC) if when is not None else None
         out[i] = replace(out[i], crypto_erased=True, key_destroyed_at=at)
     return out
 

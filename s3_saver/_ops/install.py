@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from s3_saver._crypto.envelope import is_sealed
 from s3_saver._format.archive import (
     Archive,
     decode_archive,
@@ -38,7 +39,6 @@ from s3_saver._ops.archived import (
     cold_error,
     read_archive,
 )
-from s3_saver._crypto.envelope import is_sealed
 from s3_saver._ops.context import Context, meta_key
 from s3_saver._ops.delete import deleter
 from s3_saver._ops.keyed import keyed, unsupported
