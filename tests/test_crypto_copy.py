@@ -140,3 +140,40 @@ def test_an_import_into_an_encrypting_saver_is_encrypted_under_the_thread_s_key(
     assert [w for w in _leaks(endpoint, secret) if "sealed/" in w or (index_mode == "dynamodb" and "/u" in w)] == []
     plain.close()
     sealed.close()
+
+
+@pytest.mark.parametrize("how", ["copy", "import"])
+def test_a_copy_or_import_into_a_thread_erased_by_another_process_is_sealed_under_a_new_key(
+    endpoint, index_mode, how
+) -> None:
+    """Process A wrote thread "dst" (its key cached); process B erased it. A's copy (or
+    import) into "dst" is sealed under the new life's key, not the cached one, and reads
+    in another process."""
+    encryption = LocalKey(os.urandom(32))
+    a = make_saver(endpoint, index_mode, encryption=encryption)
+    a.setup()
+    _run(_graph(a, "first-life"), "first-life", "dst", "sync", 1)
+    old = _key_id(endpoint, "dst")
+    assert make_saver(endpoint, index_mode, encryption=encryption).erase_thread("dst").key_destroyed_at is not None
+    _run(_graph(a, "source"), "source", "src", "sync", 1)
+    if how == "copy":
+        a.copy_thread("src", "dst")
+    else:
+        a.import_thread(_export(endpoint, index_mode), thread_id="dst")
+    new = _key_id(endpoint, "dst")
+    assert new != old
+    assert all(key_id_of(b) == new for b in _objects(endpoint, "live/dst/").values())
+    reader = make_saver(endpoint, index_mode, encryption=encryption)
+    assert len(_view(reader, "dst")) >= 4
+    a.close()
+    reader.close()
+
+
+def _export(endpoint: str, index_mode: str) -> bytes:
+    """An export of a thread written by a saver without encryption (another prefix)."""
+    plain = make_saver(endpoint, index_mode, prefix="plain/")
+    plain.setup()
+    _run(_graph(plain, "source"), "source", "t", "sync", 1)
+    data = plain.export_thread("t")
+    plain.close()
+    return data

@@ -29,7 +29,7 @@ from s3_saver._ops.archived import _WAVE, read_archive
 from s3_saver._ops.context import Context, meta_key, target
 from s3_saver._ops.delete import deleter
 from s3_saver._ops.install import install
-from s3_saver._ops.keyed import keyed
+from s3_saver._ops.keyed import keyed, writer_keyed
 from s3_saver._ops.prune import take_out_runs
 from s3_saver._transport.protocol import Op, gather, raise_failure
 from s3_saver._transport.s3 import copy_immutable, put_immutable
@@ -46,9 +46,10 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
         raise ConfigurationError("copy_thread needs two different thread ids")
     yield from ctx.index.check_copy_target(source, dest)
     if ctx.crypt is not None:
-        # Both keys: the source's to open, the target's to seal (made for a new target).
-        ctx = yield from keyed(ctx, [source])
-        ctx = yield from keyed(ctx, [dest], create=True)
+        # Both keys: the source's to open, the target's to seal (made for a new target,
+        # checked against the keys an erase of the target destroyed).
+        ctx, record = yield from gather(keyed(ctx, [source]), ctx.index.archive_of(dest))
+        ctx = yield from writer_keyed(ctx, dest, record)
     active = None
     for attempt in range(1, _READS + 1):
         try:

@@ -41,7 +41,7 @@ from s3_saver._ops.archived import (
 )
 from s3_saver._ops.context import Context, meta_key
 from s3_saver._ops.delete import deleter
-from s3_saver._ops.keyed import keyed, unsupported
+from s3_saver._ops.keyed import keyed, unsupported, writer_keyed
 from s3_saver._transport.failures import (
     error_code,
 )
@@ -143,6 +143,8 @@ def import_thread(ctx: Context, data: bytes, thread_id: str | None) -> Op[str]:
             "an empty thread (delete_thread it first, or pass thread_id=...)"
         )
     archive.entries = [replace(e, gen=own.gen) for e in archive.entries]
+    # With encryption, the thread's key (made for it), not one an erase destroyed.
+    ctx = yield from writer_keyed(ctx, dest, own)
     yield from install(ctx, dest, archive)
     return dest
 

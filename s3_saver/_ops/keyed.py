@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from s3_saver._crypto.sealer import StaleKey
+from s3_saver._format.entries import Tombstone
 from s3_saver._ops.context import Context
 from s3_saver._transport.protocol import Emit, Op, T, gather
 from s3_saver.errors import ConfigurationError
@@ -59,6 +60,18 @@ def rekeyed(ctx: Context, thread_id: str) -> Op[Context]:
     assert ctx.crypt is not None
     ctx.crypt.forget(thread_id)
     return (yield from keyed(replace(ctx, sealer=ctx.sealer.without(thread_id)), [thread_id], create=True))
+
+
+def writer_keyed(ctx: Context, thread_id: str, record: Tombstone) -> Op[Context]:
+    """The key an operation that writes a thread whole (copy, import) seals with: the
+    thread's (made for a new thread), read again when it is one an erase destroyed as
+    ``record`` (the thread's index record, read by the operation) says: this process
+    cached it before another process erased the thread."""
+    ctx = yield from keyed(ctx, [thread_id], create=True)
+    key_id = ctx.sealer.key_id(thread_id)
+    if key_id is not None and key_id in record.gone_keys:
+        ctx = yield from rekeyed(ctx, thread_id)
+    return ctx
 
 
 def rekeying(ctx: Context, make: Callable[[Context], Op[T]]) -> Op[T]:
