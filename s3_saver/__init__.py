@@ -3,6 +3,7 @@ table or by manifests in the bucket, with LangGraph's long-term memory (``S3Stor
 node cache (``S3Cache``) on the same bucket."""
 
 from s3_saver._cache.cache import S3Cache
+from s3_saver._crypto.config import KmsKey, LocalKey
 from s3_saver._format.keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._index.dynamodb.table import (
     PARTITION_KEY,
@@ -42,6 +43,9 @@ from s3_saver.errors import (
     ConfigurationError,
     CorruptObjectError,
     EmbeddingError,
+    EncryptedObjectError,
+    EncryptionKeyError,
+    ForeignCiphertextError,
     ImmutableObjectConflictError,
     IndexModeMismatchError,
     InvalidFilterError,
@@ -49,6 +53,7 @@ from s3_saver.errors import (
     MigrationError,
     MissingObjectError,
     NamespaceError,
+    PlaintextObjectError,
     PrimaryUnavailableError,
     ReplicationLagError,
     ResourceMissingError,
@@ -62,6 +67,7 @@ from s3_saver.errors import (
     TableOwnedError,
     ThreadArchivedError,
     ThreadDeletedError,
+    ThreadErasedError,
     UnreadableAnswerError,
 )
 
@@ -84,17 +90,23 @@ __all__ = [
     "ConfigurationError",
     "CorruptObjectError",
     "EmbeddingError",
+    "EncryptedObjectError",
+    "EncryptionKeyError",
     "EraseReport",
+    "ForeignCiphertextError",
     "ImmutableObjectConflictError",
     "IndexModeMismatchError",
     "InvalidFilterError",
     "KeyTooLongError",
+    "KmsKey",
+    "LocalKey",
     "MigrationError",
     "MigrationProgress",
     "MigrationReport",
     "MissingObjectError",
     "NamespaceEraseReport",
     "NamespaceError",
+    "PlaintextObjectError",
     "PrimaryUnavailableError",
     "Promotion",
     "RemainingVersion",
@@ -123,6 +135,7 @@ __all__ = [
     "TableOwnedError",
     "ThreadArchivedError",
     "ThreadDeletedError",
+    "ThreadErasedError",
     "ThreadInfo",
     "UnreadableAnswerError",
     "migrate",

@@ -280,6 +280,97 @@ class MigrationError(S3SaverError):
         return (type(self), (self.thread_id, self.checkpoint_ns, self.checkpoint_id, self.difference))
 
 
+# -- Encryption (``encryption=``) -------------------------------------------------------------
+
+
+class _Placed(S3SaverError):
+    """An encryption error about one stored thing: its bucket, key and thread."""
+
+    def __init__(self, message: str, *, bucket: str = "", key: str = "", thread_id: str = "") -> None:
+        super().__init__(message)
+        self.bucket = bucket
+        self.key = key
+        self.thread_id = thread_id
+
+    def _fields(self) -> dict[str, Any]:
+        return {"bucket": self.bucket, "key": self.key, "thread_id": self.thread_id}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_placed, (type(self), str(self), self._fields()))
+
+
+def _rebuild_placed(cls: type, message: str, fields: dict[str, Any]) -> Any:
+    return cls(message, **fields)
+
+
+class ThreadErasedError(_Placed):
+    """The thread's data key was destroyed: what is stored of it cannot be read, by
+    anyone, from any copy (an old version, an archive, a replica, a backup).
+
+    Raised by a read of a thread whose key record says "erased", or whose stored
+    bytes name a key that is not the thread's key any more (a copy restored from
+    history after the thread was erased and written anew). Never garbage: a read
+    either returns what was written or raises this.
+
+    Attributes:
+        bucket: The bucket of the object (or of the key record).
+        key: The object key (or the key record's).
+        thread_id: The thread.
+        erased_at: When its key was destroyed (Unix seconds), when known.
+    """
+
+    def __init__(
+        self, message: str, *, bucket: str = "", key: str = "", thread_id: str = "", erased_at: int | None = None
+    ) -> None:
+        super().__init__(message, bucket=bucket, key=key, thread_id=thread_id)
+        self.erased_at = erased_at
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "erased_at": self.erased_at}
+
+
+class PlaintextObjectError(_Placed):
+    """A saver with ``encryption=`` met stored content that is not encrypted: an
+    object, an index attribute or an archive written without encryption (or put
+    there by hand). It is refused, never served: an encrypting saver reads nothing
+    it cannot prove was written for that place under the thread's key.
+
+    Attributes:
+        bucket: The bucket (the object's, or the one the index belongs to).
+        key: The object key, or the index item that carries the content.
+        thread_id: The thread.
+    """
+
+
+class ForeignCiphertextError(_Placed):
+    """Encrypted bytes that do not open where they are: an object copied or moved
+    to another key or thread, bytes changed after they were written, or a key
+    record moved to another thread. The associated data of every ciphertext is its
+    own place (the object's key within the saver's prefix and the thread id), so a
+    copy anywhere else fails its authentication tag.
+
+    Attributes:
+        bucket: The bucket (the object's, or the key store's).
+        key: The object key, the index item, or the key record.
+        thread_id: The thread it was read for.
+    """
+
+
+class EncryptionKeyError(S3SaverError):
+    """The saver's key-encryption key cannot be used: the KMS key is missing,
+    disabled, pending deletion or not for encryption, or a thread's data key was
+    wrapped by another key than the one configured (another KMS key, another
+    local master key). The message names the key and the key record.
+    """
+
+
+class EncryptedObjectError(ConfigurationError):
+    """A saver without ``encryption=`` met encrypted content: the thread was written
+    by a saver with encryption. Pass the same ``encryption=`` (key and key store)
+    to read it. The message names the object and the thread.
+    """
+
+
 @dataclass
 class Where:
     """What the saver talks to, for error messages: names, regions, custom endpoints.
@@ -302,7 +393,10 @@ class Where:
         return self.regions.get(service)
 
     def describe(self, service: str) -> str:
-        name = f"bucket {self.bucket!r}" if service == "s3" else f"DynamoDB table {self.table!r}"
+        if service == "kms":
+            name = "KMS"
+        else:
+            name = f"bucket {self.bucket!r}" if service == "s3" else f"DynamoDB table {self.table!r}"
         text = f"{name} in region {self.region(service) or '(AWS default)'}"
         endpoint = self.endpoints.get(service)
         return f"{text} at endpoint {endpoint}" if endpoint else text

@@ -64,7 +64,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)(?P<info>[^\n]*)\n(?
 
 # The blocks of each kind in README.md and docs/. Adding or removing one means changing
 # this count too: a block that stops being found must not pass as "nothing to run".
-EXPECTED_BLOCKS = {"python": 19, "json": 5, "yaml": 0, "console": 17, "bash": 10, "text": 11}
+EXPECTED_BLOCKS = {"python": 22, "json": 5, "yaml": 0, "console": 17, "bash": 10, "text": 12}
 LANGUAGES = set(EXPECTED_BLOCKS)
 # The command line's page: its console transcripts run, in page order (test_cli_transcripts_run).
 CLI_PAGE = "docs/reference/cli.md"
@@ -168,6 +168,8 @@ def aws_env(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     region as AWS_REGION alone (what the quick start sets; boto3 itself reads only AWS_DEFAULT_REGION)."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
+    # The master key a LocalKey() user keeps in their environment (the encryption guide).
+    monkeypatch.setenv("S3_SAVER_LOCAL_KEY", "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
     for name in ("CHECKPOINT_BUCKET", "CHECKPOINT_TABLE", "CHECKPOINT_PREFIX", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
     return endpoint

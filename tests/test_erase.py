@@ -312,9 +312,9 @@ def test_a_run_that_lands_before_the_erase_s_delete_leaves_no_hint(endpoint: str
     writer = make_saver(endpoint, index_mode)
     delete = erase.delete.delete_thread
 
-    def raced(ctx, thread_id):
+    def raced(ctx, thread_id, *rest):
         _run((_graph(writer),), DOOMED, range(7, 8), run_id="raced-run")
-        return (yield from delete(ctx, thread_id))
+        return (yield from delete(ctx, thread_id, *rest))
 
     monkeypatch.setattr(erase.delete, "delete_thread", raced)
     report = saver.erase_thread(DOOMED)

@@ -480,8 +480,8 @@ def test_erase_keeps_the_entry_of_a_life_started_during_it(endpoint, index_mode,
     writer = make_saver(endpoint, index_mode)
     real = delete.delete_thread
 
-    def then_afresh(ctx, thread_id):
-        yield from real(ctx, thread_id)
+    def then_afresh(ctx, thread_id, *rest):
+        yield from real(ctx, thread_id, *rest)
         cp = checkpoint({"n": 0}, {"n": "1"})
         writer.put(config(thread_id), cp, {"source": "input", "step": -1}, {"n": "1"})
 

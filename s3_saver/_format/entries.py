@@ -190,6 +190,10 @@ class Tombstone:
     # table: the one it holds; a manifest: the last few, one per process that
     # wrote that day): an archive or a delete removes those entries and no other.
     active_tokens: tuple[str, ...] = ()
+    # With encryption: the ids (hex) of the thread's data keys an erase destroyed,
+    # written by the erase's delete switch. A commit sealed under one of them is
+    # refused (a process that cached the key before the erase: ``_ops/commit``).
+    gone_keys: frozenset[str] = frozenset()
 
     def named_entries(self) -> list[Activity]:
         """The activity entries this record names (an entry written before tokens:

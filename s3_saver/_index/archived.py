@@ -152,7 +152,12 @@ class ArchiveIndex(Index):
         raise self._refuse("a write")
 
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: Any = None
+        self,
+        entry: CheckpointEntry,
+        created: int | None = None,
+        parent_tag: str | None = None,
+        active: Any = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         raise self._refuse("a write")
 
@@ -186,7 +191,7 @@ class ArchiveIndex(Index):
     def note(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
         raise self._refuse("a write")
 
-    def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
+    def commit_writes(self, entries: list[WritesEntry], key_id: str | None = None) -> Op[WritesOutcome]:
         raise self._refuse("a write")
 
     def unnote(self, thread_id: str, created: int | None, run_id: str | None) -> Op[None]:
@@ -215,7 +220,7 @@ class ArchiveIndex(Index):
     ) -> Op[None]:
         raise self._refuse("rebuild_index")
 
-    def delete_thread(self, thread_id: str, now: int, release: Any) -> Op[None]:
+    def delete_thread(self, thread_id: str, now: int, release: Any, gone: frozenset[str] = frozenset()) -> Op[None]:
         raise self._refuse("delete_thread")
 
     def drop(self, thread_id: str, plan: Any, release: Any) -> Op[None]:

@@ -78,6 +78,12 @@ class Index(Upkeep):
         ancestor stored, which later checkpoints still read)."""
         return {}
 
+    def held_bodies(self) -> Any:
+        """Checkpoint objects' bytes as stored (sealed, with encryption) that the index
+        holds by key (``.get(key)``: None when it holds none): the resolver opens and
+        decodes them, as it does what it GETs."""
+        return {}
+
     # -- setup ---------------------------------------------------------------------
     @abstractmethod
     def setup(self, bucket: str, bucket_region: str | None, ttl: bool) -> Op[None]:
@@ -108,11 +114,18 @@ class Index(Upkeep):
 
     @abstractmethod
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: Activity | None = None
+        self,
+        entry: CheckpointEntry,
+        created: int | None = None,
+        parent_tag: str | None = None,
+        active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         """The commit point of ``put``, fenced: atomically with the write, the
         thread's record must still be in ``entry.gen``, not archived nor being
-        archived, and ``entry.run_id`` not deleted (else ``Fenced``); with
+        archived, ``entry.run_id`` not deleted, and (encryption) ``key_id``, the
+        data key the entry's content is sealed under, not among the keys an
+        erase destroyed (``Tombstone.gone_keys``) (else ``Fenced``); with
         ``parent_tag`` (the entry carries values from its parent), the parent's
         entry must still be in the index with that tag (else ``ParentGone``).
         ``created``: the thread is new; record when (``note`` lists it).
@@ -135,11 +148,12 @@ class Index(Upkeep):
         and the (run, thread) hint."""
 
     @abstractmethod
-    def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
+    def commit_writes(self, entries: list[WritesEntry], key_id: str | None = None) -> Op[WritesOutcome]:
         """The commit point of ``put_writes``: regular parts first-wins, special
         parts last-wins, in the order the index commits them. A retried request
         that meets its own commit counts as written. Fenced by the thread's
-        record like ``commit_checkpoint`` (its generation and archive state)."""
+        record like ``commit_checkpoint`` (its generation, archive state and
+        destroyed keys)."""
 
     # -- reads ---------------------------------------------------------------------
     @abstractmethod
@@ -258,11 +272,14 @@ class Index(Upkeep):
 
     # -- delete, prune and copy ------------------------------------------------------
     @abstractmethod
-    def delete_thread(self, thread_id: str, now: int, release: Release) -> Op[None]:
+    def delete_thread(self, thread_id: str, now: int, release: Release, gone: frozenset[str] = frozenset()) -> Op[None]:
         """Make the thread gone for readers and writers in one write (its record's
         next generation), then ``release`` what its entries name, before the
         entries go. Cut short anywhere, a call again finishes it. What stays is
-        one small record (the generation, when it was deleted)."""
+        one small record (the generation, when it was deleted). ``gone`` (an
+        erase, with encryption): the ids of the thread's destroyed data keys, added
+        to the record by that same write (written even for a thread the index
+        holds nothing of), so that no commit sealed under one lands after it."""
 
     @abstractmethod
     def drop(self, thread_id: str, plan: Callable[[list[CheckpointEntry]], Op[Cut]], release: Release) -> Op[None]:

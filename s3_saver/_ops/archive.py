@@ -50,6 +50,7 @@ from s3_saver._ops.archived import (
 )
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_keys, deleter
+from s3_saver._ops.keyed import unsupported
 from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,
@@ -72,6 +73,7 @@ def archive_thread(
 ) -> Op[ArchiveStatus | None]:
     """``still``: asked of the thread as read under the mark (``archive_idle``: is
     it idle still?); False takes the mark off and returns None, nothing archived."""
+    unsupported(ctx, "archive_thread")
     thread_id = _thread(thread_id)
     check_class(storage_class, ARCHIVE_CLASSES, "storage_class")
     own = yield from ctx.index.archive_of(thread_id)
@@ -200,6 +202,7 @@ def _put_archive(ctx: Context, key: str, data: bytes, storage_class: str, metada
 
 
 def export_thread(ctx: Context, thread_id: str) -> Op[bytes]:
+    unsupported(ctx, "export_thread")
     thread_id = _thread(thread_id)
     own = yield from ctx.index.archive_of(thread_id)
     if own.archive is not None:

@@ -26,7 +26,12 @@ from s3_saver._ops.context import Context, LocCache, target
 from s3_saver._ops.delete import delete_keys
 from s3_saver._transport.failures import error_code
 from s3_saver._transport.protocol import Op, T, raise_failure, request_one
-from s3_saver.errors import ConfigurationError, MissingObjectError, ThreadArchivedError
+from s3_saver.errors import (
+    ConfigurationError,
+    MissingObjectError,
+    PlaintextObjectError,
+    ThreadArchivedError,
+)
 
 # S3's answer to a GET of an object in a class that must be restored first.
 _NOT_READABLE_CODES = frozenset({"InvalidObjectState"})
@@ -66,6 +71,14 @@ def archive_context(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[Context
 
 def read_archive(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[bytes]:
     """The archive object's bytes; raises ThreadArchivedError when it must be restored first."""
+    if ctx.crypt is not None:
+        # Archives are not encrypted yet: an encrypting saver never serves one (nor
+        # restores it into live objects), it says so.
+        raise PlaintextObjectError(
+            f"thread {thread_id!r} is archived in s3://{ctx.s3.bucket}/{ref.key}, an archive written without "
+            f"encryption: this saver encrypts (encryption={ctx.crypt.describe()}) and refuses it, nothing was read",
+            bucket=ctx.s3.bucket, key=ref.key, thread_id=thread_id,
+        )
     data, head = yield from archive_body(ctx, ref)
     if data is None:
         raise cold_error(ctx, thread_id, ref, head)

@@ -55,6 +55,11 @@ class RemainingVersion:
         mode: Object Lock retention mode (``"GOVERNANCE"`` or ``"COMPLIANCE"``).
         retain_until: End of the retention period.
         legal_hold: A legal hold is on.
+        crypto_erased: With ``encryption=``: the version is encrypted under a data
+            key the erase destroyed, so nobody can read it, wherever it is kept
+            (its bytes were checked: a plaintext version, or one under another key,
+            is not marked).
+        key_destroyed_at: When that key was destroyed (``crypto_erased`` only).
     """
 
     bucket: str
@@ -64,6 +69,8 @@ class RemainingVersion:
     mode: str | None = None
     retain_until: datetime | None = None
     legal_hold: bool = False
+    crypto_erased: bool = False
+    key_destroyed_at: datetime | None = None
 
 
 @dataclass(frozen=True)

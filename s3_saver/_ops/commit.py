@@ -6,7 +6,10 @@ refusal. The thread's record refuses a commit (a delete, an archive, a deleted
 run, a restore racing it): restore first, join the new generation, or take the
 objects back and raise a clear error (shared with ``put_writes``). A parent gone
 since it was read (pruned, written anew by a restore): the values it held are
-stored here.
+stored here. With encryption, a commit sealed under a key an erase destroyed (this
+process cached it before another process erased the thread): its objects are taken
+back and ``KeyGone`` tells the write to seal its content again under the thread's
+key as the key store has it now (``keyed.rekeyed``), and to send it all again.
 """
 
 from __future__ import annotations
@@ -33,6 +36,27 @@ from s3_saver.errors import (
 # archive's mark taken off...): each round has a reason that does not repeat
 # unless archives and restores keep racing the write.
 _MAX_FENCED = 6
+# Writes sealed again after their key was found destroyed at the commit: each time
+# another erase of the thread came in between (and a new life began after it).
+MAX_REKEYS = 3
+
+
+class KeyGone(Exception):
+    """Internal: the commit was refused because the key its content is sealed under
+    was destroyed by an erase (``Tombstone.gone_keys``). Its objects (and the
+    activity entry its prepare wrote) were taken back; the write seals anew under
+    the thread's key as read now and is sent again (``put``, ``put_writes``)."""
+
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(f"thread {thread_id!r}: the key this write was sealed under was destroyed by an erase")
+        self.thread_id = thread_id
+
+
+def key_gone(ctx: Context, record: Tombstone, thread_id: str) -> bool:
+    """Whether ``record`` refused a commit of ``thread_id`` because an erase destroyed
+    the key this operation seals the thread's content with."""
+    key_id = ctx.sealer.key_id(thread_id)
+    return key_id is not None and key_id in record.gone_keys
 
 
 def commit_checkpoint(ctx: Context, d: Draft, entry: CheckpointEntry, prepared: Prepared) -> Op[None]:
@@ -48,7 +72,9 @@ def commit_checkpoint(ctx: Context, d: Draft, entry: CheckpointEntry, prepared: 
         # that the parent's entry is in the index as read.
         carries = any(p[1] != d.checkpoint_id for ref in d.loc.values() for p in ref_pieces(ref))
         parent_tag = d.known[2] if carries and d.known is not None and d.parent_id is not None else None
-        commit = ctx.index.commit_checkpoint(entry, created, parent_tag, active=prepared.active)
+        commit = ctx.index.commit_checkpoint(
+            entry, created, parent_tag, active=prepared.active, key_id=ctx.sealer.key_id(d.thread_id)
+        )
         try:
             if created is None and run is None:
                 yield from commit
@@ -63,6 +89,12 @@ def commit_checkpoint(ctx: Context, d: Draft, entry: CheckpointEntry, prepared: 
             if (yield from _parent_gone(ctx, d, entry)):
                 return
         except Fenced as fenced:
+            if key_gone(ctx, fenced.record, d.thread_id) and (d.parent_id is None or fenced.record.gen == entry.gen):
+                # Sealed under a key an erase destroyed: nothing of it commits. Sealed
+                # again by the caller, under the thread's key as read now. (A run
+                # that continues the erased history is refused below, as after a delete.)
+                yield from gather(_take_back(ctx, list(d.objects)), _untouch(ctx, d.thread_id, prepared))
+                raise KeyGone(d.thread_id) from None
             try:
                 yield from _fenced(ctx, fenced.record, entry, list(d.objects), created=d.parent_id is None)
             except ThreadDeletedError:
@@ -92,7 +124,7 @@ def _parent_gone(ctx: Context, d: Draft, entry: CheckpointEntry) -> Op[bool]:
         alone = {k: v for k, v in d.head.items() if k != "carried"}
         d.staged = stage(ctx, d.thread_id, d.ns, d.checkpoint_id, alone, every, d.values, None, d.now, d.loc_estimate, tag)
         d.objects = d.staged.objects
-        yield from put_immutable(ctx.s3, d.objects)
+        yield from put_immutable(ctx.s3, d.objects, same=ctx.sealer.same(d.thread_id))
         d.loc = entry.loc = dict(d.staged.loc)
         entry.body, entry.tag = d.staged.body, tag
         yield from _take_back(ctx, first)
@@ -172,6 +204,13 @@ def _run_deleted(ctx: Context, thread_id: str, run_id: str, checkpoint_id: str) 
     return RunDeletedError(
         f"run {run_id!r} of thread {thread_id!r} was deleted (delete_for_runs) while it ran; "
         f"its checkpoint {checkpoint_id!r} is refused ({ctx.index.describe()})"
+    )
+
+
+def _rekeyed_too_often(thread_id: str) -> S3SaverError:
+    return S3SaverError(
+        f"thread {thread_id!r}: the write was sealed again {MAX_REKEYS} times, each time under a key an erase "
+        "destroyed before it committed (the thread keeps being erased while it is written); nothing was committed"
     )
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from s3_saver._crypto.keys import Crypt
+from s3_saver._crypto.sealer import PLAIN, Sealer
 from s3_saver._format.entries import CheckpointEntry, Loc
 from s3_saver._format.keys import KeyLayout
 from s3_saver._format.pieces import Held
@@ -200,8 +202,16 @@ class Context:
     # The site's index-mode check (``mode.ModeMark``): admin calls settle it
     # first (``mode.settle_mode``); None in contexts made without a site.
     mode: Any = None
+    # The saver's encryption (``encryption=``; None: none), and what an operation seals
+    # and opens its threads' content with: the keys it loaded (``_ops/keyed``), carried
+    # in its own copy of the context. Every stored byte string of user content goes
+    # through ``sealer`` (objects, index bodies and metadata).
+    crypt: Crypt | None = None
+    sealer: Sealer = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        if self.sealer is None or (self.sealer is PLAIN and self.crypt is not None):
+            self.sealer = self.crypt.sealer() if self.crypt is not None else PLAIN
         b = self.budget
         if self.locs is None:
             self.locs = LocCache(b)
@@ -226,6 +236,12 @@ class Context:
     def expired(self, entry: CheckpointEntry) -> bool:
         # DynamoDB deletes expired items lazily (up to days later): never serve them.
         return entry.expires_at is not None and entry.expires_at <= self.now()
+
+
+def meta_key(ctx: Context, thread_id: str, ns: str, checkpoint_id: str) -> str:
+    """The place an index entry's metadata is sealed for: the checkpoint's object key
+    without a tag (every form of a checkpoint has the same metadata)."""
+    return ctx.layout.checkpoint_key(thread_id, ns, checkpoint_id)
 
 
 def target(config: Any, *, need_checkpoint_id: bool = False) -> tuple[str, str, str | None]:

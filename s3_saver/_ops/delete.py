@@ -20,10 +20,11 @@ from s3_saver._transport.s3 import DELETE_BATCH
 from s3_saver.errors import S3SaverError
 
 
-def delete_thread(ctx: Context, thread_id: str) -> Op[None]:
+def delete_thread(ctx: Context, thread_id: str, gone: frozenset[str] = frozenset()) -> Op[None]:
+    """``gone``: an erase's destroyed key ids, recorded by the switch (``Index.delete_thread``)."""
     thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
     ctx.locs.forget_thread(thread_id)
-    yield from ctx.index.delete_thread(thread_id, ctx.now(), deleter(ctx, thread_id))
+    yield from ctx.index.delete_thread(thread_id, ctx.now(), deleter(ctx, thread_id), gone)
     ctx.locs.forget_thread(thread_id)
 
 

@@ -20,8 +20,9 @@ from s3_saver._format.entries import CheckpointEntry
 from s3_saver._index.terms import DepthHint
 from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
+from s3_saver._ops.keyed import keyed, keyed_beside
 from s3_saver._ops.lagged import check_delta_chain, proves_items
-from s3_saver._ops.resolve import Resolver, load
+from s3_saver._ops.resolve import Resolver, entry_metadata, load
 from s3_saver._transport.protocol import Op
 
 
@@ -35,11 +36,15 @@ def delta_channel_history(
 
 def _history(ctx: Context, config: RunnableConfig, channels: Sequence[str]) -> Op[Mapping[str, DeltaChannelHistory]]:
     thread_id, ns, checkpoint_id = target(config)
+    # The thread's key (with encryption) before the walk: its depth hint reads the
+    # target's metadata. Beside the lookup of the latest checkpoint when there is one.
     if not checkpoint_id:
-        latest = yield from ctx.index.latest(thread_id, ns)
+        ctx, latest = yield from keyed_beside(ctx, [thread_id], ctx.index.latest(thread_id, ns))
         if latest is None or ctx.expired(latest):
             return {ch: {"writes": []} for ch in channels}
         checkpoint_id = latest.checkpoint_id
+    else:
+        ctx = yield from keyed(ctx, [thread_id])
 
     target_entry, chain = yield from ctx.index.ancestors(
         thread_id, ns, checkpoint_id, set(channels), _depth_hint(ctx, channels)
@@ -118,9 +123,10 @@ def _depth_hint(ctx: Context, channels: Sequence[str]) -> DepthHint:
     (other channels are seeded nearby, or the walk goes to the root)."""
 
     def estimate(entry: CheckpointEntry) -> int | None:
-        if entry.metadata is None:
+        pair = entry_metadata(ctx, entry)
+        if pair is None:
             return None
-        metadata = loads(ctx.serde, entry.metadata, f"metadata of checkpoint {entry.checkpoint_id}")
+        metadata = loads(ctx.serde, pair, f"metadata of checkpoint {entry.checkpoint_id}")
         counters = metadata.get("counters_since_delta_snapshot") if isinstance(metadata, dict) else None
         if not isinstance(counters, dict):
             return None

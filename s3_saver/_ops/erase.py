@@ -25,14 +25,32 @@ Order, so that a call cut short anywhere and called again finishes:
    after the delete), so it stays, as ``collect_garbage`` leaves it; so does
    what the index names (its record; a thread started afresh since);
 4. the hint records last, once nothing they name is left.
+
+With encryption, before all of this: the thread's data key is destroyed (its record in
+the key store replaced by its erasure, on the ETag read: ``KeyStore.destroy``), so that
+from the first request on, every copy of the thread anywhere (a locked version, a
+backup, a restored old version) is unreadable, whatever the rest of the erase manages.
+The delete's switch records the destroyed key ids in the thread's index record: a
+process that cached the key before commits nothing under it after the switch
+(``Index.commit_checkpoint``'s fence). A write sealed under it that lands before the
+switch is in the generation the switch deletes. Once every region is erased, the key
+record is marked settled: only then may the thread begin a new life under a new key
+(a key made earlier could seal content this erase deletes, and what a lock keeps of it
+would stay readable). Cut short anywhere, a call again finishes: the record read erased
+is not destroyed again, its ids are recorded again, and it is settled at the end.
+Every version the erase leaves is read for the key it is sealed under (its first
+bytes): one sealed under a destroyed key is reported crypto-erased.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
+from s3_saver._crypto.envelope import HEADER_BYTES, is_sealed, key_id_of
+from s3_saver._crypto.records import KeyRecord
 from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._ops import delete, idle
 from s3_saver._ops.audit import _referenced
@@ -73,7 +91,14 @@ class EraseReport:
         remaining: Versions left in place, each with its reason (empty: every
             version of the thread is gone).
         records: What stays so that the thread stays deleted, per region: the
-            index's delete record (no user content, under 1 KB).
+            index's delete record (no user content, under 1 KB), and with
+            encryption the key store's record of the key's destruction (no key
+            material).
+        key_destroyed_at: With ``encryption=``: when the thread's data key was
+            destroyed (the first thing the erase does). From then on no copy of the
+            thread can be read: what ``remaining`` marks ``crypto_erased``, and
+            every copy out of the saver's reach (backups, point-in-time restores,
+            copies of the bucket). None: no encryption, or the thread had no key.
     """
 
     thread_id: str
@@ -81,17 +106,28 @@ class EraseReport:
     deleted: int
     remaining: tuple[RemainingVersion, ...]
     records: tuple[str, ...]
+    key_destroyed_at: datetime | None = None
 
     @property
     def complete(self) -> bool:
         """True when no version of the thread remains in any bucket."""
         return not self.remaining
 
+    @property
+    def unreadable(self) -> bool:
+        """True when nothing the thread held can be read from what remains: every
+        remaining version is crypto-erased or is the erase's own record of the
+        keys it has still to erase (no user content)."""
+        return all(r.crypto_erased or r.reason == RECORD for r in self.remaining)
+
 
 def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, bool]] = ()) -> Op[EraseReport]:
     """Erase in ``ctx``'s region, then in each of ``others`` (context, whether
     its index is its own to delete in: a global table's replica is not)."""
     thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
+    # First, with encryption: the key. Every copy is unreadable from this answer on.
+    destroyed = yield from _destroy_key(ctx, thread_id)
+    gone = frozenset(k.hex() for k in destroyed.erased_ids()) if destroyed is not None else frozenset()
     deleted = 0
     remaining: list[RemainingVersion] = []
     records: list[str] = []
@@ -101,19 +137,85 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
         # to names after its delete is the answer there too (its copy may lag).
         # Only the region written to receives writes that may still commit.
         count, left, record, found = yield from _erase_in(
-            site, thread_id, own_index, None if own_index else named, written=site is ctx
+            site, thread_id, own_index, None if own_index else named, written=site is ctx, gone=gone
         )
         named = named or found
         deleted += count
+        if destroyed is not None:
+            left = yield from _crypto_erased(site, left, destroyed)
         remaining += left
         records.append(record)
+    destroyed_at = None
+    if destroyed is not None and ctx.crypt is not None:
+        # Every region's index records the destroyed ids now: a new life may begin.
+        yield from ctx.crypt.store.settle(thread_id, destroyed)
+        ctx.crypt.forget(thread_id)
+        records.append(f"{ctx.crypt.store.where(thread_id)}: the record of the key's destruction (no key material)")
+        if destroyed.erased_at is not None:
+            destroyed_at = datetime.fromtimestamp(destroyed.erased_at, UTC)
     return EraseReport(
-        thread_id, tuple(c.s3.bucket for c, _ in ((ctx, True), *others)), deleted, tuple(remaining), tuple(records)
+        thread_id,
+        tuple(c.s3.bucket for c, _ in ((ctx, True), *others)),
+        deleted,
+        tuple(remaining),
+        tuple(records),
+        destroyed_at,
     )
 
 
+def _destroy_key(ctx: Context, thread_id: str) -> Op[KeyRecord | None]:
+    """With encryption: the thread's data key destroyed (its record replaced by its
+    erasure on the ETag read; an erasure found is left as it is: a call again after
+    a cut). None: no encryption, or the thread never had a key."""
+    if ctx.crypt is None:
+        return None
+    found = yield from ctx.crypt.store.destroy(thread_id, ctx.now())
+    # This process's own cache: nothing here seals or opens under it any more.
+    ctx.crypt.forget(thread_id)
+    return found
+
+
+def _crypto_erased(ctx: Context, left: list[RemainingVersion], destroyed: KeyRecord) -> Op[list[RemainingVersion]]:
+    """``left`` with each version sealed under a destroyed key of the thread marked
+    crypto-erased: its first bytes read (one ranged GET each, one wave), the key id
+    its envelope names looked up among the destroyed ones. A version in a class that
+    must be restored before it is read was written by this saver with encryption
+    on, sealed like every other: marked too. Another saver's keys, and the erase's
+    own records (no content), are not read."""
+    gone = destroyed.erased_ids()
+    candidates = [i for i, r in enumerate(left) if r.reason not in (RECORD, NESTED) and r.bucket == ctx.s3.bucket]
+    if not candidates:
+        return left
+    calls = [ctx.s3.get_start(left[i].key, left[i].version_id, HEADER_BYTES) for i in candidates]
+    answers = yield tuple(calls)
+    out = list(left)
+    for i, call, answer in zip(candidates, calls, answers):
+        when: int | None
+        if isinstance(answer, BaseException):
+            code = error_code(answer)
+            if code in _GONE:
+                continue  # gone meanwhile: nothing to mark (reported as it was)
+            if code != "InvalidObjectState":
+                raise_failure(call, answer)
+            when = destroyed.erased_at
+        else:
+            start = bytes(answer["Body"])
+            found = key_id_of(start) if is_sealed(start) else None
+            if found is None or found not in gone:
+                continue
+            when = gone[found]
+        at = datetime.fromtimestamp(when, UTC) if when is not None else None
+        out[i] = replace(out[i], crypto_erased=True, key_destroyed_at=at)
+    return out
+
+
 def _erase_in(
-    ctx: Context, thread_id: str, own_index: bool, named: tuple[set[str], set[str]] | None, written: bool
+    ctx: Context,
+    thread_id: str,
+    own_index: bool,
+    named: tuple[set[str], set[str]] | None,
+    written: bool,
+    gone: frozenset[str] = frozenset(),
 ) -> Op[tuple[int, list[RemainingVersion], str, tuple[set[str], set[str]]]]:
     # An object of a write that commits into the generation after the delete may
     # predate the delete (its PUT went out before its read of the record did).
@@ -136,7 +238,8 @@ def _erase_in(
     indexed = own_index
     if own_index:
         try:
-            yield from delete.delete_thread(ctx, thread_id)
+            # The switch records the destroyed key ids (with encryption).
+            yield from delete.delete_thread(ctx, thread_id, gone)
         except TableNotFoundError:
             indexed = False  # a replica's table never made (promote builds it): nothing to delete there
         if indexed:

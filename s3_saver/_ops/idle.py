@@ -38,6 +38,7 @@ from s3_saver._ops import threads
 from s3_saver._ops.archive import archive_thread
 from s3_saver._ops.archived import ArchiveStatus
 from s3_saver._ops.context import Context
+from s3_saver._ops.keyed import unsupported
 from s3_saver._ops.resolve import Resolver
 from s3_saver._transport.protocol import Op, drain, gather
 from s3_saver.errors import ConfigurationError, ThreadArchivedError
@@ -81,6 +82,7 @@ class IdleReport(list):  # type: ignore[type-arg]
 def archive_idle(
     ctx: Context, older_than: timedelta, storage_class: str, limit: int | None, budget: int, backfill: bool
 ) -> Op[IdleReport]:
+    unsupported(ctx, "archive_idle")
     if not isinstance(older_than, timedelta) or older_than.total_seconds() < 0:
         raise ConfigurationError(f"older_than must be a datetime.timedelta >= 0, got {older_than!r}")
     check_class(storage_class, ARCHIVE_CLASSES, "storage_class")

@@ -5,6 +5,12 @@ object again under a fresh tag, install the entries and take the archive out (th
 point), then delete the archive object. Import writes an export the same way (install
 is what both, and copy_thread, share). A write to an archived thread restores it first
 (restore_before_write). Archiving a thread into one object is archive.
+
+With encryption, ``install`` seals every object it writes, and the entries' bodies and
+metadata, under the thread's key (made for a new thread), each for its own place: an
+export imported into an encrypting saver is stored encrypted. (Archives and exports are
+not encrypted yet: an encrypting saver refuses to read an archive, so restore_thread and
+a copy from an archived thread refuse with it; import takes the bytes it is given.)
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from s3_saver._crypto.envelope import is_sealed
 from s3_saver._format.archive import (
     Archive,
     decode_archive,
@@ -32,8 +39,9 @@ from s3_saver._ops.archived import (
     cold_error,
     read_archive,
 )
-from s3_saver._ops.context import Context
+from s3_saver._ops.context import Context, meta_key
 from s3_saver._ops.delete import deleter
+from s3_saver._ops.keyed import keyed, unsupported, writer_keyed
 from s3_saver._transport.failures import (
     error_code,
 )
@@ -41,6 +49,7 @@ from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure
 from s3_saver._transport.s3 import put_immutable
 from s3_saver.errors import (
     ConfigurationError,
+    ForeignCiphertextError,
     MissingObjectError,
 )
 
@@ -55,6 +64,7 @@ INTELLIGENT_TIERING_ARCHIVE_TIERS = frozenset({"ARCHIVE_ACCESS", "DEEP_ARCHIVE_A
 
 # -- restore, export, import ----------------------------------------------------------------
 def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[ArchiveStatus]:
+    unsupported(ctx, "restore_thread")
     thread_id = _thread(thread_id)
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
         raise ConfigurationError(f"days must be an int >= 1 (how long S3 keeps the restored copy), got {days!r}")
@@ -133,6 +143,8 @@ def import_thread(ctx: Context, data: bytes, thread_id: str | None) -> Op[str]:
             "an empty thread (delete_thread it first, or pass thread_id=...)"
         )
     archive.entries = [replace(e, gen=own.gen) for e in archive.entries]
+    # With encryption, the thread's key (made for it), not one an erase destroyed.
+    ctx = yield from writer_keyed(ctx, dest, own)
     yield from install(ctx, dest, archive)
     return dest
 
@@ -150,17 +162,35 @@ def install(
     layout = ctx.layout
     if ref is not None:
         yield from ctx.index.finish_archive(thread_id, ref, deleter(ctx, thread_id))
+    # With encryption, the thread's key (made for a new thread): every object is sealed.
+    ctx = yield from keyed(ctx, [thread_id], create=True)
+
+    def stored(key: str, body: bytes) -> bytes:
+        if ctx.crypt is not None and is_sealed(body):
+            # An archive's records are plaintext (they are what is sealed): bytes
+            # sealed already came from elsewhere, and would be sealed twice.
+            raise ForeignCiphertextError(
+                f"the archive of thread {thread_id!r} holds encrypted bytes where a record belongs ({key}): "
+                "refused, nothing of it is installed",
+                bucket=ctx.s3.bucket, key=key, thread_id=thread_id,
+            )
+        return ctx.sealer.seal(thread_id, key, squeeze(body))
+
     tag = new_tag()
     entries, writes = moved(archive.entries, thread_id, tag)
     objects: dict[str, bytes] = {}
     for e in entries:
-        objects[layout.object_key(own_object(e))] = squeeze(e.body or b"")
+        key = layout.object_key(own_object(e))
+        objects[key] = stored(key, e.body or b"")
     for w in writes:
-        objects[layout.object_key(own_object(w))] = squeeze(w.body or b"")
+        key = layout.object_key(own_object(w))
+        objects[key] = stored(key, w.body or b"")
     for (ns, ch, version, cid), body in archive.blobs.items():
-        objects[layout.blob_key(thread_id, ns, ch, version, cid, tag)] = squeeze(body)
+        key = layout.blob_key(thread_id, ns, ch, version, cid, tag)
+        objects[key] = stored(key, body)
     for (ns, cid), body in archive.records.items():
-        objects[layout.checkpoint_key(thread_id, ns, cid, tag)] = squeeze(body)
+        key = layout.checkpoint_key(thread_id, ns, cid, tag)
+        objects[key] = stored(key, body)
     # Live again (restored, imported, copied): archive_idle's clock starts anew. The
     # thread's activity entry of the day is staged with the last wave of objects and
     # recorded by the commit, as a write's is (``Index.stage_active``): the thread's
@@ -169,14 +199,28 @@ def install(
     # it outlived every delete of the thread.
     keys = list(objects)
     last = max(len(keys) - 1, 0) // _WAVE * _WAVE
+    same = ctx.sealer.same(thread_id)
     for i in range(0, last, _WAVE):
-        yield from put_immutable(ctx.s3, {k: objects[k] for k in keys[i : i + _WAVE]})
+        yield from put_immutable(ctx.s3, {k: objects[k] for k in keys[i : i + _WAVE]}, same=same)
     _, active = yield from gather(
-        put_immutable(ctx.s3, {k: objects[k] for k in keys[last:]}), ctx.index.stage_active(thread_id, day_of(ctx.now()))
+        put_immutable(ctx.s3, {k: objects[k] for k in keys[last:]}, same=same),
+        ctx.index.stage_active(thread_id, day_of(ctx.now())),
     )
     expires_at = ctx.now() + ctx.ttl_seconds if ctx.ttl_seconds else None
-    writes = [replace(w, body=squeeze(w.body or b""), expires_at=expires_at) for w in writes]
-    entries = [replace(e, body=squeeze(e.body or b""), expires_at=expires_at) for e in entries]
+    # The entries carry their objects' bytes as stored (sealed, with encryption), and
+    # their metadata sealed for their checkpoints.
+    writes = [replace(w, body=objects[layout.object_key(own_object(w))], expires_at=expires_at) for w in writes]
+    entries = [
+        replace(
+            e,
+            body=objects[layout.object_key(own_object(e))],
+            metadata=None if e.metadata is None else ctx.sealer.seal_meta(
+                thread_id, meta_key(ctx, thread_id, e.ns, e.checkpoint_id), e.metadata
+            ),
+            expires_at=expires_at,
+        )
+        for e in entries
+    ]
     ctx.locs.forget_thread(thread_id)
     if ref is not None:
         if not (yield from ctx.index.unarchive(thread_id, ref, entries, writes, active)):  # the commit point

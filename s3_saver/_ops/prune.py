@@ -39,6 +39,7 @@ from s3_saver._format.entries import (
 from s3_saver._index.terms import Cut
 from s3_saver._ops.context import Context, target
 from s3_saver._ops.delete import delete_thread, deleter
+from s3_saver._ops.keyed import keyed
 from s3_saver._ops.resolve import Resolver
 from s3_saver._transport.protocol import Op, gather
 from s3_saver.errors import ConfigurationError
@@ -135,6 +136,8 @@ def _take_out(ctx: Context, thread_id: str, keep: Callable[[list[CheckpointEntry
     is always made on the thread the change applies to."""
 
     decided: list[tuple[list[CheckpointEntry], Cut]] = []
+    # The thread's key (with encryption): the plan reads its checkpoints' metadata.
+    ctx = yield from keyed(ctx, [thread_id])
 
     def plan(entries: list[CheckpointEntry]) -> Op[Cut]:
         by_key = {e.key: e for e in entries}

@@ -35,14 +35,18 @@ from s3_saver._format.entries import ENTRY_BUDGET, CheckpointEntry, Loc
 from s3_saver._index.activity import activity_day
 from s3_saver._index.terms import Prepared
 from s3_saver._ops.commit import (
+    MAX_REKEYS,
+    KeyGone,
     _deleted,
+    _rekeyed_too_often,
     _restore_first,
     _run_deleted,
     _take_back,
     _untouch,
     commit_checkpoint,
 )
-from s3_saver._ops.context import Context, target
+from s3_saver._ops.context import Context, meta_key, target
+from s3_saver._ops.keyed import keyed, rekeyed
 from s3_saver._ops.stage import LOC_HEADROOM, Draft, held_key, stage, store_late
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import put_immutable
@@ -57,19 +61,39 @@ def put(
     new_versions: ChannelVersions,
 ) -> Op[RunnableConfig]:
     thread_id, ns, parent_id = target(config)
+    # The thread's key before anything is sealed (made here for a new thread).
+    ctx = yield from keyed(ctx, [thread_id], create=True)
     if parent_id is not None or ns != "":
-        return (yield from _put(ctx, config, checkpoint, metadata, new_versions))
+        return (yield from _sealed_put(ctx, config, checkpoint, metadata, new_versions))
     # A run starting afresh: the writes of its steps sent before their puts land
     # go into the generation this one goes into (see commit._joins).
     ctx.starting.add(thread_id)
     gen = None
     try:
-        done = yield from _put(ctx, config, checkpoint, metadata, new_versions)
+        done = yield from _sealed_put(ctx, config, checkpoint, metadata, new_versions)
         known = ctx.locs.get((thread_id, ns, checkpoint["id"]))
         gen = known[1] if known is not None else None
         return done
     finally:
         ctx.starting.done(thread_id, gen)
+
+
+def _sealed_put(
+    ctx: Context,
+    config: RunnableConfig,
+    checkpoint: Checkpoint,
+    metadata: CheckpointMetadata,
+    new_versions: ChannelVersions,
+) -> Op[RunnableConfig]:
+    """``_put``; with encryption, again from the draft when its commit found the key
+    it sealed with destroyed by another process's erase (``commit.KeyGone``: its
+    objects were taken back), under the thread's key as the key store has it now."""
+    for _ in range(MAX_REKEYS):
+        try:
+            return (yield from _put(ctx, config, checkpoint, metadata, new_versions))
+        except KeyGone as gone:
+            ctx = yield from rekeyed(ctx, gone.thread_id)
+    raise _rekeyed_too_often(target(config)[0])
 
 
 def _put(
@@ -191,7 +215,7 @@ def _send(ctx: Context, d: Draft) -> Op[tuple[Prepared, list[Any]]]:
     day = d.day
     d.active = day if day is not None and (d.parent_id is None or (d.thread_id, day) not in ctx.active) else None
     _, prepared, *looked = yield from gather(
-        put_immutable(ctx.s3, d.objects),
+        put_immutable(ctx.s3, d.objects, same=ctx.sealer.same(d.thread_id)),
         ctx.index.prepare(d.thread_id, d.ns, d.parent_id if d.fetch_parent else None, d.list_at, extends, active=d.active),
         *([ctx.index.entries([d.own])] if ahead else []),
     )
@@ -264,7 +288,10 @@ def _entry(ctx: Context, d: Draft, prepared: Prepared) -> CheckpointEntry:
         parent_id=d.parent_id,
         loc=d.loc,
         body=d.staged.body,
-        metadata=tuple(d.staged.record["metadata"]),  # type: ignore[arg-type]
+        # Sealed (with encryption) for the checkpoint it describes, as the body is.
+        metadata=ctx.sealer.seal_meta(
+            d.thread_id, meta_key(ctx, d.thread_id, d.ns, d.checkpoint_id), tuple(d.staged.record["metadata"])  # type: ignore[arg-type]
+        ),
         # A full ttl from this write: the newest checkpoint is always the last to
         # expire (values it points at are at most ttl/2 old, see _carry).
         expires_at=d.now + ctx.ttl_seconds if ctx.ttl_seconds else None,

@@ -21,14 +21,19 @@ from s3_saver._format.keys import new_token
 from s3_saver._index.terms import Fenced, WritesOutcome
 from s3_saver._ops.commit import (
     _MAX_FENCED,
+    MAX_REKEYS,
+    KeyGone,
     _busy,
     _fenced,
     _joins,
+    _rekeyed_too_often,
     _restore_first,
     _take_back,
     _writes_deleted,
+    key_gone,
 )
 from s3_saver._ops.context import Context, target
+from s3_saver._ops.keyed import keyed, rekeyed
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import put_immutable
 
@@ -53,12 +58,23 @@ def put_writes(
     thread_id, ns, checkpoint_id = target(config, need_checkpoint_id=True)
     assert checkpoint_id is not None
     own = (thread_id, ns, checkpoint_id)
-    objects, entries = _draft_writes(ctx, own, writes, task_id, task_path)
-    if not entries:
+    # The thread's key before anything is sealed (writes may come before the first put).
+    ctx = yield from keyed(ctx, [thread_id], create=True)
+    for _ in range(MAX_REKEYS):
+        objects, entries = _draft_writes(ctx, own, writes, task_id, task_path)
+        if not entries:
+            return
+        gen = yield from _send_writes(ctx, own, objects)
+        try:
+            outcome = yield from _commit_writes(ctx, own, entries, objects, gen)
+        except KeyGone:
+            # The key this process cached was destroyed by another process's erase:
+            # sealed again (new objects, a new token) under the key read now.
+            ctx = yield from rekeyed(ctx, thread_id)
+            continue
+        yield from _release(ctx, own, task_id, outcome)
         return
-    gen = yield from _send_writes(ctx, own, objects)
-    outcome = yield from _commit_writes(ctx, own, entries, objects, gen)
-    yield from _release(ctx, own, task_id, outcome)
+    raise _rekeyed_too_often(thread_id)
 
 
 def _draft_writes(
@@ -90,7 +106,8 @@ def _draft_writes(
             # the commit). A rebuild from the bucket takes a call only when its set
             # is there (see rebuild._whole_calls); a one-part call needs no name.
             record["parts"] = sorted(parts)
-        body = pack(record)
+        # Sealed for its own key: the index entry carries the same bytes.
+        body = ctx.sealer.seal(thread_id, key, pack(record))
         objects[key] = body
         entries.append(WritesEntry(thread_id, ns, checkpoint_id, task_id, part, token, body))
     return objects, entries
@@ -109,7 +126,9 @@ def _send_writes(ctx: Context, own: tuple[str, str, str], objects: dict[str, byt
     # the new one only with their checkpoint (_joins).
     known = ctx.locs.get(own)
     made_in = known[1] if known is not None else ctx.locs.thread_gen(thread_id)
-    _, prepared = yield from gather(put_immutable(ctx.s3, objects), ctx.index.prepare(thread_id, ns, None, None, made_in))
+    _, prepared = yield from gather(
+        put_immutable(ctx.s3, objects, same=ctx.sealer.same(thread_id)), ctx.index.prepare(thread_id, ns, None, None, made_in)
+    )
     if prepared.archive is not None:
         yield from _restore_first(ctx, thread_id, prepared.archive, list(objects))
         prepared = yield from ctx.index.prepare(thread_id, ns, None)
@@ -135,13 +154,17 @@ def _commit_writes(
     try:
         for _ in range(_MAX_FENCED):
             try:
-                return (yield from ctx.index.commit_writes(entries))
+                return (yield from ctx.index.commit_writes(entries, ctx.sealer.key_id(thread_id)))
             except Fenced as fenced:
                 # A delete since the generation these writes were made in: they go
                 # with their checkpoint, into the new generation only if it is there.
                 record = fenced.record
                 moves = record.archive is None and record.gen != entries[0].gen
                 joins = moves and (yield from _joins(ctx, own, record.gen))
+                if key_gone(ctx, record, thread_id) and (joins or record.gen == entries[0].gen):
+                    # Sealed under a key an erase destroyed: sealed again by the caller.
+                    yield from _take_back(ctx, list(objects))
+                    raise KeyGone(thread_id) from None
                 yield from _fenced(ctx, record, entries[0], list(objects), created=joins)
                 for entry in entries:
                     entry.gen = entries[0].gen

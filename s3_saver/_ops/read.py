@@ -10,6 +10,7 @@ from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
 from s3_saver._format.entries import CheckpointEntry
 from s3_saver._ops.archived import or_archive
 from s3_saver._ops.context import Context, target
+from s3_saver._ops.keyed import keyed, keyed_beside
 from s3_saver._ops.lagged import (
     Parents,
     Tail,
@@ -45,10 +46,9 @@ def get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None
 
 def _get_tuple(ctx: Context, config: RunnableConfig) -> Op[CheckpointTuple | None]:
     thread_id, ns, checkpoint_id = target(config)
-    if checkpoint_id:
-        entry = yield from ctx.index.get(thread_id, ns, checkpoint_id)
-    else:
-        entry = yield from ctx.index.latest(thread_id, ns)
+    lookup = ctx.index.get(thread_id, ns, checkpoint_id) if checkpoint_id else ctx.index.latest(thread_id, ns)
+    # The thread's key (with encryption) in the same waves as the index's answer.
+    ctx, entry = yield from keyed_beside(ctx, [thread_id], lookup)
     # Entries expire in the order they were written, so an expired newest entry
     # means an expired thread.
     if entry is None or ctx.expired(entry):
@@ -111,7 +111,6 @@ def _list_thread(
             yield Emit(found)
         return
 
-    resolver = Resolver(ctx)
     remaining = limit
     cursor: Any = None
     # A replica's newest checkpoints may be passed over (lag): count what is built.
@@ -121,8 +120,11 @@ def _list_thread(
     # A checkpoint is followed by a few write parts: `limit` bounds how much of
     # the thread the first page reads (a filter may need more pages).
     page_size = min(_MAX_PAGE, 4 * limit + 4) if limit is not None else None
+    # The thread's key (with encryption) in the same waves as the first page.
+    first = ctx.index.history(thread_id, ns, before_id, page_size, cursor)
+    ctx, (complete, cursor) = yield from keyed_beside(ctx, [thread_id], first)
+    resolver = Resolver(ctx)
     while True:
-        complete, cursor = yield from ctx.index.history(thread_id, ns, before_id, page_size, cursor)
         if page_size is not None:
             # Pages that did not finish the job (writes, other namespaces, `before`
             # across namespaces) double, so a call costs O(log n) pages at worst.
@@ -160,6 +162,7 @@ def _list_thread(
             if tail is not None and ctx.replica is not None:
                 ctx.replica.tell(None, None, tail.skipped)
             return
+        complete, cursor = yield from ctx.index.history(thread_id, ns, before_id, page_size, cursor)
 
 
 def _list_all(
@@ -167,6 +170,7 @@ def _list_all(
 ) -> Op[None]:
     """list(None): every thread. The only read that is not bounded by a thread."""
     entries = yield from ctx.index.all_threads()
+    ctx = yield from keyed(ctx, [e.thread_id for e in entries])
     ordered = sorted(
         (e for e in entries if not ctx.expired(e)),
         key=lambda e: (e.thread_id, e.ns, e.checkpoint_id),

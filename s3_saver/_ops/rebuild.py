@@ -53,6 +53,7 @@ from s3_saver._format.entries import (
 )
 from s3_saver._format.keys import ObjectKey
 from s3_saver._ops.context import Context, target
+from s3_saver._ops.keyed import unsupported
 from s3_saver._ops.put import run_of
 from s3_saver._transport.mode import settle_mode
 from s3_saver._transport.protocol import Op, gather, request, request_one
@@ -84,6 +85,7 @@ def rebuild_index(
     The operator's (not promote's, which may take only its Replica's) may move
     the prefix from any table: a lost table's.
     """
+    unsupported(ctx, "rebuild_index")
     move = thread_id is None and incomplete is None
     try:
         return (yield from _rebuild(ctx, thread_id, incomplete, incomplete_writes, move))

@@ -36,7 +36,7 @@ from s3_saver._format.pieces import SPLITTABLE, Held, array_header, body_of, joi
 from s3_saver._index.terms import (
     one_line,
 )
-from s3_saver._ops.context import Context
+from s3_saver._ops.context import Context, meta_key
 from s3_saver._ops.stage import held_key
 from s3_saver._transport.failures import (
     DENIED,
@@ -63,57 +63,71 @@ class Resolver:
         # Objects an archive holds are read from it, never from the bucket.
         self.blobs: dict[str, dict[str, Any]] = dict(ctx.index.held_blobs())
         self.held_records: dict[str, dict[str, Any]] = ctx.index.held_records()
+        # Objects' bytes as stored that the index holds (sealed with encryption).
+        self.held_bodies: Any = ctx.index.held_bodies()
         self.writes: dict[str, dict[str, Any]] = {}
         self._item_missing: set[Key3] = set()
-        self._object_keys: dict[str, tuple[str, Any]] = {}
+        # Object key -> (kind, what it fills, its thread).
+        self._object_keys: dict[str, tuple[str, Any, str]] = {}
 
     # -- intake ------------------------------------------------------------------
     def add(self, entry: CheckpointEntry) -> None:
         key = entry.key
         self.entries[key] = entry
         if entry.body is not None and self.key(entry) not in self.records:
-            self.records[self.key(entry)] = unpack(entry.body, CHECKPOINT_FORMAT, f"index entry for {key}")
+            # The entry carries its checkpoint object's bytes as stored: opened for that object.
+            object_key = self.ctx.layout.object_key(own_object(entry))
+            where = f"index entry for {key}"
+            body = self.ctx.sealer.open(entry.thread_id, object_key, entry.body, where)
+            self.records[self.key(entry)] = unpack(body, CHECKPOINT_FORMAT, where)
         self.ctx.locs.put(key, (entry.loc, entry.gen, entry.tag))
 
     # -- what is missing ---------------------------------------------------------------
-    def _needs(self, targets: list[CheckpointEntry]) -> tuple[dict[str, tuple[str, Any]], list[Key3], list[CheckpointEntry]]:
+    def _needs(
+        self, targets: list[CheckpointEntry]
+    ) -> tuple[dict[str, tuple[str, Any, str]], list[Key3], list[CheckpointEntry]]:
         """S3 objects to GET, index entries to look up, entries whose writes to read."""
         ctx = self.ctx
-        gets: dict[str, tuple[str, Any]] = {}
+        gets: dict[str, tuple[str, Any, str]] = {}
         lookups: dict[Key3, None] = {}
         for entry in targets:
             t, ns = entry.thread_id, entry.ns
             own = self.key(entry)
             if own not in self.records:
-                gets[ctx.layout.object_key(own_object(entry))] = ("checkpoint", own)
+                gets[ctx.layout.object_key(own_object(entry))] = ("checkpoint", own, t)
             # Every piece a value reads (one for a whole value), in this wave.
             for ch, ref in ((ch, p) for ch, r in entry.loc.items() for p in ref_pieces(r)):
                 if ref[2] == IN_BLOB_OBJECT:
                     bkey = ctx.layout.object_key(ref_object(t, ns, ch, ref))
                     if bkey not in self.blobs:
-                        gets[bkey] = ("blob", bkey)
+                        gets[bkey] = ("blob", bkey, t)
                     continue
                 src = (t, ns, ref[1])
                 src_key = (*src, ref_tag(ref))
                 if src_key in self.records:
                     continue
-                held = self.held_records.get(ctx.layout.object_key(ref_object(t, ns, ch, ref)))
+                src_object = ctx.layout.object_key(ref_object(t, ns, ch, ref))
+                held = self.held_records.get(src_object)
+                stored = self.held_bodies.get(src_object) if held is None else None
+                if stored is not None:
+                    where = f"{src_object}, held by {ctx.index.describe()}"
+                    held = unpack(ctx.sealer.open(t, src_object, stored, where), CHECKPOINT_FORMAT, where)
                 if held is not None:
                     self.records[src_key] = held
                 elif src in self.entries or src in self._item_missing:
                     # Its entry is known but too large to carry the object, or
                     # not found: the bucket has the object.
-                    gets[ctx.layout.object_key(ref_object(t, ns, ch, ref))] = ("checkpoint", src_key)
+                    gets[src_object] = ("checkpoint", src_key, t)
                 else:
                     lookups[src] = None
             for w in one_line(entry.writes or [], ctx.s3.bucket):
                 if w.body is None:
                     wkey = _writes_key(ctx, w)
                     if wkey not in self.writes:
-                        gets[wkey] = ("writes", wkey)
+                        gets[wkey] = ("writes", wkey, t)
         return gets, list(lookups), [e for e in targets if e.writes is None]
 
-    def _fetch_objects(self, gets: dict[str, tuple[str, Any]]) -> Op[None]:
+    def _fetch_objects(self, gets: dict[str, tuple[str, Any, str]]) -> Op[None]:
         self._object_keys.update(gets)
         calls = tuple(self.ctx.s3.get(k) for k in gets)
         results = yield calls
@@ -133,7 +147,7 @@ class Resolver:
 
     def _take_object(self, call: Call, result: Any) -> None:
         key = call.params["Key"]
-        kind, ident = self._object_keys[key]
+        kind, ident, thread_id = self._object_keys[key]
         if isinstance(result, BaseException):
             kind = classify(result, call.operation)
             if kind == OBJECT_MISSING:
@@ -151,16 +165,19 @@ class Resolver:
                 ) from result
             raise_failure(call, result)
         where = f"s3://{self.ctx.s3.bucket}/{key}"
+        body = self.ctx.sealer.open(thread_id, key, result["Body"], where)
         if kind == "checkpoint":
-            self.records[ident] = unpack(result["Body"], CHECKPOINT_FORMAT, where)
+            self.records[ident] = unpack(body, CHECKPOINT_FORMAT, where)
         elif kind == "blob":
-            self.blobs[key] = unpack(result["Body"], BLOB_FORMAT, where)
+            self.blobs[key] = unpack(body, BLOB_FORMAT, where)
         else:
-            self.writes[key] = unpack(result["Body"], WRITES_FORMAT, where)
+            self.writes[key] = unpack(body, WRITES_FORMAT, where)
 
     def fetch_records(self, entries: list[CheckpointEntry]) -> Op[None]:
         """GET the checkpoint objects of ``entries`` (for metadata their entries lack)."""
-        yield from self._fetch_objects({self.ctx.layout.object_key(own_object(e)): ("checkpoint", self.key(e)) for e in entries})
+        yield from self._fetch_objects(
+            {self.ctx.layout.object_key(own_object(e)): ("checkpoint", self.key(e), e.thread_id) for e in entries}
+        )
 
     @staticmethod
     def key(entry: CheckpointEntry) -> tuple[str, str, str, str]:
@@ -177,9 +194,8 @@ class Resolver:
         what = f"metadata of {_describe(entry)}"
         if record is not None:
             return loads(self.ctx.serde, typed(record["metadata"]), what)
-        if entry.metadata is not None:
-            return loads(self.ctx.serde, entry.metadata, what)
-        return None
+        pair = entry_metadata(self.ctx, entry)
+        return None if pair is None else loads(self.ctx.serde, pair, what)
 
     def build(self, entry: CheckpointEntry) -> CheckpointTuple:
         serde = self.ctx.serde
@@ -262,7 +278,9 @@ class Resolver:
         self.ctx.slots.add(entry.key, [(w.task_id, w.part) for w in used])
         for w in used:
             if w.body is not None:
-                parts.append(unpack(w.body, WRITES_FORMAT, f"index item for writes of {w.task_id}"))
+                where = f"index item for writes of {w.task_id}"
+                body = self.ctx.sealer.open(w.thread_id, _writes_key(self.ctx, w), w.body, where)
+                parts.append(unpack(body, WRITES_FORMAT, where))
             else:
                 parts.append(self.writes[_writes_key(self.ctx, w)])
         regular_first = sorted(parts, key=lambda p: (not p["part"].startswith(REGULAR_PART), int(p["part"][1:])))
@@ -273,6 +291,15 @@ class Resolver:
         ordered = sorted(chosen, key=lambda slot: writes_sort_key(chosen[slot][0], *slot))
         what = f"pending write of {_describe(entry)}"
         return [(slot[0], chosen[slot][1], loads(self.ctx.serde, chosen[slot][2], what)) for slot in ordered]
+
+
+def entry_metadata(ctx: Context, entry: CheckpointEntry) -> tuple[str, bytes] | None:
+    """The metadata an index entry carries (None: only its object holds it), as the
+    serializer wrote it: opened for the checkpoint it describes."""
+    if entry.metadata is None:
+        return None
+    key = meta_key(ctx, entry.thread_id, entry.ns, entry.checkpoint_id)
+    return ctx.sealer.open_meta(entry.thread_id, key, entry.metadata, f"index entry of {_describe(entry)}")
 
 
 def _describe(entry: CheckpointEntry) -> str:

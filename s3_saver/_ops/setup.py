@@ -32,6 +32,9 @@ def setup(ctx: Context, region: str | None, versioned: bool = False) -> Op[None]
             yield from request_one(ctx.s3.enable_versioning())
     else:
         bucket_region = _bucket_region(head)
+    if ctx.crypt is not None:
+        # The key store beside the bucket (same region), never versioned.
+        yield from ctx.crypt.store.setup(bucket_region or region)
     # Before the index is made or touched: the prefix's index mode is read, and
     # surveyed when it has no marker (a store of an earlier version); a prefix
     # of the other mode is refused with nothing created. A prefix of a lost

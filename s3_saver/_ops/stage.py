@@ -170,16 +170,21 @@ def stage(
     if deltas and not tag:
         # Whether a list is stored whole or as a delta depends on what the
         # writing process holds: a put retried by a fresh process stores it
-        # whole. Each form has keys of its own (a tag from the record's bytes),
+        # whole. Each form has keys of its own (a tag from the record's bytes,
+        # before encryption: the same record, the same tag),
         # so neither meets the other's immutable objects; the commit that
         # lands last names one of them, and the other is garbage.
         tag = hashlib.sha256(body).hexdigest()[:8]
-    objects = {ctx.layout.checkpoint_key(thread_id, ns, checkpoint_id, tag): body}
+    # Every object is sealed for its own key (a no-op without encryption); the index
+    # entry carries the checkpoint object's bytes as stored, so the same ciphertext.
+    own_key = ctx.layout.checkpoint_key(thread_id, ns, checkpoint_id, tag)
+    body = ctx.sealer.seal(thread_id, own_key, body)
+    objects = {own_key: body}
     for ch in blobs:
         key = ctx.layout.blob_key(thread_id, ns, ch, fresh[ch], checkpoint_id, tag)
         t, data = stored[ch]
         delta = deltas.get(ch)
-        objects[key] = _blob(ch, fresh[ch], t, data, delta)
+        objects[key] = ctx.sealer.seal(thread_id, key, _blob(ch, fresh[ch], t, data, delta))
     loc: Loc = {}
     for ch in serialized:
         kind = IN_BLOB_OBJECT if ch in blobs else IN_CHECKPOINT_OBJECT
@@ -209,11 +214,11 @@ def store_late(
     if not late:
         return
     late_blobs = {ch: (late[ch], ctx.serde.dumps_typed(values[ch])) for ch in late}
-    late_objects = {
-        ctx.layout.blob_key(thread_id, ns, ch, version, checkpoint_id): _blob(ch, version, *typed)
-        for ch, (version, typed) in late_blobs.items()
-    }
-    yield from put_immutable(ctx.s3, late_objects)
+    late_objects = {}
+    for ch, (version, typed) in late_blobs.items():
+        key = ctx.layout.blob_key(thread_id, ns, ch, version, checkpoint_id)
+        late_objects[key] = ctx.sealer.seal(thread_id, key, _blob(ch, version, *typed))
+    yield from put_immutable(ctx.s3, late_objects, same=ctx.sealer.same(thread_id))
     objects.update(late_objects)
     for ch in late:
         loc[ch] = make_ref(late[ch], checkpoint_id, IN_BLOB_OBJECT, now)

@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import CheckpointMetadata
 from s3_saver._format.codec import loads, typed
 from s3_saver._index.terms import ThreadRef
 from s3_saver._ops.context import Context, target
+from s3_saver._ops.keyed import keyed
 from s3_saver._ops.read import _matches
 from s3_saver._ops.resolve import Resolver
 from s3_saver._transport.protocol import Emit, Op
@@ -70,6 +71,8 @@ def list_threads(ctx: Context, filter: dict[str, Any] | None, limit: int | None,
     while True:
         page, cursor = yield from ctx.index.threads(start, page_size, cursor)
         live = [(ref, e) for ref, e in page if e is not None and not ctx.expired(e) and ref.thread_id not in seen]
+        # The keys of the page's threads (with encryption): one wave for all of them.
+        ctx = yield from keyed(ctx, [ref.thread_id for ref, _ in live])
         resolver = Resolver(ctx)
         for _, entry in live:
             resolver.add(entry)

@@ -15,6 +15,7 @@ from s3_saver._index.dynamodb.memory import DynamoMemory
 from s3_saver._index.manifest.memory import ManifestMemory
 from s3_saver._index.memory import MemoryIndex
 from s3_saver._ops.context import Context
+from s3_saver._ops.keyed import unsupported
 from s3_saver._regions.sites import Site, make_site
 from s3_saver._transport.budget import CacheBudget
 from s3_saver._transport.protocol import PRIMARY
@@ -59,6 +60,9 @@ def memory_site(
 
 def memory_index(ctx: Context, where: Where, table: str | None, clock: Clock) -> MemoryIndex:
     """The memory index of a site's mode, on its context (calls, prefix, cache budget)."""
+    # Memory is not encrypted yet: a store on an encrypting saver's context would keep
+    # its values in plaintext beside the saver's sealed threads. Refused by name.
+    unsupported(ctx, "S3Store.from_saver")
     if table:
         return DynamoMemory(table, ctx.layout.prefix, where, ctx.budget, clock, ctx.s3)
     return ManifestMemory(ctx.s3, ctx.layout.prefix, ctx.budget, clock)

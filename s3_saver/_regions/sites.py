@@ -26,6 +26,8 @@ from typing import Any
 
 from botocore.config import Config
 
+from s3_saver._crypto.config import Encryption, KmsKey, key_bucket_of
+from s3_saver._crypto.keys import Crypt
 from s3_saver._format.keys import KeyLayout
 from s3_saver._index.dynamodb.backend import DynamoIndex
 from s3_saver._index.manifest.backend import ManifestIndex
@@ -85,11 +87,13 @@ def make_site(
     global_table: bool = False,
     partner: str | None = None,
     partner_table: str | None = None,
+    encryption: Encryption | None = None,
 ) -> tuple[Site, Context]:
     """A region's site (clients made lazily) and its operations' context
     (``global_table``: its table is one of a global table's replicas;
     ``partner``: the other region's bucket, which may own the table too;
-    ``partner_table``: the other region's table, which the prefix's marker may name)."""
+    ``partner_table``: the other region's table, which the prefix's marker may name;
+    ``encryption``: the saver's, whose key store and KMS calls go with this site's clients)."""
     where = Where(bucket, table, site=key)
     s3_calls = S3Calls(bucket, where, layout.root, storage_class)
     # The saver's one cache budget; each region's caches apart within it.
@@ -112,13 +116,17 @@ def make_site(
         boto3_session=boto3_session,
         given=given,
         aioboto3_session=aioboto3_session,
+        service_regions={"kms": encryption.region_name} if isinstance(encryption, KmsKey) else None,
     )
+    crypt = None
+    if encryption is not None:
+        crypt = Crypt(encryption, bucket, layout.prefix, key_bucket_of(encryption, bucket), where, budget)
     # Each region's bucket carries the marker (replication copies it): a promoted
     # replica finds it there, naming the other region's table (accepted: it is
     # this prefix's index in that region).
     mode = ModeMark(s3_calls, layout, table, partner_table)
     site = Site(key, where, clients, [c for c in given.values() if c is not None], index.owner, mode)
-    return site, Context(layout=layout, s3=s3_calls, index=index, mode=mode, **{**settings, "budget": budget})
+    return site, Context(layout=layout, s3=s3_calls, index=index, mode=mode, crypt=crypt, **{**settings, "budget": budget})
 
 
 class Route:

@@ -159,6 +159,8 @@ class ThreadArchival:
     def import_thread(self, data: bytes, *, thread_id: str | None = None) -> str:
         """Write a thread from [export_thread()][s3_saver.S3Saver.export_thread]'s bytes (or an archive object's):
         its objects, then its index entries; it reads exactly as where it came from.
+        With ``encryption=``, every object and the index's copies are encrypted under
+        the thread's key (made for it) as they are written.
 
         Args:
             data: The export.

@@ -8,6 +8,7 @@ from typing import Any
 
 from botocore.config import Config
 
+from s3_saver._crypto.config import check_encryption
 from s3_saver._format.key_codec import check_prefix
 from s3_saver._transport.budget import MIN_BYTES
 from s3_saver._transport.clients import (
@@ -63,6 +64,7 @@ def check_options(options: dict[str, Any]) -> None:
         value = options[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             refuse(name, f"an int >= {least}")
+    check_encryption(options["encryption"])
     value = options["cache_bytes"]
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < MIN_BYTES):
         refuse("cache_bytes", f"an int of at least {MIN_BYTES} (1 MiB), or None for the default")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from s3_saver._ops import setup
 from s3_saver._ops.context import Context
+from s3_saver._ops.keyed import rekeying
 from s3_saver._ops.source import ReadSource
 from s3_saver._regions import replication
 from s3_saver._regions.replica import Promotion, Replica, ReplicationReport
@@ -137,9 +138,11 @@ class Regions:
     def _reading(self, make: Callable[[Context], Op[T]]) -> tuple[Op[T], RetryPolicy | None]:
         """A read and the retry policy its driver applies: on the primary, or
         routed (the primary first, then the replica: each retries inside)."""
+        # With encryption, a read that meets a key this process cached stale runs
+        # again with the thread's key read (``keyed.rekeying``).
         if self._route is None:
-            return make(self._ctx), None
-        return self._route.routed(make, self._ctx, self._other_ctx), ONCE
+            return rekeying(self._ctx, make), None
+        return self._route.routed(lambda ctx: rekeying(ctx, make), self._ctx, self._other_ctx), ONCE
 
     @property
     def replica_stats(self) -> RequestStats:

@@ -17,6 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from s3_saver._ops import audit, copy, delete, erase, prune, rebuild, threads
 from s3_saver._ops.audit import StoreReport
 from s3_saver._ops.erase import EraseReport
+from s3_saver._ops.keyed import rekeying
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver.errors import ConfigurationError
 
@@ -81,6 +82,12 @@ class ThreadLifecycle:
         remove: the table's point-in-time recovery, AWS Backup copies, and
         versions whose retention has not ended.
 
+        With ``encryption=``, the thread's data key is destroyed first: from then
+        on none of those copies can be read (``EraseReport.key_destroyed_at``;
+        each remaining version encrypted under the key is marked
+        ``crypto_erased``), and a read of one raises ``ThreadErasedError``. The
+        thread can be written again (under a new key) once the erase returns.
+
         Returns:
             [EraseReport][s3_saver.EraseReport]: what was removed, and what remains and why.
         """
@@ -103,18 +110,20 @@ class ThreadLifecycle:
         """Copy every checkpoint, value and pending write of a thread into another thread.
 
         Objects are copied server-side (``CopyObject``), all of them before the
-        first index item; index items follow newest first. A copy cut short
+        first index item; index items follow newest first. With ``encryption=``
+        each object is read, decrypted under the source's key and encrypted
+        under the target's instead (a ciphertext is bound to its thread). A copy cut short
         leaves the target's latest state readable and completes when called
         again: the target may hold copies from the same source, nothing else.
 
         Raises:
             ConfigurationError: The target thread has checkpoints of its own.
         """
-        self._sync.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
+        self._sync.run(rekeying(self._ctx, lambda ctx: copy.copy_thread(ctx, source_thread_id, target_thread_id)))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Async version of [copy_thread()][s3_saver.S3Saver.copy_thread]."""
-        await self._async.run(copy.copy_thread(self._ctx, source_thread_id, target_thread_id))
+        await self._async.run(rekeying(self._ctx, lambda ctx: copy.copy_thread(ctx, source_thread_id, target_thread_id)))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest", keep_last: int | None = None) -> None:
         """Remove older checkpoints of threads, with their pending writes and objects.
@@ -141,13 +150,13 @@ class ThreadLifecycle:
         Raises:
             ConfigurationError: Wrong arguments (nothing is removed).
         """
-        self._sync.run(prune.prune(self._ctx, thread_ids, strategy, keep_last))
+        self._sync.run(rekeying(self._ctx, lambda ctx: prune.prune(ctx, thread_ids, strategy, keep_last)))
 
     async def aprune(
         self, thread_ids: Sequence[str], *, strategy: str = "keep_latest", keep_last: int | None = None
     ) -> None:
         """Async version of [prune()][s3_saver.S3Saver.prune]."""
-        await self._async.run(prune.prune(self._ctx, thread_ids, strategy, keep_last))
+        await self._async.run(rekeying(self._ctx, lambda ctx: prune.prune(ctx, thread_ids, strategy, keep_last)))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint (every thread and namespace) whose metadata
@@ -164,11 +173,11 @@ class ThreadLifecycle:
         Args:
             run_ids: The run ids (a list: a bare string is refused).
         """
-        self._sync.run(prune.delete_for_runs(self._ctx, run_ids))
+        self._sync.run(rekeying(self._ctx, lambda ctx: prune.delete_for_runs(ctx, run_ids)))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Async version of [delete_for_runs()][s3_saver.S3Saver.delete_for_runs]."""
-        await self._async.run(prune.delete_for_runs(self._ctx, run_ids))
+        await self._async.run(rekeying(self._ctx, lambda ctx: prune.delete_for_runs(ctx, run_ids)))
 
     def threads_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[str]]:
         """The threads each run wrote to, through the index's run hints (never a scan).

@@ -140,8 +140,15 @@ ANSWERS: dict[tuple[str, str], Expect] = {
     ("dynamodb", "create_table"): Expect(fields=("TableDescription",)),
     ("dynamodb", "describe_time_to_live"): Expect(fields=("TimeToLiveDescription",)),
     ("dynamodb", "update_time_to_live"): Expect(fields=("TimeToLiveSpecification",)),
+    # -- KMS (``encryption=KmsKey(...)``): JSON answers, as DynamoDB's ------------------
+    # A data key's answer carries it in both forms: without them, nothing to encrypt
+    # with, or nothing to keep.
+    ("kms", "generate_data_key"): Expect(fields=("CiphertextBlob", "Plaintext", "KeyId")),
+    ("kms", "decrypt"): Expect(fields=("Plaintext", "KeyId")),
+    ("kms", "re_encrypt"): Expect(fields=("CiphertextBlob", "KeyId")),
 }
 _NOTHING = Expect()
+_JSON_SERVICES = ("dynamodb", "kms")
 
 
 # -- the raw body: a botocore hook on every client the saver uses ---------------------------
@@ -199,7 +206,7 @@ def confirm(call: Call, response: Any) -> Any:
 
 
 def _problem(call: Call, expect: Expect, raw: dict[str, Any], response: dict[str, Any]) -> str | None:
-    if call.service == "dynamodb" and raw.get("json") is False:
+    if call.service in _JSON_SERVICES and raw.get("json") is False:
         return raw.get("why") or "a body that is not a JSON object"
     if expect.roots and "root" in raw and raw["root"] not in expect.roots:
         found = f"<{raw['root']}>" if raw["root"] else "no XML document"
@@ -231,7 +238,7 @@ def _unreadable(call: Call, raw: dict[str, Any], why: str, status: int | None) -
     if raw:
         sample = f": {raw['sample']!r}" if raw.get("sample") else ""
         seen = f" ({raw['type']}, {raw['size']} bytes{sample})"
-    store = "DynamoDB" if call.service == "dynamodb" else "S3"
+    store = {"dynamodb": "DynamoDB", "kms": "KMS"}.get(call.service, "S3")
     return UnreadableAnswerError(
         f"{call.describe()}: {place} answered {status or 'OK'} with {why}{seen}. Not {store}'s answer: a proxy, "
         "captive portal or gateway in between, or a store that does not speak the API? Nothing it "

@@ -32,7 +32,8 @@ READ_TIMEOUT = 5  # seconds without a byte received, per attempt
 TOTAL_MAX_ATTEMPTS = 1
 _ATTEMPT_KEYS = {"max_attempts", "total_max_attempts"}
 _AWS_ENDPOINT_MARK = ".amazonaws.com"
-SERVICES = ("s3", "dynamodb")
+# KMS only with ``encryption=KmsKey(...)``: its client is made at the first KMS call.
+SERVICES = ("s3", "dynamodb", "kms")
 
 
 def client_config(user: Config | None, *, max_concurrency: int, path_style: bool) -> Config:
@@ -85,6 +86,7 @@ class Clients:
         boto3_session: Any,
         given: dict[str, Any],
         aioboto3_session: Any,
+        service_regions: dict[str, str | None] | None = None,
     ) -> None:
         self.where = where
         # The region of the clients the saver makes itself: AWS_REGION too, as the AWS CLI
@@ -93,7 +95,10 @@ class Clients:
         if region_name is None and boto3_session is None and aioboto3_session is None:
             region_name = os.environ.get("AWS_REGION") or None
         self.region_name = region_name
-        self.endpoints = endpoints
+        # A service whose region is its own (a KMS key named by its ARN lives in the
+        # ARN's region), whatever the others'.
+        self.service_regions = {k: v for k, v in (service_regions or {}).items() if v}
+        self.endpoints = {service: endpoints.get(service) for service in SERVICES}
         self.config = config
         self.boto3_session = boto3_session
         self.given = given
@@ -104,13 +109,13 @@ class Clients:
                 where.regions[service] = client.meta.region_name
                 where.endpoints[service] = custom_endpoint(client.meta.endpoint_url)
             else:
-                where.regions[service] = region_name or getattr(boto3_session, "region_name", None)
-                where.endpoints[service] = endpoints[service]
+                where.regions[service] = self._region(service) or getattr(boto3_session, "region_name", None)
+                where.endpoints[service] = self.endpoints[service]
 
     def make_sync(self, service: str) -> Any:
         if self.given.get(service) is not None:
             return prepare(self.given[service])
-        kwargs = {"region_name": self.region_name, "endpoint_url": self.endpoints[service], "config": self.config}
+        kwargs = {"region_name": self._region(service), "endpoint_url": self.endpoints[service], "config": self.config}
         if self.boto3_session is not None:
             client = self.boto3_session.client(service, **kwargs)
         else:
@@ -136,7 +141,7 @@ class Clients:
                 aioboto3, _credentials_of(given), None, region, f"{service}_client"
             )
         else:
-            region = self.region_name
+            region = self._region(service)
             endpoint, config = self.endpoints[service], self.config
             session = self.aioboto3_session
             if session is None and self.boto3_session is not None:
@@ -148,6 +153,9 @@ class Clients:
                 session = _shared_models(aioboto3.Session())
             self._learn_region(service, region or session.region_name)
         return session.client(service, region_name=region, endpoint_url=endpoint, config=config)
+
+    def _region(self, service: str) -> str | None:
+        return self.service_regions.get(service) or self.region_name
 
     def _learn_region(self, service: str, region: str | None) -> None:
         if self.where.regions.get(service) is None:

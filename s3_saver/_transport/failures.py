@@ -24,6 +24,7 @@ from s3_saver.errors import (
     AccessDeniedError,
     BucketNotFoundError,
     ConfigurationError,
+    EncryptionKeyError,
     MissingObjectError,
     PrimaryUnavailableError,
     S3SaverError,
@@ -71,7 +72,17 @@ THROTTLED_REASONS = frozenset({"ThrottlingError", "ProvisionedThroughputExceeded
 # Answers that say "not now": server errors and throttling, worth sending again.
 TRANSIENT_CODES = THROTTLING_CODES | frozenset(
     {"InternalError", "InternalServerError", "ServiceUnavailable", "RequestTimeout",
-     "TransactionConflictException", "500", "502", "504"}
+     "TransactionConflictException", "500", "502", "504",
+     # KMS: its own failure, a custom key store's that did not answer, a key whose
+     # material is not available now (a custom key store disconnected).
+     "KMSInternalException", "DependencyTimeoutException", "KeyUnavailableException"}
+)
+# KMS answers that say the key-encryption key cannot be used as configured: it does not
+# exist (or not in this region), is disabled or pending deletion, is not a symmetric
+# encryption key, or is not the key that wrapped the data key (IncorrectKeyException).
+KMS_KEY_CODES = frozenset(
+    {"NotFoundException", "DisabledException", "KMSInvalidStateException", "InvalidKeyUsageException",
+     "IncorrectKeyException", "InvalidArnException"}
 )
 PRECONDITION_FAILED_CODES = frozenset({"PreconditionFailed", "412"})
 # S3 answers 409 when two conditional writes of one key race; the loser retries.
@@ -109,6 +120,7 @@ DENIED = "denied"
 UNAVAILABLE = "unavailable"
 MISCONFIGURED = "misconfigured"
 KEY_SCHEMA = "key-schema"
+KMS_KEY = "kms-key"
 
 
 def error_code(exc: BaseException) -> str | None:
@@ -144,6 +156,8 @@ def classify(exc: BaseException, operation: str = "") -> str | None:
         return TABLE_MISSING
     if code in DENIED_CODES:
         return DENIED
+    if code in KMS_KEY_CODES:
+        return KMS_KEY
     if code == "ValidationException" and _about_key_schema(exc):
         return KEY_SCHEMA
     if code in OBJECT_MISSING_CODES:
@@ -203,7 +217,7 @@ def translate(
     Args:
         exc: The exception raised by botocore for one call.
         what: A short description of the call (operation and key) for the message.
-        service: ``"s3"`` or ``"dynamodb"``.
+        service: ``"s3"``, ``"dynamodb"`` or ``"kms"``.
         operation: The boto3 method name.
         where: Bucket, table, regions and endpoints, named in the message.
     """
@@ -230,6 +244,12 @@ def translate(
             f"{what}: {place} does not have the key schema the saver needs ({KEY_SCHEMA_TEXT}; "
             f"s3_saver.TABLE_KEY_SCHEMA): DynamoDB answered {code}: {_message(exc)}. It was made for "
             "something else: give the saver a table of its own (setup() creates it with that schema)"
+        )
+    elif kind == KMS_KEY:
+        new = EncryptionKeyError(
+            f"{what}: the KMS key cannot be used ({code}: {_message(exc)}) in {place}. Check the key id, "
+            "alias or ARN given to KmsKey(...), its region, that it is enabled and is a symmetric "
+            "encryption key"
         )
     elif kind == DENIED:
         new = AccessDeniedError(f"{what}: access denied ({code}) on {place}; see infra/ for the IAM policy")

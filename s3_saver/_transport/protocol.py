@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One AWS API call: ``service`` is ``"s3"`` or ``"dynamodb"``, ``operation`` the
+    """One AWS API call: ``service`` is ``"s3"``, ``"dynamodb"`` or ``"kms"``, ``operation`` the
     boto3 method name (``put_object``), ``params`` its keyword arguments; ``where``
     (bucket, table, region, endpoint) is named in the errors of the call."""
 
@@ -59,6 +59,9 @@ class Call:
 
     def _target(self) -> str | None:
         params = self.params
+        if self.service == "kms":
+            # The key-encryption key (a Decrypt names it too: the record's own).
+            return params.get("KeyId") or params.get("DestinationKeyId")
         if self.service == "dynamodb":
             # The partition key names the thread (index keys are "pk"/"sk").
             item = params.get("Key") or params.get("Item") or {}

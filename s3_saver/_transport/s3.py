@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -96,6 +95,14 @@ class S3Calls:
             params["VersionId"] = version_id
         return self._call("get_object", params)
 
+    def get_start(self, key: str, version_id: str | None, size: int) -> Call:
+        """The first ``size`` bytes of one version (a ranged GET: an erase reads
+        which key a version it could not delete is sealed under)."""
+        params = {"Bucket": self.bucket, "Key": key, "Range": f"bytes=0-{size - 1}"}
+        if version_id is not None:
+            params["VersionId"] = version_id
+        return self._call("get_object", params)
+
     def versions(self, key: str, marker: tuple[str, str] | None = None) -> Call:
         """One page of the versions of ``key`` (and of keys it is a prefix of),
         newest first (admin: a failback reads the old region's own manifest heads)."""
@@ -168,12 +175,13 @@ def put_immutable(
     s3: S3Calls,
     objects: dict[str, bytes],
     extra: tuple[Call, ...] = (),
-    same: Callable[[bytes, bytes], bool] = operator.eq,
+    same: Callable[[str, bytes, bytes], bool] | None = None,
 ) -> Generator[Instruction, Any, list[Any]]:
     """Write immutable objects (with ``extra`` calls in the same round trip).
 
-    A key that already holds the same bytes (as ``same`` judges) counts as
-    written: that is a retried put. A key holding different bytes raises
+    A key that already holds the same bytes (as ``same(key, stored, wanted)`` judges;
+    None: byte for byte) counts as written: that is a retried put. (An encrypted
+    object written again holds another nonce: the sealer compares plaintexts.) A key holding different bytes raises
     ImmutableObjectConflictError and the stored object stays as it was.
     Returns the results of ``extra``.
     """
@@ -193,7 +201,7 @@ def put_immutable(
                     # delete_for_runs removes): written again, as if first.
                     retry.append(key)
                     continue
-                _check_same(s3, key, _body(s3.get(key), result), pending[key], same)
+                _check_same(s3, key, _body(s3.get(key), result), pending[key], same or _equal)
         if not retry:
             return extra_results
         pending = {k: pending[k] for k in retry}
@@ -221,7 +229,7 @@ def copy_immutable(s3: S3Calls, pairs: dict[str, str]) -> Generator[Instruction,
             bodies = yield gets
             for i, dst in enumerate(existing):
                 source = _body(gets[2 * i], bodies[2 * i])
-                _check_same(s3, dst, _body(gets[2 * i + 1], bodies[2 * i + 1]), source)
+                _check_same(s3, dst, _body(gets[2 * i + 1], bodies[2 * i + 1]), source, _equal)
         pending = {dst: pending[dst] for dst in retry}
     if pending:
         raise ImmutableObjectConflictError(
@@ -252,10 +260,12 @@ def _body(call: Call, result: Any) -> bytes:
     return result["Body"]
 
 
-def _check_same(
-    s3: S3Calls, key: str, stored: bytes, wanted: bytes, same: Callable[[bytes, bytes], bool] = operator.eq
-) -> None:
-    if not same(stored, wanted):
+def _equal(key: str, stored: bytes, wanted: bytes) -> bool:
+    return stored == wanted
+
+
+def _check_same(s3: S3Calls, key: str, stored: bytes, wanted: bytes, same: Callable[[str, bytes, bytes], bool]) -> None:
+    if not same(key, stored, wanted):
         raise ImmutableObjectConflictError(
             f"s3://{s3.bucket}/{key} already holds different content; immutable objects are never overwritten"
         )

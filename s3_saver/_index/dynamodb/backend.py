@@ -104,7 +104,12 @@ class DynamoIndex(DynamoReads, DynamoHoldings, DynamoArchive, DynamoThreads, Dyn
         )
 
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: Activity | None = None
+        self,
+        entry: CheckpointEntry,
+        created: int | None = None,
+        parent_tag: str | None = None,
+        active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         """One transaction: the item and its link (what the ancestor walk reads),
         checked against the thread's record (``DynamoCalls.fence``) and, when the
@@ -113,7 +118,7 @@ class DynamoIndex(DynamoReads, DynamoHoldings, DynamoArchive, DynamoThreads, Dyn
         The day's activity entry (``active``) rides in it: no request of its own,
         and never there without the commit."""
         calls = self.calls
-        fence = calls.fence(entry.thread_id, entry.gen, entry.run_id)
+        fence = calls.fence(entry.thread_id, entry.gen, entry.run_id, key_id)
         put_active = None
         if active is not None:
             # The thread's record then names the entry (``recording``): the
@@ -162,7 +167,7 @@ class DynamoIndex(DynamoReads, DynamoHoldings, DynamoArchive, DynamoThreads, Dyn
             if isinstance(result, BaseException) and not _listed_first(result):
                 raise_failure(call, result)
 
-    def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
+    def commit_writes(self, entries: list[WritesEntry], key_id: str | None = None) -> Op[WritesOutcome]:
         """One transaction of every part, checked against the thread's record.
 
         A part is put only if its slot is empty: the first committed regular
@@ -180,7 +185,7 @@ class DynamoIndex(DynamoReads, DynamoHoldings, DynamoArchive, DynamoThreads, Dyn
             if not order:
                 return outcome
             actions = [calls.put_part(entries[i], pending[i]) for i in order]
-            actions.append(calls.fence(thread_id, entries[0].gen))
+            actions.append(calls.fence(thread_id, entries[0].gen, None, key_id))
             refused = yield from self.transact(actions, f"pending writes of thread {thread_id!r}")
             if not refused:
                 outcome.unused += [(entries[i], pending[i]) for i in order if pending[i] is not None]

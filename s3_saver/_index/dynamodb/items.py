@@ -38,6 +38,7 @@ from s3_saver._index.dynamodb.table import (
     CREATED,
     DEAD_RUNS,
     GEN,
+    GONE_KEYS,
     HIDDEN,
     KIND_CHECKPOINT,
     KIND_WRITES,
@@ -165,10 +166,11 @@ class DynamoCalls(DynamoThreadItems, DynamoTable):
         return to_attrs(values)
 
     # -- the fences a commit carries (see ``DynamoIndex.commit_checkpoint``) ---------
-    def fence(self, thread_id: str, gen: int, run_id: str | None = None) -> dict[str, Any]:
+    def fence(self, thread_id: str, gen: int, run_id: str | None = None, key_id: str | None = None) -> dict[str, Any]:
         """A transaction's check of the thread's record: not deleted since the
-        writer learned ``gen``, not archived, no archive under way, and the
-        writer's run not deleted. Refused, it hands the record back."""
+        writer learned ``gen``, not archived, no archive under way, the
+        writer's run not deleted, and (encryption) the key the writer sealed
+        with (``key_id``) not destroyed by an erase. Refused, it hands the record back."""
         names = {"#g": GEN, "#a": ARCHIVE, "#m": ARCHIVING}
         values: dict[str, Any] = {":g": {"N": str(gen)}}
         conditions = ["attribute_not_exists(#a)", "attribute_not_exists(#m)"]
@@ -178,6 +180,13 @@ class DynamoCalls(DynamoThreadItems, DynamoTable):
             conditions.append("NOT contains(#d, :r)")
             names["#d"] = DEAD_RUNS
             values[":r"] = {"S": run_id}
+        if key_id is not None:
+            # Invariant: nothing sealed under a destroyed key commits after the erase's
+            # switch, whatever key a process cached before it (the steady state's
+            # commit carries the check: no request of its own).
+            conditions.append("NOT contains(#k, :k)")
+            names["#k"] = GONE_KEYS
+            values[":k"] = {"S": key_id}
         return {
             "ConditionCheck": {
                 "TableName": self.table,
@@ -293,6 +302,7 @@ class DynamoCalls(DynamoThreadItems, DynamoTable):
                 item.get(SINCE, 0),
                 frozenset(item.get(STALE_RUNS, ())),
                 (item[ACTIVE_TOKEN],) if ACTIVE_TOKEN in item else (),
+                frozenset(item.get(GONE_KEYS, ())),
             )
         except (KeyError, IndexError, ValueError, TypeError, ormsgpack.MsgpackDecodeError) as exc:
             raise CorruptObjectError(

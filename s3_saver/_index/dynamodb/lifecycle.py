@@ -120,7 +120,7 @@ class DynamoLifecycle:
             yield from self.write_batches([{"PutRequest": {"Item": {**i, **extra}}} for i in items], what)
 
     # -- delete, prune and copy ---------------------------------------------------------
-    def delete_thread(self, thread_id: str, now: int, release: Release) -> Op[None]:
+    def delete_thread(self, thread_id: str, now: int, release: Release, gone: frozenset[str] = frozenset()) -> Op[None]:
         """One write of the thread's record is the switch: the next generation
         (readers ignore every item below it, writers' commits name the old one
         and are refused), archive and marks off. Then what is left goes: the
@@ -131,8 +131,11 @@ class DynamoLifecycle:
         found, first = yield from request(
             calls.get_tombstone(thread_id), calls.query(thread_id, limit=1, projection=(PARTITION_KEY, SORT_KEY))
         )
-        if "Item" not in found and not first.get("Items"):
-            return  # nothing was ever stored: leave no trace
+        if "Item" not in found and not first.get("Items") and not gone:
+            # Nothing was ever stored: leave no trace. (With destroyed keys to record,
+            # the record is written all the same: a process that cached one of them
+            # must find it there at its commit.)
+            return
         for _ in range(_MAX_SWITCHES):
             record = _thread_item(calls, found)
             gen = record.gen + 1
@@ -143,7 +146,9 @@ class DynamoLifecycle:
             # hints are deleted, so a delete cut short after it and called again
             # still deletes them.
             runs = sorted({*record.stale_runs, *archived_runs})
-            call = calls.bury_thread(thread_id, gen, now, stale, record.created or record.unlisting, archived_runs, record)
+            call = calls.bury_thread(
+                thread_id, gen, now, stale, record.created or record.unlisting, archived_runs, record, gone
+            )
             (buried,) = yield (call,)
             if not isinstance(buried, BaseException):
                 break

@@ -75,6 +75,9 @@ ARCHIVING = "archiving"
 RESTORING = "restoring"
 # On the thread's item: a delete's listing entry still to remove (when it was listed).
 UNLISTING = "unlisting"
+# On the thread's item (encryption): the ids of the data keys an erase destroyed; a
+# commit sealed under one is refused (``DynamoCalls.fence``).
+GONE_KEYS = "gone_keys"
 
 
 class DynamoTable:

@@ -19,6 +19,7 @@ from s3_saver._index.dynamodb.table import (
     CREATED,
     DEAD_RUNS,
     GEN,
+    GONE_KEYS,
     PARTITION_KEY,
     RESTORING,
     SORT_KEY,
@@ -91,7 +92,15 @@ class DynamoThreadItems:
         )
 
     def bury_thread(
-        self, thread_id: str, gen: int, now: int, stale: str | None, created: int, runs: list[str], read: Tombstone
+        self,
+        thread_id: str,
+        gen: int,
+        now: int,
+        stale: str | None,
+        created: int,
+        runs: list[str],
+        read: Tombstone,
+        gone: frozenset[str] = frozenset(),
     ) -> Call:
         """``delete_thread``'s switch: the thread's record moves to generation
         ``gen`` (every item below it is deleted for readers and writers), with no
@@ -109,7 +118,11 @@ class DynamoThreadItems:
         of the same generation): this write takes those out, and an archive
         switched or a thread listed in between would be named by nothing after
         it. Refused (a conditional check failure), the record is read again and
-        the delete decided again."""
+        the delete decided again.
+
+        ``gone`` (an erase with encryption): the ids of the thread's destroyed data
+        keys, added to the record in the same write, so no commit sealed under one
+        lands after the switch (``DynamoCalls.fence``)."""
         names = {
             "#g": GEN, "#d": "deleted_at", "#a": ARCHIVE, "#m": ARCHIVING, "#r": RESTORING, "#x": DEAD_RUNS, "#c": CREATED,
         }
@@ -124,10 +137,17 @@ class DynamoThreadItems:
             names["#u"] = UNLISTING
             values[":u"] = {"N": str(created)}
         update += " REMOVE #a, #m, #r, #x, #c"
+        added = []
         if runs:
-            update += " ADD #sr :sr"
+            added.append("#sr :sr")
             names["#sr"] = STALE_RUNS
             values[":sr"] = {"SS": sorted(runs)}
+        if gone:
+            added.append("#gk :gk")
+            names["#gk"] = GONE_KEYS
+            values[":gk"] = {"SS": sorted(gone)}
+        if added:
+            update += " ADD " + ", ".join(added)
         as_read = []
         for name, value in (("#a", read.archive), ("#m", read.archiving), ("#c", read.created or None)):
             if value is None:

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import Any
 
-from s3_saver._format.codec import CHECKPOINT_FORMAT, unpack
 from s3_saver._format.entries import (
     REGULAR_PART,
     Activity,
@@ -67,16 +65,16 @@ from s3_saver._transport.s3 import S3Calls, put_immutable
 
 
 class _Pinned:
-    """Checkpoint records a cached head pins (``Head.pinned``), by object key."""
+    """Checkpoint objects' bytes a cached head pins (``Head.pinned``), by object key:
+    as stored (sealed, with encryption), the resolver opens and decodes them."""
 
     def __init__(self, index: ManifestIndex) -> None:
         self._index = index
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> bytes | None:
         o = self._index.layout.parts_of(key)  # a key of a reference: this layout built it
         head = self._index._cached(o.thread_id) if o is not None and o.kind == "checkpoint" else None
-        body = head.pinned.get((o.ns, o.checkpoint_id, o.tag)) if head is not None and o is not None else None
-        return None if body is None else unpack(body, CHECKPOINT_FORMAT, f"{key}, pinned in its thread's head")
+        return head.pinned.get((o.ns, o.checkpoint_id, o.tag)) if head is not None and o is not None else None
 
 
 class ManifestIndex(
@@ -113,7 +111,7 @@ class ManifestIndex(
     def replaced_prefix(self) -> str:  # type: ignore[override]
         return self.layout.manifest_root  # every write replaces a head here
 
-    def held_records(self) -> _Pinned:  # type: ignore[override]
+    def held_bodies(self) -> _Pinned:
         """The pinned bodies of the heads this process holds (read as they are
         when the resolver asks: it asks after its first wave read the head)."""
         return _Pinned(self)
@@ -192,7 +190,12 @@ class ManifestIndex(
         return Prepared(head.gen, parent, bool(head.created), listing, frozenset(head.dead_runs), head.archive, entry)
 
     def commit_checkpoint(
-        self, entry: CheckpointEntry, created: int | None = None, parent_tag: str | None = None, active: Activity | None = None
+        self,
+        entry: CheckpointEntry,
+        created: int | None = None,
+        parent_tag: str | None = None,
+        active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         """One swap of the head: the commit point. Refused (``Fenced``) when the
         head says the thread was deleted since the writer read it, is archived,
@@ -202,7 +205,7 @@ class ManifestIndex(
         the day whose activity entry ``prepare`` wrote, recorded in the head."""
 
         def check(head: Head) -> Op[None]:
-            _fence(head, entry.gen, entry.run_id)
+            _fence(head, entry.gen, entry.run_id, key_id)
             if parent_tag is not None and entry.parent_id is not None:
                 parent = yield from self._find(head, entry.ns, entry.parent_id)
                 if parent is None or parent.tag != parent_tag:
@@ -248,13 +251,13 @@ class ManifestIndex(
         # versioned bucket its key is recorded for an erase first (``_unname``).
         yield from self._unname({thread_id: keys})
 
-    def commit_writes(self, entries: list[WritesEntry]) -> Op[WritesOutcome]:
+    def commit_writes(self, entries: list[WritesEntry], key_id: str | None = None) -> Op[WritesOutcome]:
         thread_id = entries[0].thread_id
         outcome = WritesOutcome()
 
         def check(head: Head) -> Op[None]:
             yield from ()
-            _fence(head, entries[0].gen, None)
+            _fence(head, entries[0].gen, None, key_id)
 
         def change(head: Head) -> Head | None:
             outcome.unused.clear()
@@ -283,8 +286,13 @@ class ManifestIndex(
         return outcome
 
 
-def _fence(head: Head, gen: int, run_id: str | None) -> None:
+def _fence(head: Head, gen: int, run_id: str | None, key_id: str | None = None) -> None:
     """A commit's check of the head (the thread's record): not deleted since the
-    writer learned ``gen``, not archived, the writer's run not deleted."""
+    writer learned ``gen``, not archived, the writer's run not deleted, and
+    (encryption) the key the writer sealed with not destroyed by an erase: nothing
+    sealed under a destroyed key commits after the erase's switch, whatever key a
+    process cached before it."""
     if head.archive is not None or gen != head.gen or (run_id is not None and run_id in head.dead_runs):
+        raise Fenced(record_of(head))
+    if key_id is not None and key_id in head.gone_keys:
         raise Fenced(record_of(head))

@@ -117,6 +117,9 @@ class Head:
     # The first day whose activity entry a write recorded, in any of the thread's
     # lives (a delete keeps it): an erase looks for entries from there on (``idle.activity_span``).
     since: int = 0
+    # With encryption: the ids (hex) of the data keys an erase destroyed (written by
+    # its delete switch); a commit sealed under one is refused (``backend._fence``).
+    gone_keys: list[str] = field(default_factory=list)
     # The bucket it was written to: after a failback, a region's own last head
     # is told from the other region's heads replicated over it (_ops/settle).
     site: str | None = None
@@ -192,6 +195,8 @@ def encode_head(head: Head, versioned: bool = False) -> bytes:
     }
     if head.stale_runs:  # only while a delete is under way: no byte on every other write
         doc["stale_runs"] = head.stale_runs
+    if head.gone_keys:  # only after an erase with encryption
+        doc["gone_keys"] = head.gone_keys
     return pack(doc)
 
 
@@ -239,6 +244,7 @@ def decode_head(thread_id: str, data: bytes, where: str, etag: str | None) -> He
         archive=decode_ref(thread_id, doc["archive"], where) if doc.get("archive") is not None else None,
         stale_archive=doc.get("stale_archive"),
         stale_runs=list(doc.get("stale_runs", [])),
+        gone_keys=list(doc.get("gone_keys", [])),
         site=doc.get("site"),
         unlisting=doc.get("unlisting", 0),
         archiving=doc.get("archiving"),
@@ -374,7 +380,7 @@ def record_of(head: Head) -> Tombstone:
     return Tombstone(
         head.thread_id, None, head.gen, head.deleted_at, head.created, frozenset(head.dead_runs),
         head.archive, head.stale_archive, head.archiving, None, head.unlisting, head.active,
-        head.since, active_tokens=tuple(head.active_tokens),
+        head.since, active_tokens=tuple(head.active_tokens), gone_keys=frozenset(head.gone_keys),
     )
 
 

@@ -63,13 +63,14 @@ class ManifestLifecycle:
         yield from self._install(head, install)
 
     # -- delete, prune and copy ----------------------------------------------------------
-    def delete_thread(self, thread_id: str, now: int, release: Release) -> Op[None]:
+    def delete_thread(self, thread_id: str, now: int, release: Release, gone: frozenset[str] = frozenset()) -> Op[None]:
         """One swap makes the thread gone (the next generation, no entries); its old
         entries and segments wait in the head's graveyard until their objects are
         deleted, so a delete cut short is finished by the next one. What stays is
-        the head alone: the generation and when it was deleted."""
+        the head alone: the generation and when it was deleted (and ``gone``, an
+        erase's destroyed key ids: see ``Index.delete_thread``)."""
         head = yield from self._read_head(thread_id)
-        if head.etag is None:
+        if head.etag is None and not gone:
             return  # nothing was ever stored: leave no trace
 
         marked: list[str | None] = [None]
@@ -100,6 +101,8 @@ class ManifestLifecycle:
                 # The entries of earlier days wait for archive_idle's walk (a
                 # versioned bucket keeps them after): an erase looks from here.
                 since=h.since,
+                # The erase's destroyed keys, in the switch: no commit under one after it.
+                gone_keys=sorted({*h.gone_keys, *gone}),
             )
 
         head = yield from self._update(thread_id, bury, head)

@@ -1,0 +1,238 @@
+"""How a data key is made, wrapped and unwrapped: by AWS KMS, or by a local master key.
+
+Both keyrings are written as operations (``_transport/protocol``): the KMS keyring yields
+its ``GenerateDataKey``, ``Decrypt`` and ``ReEncrypt`` calls like any S3 or DynamoDB call,
+so the sync and async drivers send them, retry them and count them; the local keyring
+sends nothing (it returns without yielding). Each works on a batch, one wave for all:
+the keys of every thread a read needs are unwrapped together.
+
+A wrapped key is bound to its thread (``records.context``): KMS checks the encryption
+context on ``Decrypt``; the local keyring uses its canonical bytes as associated data.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from s3_saver._crypto.config import KmsKey, LocalKey
+from s3_saver._crypto.envelope import DATA_KEY_BYTES, aesgcm
+from s3_saver._crypto.records import KeyRecord, canonical
+from s3_saver._transport.failures import error_code
+from s3_saver._transport.protocol import Call, Op, raise_failure, request
+from s3_saver.errors import (
+    CorruptObjectError,
+    EncryptionKeyError,
+    ForeignCiphertextError,
+    Where,
+)
+
+KMS_PREFIX = "kms:"
+LOCAL_PREFIX = "local:"
+_LOCAL_VERSION = b"\x01"
+_NONCE = 12
+# KMS's answer to a wrapped key that does not open under the context given: bound to
+# another thread or prefix, or changed.
+_NOT_OURS = frozenset({"InvalidCiphertextException"})
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    """A data key made by a keyring: in the clear (to use) and wrapped (to keep)."""
+
+    secret: bytes
+    wrapped: bytes
+    kek: str  # what wrapped it, as records name it
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A key record to unwrap, with what it is bound to and where it was read (named
+    in errors)."""
+
+    record: KeyRecord
+    context: dict[str, str]
+    bucket: str
+    key: str
+    thread_id: str
+
+    def where(self) -> str:
+        return f"key record s3://{self.bucket}/{self.key} of thread {self.thread_id!r}"
+
+
+class Keyring(ABC):
+    """Makes and unwraps data keys under one key-encryption key."""
+
+    @abstractmethod
+    def describe(self) -> str: ...
+
+    @abstractmethod
+    def generate(self, contexts: list[dict[str, str]]) -> Op[list[Wrapped]]:
+        """A new data key per context, each wrapped bound to its context (one wave)."""
+
+    @abstractmethod
+    def unwrap(self, sealed: list[Sealed]) -> Op[list[bytes]]:
+        """The data keys of live records (one wave).
+
+        Raises:
+            ForeignCiphertextError: A wrapped key bound to another place (a record
+                moved to another thread), or changed.
+            EncryptionKeyError: A record wrapped by another key-encryption key.
+        """
+
+    def _check_kek(self, item: Sealed, prefix: str) -> None:
+        if not (item.record.kek or "").startswith(prefix):
+            raise self._wrong_kek(item)
+
+    def _wrong_kek(self, item: Sealed) -> EncryptionKeyError:
+        return EncryptionKeyError(
+            f"{item.where()} was wrapped by {item.record.kek or 'an unknown key'}; this saver's encryption is "
+            f"{self.describe()}: configure the key that wrapped it"
+        )
+
+
+class KmsKeyring(Keyring):
+    """Data keys from KMS ``GenerateDataKey``, unwrapped by ``Decrypt`` (the key the
+    record names: a record re-wrapped under a new key opens with that one)."""
+
+    def __init__(self, config: KmsKey, where: Where) -> None:
+        self.key_id = config.key_id
+        self.where = where
+
+    def describe(self) -> str:
+        return f"KMS key {self.key_id!r}"
+
+    def _call(self, operation: str, params: dict[str, Any]) -> Call:
+        return Call("kms", operation, params, self.where)
+
+    def generate(self, contexts: list[dict[str, str]]) -> Op[list[Wrapped]]:
+        if not contexts:
+            return []
+        calls = [
+            self._call("generate_data_key", {"KeyId": self.key_id, "KeySpec": "AES_256", "EncryptionContext": c})
+            for c in contexts
+        ]
+        answers = yield from request(*calls)
+        made = []
+        for call, answer in zip(calls, answers):
+            secret = bytes(answer["Plaintext"])
+            if len(secret) != DATA_KEY_BYTES:
+                raise CorruptObjectError(f"{call.describe()}: KMS answered a data key of {len(secret)} bytes, not 32")
+            made.append(Wrapped(secret, bytes(answer["CiphertextBlob"]), KMS_PREFIX + answer["KeyId"]))
+        return made
+
+    def unwrap(self, sealed: list[Sealed]) -> Op[list[bytes]]:
+        if not sealed:
+            return []
+        for item in sealed:
+            self._check_kek(item, KMS_PREFIX)
+        calls = tuple(
+            self._call(
+                "decrypt",
+                {
+                    "CiphertextBlob": item.record.wrapped,
+                    "EncryptionContext": item.context,
+                    "KeyId": (item.record.kek or "")[len(KMS_PREFIX) :],
+                },
+            )
+            for item in sealed
+        )
+        answers = yield calls
+        keys = []
+        for item, call, answer in zip(sealed, calls, answers):
+            if isinstance(answer, BaseException):
+                if error_code(answer) in _NOT_OURS:
+                    raise ForeignCiphertextError(
+                        f"{item.where()}: KMS does not unwrap its data key for this thread ({error_code(answer)}): "
+                        "the record was moved from another thread or prefix, or changed",
+                        bucket=item.bucket, key=item.key, thread_id=item.thread_id,
+                    ) from answer
+                raise_failure(call, answer)
+            secret = bytes(answer["Plaintext"])
+            if len(secret) != DATA_KEY_BYTES:
+                raise CorruptObjectError(f"{item.where()}: KMS unwrapped {len(secret)} bytes, not a 32-byte data key")
+            keys.append(secret)
+        return keys
+
+    def rewrap(self, sealed: list[Sealed], destination_key_id: str) -> Op[list[tuple[bytes, str]]]:
+        """Each record's data key wrapped under ``destination_key_id`` instead, bound to
+        the same context, without it ever leaving KMS (``ReEncrypt``): (wrapped, kek)."""
+        if not sealed:
+            return []
+        for item in sealed:
+            self._check_kek(item, KMS_PREFIX)
+        calls = [
+            self._call(
+                "re_encrypt",
+                {
+                    "CiphertextBlob": item.record.wrapped,
+                    "SourceEncryptionContext": item.context,
+                    "SourceKeyId": (item.record.kek or "")[len(KMS_PREFIX) :],
+                    "DestinationKeyId": destination_key_id,
+                    "DestinationEncryptionContext": item.context,
+                },
+            )
+            for item in sealed
+        ]
+        answers = yield tuple(calls)
+        out = []
+        for item, call, answer in zip(sealed, calls, answers):
+            if isinstance(answer, BaseException):
+                if error_code(answer) in _NOT_OURS:
+                    raise ForeignCiphertextError(
+                        f"{item.where()}: KMS does not re-wrap its data key for this thread ({error_code(answer)})",
+                        bucket=item.bucket, key=item.key, thread_id=item.thread_id,
+                    ) from answer
+                raise_failure(call, answer)
+            out.append((bytes(answer["CiphertextBlob"]), KMS_PREFIX + answer["KeyId"]))
+        return out
+
+
+class LocalKeyring(Keyring):
+    """Random data keys wrapped with AES-256-GCM under a local master key: no request."""
+
+    def __init__(self, config: LocalKey) -> None:
+        self._master = aesgcm()(config._secret)
+        self.kek = LOCAL_PREFIX + config.fingerprint
+
+    def describe(self) -> str:
+        return f"the local master key {self.kek[len(LOCAL_PREFIX):]!r}"
+
+    def generate(self, contexts: list[dict[str, str]]) -> Op[list[Wrapped]]:
+        made = []
+        for c in contexts:
+            # Random, never derived from the master key: a derivable key could not be destroyed.
+            secret = os.urandom(DATA_KEY_BYTES)
+            nonce = os.urandom(_NONCE)
+            wrapped = _LOCAL_VERSION + nonce + self._master.encrypt(nonce, secret, canonical(c))
+            made.append(Wrapped(secret, wrapped, self.kek))
+        return made
+        yield  # pragma: no cover - an operation that sends nothing
+
+    def unwrap(self, sealed: list[Sealed]) -> Op[list[bytes]]:
+        from cryptography.exceptions import InvalidTag
+
+        keys = []
+        for item in sealed:
+            if item.record.kek != self.kek:
+                raise self._wrong_kek(item)
+            wrapped = item.record.wrapped or b""
+            if wrapped[:1] != _LOCAL_VERSION or len(wrapped) < 1 + _NONCE + DATA_KEY_BYTES:
+                raise CorruptObjectError(f"{item.where()}: its wrapped key is not the local keyring's")
+            try:
+                secret = self._master.decrypt(wrapped[1 : 1 + _NONCE], wrapped[1 + _NONCE :], canonical(item.context))
+            except InvalidTag:
+                raise ForeignCiphertextError(
+                    f"{item.where()}: its data key does not unwrap for this thread under the local master key: "
+                    "the record was moved from another thread or prefix, or changed",
+                    bucket=item.bucket, key=item.key, thread_id=item.thread_id,
+                ) from None
+            keys.append(secret)
+        return keys
+        yield  # pragma: no cover - an operation that sends nothing
+
+
+def keyring_for(config: KmsKey | LocalKey, where: Where) -> Keyring:
+    return KmsKeyring(config, where) if isinstance(config, KmsKey) else LocalKeyring(config)
