@@ -905,7 +905,8 @@ def test_delete_thread_removes_an_archived_thread(endpoint, index_mode, storage_
 
 
 # -- 8. requests per call (deterministic: a fixed thread put directly) --------------------------------
-def _costs(endpoint: str, index_mode: str) -> dict[str, tuple[int, dict[str, int]]]:
+def _costs(endpoint: str, index_mode: str, **kwargs: Any) -> dict[str, tuple[int, dict[str, int]]]:
+    """Each call's (round trips, requests); ``kwargs``: the savers' (a prefix, encryption=)."""
     out: dict[str, tuple[int, dict[str, int]]] = {}
 
     def measure(name: str, saver: S3Saver, call: Callable[[], Any], raises: type | None = None) -> Any:
@@ -920,19 +921,19 @@ def _costs(endpoint: str, index_mode: str) -> dict[str, tuple[int, dict[str, int
         out[name] = (stats.round_trips, {f"{svc}:{op}": n for (svc, op), n in sorted(stats.requests.items())})
         return result
 
-    saver = make_saver(endpoint, index_mode)
+    saver = make_saver(endpoint, index_mode, **kwargs)
     saver.setup()
     for tid in ("t", "d"):
         last = grow_thread(saver, tid, 3)
         saver.put_writes(last, [("counter", 9), ("__interrupt__", "why")], "task-1")
     measure("archive_thread", saver, lambda: saver.archive_thread("t"))
     measure("archive_thread again", saver, lambda: saver.archive_thread("t"))
-    cold = make_saver(endpoint, index_mode)  # another process: nothing cached
+    cold = make_saver(endpoint, index_mode, **kwargs)  # another process: nothing cached
     found = measure("get_tuple cold", cold, lambda: cold.get_tuple(config("t")))
     assert found is not None and found.pending_writes
     measure("get_tuple warm", cold, lambda: cold.get_tuple(config("t")))
     measure("list warm", cold, lambda: list(cold.list(config("t"))))
-    restorer = make_saver(endpoint, index_mode)
+    restorer = make_saver(endpoint, index_mode, **kwargs)
     measure("restore_thread", restorer, lambda: restorer.restore_thread("t"))
     measure("restore_thread of a live thread", restorer, lambda: restorer.restore_thread("t"))
     measure("archive_thread DEEP_ARCHIVE", saver, lambda: saver.archive_thread("d", storage_class="DEEP_ARCHIVE"))

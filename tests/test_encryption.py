@@ -304,18 +304,15 @@ def test_operations_that_cannot_encrypt_yet_refuse_before_sending(endpoint, inde
     _thread(saver, "t", "value")
     saver.stats.reset()
     refused = {
-        "archive_thread": lambda: saver.archive_thread("t"),
-        "restore_thread": lambda: saver.restore_thread("t"),
         "export_thread": lambda: saver.export_thread("t"),
         "rebuild_index": lambda: saver.rebuild_index("t"),
-        "archive_idle": lambda: saver.archive_idle(),
     }
     for name, call in refused.items():
         with pytest.raises(ConfigurationError, match=f"{name} is not yet supported with encryption"):
             call()
     assert saver.stats.total_requests == 0
     with pytest.raises(ConfigurationError, match="not yet supported with encryption"):
-        asyncio.run(saver.arestore_thread("t"))
+        asyncio.run(saver.aexport_thread("t"))
     from s3_saver import Replica, S3Cache, S3Store
 
     # Memory and the node cache are not encrypted yet: not on an encrypting saver either.

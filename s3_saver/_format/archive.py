@@ -28,7 +28,7 @@ from typing import Any
 
 import ormsgpack
 
-from s3_saver._format.codec import CHECKPOINT_FORMAT, pack, plain, unpack
+from s3_saver._format.codec import CHECKPOINT_FORMAT, is_packed, pack, plain, unpack
 from s3_saver._format.entries import ArchiveRef, CheckpointEntry, WritesEntry, as_ref
 from s3_saver.errors import ConfigurationError, CorruptObjectError
 
@@ -229,11 +229,26 @@ def latest_of(archive: Archive) -> CheckpointEntry | None:
 # so that an index rebuilt beside a cold archive (which cannot be read) still marks them all.
 _META_NEWEST = "s3saver-newest"
 _META_MAX = 1536
+# With encryption: the id (hex) of the thread's data key the archive is sealed under. A
+# HeadObject reads it where a GET cannot (a cold class): an erase reports such a version
+# crypto-erased only when it names a destroyed key.
+_META_KEY_ID = "s3saver-key-id"
 
 
-def archive_metadata(newest: dict[str, str]) -> dict[str, str]:
+def archive_metadata(newest: dict[str, str], key_id: str | None = None) -> dict[str, str]:
     encoded = base64.b64encode(ormsgpack.packb(newest)).decode()
-    return {_META_NEWEST: encoded} if len(encoded) <= _META_MAX else {}
+    found = {_META_NEWEST: encoded} if len(encoded) <= _META_MAX else {}
+    if key_id is not None:
+        found[_META_KEY_ID] = key_id
+    return found
+
+
+def metadata_key_id(metadata: dict[str, str]) -> bytes | None:
+    """The data key id an archive object's user metadata names (None: none, or not one)."""
+    try:
+        return bytes.fromhex(metadata[_META_KEY_ID])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def metadata_newest(metadata: dict[str, str]) -> dict[str, str] | None:
@@ -248,6 +263,10 @@ def metadata_newest(metadata: dict[str, str]) -> dict[str, str] | None:
 def encode_ref(ref: ArchiveRef) -> bytes:
     latest = ref.latest
     row = None if latest is None else [latest.checkpoint_id, latest.parent_id, latest.body, latest.run_id]
+    if row is not None and latest is not None and not is_packed(latest.body or b""):
+        # Encrypted (the body is sealed, its metadata cannot be read from it): the
+        # metadata, sealed as index entries carry theirs, goes beside.
+        row.append(None if latest.metadata is None else list(latest.metadata))
     return ormsgpack.packb(
         [REF_FORMAT, ref.key, ref.storage_class, ref.size, ref.archived_at, ref.newest, row, ref.checkpoints, ref.live_bytes, ref.runs]
     )
@@ -262,9 +281,13 @@ def decode_ref(thread_id: str, data: bytes, where: str) -> ArchiveRef:
         raise CorruptObjectError(f"{where}: archive reference of version {version}, this saver reads {REF_FORMAT}")
     latest = None
     if row is not None:
-        cid, parent_id, body, run_id = row
-        record = unpack(bytes(body), CHECKPOINT_FORMAT, where)
-        metadata = (record["metadata"][0], bytes(record["metadata"][1]))
+        cid, parent_id, body, run_id, *sealed = row
+        if sealed:
+            # Sealed as the body is: opened where it is read.
+            metadata = None if sealed[0] is None else (str(sealed[0][0]), bytes(sealed[0][1]))
+        else:
+            record = unpack(bytes(body), CHECKPOINT_FORMAT, where)
+            metadata = (record["metadata"][0], bytes(record["metadata"][1]))
         latest = CheckpointEntry(thread_id, "", cid, parent_id, {}, bytes(body), metadata, writes=[], run_id=run_id)
     # References written before a field existed are shorter: its default holds.
     return ArchiveRef(key, storage_class, size, archived_at, dict(newest), latest, *counts[:2], *(list(r) for r in counts[2:3]))

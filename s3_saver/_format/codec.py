@@ -53,6 +53,13 @@ def squeeze(data: bytes) -> bytes:
     return data
 
 
+def is_packed(data: bytes) -> bool:
+    """Whether ``data`` is a packed record as ``pack`` stores it (a msgpack map, or zlib):
+    its first byte tells (an encrypted envelope starts with 0x00, which neither does)."""
+    first = data[:1]
+    return first == _ZLIB_FIRST_BYTE or (bool(first) and (0x80 <= first[0] <= 0x8F or first[0] in (0xDE, 0xDF)))
+
+
 def plain(data: bytes, where: str) -> bytes:
     """A stored object's packed record, uncompressed (the inverse of ``squeeze``)."""
     if data[:1] != _ZLIB_FIRST_BYTE:

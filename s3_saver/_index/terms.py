@@ -40,6 +40,10 @@ class Archived(ThreadArchivedError):
             ref.key,
         )
         self.ref = ref
+        # With encryption: the keys the read loaded beside the index read that raised
+        # this (``_ops/keyed.keyed_beside``), with which the read goes on against the
+        # archive (an operation's ``Sealer``; None: none loaded).
+        self.sealer: Any = None
 
 
 class Fenced(Exception):

@@ -20,6 +20,18 @@ call again finishes the job:
 * a restore cut short before its switch left objects under a tag no entry
   names (collect_garbage's); after it, the archive object waits in the index
   (``stale_archive``) until deleted.
+
+With encryption, the archive holds the thread's records in the clear (each live
+object opened under the thread's key for its own place as it is read), and the
+whole archive object (its header line and compressed document) is sealed under
+the thread's key, bound to the archive object's key: moved to another key or
+thread it does not open, and once the key is destroyed no copy of it (a locked
+version, one in a cold class, a backup) can be read. The object's user metadata
+names the key it is sealed under (``archive_metadata``): an erase that cannot read
+a cold version tells from its HeadObject whether the destroyed key sealed it. The
+index's reference to the archive carries the latest root checkpoint's record
+without its values (the thread listing shows it): sealed too, for that
+checkpoint's object, as index entries carry bodies.
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ from s3_saver._format.archive import (
     newest_of,
 )
 from s3_saver._format.closure import closure, own_object
-from s3_saver._format.codec import plain
+from s3_saver._format.codec import CHECKPOINT_FORMAT, plain, typed, unpack
 from s3_saver._format.entries import ArchiveRef, CheckpointEntry, retag
 from s3_saver._format.keys import ObjectKey, new_token
 from s3_saver._index.terms import Archived
@@ -48,9 +60,9 @@ from s3_saver._ops.archived import (
     _thread,
     read_archive,
 )
-from s3_saver._ops.context import Context
+from s3_saver._ops.context import Context, meta_key
 from s3_saver._ops.delete import delete_keys, deleter
-from s3_saver._ops.keyed import unsupported
+from s3_saver._ops.keyed import keyed_beside, unsupported
 from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,
@@ -73,10 +85,11 @@ def archive_thread(
 ) -> Op[ArchiveStatus | None]:
     """``still``: asked of the thread as read under the mark (``archive_idle``: is
     it idle still?); False takes the mark off and returns None, nothing archived."""
-    unsupported(ctx, "archive_thread")
     thread_id = _thread(thread_id)
     check_class(storage_class, ARCHIVE_CLASSES, "storage_class")
-    own = yield from ctx.index.archive_of(thread_id)
+    # The thread's key (with encryption) beside its record: to open its objects and
+    # seal the archive.
+    ctx, own = yield from keyed_beside(ctx, [thread_id], ctx.index.archive_of(thread_id))
     if own.archive is not None:
         # Archived already: finish removing the live thread, if a call was cut short.
         yield from ctx.index.finish_archive(thread_id, own.archive, deleter(ctx, thread_id))
@@ -115,11 +128,13 @@ def archive_thread(
         # the switch (below); one before it is in this read.
         yield from _unmark(ctx, thread_id, key)
         return None
-    data = encode_archive(archive)
+    # Sealed whole (with encryption) for its own key: the archive is one message.
+    data = ctx.sealer.seal(thread_id, key, encode_archive(archive))
     newest = newest_of(archive.entries)
-    yield from _put_archive(ctx, key, data, storage_class, archive_metadata(newest))
+    yield from _put_archive(ctx, key, data, storage_class, archive_metadata(newest, ctx.sealer.key_id(thread_id)))
     runs = sorted({e.run_id for e in entries if e.run_id is not None})
-    ref = ArchiveRef(key, storage_class, len(data), ctx.now(), newest, latest_of(archive), len(entries), live_bytes, runs)
+    latest = _sealed_latest(ctx, latest_of(archive))
+    ref = ArchiveRef(key, storage_class, len(data), ctx.now(), newest, latest, len(entries), live_bytes, runs)
     ctx.locs.forget_thread(thread_id)
     if not (yield from ctx.index.switch_archive(thread_id, ref, snapshot)):
         # A commit came after the read (or another call's archive took over):
@@ -150,10 +165,27 @@ def _status(thread_id: str, state: str, ref: ArchiveRef) -> ArchiveStatus:
     return ArchiveStatus(thread_id, state, ref.storage_class, ref.key, ref.size, ref.checkpoints, ref.live_bytes)
 
 
+def _sealed_latest(ctx: Context, latest: CheckpointEntry | None) -> CheckpointEntry | None:
+    """The latest root checkpoint as the index's reference carries it: with encryption,
+    its record (without values) sealed for the checkpoint's object as the summary names
+    it, and its metadata as index entries seal theirs."""
+    if latest is None or not ctx.sealer.enabled:
+        return latest
+    t, body = latest.thread_id, latest.body or b""
+    object_key = ctx.layout.object_key(own_object(latest))
+    # The metadata, from the record when the index entry carried none: read from the
+    # reference, it cannot be taken from the sealed body.
+    metadata = latest.metadata or typed(unpack(body, CHECKPOINT_FORMAT, f"checkpoint {latest.checkpoint_id}")["metadata"])
+    metadata = ctx.sealer.seal_meta(t, meta_key(ctx, t, latest.ns, latest.checkpoint_id), metadata)
+    return replace(latest, body=ctx.sealer.seal(t, object_key, body), metadata=metadata)
+
+
 def _collect(ctx: Context, thread_id: str, entries: list[CheckpointEntry], created: int) -> Op[tuple[Archive, int]]:
     """The archive of ``entries``: every object they name (``closure.closure``),
     read in waves (bodies the index carries are not read again), under its
-    logical name: tags go (an install writes every object anew)."""
+    logical name: tags go (an install writes every object anew). With encryption
+    each is opened under the thread's key for its own place (the archive holds
+    records in the clear; it is sealed whole), and so is each entry's metadata."""
     layout = ctx.layout
     needed = closure(entries)
     have: dict[ObjectKey, bytes] = {}
@@ -168,22 +200,31 @@ def _collect(ctx: Context, thread_id: str, entries: list[CheckpointEntry], creat
         have.update((o, result["Body"]) for o, result in zip(chunk, results))
     live_bytes = sum(len(have[o]) for o in needed)
     where = f"thread {thread_id!r}"
+
+    def record(o: ObjectKey, what: str) -> bytes:
+        key = layout.object_key(o)
+        return plain(ctx.sealer.open(thread_id, key, have[o], f"s3://{ctx.s3.bucket}/{key}"), f"{what} of {where}")
+
     out = []
     for e in sorted(entries, key=lambda e: (e.checkpoint_id, e.ns)):  # parents first
         writes = [
-            replace(w, body=plain(have[own_object(w)], f"pending write of {e.checkpoint_id}"), gen=0, expires_at=None)
+            replace(w, body=record(own_object(w), f"pending write of {e.checkpoint_id}"), gen=0, expires_at=None)
             for w in e.writes or ()
         ]
-        body = plain(have[own_object(e)], f"checkpoint {e.checkpoint_id} of {where}")
+        body = record(own_object(e), f"checkpoint {e.checkpoint_id}")
+        metadata = e.metadata
+        if metadata is not None:
+            source = f"index entry of checkpoint {e.checkpoint_id} of {where}"
+            metadata = ctx.sealer.open_meta(thread_id, meta_key(ctx, thread_id, e.ns, e.checkpoint_id), metadata, source)
         loc = {ch: retag(ref, "") for ch, ref in e.loc.items()}
-        out.append(replace(e, body=body, writes=writes, gen=0, expires_at=None, tag="", loc=loc))
+        out.append(replace(e, body=body, metadata=metadata, writes=writes, gen=0, expires_at=None, tag="", loc=loc))
     archive = Archive(thread_id, created, out)
     own = {(e.ns, e.checkpoint_id) for e in entries}
     for o in needed:
         if o.kind == "blob":
-            archive.blobs[(o.ns, o.channel, o.version, o.checkpoint_id)] = plain(have[o], f"blob of {where}")
+            archive.blobs[(o.ns, o.channel, o.version, o.checkpoint_id)] = record(o, "blob")
         elif o.kind == "checkpoint" and (o.ns, o.checkpoint_id) not in own:
-            archive.records[(o.ns, o.checkpoint_id)] = plain(have[o], f"checkpoint {o.checkpoint_id} of {where}")
+            archive.records[(o.ns, o.checkpoint_id)] = record(o, f"checkpoint {o.checkpoint_id}")
     return archive, live_bytes
 
 

@@ -10,6 +10,13 @@ archived thread cost 2 round trips cold (the index read, the GET) and 1 warm.
 An archive in a class that cannot be read at once (``GLACIER``,
 ``DEEP_ARCHIVE``, moved there by a lifecycle rule, or an ``INTELLIGENT_TIERING``
 object in an archive tier) raises ``ThreadArchivedError`` naming ``restore_thread``.
+
+With encryption, an archive object is sealed whole under the thread's key, bound to
+its own key (``archive.archive_thread``): ``read_archive`` loads the thread's key
+beside the GET (from the cache, no request, when the index read before it loaded it)
+and opens it; moved to another key or thread it does not open
+(``ForeignCiphertextError``), a plaintext archive is refused (``PlaintextObjectError``),
+and one sealed under a destroyed key says so (``ThreadErasedError``).
 """
 
 from __future__ import annotations
@@ -18,18 +25,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from s3_saver._crypto.sealer import PLAIN
 from s3_saver._format.archive import INSTANT_CLASSES, decode_archive
 from s3_saver._format.entries import ArchiveRef
 from s3_saver._index.archived import ArchiveIndex
 from s3_saver._index.terms import Archived
 from s3_saver._ops.context import Context, LocCache, target
 from s3_saver._ops.delete import delete_keys
+from s3_saver._ops.keyed import keyed_beside
 from s3_saver._transport.failures import error_code
 from s3_saver._transport.protocol import Op, T, raise_failure, request_one
 from s3_saver.errors import (
     ConfigurationError,
     MissingObjectError,
-    PlaintextObjectError,
     ThreadArchivedError,
 )
 
@@ -47,8 +55,10 @@ def or_archive(ctx: Context, make: Callable[[Context], Op[T]]) -> Op[T]:
         try:
             return (yield from make(ctx))
         except Archived as archived:
+            # With encryption, the keys the index read loaded beside it (``keyed_beside``).
+            keyed_ctx = ctx if archived.sealer is None else replace(ctx, sealer=archived.sealer)
             try:
-                actx = yield from archive_context(ctx, archived.thread_id, archived.ref)
+                actx = yield from archive_context(keyed_ctx, archived.thread_id, archived.ref)
             except MissingObjectError:
                 if attempt:
                     raise
@@ -66,23 +76,29 @@ def archive_context(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[Context
         ctx.archives.put(ref.key, index)
     # Its own loc cache (this read's alone, with a budget of its own: it goes
     # with the read): what a write learns must come from the live index.
-    return replace(ctx, index=index, locs=LocCache())
+    # With encryption, the archive was opened whole (its tag checked for its place
+    # under the thread's key): the records it holds are plaintext, read as they are.
+    # The read runs with no encryption of its own (it seals nothing, and no index
+    # entry of it carries sealed bytes); a read never writes (a write restores first).
+    return replace(ctx, index=index, locs=LocCache(), crypt=None, sealer=PLAIN)
 
 
 def read_archive(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[bytes]:
-    """The archive object's bytes; raises ThreadArchivedError when it must be restored first."""
-    if ctx.crypt is not None:
-        # Archives are not encrypted yet: an encrypting saver never serves one (nor
-        # restores it into live objects), it says so.
-        raise PlaintextObjectError(
-            f"thread {thread_id!r} is archived in s3://{ctx.s3.bucket}/{ref.key}, an archive written without "
-            f"encryption: this saver encrypts (encryption={ctx.crypt.describe()}) and refuses it, nothing was read",
-            bucket=ctx.s3.bucket, key=ref.key, thread_id=thread_id,
-        )
-    data, head = yield from archive_body(ctx, ref)
+    """The archive's bytes in the archive format (opened under the thread's key, with
+    encryption); raises ThreadArchivedError when it must be restored first."""
+    # The thread's key (with encryption) beside the GET: from the cache when the index
+    # read that found the archive loaded it.
+    ctx, (data, head) = yield from keyed_beside(ctx, [thread_id], archive_body(ctx, ref))
     if data is None:
         raise cold_error(ctx, thread_id, ref, head)
-    return data
+    return open_archive(ctx, thread_id, ref, data)
+
+
+def open_archive(ctx: Context, thread_id: str, ref: ArchiveRef, data: bytes) -> bytes:
+    """An archive object's bytes as read, opened for its place (its key, the thread)
+    under the thread's key (``ctx`` holds it). Without encryption they pass as they
+    are, unless sealed (``EncryptedObjectError``: the saver needs ``encryption=``)."""
+    return ctx.sealer.open(thread_id, ref.key, data, f"archive s3://{ctx.s3.bucket}/{ref.key} of thread {thread_id!r}")
 
 
 def archive_body(ctx: Context, ref: ArchiveRef) -> Op[tuple[bytes | None, dict[str, Any]]]:

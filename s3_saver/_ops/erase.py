@@ -51,6 +51,7 @@ from datetime import UTC, datetime
 
 from s3_saver._crypto.envelope import HEADER_BYTES, is_sealed, key_id_of
 from s3_saver._crypto.records import KeyRecord
+from s3_saver._format.archive import metadata_key_id
 from s3_saver._format.keys import KeyLayout, new_token
 from s3_saver._ops import delete, idle
 from s3_saver._ops.audit import _referenced
@@ -179,31 +180,44 @@ def _crypto_erased(ctx: Context, left: list[RemainingVersion], destroyed: KeyRec
     """``left`` with each version sealed under a destroyed key of the thread marked
     crypto-erased: its first bytes read (one ranged GET each, one wave), the key id
     its envelope names looked up among the destroyed ones. A version in a class that
-    must be restored before it is read was written by this saver with encryption
-    on, sealed like every other: marked too. Another saver's keys, and the erase's
-    own records (no content), are not read."""
+    must be restored before it is read (an archive in GLACIER or DEEP_ARCHIVE) is
+    asked with HeadObject instead (one more wave, for those only): an archive names
+    the key it is sealed under in its user metadata. One that names none (a plaintext
+    archive, anything else moved to a cold class) is not marked. Another saver's
+    keys, and the erase's own records (no content), are not read."""
     gone = destroyed.erased_ids()
     candidates = [i for i, r in enumerate(left) if r.reason not in (RECORD, NESTED) and r.bucket == ctx.s3.bucket]
     if not candidates:
         return left
     calls = [ctx.s3.get_start(left[i].key, left[i].version_id, HEADER_BYTES) for i in candidates]
     answers = yield tuple(calls)
-    out = list(left)
+    found: dict[int, bytes | None] = {}
+    cold: list[int] = []
     for i, call, answer in zip(candidates, calls, answers):
-        when: int | None
         if isinstance(answer, BaseException):
             code = error_code(answer)
             if code in _GONE:
                 continue  # gone meanwhile: nothing to mark (reported as it was)
             if code != "InvalidObjectState":
                 raise_failure(call, answer)
-            when = destroyed.erased_at
+            cold.append(i)
         else:
             start = bytes(answer["Body"])
-            found = key_id_of(start) if is_sealed(start) else None
-            if found is None or found not in gone:
-                continue
-            when = gone[found]
+            found[i] = key_id_of(start) if is_sealed(start) else None
+    if cold:
+        heads = [ctx.s3.head_version(left[i].key, left[i].version_id) for i in cold]
+        answers = yield tuple(heads)
+        for i, call, answer in zip(cold, heads, answers):
+            if isinstance(answer, BaseException):
+                if error_code(answer) in _GONE:
+                    continue
+                raise_failure(call, answer)
+            found[i] = metadata_key_id(answer.get("Metadata") or {})
+    out = list(left)
+    for i, key_id in found.items():
+        if key_id is None or key_id not in gone:
+            continue
+        when = gone[key_id]
         at = datetime.fromtimestamp(when, UTC) if when is not None else None
         out[i] = replace(out[i], crypto_erased=True, key_destroyed_at=at)
     return out

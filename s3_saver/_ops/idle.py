@@ -38,7 +38,7 @@ from s3_saver._ops import threads
 from s3_saver._ops.archive import archive_thread
 from s3_saver._ops.archived import ArchiveStatus
 from s3_saver._ops.context import Context
-from s3_saver._ops.keyed import unsupported
+from s3_saver._ops.keyed import keyed_beside
 from s3_saver._ops.resolve import Resolver
 from s3_saver._transport.protocol import Op, drain, gather
 from s3_saver.errors import ConfigurationError, ThreadArchivedError
@@ -82,7 +82,6 @@ class IdleReport(list):  # type: ignore[type-arg]
 def archive_idle(
     ctx: Context, older_than: timedelta, storage_class: str, limit: int | None, budget: int, backfill: bool
 ) -> Op[IdleReport]:
-    unsupported(ctx, "archive_idle")
     if not isinstance(older_than, timedelta) or older_than.total_seconds() < 0:
         raise ConfigurationError(f"older_than must be a datetime.timedelta >= 0, got {older_than!r}")
     check_class(storage_class, ARCHIVE_CLASSES, "storage_class")
@@ -189,8 +188,9 @@ def _settle(
 
 def _latest_ts(ctx: Context, thread_ids: list[str]) -> Op[dict[str, datetime | None]]:
     """Each thread's latest root checkpoint's ``ts`` (None: archived, deleted, or
-    none), in one wave (and one more for checkpoint objects the index lacks)."""
-    found = yield from gather(*(_latest(ctx, t) for t in thread_ids))
+    none), in one wave (and one more for checkpoint objects the index lacks). With
+    encryption, the threads' keys are loaded in the same wave (their records opened)."""
+    ctx, found = yield from keyed_beside(ctx, thread_ids, gather(*(_latest(ctx, t) for t in thread_ids)))
     live = {t: e for t, e in zip(thread_ids, found) if e is not None and not ctx.expired(e)}
     resolver = Resolver(ctx)
     for entry in live.values():

@@ -6,11 +6,11 @@ point), then delete the archive object. Import writes an export the same way (in
 is what both, and copy_thread, share). A write to an archived thread restores it first
 (restore_before_write). Archiving a thread into one object is archive.
 
-With encryption, ``install`` seals every object it writes, and the entries' bodies and
-metadata, under the thread's key (made for a new thread), each for its own place: an
-export imported into an encrypting saver is stored encrypted. (Archives and exports are
-not encrypted yet: an encrypting saver refuses to read an archive, so restore_thread and
-a copy from an archived thread refuse with it; import takes the bytes it is given.)
+With encryption, an archive is opened under the thread's key for its place (its object
+key) before it is decoded (``archived.read_archive``), and ``install`` seals every object
+it writes, and the entries' bodies and metadata, under the thread's key (made for a new
+thread), each for its own place: a restored thread is encrypted as it was before its
+archive, and an export imported into an encrypting saver is stored encrypted.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from s3_saver._crypto.envelope import is_sealed
 from s3_saver._format.archive import (
+    INSTANT_CLASSES,
     Archive,
     decode_archive,
 )
@@ -37,11 +38,12 @@ from s3_saver._ops.archived import (
     _thread,
     archive_body,
     cold_error,
+    open_archive,
     read_archive,
 )
 from s3_saver._ops.context import Context, meta_key
 from s3_saver._ops.delete import deleter
-from s3_saver._ops.keyed import keyed, unsupported, writer_keyed
+from s3_saver._ops.keyed import keyed, keyed_beside, writer_keyed
 from s3_saver._transport.failures import (
     error_code,
 )
@@ -64,7 +66,6 @@ INTELLIGENT_TIERING_ARCHIVE_TIERS = frozenset({"ARCHIVE_ACCESS", "DEEP_ARCHIVE_A
 
 # -- restore, export, import ----------------------------------------------------------------
 def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[ArchiveStatus]:
-    unsupported(ctx, "restore_thread")
     thread_id = _thread(thread_id)
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
         raise ConfigurationError(f"days must be an int >= 1 (how long S3 keeps the restored copy), got {days!r}")
@@ -78,9 +79,16 @@ def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[Arc
             return ArchiveStatus(thread_id, "live")
         ref = own.archive
         try:
-            data, head = yield from archive_body(ctx, ref)
+            if ref.storage_class in INSTANT_CLASSES:
+                # The thread's key (with encryption) beside the archive's GET: to open
+                # it, and to seal what the restore writes.
+                ctx, (data, head) = yield from keyed_beside(ctx, [thread_id], archive_body(ctx, ref))
+            else:
+                # A cold class: most calls only ask S3 for a readable copy (no key needed).
+                data, head = yield from archive_body(ctx, ref)
             if data is None:
                 return (yield from _request_restore(ctx, thread_id, ref, head, days, tier))
+            ctx = yield from keyed(ctx, [thread_id])  # loaded already, but once S3 restored a cold one
         except MissingObjectError:
             # The archive object went after the record was read: another restore
             # finished (and deleted it), or a delete_thread took the thread. The
@@ -92,7 +100,7 @@ def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[Arc
             if attempt == _RESTORE_READS - 1 or (own.archive is not None and own.archive.key == ref.key):
                 raise
             continue
-        archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}")
+        archive = decode_archive(open_archive(ctx, thread_id, ref, data), f"s3://{ctx.s3.bucket}/{ref.key}")
         live_bytes = yield from install(ctx, thread_id, archive, ref)
         return ArchiveStatus(thread_id, "live", ref.storage_class, ref.key, ref.size, len(archive.entries), live_bytes)
     raise AssertionError("unreachable")

@@ -26,6 +26,7 @@ from typing import Any
 
 from s3_saver._crypto.sealer import StaleKey
 from s3_saver._format.entries import Tombstone
+from s3_saver._index.terms import Archived
 from s3_saver._ops.context import Context
 from s3_saver._transport.protocol import Emit, Op, T, gather
 from s3_saver.errors import ConfigurationError
@@ -46,11 +47,26 @@ def keyed(ctx: Context, thread_ids: Iterable[str], *, create: bool = False) -> O
 
 def keyed_beside(ctx: Context, thread_ids: Iterable[str], op: Op[T]) -> Op[tuple[Context, T]]:
     """``op`` (an index read that needs no key), with the keys of ``thread_ids``
-    loaded in the same waves: ``ctx`` holding them, and ``op``'s result."""
+    loaded in the same waves: ``ctx`` holding them, and ``op``'s result.
+
+    An index read that finds the thread archived (``Archived``) lets the keys finish
+    loading, and the exception carries them: the read goes on against the archive,
+    which opens under them (``archived.or_archive``). Read again there, a key loaded
+    here would come from the cache, unchecked, and its GET would be sent twice."""
     if ctx.crypt is None:
         return ctx, (yield from op)
-    keyed_ctx, result = yield from gather(keyed(ctx, thread_ids), op)
+    keyed_ctx, (result, archived) = yield from gather(keyed(ctx, thread_ids), _archived_caught(op))
+    if archived is not None:
+        archived.sealer = keyed_ctx.sealer
+        raise archived
     return keyed_ctx, result
+
+
+def _archived_caught(op: Op[T]) -> Op[tuple[T | None, Archived | None]]:
+    try:
+        return (yield from op), None
+    except Archived as archived:
+        return None, archived
 
 
 def rekeyed(ctx: Context, thread_id: str) -> Op[Context]:

@@ -43,6 +43,8 @@ class ThreadArchival:
         [ThreadArchivedError][s3_saver.errors.ThreadArchivedError] until [restore_thread()][s3_saver.S3Saver.restore_thread].
         Archive threads no run is writing to (see [archive_idle()][s3_saver.S3Saver.archive_idle]): a write
         that races the archive is kept, and shows once the thread is restored.
+        With ``encryption=``, the archive object is encrypted whole under the
+        thread's key, bound to its own key.
 
         Args:
             thread_id: The thread.
@@ -74,6 +76,8 @@ class ThreadArchival:
         equals what it was before the archive, and the archive object is
         deleted. A live thread is left as it is, and so is one that another
         call deletes or restores while this one runs (``"live"`` either way).
+        With ``encryption=``, the archive is decrypted and what is written back
+        encrypted under the thread's key.
 
         Args:
             thread_id: The thread.

@@ -93,8 +93,11 @@ class Bodies:
 
 
 def _body_key(entry: CheckpointEntry | WritesEntry) -> tuple[Any, ...]:
+    # A checkpoint's object key holds its tag: a restore or an import writes the same
+    # checkpoint again under a new tag, and its body then stands for another object (with
+    # encryption, bytes sealed for another place). A writes part's token does as much.
     if isinstance(entry, CheckpointEntry):
-        return ("c", entry.thread_id, entry.ns, entry.checkpoint_id)
+        return ("c", entry.thread_id, entry.ns, entry.checkpoint_id, entry.tag)
     return ("w", entry.thread_id, *_write_key(entry))
 
 
