@@ -104,6 +104,14 @@ class Crypt:
     def sealer(self, keys: dict[str, ThreadKey] | None = None) -> Sealer:
         return Sealer(self, keys)
 
+    def elsewhere(self, bucket: str, prefix: str, key_bucket: str) -> Crypt:
+        """This saver's keyring reading the keys another saver (``bucket``, ``prefix``,
+        ``key_bucket``) keeps: an export made there. Its cache is its own, for one call
+        (a key cache is by thread id: another prefix's threads must not meet ours)."""
+        if (prefix, key_bucket) == (self.prefix, self.key_bucket):
+            return self
+        return Crypt(self.config, bucket, prefix, key_bucket, self.where, CacheBudget())
+
     def load(self, thread_ids: Iterable[str], *, create: bool = False) -> Op[dict[str, ThreadKey]]:
         """The keys of ``thread_ids``; ``create``: a thread without a live key gets one
         (a writer's: the thread's first key, or a new life's after an erase).

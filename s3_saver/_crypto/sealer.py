@@ -73,6 +73,9 @@ class StaleKey(S3SaverError):
 # the pair as the serializer wrote it). Never one of a serializer's tags.
 SEALED_TAG = "s3_saver.sealed"
 META_FIELD = "meta"
+# The field of an export's sealed record: bound to the saver's prefix and the thread, with
+# no object key (the relative key is empty, which no object has).
+EXPORT_FIELD = "export"
 
 Typed = tuple[str, bytes]
 
@@ -152,6 +155,20 @@ class Sealer:
             return (str(tag), bytes(data))
         except (ormsgpack.MsgpackDecodeError, TypeError, ValueError) as exc:
             raise CorruptObjectError(f"{source}: its metadata is not a serialized pair ({exc})") from exc
+
+    # -- exports ---------------------------------------------------------------------------
+    def seal_export(self, thread_id: str, record: bytes) -> bytes:
+        """A thread's record (its archive's bytes) as an export carries it: sealed under
+        the thread's key, bound to the saver's prefix and the thread (no object: an
+        export lives outside the bucket)."""
+        assert self.crypt is not None
+        aad = place(self.crypt.prefix, self.crypt.prefix, thread_id, EXPORT_FIELD)
+        return seal(self._live(thread_id, self.crypt.prefix), aad, record)
+
+    def open_export(self, thread_id: str, sealed: bytes, where: str) -> bytes:
+        """What ``seal_export`` sealed (``where``: the export, for errors)."""
+        assert self.crypt is not None
+        return self._open(thread_id, self.crypt.prefix, sealed, EXPORT_FIELD, where)
 
     # -- immutable writes met again --------------------------------------------------------
     def same(self, thread_id: str) -> Callable[[str, bytes, bytes], bool]:

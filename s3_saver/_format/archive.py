@@ -259,6 +259,62 @@ def metadata_newest(metadata: dict[str, str]) -> dict[str, str] | None:
     return found if isinstance(found, dict) else None
 
 
+# -- an encrypted export ---------------------------------------------------------------
+# With encryption, ``export_thread`` hands out the thread's record (the archive's bytes)
+# sealed under the thread's data key, behind a header that says where that key lives:
+# the first line, then a msgpack map of the thread, the bucket, prefix and key store it
+# was exported from, and the sealed record. Nothing of the thread's content is in the
+# clear; ids and names are (as in object keys).
+EXPORT_FORMAT = "s3_saver.export/1"
+_EXPORT_HEADER = f"{EXPORT_FORMAT} sealed\n".encode()
+
+
+@dataclass(frozen=True)
+class SealedExport:
+    """An encrypted export: the thread's record sealed under its data key, which lives
+    in ``key_bucket`` under ``prefix`` (the exporting saver's)."""
+
+    thread_id: str
+    bucket: str
+    prefix: str
+    key_bucket: str
+    record: bytes
+
+    def describe(self) -> str:
+        return (
+            f"the encrypted export of thread {self.thread_id!r} (from s3://{self.bucket}/{self.prefix}, "
+            f"its key in s3://{self.key_bucket}/{self.prefix})"
+        )
+
+
+def encode_sealed_export(export: SealedExport) -> bytes:
+    doc = {
+        "format": EXPORT_FORMAT,
+        "thread_id": export.thread_id,
+        "bucket": export.bucket,
+        "prefix": export.prefix,
+        "key_bucket": export.key_bucket,
+        "record": export.record,
+    }
+    return _EXPORT_HEADER + ormsgpack.packb(doc)
+
+
+def decode_sealed_export(data: bytes, where: str) -> SealedExport | None:
+    """The encrypted export ``data`` holds; None: it is not one (a plaintext export)."""
+    if not data.startswith(_EXPORT_HEADER):
+        return None
+    try:
+        doc = ormsgpack.unpackb(data[len(_EXPORT_HEADER) :])
+        if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
+            raise ValueError(f"expected format {EXPORT_FORMAT!r}")
+        fields = [doc[name] for name in ("thread_id", "bucket", "prefix", "key_bucket")]
+        if not all(isinstance(f, str) for f in fields) or not isinstance(doc["record"], bytes):
+            raise TypeError("a field of the wrong type")
+        return SealedExport(*fields, doc["record"])
+    except (ormsgpack.MsgpackDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise CorruptObjectError(f"{where}: not an encrypted s3_saver export of a version this saver reads ({exc})") from exc
+
+
 # -- the reference an index keeps -----------------------------------------------------
 def encode_ref(ref: ArchiveRef) -> bytes:
     latest = ref.latest

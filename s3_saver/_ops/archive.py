@@ -31,7 +31,11 @@ names the key it is sealed under (``archive_metadata``): an erase that cannot re
 a cold version tells from its HeadObject whether the destroyed key sealed it. The
 index's reference to the archive carries the latest root checkpoint's record
 without its values (the thread listing shows it): sealed too, for that
-checkpoint's object, as index entries carry bodies.
+checkpoint's object, as index entries carry bodies. An export is the thread's
+record (the archive's bytes) sealed under the thread's key, bound to the saver's
+prefix and the thread, behind a header that names the key store the key lives in
+(``_format/archive.SealedExport``): an export file holds no plaintext, and once the
+thread is erased nobody can read it.
 """
 
 from __future__ import annotations
@@ -42,9 +46,11 @@ from dataclasses import replace
 from s3_saver._format.archive import (
     ARCHIVE_CLASSES,
     Archive,
+    SealedExport,
     archive_metadata,
     check_class,
     encode_archive,
+    encode_sealed_export,
     latest_of,
     newest_of,
 )
@@ -62,7 +68,7 @@ from s3_saver._ops.archived import (
 )
 from s3_saver._ops.context import Context, meta_key
 from s3_saver._ops.delete import delete_keys, deleter
-from s3_saver._ops.keyed import keyed_beside, unsupported
+from s3_saver._ops.keyed import keyed_beside
 from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     PRECONDITION_FAILED_CODES,
@@ -243,16 +249,19 @@ def _put_archive(ctx: Context, key: str, data: bytes, storage_class: str, metada
 
 
 def export_thread(ctx: Context, thread_id: str) -> Op[bytes]:
-    unsupported(ctx, "export_thread")
     thread_id = _thread(thread_id)
-    own = yield from ctx.index.archive_of(thread_id)
+    # The thread's key (with encryption) beside its record: to open its objects (or its
+    # archive) and seal the export.
+    ctx, own = yield from keyed_beside(ctx, [thread_id], ctx.index.archive_of(thread_id))
     if own.archive is not None:
-        return (yield from read_archive(ctx, thread_id, own.archive))  # the archive is the export
+        data = yield from read_archive(ctx, thread_id, own.archive)  # the archive is the export
+        return _exported(ctx, thread_id, data)
     for attempt in range(_EXPORT_ATTEMPTS):
         try:
             entries = [e for e in (yield from ctx.index.contents(thread_id)) if not ctx.expired(e)]
         except Archived as archived:
-            return (yield from read_archive(ctx, thread_id, archived.ref))  # archived since the first read
+            # Archived since the first read.
+            return _exported(ctx, thread_id, (yield from read_archive(ctx, thread_id, archived.ref)))
         if not entries:
             raise ConfigurationError(f"thread {thread_id!r} has no checkpoints to export ({ctx.index.describe()})")
         try:
@@ -263,7 +272,17 @@ def export_thread(ctx: Context, thread_id: str) -> Op[bytes]:
             if attempt == _EXPORT_ATTEMPTS - 1:
                 raise
             continue
-        return encode_archive(archive)
+        return _exported(ctx, thread_id, encode_archive(archive))
     raise AssertionError("unreachable")
 
 
+def _exported(ctx: Context, thread_id: str, data: bytes) -> bytes:
+    """The export of a thread whose record (its archive's bytes) is ``data``: as it is
+    without encryption; with it, the record sealed under the thread's key, behind a header
+    naming where that key lives (``SealedExport``). The export is bound to that key: it
+    reads wherever that key store can be read with the same KMS key or local master key,
+    and nowhere once the thread is erased."""
+    if ctx.crypt is None:
+        return data
+    record = ctx.sealer.seal_export(thread_id, data)
+    return encode_sealed_export(SealedExport(thread_id, ctx.crypt.bucket, ctx.crypt.prefix, ctx.crypt.key_bucket, record))

@@ -10,7 +10,10 @@ With encryption, an archive is opened under the thread's key for its place (its 
 key) before it is decoded (``archived.read_archive``), and ``install`` seals every object
 it writes, and the entries' bodies and metadata, under the thread's key (made for a new
 thread), each for its own place: a restored thread is encrypted as it was before its
-archive, and an export imported into an encrypting saver is stored encrypted.
+archive, and an export imported into an encrypting saver is stored encrypted. An encrypted
+export is opened under the exported thread's key, read from the key store the export names
+(``_opened_export``), then encrypted anew under the target's: a plaintext export and an
+encrypted one both import.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from s3_saver._crypto.envelope import is_sealed
 from s3_saver._format.archive import (
     INSTANT_CLASSES,
     Archive,
+    SealedExport,
     decode_archive,
+    decode_sealed_export,
 )
 from s3_saver._format.closure import moved, own_object
 from s3_saver._format.codec import squeeze
@@ -43,7 +48,7 @@ from s3_saver._ops.archived import (
 )
 from s3_saver._ops.context import Context, meta_key
 from s3_saver._ops.delete import deleter
-from s3_saver._ops.keyed import keyed, keyed_beside, writer_keyed
+from s3_saver._ops.keyed import keyed, keyed_beside, not_gone
 from s3_saver._transport.failures import (
     error_code,
 )
@@ -51,6 +56,8 @@ from s3_saver._transport.protocol import Op, Sleep, gather, raise_failure
 from s3_saver._transport.s3 import put_immutable
 from s3_saver.errors import (
     ConfigurationError,
+    CorruptObjectError,
+    EncryptedObjectError,
     ForeignCiphertextError,
     MissingObjectError,
 )
@@ -142,19 +149,66 @@ def restore_before_write(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[No
 def import_thread(ctx: Context, data: bytes, thread_id: str | None) -> Op[str]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ConfigurationError(f"import_thread takes the bytes export_thread returned, got {type(data).__name__}")
-    archive = decode_archive(bytes(data), "the archive given to import_thread")
-    dest = _thread(archive.thread_id if thread_id is None else thread_id)
-    own, existing = yield from gather(ctx.index.archive_of(dest), ctx.index.contents(dest))
+    data = bytes(data)
+    where = "the archive given to import_thread"
+    sealed = decode_sealed_export(data, where)
+    archive: Archive | None = None
+    if sealed is None:
+        if is_sealed(data):
+            raise ConfigurationError(
+                f"{where} is an encrypted archive object's bytes, bound to its key in the bucket it was "
+                "archived in: import_thread reads what export_thread returns (export the thread instead)"
+            )
+        archive = decode_archive(data, where)
+        dest = _thread(archive.thread_id if thread_id is None else thread_id)
+    else:
+        dest = _thread(sealed.thread_id if thread_id is None else thread_id)
+    # In one wave: the target's record and entries, with encryption its key (made for it:
+    # an empty thread has none yet) and, for an encrypted export, the exported thread's
+    # key, read from the key store the export names.
+    own, existing, ctx, opened = yield from gather(
+        ctx.index.archive_of(dest),
+        ctx.index.contents(dest),
+        keyed(ctx, [dest], create=True),
+        _opened_export(ctx, sealed) if sealed is not None else _nothing(),
+    )
+    if sealed is not None:
+        archive = decode_archive(opened, sealed.describe())
+        if archive.thread_id != sealed.thread_id:
+            raise CorruptObjectError(
+                f"{sealed.describe()}: its record holds thread {archive.thread_id!r}, not the one it is sealed for"
+            )
+    assert archive is not None
     if existing or own.archive is not None:
         raise ConfigurationError(
             f"thread {dest!r} already has checkpoints ({ctx.index.describe()}); import_thread imports into "
             "an empty thread (delete_thread it first, or pass thread_id=...)"
         )
     archive.entries = [replace(e, gen=own.gen) for e in archive.entries]
-    # With encryption, the thread's key (made for it), not one an erase destroyed.
-    ctx = yield from writer_keyed(ctx, dest, own)
+    # With encryption, the thread's key, not one an erase destroyed (this process may
+    # have cached it before another's erase).
+    ctx = yield from not_gone(ctx, dest, own)
     yield from install(ctx, dest, archive)
     return dest
+
+
+def _nothing() -> Op[bytes]:
+    yield from ()
+    return b""
+
+
+def _opened_export(ctx: Context, sealed: SealedExport) -> Op[bytes]:
+    """The record of an encrypted export, opened under the exported thread's key as the
+    key store it names holds it (this saver's, or another's: read with this saver's KMS
+    key or local master key, which must be the one that wrapped it)."""
+    if ctx.crypt is None:
+        raise EncryptedObjectError(
+            f"{sealed.describe()} is encrypted; this saver has no encryption=: pass the KmsKey(...) or "
+            "LocalKey(...) it was exported with"
+        )
+    source = ctx.crypt.elsewhere(sealed.bucket, sealed.prefix, sealed.key_bucket)
+    keys = yield from source.load([sealed.thread_id])
+    return source.sealer(keys).open_export(sealed.thread_id, sealed.record, sealed.describe())
 
 
 def install(

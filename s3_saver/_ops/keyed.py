@@ -84,6 +84,13 @@ def writer_keyed(ctx: Context, thread_id: str, record: Tombstone) -> Op[Context]
     ``record`` (the thread's index record, read by the operation) says: this process
     cached it before another process erased the thread."""
     ctx = yield from keyed(ctx, [thread_id], create=True)
+    return (yield from not_gone(ctx, thread_id, record))
+
+
+def not_gone(ctx: Context, thread_id: str, record: Tombstone) -> Op[Context]:
+    """``ctx``, its key of ``thread_id`` (loaded with ``create=True``, maybe beside the
+    read of ``record``) read again when ``record`` says an erase destroyed it (see
+    ``writer_keyed``)."""
     key_id = ctx.sealer.key_id(thread_id)
     if key_id is not None and key_id in record.gone_keys:
         ctx = yield from rekeyed(ctx, thread_id)

@@ -152,7 +152,10 @@ class ThreadArchival:
 
         For moving a thread between buckets, prefixes, regions and index modes,
         or keeping it outside S3. An archived thread's export is its archive
-        (restore a cold one first).
+        (restore a cold one first). With ``encryption=``, the thread's record is
+        encrypted under the thread's key, behind a header naming the key store it
+        lives in: the export holds no plaintext, imports wherever that key can be
+        read, and nowhere once the thread is erased.
         """
         return self._sync.run(archive.export_thread(self._ctx, thread_id))
 
@@ -164,7 +167,8 @@ class ThreadArchival:
         """Write a thread from [export_thread()][s3_saver.S3Saver.export_thread]'s bytes (or an archive object's):
         its objects, then its index entries; it reads exactly as where it came from.
         With ``encryption=``, every object and the index's copies are encrypted under
-        the thread's key (made for it) as they are written.
+        the thread's key (made for it) as they are written; an encrypted export is
+        first decrypted under its thread's key, read from the key store it names.
 
         Args:
             data: The export.
@@ -176,6 +180,8 @@ class ThreadArchival:
         Raises:
             ConfigurationError: The thread has checkpoints already.
             CorruptObjectError: ``data`` is not an archive this version reads.
+            EncryptedObjectError: An encrypted export, and no ``encryption=``.
+            ThreadErasedError: An encrypted export of a thread since erased.
         """
         return self._sync.run(install.import_thread(self._ctx, data, thread_id))
 
