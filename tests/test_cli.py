@@ -473,6 +473,8 @@ NOT_IN_CLI_WORDS = {
     "x. The other region (x) has no index": "a replica's reads: no option configures a replica",
     "x: the primary region is unavailable": "a replica's writes: no option configures a replica",
     "S3Store.from_saver: memory items live in DynamoDB table": "Replica(): no option configures a replica",
+    "KmsKey endpoint_url must be": "--kms-key: the command line gives KMS the saver's endpoint",
+    "replica= is not yet supported with encryption=": "Replica(): no option configures a replica",
     "sqlite:///relative/path.db or sqlite:////absolute": "saver URLs (migrate --from/--to): their parameters are their words",
     "x: an S3 URL is s3://bucket[/prefix]?table=": "saver URLs (migrate --from/--to): their parameters are their words",
     ". The thread was written with an EncryptedSerializer": "the serializer is a variable here; test_serde_option meets both forms' rule",
@@ -637,3 +639,35 @@ def test_migrate_from_sqlite(endpoint: str, tmp_path) -> None:
     refused = run_cli(endpoint, "migrate", "--from", f"sqlite:///{database}", "--workers", "0")
     assert refused.returncode == 2 and "Invalid value for '--workers': 0" in refused.stderr.decode()
     saver.close()
+
+
+def test_encrypted_threads_read_with_local_key_or_kms_key(endpoint: str, index_mode: str) -> None:
+    """Threads a saver wrote with encryption= read on the command line with the same key
+    (--local-key: the master key from S3_SAVER_LOCAL_KEY; --kms-key), and are refused
+    without it in its own words; the two options together, or --key-bucket alone, are
+    usage errors."""
+    import base64
+    import os
+
+    from s3_saver import KmsKey, LocalKey
+
+    master = base64.b64encode(os.urandom(32)).decode()
+    kms = boto3.client("kms", endpoint_url=endpoint, region_name="us-east-1")
+    key_id = kms.create_key(Description="s3_saver cli test")["KeyMetadata"]["KeyId"]
+    for flag, encryption in (("--local-key", LocalKey(master)), ("--kms-key", KmsKey(key_id))):
+        thread = f"secret-{flag[2:]}"
+        saver = make_saver(endpoint, index_mode, encryption=encryption)
+        saver.setup()
+        graph = chat_graph(saver)
+        graph.invoke({"messages": [("user", "tea please")]}, config(thread))
+        saver.close()
+        env = {**cli_env(endpoint, index_mode), "S3_SAVER_LOCAL_KEY": master}
+        args = (flag,) if flag == "--local-key" else (flag, key_id)
+        shown = ok(run_cli(endpoint, *args, "show", thread, "--json", mode=index_mode, env=env))
+        assert "tea please" in shown
+        line = error_line(run_cli(endpoint, "show", thread, mode=index_mode, env=env), 1)
+        assert "give the one it was written with" in line and "encryption=" not in line, line
+    both = run_cli(endpoint, "--local-key", "--kms-key", key_id, "threads", mode=index_mode, env={**cli_env(endpoint, index_mode), "S3_SAVER_LOCAL_KEY": master})
+    assert both.returncode == 2 and "give one" in both.stderr.decode()
+    alone = run_cli(endpoint, "--key-bucket", "k", "threads", mode=index_mode)
+    assert alone.returncode == 2 and "--key-bucket" in alone.stderr.decode()

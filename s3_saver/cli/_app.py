@@ -55,6 +55,9 @@ class App:
     s3_endpoint_url: str | None = None
     dynamodb_endpoint_url: str | None = None
     serde: str | None = None
+    kms_key: str | None = None
+    local_key: bool = False
+    key_bucket: str | None = None
     json: bool = False
     no_progress: bool = False
     debug: bool = False
@@ -105,10 +108,28 @@ class App:
                 s3_endpoint_url=self.s3_endpoint_url or None,
                 dynamodb_endpoint_url=self.dynamodb_endpoint_url or None,
                 serde=load_serde(self.serde) if self.serde else None,
+                encryption=self.encryption(),
             )
             if checked:
                 self._saver.check()
         return self._saver
+
+    def encryption(self) -> Any:
+        """``encryption=`` of the saver: ``--kms-key`` or ``--local-key`` (never key material
+        on the command line, where other users' ``ps`` shows it), with ``--key-bucket``."""
+        if self.kms_key and self.local_key:
+            raise click.UsageError("--kms-key and --local-key are two ways to encrypt: give one")
+        if self.key_bucket and not (self.kms_key or self.local_key):
+            raise click.UsageError("--key-bucket is the encryption key store: give it with --kms-key or --local-key")
+        if self.kms_key:
+            from s3_saver import KmsKey
+
+            return KmsKey(self.kms_key, key_bucket=self.key_bucket or None)
+        if self.local_key:
+            from s3_saver import LocalKey
+
+            return LocalKey(key_bucket=self.key_bucket or None)
+        return None
 
     def close(self) -> None:
         if self._saver is not None:

@@ -59,6 +59,26 @@ GLOBAL_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
             help="Serializer the threads were written with: an object, or a class or zero-argument factory of one.",
         ),
     ),
+    (
+        ("--kms-key",),
+        dict(
+            envvar="CHECKPOINT_KMS_KEY",
+            metavar="KEY",
+            help="Threads encrypted with a data key per thread wrapped by this KMS key (id, ARN or alias).",
+        ),
+    ),
+    (
+        ("--local-key",),
+        dict(
+            is_flag=True,
+            envvar="CHECKPOINT_LOCAL_KEY",
+            help="Threads encrypted with a data key per thread wrapped by the master key in S3_SAVER_LOCAL_KEY.",
+        ),
+    ),
+    (
+        ("--key-bucket",),
+        dict(envvar="CHECKPOINT_KEY_BUCKET", metavar="NAME", help="The encryption key store's bucket (default: BUCKET-keys)."),
+    ),
     (("--json", "json"), dict(is_flag=True, help="Machine-readable output: one JSON document on stdout.")),
     (("--no-progress",), dict(is_flag=True, help="No progress bars (they are shown only on a terminal anyway).")),
     (("--debug",), dict(is_flag=True, help="Print the traceback of an error.")),

@@ -75,6 +75,23 @@ _PHRASES: list[tuple[str, str]] = [
         r"pass serde=EncryptedSerializer\(\.\.\.\) with the key it was written with",
         "pass --serde MODULE:ATTR naming an EncryptedSerializer with the key it was written with",
     ),
+    # Encryption (encryption=KmsKey(...) or LocalKey(...): --kms-key, --local-key).
+    (
+        r"this saver has no encryption=: pass the KmsKey\(\.\.\.\) or LocalKey\(\.\.\.\) it was written with",
+        "no --kms-key or --local-key was given: give the one it was written with",
+    ),
+    (r"this saver encrypts \(encryption=([^)]*)\)", r"this command encrypts (\1)"),
+    (
+        r"LocalKey\(\) needs a master key: pass key= \(32 bytes, or their base64 text\) or set ",
+        "--local-key needs a master key: set ",
+    ),
+    (r"(\S+) is not yet supported with encryption= ", r"\1 is not yet supported with --kms-key or --local-key "),
+    (
+        r"encryption= needs the cryptography package:",
+        "--kms-key and --local-key need the cryptography package:",
+    ),
+    (r"^KmsKey needs a KMS key id", "--kms-key needs a KMS key id"),
+    (r"^key_bucket=", "--key-bucket "),
     # An archived thread: restore it first.
     (rf"call saver\.restore_thread\(({_QUOTED})\) \(or arestore_thread\): ", r"run `restore \1`: "),
     (rf"restore_thread\(({_QUOTED})\) brings it back", r"`restore \1` brings it back"),

@@ -467,7 +467,7 @@ class Segments(Documents):
         shaped = reshape(head, sealed, merge, loaded, self.clock.now())
         if shaped.written:
             objects = {self.segment_key(path, ref): dumps_segment(path, ref, rows) for ref, rows in shaped.written}
-            yield from put_immutable(self.s3, objects, same=same_record)
+            yield from put_immutable(self.s3, objects, same=lambda _key, stored, wanted: same_record(stored, wanted))
             for ref, rows in shaped.written:
                 # What this process wrote it has read: its gets and searches fetch no segment it sealed.
                 self._sealed.put(self.segment_key(path, ref), {r.key: r for r in rows}, sum(row_bytes(r) + _SEGMENT_ROW_BYTES for r in rows))
