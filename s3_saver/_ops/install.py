@@ -204,7 +204,7 @@ def _opened_export(ctx: Context, sealed: SealedExport) -> Op[bytes]:
     if ctx.crypt is None:
         raise EncryptedObjectError(
             f"{sealed.describe()} is encrypted; this saver has no encryption=: pass the KmsKey(...) or "
-            "LocalKey(...) it was exported with"
+            "LocalKey(...) it was written with"
         )
     source = ctx.crypt.elsewhere(sealed.bucket, sealed.prefix, sealed.key_bucket)
     keys = yield from source.load([sealed.thread_id])
