@@ -196,3 +196,29 @@ def fast_dispatch() -> None:
 
     DomainDispatcherApplication.get_backend_for_host = cached
     DomainDispatcherApplication._s3_saver_cached = True
+
+
+def multi_region_kms_keys() -> None:
+    """Make what a multi-Region KMS key encrypts decrypt, in its region and its replicas', as
+    KMS does.
+
+    moto's ciphertext blob keeps 36 characters of the key id: a multi-Region key's id
+    (``mrk-`` and 36 more) is cut, its key is not found, and every Decrypt is refused. The
+    keys are looked up by the cut id as well, and the answer names the whole id."""
+    from moto.kms import models, utils
+
+    if getattr(utils, "_s3_saver_mrk", False):
+        return
+    original = utils.decrypt
+    size = utils.KEY_ID_LEN
+
+    def decrypt(master_keys, ciphertext_blob, encryption_context):  # type: ignore[no-untyped-def]
+        cut = {k[:size]: k for k in master_keys if len(k) > size}
+        keys = {**master_keys, **{short: master_keys[whole] for short, whole in cut.items()}}
+        plaintext, key_id = original(keys, ciphertext_blob, encryption_context)
+        return plaintext, cut.get(key_id, key_id)
+
+    utils.decrypt = decrypt
+    models.decrypt = decrypt
+    utils._s3_saver_mrk = True
+

@@ -474,7 +474,6 @@ NOT_IN_CLI_WORDS = {
     "x: the primary region is unavailable": "a replica's writes: no option configures a replica",
     "S3Store.from_saver: memory items live in DynamoDB table": "Replica(): no option configures a replica",
     "KmsKey endpoint_url must be": "--kms-key: the command line gives KMS the saver's endpoint",
-    "replica= is not yet supported with encryption=": "Replica(): no option configures a replica",
     "sqlite:///relative/path.db or sqlite:////absolute": "saver URLs (migrate --from/--to): their parameters are their words",
     "x: an S3 URL is s3://bucket[/prefix]?table=": "saver URLs (migrate --from/--to): their parameters are their words",
     ". The thread was written with an EncryptedSerializer": "the serializer is a variable here; test_serde_option meets both forms' rule",

@@ -308,14 +308,12 @@ def test_operations_that_cannot_encrypt_yet_refuse_before_sending(endpoint, inde
     assert saver.stats.total_requests == 0
     with pytest.raises(ConfigurationError, match="not yet supported with encryption"):
         asyncio.run(saver.arebuild_index("t"))
-    from s3_saver import Replica, S3Cache, S3Store
+    from s3_saver import S3Cache, S3Store
 
     # Memory and the node cache are not encrypted yet: not on an encrypting saver either.
     for name, make in (("S3Store.from_saver", S3Store.from_saver), ("S3Cache.from_saver", S3Cache.from_saver)):
         with pytest.raises(ConfigurationError, match=f"{name} is not yet supported with encryption"):
             make(saver)
-    with pytest.raises(ConfigurationError, match="replica= is not yet supported with encryption"):
-        make_saver(endpoint, index_mode, encryption=LocalKey(os.urandom(32)), replica=Replica("other"))
     saver.close()
 
 

@@ -42,3 +42,19 @@ def test_a_transaction_sent_again_with_its_token_is_applied_once(moto_endpoint: 
     with pytest.raises(ClientError) as refused:
         put("t2", "first")
     assert refused.value.response["Error"]["Code"] == "TransactionCanceledException"
+
+
+def test_a_multi_region_kms_key_decrypts_in_its_replica_s_region(moto_endpoint: str) -> None:
+    """As KMS: a data key made under a multi-Region key decrypts in its region and, with
+    the same encryption context, in the region of its replica (the key's ARN there)."""
+    kw = {"endpoint_url": moto_endpoint, "aws_access_key_id": "x", "aws_secret_access_key": "x"}
+    here, there = boto3.client("kms", region_name="us-east-1", **kw), boto3.client("kms", region_name="eu-west-1", **kw)
+    key = here.create_key(MultiRegion=True)["KeyMetadata"]
+    here.replicate_key(KeyId=key["KeyId"], ReplicaRegion="eu-west-1")
+    made = here.generate_data_key(KeyId=key["KeyId"], KeySpec="AES_256", EncryptionContext={"t": "1"})
+    replica_arn = made["KeyId"].replace("us-east-1", "eu-west-1")
+    for client, key_id in ((here, made["KeyId"]), (there, replica_arn)):
+        found = client.decrypt(CiphertextBlob=made["CiphertextBlob"], EncryptionContext={"t": "1"}, KeyId=key_id)
+        assert found["Plaintext"] == made["Plaintext"] and found["KeyId"].endswith(key["KeyId"])
+    with pytest.raises(ClientError):
+        there.decrypt(CiphertextBlob=made["CiphertextBlob"], EncryptionContext={"t": "2"}, KeyId=replica_arn)

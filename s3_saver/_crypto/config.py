@@ -174,12 +174,15 @@ def check_encryption(value: Any) -> None:
         )
 
 
-def key_bucket_of(encryption: Encryption, bucket: str) -> str:
-    """The key store's bucket: as configured, else ``<bucket>-keys``."""
-    name = encryption.key_bucket or f"{bucket}-keys"
+def key_bucket_of(encryption: Encryption, bucket: str, own: bool = True) -> str:
+    """The key store's bucket: as configured, else ``<bucket>-keys``. ``own=False``: a
+    replica region's (its ``Replica.key_bucket``, else ``<replica bucket>-keys``: the
+    configured one is the primary region's)."""
+    name = (encryption.key_bucket if own else None) or f"{bucket}-keys"
     if not bucket_name_ok(name):
+        where = f"to {type(encryption).__name__}(...)" if own else "to Replica(...)"
         raise ConfigurationError(
             f"the key store bucket {name!r} (from bucket {bucket!r}) is not a valid bucket name: pass key_bucket= "
-            f"to {type(encryption).__name__}(...) ({BUCKET_RULE})"
+            f"{where} ({BUCKET_RULE})"
         )
     return name

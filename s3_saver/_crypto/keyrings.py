@@ -13,6 +13,7 @@ context on ``Decrypt``; the local keyring uses its canonical bytes as associated
 from __future__ import annotations
 
 import os
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +22,9 @@ from s3_saver._crypto.config import KmsKey, LocalKey
 from s3_saver._crypto.envelope import DATA_KEY_BYTES, aesgcm
 from s3_saver._crypto.records import KeyRecord, canonical
 from s3_saver._transport.failures import error_code
-from s3_saver._transport.protocol import Call, Op, raise_failure, request
+from s3_saver._transport.protocol import Call, Op, raise_failure, request, request_one
 from s3_saver.errors import (
+    ConfigurationError,
     CorruptObjectError,
     EncryptionKeyError,
     ForeignCiphertextError,
@@ -36,6 +38,8 @@ _NONCE = 12
 # KMS's answer to a wrapped key that does not open under the context given: bound to
 # another thread or prefix, or changed.
 _NOT_OURS = frozenset({"InvalidCiphertextException"})
+# A KMS ARN, its region apart: arn:<partition>:kms:<region>:<account>:key/... or alias/...
+_ARN_REGION = re.compile(r"^(arn:aws[\w-]*:kms:)([a-z0-9-]+)(:\d{12}:.+)$")
 
 
 @dataclass(frozen=True)
@@ -95,11 +99,28 @@ class Keyring(ABC):
 
 class KmsKeyring(Keyring):
     """Data keys from KMS ``GenerateDataKey``, unwrapped by ``Decrypt`` (the key the
-    record names: a record re-wrapped under a new key opens with that one)."""
+    record names: a record re-wrapped under a new key opens with that one).
 
-    def __init__(self, config: KmsKey, where: Where) -> None:
-        self.key_id = config.key_id
+    ``region``: the region its calls go to. A key ARN (the configured one, or the one a
+    record names) of another region is named in this one: with a replica, the replica
+    region's saver unwraps with the replica of a multi-Region key, whose ARN differs from
+    the primary's by its region only (``mrk-`` key ids are the same in every region)."""
+
+    def __init__(self, config: KmsKey, where: Where, region: str | None = None) -> None:
+        self.region = region
+        self.key_id = self._here(config.key_id)
         self.where = where
+
+    def _here(self, key_id: str) -> str:
+        """``key_id`` as this region names it: the ARN of a multi-Region key (or of an
+        alias) in another region, with this region in it; anything else as it is (a
+        single-Region key is only in its own region)."""
+        found = _ARN_REGION.match(key_id)
+        if found is None or self.region is None or found.group(2) == self.region:
+            return key_id
+        if ":key/mrk-" not in found.group(3) and ":alias/" not in found.group(3):
+            return key_id
+        return f"{found.group(1)}{self.region}{found.group(3)}"
 
     def describe(self) -> str:
         return f"KMS key {self.key_id!r}"
@@ -134,7 +155,7 @@ class KmsKeyring(Keyring):
                 {
                     "CiphertextBlob": item.record.wrapped,
                     "EncryptionContext": item.context,
-                    "KeyId": (item.record.kek or "")[len(KMS_PREFIX) :],
+                    "KeyId": self._here((item.record.kek or "")[len(KMS_PREFIX) :]),
                 },
             )
             for item in sealed
@@ -155,6 +176,18 @@ class KmsKeyring(Keyring):
                 raise CorruptObjectError(f"{item.where()}: KMS unwrapped {len(secret)} bytes, not a 32-byte data key")
             keys.append(secret)
         return keys
+
+    def check_multi_region(self) -> Op[None]:
+        """With a replica: the key must be a multi-Region key (the replica region unwraps
+        the same wrapped keys with its replica); a single-Region key is refused."""
+        found = yield from request_one(self._call("describe_key", {"KeyId": self.key_id}))
+        meta = found.get("KeyMetadata") or {}
+        if not meta.get("MultiRegion"):
+            raise ConfigurationError(
+                f"{self.describe()} is a single-Region KMS key: with a replica, the key must be a multi-Region key "
+                "(its replica in the replica's region unwraps the same data keys). Create one (MultiRegion=True), "
+                "replicate it to the replica's region, and give its alias or id to KmsKey"
+            )
 
     def rewrap(self, sealed: list[Sealed], destination_key_id: str) -> Op[list[tuple[bytes, str]]]:
         """Each record's data key wrapped under ``destination_key_id`` instead, bound to
@@ -234,5 +267,5 @@ class LocalKeyring(Keyring):
         yield  # pragma: no cover - an operation that sends nothing
 
 
-def keyring_for(config: KmsKey | LocalKey, where: Where) -> Keyring:
-    return KmsKeyring(config, where) if isinstance(config, KmsKey) else LocalKeyring(config)
+def keyring_for(config: KmsKey | LocalKey, where: Where, region: str | None = None) -> Keyring:
+    return KmsKeyring(config, where, region) if isinstance(config, KmsKey) else LocalKeyring(config)

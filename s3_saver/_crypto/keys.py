@@ -24,6 +24,15 @@ at no request in the steady state:
   the destroyed ids in the thread's index record, and every commit's fence checks them
   (``Index.commit_checkpoint``'s ``key_id``); refused, the writer reads the record again
   and seals its content anew (``_ops/commit``).
+
+With a replica, each region has a key store of its own (a key bucket is never
+replicated: it keeps no old copy of anything). The region written to decides: a thread's
+key is created in its store and copied to the other region's (``partner``) in the same
+wave (``KeyStore.offer``, then ``mirror`` when a record is there); a copy that gets no
+answer is marked pending on the record, and made by the next process that reads it. An
+erase destroys the key in both stores before it deletes anything (``destroy``). The
+replica region's reads unwrap keys from its own store (its own ``Crypt``); a key that has
+not arrived there reads as replication lag (``lags``), never as erased.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from dataclasses import replace
 
 from s3_saver._crypto.config import Encryption, KmsKey
 from s3_saver._crypto.envelope import DataKey, new_key_id
-from s3_saver._crypto.keyrings import Keyring, Sealed, keyring_for
+from s3_saver._crypto.keyrings import Keyring, KmsKeyring, Sealed, keyring_for
 from s3_saver._crypto.records import LIVE, KeyRecord, context, next_life
 from s3_saver._crypto.sealer import Sealer, ThreadKey
 from s3_saver._crypto.store import KeyStore
@@ -42,6 +51,9 @@ from s3_saver._transport.budget import CacheBudget, key_bytes
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import Where
+
+# What a create's copy to the replica region's store said (``KeyStore.offer``).
+_WRITTEN, _TAKEN = "written", "taken"
 
 # A cached key: the cipher and its key (measured with tracemalloc: ~200 bytes) and the
 # ids of a few earlier lives.
@@ -83,15 +95,35 @@ class Crypt:
         prefix: The saver's prefix (every ciphertext's associated data starts with it).
     """
 
-    def __init__(self, config: Encryption, bucket: str, prefix: str, key_bucket: str, where: Where, budget: CacheBudget) -> None:
+    def __init__(
+        self,
+        config: Encryption,
+        bucket: str,
+        prefix: str,
+        key_bucket: str,
+        where: Where,
+        budget: CacheBudget,
+        kms_region: str | None = None,
+    ) -> None:
         self.config = config
         self.bucket = bucket
         self.prefix = prefix
         # The key store's calls name its own bucket, in the saver's regions and endpoints.
         self.where = Where(key_bucket, None, where.regions, where.endpoints, where.site)
         self.store = KeyStore(S3Calls(key_bucket, self.where), prefix)
-        self.keyring: Keyring = keyring_for(config, self.where)
+        self.kms_region = kms_region
+        self.keyring: Keyring = keyring_for(config, self.where, kms_region)
         self.cache = KeyCache(budget)
+        # With a replica: the other region's key store (``pair``), and whether a key
+        # missing from this one is replication lag (this site's store is the replica's).
+        self.partner: KeyStore | None = None
+        self.lags = False
+
+    def pair(self, other: Crypt, lags: bool) -> None:
+        """With a replica: ``other`` is the other region's (its key store this one's
+        partner); ``lags``: this is the replica region's (a key it lacks has not arrived)."""
+        self.partner = other.store
+        self.lags = lags
 
     @property
     def key_bucket(self) -> str:
@@ -100,6 +132,11 @@ class Crypt:
     def describe(self) -> str:
         kind = "KmsKey" if isinstance(self.config, KmsKey) else "LocalKey"
         return f"{kind}, {self.keyring.describe()}, key store s3://{self.key_bucket}/{self.prefix}"
+
+    def check_replicable(self) -> Op[None]:
+        """With a replica: a KMS key must be multi-Region (``setup``); a local key is."""
+        if isinstance(self.keyring, KmsKeyring):
+            yield from self.keyring.check_multi_region()
 
     def sealer(self, keys: dict[str, ThreadKey] | None = None) -> Sealer:
         return Sealer(self, keys)
@@ -110,7 +147,7 @@ class Crypt:
         (a key cache is by thread id: another prefix's threads must not meet ours)."""
         if (prefix, key_bucket) == (self.prefix, self.key_bucket):
             return self
-        return Crypt(self.config, bucket, prefix, key_bucket, self.where, CacheBudget())
+        return Crypt(self.config, bucket, prefix, key_bucket, self.where, CacheBudget(), self.kms_region)
 
     def load(self, thread_ids: Iterable[str], *, create: bool = False) -> Op[dict[str, ThreadKey]]:
         """The keys of ``thread_ids``; ``create``: a thread without a live key gets one
@@ -133,9 +170,12 @@ class Crypt:
                 unknown.append(t)
         records = yield from self.store.read(unknown)
         to_open: dict[str, KeyRecord] = {}
+        pending: dict[str, KeyRecord] = {}  # live keys still to copy to the partner
         for t, record in records.items():
             if record is not None and record.live:
                 to_open[t] = record
+                if record.pending_replica and self.partner is not None:
+                    pending[t] = record
             elif create:
                 if record is not None and not record.settled:
                     # An erase under way: no new key before the thread is gone in its index.
@@ -146,7 +186,7 @@ class Crypt:
                 found[t] = ThreadKey(None, {}, self.store.where(t))
             else:
                 found[t] = ThreadKey(None, record.erased_ids(), self.store.where(t))
-        opened, made = yield from gather(self._unwrap(to_open), self._generate(fresh))
+        opened, made, _ = yield from gather(self._unwrap(to_open), self._generate(fresh), self._copy_pending(pending))
         found.update(opened)
         if made:
             found.update((yield from self._create(made)))
@@ -158,6 +198,23 @@ class Crypt:
     def forget(self, thread_id: str) -> None:
         """Drop a thread's cached key (its record changed: an erase)."""
         self.cache.forget(thread_id)
+
+    def destroy(self, thread_id: str, now: int) -> Op[tuple[KeyRecord | None, KeyRecord | None]]:
+        """The thread's key destroyed in this store (``KeyStore.destroy``) and then, with
+        a replica, in the partner's (``KeyStore.bury``): both before the erase deletes
+        anything. Returns the erasures (this store's, the partner's), None where none."""
+        erased = yield from self.store.destroy(thread_id, now)
+        buried = None
+        if erased is not None and self.partner is not None:
+            buried = yield from self.partner.bury(thread_id, erased)
+        return erased, buried
+
+    def settle(self, thread_id: str, erased: KeyRecord, buried: KeyRecord | None) -> Op[None]:
+        """Both erasures settled (``KeyStore.settle``), in one wave."""
+        settling = [self.store.settle(thread_id, erased)]
+        if buried is not None and self.partner is not None:
+            settling.append(self.partner.settle(thread_id, buried))
+        yield from gather(*settling)
 
     # -- the steps -------------------------------------------------------------------------
     def _sealed(self, t: str, record: KeyRecord) -> Sealed:
@@ -179,11 +236,32 @@ class Crypt:
             for (t, over), k, m in zip(items, ids, made)
         }
 
+    def _copy_pending(self, records: dict[str, KeyRecord]) -> Op[None]:
+        """Keys whose copy to the partner is pending, copied there, and the mark taken
+        off their records (``pending_replica``) once done."""
+        if not records or self.partner is None:
+            return
+        partner = self.partner
+        items = list(records.items())
+        copied = yield from gather(*(partner.mirror(t, r) for t, r in items))
+        yield from gather(*(self.store.mark_pending(t, r, False) for (t, r), done in zip(items, copied) if done))
+
     def _create(self, made: dict[str, tuple[KeyRecord, bytes, KeyRecord | None]]) -> Op[dict[str, ThreadKey]]:
-        """Each record created (one wave); where another process made the thread's
-        key first, its key is unwrapped and used instead of ours."""
+        """Each record created (one wave: with a replica, the copy to its key store in
+        the same); where another process made the thread's key first, its key is
+        unwrapped and used instead of ours."""
         items = list(made.items())
-        stored = yield from gather(*(self.store.create(t, record, over) for t, (record, _, over) in items))
+        creates = [self.store.create(t, record, over) for t, (record, _, over) in items]
+        if self.partner is None:
+            stored = yield from gather(*creates)
+        else:
+            partner = self.partner
+            stored, offered = yield from gather(
+                gather(*creates), gather(*(partner.offer(t, record) for t, (record, _, _) in items))
+            )
+            yield from self._settle_copies(
+                [(t, record, winner, said) for (t, (record, _, _)), winner, (said, _) in zip(items, stored, offered)]
+            )
         keys: dict[str, ThreadKey] = {}
         theirs: dict[str, KeyRecord] = {}
         for (t, (record, secret, _)), winner in zip(items, stored):
@@ -193,3 +271,18 @@ class Crypt:
                 theirs[t] = winner
         keys.update((yield from self._unwrap(theirs)))
         return keys
+
+    def _settle_copies(self, copies: list[tuple[str, KeyRecord, KeyRecord, str]]) -> Op[None]:
+        """After a create's wave (``thread, our record, the winner's, what the partner
+        said``): where the partner holds no copy of the winner's key yet (another
+        record there, ours of a create we lost), it is copied; where it got no answer,
+        the winner's record is marked pending (the next process that reads it copies)."""
+        partner = self.partner
+        assert partner is not None
+        again = [(t, winner, ours.key_id) for t, ours, winner, said in copies if said == _TAKEN or (
+            said == _WRITTEN and winner.key_id != ours.key_id
+        )]
+        copied = yield from gather(*(partner.mirror(t, winner, mine) for t, winner, mine in again))
+        missed = [(t, w) for (t, w, _), done in zip(again, copied) if not done]
+        missed += [(t, winner) for t, _, winner, said in copies if said not in (_WRITTEN, _TAKEN)]
+        yield from gather(*(self.store.mark_pending(t, w, True) for t, w in missed))

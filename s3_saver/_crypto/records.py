@@ -8,7 +8,9 @@ A record is a small msgpack map::
      "created": Unix seconds, "erased_at": Unix seconds (erased only),
      "settled": whether the erase that destroyed the key has made the thread gone in
      its index (erased only),
-     "earlier": [[key id, erased_at], ...] (the keys of the thread's earlier lives)}
+     "earlier": [[key id, erased_at], ...] (the keys of the thread's earlier lives),
+     "pending_replica": true when the replica region's key store did not answer as the
+     key was made there too (live only; absent otherwise)}
 
 An erased record keeps no key material: it lets a reader say when the key was destroyed,
 and a new life of the thread replaces it (compare-and-swap on its ETag) with a key of a
@@ -68,6 +70,10 @@ class KeyRecord:
     # Erased only: the erase has made the thread gone in its index (a new life may
     # begin). A record written before this field existed counts as settled.
     settled: bool = True
+    # Live only, with a replica: the replica region's key store has not got this key yet
+    # (it did not answer when the key was made): the next process that reads the record
+    # copies it there (``keys.Crypt.load``).
+    pending_replica: bool = False
 
     @property
     def live(self) -> bool:
@@ -119,6 +125,8 @@ def encode_record(record: KeyRecord) -> bytes:
     }
     if record.live:
         doc["wrapped"] = record.wrapped
+        if record.pending_replica:
+            doc["pending_replica"] = True
     else:
         doc["erased_at"] = record.erased_at
         doc["settled"] = record.settled
@@ -140,10 +148,12 @@ def decode_record(data: bytes, etag: str | None, where: str) -> KeyRecord:
         wrapped = bytes(doc["wrapped"]) if state == LIVE else None
         earlier = tuple((bytes(k), t) for k, t in doc.get("earlier") or ())
         settled = doc.get("settled", True)
-        if not isinstance(settled, bool):
-            raise TypeError(f"settled {settled!r}")
+        pending = doc.get("pending_replica", False)
+        if not isinstance(settled, bool) or not isinstance(pending, bool):
+            raise TypeError(f"settled {settled!r}, pending_replica {pending!r}")
         return KeyRecord(
-            state, key_id, int(doc["created"]), wrapped, doc.get("kek"), doc.get("erased_at"), earlier, etag, settled
+            state, key_id, int(doc["created"]), wrapped, doc.get("kek"), doc.get("erased_at"), earlier, etag, settled,
+            pending and state == LIVE,
         )
     except (ormsgpack.MsgpackDecodeError, KeyError, TypeError, ValueError) as exc:
         raise CorruptObjectError(f"{where}: not a key record ({exc})") from exc

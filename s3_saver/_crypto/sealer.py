@@ -39,6 +39,7 @@ from s3_saver.errors import (
     EncryptedObjectError,
     ForeignCiphertextError,
     PlaintextObjectError,
+    ReplicationLagError,
     S3SaverError,
     ThreadErasedError,
 )
@@ -49,6 +50,8 @@ class Crypt(Protocol):
 
     bucket: str
     prefix: str
+    # The replica region's: a key its store lacks has not arrived (replication lag).
+    lags: bool
 
     def describe(self) -> str: ...
 
@@ -214,6 +217,8 @@ class Sealer:
             self.crypt.forget(thread_id)
             raise StaleKey(thread_id, where)
         if held.key is None:
+            if self.crypt.lags:
+                raise self._lagging(thread_id, where, held)
             if held.erased:
                 # Erased, and this was sealed by no key the thread ever had.
                 raise self._foreign(thread_id, key, where, "it names a key that was never this thread's")
@@ -226,6 +231,8 @@ class Sealer:
             return open_sealed(held.key, place(self.crypt.prefix, key, thread_id, field_), data)
         except EnvelopeError as exc:
             if exc.reason == OTHER_KEY:
+                if self.crypt.lags:
+                    raise self._lagging(thread_id, where, held) from None
                 raise self._foreign(thread_id, key, where, f"{exc.detail}, a key that was never this thread's") from None
             if exc.reason == MALFORMED:
                 raise CorruptObjectError(f"{where}: {exc.detail}") from None
@@ -248,6 +255,13 @@ class Sealer:
             f"{thread_id!r} holds content written without encryption (or put there by hand). It is refused, "
             "not read",
             bucket=self.crypt.bucket, key=key or where, thread_id=thread_id,
+        )
+
+    def _lagging(self, thread_id: str, where: str, held: ThreadKey) -> ReplicationLagError:
+        return ReplicationLagError(
+            f"{where}: the key it is encrypted with has not reached this region's key store ({held.record}) yet: "
+            f"thread {thread_id!r}'s key is made in the region written to and copied here beside it; a copy that "
+            "found this region out is made by the next process there that reads the thread's key"
         )
 
     def _foreign(self, thread_id: str, key: str, where: str, why: str) -> ForeignCiphertextError:

@@ -13,6 +13,10 @@ S3 calls on the key bucket, one wave for all the threads asked at once.
   bucket keeps no old version, so the wrapped key is gone once the answer comes. The
   erasure is unsettled until its erase has made the thread gone in the index
   (``settle``): until then no new key is made for the thread (``create`` refuses).
+* ``mirror``: with a replica, the replica region's key store (a store of its own, in
+  that region: a key bucket is never replicated) is given the record the region written
+  to decided on, in the same wave as the create there; it replaces whatever other record
+  it holds (a key another process made and lost with, an earlier life's erasure).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from s3_saver._transport.failures import (
     CONDITIONAL_CONFLICT_CODES,
     OBJECT_MISSING,
     PRECONDITION_FAILED_CODES,
+    UNAVAILABLE,
     classify,
     error_code,
 )
@@ -115,6 +120,110 @@ class KeyStore:
             else:
                 over = found  # an erased record: this thread's new life replaces it
         raise S3SaverError(f"{self.where(thread_id)}: the key record kept changing while it was created; nothing was written")
+
+    def offer(self, thread_id: str, record: KeyRecord) -> Op[tuple[str, str | None]]:
+        """``record`` written here only where no record is (the replica region's store,
+        in the wave of the create in the region written to): ``("written", etag)``,
+        ``("taken", None)`` (a record is there) or ``("out", None)`` (no answer)."""
+        call = self.s3.put_swap(self.key_of(thread_id), encode_record(replace(record, pending_replica=False)), None)
+        (answer,) = yield (call,)
+        if not isinstance(answer, BaseException):
+            return "written", answer.get("ETag")
+        code = error_code(answer)
+        if code in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+            return "taken", None
+        if classify(answer, "put_object") == UNAVAILABLE:
+            return "out", None
+        raise_failure(call, answer)
+        raise AssertionError("unreachable")
+
+    def mirror(self, thread_id: str, record: KeyRecord, mine: bytes | None = None) -> Op[bool]:
+        """Make this store (the replica region's) hold ``record``, the thread's live
+        record as the region written to holds it: written where none is, in place of an
+        earlier life's erasure, or of ``mine`` (the key id of a record this process
+        wrote here in the same wave, for a create it lost in the region written to).
+        Never in place of another live key: one made in this region while it was the one
+        written to (a failover) stays, for the operator to see; the caller leaves the
+        copy pending. The record's bytes as they are (with KMS, a multi-Region key
+        unwraps them in either region).
+
+        Returns:
+            True once it holds the record's key; False when the store did not answer
+            (its region out) or holds another live key.
+        """
+        key = self.key_of(thread_id)
+        body = encode_record(replace(record, pending_replica=False))
+        etag: str | None = None  # None: only where there is no record
+        for _ in range(_ATTEMPTS):
+            call = self.s3.put_swap(key, body, etag)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                return True
+            code = error_code(answer)
+            if code in CONDITIONAL_CONFLICT_CODES:
+                continue
+            if code not in PRECONDITION_FAILED_CODES:
+                if classify(answer, "put_object") == UNAVAILABLE:
+                    return False
+                raise_failure(call, answer)
+            read = self.s3.get(key)
+            (found_answer,) = yield (read,)
+            if isinstance(found_answer, BaseException) and classify(found_answer, "get_object") == UNAVAILABLE:
+                return False
+            found = self._record(thread_id, read, found_answer)
+            if found is not None and found.key_id == record.key_id:
+                # Held already; or erased: an erase destroyed this key (its erasure
+                # written here first), and a copy now would bring it back.
+                return found.live
+            if found is not None and found.live and found.key_id != mine:
+                return False
+            etag = None if found is None else found.etag
+        raise S3SaverError(f"{self.where(thread_id)}: the key record kept changing while it was copied here; call again")
+
+    def bury(self, thread_id: str, erased: KeyRecord) -> Op[KeyRecord]:
+        """Make this store (the replica region's) hold ``erased``, the erasure the region
+        written to just wrote: over the live copy of that key, over any other key of the
+        thread (named among the record's destroyed ones), and where no record is, so that
+        a copy of the key still pending (``mirror``) can never land after the erase.
+        Raises when the store does not answer: the erase cannot go on to delete anything
+        while the key may live here.
+
+        Returns:
+            The erasure as stored here (with its ETag, for ``settle``).
+        """
+        key = self.key_of(thread_id)
+        record, etag = replace(erased, etag=None), None
+        for _ in range(_ATTEMPTS):
+            call = self.s3.put_swap(key, encode_record(record), etag)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                return replace(record, etag=answer["ETag"])
+            if error_code(answer) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+                raise_failure(call, answer)
+            found = yield from self.read_one(thread_id)
+            if found is None:
+                etag = None
+                continue
+            if not found.live and found.key_id == erased.key_id:
+                return found  # buried already (a call again after a cut)
+            # Another key of the thread here: destroyed too, and named.
+            ids = {**found.erased_ids(), **dict(record.earlier)}
+            ids.pop(erased.key_id, None)
+            if found.key_id != erased.key_id:
+                ids.setdefault(found.key_id, erased.erased_at)
+            record, etag = replace(record, earlier=tuple(ids.items())), found.etag
+        raise S3SaverError(f"{self.where(thread_id)}: the key record kept changing while the key was destroyed here; call again")
+
+    def mark_pending(self, thread_id: str, record: KeyRecord, pending: bool) -> Op[None]:
+        """Record on ``record`` (as read or written, with its ETag) whether its copy in
+        the replica region's store is still to make. Refused (the record changed
+        meanwhile: another process's mark, an erase), it is left as it is now."""
+        if record.etag is None or record.pending_replica == pending:
+            return
+        call = self.s3.put_swap(self.key_of(thread_id), encode_record(replace(record, pending_replica=pending)), record.etag)
+        (answer,) = yield (call,)
+        if isinstance(answer, BaseException) and error_code(answer) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+            raise_failure(call, answer)
 
     def being_erased(self, thread_id: str, record: KeyRecord) -> ThreadErasedError:
         """A writer's refusal while an erase of the thread is under way (its key

@@ -37,7 +37,10 @@ switch is in the generation the switch deletes. Once every region is erased, the
 record is marked settled: only then may the thread begin a new life under a new key
 (a key made earlier could seal content this erase deletes, and what a lock keeps of it
 would stay readable). Cut short anywhere, a call again finishes: the record read erased
-is not destroyed again, its ids are recorded again, and it is settled at the end.
+is not destroyed again, its ids are recorded again, and it is settled at the end. With a
+replica, the key is destroyed in the replica region's key store right after, before
+anything is deleted (and an erasure written there where no copy had arrived, so that a
+copy still pending never lands after it); both erasures are settled at the end.
 Every version the erase leaves is read for the key it is sealed under (its first
 bytes): one sealed under a destroyed key is reported crypto-erased.
 """
@@ -126,9 +129,12 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
     """Erase in ``ctx``'s region, then in each of ``others`` (context, whether
     its index is its own to delete in: a global table's replica is not)."""
     thread_id, _, _ = target({"configurable": {"thread_id": thread_id}})
-    # First, with encryption: the key. Every copy is unreadable from this answer on.
-    destroyed = yield from _destroy_key(ctx, thread_id)
-    gone = frozenset(k.hex() for k in destroyed.erased_ids()) if destroyed is not None else frozenset()
+    # First, with encryption: the key (with a replica, in both regions' key stores).
+    # Every copy is unreadable from these answers on.
+    destroyed, buried = yield from _destroy_key(ctx, thread_id)
+    # The replica's erasure names every key of the thread either store held (a superset).
+    every = buried if buried is not None else destroyed
+    gone = frozenset(k.hex() for k in every.erased_ids()) if every is not None else frozenset()
     deleted = 0
     remaining: list[RemainingVersion] = []
     records: list[str] = []
@@ -142,16 +148,20 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
         )
         named = named or found
         deleted += count
-        if destroyed is not None:
-            left = yield from _crypto_erased(site, left, destroyed)
+        if every is not None:
+            left = yield from _crypto_erased(site, left, every)
         remaining += left
         records.append(record)
     destroyed_at = None
     if destroyed is not None and ctx.crypt is not None:
         # Every region's index records the destroyed ids now: a new life may begin.
-        yield from ctx.crypt.store.settle(thread_id, destroyed)
+        yield from ctx.crypt.settle(thread_id, destroyed, buried)
         ctx.crypt.forget(thread_id)
-        records.append(f"{ctx.crypt.store.where(thread_id)}: the record of the key's destruction (no key material)")
+        for c, _ in others:
+            if c.crypt is not None:
+                c.crypt.forget(thread_id)
+        stores = [ctx.crypt.store] + ([ctx.crypt.partner] if buried is not None and ctx.crypt.partner else [])
+        records += [f"{s.where(thread_id)}: the record of the key's destruction (no key material)" for s in stores]
         if destroyed.erased_at is not None:
             destroyed_at = datetime.fromtimestamp(destroyed.erased_at, UTC)
     return EraseReport(
@@ -164,13 +174,14 @@ def erase_thread(ctx: Context, thread_id: str, others: Sequence[tuple[Context, b
     )
 
 
-def _destroy_key(ctx: Context, thread_id: str) -> Op[KeyRecord | None]:
+def _destroy_key(ctx: Context, thread_id: str) -> Op[tuple[KeyRecord | None, KeyRecord | None]]:
     """With encryption: the thread's data key destroyed (its record replaced by its
     erasure on the ETag read; an erasure found is left as it is: a call again after
-    a cut). None: no encryption, or the thread never had a key."""
+    a cut), then with a replica in that region's key store too (``Crypt.destroy``).
+    None: no encryption, or the thread never had a key."""
     if ctx.crypt is None:
-        return None
-    found = yield from ctx.crypt.store.destroy(thread_id, ctx.now())
+        return None, None
+    found = yield from ctx.crypt.destroy(thread_id, ctx.now())
     # This process's own cache: nothing here seals or opens under it any more.
     ctx.crypt.forget(thread_id)
     return found

@@ -35,6 +35,9 @@ def setup(ctx: Context, region: str | None, versioned: bool = False) -> Op[None]
     if ctx.crypt is not None:
         # The key store beside the bucket (same region), never versioned.
         yield from ctx.crypt.store.setup(bucket_region or region)
+        if ctx.crypt.partner is not None:
+            # With a replica, a KMS key must unwrap in both regions.
+            yield from ctx.crypt.check_replicable()
     # Before the index is made or touched: the prefix's index mode is read, and
     # surveyed when it has no marker (a store of an earlier version); a prefix
     # of the other mode is refused with nothing created. A prefix of a lost

@@ -53,6 +53,10 @@ class Replica:
             index names checkpoints whose objects have not all arrived:
             ``"older"`` the newest complete one (``saver.last_read`` says how
             stale), ``"raise"`` a [ReplicationLagError][s3_saver.errors.ReplicationLagError].
+        key_bucket: With ``encryption=``: the replica region's key store, a bucket of
+            its own there (never replicated, unversioned, as the primary's); None:
+            ``<bucket>-keys``. Each thread's key is created in both regions' stores,
+            and destroyed in both by an erase.
         boto3_session: Session the sync clients there are made from.
         aioboto3_session: Session the async clients there are made from.
         s3_client: A ready boto3 S3 client for the replica region.
@@ -69,6 +73,7 @@ class Replica:
     failover_after: float = 3.0
     recheck_after: float = 30.0
     on_lag: str = "older"
+    key_bucket: str | None = None
     boto3_session: Any = field(default=None, repr=False)
     aioboto3_session: Any = field(default=None, repr=False)
     s3_client: Any = field(default=None, repr=False)
@@ -87,6 +92,8 @@ class Replica:
                 raise ConfigurationError(f"Replica.{name} must be a number of seconds >= 0, got {value!r}")
         if self.on_lag not in ON_LAG:
             raise ConfigurationError(f"Replica.on_lag must be one of {ON_LAG}, got {self.on_lag!r}")
+        if self.key_bucket is not None and (not isinstance(self.key_bucket, str) or not bucket_name_ok(self.key_bucket)):
+            raise ConfigurationError(f"Replica.key_bucket={self.key_bucket!r} is not an S3 bucket name ({BUCKET_RULE})")
 
 
 @dataclass(frozen=True)

@@ -88,14 +88,21 @@ def make_site(
     partner: str | None = None,
     partner_table: str | None = None,
     encryption: Encryption | None = None,
+    key_bucket: str | None = None,
 ) -> tuple[Site, Context]:
     """A region's site (clients made lazily) and its operations' context
     (``global_table``: its table is one of a global table's replicas;
     ``partner``: the other region's bucket, which may own the table too;
     ``partner_table``: the other region's table, which the prefix's marker may name;
-    ``encryption``: the saver's, whose key store and KMS calls go with this site's clients)."""
+    ``encryption``: the saver's, whose key store and KMS calls go with this site's clients;
+    ``key_bucket``: this region's key store, when not the one ``encryption`` names)."""
     where = Where(bucket, table, site=key)
     s3_calls = S3Calls(bucket, where, layout.root, storage_class)
+    # KMS calls go to the key's region (its ARN's, or KmsKey.region_name) in the region
+    # written to; a replica region's to its own (the replica of a multi-Region key).
+    kms_region = None
+    if isinstance(encryption, KmsKey):
+        kms_region = encryption.region_name if key == PRIMARY else region_name
     # The saver's one cache budget; each region's caches apart within it.
     budget = settings["budget"].site(key, key == PRIMARY)
     index: DynamoIndex | ManifestIndex
@@ -116,11 +123,12 @@ def make_site(
         boto3_session=boto3_session,
         given=given,
         aioboto3_session=aioboto3_session,
-        service_regions={"kms": encryption.region_name} if isinstance(encryption, KmsKey) else None,
+        service_regions={"kms": kms_region} if kms_region else None,
     )
     crypt = None
     if encryption is not None:
-        crypt = Crypt(encryption, bucket, layout.prefix, key_bucket_of(encryption, bucket), where, budget)
+        keys = key_bucket or key_bucket_of(encryption, bucket)
+        crypt = Crypt(encryption, bucket, layout.prefix, keys, where, budget, kms_region or region_name)
     # Each region's bucket carries the marker (replication copies it): a promoted
     # replica finds it there, naming the other region's table (accepted: it is
     # this prefix's index in that region).

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from s3_saver._crypto.config import Encryption, key_bucket_of
 from s3_saver._ops import setup
 from s3_saver._ops.context import Context
 from s3_saver._ops.keyed import rekeying
@@ -196,8 +197,11 @@ class Regions:
         self.bucket, self.table, self.region_name = where.bucket, where.table, route.writer.clients.region_name
 
 
-def replica_site(replica: Replica, table: str | None, primary: str, **common: Any) -> tuple[Site, Context]:
-    """The replica region's site and context (same prefix and settings: replication keeps keys)."""
+def replica_site(
+    replica: Replica, table: str | None, primary: str, encryption: Encryption | None = None, **common: Any
+) -> tuple[Site, Context]:
+    """The replica region's site and context (same prefix and settings: replication keeps keys;
+    with ``encryption``, a key store of its own in that region, ``Replica.key_bucket``)."""
     if replica.table and not table:
         raise ConfigurationError(
             f"Replica(table={replica.table!r}) needs a DynamoDB index on the primary too (table=): "
@@ -211,6 +215,7 @@ def replica_site(replica: Replica, table: str | None, primary: str, **common: An
         endpoints={
             "s3": replica.s3_endpoint_url or replica.endpoint_url,
             "dynamodb": replica.dynamodb_endpoint_url or replica.endpoint_url,
+            "kms": replica.endpoint_url,
         },
         given={"s3": replica.s3_client, "dynamodb": replica.dynamodb_client},
         boto3_session=replica.boto3_session,
@@ -218,5 +223,7 @@ def replica_site(replica: Replica, table: str | None, primary: str, **common: An
         global_table=replica.global_table,
         partner=primary,
         partner_table=table,
+        encryption=encryption,
+        key_bucket=(replica.key_bucket or key_bucket_of(encryption, replica.bucket, own=False)) if encryption else None,
         **common,
     )

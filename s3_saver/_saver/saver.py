@@ -179,14 +179,6 @@ class S3Saver(
         check_options(locals())
         if replica is not None and not isinstance(replica, Replica):
             raise ConfigurationError(f"replica must be an s3_saver.Replica or None, got {type(replica).__name__}: {replica!r}")
-        if encryption is not None and replica is not None:
-            # Each region needs its own key store holding the thread's key, created
-            # and destroyed with the primary's: not built yet. Refused rather than a
-            # replica whose reads could not open what replication copies there.
-            raise ConfigurationError(
-                "replica= is not yet supported with encryption=: a replica region needs a key store of its own "
-                "holding each thread's key. Use one of the two"
-            )
         self.bucket = bucket
         self.table = table
         self.region_name = region_name
@@ -231,7 +223,13 @@ class S3Saver(
         self.replica = replica
         self._route: Route | None = None
         if replica is not None:
-            sites[REPLICA], reader_ctx = replica_site(replica, table, bucket, **common)
+            sites[REPLICA], reader_ctx = replica_site(replica, table, bucket, encryption, **common)
+            if self._base_ctx.crypt is not None and reader_ctx.crypt is not None:
+                # Each region's key store is the other's partner: a key is made in both
+                # (by the region written to), destroyed in both; the replica region's
+                # reads find a key missing there as lag.
+                self._base_ctx.crypt.pair(reader_ctx.crypt, lags=False)
+                reader_ctx.crypt.pair(self._base_ctx.crypt, lags=True)
             self._route = Route(primary, sites[REPLICA], replica, policy)
             self._reader_ctx = self._route.as_reader(reader_ctx)
             if replica.global_table:

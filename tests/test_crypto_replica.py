@@ -1,0 +1,281 @@
+"""Encryption with a replica region: a key store in each region. A thread's key is made in
+both (in one wave, by the region written to), the replica region's reads unwrap it from
+its own, an erase destroys it in both before it deletes anything, and a key that never
+reached the replica reads there as replication lag. On the regions harness
+(tests/regions.py: the primary behind a proxy that a test takes down, replication by hand).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import boto3
+import pytest
+from helpers import checkpoint, config
+from regions import PRIMARY_BUCKET, PRIMARY_REGION, REPLICA_BUCKET, REPLICA_REGION, Proxy, saver_client_config, saver_retry
+from test_encryption import _steady
+from test_replica import READ_MODES, _saver
+
+from s3_saver import ConfigurationError, KmsKey, LocalKey, Replica, ReplicationLagError, S3Saver, ThreadErasedError
+from s3_saver._crypto.envelope import is_sealed, key_id_of
+from s3_saver._crypto.records import decode_record
+from s3_saver._format.key_codec import encode
+from s3_saver._transport.sync import SyncDriver
+
+PRIMARY_KEYS, REPLICA_KEYS = f"{PRIMARY_BUCKET}-keys", f"{REPLICA_BUCKET}-keys"
+
+
+def _multi_region_key(moto: str, multi: bool = True) -> KmsKey:
+    """A KMS key in the primary's region, replicated to the replica's (multi-Region), with
+    the alias ``alias/checkpoints`` in both."""
+    primary = boto3.client("kms", endpoint_url=moto, region_name=PRIMARY_REGION)
+    key = primary.create_key(Description="checkpoints", MultiRegion=multi)["KeyMetadata"]
+    primary.create_alias(AliasName="alias/checkpoints", TargetKeyId=key["KeyId"])
+    if multi:
+        primary.replicate_key(KeyId=key["KeyId"], ReplicaRegion=REPLICA_REGION)
+        replica = boto3.client("kms", endpoint_url=moto, region_name=REPLICA_REGION)
+        try:
+            replica.create_alias(AliasName="alias/checkpoints", TargetKeyId=key["KeyId"])
+        except replica.exceptions.AlreadyExistsException:
+            pass  # moto's replica key keeps the primary's aliases
+    return KmsKey("alias/checkpoints")
+
+
+def _encryption(regions: Any, kind: str) -> KmsKey | LocalKey:
+    return _multi_region_key(regions.moto) if kind == "kms" else LocalKey(os.urandom(32))
+
+
+def _record(site: Any, bucket: str, thread: str) -> Any:
+    key = f"t/{encode(thread)}"
+    try:
+        found = site.s3.get_object(Bucket=bucket, Key=key)
+    except site.s3.exceptions.NoSuchKey:
+        return None
+    return decode_record(found["Body"].read(), found["ETag"], key)
+
+
+def _put(saver: Any, thread: str, value: str) -> dict[str, Any]:
+    cp = checkpoint({"doc": value, "big": value * 40}, {"doc": "1", "big": "1"})
+    stored = saver.put(config(thread), cp, {"source": "input", "step": -1}, {"doc": "1", "big": "1"})
+    saver.put_writes(stored, [("doc", f"{value}-write")], "task-1")
+    return stored
+
+
+def _value(found: Any) -> tuple[str, list[Any]]:
+    return found.checkpoint["channel_values"]["doc"], [w[2] for w in found.pending_writes]
+
+
+def _encrypted_saver(regions: Any, mode: str, encryption: Any, **kw: Any) -> S3Saver:
+    saver = _saver(regions, mode, encryption=encryption, **kw)
+    saver.setup_replica()  # the replica region's bucket, table and key store
+    saver.stats.reset()
+    return saver
+
+
+@pytest.mark.parametrize("kind", ["kms", "local"])
+@pytest.mark.parametrize("mode", READ_MODES)
+def test_a_key_is_made_in_both_regions_key_stores_and_the_replica_reads_with_its_own(regions, mode, kind) -> None:
+    encryption = _encryption(regions, kind)
+    saver = _encrypted_saver(regions, mode, encryption)
+    plain = _saver(regions, mode, prefix="plain/")
+    assert regions.replica.s3.get_bucket_versioning(Bucket=REPLICA_KEYS).get("Status") is None
+
+    # A new thread's key: made in both stores, the copy in the same wave as the create.
+    trips = []
+    for s in (saver, plain):
+        s.get_tuple(config("t"))  # as LangGraph reads a thread before its first put
+        s.stats.reset()
+        _put(s, "t", "secret-value")
+        trips.append(s.stats.round_trips)
+    assert trips[0] - trips[1] == (2 if kind == "kms" else 1)  # as without a replica
+    here, there = _record(regions.primary, PRIMARY_KEYS, "t"), _record(regions.replica, REPLICA_KEYS, "t")
+    assert here.live and there.live and here.key_id == there.key_id and here.wrapped == there.wrapped
+    assert not here.pending_replica
+    # The steady state sends what it sends without encryption (with a replica too).
+    assert _steady(saver, "s") == _steady(plain, "s")
+
+    # Replicated, then the primary region goes out: a process that never saw the thread
+    # reads it from the replica, its key from the replica region's store (and KMS there).
+    regions.replicator.run()
+    reader = _saver(regions, mode, encryption=encryption, recheck_after=3600)
+    regions.proxy.refuse()
+    assert _value(reader.get_tuple(config("t"))) == ("secret-value", ["secret-value-write"])
+    assert reader.last_read.site == "replica"
+    on_replica = reader.replica_stats.requests
+    assert on_replica.get(("s3", "get_object"), 0) >= 2
+    if kind == "kms":
+        assert on_replica.get(("kms", "decrypt")) == 1
+    copies = regions.replica.keys(f"live/{encode('t')}/")
+    assert copies and all(key_id_of(regions.replica.read(k)) == here.key_id for k in copies)
+
+
+@pytest.mark.parametrize("mode", READ_MODES)
+def test_a_replica_key_that_never_arrived_reads_as_replication_lag(regions, mode) -> None:
+    encryption = LocalKey(os.urandom(32))
+    saver = _encrypted_saver(regions, mode, encryption)
+    _put(saver, "t", "written")
+    regions.replicator.run()
+    held = regions.replica.s3.get_object(Bucket=REPLICA_KEYS, Key=f"t/{encode('t')}")["Body"].read()
+    regions.replica.s3.delete_object(Bucket=REPLICA_KEYS, Key=f"t/{encode('t')}")  # never arrived
+    reader = _saver(regions, mode, encryption=encryption, recheck_after=3600)
+    regions.proxy.refuse()
+    with pytest.raises(ReplicationLagError, match="has not reached this region's key store"):
+        reader.get_tuple(config("t"))
+    with pytest.raises(ReplicationLagError):
+        list(reader.list(config("t")))
+    # Once it arrives, the replica serves the thread.
+    regions.replica.s3.put_object(Bucket=REPLICA_KEYS, Key=f"t/{encode('t')}", Body=held)
+    assert _value(reader.get_tuple(config("t"))) == ("written", ["written-write"])
+
+
+def test_a_copy_the_replica_region_missed_is_pending_and_made_by_the_next_process(regions) -> None:
+    """The replica region out as a thread's key is made: the write goes on, the record is
+    marked pending; the next process that reads the key copies it and takes the mark off."""
+    encryption = LocalKey(os.urandom(32))
+    far = Proxy(regions.moto)  # in front of the replica region this time
+    try:
+
+        def make(**kw: Any) -> S3Saver:
+            saver = S3Saver(
+                PRIMARY_BUCKET,
+                region_name=PRIMARY_REGION,
+                endpoint_url=regions.moto,
+                client_config=saver_client_config(),
+                retry=saver_retry(),
+                encryption=encryption,
+                replica=Replica(REPLICA_BUCKET, region_name=REPLICA_REGION, endpoint_url=far.url, **kw),
+            )
+            regions.savers.append(saver)
+            return saver
+
+        writer = make()
+        writer.setup()
+        writer.setup_replica()
+        far.refuse()
+        _put(writer, "t", "while-out")
+        here = _record(regions.primary, PRIMARY_KEYS, "t")
+        assert here.live and here.pending_replica and _record(regions.replica, REPLICA_KEYS, "t") is None
+        far.up()
+        # The writer holds the key: its next writes send nothing more.
+        latest = writer.get_tuple(config("t")).config
+        writer.stats.reset()
+        writer.put_writes(latest, [("doc", "again")], "task-2")
+        assert writer.stats.total_requests == 2, writer.stats.requests
+        # Another process reads the key: it copies it to the replica region and takes the mark off.
+        make().get_tuple(config("t"))
+        there, here = _record(regions.replica, REPLICA_KEYS, "t"), _record(regions.primary, PRIMARY_KEYS, "t")
+        assert there.live and there.key_id == here.key_id and not here.pending_replica
+    finally:
+        far.close()
+
+
+# -- erase ---------------------------------------------------------------------------------------
+def _calls(monkeypatch) -> list[tuple[str, str, str]]:
+    """(service, operation, bucket or table) of every call the sync driver sends, in order."""
+    sent: list[tuple[str, str, str]] = []
+    lock = threading.Lock()
+    real = SyncDriver._wave
+
+    def wave(driver, calls):
+        with lock:
+            sent.extend((c.service, c.operation, c.params.get("Bucket") or c.params.get("TableName") or "") for c in calls)
+        return real(driver, calls)
+
+    monkeypatch.setattr(SyncDriver, "_wave", wave)
+    return sent
+
+
+@pytest.mark.parametrize("mode", READ_MODES)
+def test_an_erase_destroys_the_key_in_both_regions_before_it_deletes_anything(regions, mode, monkeypatch) -> None:
+    encryption = _multi_region_key(regions.moto)
+    saver = _encrypted_saver(regions, mode, encryption)
+    _put(saver, "doomed", "doomed")
+    _put(saver, "kept", "kept")
+    regions.replicator.run()
+    # The last of the doomed thread's writes have not reached the replica as the erase
+    # runs; they arrive after it (replication lags): unreadable there all the same.
+    _put(saver, "doomed", "late")
+    late = regions.replicator.capture()
+    key_id = _record(regions.primary, PRIMARY_KEYS, "doomed").key_id
+
+    sent = _calls(monkeypatch)
+    report = saver.erase_thread("doomed")
+    monkeypatch.undo()
+    assert report.key_destroyed_at is not None
+    puts = [i for i, (svc, op, where) in enumerate(sent) if op == "put_object" and where in (PRIMARY_KEYS, REPLICA_KEYS)]
+    deletes = [i for i, (svc, op, where) in enumerate(sent) if op.startswith("delete") or op == "transact_write_items"]
+    assert {sent[i][2] for i in puts[:2]} == {PRIMARY_KEYS, REPLICA_KEYS} and deletes and puts[1] < deletes[0], sent
+    for site, bucket in ((regions.primary, PRIMARY_KEYS), (regions.replica, REPLICA_KEYS)):
+        record = _record(site, bucket, "doomed")
+        assert not record.live and record.key_id == key_id and record.settled and record.wrapped is None
+    assert sum("key's destruction" in r for r in report.records) == 2
+
+    # What replication brings after the erase reads, in the replica region, as erased.
+    regions.replicator.pending = list(late)
+    regions.replicator.deliver()
+    reader = _saver(regions, mode, encryption=encryption, recheck_after=3600)
+    regions.proxy.refuse()
+    try:
+        found = reader.get_tuple(config("doomed"))
+        assert found is None  # the replica's index says the thread is gone
+    except ThreadErasedError as exc:
+        assert exc.thread_id == "doomed"
+    for key in regions.replica.keys(f"live/{encode('doomed')}/"):
+        body = regions.replica.read(key)
+        assert is_sealed(body) and key_id_of(body) == key_id  # nothing can open it: its key is gone
+    assert _value(reader.get_tuple(config("kept"))) == ("kept", ["kept-write"])
+
+
+def test_a_single_region_kms_key_is_refused_with_a_replica(regions) -> None:
+    encryption = _multi_region_key(regions.moto, multi=False)
+    with pytest.raises(ConfigurationError, match="multi-Region"):
+        regions.make_saver("manifest", encryption=encryption)
+
+
+def test_a_replica_region_s_saver_names_its_own_region_s_kms_key() -> None:
+    """The replica of a multi-Region key has the primary's id in another region's ARN:
+    the replica region's calls name that one (the region written to's would be refused)."""
+    from s3_saver._crypto.keyrings import KmsKeyring, Sealed
+    from s3_saver._crypto.records import KeyRecord
+    from s3_saver.errors import Where
+
+    arn = "arn:aws:kms:us-east-1:111122223333:key/mrk-1234abcd"
+    ring = KmsKeyring(KmsKey(arn), Where("b", None), region="eu-west-1")
+    assert ring.key_id == "arn:aws:kms:eu-west-1:111122223333:key/mrk-1234abcd"
+    record = KeyRecord("live", b"k" * 16, 0, b"wrapped", f"kms:{arn}")
+    op = ring.unwrap([Sealed(record, {}, "b", "t/x", "x")])
+    (call,) = next(op)
+    assert call.params["KeyId"] == "arn:aws:kms:eu-west-1:111122223333:key/mrk-1234abcd"
+    assert KmsKeyring(KmsKey("alias/checkpoints"), Where("b", None), region="eu-west-1").key_id == "alias/checkpoints"
+    # A single-Region key is only in its own region: named as it is.
+    single = "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    assert KmsKeyring(KmsKey(single), Where("b", None), region="eu-west-1").key_id == single
+
+
+def test_a_promoted_replica_writes_under_its_own_key_store_and_copies_to_the_region_left(regions) -> None:
+    """Manifest mode, the primary region out: promote(); the replica region writes its
+    threads under the keys its store holds, and makes new threads' keys there, their
+    copies to the region left pending until it answers again."""
+    encryption = LocalKey(os.urandom(32))
+    saver = _encrypted_saver(regions, "manifest", encryption)
+    _put(saver, "t", "before")
+    regions.replicator.run()
+    key_id = _record(regions.replica, REPLICA_KEYS, "t").key_id
+    regions.proxy.refuse()
+    saver.promote(force=True)
+    _put(saver, "t", "after")  # a new run on the thread: its key from this region's store
+    _put(saver, "new", "born-here")
+    assert _value(saver.get_tuple(config("t"))) == ("after", ["after-write"])
+    assert _value(saver.get_tuple(config("new"))) == ("born-here", ["born-here-write"])
+    assert all(key_id_of(regions.replica.read(k)) == key_id for k in regions.replica.keys(f"live/{encode('t')}/"))
+    made = _record(regions.replica, REPLICA_KEYS, "new")
+    assert made.live and made.pending_replica and _record(regions.primary, PRIMARY_KEYS, "new") is None
+    # The region left answers again: the next process that reads the key copies it there.
+    regions.proxy.up()
+    other = _saver(regions, "manifest", encryption=encryption)
+    other.promote()  # this process's roles, as the operator's runbook has every process do
+    assert _value(other.get_tuple(config("new"))) == ("born-here", ["born-here-write"])
+    copied = _record(regions.primary, PRIMARY_KEYS, "new")
+    assert copied.live and copied.key_id == made.key_id and not _record(regions.replica, REPLICA_KEYS, "new").pending_replica
