@@ -450,6 +450,13 @@ FAILOVER_PINNED = (
     # part and its regular part) cut after the first object, never committed; the rebuild
     # indexed that one part, a resume no index committed, readable beside the interrupt.
     ("dynamodb", 1016, -1),
+    # A global table: P's resume of T (its regular part and its __resume__ part), the
+    # regular part's item replicated, the other's not, at the outage; R ran T's resume
+    # again: its regular part lost to P's (first committed wins) and its __resume__
+    # part went in. Readers keep one region's parts per task (one_line): the part R
+    # kept still named P, so R's call read as its __resume__ alone, and so did the
+    # failback's merge. R's commit now adopts the part it lost to.
+    ("dynamodb", 686044, None),
 )
 
 

@@ -140,8 +140,11 @@ def one_line(writes: list[WritesEntry], site: str) -> list[WritesEntry]:
     task whose writes came from two runs would read as a state no run made.
     Per (namespace, checkpoint, task), only the parts of one region stay: the
     reading region's own (the one written to), else those of the region whose
-    part comes first. Writes without a site (the manifest, whose head is one
-    region's) pass as they are.
+    part comes first. A part another region committed first, that a call of
+    the reading region kept in its slot instead of its own (first write wins),
+    names the reading region: its commit adopts it (``DynamoIndex.commit_writes``),
+    so that call reads whole. Writes without a site (the manifest, whose head
+    is one region's) pass as they are.
     """
     sites: dict[tuple[str, str, str], set[str]] = {}
     for w in writes:

@@ -174,17 +174,27 @@ class DynamoIndex(DynamoReads, DynamoHoldings, DynamoArchive, DynamoThreads, Dyn
         part wins; a special channel's part replaces exactly the part it found
         (the transaction is sent again with that token as its condition), so
         the part it replaced is known (``WritesOutcome.unused``). A part whose
-        slot holds this call's own token was applied by an earlier attempt."""
+        slot holds this call's own token was applied by an earlier attempt.
+
+        A global table: a regular part that loses to a part another region
+        committed first is adopted by the transaction that commits the call's
+        other parts (``DynamoCalls.adopt_part``): its item names this region
+        from then on. Readers keep one region's parts per task (``one_line``): left naming
+        the other region, the slot this call kept would be read as another
+        run's and passed over beside the call's own parts, a torn call."""
         calls = self.calls
         outcome = WritesOutcome()
         thread_id = entries[0].thread_id
         # Per part: the token it must replace (None: the slot must be empty).
         pending: dict[int, str | None] = dict.fromkeys(range(len(entries)))
+        # Per regular part lost to another region's part: that part's token.
+        adopt: dict[int, str] = {}
         for _ in range(_MAX_WRITE_ROUNDS):
-            order = list(pending)
-            if not order:
+            order, taking = list(pending), list(adopt)
+            if not order and not taking:
                 return outcome
             actions = [calls.put_part(entries[i], pending[i]) for i in order]
+            actions += [calls.adopt_part(entries[i], adopt[i]) for i in taking]
             actions.append(calls.fence(thread_id, entries[0].gen, None, key_id))
             refused = yield from self.transact(actions, f"pending writes of thread {thread_id!r}")
             if not refused:
@@ -203,8 +213,24 @@ class DynamoIndex(DynamoReads, DynamoHoldings, DynamoArchive, DynamoThreads, Dyn
                 elif entry.part.startswith(REGULAR_PART):
                     outcome.unused.append((entry, entry.token))  # first committed wins
                     del pending[i]
+                    if found is not None and calls.foreign(item):
+                        adopt[i] = found
                 else:
                     pending[i] = found  # last committed wins: replace what is there now
+            for i, (code, item) in zip(taking, refused[len(order):]):
+                if code != CONDITION_FAILED:
+                    continue
+                # The slot changed since: adopt what it holds now, if another region's.
+                found = (item or {}).get("token", {}).get("S")
+                if found is None:
+                    # Emptied: this call's own part goes in after all.
+                    outcome.unused.remove((entries[i], entries[i].token))
+                    pending[i] = None
+                    del adopt[i]
+                elif calls.foreign(item):
+                    adopt[i] = found
+                else:
+                    del adopt[i]
         raise S3SaverError(
             f"DynamoDB table {self.table}: the pending writes of thread {thread_id!r} kept changing under "
             f"other writers; gave up after {_MAX_WRITE_ROUNDS} rounds"

@@ -236,6 +236,27 @@ class DynamoCalls(DynamoThreadItems, DynamoTable):
         item = {"TableName": self.table, "Item": self.writes_item(entry), "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
         return {"Put": {**item, **condition}}
 
+    def adopt_part(self, entry: WritesEntry, token: str) -> dict[str, Any]:
+        """A transaction's action naming this region (``site``) on the part of
+        token ``token`` in ``entry``'s slot, if it is still there (see
+        ``DynamoIndex.commit_writes``). Refused, it hands the slot's item back."""
+        assert self.site is not None
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": self.writes_key(entry),
+                "UpdateExpression": "SET #s = :s",
+                "ConditionExpression": "#t = :t",
+                "ExpressionAttributeNames": {"#s": SITE, "#t": "token"},
+                "ExpressionAttributeValues": {":s": {"S": self.site}, ":t": {"S": token}},
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+
+    def foreign(self, item: dict[str, Any] | None) -> bool:
+        """Whether a global table's writes item names another region than this one."""
+        return self.site is not None and item is not None and (item.get(SITE) or {}).get("S") != self.site
+
     def transact(self, actions: list[dict[str, Any]]) -> Call:
         return _transaction(self, actions)
 
