@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import urllib.request
+from dataclasses import replace
 from typing import Any
 
 import boto3
@@ -92,36 +94,35 @@ def test_a_plaintext_store_migrated_keeps_no_plaintext_and_reads_as_before(endpo
     reader.close()
 
 
+def _live(endpoint: str) -> dict[str, bytes]:
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="live/")
+    return {o["Key"]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for p in pages for o in p.get("Contents", [])}
+
+
 def test_a_plaintext_object_put_back_into_a_migrated_thread_is_refused(endpoint, index_mode) -> None:
-    make_versioned(endpoint)
     plain = make_saver(endpoint, index_mode)
     plain.setup()
-    _run(_graph(plain, SECRETS[0]), SECRETS[0], "a", "sync", 1)
+    _rich_thread(plain, "rich")
+    layout = plain._ctx.layout
+    parsed = lambda k: replace(layout.parse_object_key(k), tag="", token="")  # noqa: E731
+    old = {parsed(k): b for k, b in _live(endpoint).items() if layout.parse_object_key(k) is not None}
+    encryption = LocalKey(os.urandom(32))
+    saver = _encrypting(endpoint, index_mode, encryption)
+    assert saver.encrypt_thread("rich").complete
+    sub = {"configurable": {"thread_id": "rich", "checkpoint_ns": SUB_NS}}
+    assert saver.get_tuple(sub).checkpoint["channel_values"]["big"] == "B" * 100_000
+    # Every object of the migrated thread replaced by its plaintext before the migration.
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    old = {o["Key"]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
-           for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="live/")["Contents"]}
-    saver = _encrypting(endpoint, index_mode, LocalKey(os.urandom(32)))
-    assert saver.encrypt_thread("a").complete
-    latest = saver.get_tuple(config("a"))
-    assert latest is not None
-    # A plaintext checkpoint object of the old thread put where the migrated one is read.
-    new_key = next(
-        o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="live/")["Contents"]
-        if latest.config["configurable"]["checkpoint_id"] in o["Key"] and "/c/" in o["Key"] or o["Key"].endswith(
-            latest.config["configurable"]["checkpoint_id"]
-        )
-    )
-    plain_body = next(b for k, b in old.items() if latest.config["configurable"]["checkpoint_id"] in k)
-    s3.put_object(Bucket=BUCKET, Key=new_key, Body=plain_body)
-    reader = _encrypting(endpoint, index_mode, LocalKey(saver._ctx.crypt.keyring.key if False else os.urandom(32)))
-    reader.close()
-    fresh_reader = make_saver(endpoint, index_mode, encryption=saver._encryption) if hasattr(saver, "_encryption") else None
-    target = fresh_reader or saver
-    target._ctx.locs.forget_thread("a")
-    with pytest.raises(PlaintextObjectError, match=BUCKET):
-        list(target.list(config("a")))
+    for key in _live(endpoint):
+        if layout.parse_object_key(key) is not None:
+            s3.put_object(Bucket=BUCKET, Key=key, Body=old[parsed(key)])
+    reader = _encrypting(endpoint, index_mode, encryption)  # another process: nothing cached
+    with pytest.raises(PlaintextObjectError, match=f"s3://{BUCKET}/live/.*not encrypted"):
+        reader.get_tuple(sub)
     plain.close()
     saver.close()
+    reader.close()
 
 
 def test_encrypt_thread_needs_encryption_and_refuses_before_sending(endpoint, index_mode) -> None:
@@ -132,3 +133,59 @@ def test_encrypt_thread_needs_encryption_and_refuses_before_sending(endpoint, in
         plain.encrypt_thread("a")
     assert plain.stats.total_requests == 0
     plain.close()
+
+
+# -- cut short at any round trip ----------------------------------------------------------------
+def _either(endpoint: str, mode: str, encryption: Any, thread: str) -> tuple:
+    """The thread as read from where it is: plaintext (a saver without encryption), or
+    encrypted (the encrypting saver): exactly one of them reads it."""
+    found = []
+    for kind in (None, encryption):
+        reader = make_saver(endpoint, mode, encryption=kind)
+        try:
+            found.append(_views(reader, thread))
+        except Exception as exc:  # the other kind's content is refused by name
+            assert type(exc).__name__ in ("PlaintextObjectError", "EncryptedObjectError"), exc
+            found.append(None)
+        finally:
+            reader.close()
+    assert [v is None for v in found].count(True) == 1, found
+    return next(v for v in found if v is not None)
+
+
+def _fresh_store(endpoint: str, mode: str) -> tuple:
+    request = urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")
+    urllib.request.urlopen(request).close()
+    make_versioned(endpoint)
+    plain = make_saver(endpoint, mode)
+    plain.setup()
+    _rich_thread(plain, "rich")
+    view = _views(plain, "rich")
+    plain.close()
+    return view
+
+
+def test_the_migration_cut_after_any_round_trip_finishes_when_run_again(endpoint, index_mode, monkeypatch) -> None:
+    encryption = LocalKey(os.urandom(32))
+    _fresh_store(endpoint, index_mode)
+    counter = _encrypting(endpoint, index_mode, encryption)
+    counter.stats.reset()
+    status = counter.encrypt_thread("rich")
+    total, requests = counter.stats.round_trips, counter.stats.total_requests
+    print(f"\n{index_mode}: encrypt_thread of the rich thread: {total} round trips, {requests} requests")
+    assert status.complete and status.migrated
+    counter.close()
+
+    for cut in cut_points(total):
+        before = _fresh_store(endpoint, index_mode)
+        saver = _encrypting(endpoint, index_mode, encryption)
+        _cut_short(monkeypatch, cut, lambda: saver.encrypt_thread("rich"))
+        assert _either(endpoint, index_mode, encryption, "rich") == before, cut
+        again = _encrypting(endpoint, index_mode, encryption)  # another process runs it again
+        status = again.encrypt_thread("rich")
+        assert status.complete, (cut, status)
+        assert _views(again, "rich") == before, cut
+        assert _leaks(endpoint, "a document") == [], cut
+        assert again.encrypt_thread("rich").migrated is False, cut
+        saver.close()
+        again.close()
