@@ -25,7 +25,9 @@ from test_archive_cut import SUB_NS, _cut_short, _rich_thread
 from test_crypto_archive import _view
 from test_encryption import _graph, _kms, _leaks, _run
 
-from s3_saver import ConfigurationError, EncryptStatus, LocalKey, PlaintextObjectError
+from s3_saver import ConfigurationError, EncryptedObjectError, EncryptStatus, LocalKey, PlaintextObjectError
+from s3_saver._ops.encrypt import YOUNG_PLAINTEXT
+from s3_saver._transport.sync import SyncDriver
 
 SECRETS = ("alpha-secret", "beta-secret")
 # encrypt_thread of _rich_thread on a versioned bucket, local key: (round trips, requests).
@@ -202,3 +204,79 @@ def test_the_migration_cut_after_any_round_trip_finishes_when_run_again(endpoint
         assert again.encrypt_thread("rich").migrated is False, cut
         saver.close()
         again.close()
+
+
+def test_a_cold_plaintext_archive_is_reported_and_the_run_goes_on(endpoint, index_mode) -> None:
+    plain = make_saver(endpoint, index_mode)
+    plain.setup()
+    _run(_graph(plain, SECRETS[0]), SECRETS[0], "cold", "sync", 1)
+    _run(_graph(plain, SECRETS[1]), SECRETS[1], "live", "sync", 1)
+    plain.archive_thread("cold", storage_class="GLACIER")
+    saver = _encrypting(endpoint, index_mode, LocalKey(os.urandom(32)))
+    statuses = {s.thread_id: s for s in saver.encrypt_existing()}
+    assert statuses["cold"].state == "cold" and not statuses["cold"].complete
+    assert statuses["cold"].storage_class == "GLACIER"
+    assert statuses["live"].complete and saver.get_tuple(config("live")) is not None
+    with pytest.raises(EncryptedObjectError):
+        plain.get_tuple(config("live"))
+    # Untouched (S3 must restore it first): read as plaintext once restored.
+    assert saver.encrypt_thread("cold").state == "cold"
+    plain.close()
+    saver.close()
+
+
+def test_a_write_landing_at_any_round_trip_of_the_migration_is_kept(endpoint, index_mode, monkeypatch) -> None:
+    """A writer without encryption commits to the thread while it is migrated: before the
+    migration's switch, the switch is refused and the thread read again; after it, the
+    write is refused by name (the thread is encrypted) or lands in plaintext, and the
+    migration run again encrypts it. Either way nothing committed is lost."""
+    encryption = LocalKey(os.urandom(32))
+    _fresh_store(endpoint, index_mode)
+    counter = _encrypting(endpoint, index_mode, encryption)
+    counter.stats.reset()
+    counter.encrypt_thread("rich")
+    total = counter.stats.round_trips
+    counter.close()
+    for at in cut_points(total):
+        _fresh_store(endpoint, index_mode)
+        writer = make_saver(endpoint, index_mode)
+        saver = _encrypting(endpoint, index_mode, encryption)
+        latest = writer.get_tuple(config("rich"))
+        written: list[str] = []
+        real = SyncDriver._wave
+
+        def wave(driver, calls, at=at, writer=writer, latest=latest, written=written):
+            if driver is saver._sync:
+                if wave.sent == at and not written:
+                    written.append("tried")
+                    try:
+                        values = {**latest.checkpoint["channel_values"], "late": "late-plaintext"}
+                        versions = {**latest.checkpoint["channel_versions"], "late": "9"}
+                        cfg = writer.put(latest.config, checkpoint(values, versions), {"step": 99}, {"late": "9"})
+                        written.append(cfg["configurable"]["checkpoint_id"])
+                    except Exception as exc:  # the thread is encrypted (archived or live): refused by name
+                        assert type(exc).__name__ == "EncryptedObjectError", exc
+                wave.sent += 1
+            return real(driver, calls)
+
+        wave.sent = 0
+        with monkeypatch.context() as patch:
+            patch.setattr(SyncDriver, "_wave", wave)
+            saver.encrypt_thread("rich")
+        status = saver.encrypt_thread("rich")  # run again: encrypts a write that landed after
+        if not status.complete:
+            # A write refused (the thread encrypted under it) left its plaintext object:
+            # young, it may be a write about to commit, so it stays until the grace ends.
+            assert {r.reason for r in status.remaining} == {YOUNG_PLAINTEXT}, (at, status)
+            patch_grace = monkeypatch.context()
+            with patch_grace as patch:
+                patch.setattr("s3_saver._ops.encrypt.GRACE", 0.0)  # an hour later
+                status = saver.encrypt_thread("rich")
+        assert status.complete, (at, status)
+        head = saver.get_tuple(config("rich"))
+        if len(written) == 2:
+            assert head.checkpoint["channel_values"].get("late") == "late-plaintext", at
+        assert _leaks(endpoint, "late-plaintext") == [], at
+        assert _leaks(endpoint, "a document") == [], at
+        writer.close()
+        saver.close()

@@ -44,11 +44,12 @@ from s3_saver._format.entries import ArchiveRef, CheckpointEntry
 from s3_saver._index.terms import Archived
 from s3_saver._ops import archive, install
 from s3_saver._ops.archived import _thread
-from s3_saver._ops.bucket import RemainingVersion, _listed, _purge
+from s3_saver._ops.bucket import _GONE, RemainingVersion, _listed, _purge
 from s3_saver._ops.context import Context
-from s3_saver._ops.erase import GRACE, _belongs, _named, _sort_out, _versioned
+from s3_saver._ops.erase import GRACE, NEWER, _belongs, _named, _sort_out, _versioned
 from s3_saver._ops.keyed import keyed, not_gone
-from s3_saver._transport.protocol import Emit, Op, gather, request, request_one
+from s3_saver._transport.failures import error_code
+from s3_saver._transport.protocol import Emit, Op, gather, raise_failure, request, request_one
 from s3_saver.errors import ConfigurationError, ThreadArchivedError
 
 # The class of the migration's own archive of a live thread (step 2): an archive found
@@ -59,6 +60,10 @@ MIGRATION_CLASS = "STANDARD"
 _ATTEMPTS = 3
 _PAGE = 100  # thread listing entries per request
 
+YOUNG_PLAINTEXT = (
+    "plaintext written since the migration read the thread, younger than the grace period (a write "
+    "without encryption, committed or about to): run the migration again in an hour"
+)
 ENCRYPTED = "encrypted"
 EMPTY = "empty"
 COLD = "cold"
@@ -80,7 +85,10 @@ class EncryptStatus:
             already, or could not be).
         deleted: Object versions and delete markers removed (plaintext the
             migration read, and what a versioned bucket kept of it).
-        remaining: Versions that stay, with their reason (a lock holds them).
+        remaining: Versions that stay, with their reason: a lock holds them, or
+            plaintext a writer without encryption wrote since the migration read
+            the thread, younger than the grace period (``YOUNG_PLAINTEXT``: run again
+            in an hour).
         storage_class: The thread's archive class, when archived.
     """
 
@@ -234,6 +242,28 @@ def _sweep(ctx: Context, thread_id: str, versioned: bool) -> Op[tuple[int, list[
     count, locked = yield from _purge(ctx, [v for v in purge if not v.marker])
     held = {r.key for r in locked}
     more, _ = yield from _purge(ctx, [v for v in purge if v.marker and v.key not in held])
-    # A current object the index names is the thread's; a young unnamed one is a write
-    # under way (sealed by an encrypting writer) or garbage for collect_garbage.
-    return count + more, locked
+    # A current object the index names is the thread's (sealed). A young unnamed one is a
+    # write under way, never deleted: its commit would name a missing object. Written by a
+    # saver without encryption since the migration read the thread, it is plaintext, and
+    # reported (its first bytes read): a call again once it is older than the grace
+    # period deletes it if no commit came, or encrypts the thread again if one did.
+    young = [r for r in left if r.reason == NEWER]
+    plaintext = yield from _plaintext_of(ctx, young)
+    return count + more, locked + plaintext
+
+
+def _plaintext_of(ctx: Context, versions: list[RemainingVersion]) -> Op[list[RemainingVersion]]:
+    """Those of ``versions`` that hold plaintext (a ranged GET of each, one wave)."""
+    if not versions:
+        return []
+    calls = [ctx.s3.get_start(v.key, v.version_id, HEADER_BYTES) for v in versions]
+    answers = yield tuple(calls)
+    out = []
+    for v, call, answer in zip(versions, calls, answers):
+        if isinstance(answer, BaseException):
+            if error_code(answer) in _GONE:
+                continue  # gone meanwhile (its write's cleanup, a garbage collection)
+            raise_failure(call, answer)
+        if not is_sealed(bytes(answer["Body"])):
+            out.append(replace(v, reason=YOUNG_PLAINTEXT))
+    return out
