@@ -49,7 +49,14 @@ from s3_saver._ops.context import Context
 from s3_saver._ops.erase import GRACE, NEWER, _belongs, _named, _sort_out, _versioned
 from s3_saver._ops.keyed import keyed, not_gone
 from s3_saver._transport.failures import error_code
-from s3_saver._transport.protocol import Emit, Op, gather, raise_failure, request, request_one
+from s3_saver._transport.protocol import (
+    Emit,
+    Op,
+    gather,
+    raise_failure,
+    request,
+    request_one,
+)
 from s3_saver.errors import ConfigurationError, ThreadArchivedError
 
 # The class of the migration's own archive of a live thread (step 2): an archive found

@@ -6,10 +6,9 @@ one line, an operation (``_ops.archive``) and a driver.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
-
-from collections.abc import AsyncIterator, Iterator, Sequence
 
 from s3_saver._ops import archive, encrypt, idle, install
 from s3_saver._ops.archived import ArchiveStatus
