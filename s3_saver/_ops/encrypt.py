@@ -195,8 +195,11 @@ def _archived(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[tuple[str, bo
     status = yield from install.restore_thread(ctx, thread_id, 1, "Standard")
     if status.state != "live":
         return COLD, False, ref.storage_class
-    if sealed:
-        return ENCRYPTED, True, None  # the migration's own archive: the thread is live again
+    if sealed or ref.storage_class == MIGRATION_CLASS:
+        # The migration's own archive: the thread is live again. (An owner's archive in
+        # the migration's class is left live too: archived there again, it could not be
+        # told from the migration's on the next run.)
+        return ENCRYPTED, True, None
     # The owner's plaintext archive: back into its class, sealed now. Written to in
     # between, the thread stays live (encrypted); archive_idle takes it later.
     try:
