@@ -86,6 +86,16 @@ class Keyring(ABC):
             EncryptionKeyError: A record wrapped by another key-encryption key.
         """
 
+    @abstractmethod
+    def wrap(self, items: list[tuple[dict[str, str], bytes]]) -> Op[list[tuple[bytes, str]]]:
+        """Data keys in the clear (each with its context) wrapped under this keyring's
+        key-encryption key, bound to their contexts (one wave): (wrapped, kek) each."""
+
+    @abstractmethod
+    def target(self) -> Op[str]:
+        """The name records give this keyring's key-encryption key (``kek``), as a
+        rotation compares it: KMS asked for the key's ARN (``DescribeKey``, once)."""
+
     def _check_kek(self, item: Sealed, prefix: str) -> None:
         if not (item.record.kek or "").startswith(prefix):
             raise self._wrong_kek(item)
@@ -189,6 +199,29 @@ class KmsKeyring(Keyring):
                 "replicate it to the replica's region, and give its alias or id to KmsKey"
             )
 
+    def wrap(self, items: list[tuple[dict[str, str], bytes]]) -> Op[list[tuple[bytes, str]]]:
+        if not items:
+            return []
+        calls = [
+            self._call("encrypt", {"KeyId": self.key_id, "Plaintext": secret, "EncryptionContext": ctx})
+            for ctx, secret in items
+        ]
+        answers = yield from request(*calls)
+        return [(bytes(a["CiphertextBlob"]), KMS_PREFIX + a["KeyId"]) for a in answers]
+
+    def target(self) -> Op[str]:
+        found = yield from request_one(self._call("describe_key", {"KeyId": self.key_id}))
+        arn = (found.get("KeyMetadata") or {}).get("Arn")
+        if not isinstance(arn, str) or not arn:
+            raise CorruptObjectError(f"KMS DescribeKey of {self.key_id!r} answered no key ARN")
+        return KMS_PREFIX + arn
+
+    def names(self, kek: str | None) -> str:
+        """A record's ``kek`` as this region names its key (compared with ``target``)."""
+        if not (kek or "").startswith(KMS_PREFIX):
+            return kek or ""
+        return KMS_PREFIX + self._here((kek or "")[len(KMS_PREFIX) :])
+
     def rewrap(self, sealed: list[Sealed], destination_key_id: str) -> Op[list[tuple[bytes, str]]]:
         """Each record's data key wrapped under ``destination_key_id`` instead, bound to
         the same context, without it ever leaving KMS (``ReEncrypt``): (wrapped, kek)."""
@@ -202,7 +235,7 @@ class KmsKeyring(Keyring):
                 {
                     "CiphertextBlob": item.record.wrapped,
                     "SourceEncryptionContext": item.context,
-                    "SourceKeyId": (item.record.kek or "")[len(KMS_PREFIX) :],
+                    "SourceKeyId": self._here((item.record.kek or "")[len(KMS_PREFIX) :]),
                     "DestinationKeyId": destination_key_id,
                     "DestinationEncryptionContext": item.context,
                 },
@@ -234,14 +267,21 @@ class LocalKeyring(Keyring):
         return f"the local master key {self.kek[len(LOCAL_PREFIX):]!r}"
 
     def generate(self, contexts: list[dict[str, str]]) -> Op[list[Wrapped]]:
-        made = []
-        for c in contexts:
-            # Random, never derived from the master key: a derivable key could not be destroyed.
-            secret = os.urandom(DATA_KEY_BYTES)
+        # Random, never derived from the master key: a derivable key could not be destroyed.
+        secrets = [os.urandom(DATA_KEY_BYTES) for _ in contexts]
+        wrapped = yield from self.wrap(list(zip(contexts, secrets)))
+        return [Wrapped(secret, w, kek) for secret, (w, kek) in zip(secrets, wrapped)]
+
+    def wrap(self, items: list[tuple[dict[str, str], bytes]]) -> Op[list[tuple[bytes, str]]]:
+        out = []
+        for ctx, secret in items:
             nonce = os.urandom(_NONCE)
-            wrapped = _LOCAL_VERSION + nonce + self._master.encrypt(nonce, secret, canonical(c))
-            made.append(Wrapped(secret, wrapped, self.kek))
-        return made
+            out.append((_LOCAL_VERSION + nonce + self._master.encrypt(nonce, secret, canonical(ctx)), self.kek))
+        return out
+        yield  # pragma: no cover - an operation that sends nothing
+
+    def target(self) -> Op[str]:
+        return self.kek
         yield  # pragma: no cover - an operation that sends nothing
 
     def unwrap(self, sealed: list[Sealed]) -> Op[list[bytes]]:

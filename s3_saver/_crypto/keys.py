@@ -216,6 +216,10 @@ class Crypt:
             settling.append(self.partner.settle(thread_id, buried))
         yield from gather(*settling)
 
+    def sealed(self, t: str, record: KeyRecord) -> Sealed:
+        """A thread's record with what its key is bound to, for a keyring."""
+        return self._sealed(t, record)
+
     # -- the steps -------------------------------------------------------------------------
     def _sealed(self, t: str, record: KeyRecord) -> Sealed:
         return Sealed(record, context(self.prefix, t, record.key_id), self.key_bucket, self.store.key_of(t), t)

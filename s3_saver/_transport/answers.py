@@ -146,6 +146,8 @@ ANSWERS: dict[tuple[str, str], Expect] = {
     ("kms", "generate_data_key"): Expect(fields=("CiphertextBlob", "Plaintext", "KeyId")),
     ("kms", "decrypt"): Expect(fields=("Plaintext", "KeyId")),
     ("kms", "re_encrypt"): Expect(fields=("CiphertextBlob", "KeyId")),
+    ("kms", "encrypt"): Expect(fields=("CiphertextBlob", "KeyId")),
+    ("kms", "describe_key"): Expect(fields=("KeyMetadata.Arn",)),
 }
 _NOTHING = Expect()
 _JSON_SERVICES = ("dynamodb", "kms")
