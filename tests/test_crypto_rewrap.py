@@ -148,3 +148,147 @@ def test_rewrap_wraps_every_key_anew_and_every_thread_reads_with_the_new_key_onl
 def _arn(endpoint: str, alias: str) -> str:
     kms = boto3.client("kms", endpoint_url=endpoint, region_name="us-east-1")
     return kms.describe_key(KeyId=alias)["KeyMetadata"]["KeyId"]
+
+
+def _small_threads(endpoint: str, mode: str, old: Any) -> dict[str, Any]:
+    """THREADS with one checkpoint and a pending write each (no graph: cheaper)."""
+    from helpers import checkpoint
+
+    writer = make_saver(endpoint, mode, encryption=old)
+    writer.setup()
+    for thread in THREADS:
+        cp = checkpoint({"doc": f"secret-{thread}"}, {"doc": "1"})
+        stored = writer.put(config(thread), cp, {"source": "input", "step": -1}, {"doc": "1"})
+        writer.put_writes(stored, [("doc", f"secret-{thread}-write")], "task-1")
+    writer.close()
+    reader = make_saver(endpoint, mode, encryption=old)
+    seen = {t: _history(reader, t) for t in THREADS}
+    reader.close()
+    return seen
+
+
+def _key_objects(endpoint: str) -> dict[str, bytes]:
+    s3 = _s3(endpoint)
+    listed = s3.list_objects_v2(Bucket=KEY_BUCKET).get("Contents", [])
+    return {o["Key"]: s3.get_object(Bucket=KEY_BUCKET, Key=o["Key"])["Body"].read() for o in listed}
+
+
+# -- cut short --------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["kms", "local"])
+def test_rewrap_cut_after_any_round_trip_and_run_again_finishes(endpoint, index_mode, monkeypatch, kind) -> None:
+    """Two pages of records (the page size made 2): a run cut after each round trip leaves
+    every record whole (old key or new, the same data key), and a run again wraps the
+    rest; every thread then reads with the new key only. With KMS a process configured
+    with either key reads every thread between the cut and the run again (a record
+    names the key that wrapped it)."""
+    monkeypatch.setattr(rotate, "PAGE", 2)
+    old = _keys(endpoint, kind, "alias/old")
+    histories = _small_threads(endpoint, index_mode, old)
+    new = _keys(endpoint, kind, "alias/new")
+    ids = {t: _record(endpoint, t).key_id for t in THREADS}
+    records = _key_objects(endpoint)
+
+    def reset() -> None:
+        for key, body in records.items():
+            _s3(endpoint).put_object(Bucket=KEY_BUCKET, Key=key, Body=body)
+
+    counter = make_saver(endpoint, index_mode, encryption=old)
+    counter.check()
+    counter.stats.reset()
+    assert counter.rewrap(new).rewrapped == len(THREADS)
+    total = counter.stats.round_trips
+    # KMS: the new key's ARN, then per page: listing, GETs, ReEncrypt, PUTs.
+    assert total == (kind == "kms") + (4 if kind == "kms" else 3) * 2, total
+    for cut in range(total):
+        reset()
+        rotator = make_saver(endpoint, index_mode, encryption=old)
+        rotator.check()
+        _cut_short(monkeypatch, cut, lambda: rotator.rewrap(new))
+        found = {t: _record(endpoint, t) for t in THREADS}
+        assert all(r.live and r.key_id == ids[t] for t, r in found.items()), cut
+        if kind == "kms":
+            for key in (old, new):
+                assert {t: _history(make_saver(endpoint, index_mode, encryption=key), t) for t in THREADS} == histories, cut
+        report = rotator.rewrap(new)
+        assert report.rewrapped + report.already == len(THREADS) and report.erased == 0, cut
+        assert report.rewrapped == sum(r.kek != report.kek for r in found.values()), cut
+        assert all(_record(endpoint, t).kek == report.kek for t in THREADS), cut
+        assert {t: _history(make_saver(endpoint, index_mode, encryption=new), t) for t in THREADS} == histories, cut
+        rotator.close()
+    counter.close()
+
+
+# -- an erase meanwhile -----------------------------------------------------------------------
+def _before_puts(op: Generator[Any, Any, Any], act: Any) -> Generator[Any, Any, Any]:
+    """``op``, with ``act()`` run once just before its first wave of key store PUTs is sent
+    (another process's call lands between the records' read and their rewrite)."""
+    reply: Any = None
+    done = False
+    while True:
+        try:
+            instruction = op.send(reply)
+        except StopIteration as stop:
+            return stop.value
+        if not done and isinstance(instruction, tuple) and any(
+            isinstance(c, Call) and c.operation == "put_object" and c.params["Bucket"] == KEY_BUCKET for c in instruction
+        ):
+            done = True
+            act()
+        reply = yield instruction
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_an_erase_during_a_rewrap_is_never_undone(endpoint, index_mode, driver) -> None:
+    old = _keys(endpoint, "kms" if driver == "sync" else "local", "alias/old")
+    histories = _small_threads(endpoint, index_mode, old)
+    new = _keys(endpoint, "kms" if driver == "sync" else "local", "alias/new")
+    eraser = make_saver(endpoint, index_mode, encryption=old)
+    rotator = make_saver(endpoint, index_mode, encryption=old)
+    rotator.check()
+    rotator.stats.reset()
+    op = _before_puts(rotator._rewrapping(new), lambda: eraser.erase_thread("b/c"))
+    report = rotator._sync.run(op) if driver == "sync" else asyncio.run(rotator._async.run(op))
+    # The erase's record stays: its PUT was refused (IfMatch), the record read again.
+    assert (report.rewrapped, report.already, report.erased) == (2, 0, 1)
+    erased = _record(endpoint, "b/c")
+    assert not erased.live and erased.wrapped is None and erased.settled
+    assert rotator.stats.requests[("s3", "put_object")] == 3 and rotator.stats.requests[("s3", "get_object")] == 4
+    reader = make_saver(endpoint, index_mode, encryption=new)
+    assert reader.get_tuple(config("b/c")) is None
+    assert {t: _history(reader, t) for t in ("a", "d")} == {t: histories[t] for t in ("a", "d")}
+    # A new life of the erased thread, made by a process still on the old key, is
+    # wrapped by the next run.
+    eraser.put(config("b/c"), __import__("helpers").checkpoint({"doc": "again"}, {"doc": "1"}), {}, {"doc": "1"})
+    again = rotator.rewrap(new)
+    assert (again.rewrapped, again.already, again.erased) == (1, 2, 0)
+    assert _history(make_saver(endpoint, index_mode, encryption=new), "b/c")[0][1]["channel_values"]["doc"] == "again"
+    for s in (eraser, rotator, reader):
+        s.close()
+
+
+# -- a process still on the old key ----------------------------------------------------------
+def test_a_process_on_the_old_key_after_a_rewrap(endpoint, index_mode) -> None:
+    """A local key: a process configured with the old one is refused by name (the key
+    store's record, the thread, both keys), unless it holds the thread's key in its
+    cache already (the data key is the same). KMS: a record names the key that wrapped
+    it, so a process configured with the old key reads on (given kms:Decrypt on the new)."""
+    old, new = LocalKey(os.urandom(32)), LocalKey(os.urandom(32))
+    histories = _small_threads(endpoint, index_mode, old)
+    warm = make_saver(endpoint, index_mode, encryption=old)
+    assert _history(warm, "a") == histories["a"]
+    make_saver(endpoint, index_mode, encryption=old).rewrap(new)
+    assert _history(warm, "a") == histories["a"]  # cached: the same data key
+    with pytest.raises(EncryptionKeyError) as refused:
+        make_saver(endpoint, index_mode, encryption=old).get_tuple(config("b/c"))
+    text = str(refused.value)
+    assert f"s3://{KEY_BUCKET}/t/{encode('b/c')}" in text and "'b/c'" in text
+    assert f"local:{new.fingerprint}" in text and old.fingerprint in text and "rewrap" in text
+
+    kms_old = _kms_key(endpoint, "alias/old")
+    _small_threads(endpoint, index_mode, kms_old)  # the same threads, written anew under KMS
+    for t in THREADS:
+        make_saver(endpoint, index_mode, encryption=kms_old).erase_thread(t)
+    kms_histories = _small_threads(endpoint, index_mode, kms_old)
+    assert make_saver(endpoint, index_mode, encryption=kms_old).rewrap(_kms_key(endpoint, "alias/new")).rewrapped == 3
+    assert {t: _history(make_saver(endpoint, index_mode, encryption=kms_old), t) for t in THREADS} == kms_histories
+    warm.close()
