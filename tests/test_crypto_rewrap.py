@@ -129,6 +129,9 @@ def test_rewrap_wraps_every_key_anew_and_every_thread_reads_with_the_new_key_onl
     reader = make_saver(endpoint, index_mode, encryption=new)
     assert {t: _history(reader, t) for t in histories} == histories
     assert reader.get_tuple(config("d")) is None
+    if (old_kind, new_kind) == ("kms", "kms"):
+        # A process still configured with the old KMS key reads on: a record names its key.
+        assert {t: _history(make_saver(endpoint, index_mode, encryption=old), t) for t in histories} == histories
     if old_kind == "kms":
         boto3.client("kms", endpoint_url=endpoint, region_name="us-east-1").disable_key(KeyId=_arn(endpoint, "alias/old"))
         assert {t: _history(make_saver(endpoint, index_mode, encryption=new), t) for t in histories} == histories
@@ -270,8 +273,8 @@ def test_an_erase_during_a_rewrap_is_never_undone(endpoint, index_mode, driver) 
 def test_a_process_on_the_old_key_after_a_rewrap(endpoint, index_mode) -> None:
     """A local key: a process configured with the old one is refused by name (the key
     store's record, the thread, both keys), unless it holds the thread's key in its
-    cache already (the data key is the same). KMS: a record names the key that wrapped
-    it, so a process configured with the old key reads on (given kms:Decrypt on the new)."""
+    cache already (the data key is the same). (KMS: a record names the key that wrapped
+    it, so a process configured with the old key reads on; see the first test.)"""
     old, new = LocalKey(os.urandom(32)), LocalKey(os.urandom(32))
     histories = _small_threads(endpoint, index_mode, old)
     warm = make_saver(endpoint, index_mode, encryption=old)
@@ -284,11 +287,35 @@ def test_a_process_on_the_old_key_after_a_rewrap(endpoint, index_mode) -> None:
     assert f"s3://{KEY_BUCKET}/t/{encode('b/c')}" in text and "'b/c'" in text
     assert f"local:{new.fingerprint}" in text and old.fingerprint in text and "rewrap" in text
 
-    kms_old = _kms_key(endpoint, "alias/old")
-    _small_threads(endpoint, index_mode, kms_old)  # the same threads, written anew under KMS
-    for t in THREADS:
-        make_saver(endpoint, index_mode, encryption=kms_old).erase_thread(t)
-    kms_histories = _small_threads(endpoint, index_mode, kms_old)
-    assert make_saver(endpoint, index_mode, encryption=kms_old).rewrap(_kms_key(endpoint, "alias/new")).rewrapped == 3
-    assert {t: _history(make_saver(endpoint, index_mode, encryption=kms_old), t) for t in THREADS} == kms_histories
     warm.close()
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_local_key_rotates_with_the_old_key_as_previous_for_reads(endpoint, index_mode, monkeypatch, driver) -> None:
+    """``LocalKey(new, previous=[old])``: every process reads records of either key, before,
+    during (a run cut short) and after the rewrap, and makes new threads' keys under the
+    new one; a key move between kinds (local to KMS) works the same."""
+    old, new = LocalKey(os.urandom(32)), LocalKey(os.urandom(32))
+    histories = _small_threads(endpoint, index_mode, old)
+    both = LocalKey(new._secret, previous=[old])
+    assert {t: _history(make_saver(endpoint, index_mode, encryption=both), t) for t in THREADS} == histories
+    monkeypatch.setattr(rotate, "PAGE", 2)
+    _cut_short(monkeypatch, 4, lambda: make_saver(endpoint, index_mode, encryption=both).rewrap(new))
+    keks = {_record(endpoint, t).kek for t in THREADS}
+    assert keks == {f"local:{old.fingerprint}", f"local:{new.fingerprint}"}
+    assert {t: _history(make_saver(endpoint, index_mode, encryption=both), t) for t in THREADS} == histories
+    writer = make_saver(endpoint, index_mode, encryption=both)
+    writer.put(config("fresh"), __import__("helpers").checkpoint({"doc": "x"}, {"doc": "1"}), {}, {"doc": "1"})
+    assert _record(endpoint, "fresh").kek == f"local:{new.fingerprint}"
+    report = _rewrap(make_saver(endpoint, index_mode, encryption=both), new, driver)
+    assert (report.rewrapped, report.already) == (1, 3)
+    assert {t: _history(make_saver(endpoint, index_mode, encryption=new), t) for t in THREADS} == histories
+
+    # Local to KMS: a KMS saver with the local key as previous reads both kinds meanwhile.
+    kms = _kms_key(endpoint, "alias/new")
+    moving = KmsKey("alias/new", previous=[new])
+    _cut_short(monkeypatch, 4, lambda: make_saver(endpoint, index_mode, encryption=moving).rewrap(kms))
+    assert {t: _history(make_saver(endpoint, index_mode, encryption=moving), t) for t in THREADS} == histories
+    assert _rewrap(make_saver(endpoint, index_mode, encryption=moving), kms, driver).rewrapped >= 1
+    assert {t: _history(make_saver(endpoint, index_mode, encryption=kms), t) for t in THREADS} == histories
+    writer.close()

@@ -22,7 +22,7 @@ from s3_saver._crypto.config import KmsKey, LocalKey
 from s3_saver._crypto.envelope import DATA_KEY_BYTES, aesgcm
 from s3_saver._crypto.records import KeyRecord, canonical
 from s3_saver._transport.failures import error_code
-from s3_saver._transport.protocol import Call, Op, raise_failure, request, request_one
+from s3_saver._transport.protocol import Call, Op, gather, raise_failure, request, request_one
 from s3_saver.errors import (
     ConfigurationError,
     CorruptObjectError,
@@ -96,6 +96,10 @@ class Keyring(ABC):
         """The name records give this keyring's key-encryption key (``kek``), as a
         rotation compares it: KMS asked for the key's ARN (``DescribeKey``, once)."""
 
+    @abstractmethod
+    def owns(self, kek: str | None) -> bool:
+        """Whether this keyring unwraps what ``kek`` (a record's) wrapped."""
+
     def _check_kek(self, item: Sealed, prefix: str) -> None:
         if not (item.record.kek or "").startswith(prefix):
             raise self._wrong_kek(item)
@@ -103,7 +107,8 @@ class Keyring(ABC):
     def _wrong_kek(self, item: Sealed) -> EncryptionKeyError:
         return EncryptionKeyError(
             f"{item.where()} was wrapped by {item.record.kek or 'an unknown key'}; this saver's encryption is "
-            f"{self.describe()}: configure the key that wrapped it"
+            f"{self.describe()}: configure the key that wrapped it. After a key rotation (rewrap), configure the "
+            "new key, with the old one as previous=[...] for reads until every record is wrapped anew"
         )
 
 
@@ -134,6 +139,10 @@ class KmsKeyring(Keyring):
 
     def describe(self) -> str:
         return f"KMS key {self.key_id!r}"
+
+    def owns(self, kek: str | None) -> bool:
+        # Any KMS key: Decrypt is sent to the key the record names.
+        return (kek or "").startswith(KMS_PREFIX)
 
     def _call(self, operation: str, params: dict[str, Any]) -> Call:
         return Call("kms", operation, params, self.where)
@@ -266,6 +275,9 @@ class LocalKeyring(Keyring):
     def describe(self) -> str:
         return f"the local master key {self.kek[len(LOCAL_PREFIX):]!r}"
 
+    def owns(self, kek: str | None) -> bool:
+        return kek == self.kek
+
     def generate(self, contexts: list[dict[str, str]]) -> Op[list[Wrapped]]:
         # Random, never derived from the master key: a derivable key could not be destroyed.
         secrets = [os.urandom(DATA_KEY_BYTES) for _ in contexts]
@@ -305,6 +317,22 @@ class LocalKeyring(Keyring):
             keys.append(secret)
         return keys
         yield  # pragma: no cover - an operation that sends nothing
+
+
+def unwrap_with(rings: list[Keyring], sealed: list[Sealed]) -> Op[list[bytes]]:
+    """Each record unwrapped by the first of ``rings`` that holds its key-encryption key
+    (the configured key first, then those a rotation left: ``previous=``), in one wave.
+    A record none holds goes to the configured one, which names both keys."""
+    groups: dict[int, list[int]] = {}
+    for i, item in enumerate(sealed):
+        owner = next((n for n, ring in enumerate(rings) if ring.owns(item.record.kek)), 0)
+        groups.setdefault(owner, []).append(i)
+    answers = yield from gather(*(rings[n].unwrap([sealed[i] for i in idx]) for n, idx in groups.items()))
+    keys: list[bytes] = [b""] * len(sealed)
+    for idx, found in zip(groups.values(), answers):
+        for i, key in zip(idx, found):
+            keys[i] = key
+    return keys
 
 
 def keyring_for(config: KmsKey | LocalKey, where: Where, region: str | None = None) -> Keyring:

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from s3_saver._crypto.config import Encryption
-from s3_saver._crypto.keyrings import KMS_PREFIX, Keyring, KmsKeyring, keyring_for
+from s3_saver._crypto.keyrings import KMS_PREFIX, Keyring, KmsKeyring, keyring_for, unwrap_with
 from s3_saver._crypto.keys import Crypt
 from s3_saver._crypto.records import KeyRecord, context
 from s3_saver._transport.protocol import Op, gather
@@ -144,7 +144,7 @@ def _wrapped(crypt: Crypt, ring: Keyring, records: dict[str, KeyRecord]) -> Op[d
         return (yield from ring.rewrap([sealed[t] for t in kms], ring.key_id))
 
     def by_hand() -> Op[list[tuple[bytes, str]]]:
-        secrets = yield from crypt.keyring.unwrap([sealed[t] for t in other])
+        secrets = yield from unwrap_with(crypt.keyrings, [sealed[t] for t in other])
         return (yield from ring.wrap([(context(crypt.prefix, t, records[t].key_id), s) for t, s in zip(other, secrets)]))
 
     moved, made = yield from gather(by_kms(), by_hand())
