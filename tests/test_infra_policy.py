@@ -937,6 +937,7 @@ def _joined(*policies: dict[str, Any]) -> dict[str, Any]:
     return {"Statement": [s for p in policies for s in p["Statement"]]}
 
 
+@pytest.mark.slow  # with the other policy tests that run graphs
 def test_thread_encryption_grants_allow_what_an_encrypting_saver_does(endpoint: str, index_mode: str) -> None:
     """A saver with ``encryption=KmsKey`` runs a graph on invoke and ainvoke and erases
     each thread (a new thread's key made, a cold process's unwrapped, the key destroyed):
