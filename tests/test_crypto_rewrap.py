@@ -132,9 +132,19 @@ def test_rewrap_wraps_every_key_anew_and_every_thread_reads_with_the_new_key_onl
     if (old_kind, new_kind) == ("kms", "kms"):
         # A process still configured with the old KMS key reads on: a record names its key.
         assert {t: _history(make_saver(endpoint, index_mode, encryption=old), t) for t in histories} == histories
+    kms = boto3.client("kms", endpoint_url=endpoint, region_name="us-east-1")
     if old_kind == "kms":
-        boto3.client("kms", endpoint_url=endpoint, region_name="us-east-1").disable_key(KeyId=_arn(endpoint, "alias/old"))
+        kms.disable_key(KeyId=_arn(endpoint, "alias/old"))
         assert {t: _history(make_saver(endpoint, index_mode, encryption=new), t) for t in histories} == histories
+    if (old_kind, new_kind) == ("kms", "kms"):
+        # A process on the old key that may not use the new one (here: disabled) is
+        # refused by name: the record, the thread, the key it names and its own.
+        kms.disable_key(KeyId=_arn(endpoint, "alias/new"))
+        with pytest.raises(EncryptionKeyError) as refused:
+            make_saver(endpoint, index_mode, encryption=old).get_tuple(config("a"))
+        text = str(refused.value)
+        assert f"s3://{KEY_BUCKET}/t/a of thread 'a' is wrapped by {report.kek}" in text and "'alias/old'" in text
+        kms.enable_key(KeyId=_arn(endpoint, "alias/new"))
 
     # Run again: nothing left to do, nothing written.
     rotator.stats.reset()

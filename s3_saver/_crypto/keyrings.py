@@ -21,8 +21,8 @@ from typing import Any
 from s3_saver._crypto.config import KmsKey, LocalKey
 from s3_saver._crypto.envelope import DATA_KEY_BYTES, aesgcm
 from s3_saver._crypto.records import KeyRecord, canonical
-from s3_saver._transport.failures import error_code
-from s3_saver._transport.protocol import Call, Op, gather, raise_failure, request, request_one
+from s3_saver._transport.failures import DENIED, KMS_KEY, classify, error_code
+from s3_saver._transport.protocol import Call, Op, failure, gather, raise_failure, request, request_one
 from s3_saver.errors import (
     ConfigurationError,
     CorruptObjectError,
@@ -188,6 +188,14 @@ class KmsKeyring(Keyring):
                         f"{item.where()}: KMS does not unwrap its data key for this thread ({error_code(answer)}): "
                         "the record was moved from another thread or prefix, or changed",
                         bucket=item.bucket, key=item.key, thread_id=item.thread_id,
+                    ) from answer
+                if classify(answer, call.operation) in (KMS_KEY, DENIED):
+                    # Name the record and both keys: after a rotation the record names
+                    # another key than this process is configured with.
+                    raise EncryptionKeyError(
+                        f"{item.where()} is wrapped by {item.record.kek}; KMS refused to unwrap it with that key "
+                        f"({error_code(answer)}: {failure(call, answer)}). This saver's encryption is {self.describe()}: "
+                        "a process needs kms:Decrypt on the key a record names (after a key rotation, rewrap, the new one)"
                     ) from answer
                 raise_failure(call, answer)
             secret = bytes(answer["Plaintext"])
