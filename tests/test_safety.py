@@ -472,3 +472,52 @@ def test_a_history_rewrite_whose_index_writes_answers_are_lost_leaves_the_kept_h
     assert reader.get_tuple(config("t")).checkpoint["channel_values"] == {"counter": length - 1, "doc": "a document"}
     assert objects("t") == objects("twin") > 0
     reader.close()
+
+
+@pytest.mark.parametrize("call", ["put", "put_writes"])
+def test_a_segment_written_ahead_whose_answer_is_lost_is_the_one_the_head_names(endpoint, call):
+    """A writer that holds a head due for sealing writes the segment beside its
+    first round trip (``prepare``). When that PUT's answer is lost, the call is
+    sent again and meets its own write (412: a segment's key has a random token,
+    no other writer takes it). Before, the 412 was taken for a failed seal: the
+    segment was left out of the commit and out of every head, an orphan no call
+    deletes (found after a prune under load in ``make test-slow``)."""
+    from datetime import timedelta
+
+    from botocore.exceptions import ReadTimeoutError
+
+    from s3_saver._index.manifest.seal import SEAL_AT
+
+    saver = make_saver(endpoint, "manifest")
+    saver.setup()
+    last = grow_thread(saver, f"seal-{call}", SEAL_AT + 1)  # this process holds the head: due
+    real, lost = SyncDriver._wave, []
+
+    def wave(driver, calls):
+        results = real(driver, calls)
+        out = []
+        for c, result in zip(calls, results):
+            if not lost and c.operation == "put_object" and "/segments/" in c.params["Key"] and not isinstance(result, BaseException):
+                lost.append(c.params["Key"])
+                result = ReadTimeoutError(endpoint_url=f"{c.describe()}: its answer was lost")
+            out.append(result)
+        return out
+
+    SyncDriver._wave = wave
+    try:
+        if call == "put":
+            version = saver.get_next_version(saver.get_tuple(last).checkpoint["channel_versions"]["counter"], None)
+            cp = checkpoint({"counter": SEAL_AT + 1, "doc": "a document"}, {"counter": version, "doc": "1"})
+            saver.put(last, cp, {"source": "loop", "step": SEAL_AT + 1}, {"counter": version})
+        else:
+            saver.put_writes(last, [("counter", 7)], "task")
+    finally:
+        SyncDriver._wave = real
+    assert lost
+    report = saver.audit(older_than=timedelta(0))
+    assert report.problems == [] and report.garbage == [], (report.problems, report.garbage)
+    assert lost[0] in _objects(endpoint, "manifests/")
+    reader = make_saver(endpoint, "manifest")
+    assert len(list(reader.list(config(f"seal-{call}")))) == SEAL_AT + 1 + (call == "put")
+    saver.close()
+    reader.close()

@@ -463,6 +463,22 @@ def test_store_sealing_random(moto_endpoint: str) -> None:
     _sealed(world, tally, f"manifest sealing random (seeds {base}..{base + i - 1})")
 
 
+# Sealing schedules that found a defect, fixed: (seed, head budget).
+SEALING_PINNED = (
+    # A sealed segment's PUT, its answer lost, was sent again and met its own write
+    # (412): the comparison of the stored segment with the one wanted raised TypeError
+    # (``put_immutable``'s ``same`` takes the key too). It is compared now, and adopted.
+    pytest.param(579794, 900, id="manifest-segment-resend-compared"),
+)
+
+
+@pytest.mark.parametrize(("seed", "budget"), SEALING_PINNED)
+def test_store_sealing_pinned(moto_endpoint: str, seed: int, budget: int) -> None:
+    tally = Tally()
+    _run(StoreWorld(moto_endpoint, "manifest", head_budget=budget), StoreSpec("manifest", "random", seed), tally)
+    _fail(tally, f"manifest sealing random seed {seed} (SIM_HEAD_BUDGET={budget})")
+
+
 def test_store_sealing_exhaustive(moto_endpoint: str) -> None:
     """Small scenarios on heads of one byte (every swap seals, merges after eight): their
     interleavings, then one fault at each call, ``cap`` of each, within the budget."""

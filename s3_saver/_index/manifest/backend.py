@@ -47,7 +47,7 @@ from s3_saver._index.manifest.holdings import ManifestHoldings
 from s3_saver._index.manifest.lifecycle import ManifestLifecycle
 from s3_saver._index.manifest.reads import ManifestReads
 from s3_saver._index.manifest.seal import Bodies, _plan_seal, _SealPlan
-from s3_saver._index.manifest.threads import ManifestThreads
+from s3_saver._index.manifest.threads import ManifestThreads, _delete_keys
 from s3_saver._index.terms import (
     Fenced,
     ParentGone,
@@ -175,12 +175,20 @@ class ManifestIndex(
             results = results[1:]
         assert head is not None
         sealed = results[: len(plan.objects)] if plan else []
-        if plan is not None and not any(isinstance(r, BaseException) for r in sealed):
+        # A segment's key carries a random token no other writer takes: a 412 is
+        # this PUT sent again after its answer was lost, meeting its own write.
+        # Taken for a failure, the segment would be named by no head, deleted by no call.
+        landed = [not isinstance(r, BaseException) or error_code(r) in PRECONDITION_FAILED_CODES for r in sealed]
+        if plan is not None and all(landed):
             # Written: a commit may now refer to it. Kept without the segments'
             # bytes (sent already; ``_drop_unused`` needs their keys only).
             kept = replace(plan, objects=[(k, b"") for k, _ in plan.objects])
             with self._lock:
                 self._sealed[thread_id] = kept
+        elif plan is not None and any(landed):
+            # Part of the seal failed: the commit goes on without it, and the
+            # segments that did land go now (no head will name them).
+            yield from _delete_keys(self.s3, [k for (k, _), ok in zip(plan.objects, landed) if ok])
         hints = (entry is not None) + (listing is not None)
         for obj, result in zip(objects[len(objects) - hints :], results[len(results) - hints :]):
             # 412: the object exists (the listing of another write; a retried attempt of this one).
