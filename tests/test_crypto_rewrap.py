@@ -329,3 +329,24 @@ def test_a_local_key_rotates_with_the_old_key_as_previous_for_reads(endpoint, in
     assert _rewrap(make_saver(endpoint, index_mode, encryption=moving), kms, driver).rewrapped >= 1
     assert {t: _history(make_saver(endpoint, index_mode, encryption=kms), t) for t in THREADS} == histories
     writer.close()
+
+
+def test_rewrap_refuses_what_it_cannot_do_before_sending_anything(endpoint, index_mode) -> None:
+    from s3_saver import ConfigurationError
+
+    plain = make_saver(endpoint, index_mode)
+    with pytest.raises(ConfigurationError, match="no encryption="):
+        plain.rewrap(LocalKey(os.urandom(32)))
+    saver = make_saver(endpoint, index_mode, encryption=LocalKey(os.urandom(32)))
+    with pytest.raises(ConfigurationError, match="KmsKey or s3_saver.LocalKey"):
+        saver.rewrap("alias/new")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="leave key_bucket out"):
+        saver.rewrap(LocalKey(os.urandom(32), key_bucket="elsewhere-keys"))
+    kms = make_saver(endpoint, index_mode, encryption=KmsKey("alias/old", region_name="us-east-1"))
+    with pytest.raises(ConfigurationError, match="region eu-west-1"):
+        kms.rewrap(KmsKey("arn:aws:kms:eu-west-1:123456789012:key/0f0f0f0f-1111-2222-3333-444444444444"))
+    assert plain.stats.total_requests == saver.stats.total_requests == kms.stats.total_requests == 0
+    with pytest.raises(ConfigurationError, match="previous keys of its own"):
+        LocalKey(os.urandom(32), previous=[LocalKey(os.urandom(32), previous=[LocalKey(os.urandom(32))])])
+    with pytest.raises(ConfigurationError, match="takes s3_saver.KmsKey"):
+        KmsKey("alias/x", previous=["alias/y"])

@@ -39,6 +39,13 @@ def rewrap(ctx: Context, target: Encryption, others: list[Context]) -> Op[Rewrap
             f"rewrap wraps the records where they are, in the key store {crypt.key_bucket!r}; the new key names "
             f"key_bucket={target.key_bucket!r}: leave key_bucket out of it"
         )
+    # KMS keys are regional: the new key is used through the saver's KMS client (its
+    # region, and with a replica the replica region's, where a multi-Region key has its replica).
+    if isinstance(target, KmsKey) and target.region_name and crypt.kms_region and target.region_name != crypt.kms_region:
+        raise ConfigurationError(
+            f"rewrap: the new KMS key {target.key_id!r} is in region {target.region_name}, the saver's KMS calls go to "
+            f"{crypt.kms_region}: give a key of that region (a multi-Region key's replica there, by its ARN or alias)"
+        )
     crypts: list[Crypt] = [crypt, *(o.crypt for o in others if o.crypt is not None)]
     report = RewrapReport()
     for each in crypts:
