@@ -153,3 +153,47 @@ def test_a_rebuild_cut_after_any_round_trip_finishes_when_run_again(endpoint, in
         assert {t: _history(reader, t) for t in ("a", "b")} == before, cut
     assert _leaks(endpoint, "cut-a") == [] and _leaks(endpoint, "cut-b") == []
     writer.close()
+
+
+@pytest.mark.parametrize("storage_class", ["GLACIER_IR", "DEEP_ARCHIVE"])
+def test_a_rebuild_brings_back_encrypted_archives_and_leaves_an_erased_one_out(endpoint, index_mode, storage_class) -> None:
+    """An archived thread's reference comes back from its archive object, opened under the
+    thread's key (a cold one judged by the key id its metadata names); the latest
+    checkpoint it carries is sealed as archive_thread seals it. An archive of an erased
+    thread (put back from a backup) is left out and named."""
+    encryption = LocalKey(os.urandom(32))
+    writer = make_saver(endpoint, index_mode, encryption=encryption)
+    writer.setup()
+    secret = f"archived{uuid.uuid4().hex[:8]}"
+    for thread in ("cold", "doomed"):
+        _run(_graph(writer, f"{secret}{thread}"), f"{secret}{thread}", thread, "sync", 1)
+    before = _history(writer, "cold")
+    listed = [(t.checkpoint_id, t.ts, t.metadata) for t in writer.list_threads() if t.thread_id == "cold"]
+    writer.archive_thread("cold", storage_class=storage_class)
+    writer.archive_thread("doomed", storage_class=storage_class)
+    s3 = _s3(endpoint)
+    (doomed_key,) = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="archive/").get("Contents", []) if "doomed" in o["Key"]]
+    # Put back as a backup would (a cold object cannot be read: its metadata is what a rebuild reads).
+    metadata = s3.head_object(Bucket=BUCKET, Key=doomed_key).get("Metadata", {})
+    body = s3.get_object(Bucket=BUCKET, Key=doomed_key)["Body"].read() if storage_class == "GLACIER_IR" else b"cold"
+    assert metadata.get("s3saver-key-id")
+    assert writer.erase_thread("doomed").key_destroyed_at is not None
+    s3.put_object(Bucket=BUCKET, Key=doomed_key, Body=body, Metadata=metadata, StorageClass=storage_class)
+    _lose_the_index(endpoint, index_mode)
+
+    rebuilt = make_saver(endpoint, index_mode, encryption=encryption).rebuild_index()
+    assert [(u.thread_id, u.reason, u.keys) for u in rebuilt.unindexed] == [("doomed", "erased", (doomed_key,))]
+    fresh = make_saver(endpoint, index_mode, encryption=encryption)
+    if storage_class == "GLACIER_IR":
+        assert {t.thread_id: t.archived for t in fresh.list_threads()} == {"cold": storage_class}
+        assert rebuilt == len(before)
+        assert [(t.checkpoint_id, t.ts, t.metadata) for t in fresh.list_threads()] == listed
+        assert _history(fresh, "cold") == before
+    else:
+        assert rebuilt == 0  # the cold archive is not read
+        while fresh.restore_thread("cold").state != "live":
+            pass  # moto restores at once: the second call finds it restored
+        assert _history(fresh, "cold") == before
+    if storage_class == "GLACIER_IR":  # (a DEEP_ARCHIVE object cannot be read to scan)
+        assert _leaks(endpoint, f"{secret}cold") == [] and _leaks(endpoint, f"{secret}doomed") == []
+    writer.close()
