@@ -22,6 +22,7 @@ from s3_saver._ops.bucket import RemainingVersion
 from s3_saver._ops.erase import EraseReport
 from s3_saver._ops.idle import IdleReport
 from s3_saver._ops.memory.erase import NamespaceEraseReport
+from s3_saver._ops.rebuild_keys import Rebuilt, Unindexed
 from s3_saver._ops.source import ReadSource
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver._regions.replica import (
@@ -112,6 +113,7 @@ __all__ = [
     "Promotion",
     "RemainingVersion",
     "ReadSource",
+    "Rebuilt",
     "Replica",
     "ReplicationGap",
     "ReplicationLagError",
@@ -139,6 +141,7 @@ __all__ = [
     "ThreadDeletedError",
     "ThreadErasedError",
     "ThreadInfo",
+    "Unindexed",
     "UnreadableAnswerError",
     "migrate",
     "open_saver",
