@@ -4,6 +4,7 @@ node cache (``S3Cache``) on the same bucket."""
 
 from s3_saver._cache.cache import S3Cache
 from s3_saver._crypto.config import KmsKey, LocalKey
+from s3_saver._crypto.rotate import RewrapReport
 from s3_saver._format.keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._index.dynamodb.table import (
     PARTITION_KEY,
@@ -22,6 +23,7 @@ from s3_saver._ops.encrypt import EncryptStatus
 from s3_saver._ops.erase import EraseReport
 from s3_saver._ops.idle import IdleReport
 from s3_saver._ops.memory.erase import NamespaceEraseReport
+from s3_saver._ops.rebuild_keys import Rebuilt, Unindexed
 from s3_saver._ops.source import ReadSource
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver._regions.replica import (
@@ -113,12 +115,14 @@ __all__ = [
     "Promotion",
     "RemainingVersion",
     "ReadSource",
+    "Rebuilt",
     "Replica",
     "ReplicationGap",
     "ReplicationLagError",
     "ReplicationReport",
     "RequestStats",
     "RetryPolicy",
+    "RewrapReport",
     "ResourceMissingError",
     "RunDeletedError",
     "S3Cache",
@@ -139,6 +143,7 @@ __all__ = [
     "ThreadDeletedError",
     "ThreadErasedError",
     "ThreadInfo",
+    "Unindexed",
     "UnreadableAnswerError",
     "migrate",
     "open_saver",

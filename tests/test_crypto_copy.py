@@ -177,3 +177,57 @@ def _export(endpoint: str, index_mode: str) -> bytes:
     data = plain.export_thread("t")
     plain.close()
     return data
+
+
+@pytest.mark.parametrize("how", ["copy", "import"])
+def test_an_erase_of_the_target_between_a_copy_s_start_and_its_index_write_never_indexes_the_destroyed_key(
+    endpoint, index_mode, monkeypatch, how
+) -> None:
+    """Process A holds thread "dst"'s key and starts a copy (or import) into it; process B
+    erases "dst" after A checked the key and before A's index write (paused at A's first
+    object write). A's index write is refused by the erase's record (the destroyed key
+    id), and A copies again under the new life's key: another process reads the copy,
+    never a thread sealed under a destroyed key."""
+    from s3_saver._transport.sync import SyncDriver
+
+    encryption = LocalKey(os.urandom(32))
+    a = make_saver(endpoint, index_mode, encryption=encryption)
+    a.setup()
+    _run(_graph(a, "first-life"), "first-life", "dst", "sync", 1)
+    old = _key_id(endpoint, "dst")
+    # "dst" emptied (its checkpoints deleted, its key kept): a target a copy accepts,
+    # whose key A holds in its cache.
+    a.delete_thread("dst")
+    _run(_graph(a, "source"), "source", "src", "sync", 1)
+    data = _export(endpoint, index_mode) if how == "import" else b""
+    b = make_saver(endpoint, index_mode, encryption=encryption)
+    real = SyncDriver._wave
+    erased: list[Any] = []
+
+    def wave(driver, calls):
+        if driver is a._sync and not erased and any(
+            c.operation == "put_object" and c.params.get("Bucket") == BUCKET and c.params["Key"].startswith("live/dst/")
+            for c in calls
+        ):
+            erased.append(b.erase_thread("dst"))  # B's erase, between A's key check and its index write
+        return real(driver, calls)
+
+    monkeypatch.setattr(SyncDriver, "_wave", wave)
+    if how == "copy":
+        a.copy_thread("src", "dst")
+    else:
+        a.import_thread(data, thread_id="dst")
+    monkeypatch.undo()
+    assert erased and erased[0].key_destroyed_at is not None
+    new = _key_id(endpoint, "dst")
+    assert new != old
+    reader = make_saver(endpoint, index_mode, encryption=encryption)
+    view = _view(reader, "dst")
+    assert len(view) >= 4
+    if how == "copy":
+        assert view == _view(reader, "src")
+    if index_mode == "dynamodb":
+        assert all(key_id_of(b_) == new for b_ in _table_bodies(endpoint, "dst"))
+    a.close()
+    b.close()
+    reader.close()

@@ -279,3 +279,102 @@ def test_a_promoted_replica_writes_under_its_own_key_store_and_copies_to_the_reg
     assert _value(other.get_tuple(config("new"))) == ("born-here", ["born-here-write"])
     copied = _record(regions.primary, PRIMARY_KEYS, "new")
     assert copied.live and copied.key_id == made.key_id and not _record(regions.replica, REPLICA_KEYS, "new").pending_replica
+
+
+def _multi_region_new_key(moto: str) -> KmsKey:
+    primary = boto3.client("kms", endpoint_url=moto, region_name=PRIMARY_REGION)
+    key = primary.create_key(Description="rotated", MultiRegion=True)["KeyMetadata"]
+    primary.create_alias(AliasName="alias/rotated", TargetKeyId=key["KeyId"])
+    primary.replicate_key(KeyId=key["KeyId"], ReplicaRegion=REPLICA_REGION)
+    replica = boto3.client("kms", endpoint_url=moto, region_name=REPLICA_REGION)
+    try:
+        replica.create_alias(AliasName="alias/rotated", TargetKeyId=key["KeyId"])
+    except replica.exceptions.AlreadyExistsException:
+        pass
+    return KmsKey("alias/rotated")
+
+
+@pytest.mark.parametrize("kind", ["kms", "local"])
+def test_rewrap_wraps_the_keys_of_both_regions_key_stores(regions, kind) -> None:
+    """Each region's store is walked with that region's keyring (KMS ReEncrypt in its
+    region); the replica then reads with the new key only. A single-Region new key is
+    refused with a replica, before anything is written."""
+    encryption = _encryption(regions, kind)
+    saver = _encrypted_saver(regions, "manifest", encryption)
+    for t in ("t", "u"):
+        _put(saver, t, f"secret-{t}")
+    regions.replicator.run()
+    before = {t: (_record(regions.primary, PRIMARY_KEYS, t), _record(regions.replica, REPLICA_KEYS, t)) for t in ("t", "u")}
+    if kind == "kms":
+        single = boto3.client("kms", endpoint_url=regions.moto, region_name=PRIMARY_REGION)
+        single.create_alias(AliasName="alias/single", TargetKeyId=single.create_key()["KeyMetadata"]["KeyId"])
+        with pytest.raises(ConfigurationError, match="multi-Region"):
+            saver.rewrap(KmsKey("alias/single"))
+        assert _record(regions.primary, PRIMARY_KEYS, "t") == before["t"][0]
+    new = _multi_region_new_key(regions.moto) if kind == "kms" else LocalKey(os.urandom(32))
+    saver.stats.reset()
+    report = saver.rewrap(new)
+    assert (report.rewrapped, report.already, report.erased) == (4, 0, 0)
+    assert report.key_stores == [f"s3://{PRIMARY_KEYS}/", f"s3://{REPLICA_KEYS}/"]
+    if kind == "kms":
+        assert saver.replica_stats.requests[("kms", "re_encrypt")] == 2  # the replica region's own
+    for t, (here, there) in before.items():
+        now_here, now_there = _record(regions.primary, PRIMARY_KEYS, t), _record(regions.replica, REPLICA_KEYS, t)
+        assert now_here.key_id == here.key_id == there.key_id == now_there.key_id
+        assert now_here.wrapped != here.wrapped and now_there.wrapped != there.wrapped
+    # The replica region reads with the new key only (the primary out).
+    reader = _saver(regions, "manifest", encryption=new, recheck_after=3600)
+    regions.proxy.refuse()
+    assert _value(reader.get_tuple(config("u"))) == ("secret-u", ["secret-u-write"])
+    assert reader.last_read.site == "replica"
+
+
+# -- promote with a DynamoDB index that is not a global table: the index rebuilt --------------
+@pytest.mark.parametrize("kind", ["kms", "local"])
+def test_promote_rebuilds_an_encrypted_index_with_the_replica_region_s_keys(regions, kind) -> None:
+    """DynamoDB without a global table, the primary region out: promote() rebuilds the
+    replica region's table from its bucket, each thread's key read from that region's
+    key store (KMS there). What it writes is sealed; a thread erased before the outage
+    (its last objects replicated after the erase) stays out; a thread whose key never
+    reached that store is named incomplete, never indexed."""
+    from test_replica import _replicator
+
+    encryption = _encryption(regions, kind)
+    saver = _encrypted_saver(regions, "dynamodb", encryption, recheck_after=3600)
+    replicator = _replicator(regions, "dynamodb")
+    first = _put(saver, "t", "before")
+    _put(saver, "t", "second")
+    _put(saver, "lag", "no-key-there")
+    _put(saver, "gone", "doomed")
+    replicator.run()
+    # The erased thread's last objects reach the replica after the erase.
+    _put(saver, "gone", "late")
+    late = replicator.capture()
+    assert saver.erase_thread("gone").key_destroyed_at is not None
+    replicator.pending = list(late)
+    replicator.deliver()
+    # "lag"'s key never reached the replica region's store.
+    regions.replica.s3.delete_object(Bucket=REPLICA_KEYS, Key=f"t/{encode('lag')}")
+    lag_id = saver.get_tuple(config("lag")).config["configurable"]["checkpoint_id"]
+    before = [(c.checkpoint, c.metadata, c.pending_writes) for c in saver.list(config("t"))]
+    assert len(before) == 2
+
+    regions.proxy.refuse()
+    saver.stats.reset()
+    promotion = saver.promote()
+    assert not promotion.checked and promotion.rebuilt == 2
+    assert {(u.thread_id, u.reason) for u in promotion.unindexed} == {("gone", "erased"), ("lag", "key_not_arrived")}
+    assert promotion.incomplete == (f"lag//{lag_id}",)
+    if kind == "kms":
+        # Keys unwrapped in the replica region, by its replica of the key (one Decrypt a live thread).
+        assert saver.replica_stats.requests.get(("kms", "decrypt")) == 1
+
+    # The promoted region serves the thread, and goes on writing it.
+    assert [(c.checkpoint, c.metadata, c.pending_writes) for c in saver.list(config("t"))] == before
+    assert saver.get_tuple(config("gone")) is None and saver.get_tuple(config("lag")) is None
+    after = saver.put(first, checkpoint({"doc": "after"}, {"doc": "2"}), {"source": "loop", "step": 0}, {"doc": "2"})
+    assert saver.get_tuple(after).checkpoint["channel_values"]["doc"] == "after"
+    # Every body and metadata the rebuild wrote to the replica region's table is sealed.
+    items = [i for p in regions.replica.dynamodb.get_paginator("scan").paginate(TableName=regions.replica.table) for i in p["Items"]]
+    sealed = [i[a]["B"] for i in items for a in ("body", "meta") if a in i and "B" in i[a]]
+    assert sealed and all(is_sealed(bytes(b)) for b in sealed)

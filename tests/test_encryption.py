@@ -303,11 +303,6 @@ def test_operations_that_cannot_encrypt_yet_refuse_before_sending(endpoint, inde
     saver = _saver(endpoint, index_mode, LocalKey(os.urandom(32)))
     _thread(saver, "t", "value")
     saver.stats.reset()
-    with pytest.raises(ConfigurationError, match="rebuild_index is not yet supported with encryption"):
-        saver.rebuild_index("t")
-    assert saver.stats.total_requests == 0
-    with pytest.raises(ConfigurationError, match="not yet supported with encryption"):
-        asyncio.run(saver.arebuild_index("t"))
     from s3_saver import S3Cache, S3Store
 
     # Memory and the node cache are not encrypted yet: not on an encrypting saver either.

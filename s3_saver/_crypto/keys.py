@@ -43,7 +43,7 @@ from dataclasses import replace
 
 from s3_saver._crypto.config import Encryption, KmsKey
 from s3_saver._crypto.envelope import DataKey, new_key_id
-from s3_saver._crypto.keyrings import Keyring, KmsKeyring, Sealed, keyring_for
+from s3_saver._crypto.keyrings import Keyring, KmsKeyring, Sealed, keyring_for, unwrap_with
 from s3_saver._crypto.records import LIVE, KeyRecord, context, next_life
 from s3_saver._crypto.sealer import Sealer, ThreadKey
 from s3_saver._crypto.store import KeyStore
@@ -113,6 +113,8 @@ class Crypt:
         self.store = KeyStore(S3Calls(key_bucket, self.where), prefix)
         self.kms_region = kms_region
         self.keyring: Keyring = keyring_for(config, self.where, kms_region)
+        # What unwraps: this key, then the keys a rotation is moving away from (``previous=``).
+        self.keyrings: list[Keyring] = [self.keyring, *(keyring_for(p, self.where, kms_region) for p in config.previous)]
         self.cache = KeyCache(budget)
         # With a replica: the other region's key store (``pair``), and whether a key
         # missing from this one is replication lag (this site's store is the replica's).
@@ -216,13 +218,17 @@ class Crypt:
             settling.append(self.partner.settle(thread_id, buried))
         yield from gather(*settling)
 
+    def sealed(self, t: str, record: KeyRecord) -> Sealed:
+        """A thread's record with what its key is bound to, for a keyring."""
+        return self._sealed(t, record)
+
     # -- the steps -------------------------------------------------------------------------
     def _sealed(self, t: str, record: KeyRecord) -> Sealed:
         return Sealed(record, context(self.prefix, t, record.key_id), self.key_bucket, self.store.key_of(t), t)
 
     def _unwrap(self, records: dict[str, KeyRecord]) -> Op[dict[str, ThreadKey]]:
         items = list(records.items())
-        secrets = yield from self.keyring.unwrap([self._sealed(t, r) for t, r in items])
+        secrets = yield from unwrap_with(self.keyrings, [self._sealed(t, r) for t, r in items])
         return {t: ThreadKey(DataKey(r.key_id, s), r.erased_ids(), self.store.where(t)) for (t, r), s in zip(items, secrets)}
 
     def _generate(self, fresh: dict[str, KeyRecord | None]) -> Op[dict[str, tuple[KeyRecord, bytes, KeyRecord | None]]]:

@@ -216,7 +216,13 @@ class ArchiveIndex(Index):
         raise self._refuse("list(None)")
 
     def restore(
-        self, thread_id: str, entries: list[CheckpointEntry], writes: list[WritesEntry], created: int, active: Any = None
+        self,
+        thread_id: str,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        created: int,
+        active: Any = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         raise self._refuse("rebuild_index")
 
@@ -230,7 +236,8 @@ class ArchiveIndex(Index):
         raise self._refuse("collect_garbage")
 
     def copy_thread(
-        self, source: str, dest: str, entries: Any, writes: Any, now: int, release: Any, active: Any = None
+        self, source: str, dest: str, entries: Any, writes: Any, now: int, release: Any, active: Any = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         raise self._refuse("copy_thread")
 

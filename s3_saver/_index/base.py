@@ -262,13 +262,17 @@ class Index(Upkeep):
         writes: list[WritesEntry],
         created: int,
         active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         """Write the entries of a thread read back from its objects (``rebuild_index``,
         ``import_thread``), replacing what the index holds for it, except what a
         surviving tombstone or delete says is deleted; list the thread (as
         created at ``created``) unless it is listed. ``active``: the activity
         entry ``stage_active`` made, recorded on the thread's record (unless a
-        delete came since the entries' generation: then nothing names it)."""
+        delete came since the entries' generation: then nothing names it).
+        ``key_id`` (encryption): the key the entries are sealed under; refused
+        (``Fenced``, nothing written) when the thread's record says an erase
+        destroyed it, as a commit's fence refuses (``commit_checkpoint``)."""
 
     # -- delete, prune and copy ------------------------------------------------------
     @abstractmethod
@@ -307,12 +311,13 @@ class Index(Upkeep):
         now: int,
         release: Release,
         active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         """Install a copy of ``source`` (its objects written already, under ``dest``)
         into ``dest``, listed as created ``now``; refuses (ConfigurationError) a
         ``dest`` with checkpoints of its own (an earlier copy of ``source`` is not:
         what it holds that this copy does not goes, through ``release``).
-        ``active``: as for ``restore``, recorded on ``dest``'s record."""
+        ``active``, ``key_id``: as for ``restore``, checked on ``dest``'s record."""
 
     @abstractmethod
     def check_copy_target(self, source: str, dest: str) -> Op[Any]:

@@ -139,7 +139,7 @@ def archive_thread(
     newest = newest_of(archive.entries)
     yield from _put_archive(ctx, key, data, storage_class, archive_metadata(newest, ctx.sealer.key_id(thread_id)))
     runs = sorted({e.run_id for e in entries if e.run_id is not None})
-    latest = _sealed_latest(ctx, latest_of(archive))
+    latest = sealed_latest(ctx, latest_of(archive))
     ref = ArchiveRef(key, storage_class, len(data), ctx.now(), newest, latest, len(entries), live_bytes, runs)
     ctx.locs.forget_thread(thread_id)
     if not (yield from ctx.index.switch_archive(thread_id, ref, snapshot)):
@@ -171,7 +171,7 @@ def _status(thread_id: str, state: str, ref: ArchiveRef) -> ArchiveStatus:
     return ArchiveStatus(thread_id, state, ref.storage_class, ref.key, ref.size, ref.checkpoints, ref.live_bytes)
 
 
-def _sealed_latest(ctx: Context, latest: CheckpointEntry | None) -> CheckpointEntry | None:
+def sealed_latest(ctx: Context, latest: CheckpointEntry | None) -> CheckpointEntry | None:
     """The latest root checkpoint as the index's reference carries it: with encryption,
     its record (without values) sealed for the checkpoint's object as the summary names
     it, and its metadata as index entries seal theirs."""

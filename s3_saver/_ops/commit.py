@@ -22,6 +22,11 @@ from s3_saver._index.terms import Fenced, ParentGone, Prepared
 from s3_saver._ops.context import Context
 from s3_saver._ops.delete import delete_keys
 from s3_saver._ops.install import restore_before_write
+
+# Shared with copy and import (defined beside ``rekeyed``, see ``keyed``); put and
+# put_writes import them from here.
+from s3_saver._ops.keyed import MAX_REKEYS, key_gone  # noqa: F401
+from s3_saver._ops.keyed import rekeyed_too_often as _rekeyed_too_often  # noqa: F401
 from s3_saver._ops.stage import Draft, stage, store_late
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import put_immutable
@@ -36,9 +41,6 @@ from s3_saver.errors import (
 # archive's mark taken off...): each round has a reason that does not repeat
 # unless archives and restores keep racing the write.
 _MAX_FENCED = 6
-# Writes sealed again after their key was found destroyed at the commit: each time
-# another erase of the thread came in between (and a new life began after it).
-MAX_REKEYS = 3
 
 
 class KeyGone(Exception):
@@ -50,13 +52,6 @@ class KeyGone(Exception):
     def __init__(self, thread_id: str) -> None:
         super().__init__(f"thread {thread_id!r}: the key this write was sealed under was destroyed by an erase")
         self.thread_id = thread_id
-
-
-def key_gone(ctx: Context, record: Tombstone, thread_id: str) -> bool:
-    """Whether ``record`` refused a commit of ``thread_id`` because an erase destroyed
-    the key this operation seals the thread's content with."""
-    key_id = ctx.sealer.key_id(thread_id)
-    return key_id is not None and key_id in record.gone_keys
 
 
 def commit_checkpoint(ctx: Context, d: Draft, entry: CheckpointEntry, prepared: Prepared) -> Op[None]:
@@ -204,13 +199,6 @@ def _run_deleted(ctx: Context, thread_id: str, run_id: str, checkpoint_id: str) 
     return RunDeletedError(
         f"run {run_id!r} of thread {thread_id!r} was deleted (delete_for_runs) while it ran; "
         f"its checkpoint {checkpoint_id!r} is refused ({ctx.index.describe()})"
-    )
-
-
-def _rekeyed_too_often(thread_id: str) -> S3SaverError:
-    return S3SaverError(
-        f"thread {thread_id!r}: the write was sealed again {MAX_REKEYS} times, each time under a key an erase "
-        "destroyed before it committed (the thread keeps being erased while it is written); nothing was committed"
     )
 
 

@@ -24,12 +24,20 @@ from s3_saver._format.closure import closure, moved, own_object
 from s3_saver._format.entries import CheckpointEntry, WritesEntry
 from s3_saver._format.keys import new_tag
 from s3_saver._index.activity import day_of
-from s3_saver._index.terms import Archived
+from s3_saver._index.terms import Archived, Fenced
 from s3_saver._ops.archived import _WAVE, read_archive
+from s3_saver._ops.commit import KeyGone
 from s3_saver._ops.context import Context, meta_key, target
 from s3_saver._ops.delete import deleter
 from s3_saver._ops.install import install
-from s3_saver._ops.keyed import keyed, writer_keyed
+from s3_saver._ops.keyed import (
+    MAX_REKEYS,
+    key_gone,
+    keyed,
+    rekeyed,
+    rekeyed_too_often,
+    writer_keyed,
+)
 from s3_saver._ops.prune import take_out_runs
 from s3_saver._transport.protocol import Op, gather, raise_failure
 from s3_saver._transport.s3 import copy_immutable, put_immutable
@@ -44,6 +52,19 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
     dest, _, _ = target({"configurable": {"thread_id": target_thread_id}})
     if source == dest:
         raise ConfigurationError("copy_thread needs two different thread ids")
+    for _ in range(MAX_REKEYS):
+        try:
+            return (yield from _copy(ctx, source, dest))
+        except KeyGone:
+            # With encryption: the target's index write refused because an erase of the
+            # target (another process's, after this call read the key) destroyed the key
+            # the copy is sealed under. Copied again, sealed under the key read now (a
+            # new life's); what this attempt wrote, under its own tag, no index names.
+            ctx = yield from rekeyed(ctx, dest)
+    raise rekeyed_too_often(dest)
+
+
+def _copy(ctx: Context, source: str, dest: str) -> Op[None]:
     yield from ctx.index.check_copy_target(source, dest)
     if ctx.crypt is not None:
         # Both keys: the source's to open, the target's to seal (made for a new target,
@@ -59,7 +80,10 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
             archive = decode_archive(data, f"s3://{ctx.s3.bucket}/{archived.ref.key}")
             if active is not None:
                 yield from ctx.index.untouch(active)  # install stages its own
-            yield from install(ctx, dest, archive, copied_from=source)
+            try:
+                yield from install(ctx, dest, archive, copied_from=source)
+            except Fenced as fenced:
+                raise _gone(ctx, fenced, dest) from None
             yield from _no_deleted_runs(ctx, source, dest, archive.entries)
             return
         tag = new_tag()
@@ -84,12 +108,24 @@ def copy_thread(ctx: Context, source_thread_id: str, target_thread_id: str) -> O
         # under its own tag, no index names (garbage collection takes it).
     ctx.locs.forget_thread(dest)
     try:
-        yield from ctx.index.copy_thread(source, dest, copies, writes, ctx.now(), deleter(ctx, dest), active)
+        yield from ctx.index.copy_thread(
+            source, dest, copies, writes, ctx.now(), deleter(ctx, dest), active, ctx.sealer.key_id(dest)
+        )
     except ConfigurationError:
         yield from ctx.index.untouch(active)  # refused: the target got checkpoints of its own
         raise
+    except Fenced as fenced:
+        yield from ctx.index.untouch(active)
+        raise _gone(ctx, fenced, dest) from None
     ctx.locs.forget_thread(dest)
     yield from _no_deleted_runs(ctx, source, dest, entries)
+
+
+def _gone(ctx: Context, fenced: Fenced, dest: str) -> Exception:
+    """What a copy's index write refused by the target's record raises: ``KeyGone``
+    when an erase destroyed the key the copy is sealed under (sealed again by
+    ``copy_thread``), else the refusal as it came."""
+    return KeyGone(dest) if key_gone(ctx, fenced.record, dest) else fenced
 
 
 def _pairs(ctx: Context, entries: list[CheckpointEntry], writes: list[Any], dest: str, tag: str) -> dict[str, str]:

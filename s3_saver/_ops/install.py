@@ -34,7 +34,7 @@ from s3_saver._format.codec import squeeze
 from s3_saver._format.entries import ArchiveRef
 from s3_saver._format.keys import new_tag
 from s3_saver._index.activity import day_of
-from s3_saver._index.terms import Archived
+from s3_saver._index.terms import Archived, Fenced
 from s3_saver._ops.archived import (
     _WAVE,
     RESTORE_DONE,
@@ -48,7 +48,15 @@ from s3_saver._ops.archived import (
 )
 from s3_saver._ops.context import Context, meta_key
 from s3_saver._ops.delete import deleter
-from s3_saver._ops.keyed import keyed, keyed_beside, not_gone
+from s3_saver._ops.keyed import (
+    MAX_REKEYS,
+    key_gone,
+    keyed,
+    keyed_beside,
+    not_gone,
+    rekeyed,
+    rekeyed_too_often,
+)
 from s3_saver._transport.failures import (
     error_code,
 )
@@ -179,17 +187,29 @@ def import_thread(ctx: Context, data: bytes, thread_id: str | None) -> Op[str]:
                 f"{sealed.describe()}: its record holds thread {archive.thread_id!r}, not the one it is sealed for"
             )
     assert archive is not None
-    if existing or own.archive is not None:
-        raise ConfigurationError(
-            f"thread {dest!r} already has checkpoints ({ctx.index.describe()}); import_thread imports into "
-            "an empty thread (delete_thread it first, or pass thread_id=...)"
-        )
-    archive.entries = [replace(e, gen=own.gen) for e in archive.entries]
-    # With encryption, the thread's key, not one an erase destroyed (this process may
-    # have cached it before another's erase).
-    ctx = yield from not_gone(ctx, dest, own)
-    yield from install(ctx, dest, archive)
-    return dest
+    exported = archive.entries
+    for _ in range(MAX_REKEYS):
+        if existing or own.archive is not None:
+            raise ConfigurationError(
+                f"thread {dest!r} already has checkpoints ({ctx.index.describe()}); import_thread imports into "
+                "an empty thread (delete_thread it first, or pass thread_id=...)"
+            )
+        archive.entries = [replace(e, gen=own.gen) for e in exported]
+        # With encryption, the thread's key, not one an erase destroyed (this process may
+        # have cached it before another's erase).
+        ctx = yield from not_gone(ctx, dest, own)
+        try:
+            yield from install(ctx, dest, archive)
+            return dest
+        except Fenced as fenced:
+            # An erase of the target (another process's, after the key was read here)
+            # destroyed the key the import is sealed under: nothing was indexed. Sealed
+            # again under the key read now (a new life's), the target read again.
+            if not key_gone(ctx, fenced.record, dest):
+                raise
+            ctx = yield from rekeyed(ctx, dest)
+            own, existing = yield from gather(ctx.index.archive_of(dest), ctx.index.contents(dest))
+    raise rekeyed_too_often(dest)
 
 
 def _nothing() -> Op[bytes]:
@@ -284,6 +304,9 @@ def install(
         for e in entries
     ]
     ctx.locs.forget_thread(thread_id)
+    # With encryption, the key every copy above is sealed under: the index write is
+    # refused if an erase destroyed it since it was read (``Index.restore``).
+    key_id = ctx.sealer.key_id(thread_id)
     if ref is not None:
         if not (yield from ctx.index.unarchive(thread_id, ref, entries, writes, active)):  # the commit point
             # Another restore switched first, or took over (a step's put and
@@ -304,12 +327,20 @@ def install(
             yield from _remove_stale(ctx, thread_id, ref.key)
     elif copied_from is not None:
         try:
-            yield from ctx.index.copy_thread(copied_from, thread_id, entries, writes, ctx.now(), deleter(ctx, thread_id), active)
-        except ConfigurationError:
-            yield from ctx.index.untouch(active)  # refused: the target got checkpoints of its own
+            yield from ctx.index.copy_thread(
+                copied_from, thread_id, entries, writes, ctx.now(), deleter(ctx, thread_id), active, key_id
+            )
+        except (ConfigurationError, Fenced):
+            # Refused: the target got checkpoints of its own, or an erase destroyed its key
+            # (the caller seals again: ``copy.copy_thread``).
+            yield from ctx.index.untouch(active)
             raise
     else:
-        yield from ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now(), active)
+        try:
+            yield from ctx.index.restore(thread_id, entries, writes, archive.created or ctx.now(), active, key_id)
+        except Fenced:
+            yield from ctx.index.untouch(active)  # an erase destroyed the key (see ``import_thread``)
+            raise
         runs = sorted({e.run_id for e in entries if e.run_id is not None})
         yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
     ctx.locs.forget_thread(thread_id)

@@ -29,7 +29,12 @@ from s3_saver._format.entries import Tombstone
 from s3_saver._index.terms import Archived
 from s3_saver._ops.context import Context
 from s3_saver._transport.protocol import Emit, Op, T, gather
-from s3_saver.errors import ConfigurationError
+from s3_saver.errors import ConfigurationError, S3SaverError
+
+# Writes sealed again after their key was found destroyed at their index write (a
+# commit, a copy's or an import's): each time another erase of the thread came in
+# between (and a new life began after it).
+MAX_REKEYS = 3
 
 
 def keyed(ctx: Context, thread_ids: Iterable[str], *, create: bool = False) -> Op[Context]:
@@ -76,6 +81,20 @@ def rekeyed(ctx: Context, thread_id: str) -> Op[Context]:
     assert ctx.crypt is not None
     ctx.crypt.forget(thread_id)
     return (yield from keyed(replace(ctx, sealer=ctx.sealer.without(thread_id)), [thread_id], create=True))
+
+
+def key_gone(ctx: Context, record: Tombstone, thread_id: str) -> bool:
+    """Whether ``record`` refused an index write of ``thread_id`` because an erase
+    destroyed the key this operation seals the thread's content with."""
+    key_id = ctx.sealer.key_id(thread_id)
+    return key_id is not None and key_id in record.gone_keys
+
+
+def rekeyed_too_often(thread_id: str) -> S3SaverError:
+    return S3SaverError(
+        f"thread {thread_id!r}: the write was sealed again {MAX_REKEYS} times, each time under a key an erase "
+        "destroyed before it committed (the thread keeps being erased while it is written); nothing was committed"
+    )
 
 
 def writer_keyed(ctx: Context, thread_id: str, record: Tombstone) -> Op[Context]:

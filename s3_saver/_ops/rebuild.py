@@ -19,11 +19,17 @@ Tombstones live only in the index: where one survived, what it deleted stays
 deleted (see ``Index.restore``); objects of a delete that never ran are back.
 An archived thread's marker comes back from its archive object under
 ``archive/`` (the thread has no live objects left).
+
+With ``encryption=``, each batch of threads' keys is read from the key store (beside
+the batch's first reads), the objects are opened under them and the entries' copies of
+content sealed as a write seals them; what cannot be opened (an erased thread's
+remnants, plaintext, no key) is left out and reported (``rebuild_keys``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from s3_saver._format.archive import (
@@ -52,13 +58,24 @@ from s3_saver._format.entries import (
     make_ref,
 )
 from s3_saver._format.keys import ObjectKey
-from s3_saver._ops.context import Context, target
-from s3_saver._ops.keyed import unsupported
+from s3_saver._ops.archive import sealed_latest
+from s3_saver._ops.context import Context, meta_key, target
 from s3_saver._ops.put import run_of
+from s3_saver._ops.rebuild_keys import (
+    ERASED,
+    KEY_NOT_ARRIVED,
+    Rebuilt,
+    Unindexed,
+    cold_archive,
+    erased_at,
+    keyless,
+    opened,
+    read_keys,
+)
 from s3_saver._transport.mode import settle_mode
 from s3_saver._transport.protocol import Op, gather, request, request_one
 
-_GET_WAVE = 100  # objects read per round trip
+_GET_WAVE = 100  # objects (and, with encryption, threads' key records) read per round trip
 _ABSENT = object()
 
 Listed = tuple[ObjectKey, str, int]  # what the key says, the key, its LastModified (epoch s)
@@ -69,9 +86,9 @@ def rebuild_index(
     thread_id: str | None,
     incomplete: list[str] | None = None,
     incomplete_writes: list[str] | None = None,
-) -> Op[int]:
+) -> Op[Rebuilt]:
     """Rebuild the index entries of one thread, or of every thread under the prefix;
-    returns how many checkpoints were indexed.
+    returns how many checkpoints were indexed, and what was left out (``Rebuilt``).
 
     ``incomplete`` (a replica's bucket, where objects arrive one by one in any
     order): index only the checkpoints whose objects have all arrived, and
@@ -85,7 +102,6 @@ def rebuild_index(
     The operator's (not promote's, which may take only its Replica's) may move
     the prefix from any table: a lost table's.
     """
-    unsupported(ctx, "rebuild_index")
     move = thread_id is None and incomplete is None
     try:
         return (yield from _rebuild(ctx, thread_id, incomplete, incomplete_writes, move))
@@ -101,7 +117,7 @@ def _rebuild(
     incomplete: list[str] | None,
     incomplete_writes: list[str] | None,
     move: bool,
-) -> Op[int]:
+) -> Op[Rebuilt]:
     # First: objects of the other index mode's threads are never indexed here
     # (a second history of each); the index's first write claims the prefix.
     yield from settle_mode(ctx.mode, survey=True, claim=False, move=move)
@@ -123,20 +139,42 @@ def _rebuild(
             break
     archives = yield from _list_archives(ctx, ctx.layout.archive_dir(thread_id) if thread_id else ctx.layout.archive_root)
     total = 0
-    for tid in sorted(set(threads) | set(archives)):
-        if tid in threads:
-            # Live objects win: an archive beside them is one a crash left before
-            # its switch, or a restore left after its own (each reads the same).
-            total += yield from _rebuild_thread(ctx, tid, threads[tid], incomplete, incomplete_writes)
-        else:
-            total += yield from _rebuild_archived(ctx, tid, max(archives[tid], key=lambda a: a[1]))
+    unindexed: list[Unindexed] = []
+    ordered = sorted(set(threads) | set(archives))
+    for start in range(0, len(ordered), _GET_WAVE):
+        batch = ordered[start : start + _GET_WAVE]
+        # With encryption, the batch's keys, in the wave of the first thread's first reads.
+        keys, first = yield from gather(read_keys(ctx, batch), _read(ctx, threads.get(batch[0], [])))
+        for tid in batch:
+            thread_ctx = ctx if ctx.crypt is None else replace(ctx, sealer=ctx.sealer.with_keys({tid: keys[tid]}))
+            if tid in threads:
+                # Live objects win: an archive beside them is one a crash left before
+                # its switch, or a restore left after its own (each reads the same).
+                stored = first if tid == batch[0] else (yield from _read(ctx, threads[tid]))
+                total += yield from _rebuild_thread(
+                    thread_ctx, tid, threads[tid], stored, incomplete, incomplete_writes, unindexed
+                )
+            else:
+                total += yield from _rebuild_archived(thread_ctx, tid, max(archives[tid], key=lambda a: a[1]), unindexed)
     if thread_id is None and ctx.index.owner is not None:
         # The index is now this bucket's, whole (promote's rebuild of the other region's table).
         yield from ctx.index.owner.take()
     if thread_id is None and ctx.mode is not None:
         # The switch (a prefix belongs to one table): from here on the prefix is this table's.
         yield from ctx.mode.take()
-    return total
+    return Rebuilt(total, tuple(unindexed))
+
+
+def _read(ctx: Context, listed: list[Listed]) -> Op[dict[str, bytes]]:
+    """The stored bytes of a thread's checkpoint and pending-write objects (the
+    others are named by their keys alone), ``_GET_WAVE`` a round trip."""
+    wanted = [key for parsed, key, _ in listed if parsed.kind in ("checkpoint", "writes")]
+    stored: dict[str, bytes] = {}
+    for i in range(0, len(wanted), _GET_WAVE):
+        chunk = wanted[i : i + _GET_WAVE]
+        results = yield from request(*(ctx.s3.get(key) for key in chunk))
+        stored.update((key, result["Body"]) for key, result in zip(chunk, results))
+    return stored
 
 
 def _list_archives(ctx: Context, prefix: str) -> Op[dict[str, list[tuple[str, int, str, int]]]]:
@@ -155,20 +193,34 @@ def _list_archives(ctx: Context, prefix: str) -> Op[dict[str, list[tuple[str, in
             return found
 
 
-def _rebuild_archived(ctx: Context, thread_id: str, archive: tuple[str, int, str, int]) -> Op[int]:
+def _rebuild_archived(
+    ctx: Context, thread_id: str, archive: tuple[str, int, str, int], unindexed: list[Unindexed]
+) -> Op[int]:
     """An archived thread's reference, from its archive object: read whole when its
     class allows, else from what ``archive_thread`` wrote in its metadata (a cold
-    archive rebuilt this way has no latest checkpoint to show in ``list_threads``)."""
+    archive rebuilt this way has no latest checkpoint to show in ``list_threads``).
+    With encryption, an archive that does not open under the thread's key (or, cold,
+    whose metadata names another key) is left out and reported."""
     key, modified, storage_class, size = archive
     ref = ArchiveRef(key, storage_class, size, modified, {"": ""})
     created, count = modified, 0
     if storage_class in INSTANT_CLASSES:
         found = yield from request_one(ctx.s3.get(key))
-        content = decode_archive(found["Body"], f"s3://{ctx.s3.bucket}/{key}")
-        ref.newest, ref.latest, count = newest_of(content.entries), latest_of(content), len(content.entries)
+        left = keyless(ctx, thread_id, {key: found["Body"]}, (key,))
+        data = opened(ctx, thread_id, key, found["Body"]) if left is None else left.reason
+        if isinstance(data, str):
+            unindexed.append(Unindexed(thread_id, data, (key,), erased_at(ctx, thread_id) if data == ERASED else None))
+            return 0
+        content = decode_archive(data, f"s3://{ctx.s3.bucket}/{key}")
+        # The index's reference carries the latest checkpoint sealed, as archive_thread's does.
+        ref.newest, ref.latest, count = newest_of(content.entries), sealed_latest(ctx, latest_of(content)), len(content.entries)
         created = content.created or modified
     else:
         head = yield from request_one(ctx.s3.head(key))
+        why = cold_archive(ctx, thread_id, key, head.get("Metadata", {}))
+        if why is not None:
+            unindexed.append(Unindexed(thread_id, why, (key,), erased_at(ctx, thread_id) if why == ERASED else None))
+            return 0
         ref.newest = metadata_newest(head.get("Metadata", {})) or ref.newest
     record = yield from ctx.index.archive_of(thread_id)
     if record.archive is not None and record.archive.key == key:
@@ -187,15 +239,18 @@ def _rebuild_thread(
     ctx: Context,
     thread_id: str,
     listed: list[Listed],
+    stored: dict[str, bytes],
     incomplete: list[str] | None,
     incomplete_writes: list[str] | None,
+    unindexed: list[Unindexed],
 ) -> Op[int]:
-    wanted = [item for item in listed if item[0].kind in ("checkpoint", "writes")]
-    bodies: dict[str, bytes] = {}
-    for i in range(0, len(wanted), _GET_WAVE):
-        chunk = wanted[i : i + _GET_WAVE]
-        results = yield from request(*(ctx.s3.get(key) for _, key, _ in chunk))
-        bodies.update((key, result["Body"]) for (_, key, _), result in zip(chunk, results))
+    """One live thread's entries from its objects (``stored``: the bytes of its
+    checkpoint and pending-write objects, as ``_read`` read them)."""
+    # What is parsed is the opened bytes; what the entries carry is the stored bytes
+    # (with encryption, the object's own sealed bytes, as a write's entry carries them).
+    bodies, listed = _opened(ctx, thread_id, listed, stored, incomplete, unindexed)
+    if bodies is None:
+        return 0
 
     # Every stored copy of (namespace, channel, version): (source checkpoint, kind,
     # written at, tag). A checkpoint written again under a tag (a restore, an
@@ -257,8 +312,10 @@ def _rebuild_thread(
                 checkpoint_id=parsed.checkpoint_id,
                 parent_id=record.get("parent_checkpoint_id"),
                 loc=loc,
-                body=bodies[key],
-                metadata=typed(record["metadata"]),
+                body=stored[key],
+                metadata=ctx.sealer.seal_meta(
+                    thread_id, meta_key(ctx, thread_id, parsed.ns, parsed.checkpoint_id), typed(record["metadata"])
+                ),
                 expires_at=written + ctx.ttl_seconds if ctx.ttl_seconds else None,
                 run_id=run_of(metadata),
                 tag=parsed.tag,
@@ -284,7 +341,7 @@ def _rebuild_thread(
             parsed.task_id,
             parsed.part,
             parsed.token,
-            bodies[key],
+            stored[key],
             expires_at=written + ctx.ttl_seconds if ctx.ttl_seconds else None,
         )
         found.append((parsed, written, entry))
@@ -308,6 +365,46 @@ def _rebuild_thread(
     yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
     ctx.locs.forget_thread(thread_id)
     return len(entries)
+
+
+def _opened(
+    ctx: Context,
+    thread_id: str,
+    listed: list[Listed],
+    stored: dict[str, bytes],
+    incomplete: list[str] | None,
+    unindexed: list[Unindexed],
+) -> tuple[dict[str, bytes] | None, list[Listed]]:
+    """The thread's read objects opened (as stored, without encryption), and its
+    listing without what was left out; (None, ...) when the thread is left out whole
+    (reported in ``unindexed``; in a replica region whose key store lacks the key,
+    its checkpoints are ``incomplete``)."""
+    every = tuple(key for _, key, _ in listed)
+    left = keyless(ctx, thread_id, stored, every)
+    found: dict[str, bytes] = {}
+    remnants: list[str] = []
+    if left is None:
+        for key, data in stored.items():
+            got = opened(ctx, thread_id, key, data)
+            if got == ERASED:
+                remnants.append(key)  # an earlier life's, sealed under a destroyed key
+            elif isinstance(got, str):
+                left = Unindexed(thread_id, got, every)
+                break
+            else:
+                found[key] = got
+    if left is not None:
+        unindexed.append(left)
+        if left.reason == KEY_NOT_ARRIVED and incomplete is not None:
+            incomplete.extend(
+                sorted({f"{thread_id}/{p.ns}/{p.checkpoint_id}" for p, _, _ in listed if p.kind == "checkpoint"})
+            )
+        return None, listed
+    if remnants:
+        unindexed.append(Unindexed(thread_id, ERASED, tuple(sorted(remnants)), erased_at(ctx, thread_id)))
+        gone = set(remnants)
+        listed = [item for item in listed if item[1] not in gone]
+    return found, listed
 
 
 _CallKey = tuple[str, str, str, str]  # one put_writes call: (namespace, checkpoint, task, token)

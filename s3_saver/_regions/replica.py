@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from s3_saver._ops.rebuild_keys import Unindexed
 from s3_saver._transport.clients import (
     BUCKET_RULE,
     TABLE_NAME,
@@ -171,6 +172,10 @@ class Promotion:
             because the other region ran the same task too and its run won
             (``thread/ns/checkpoint_id/task_id``; [S3Saver.verify()][s3_saver.S3Saver.verify]
             lists a failback's with their reason, in ``set_aside``).
+        unindexed: With ``encryption=``, what the rebuild left out because it
+            cannot be opened, each with why ([Unindexed][s3_saver.Unindexed]): a
+            thread erased, or whose key never reached the promoted region's key
+            store (its checkpoints are in ``incomplete`` too).
     """
 
     primary: str
@@ -179,5 +184,6 @@ class Promotion:
     rebuilt: int | None
     incomplete: tuple[str, ...] = ()
     incomplete_writes: tuple[str, ...] = ()
+    unindexed: tuple[Unindexed, ...] = ()
 
 

@@ -116,7 +116,8 @@ def promote(
         incomplete_writes: list[str] = []
         rebuilt = yield from rebuild_index(other, None, incomplete, incomplete_writes)
         return Promotion(
-            _describe(other), _describe(ctx), checked, rebuilt, tuple(incomplete), tuple(incomplete_writes)
+            _describe(other), _describe(ctx), checked, int(rebuilt), tuple(incomplete), tuple(incomplete_writes),
+            rebuilt.unindexed,
         )
     settled = yield from settle(other, ctx if checked else None, write=checked or not shared)
     if other.mode is not None:

@@ -18,6 +18,7 @@ from s3_saver._ops import audit, copy, delete, erase, prune, rebuild, threads
 from s3_saver._ops.audit import StoreReport
 from s3_saver._ops.erase import EraseReport
 from s3_saver._ops.keyed import rekeying
+from s3_saver._ops.rebuild_keys import Rebuilt
 from s3_saver._ops.threads import ThreadInfo
 from s3_saver.errors import ConfigurationError
 
@@ -234,7 +235,7 @@ class ThreadLifecycle:
         async for item in self._async.iterate(*self._reading(lambda ctx: threads.list_threads(ctx, filter, limit, before))):
             yield item
 
-    def rebuild_index(self, thread_id: str | None = None) -> int:
+    def rebuild_index(self, thread_id: str | None = None) -> Rebuilt:
         """Rebuild the index from the bucket: for one thread, or every thread under the prefix.
 
         The admin path for an index that was lost or damaged (a table deleted,
@@ -243,12 +244,19 @@ class ThreadLifecycle:
         equals the reads before the index was lost. Run it while no writer works
         on those threads. What a surviving tombstone deleted stays deleted.
 
+        With ``encryption=``, it reads each thread's key from the key store, and
+        the index's copies of content are encrypted as a write encrypts them. A
+        thread whose key was destroyed (``erase_thread``) is never indexed again,
+        nor one whose objects cannot be opened (written without encryption, or
+        with no key in the key store): each is named in ``unindexed``.
+
         Returns:
-            How many checkpoints were indexed.
+            How many checkpoints were indexed (an int), with ``unindexed``: what
+            was left out and why ([Rebuilt][s3_saver.Rebuilt]).
         """
         return self._sync.run(rebuild.rebuild_index(self._ctx, thread_id))
 
-    async def arebuild_index(self, thread_id: str | None = None) -> int:
+    async def arebuild_index(self, thread_id: str | None = None) -> Rebuilt:
         """Async version of [rebuild_index()][s3_saver.S3Saver.rebuild_index]."""
         return await self._async.run(rebuild.rebuild_index(self._ctx, thread_id))
 

@@ -194,12 +194,16 @@ def rebuild_index_command(app: App, thread: str | None) -> None:
     # table lost) moves the prefix, which the check would refuse as another
     # table's. The rebuild settles the prefix's mode and the table's owner itself,
     # and lists the bucket (a bucket that is gone is named as such).
-    count = app.saver(checked=False).rebuild_index(thread)
+    rebuilt = app.saver(checked=False).rebuild_index(thread)
+    left = [{"thread_id": u.thread_id, "reason": u.reason, "objects": len(u.keys)} for u in rebuilt.unindexed]
     if app.out.json:
-        app.out.emit_json({"thread_id": thread, "checkpoints": count})
+        app.out.emit_json({"thread_id": thread, "checkpoints": int(rebuilt), "unindexed": left})
         return
     what = f"thread {thread!r}" if thread is not None else "every thread under the prefix"
-    app.out.message(f"indexed {count} checkpoints of {what}")
+    app.out.message(f"indexed {int(rebuilt)} checkpoints of {what}")
+    # With encryption: what could not be opened is named, never indexed.
+    for u in left:
+        app.out.message(f"left out thread {u['thread_id']!r}: {u['reason']} ({u['objects']} objects)")
 
 
 COMMANDS = [setup_command, verify_command, gc_command, rebuild_index_command]

@@ -36,6 +36,7 @@ from s3_saver._index.dynamodb.table import (
 from s3_saver._index.terms import (
     Archived,
     Cut,
+    Fenced,
     Release,
 )
 from s3_saver._transport.failures import (
@@ -75,12 +76,14 @@ class DynamoLifecycle:
         writes: list[WritesEntry],
         created: int,
         active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         # Entries keep the generation they come with (0 for a rebuild): where a
         # record survived the loss of the rest of the index, what it deleted
         # stays deleted.
         try:
-            before = yield from self.contents(thread_id)
+            record, before = yield from self._contents(thread_id)
+            _key_fence(record, key_id)
         except Archived:
             before = []
         what = f"entries of thread {thread_id!r}"
@@ -309,6 +312,7 @@ class DynamoLifecycle:
         now: int,
         release: Release,
         active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         """Write the entries of a copy (objects copied already) into ``dest``, marked
         as copies of ``source``: a copy cut short is completed by a call again,
@@ -317,6 +321,7 @@ class DynamoLifecycle:
         # The target checked again (nothing of its own came since), beside what an
         # earlier copy cut short left in it (copies of ``source``).
         record, (_, earlier) = yield from gather(self.check_copy_target(source, dest), self._contents(dest))
+        _key_fence(record, key_id)
         # A copy cut short leaves whole checkpoints, newest first (their objects
         # were copied before any item); the next call writes them all again.
         yield from self._write_whole(
@@ -386,3 +391,11 @@ def _is_older(entry: Any, gen: int) -> bool:
     return isinstance(entry, (CheckpointEntry, WritesEntry, Link)) and entry.gen < gen
 
 
+def _key_fence(record: Tombstone, key_id: str | None) -> None:
+    """A whole history written (import, copy) checks the key it is sealed under on the
+    record read at the start of its write (no request of its own): an erase of the
+    thread since the operation read its key destroyed it (``Fenced``, nothing written).
+    An erase after this read bumps the generation the entries are written under:
+    they are never read (``_items``)."""
+    if key_id is not None and key_id in record.gone_keys:
+        raise Fenced(record)

@@ -16,7 +16,7 @@ from s3_saver._format.keys import KeyLayout
 from s3_saver._index.manifest.doc import Head, SegmentRef, record_of, with_active
 from s3_saver._index.manifest.seal import _MAX_SWAPS, Bodies, _apply_seal, _plan_seal
 from s3_saver._index.manifest.threads import _delete_keys
-from s3_saver._index.terms import Cut, Release
+from s3_saver._index.terms import Cut, Fenced, Release
 from s3_saver._transport.protocol import Op, gather
 from s3_saver._transport.s3 import S3Calls, put_immutable
 from s3_saver.errors import (
@@ -42,6 +42,7 @@ class ManifestLifecycle:
         writes: list[WritesEntry],
         created: int,
         active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         head = yield from self._read_head(thread_id)
         # What an interrupted delete buried stays deleted.
@@ -50,6 +51,7 @@ class ManifestLifecycle:
         writes = [w for w in writes if _grave_key(w) not in buried]
 
         def install(h: Head) -> Head | None:
+            _key_fence(h, key_id)
             # ``active`` (its object written) is recorded by the same swap.
             new = replace(
                 h,
@@ -282,6 +284,7 @@ class ManifestLifecycle:
         now: int,
         release: Release,
         active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         """Write the entries of a copy (objects copied already) into ``dest``'s head
         in one swap: a copy cut short leaves the target as it was. The swap checks
@@ -291,6 +294,7 @@ class ManifestLifecycle:
             target = yield from self.check_copy_target(source, dest)
 
         def install(h: Head) -> Head | None:
+            _key_fence(h, key_id)
             if (h.entries or h.segments) and h.copied_from != source:
                 raise ConfigurationError(f"thread {dest!r} got checkpoints of its own while being copied into")
             new = replace(
@@ -336,6 +340,15 @@ class ManifestLifecycle:
         old = [r for r in head.segments if r not in installed.segments]
         yield from _delete_keys(self.s3, [self.layout.segment_key(thread_id, r.number, r.token) for r in old])
         return installed
+
+
+def _key_fence(head: Head, key_id: str | None) -> None:
+    """A whole history's swap (import, copy) checks the key it is sealed under as a
+    commit does (``backend._fence``): an erase of the thread since the operation read
+    its key destroyed it, and nothing sealed under it is installed after the erase's
+    switch. Checked in the swap itself: no request of its own."""
+    if key_id is not None and key_id in head.gone_keys:
+        raise Fenced(record_of(head))
 
 
 def _grave_key(entry: CheckpointEntry | WritesEntry) -> tuple[Any, ...]:
