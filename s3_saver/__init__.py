@@ -19,6 +19,7 @@ from s3_saver._migrate.urls import open_saver
 from s3_saver._ops.archived import ArchiveStatus
 from s3_saver._ops.audit import StoreProblem, StoreReport
 from s3_saver._ops.bucket import RemainingVersion
+from s3_saver._ops.encrypt import EncryptStatus
 from s3_saver._ops.erase import EraseReport
 from s3_saver._ops.idle import IdleReport
 from s3_saver._ops.memory.erase import NamespaceEraseReport
@@ -94,6 +95,7 @@ __all__ = [
     "EmbeddingError",
     "EncryptedObjectError",
     "EncryptionKeyError",
+    "EncryptStatus",
     "EraseReport",
     "ForeignCiphertextError",
     "ImmutableObjectConflictError",

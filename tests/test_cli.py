@@ -672,6 +672,40 @@ def test_encrypted_threads_read_with_local_key_or_kms_key(endpoint: str, index_m
     assert alone.returncode == 2 and "--key-bucket" in alone.stderr.decode()
 
 
+def test_encrypt_turns_encryption_on_for_a_plaintext_store(endpoint: str, index_mode: str) -> None:
+    """encrypt: refused in a pipe without --yes and without a key; with both, every thread
+    is encrypted (--json names them), the plaintext versions are gone, and the threads
+    read with the key; run again, nothing is rewritten."""
+    import base64
+    import os
+
+    from conftest import make_versioned
+    from test_encryption import _leaks
+
+    make_versioned(endpoint)
+    saver = make_saver(endpoint, index_mode)
+    saver.setup()
+    graph = chat_graph(saver)
+    graph.invoke({"messages": [("user", "tea please")]}, config("chat-tea"))
+    graph.invoke({"messages": [("user", "coffee please")]}, config("chat-coffee"))
+    saver.close()
+    env = {**cli_env(endpoint, index_mode), "S3_SAVER_LOCAL_KEY": base64.b64encode(os.urandom(32)).decode()}
+    ok(run_cli(endpoint, "--local-key", "setup", mode=index_mode, env=env))  # the key store
+    assert run_cli(endpoint, "encrypt", mode=index_mode, env=env).returncode == 2  # no key
+    refused = run_cli(endpoint, "--local-key", "encrypt", mode=index_mode, env=env)
+    assert refused.returncode == 2 and "--yes" in refused.stderr.decode()
+    assert _leaks(endpoint, "tea please")
+
+    one = json.loads(ok(run_cli(endpoint, "--local-key", "--json", "encrypt", "--thread", "chat-tea", "--yes", mode=index_mode, env=env)))
+    assert one["migrated_threads"] == ["chat-tea"] and one["deleted_versions"] > 0 and not one["left"]
+    assert _leaks(endpoint, "tea please") == [] and _leaks(endpoint, "coffee please")
+    out = ok(run_cli(endpoint, "--local-key", "encrypt", "--yes", mode=index_mode, env=env))
+    assert "encrypted 2 threads, 1 rewritten now" in out and "chat-coffee" in out, out
+    assert _leaks(endpoint, "coffee please") == []
+    assert "tea please" in ok(run_cli(endpoint, "--local-key", "show", "chat-tea", "--json", mode=index_mode, env=env))
+    again = json.loads(ok(run_cli(endpoint, "--local-key", "--json", "encrypt", "--yes", mode=index_mode, env=env)))
+    assert again["migrated_threads"] == [] and sorted(again["encrypted_threads"]) == ["chat-coffee", "chat-tea"]
+
 def test_rewrap_wraps_every_key_under_the_new_key(endpoint: str, index_mode: str) -> None:
     """`rewrap --to-kms-key KEY` and `--to-local-key` (the new master key from
     S3_SAVER_NEW_LOCAL_KEY): asks, refuses in a pipe without --yes, then wraps; run again

@@ -100,9 +100,14 @@ class ThreadKey:
 class Sealer:
     """Seals and opens the content of the threads an operation loaded (``keys``)."""
 
-    def __init__(self, crypt: Crypt | None = None, keys: dict[str, ThreadKey] | None = None) -> None:
+    def __init__(
+        self, crypt: Crypt | None = None, keys: dict[str, ThreadKey] | None = None, *, migrating: bool = False
+    ) -> None:
         self.crypt = crypt
         self.keys = keys or {}
+        # The migration's reader (``_ops/encrypt``) alone: plaintext is what it has come
+        # to encrypt, so it opens as it is. Every other sealer refuses it.
+        self.migrating = migrating
 
     @property
     def enabled(self) -> bool:
@@ -110,11 +115,16 @@ class Sealer:
 
     def with_keys(self, keys: dict[str, ThreadKey]) -> Sealer:
         """This sealer holding ``keys`` too (an operation that loads more threads)."""
-        return Sealer(self.crypt, {**self.keys, **keys})
+        return Sealer(self.crypt, {**self.keys, **keys}, migrating=self.migrating)
 
     def without(self, thread_id: str) -> Sealer:
         """This sealer without the thread's key (to be read again)."""
-        return Sealer(self.crypt, {t: k for t, k in self.keys.items() if t != thread_id})
+        return Sealer(self.crypt, {t: k for t, k in self.keys.items() if t != thread_id}, migrating=self.migrating)
+
+    def for_migration(self) -> Sealer:
+        """This sealer opening plaintext too (as it is), for the migration that
+        encrypts a store written without encryption; it seals as this one does."""
+        return Sealer(self.crypt, self.keys, migrating=True)
 
     def key_id(self, thread_id: str) -> str | None:
         """The id (hex) of the live key this sealer seals the thread's content with:
@@ -149,7 +159,7 @@ class Sealer:
     def open_meta(self, thread_id: str, key: str, pair: Typed, source: str) -> Typed:
         """The metadata pair an index entry carries, as the serializer wrote it."""
         if pair[0] != SEALED_TAG:
-            if self.crypt is not None:
+            if self.crypt is not None and not self.migrating:
                 raise self._plaintext(thread_id, source)
             return pair
         opened = self._open(thread_id, key, pair[1], META_FIELD, source)
@@ -203,6 +213,8 @@ class Sealer:
                 )
             return data
         if not is_sealed(data):
+            if self.migrating:
+                return data
             raise self._plaintext(thread_id, where, key)
         held = self.keys.get(thread_id)
         if held is None:

@@ -6,12 +6,15 @@ one line, an operation (``_ops.archive``) and a driver.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from s3_saver._ops import archive, idle, install
+from s3_saver._ops import archive, encrypt, idle, install
 from s3_saver._ops.archived import ArchiveStatus
+from s3_saver._ops.encrypt import EncryptStatus
 from s3_saver._ops.idle import IdleReport
+from s3_saver.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from s3_saver._ops.context import Context
@@ -25,6 +28,7 @@ class ThreadArchival:
     _sync: SyncDriver
     _async: AsyncDriver
     _ctx: Context
+    replica: Any
 
     def archive_thread(self, thread_id: str, *, storage_class: str = "GLACIER_IR") -> ArchiveStatus:
         """Pack a thread into one compressed object under ``archive/``, in a cold storage class.
@@ -188,3 +192,60 @@ class ThreadArchival:
     async def aimport_thread(self, data: bytes, *, thread_id: str | None = None) -> str:
         """Async version of [import_thread()][s3_saver.S3Saver.import_thread]."""
         return await self._async.run(install.import_thread(self._ctx, data, thread_id))
+
+    # -- turning encryption on -------------------------------------------------------------
+    def encrypt_thread(self, thread_id: str) -> EncryptStatus:
+        """Encrypt a thread written without encryption, under its own key (made for it).
+
+        For turning ``encryption=`` on for an existing store (``encrypt_existing()``
+        walks every thread). The thread is written again whole, every object and the
+        index's copies encrypted under fresh keys, and the index switched to them at
+        one commit; then the plaintext objects it read are deleted, with every
+        version a versioned bucket kept of them (as ``erase_thread`` deletes them).
+        Cut short at any request, the thread reads from exactly one place, and a call
+        again finishes; a thread encrypted already costs a few reads. A writer that
+        commits to the thread meanwhile wins, and the thread is read again.
+
+        A thread archived without encryption in an instant class is restored
+        encrypted and archived again in its class; one in ``GLACIER`` or
+        ``DEEP_ARCHIVE`` is reported (``state == "cold"``): restore it first.
+
+        Returns:
+            An [EncryptStatus][s3_saver.EncryptStatus]: ``complete`` when no plaintext
+            of the thread is left.
+
+        Raises:
+            ConfigurationError: The saver has no ``encryption=``, or has a replica.
+        """
+        self._migrating()
+        return self._sync.run(encrypt.encrypt_thread(self._ctx, thread_id))
+
+    async def aencrypt_thread(self, thread_id: str) -> EncryptStatus:
+        """Async version of [encrypt_thread()][s3_saver.S3Saver.encrypt_thread]."""
+        self._migrating()
+        return await self._async.run(encrypt.encrypt_thread(self._ctx, thread_id))
+
+    def encrypt_existing(self, thread_ids: Sequence[str] | None = None) -> Iterator[EncryptStatus]:
+        """[encrypt_thread()][s3_saver.S3Saver.encrypt_thread] for every thread of the
+        thread listing (or ``thread_ids``), one after another.
+
+        Yields:
+            An [EncryptStatus][s3_saver.EncryptStatus] per thread, as it is done.
+        """
+        self._migrating()
+        return self._sync.iterate(encrypt.encrypt_existing(self._ctx, thread_ids))
+
+    async def aencrypt_existing(self, thread_ids: Sequence[str] | None = None) -> AsyncIterator[EncryptStatus]:
+        """Async version of [encrypt_existing()][s3_saver.S3Saver.encrypt_existing]."""
+        self._migrating()
+        async for status in self._async.iterate(encrypt.encrypt_existing(self._ctx, thread_ids)):
+            yield status
+
+    def _migrating(self) -> None:
+        if self.replica is not None:
+            # The replica bucket keeps the plaintext versions replication copied there,
+            # which the migration would not reach.
+            raise ConfigurationError(
+                f"encrypt_thread does not run with a replica (bucket {self.replica.bucket!r}): the replica "
+                "keeps the plaintext versions replication copied there. Encrypt before adding the replica"
+            )

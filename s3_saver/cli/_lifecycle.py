@@ -1,6 +1,6 @@
-"""Whole threads: ``copy``, ``prune``, ``delete``, ``erase``, ``archive``, ``restore``, ``export``, ``import``.
+"""Whole threads: ``copy``, ``prune``, ``delete``, ``erase``, ``encrypt``, ``archive``, ``restore``, ``export``, ``import``.
 
-Destructive commands (``prune``, ``delete``, ``erase``) ask on a terminal and refuse in a
+Destructive commands (``prune``, ``delete``, ``erase``, ``encrypt``) ask on a terminal and refuse in a
 pipe without ``--yes``. Commands over several threads call the saver thread by
 thread, so the progress bar moves and an interrupted run says how far it got.
 """
@@ -164,6 +164,60 @@ def print_remaining(app: App, remaining: list[Any]) -> None:
         ]
         columns = ("bucket", "key", "version", "reason", "mode", "retain until", "legal hold")
         app.out.print(app.out.table(columns, rows, title=f"{plural(len(remaining), 'version')} remain"))
+
+
+# -- encrypt ----------------------------------------------------------------------------
+@click.command("encrypt", short_help="Encrypt threads written without encryption.")
+@click.option("--thread", "threads", multiple=True, metavar="ID", help="Only this thread (repeat for more); default: every thread.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_app
+def encrypt_command(app: App, threads: tuple[str, ...], yes: bool) -> int:
+    """Encrypt every thread (or each --thread) under its own key, with the key the
+    global --kms-key or --local-key gives (encrypt_existing).
+
+    Each thread is written again encrypted, the index switched to it, then the
+    plaintext objects and every version a versioned bucket kept of them are
+    deleted. Cut short, run it again: it finishes, and passes over threads done.
+    Exit 1 while a thread is left: archived in GLACIER or DEEP_ARCHIVE (restore it
+    first), written to throughout (run again), or versions a lock holds."""
+    if app.encryption() is None:
+        raise click.UsageError("encrypt encrypts with the key given by --kms-key or --local-key: give one")
+    which = f"{plural(len(threads), 'thread')} ({shown_list(threads)})" if threads else "every thread"
+    app.confirm(f"encrypt {which}, deleting the plaintext objects and their versions", yes)
+    saver = app.saver()
+    statuses = []
+    with app.out.progress("encrypt", total=len(threads) or None) as tracker:
+        for status in saver.encrypt_existing(list(threads) if threads else None):
+            statuses.append(status)
+            tracker.advance(description=f"encrypt {shown(status.thread_id)}")
+    remaining = [r for s in statuses for r in s.remaining]
+    left = [s for s in statuses if s.state not in ("encrypted", "empty")]
+    if app.out.json:
+        app.out.emit_json(
+            {
+                "encrypted_threads": [s.thread_id for s in statuses if s.state == "encrypted"],
+                "migrated_threads": [s.thread_id for s in statuses if s.migrated],
+                "left": [{"thread_id": s.thread_id, "state": s.state, "storage_class": s.storage_class} for s in left],
+                "deleted_versions": sum(s.deleted for s in statuses),
+                "remaining": remaining_json(remaining),
+            }
+        )
+    else:
+        migrated = [s.thread_id for s in statuses if s.migrated]
+        done = sum(1 for s in statuses if s.state == "encrypted")
+        deleted = sum(s.deleted for s in statuses)
+        app.out.message(
+            f"encrypted {plural(done, 'thread')}, {len(migrated)} rewritten now ({plural(deleted, 'version')} and "
+            f"delete markers of plaintext removed){': ' + shown_list(migrated) if migrated else ''}"
+        )
+        for s in left:
+            why = (
+                f"archived in {s.storage_class} without encryption: restore it (restore), then run encrypt again"
+                if s.state == "cold" else "written to throughout: run encrypt again"
+            )
+            app.out.message(f"left {shown(s.thread_id)}: {why}")
+        print_remaining(app, remaining)
+    return EXIT_FAILED if remaining or left else EXIT_OK
 
 
 # -- archive, restore --------------------------------------------------------------------
@@ -357,4 +411,4 @@ def import_command(app: App, file: str, as_thread: str | None) -> None:
         app.out.message(f"imported thread {thread!r} from {file}: {len(data):,} bytes")
 
 
-COMMANDS = [copy_command, prune_command, delete_command, erase_command, archive_command, restore_command, export_command, import_command]
+COMMANDS = [copy_command, prune_command, delete_command, erase_command, encrypt_command, archive_command, restore_command, export_command, import_command]
