@@ -24,11 +24,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from s3_saver._crypto.records import (
+    THREADS,
+    KeyKind,
     KeyRecord,
     decode_record,
     encode_record,
     erasure,
-    record_key,
 )
 from s3_saver._transport.failures import (
     BUCKET_MISSING,
@@ -42,7 +43,7 @@ from s3_saver._transport.failures import (
 )
 from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
 from s3_saver._transport.s3 import S3Calls
-from s3_saver.errors import ConfigurationError, S3SaverError, ThreadErasedError
+from s3_saver.errors import ConfigurationError, NamespaceErasedError, S3SaverError, ThreadErasedError
 
 # A record another writer keeps replacing between our read and our write: each round
 # has a reason (a create, an erase), which does not repeat without end.
@@ -52,16 +53,17 @@ _ATTEMPTS = 6
 class KeyStore:
     """The records of one saver prefix in the key bucket."""
 
-    def __init__(self, s3: S3Calls, prefix: str) -> None:
+    def __init__(self, s3: S3Calls, prefix: str, kind: KeyKind = THREADS) -> None:
         self.s3 = s3
         self.prefix = prefix
+        self.kind = kind
 
     @property
     def bucket(self) -> str:
         return self.s3.bucket
 
     def key_of(self, thread_id: str) -> str:
-        return record_key(self.prefix, thread_id)
+        return self.kind.record_key(self.prefix, thread_id)
 
     def where(self, thread_id: str) -> str:
         return f"s3://{self.bucket}/{self.key_of(thread_id)}"
@@ -228,6 +230,13 @@ class KeyStore:
     def being_erased(self, thread_id: str, record: KeyRecord) -> ThreadErasedError:
         """A writer's refusal while an erase of the thread is under way (its key
         destroyed, the thread not yet gone in the index): no new key until then."""
+        if self.kind is not THREADS:
+            return NamespaceErasedError(
+                f"the namespace of id {thread_id} is being erased: its key was destroyed at {record.erased_at} (Unix "
+                f"seconds) and the erase has not finished ({self.where(thread_id)} is not settled). It can be written "
+                "again once erase_namespace returns; if an erase was cut short, call erase_namespace again",
+                bucket=self.bucket, key=self.key_of(thread_id), erased_at=record.erased_at,
+            )
         return ThreadErasedError(
             f"thread {thread_id!r} is being erased: its key was destroyed at {record.erased_at} (Unix seconds) "
             f"and the erase has not finished ({self.where(thread_id)} is not settled). It can be written again "

@@ -105,6 +105,13 @@ class Transfer:
         return {"dims": self._dims, "fields": list(self.index_config.get("fields") or ["$"])}
 
     def _export_prefix(self, prefix: Any) -> tuple[str, ...]:
+        if self._memory.crypt is not None:
+            # An export is a file outside the bucket: written from an encrypting store it
+            # would hold every value in plaintext, beyond the reach of erase_namespace.
+            raise ConfigurationError(
+                f"export_memory is not yet supported with encryption= ({self._memory.crypt.describe()}): the export "
+                "would hold the items in plaintext, out of reach of erase_namespace. Nothing was read"
+            )
         prefix = check_labels(prefix, what="namespace prefix")
         registry_key(prefix)
         return prefix
