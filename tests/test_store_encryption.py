@@ -30,6 +30,7 @@ from s3_saver import (
     S3Store,
     ThreadErasedError,
 )
+from s3_saver._crypto.envelope import is_sealed
 from s3_saver._crypto.records import decode_record
 from s3_saver._format.codec import pack, unpack
 from s3_saver._format.memory.documents import VALUE_FORMAT
@@ -240,6 +241,21 @@ def test_a_store_and_a_cache_from_an_encrypting_saver(endpoint, index_mode) -> N
     assert cache.get([(("node", "n1"), "key-1")]) == {(("node", "n1"), "key-1"): {"text": text + "-cached"}}
     assert _leaks(endpoint, text) == []
     assert _record(endpoint, NS).live
+    # The cache's entries are sealed under the store-wide key (``@store``), bound to their
+    # object: one moved to another entry's key misses; a plaintext one is refused (a miss).
+    s3 = _s3(endpoint)
+    cache.set({(("node", "n1"), "key-2"): ({"text": "two"}, None)})
+    entries = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="node-cache/")["Contents"] if "@gens" not in o["Key"]]
+    bodies = {k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in entries}
+    assert len(bodies) == 2 and all(is_sealed(b) for b in bodies.values())
+    assert _s3(endpoint).head_object(Bucket=KEY_BUCKET, Key="@store")
+    one, two = entries
+    s3.put_object(Bucket=BUCKET, Key=two, Body=bodies[one])
+    assert len(cache.get([(("node", "n1"), "key-1"), (("node", "n1"), "key-2")])) == 1
+    plain = S3Cache.from_saver(make_saver(endpoint, index_mode))
+    plain.set({(("node", "n1"), "key-3"): ({"text": "plain"}, None)})
+    assert plain.get([(("node", "n1"), "key-3")]) and not plain.get([(("node", "n1"), "key-1")])
+    assert cache.get([(("node", "n1"), "key-3")]) == {}
     saver.close()
 
 
