@@ -44,7 +44,15 @@ from dataclasses import replace
 from s3_saver._crypto.config import Encryption, KmsKey
 from s3_saver._crypto.envelope import DataKey, new_key_id
 from s3_saver._crypto.keyrings import Keyring, KmsKeyring, Sealed, keyring_for
-from s3_saver._crypto.records import LIVE, MEMORY, THREADS, KeyKind, KeyRecord, context, next_life
+from s3_saver._crypto.records import (
+    LIVE,
+    MEMORY,
+    THREADS,
+    KeyKind,
+    KeyRecord,
+    context,
+    next_life,
+)
 from s3_saver._crypto.sealer import Sealer, ThreadKey
 from s3_saver._crypto.store import KeyStore
 from s3_saver._transport.budget import CacheBudget, key_bytes

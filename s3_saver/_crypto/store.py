@@ -43,7 +43,12 @@ from s3_saver._transport.failures import (
 )
 from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
 from s3_saver._transport.s3 import S3Calls
-from s3_saver.errors import ConfigurationError, NamespaceErasedError, S3SaverError, ThreadErasedError
+from s3_saver.errors import (
+    ConfigurationError,
+    NamespaceErasedError,
+    S3SaverError,
+    ThreadErasedError,
+)
 
 # A record another writer keeps replacing between our read and our write: each round
 # has a reason (a create, an erase), which does not repeat without end.

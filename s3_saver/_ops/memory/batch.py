@@ -42,13 +42,13 @@ from langgraph.store.base import (
     TTLConfig,
 )
 
+from s3_saver._crypto.sealer import PLAIN, Sealer
 from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory import rows
 from s3_saver._format.memory import ttl as ttl_core
 from s3_saver._format.memory.documents import dumps_value, loads_value
 from s3_saver._format.memory.names import show
 from s3_saver._index.memory import Change, MemoryIndex, Path
-from s3_saver._crypto.sealer import PLAIN, Sealer
 from s3_saver._ops.memory import listing, rank, sealing
 from s3_saver._ops.memory.prepare import Prepared
 from s3_saver._ops.source import ReplicaReads

@@ -51,12 +51,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from s3_saver._crypto.records import KeyRecord
-from s3_saver._format.memory.names import node_id
 from s3_saver._format.memory.documents import (
     HEAD_NAME,
     is_memory_key,
     loads_head,
 )
+from s3_saver._format.memory.names import node_id
 from s3_saver._index.memory import Path
 from s3_saver._ops.bucket import RemainingVersion, _listed, _purge, _Version
 from s3_saver._ops.erase import GRACE, NEWER, _versioned

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import ormsgpack
 
-from s3_saver._crypto.sealer import SEALED_TAG, Sealer, StaleKey
+from s3_saver._crypto.sealer import SEALED_TAG, StaleKey
 from s3_saver._format.memory import rows
 from s3_saver._format.memory.documents import node_folder
 from s3_saver._format.memory.names import node_id, show

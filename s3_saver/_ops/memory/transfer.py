@@ -27,6 +27,7 @@ from s3_saver._format.memory import rows
 from s3_saver._format.memory.export import ExportedItem
 from s3_saver._format.memory.names import show
 from s3_saver._index.memory import Change, Path
+from s3_saver._ops.memory import sealing
 from s3_saver._ops.memory.batch import (
     Memory,
     _delete_released,
@@ -35,7 +36,6 @@ from s3_saver._ops.memory.batch import (
     check_vectors,
     item_vectors,
 )
-from s3_saver._ops.memory import sealing
 from s3_saver._transport.protocol import Op, gather
 
 _NAMESPACES_PER_READ = 32
