@@ -308,12 +308,14 @@ def test_operations_that_cannot_encrypt_yet_refuse_before_sending(endpoint, inde
     assert saver.stats.total_requests == 0
     with pytest.raises(ConfigurationError, match="not yet supported with encryption"):
         asyncio.run(saver.arebuild_index("t"))
-    from s3_saver import S3Cache, S3Store
+    from s3_saver import S3Store
 
-    # Memory and the node cache are not encrypted yet: not on an encrypting saver either.
-    for name, make in (("S3Store.from_saver", S3Store.from_saver), ("S3Cache.from_saver", S3Cache.from_saver)):
-        with pytest.raises(ConfigurationError, match=f"{name} is not yet supported with encryption"):
-            make(saver)
+    # A memory export would be a plaintext file: refused on an encrypting store.
+    store = S3Store.from_saver(saver)
+    saver.stats.reset()
+    with pytest.raises(ConfigurationError, match="export_memory is not yet supported with encryption"):
+        store.export_memory(("memories",))
+    assert saver.stats.total_requests == 0
     saver.close()
 
 
