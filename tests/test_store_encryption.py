@@ -303,3 +303,37 @@ def test_a_cold_process_pays_the_key_get_beside_its_read_and_one_decrypt(endpoin
     assert read[1].pop(("kms", "decrypt")) == 1
     assert read[1].pop(("s3", "get_object")) == before[1].pop(("s3", "get_object"), 0) + 1
     assert read[1] == before[1] and read[0] == before[0] + 1, (read, before)
+
+
+def test_an_erase_cut_after_it_destroyed_the_keys_fences_writes_and_finishes_when_called_again(
+    endpoint, index_mode, monkeypatch
+) -> None:
+    """The keys go first: cut right after, nothing is deleted yet, yet nothing of the
+    namespace reads (erased), and no process can write into it (no new key before the
+    erase ends); the erase called again finishes, and the namespace lives again."""
+    encryption = LocalKey(os.urandom(32))
+    store = _store(endpoint, index_mode, encryption)
+    store.put(NS, "k", {"text": "doomed"})
+    store.put(OTHER, "k", {"text": "kept"})
+    other = make_store(endpoint, index_mode, encryption=encryption)  # another process
+
+    def cut(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("cut after the keys were destroyed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(store._memory.index), "erase_rows", cut)
+        with pytest.raises(RuntimeError, match="cut"):
+            store.erase_namespace(NS)
+    erased = _record(endpoint, NS)
+    assert not erased.live and not erased.settled
+    with pytest.raises(NamespaceErasedError):
+        other.get(NS, "k")
+    with pytest.raises(NamespaceErasedError, match="being erased"):
+        other.put(NS, "k2", {"text": "too early"})
+    assert other.get(OTHER, "k").value == {"text": "kept"}
+
+    report = store.erase_namespace(NS)
+    assert report.namespaces == (NS,) and _record(endpoint, NS).settled
+    assert other.get(NS, "k") is None
+    other.put(NS, "k", {"text": "new life"})
+    assert _record(endpoint, NS).live and store.get(NS, "k").value == {"text": "new life"}
