@@ -337,3 +337,32 @@ def test_an_erase_cut_after_it_destroyed_the_keys_fences_writes_and_finishes_whe
     assert other.get(NS, "k") is None
     other.put(NS, "k", {"text": "new life"})
     assert _record(endpoint, NS).live and store.get(NS, "k").value == {"text": "new life"}
+
+
+def test_a_cold_write_pays_the_key_before_it_seals(endpoint, index_mode) -> None:
+    """A write seals before its first index request: a cold process reads the
+    namespace's key first (GET, then KMS Decrypt: 2 more requests); a namespace's first
+    write makes it (GET 404, GenerateDataKey, the record's create: 3 more)."""
+    encryption = _kms(endpoint)
+    _store(endpoint, index_mode, encryption).put(NS, "k", {"text": "v"})
+    seed = _store(endpoint, index_mode, None, prefix="plain/")
+    seed.put(NS, "k", {"text": "v"})
+
+    def cold(plain: bool, namespace: tuple[str, ...]) -> tuple[int, dict[Any, int]]:
+        if plain:
+            store = make_store(endpoint, index_mode, prefix="plain/")
+        else:
+            store = make_store(endpoint, index_mode, encryption=encryption)
+        ((trips, requests),) = _counts(store, [lambda: store.put(namespace, "k2", {"text": "w"})])
+        return trips, requests
+
+    existing = {("s3", "get_object"): 1, ("kms", "decrypt"): 1}
+    new = {("s3", "get_object"): 1, ("kms", "generate_data_key"): 1, ("s3", "put_object"): 1}
+    for namespace, extra in ((NS, existing), (("fresh",), new)):
+        plain, sealed = cold(True, namespace), cold(False, namespace)
+        wanted = dict(plain[1])
+        for call, n in extra.items():
+            wanted[call] = wanted.get(call, 0) + n
+        # Round trips: at most one more per step (the first may ride beside the checks a
+        # cold process's first wave carries anyway).
+        assert sealed[1] == wanted and plain[0] < sealed[0] <= plain[0] + len(extra), (namespace, plain, sealed)
