@@ -308,14 +308,6 @@ def test_operations_that_cannot_encrypt_yet_refuse_before_sending(endpoint, inde
     assert saver.stats.total_requests == 0
     with pytest.raises(ConfigurationError, match="not yet supported with encryption"):
         asyncio.run(saver.arebuild_index("t"))
-    from s3_saver import S3Store
-
-    # A memory export would be a plaintext file: refused on an encrypting store.
-    store = S3Store.from_saver(saver)
-    saver.stats.reset()
-    with pytest.raises(ConfigurationError, match="export_memory is not yet supported with encryption"):
-        store.export_memory(("memories",))
-    assert saver.stats.total_requests == 0
     saver.close()
 
 

@@ -366,3 +366,33 @@ def test_a_cold_write_pays_the_key_before_it_seals(endpoint, index_mode) -> None
         # Round trips: at most one more per step (the first may ride beside the checks a
         # cold process's first wave carries anyway).
         assert sealed[1] == wanted and plain[0] < sealed[0] <= plain[0] + len(extra), (namespace, plain, sealed)
+
+
+# -- export and import ---------------------------------------------------------------------------
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_an_export_is_sealed_and_bound_to_the_namespace_keys(endpoint, index_mode, driver) -> None:
+    """An encrypting store's export holds no value in plaintext; another store (another
+    prefix, the same keyring) imports it, re-encrypting under its own keys; a store
+    without encryption refuses it; once the namespace is erased, the export reads nowhere."""
+    encryption = LocalKey(os.urandom(32)) if driver == "sync" else _kms(endpoint)
+    store = _store(endpoint, index_mode, encryption, index={"dims": 4, "embed": HashEmbeddings(4), "fields": ["text"]})
+    secret = f"secret-{secrets.token_hex(8)}"
+    large = secrets.token_hex(BIG)
+    _run(store, driver, "put", NS, "k", {"text": secret})
+    _run(store, driver, "put", OTHER, "large", {"text": large})
+    data = _run(store, driver, "export_memory", ("memories",))
+    assert secret.encode() not in data and large[:40].encode() not in data
+    assert b"s3_saver.sealed" in data
+
+    target = _store(endpoint, index_mode, encryption, prefix="copy/", index={"dims": 4, "embed": HashEmbeddings(4), "fields": ["text"]})
+    report = _run(target, driver, "import_memory", data)
+    assert report.written == 2
+    assert _run(target, driver, "get", NS, "k").value == {"text": secret}
+    assert _run(target, driver, "search", ("memories",), query=secret, limit=1)[0].key == "k"
+    assert _leaks(endpoint, secret) == []
+    with pytest.raises(EncryptedObjectError, match="written by a store with encryption"):
+        _run(_store(endpoint, index_mode, None, prefix="plain/"), driver, "import_memory", data)
+
+    _run(store, driver, "erase_namespace", NS)
+    with pytest.raises(NamespaceErasedError):
+        _run(_store(endpoint, index_mode, encryption, prefix="again/"), driver, "import_memory", data)

@@ -178,7 +178,9 @@ class Crypt:
         (a key cache is by thread id: another prefix's threads must not meet ours)."""
         if (prefix, key_bucket) == (self.prefix, self.key_bucket):
             return self
-        return Crypt(self.config, bucket, prefix, key_bucket, self.where, CacheBudget(), self.kms_region)
+        other = Crypt(self.config, bucket, prefix, key_bucket, self.where, CacheBudget(), self.kms_region, self.kind)
+        other.keyring = self.keyring
+        return other
 
     def load(self, thread_ids: Iterable[str], *, create: bool = False) -> Op[dict[str, ThreadKey]]:
         """The keys of ``thread_ids``; ``create``: a thread without a live key gets one

@@ -150,6 +150,11 @@ def open_vectors(mem: Memory, path: Path, key: str, cell: rows.VectorsCell, wher
 def _opened(mem: Memory, path: Path, key: str, field: str, sealed: bytes | None, where: str) -> bytes:
     """The plaintext of ``sealed`` (None: the cell was stored plain), or the refusal,
     worded for memory."""
+    folder = _folder(mem, node_id(path)) if mem.crypt is not None else ""
+    return _opened_at(mem, path, key, folder, field, sealed, where)
+
+
+def _opened_at(mem: Memory, path: Path, key: str, folder: str, field: str, sealed: bytes | None, where: str) -> bytes:
     node = node_id(path)
     subject = f"namespace {show(path)}, key {show(key)}"
     crypt = mem.crypt
@@ -164,7 +169,6 @@ def _opened(mem: Memory, path: Path, key: str, field: str, sealed: bytes | None,
             "was written without encryption (or put there by hand). It is refused, not read",
             bucket=crypt.bucket, key=where,
         )
-    folder = _folder(mem, node)
     try:
         return mem.sealer.open_field(node, folder, field + key, sealed, where)
     except StaleKey:
@@ -189,3 +193,60 @@ def _opened(mem: Memory, path: Path, key: str, field: str, sealed: bytes | None,
         raise ReplicationLagError(f"{subject}: {exc}") from None
     except S3SaverError:
         raise
+
+
+# -- exports ---------------------------------------------------------------------------------
+# An export lives outside the bucket: its items are bound to the store's prefix, their
+# namespace and their key (no object), under the namespace's key, so an export of an
+# erased namespace reads nowhere.
+EXPORT_VALUE_FIELD = "export-value/"
+EXPORT_VECTORS_FIELD = "export-vectors/"
+
+
+def seal_export(mem: Memory, item: Any) -> Any:
+    """An exported item (``ExportedItem``) with its value and vectors sealed."""
+    assert mem.crypt is not None
+    node, at = node_id(item.namespace), mem.crypt.prefix
+    value = item.value
+    inner = ormsgpack.packb([value.type_tag, value.data])
+    sealed = rows.ValueCell(SEALED_TAG, mem.sealer.seal_field(node, at, EXPORT_VALUE_FIELD + item.key, inner), rows.RAW)
+    vectors = item.vectors
+    if vectors is not None:
+        inner = ormsgpack.packb([vectors.dtype, vectors.raw])
+        data = mem.sealer.seal_field(node, at, EXPORT_VECTORS_FIELD + item.key, inner)
+        vectors = rows.VectorsCell(rows.SEALED_DTYPE, vectors.dims, vectors.paths, data)
+    return replace(item, value=sealed, vectors=vectors)
+
+
+def open_export(mem: Memory, items: list[Any], where: str) -> Op[list[Any]]:
+    """The items of a sealed export, opened under the keys of the store that wrote it
+    (``mem.crypt``: its key store, read with this store's keyring), loaded in one wave."""
+    mem = yield from keyed(mem, [item.namespace for item in items])
+    assert mem.crypt is not None
+    out = []
+    at = mem.crypt.prefix
+    for item in items:
+        if item.value.type_tag != SEALED_TAG:
+            raise PlaintextObjectError(
+                f"{where}: namespace {show(item.namespace)}, key {show(item.key)}: not encrypted in an export whose "
+                "header says it is. Refused", bucket=mem.crypt.bucket, key=where,
+            )
+        data = _opened_at(mem, item.namespace, item.key, at, EXPORT_VALUE_FIELD, item.value.data, where)
+        tag, raw = _pair(data, where)
+        vectors = item.vectors
+        if vectors is not None:
+            data = _opened_at(mem, item.namespace, item.key, at, EXPORT_VECTORS_FIELD, vectors.raw, where)
+            dtype, raw_vectors = _pair(data, where)
+            if dtype not in rows.DTYPES or len(raw_vectors) != len(vectors.paths) * vectors.dims * rows.DTYPES[dtype][1]:
+                raise CorruptObjectError(f"{where}: key {show(item.key)}: not sealed vectors")
+            vectors = rows.VectorsCell(str(dtype), vectors.dims, vectors.paths, bytes(raw_vectors))
+        out.append(replace(item, value=rows.ValueCell(str(tag), bytes(raw), rows.RAW), vectors=vectors))
+    return out
+
+
+def _pair(data: bytes, where: str) -> tuple[Any, Any]:
+    try:
+        first, second = ormsgpack.unpackb(data)
+        return first, second
+    except (ormsgpack.MsgpackDecodeError, TypeError, ValueError) as exc:
+        raise CorruptObjectError(f"{where}: not a sealed pair ({exc})") from exc

@@ -94,6 +94,8 @@ def export_items(mem: Memory, prefix: Path) -> Op[list[ExportedItem]]:
                         vectors,
                     )
                 )
+                if mem.crypt is not None:
+                    items[-1] = sealing.seal_export(mem, items[-1])
     return items
 
 
