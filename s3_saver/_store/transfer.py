@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from s3_saver._crypto.sealer import PLAIN
 from s3_saver._format.memory import rows
 from s3_saver._format.memory.export import (
     ExportedItem,
@@ -15,11 +16,9 @@ from s3_saver._format.memory.export import (
     encode_export,
 )
 from s3_saver._format.memory.names import check_labels, registry_key, show
-from s3_saver._crypto.sealer import PLAIN
 from s3_saver._ops.memory import embedding, sealing
 from s3_saver._ops.memory.transfer import MemoryImportReport, export_items, import_items
 from s3_saver.errors import ConfigurationError, CorruptObjectError, EncryptedObjectError
-
 
 _WHERE = "the memory export given to import_memory"
 

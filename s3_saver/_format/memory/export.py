@@ -38,7 +38,13 @@ from datetime import datetime
 from typing import Any
 
 from s3_saver._format.memory.names import check_item_namespace, check_key, show
-from s3_saver._format.memory.rows import DTYPES, RAW, SEALED_DTYPE, ValueCell, VectorsCell
+from s3_saver._format.memory.rows import (
+    DTYPES,
+    RAW,
+    SEALED_DTYPE,
+    ValueCell,
+    VectorsCell,
+)
 from s3_saver._format.memory.ttl import MAX_TTL_MINUTES, MAX_US, is_minutes, to_datetime
 from s3_saver.errors import CorruptObjectError, S3SaverError
 
