@@ -137,8 +137,8 @@ class Transfer:
         if crypt is None:
             raise EncryptedObjectError(
                 f"{_WHERE}: written by a store with encryption= (s3://{export.sealed['bucket']}/"
-                f"{export.sealed['prefix']}, key store s3://{export.sealed['key_bucket']}); this store has none: pass "
-                "the KmsKey(...) or LocalKey(...) it was written with"
+                f"{export.sealed['prefix']}, key store s3://{export.sealed['key_bucket']}); this store has no "
+                "encryption=: pass the KmsKey(...) or LocalKey(...) it was written with"
             )
         source = replace(
             self._memory,

@@ -77,10 +77,10 @@ _PHRASES: list[tuple[str, str]] = [
     ),
     # Encryption (encryption=KmsKey(...) or LocalKey(...): --kms-key, --local-key).
     (
-        r"this saver has no encryption=: pass the KmsKey\(\.\.\.\) or LocalKey\(\.\.\.\) it was written with",
+        r"this (?:saver|store) has no encryption=: pass the KmsKey\(\.\.\.\) or LocalKey\(\.\.\.\) it was written with",
         "no --kms-key or --local-key was given: give the one it was written with",
     ),
-    (r"this saver encrypts \(encryption=([^)]*)\)", r"this command encrypts (\1)"),
+    (r"this (?:saver|store) encrypts \(encryption=([^)]*)\)", r"this command encrypts (\1)"),
     (
         r"LocalKey\(\) needs a master key: pass key= \(32 bytes, or their base64 text\) or set ",
         "--local-key needs a master key: set ",
