@@ -201,6 +201,7 @@ def test_an_erased_namespace_stays_unreadable_when_every_old_version_is_restored
         erased = _record(endpoint, ns)
         assert not erased.live and erased.settled and erased.wrapped is None
     assert all(r.crypto_erased for r in report.remaining if f"/n/{node_id(NS)}/" in r.key)
+    assert report.complete == all(r.crypto_erased for r in report.remaining)
     assert _run(store, driver, "get", NS, "k1") is None  # gone for readers
 
     _restore(endpoint, versions, items)
@@ -396,3 +397,18 @@ def test_an_export_is_sealed_and_bound_to_the_namespace_keys(endpoint, index_mod
     _run(store, driver, "erase_namespace", NS)
     with pytest.raises(NamespaceErasedError):
         _run(_store(endpoint, index_mode, encryption, prefix="again/"), driver, "import_memory", data)
+
+
+def test_a_key_cached_before_another_process_erased_the_namespace_reads_its_new_life(endpoint, index_mode) -> None:
+    """Process A cached the namespace's key; B erases the namespace and writes it anew
+    (a new key). A's next read meets content sealed under a key it does not hold: it
+    reads the key record again (once) and returns the new life, never an error."""
+    encryption = LocalKey(os.urandom(32))
+    a = _store(endpoint, index_mode, encryption)
+    a.put(NS, "k", {"text": "old life"})
+    assert a.get(NS, "k").value == {"text": "old life"}
+    b = make_store(endpoint, index_mode, encryption=encryption)
+    b.erase_namespace(NS)
+    b.put(NS, "k", {"text": "new life"})
+    assert a.get(NS, "k").value == {"text": "new life"}
+    assert [h.value for h in a.search(NS)] == [{"text": "new life"}]

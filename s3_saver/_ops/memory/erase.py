@@ -107,8 +107,10 @@ class NamespaceEraseReport:
 
     @property
     def complete(self) -> bool:
-        """True when no version of an erased item remains in the buckets erased in."""
-        return not self.remaining
+        """True when no version of an erased item remains readable in the buckets erased
+        in: none remains, or (with ``encryption=``) each one left is crypto-erased (its
+        namespace's key destroyed), as ``EraseReport.complete`` counts them."""
+        return all(r.crypto_erased for r in self.remaining)
 
 
 def erase_namespace(
