@@ -4,6 +4,7 @@ node cache (``S3Cache``) on the same bucket."""
 
 from s3_saver._cache.cache import S3Cache
 from s3_saver._crypto.config import KmsKey, LocalKey
+from s3_saver._crypto.rotate import RewrapReport
 from s3_saver._format.keys import ARCHIVE_PREFIX, LIVE_PREFIX
 from s3_saver._index.dynamodb.table import (
     PARTITION_KEY,
@@ -118,6 +119,7 @@ __all__ = [
     "ReplicationReport",
     "RequestStats",
     "RetryPolicy",
+    "RewrapReport",
     "ResourceMissingError",
     "RunDeletedError",
     "S3Cache",

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from moto_fixes import atomic_conditional_writes, fast_dispatch, multi_region_kms_keys
+from moto_fixes import atomic_conditional_writes, disabled_kms_keys, fast_dispatch, multi_region_kms_keys
 
 # Fake credentials: the tests only ever talk to 127.0.0.1.
 for _name, _value in {
@@ -274,6 +274,7 @@ def moto_endpoint() -> Iterator[str]:
     atomic_conditional_writes()
     fast_dispatch()
     multi_region_kms_keys()
+    disabled_kms_keys()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

@@ -393,6 +393,8 @@ def authorizations(
     call: RecordedCall, *, kms_key_arn: str | None, region: str = REGION, account: str = ACCOUNT
 ) -> list[Request]:
     """Every authorization a recorded call needs, including KMS through S3 (SSE-KMS)."""
+    if call.service == "kms":
+        return _kms_requests(call, region, account)
     context: tuple[tuple[str, str], ...] = ()
     if call.service == "s3" and call.operation in ("ListObjects", "ListObjectsV2", "ListObjectVersions"):
         # A listing is authorized with the prefix it asks for (IAM's s3:prefix key;
@@ -433,6 +435,32 @@ def authorizations(
         if kms_key_arn:
             out.append(_kms_via_s3("kms:Decrypt", bucket, kms_key_arn, region))
     return out
+
+
+def _kms_key_arn(key_id: str, region: str, account: str) -> str:
+    """A KMS KeyId parameter as the ARN IAM authorizes (an alias is resolved by KMS to
+    its key, which a test names by ARN to be checked)."""
+    if key_id.startswith("arn:"):
+        return key_id
+    return f"arn:{PARTITION}:kms:{region}:{account}:key/{key_id}"
+
+
+def _kms_requests(call: RecordedCall, region: str, account: str) -> list[Request]:
+    """A KMS call made by the saver itself (``encryption=KmsKey``): its action on the key
+    it names, with the encryption context as IAM's ``kms:EncryptionContext:<key>``.
+    ReEncrypt is two: ``kms:ReEncryptFrom`` on the source key, ``kms:ReEncryptTo`` on
+    the destination."""
+    p = call.params
+
+    def context(name: str) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((f"kms:EncryptionContext:{k}", v) for k, v in (p.get(name) or {}).items()))
+
+    if call.operation == "ReEncrypt":
+        return [
+            Request("kms:ReEncryptFrom", _kms_key_arn(p["SourceKeyId"], region, account), context("SourceEncryptionContext")),
+            Request("kms:ReEncryptTo", _kms_key_arn(p["DestinationKeyId"], region, account), context("DestinationEncryptionContext")),
+        ]
+    return [Request(f"kms:{call.operation}", _kms_key_arn(p["KeyId"], region, account), context("EncryptionContext"))]
 
 
 def _in_node_cache(key: str) -> bool:

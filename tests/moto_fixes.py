@@ -222,3 +222,34 @@ def multi_region_kms_keys() -> None:
     models.decrypt = decrypt
     utils._s3_saver_mrk = True
 
+
+
+def disabled_kms_keys() -> None:
+    """Make a disabled KMS key refuse to encrypt, decrypt and re-encrypt (DisabledException),
+    as KMS does; moto uses a disabled key as any other. (A key rotation's tests disable a
+    key to show what a process that may not use it is told.)"""
+    from moto.core.exceptions import JsonRESTError
+    from moto.kms import models
+
+    if getattr(models, "_s3_saver_disabled", False):
+        return
+    backend = models.KmsBackend
+
+    def check(self, key_id):  # type: ignore[no-untyped-def]
+        key = self.keys.get(self.any_id_to_key_id(key_id))
+        if key is not None and not key.enabled:
+            raise JsonRESTError("DisabledException", f"{key.arn} is disabled.")
+
+    original_decrypt, original_encrypt = backend.decrypt, backend.encrypt
+
+    def decrypt(self, ciphertext_blob, encryption_context, key_id=None):  # type: ignore[no-untyped-def]
+        plaintext, arn = original_decrypt(self, ciphertext_blob, encryption_context, key_id)
+        check(self, arn)
+        return plaintext, arn
+
+    def encrypt(self, key_id, plaintext, encryption_context):  # type: ignore[no-untyped-def]
+        check(self, key_id)
+        return original_encrypt(self, key_id, plaintext, encryption_context)
+
+    backend.decrypt, backend.encrypt = decrypt, encrypt  # generate_data_key and re_encrypt call these
+    models._s3_saver_disabled = True

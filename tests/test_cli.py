@@ -670,3 +670,42 @@ def test_encrypted_threads_read_with_local_key_or_kms_key(endpoint: str, index_m
     assert both.returncode == 2 and "give one" in both.stderr.decode()
     alone = run_cli(endpoint, "--key-bucket", "k", "threads", mode=index_mode)
     assert alone.returncode == 2 and "--key-bucket" in alone.stderr.decode()
+
+
+def test_rewrap_wraps_every_key_under_the_new_key(endpoint: str, index_mode: str) -> None:
+    """`rewrap --to-kms-key KEY` and `--to-local-key` (the new master key from
+    S3_SAVER_NEW_LOCAL_KEY): asks, refuses in a pipe without --yes, then wraps; run again
+    it wraps nothing; the threads read with the new key."""
+    import base64
+    import os
+
+    from s3_saver import LocalKey
+
+    old, new = (base64.b64encode(os.urandom(32)).decode() for _ in range(2))
+    saver = make_saver(endpoint, index_mode, encryption=LocalKey(old))
+    saver.setup()
+    chat_graph(saver).invoke({"messages": [("user", "tea please")]}, config("rotated"))
+    saver.close()
+    env = {**cli_env(endpoint, index_mode), "S3_SAVER_LOCAL_KEY": old, "S3_SAVER_NEW_LOCAL_KEY": new}
+    refused = run_cli(endpoint, "--local-key", "rewrap", "--to-local-key", mode=index_mode, env=env)
+    assert refused.returncode == 2 and "--yes" in refused.stderr.decode()
+    assert "tea please" in ok(run_cli(endpoint, "--local-key", "show", "rotated", "--json", mode=index_mode, env=env))
+    done = json.loads(ok(run_cli(endpoint, "--local-key", "rewrap", "--to-local-key", "--yes", "--json", mode=index_mode, env=env)))
+    assert (done["rewrapped"], done["already"], done["erased"]) == (1, 0, 0)
+    assert done["kek"] == f"local:{LocalKey(new).fingerprint}"
+    again = ok(run_cli(endpoint, "--local-key", "rewrap", "--to-local-key", "--yes", mode=index_mode, env=env))
+    assert again.startswith("wrapped 0 keys anew") and "1 under it already" in again
+    moved = {**env, "S3_SAVER_LOCAL_KEY": new}
+    assert "tea please" in ok(run_cli(endpoint, "--local-key", "show", "rotated", "--json", mode=index_mode, env=moved))
+    line = error_line(run_cli(endpoint, "--local-key", "show", "rotated", mode=index_mode, env=env), 1)
+    assert "rewrap" in line and "encryption=" not in line, line
+    # To KMS: the new key named on the command line; the old local one still from the environment.
+    kms = boto3.client("kms", endpoint_url=endpoint, region_name="us-east-1")
+    key_id = kms.create_key(Description="s3_saver cli rewrap")["KeyMetadata"]["KeyId"]
+    to_kms = json.loads(ok(run_cli(endpoint, "--local-key", "rewrap", "--to-kms-key", key_id, "--yes", "--json", mode=index_mode, env=moved)))
+    assert to_kms["rewrapped"] == 1 and key_id in to_kms["kek"]
+    assert "tea please" in ok(run_cli(endpoint, "--kms-key", key_id, "show", "rotated", "--json", mode=index_mode, env=moved))
+    # Usage: one new key, and the current one given.
+    assert run_cli(endpoint, "--local-key", "rewrap", "--yes", mode=index_mode, env=env).returncode == 2
+    none = run_cli(endpoint, "rewrap", "--to-local-key", "--yes", mode=index_mode, env=env)
+    assert none.returncode == 2 and "--kms-key" in none.stderr.decode()

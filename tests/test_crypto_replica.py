@@ -281,6 +281,54 @@ def test_a_promoted_replica_writes_under_its_own_key_store_and_copies_to_the_reg
     assert copied.live and copied.key_id == made.key_id and not _record(regions.replica, REPLICA_KEYS, "new").pending_replica
 
 
+def _multi_region_new_key(moto: str) -> KmsKey:
+    primary = boto3.client("kms", endpoint_url=moto, region_name=PRIMARY_REGION)
+    key = primary.create_key(Description="rotated", MultiRegion=True)["KeyMetadata"]
+    primary.create_alias(AliasName="alias/rotated", TargetKeyId=key["KeyId"])
+    primary.replicate_key(KeyId=key["KeyId"], ReplicaRegion=REPLICA_REGION)
+    replica = boto3.client("kms", endpoint_url=moto, region_name=REPLICA_REGION)
+    try:
+        replica.create_alias(AliasName="alias/rotated", TargetKeyId=key["KeyId"])
+    except replica.exceptions.AlreadyExistsException:
+        pass
+    return KmsKey("alias/rotated")
+
+
+@pytest.mark.parametrize("kind", ["kms", "local"])
+def test_rewrap_wraps_the_keys_of_both_regions_key_stores(regions, kind) -> None:
+    """Each region's store is walked with that region's keyring (KMS ReEncrypt in its
+    region); the replica then reads with the new key only. A single-Region new key is
+    refused with a replica, before anything is written."""
+    encryption = _encryption(regions, kind)
+    saver = _encrypted_saver(regions, "manifest", encryption)
+    for t in ("t", "u"):
+        _put(saver, t, f"secret-{t}")
+    regions.replicator.run()
+    before = {t: (_record(regions.primary, PRIMARY_KEYS, t), _record(regions.replica, REPLICA_KEYS, t)) for t in ("t", "u")}
+    if kind == "kms":
+        single = boto3.client("kms", endpoint_url=regions.moto, region_name=PRIMARY_REGION)
+        single.create_alias(AliasName="alias/single", TargetKeyId=single.create_key()["KeyMetadata"]["KeyId"])
+        with pytest.raises(ConfigurationError, match="multi-Region"):
+            saver.rewrap(KmsKey("alias/single"))
+        assert _record(regions.primary, PRIMARY_KEYS, "t") == before["t"][0]
+    new = _multi_region_new_key(regions.moto) if kind == "kms" else LocalKey(os.urandom(32))
+    saver.stats.reset()
+    report = saver.rewrap(new)
+    assert (report.rewrapped, report.already, report.erased) == (4, 0, 0)
+    assert report.key_stores == [f"s3://{PRIMARY_KEYS}/", f"s3://{REPLICA_KEYS}/"]
+    if kind == "kms":
+        assert saver.replica_stats.requests[("kms", "re_encrypt")] == 2  # the replica region's own
+    for t, (here, there) in before.items():
+        now_here, now_there = _record(regions.primary, PRIMARY_KEYS, t), _record(regions.replica, REPLICA_KEYS, t)
+        assert now_here.key_id == here.key_id == there.key_id == now_there.key_id
+        assert now_here.wrapped != here.wrapped and now_there.wrapped != there.wrapped
+    # The replica region reads with the new key only (the primary out).
+    reader = _saver(regions, "manifest", encryption=new, recheck_after=3600)
+    regions.proxy.refuse()
+    assert _value(reader.get_tuple(config("u"))) == ("secret-u", ["secret-u-write"])
+    assert reader.last_read.site == "replica"
+
+
 @pytest.mark.parametrize("mode", READ_MODES)
 def test_a_memory_namespace_key_is_made_in_both_regions_and_the_replica_reads_with_its_own(regions, mode) -> None:
     """S3Store.from_saver of an encrypting saver with a replica: a namespace's key is

@@ -75,6 +75,9 @@ OPERATOR_ONLY = {
     "averify",
     "setup_replica",
     "asetup_replica",
+    # Key rotation (encryption=): lists the key store; KeyRotationPolicy, see its test.
+    "rewrap",
+    "arewrap",
 }
 # Need the opt-in EraseThreadsPolicy beside the saver's: test_erase_policy_covers_what_erase_adds.
 ERASE = {"erase_thread", "aerase_thread"}
@@ -904,3 +907,138 @@ def test_replica_policies_allow_exactly_what_the_saver_does(regions: Any, mode: 
     assert _unused(promote, promote_needed) == [], "ReplicaPromotePolicy grants what no call after promote() used"
     assert _unused(both, all_needed) == [], "the replica policies grant what the saver never used"
     assert {r.action for r in all_needed} == {a for _, a, _ in grants(both)}
+
+
+# -- thread encryption (ThreadEncryption) ------------------------------------------------------
+KEY_BUCKET = f"{BUCKET}-keys"
+
+
+def encryption_policies(index_mode: str, thread_key_arn: str | None, **extra: str) -> dict[str, dict[str, Any]]:
+    """SaverPolicy, EraseThreadsPolicy and KeyRotationPolicy (when made) of the stack with
+    ``ThreadEncryption=KmsKey`` (None: ``Disabled``), ``ErasePolicy=Enabled``."""
+    table = {"TableName": TABLE} if index_mode == "dynamodb" else {}
+    encryption = {"ThreadEncryption": "KmsKey", "ThreadKmsKeyArn": thread_key_arn} if thread_key_arn else {}
+    stack = Stack(
+        load_template(),
+        {"BucketName": BUCKET, "KeyPrefix": PREFIX, "IndexMode": index_mode, "ErasePolicy": "Enabled", **table, **encryption, **extra},
+        physical={
+            "Bucket": {"Ref": BUCKET, "Arn": f"arn:aws:s3:::{BUCKET}"},
+            "KeyBucket": {"Ref": KEY_BUCKET, "Arn": f"arn:aws:s3:::{KEY_BUCKET}"},
+            "Table": {"Ref": TABLE, "Arn": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{TABLE}"},
+            "Key": {"Arn": KEY_ARN},
+        },
+    )
+    assert ("KeyBucket" in stack.resources) == bool(thread_key_arn)
+    names = ("SaverPolicy", "EraseThreadsPolicy", "KeyRotationPolicy")
+    return {n: stack.properties(n)["PolicyDocument"] for n in names if n in stack.resources}
+
+
+def _joined(*policies: dict[str, Any]) -> dict[str, Any]:
+    return {"Statement": [s for p in policies for s in p["Statement"]]}
+
+
+@pytest.mark.slow  # with the other policy tests that run graphs
+def test_thread_encryption_grants_allow_what_an_encrypting_saver_does(endpoint: str, index_mode: str) -> None:
+    """A saver with ``encryption=KmsKey`` runs a graph on invoke and ainvoke and erases
+    each thread (a new thread's key made, a cold process's unwrapped, the key destroyed):
+    SaverPolicy and EraseThreadsPolicy of the stack with ``ThreadEncryption=KmsKey`` allow
+    every call (the KMS calls the saver sends itself included), each grant the encryption
+    adds was needed, and the stack without it refuses the key store and the KMS key."""
+    s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
+    kms_session = boto3.Session(region_name=REGION)  # the saver's own KMS client, recorded
+    sync_calls.attach(kms_session.events)
+    kms = boto3.client("kms", endpoint_url=endpoint, region_name=REGION)
+    key_arn = kms.create_key(Description="thread keys")["KeyMetadata"]["Arn"]
+    s3.create_bucket(Bucket=BUCKET)
+
+    def saver_of() -> s3_saver.S3Saver:
+        return s3_saver.S3Saver(
+            BUCKET,
+            table=TABLE if index_mode == "dynamodb" else None,
+            prefix=PREFIX,
+            endpoint_url=endpoint,
+            region_name=REGION,
+            s3_client=s3,
+            dynamodb_client=dynamodb,
+            aioboto3_session=session,
+            boto3_session=kms_session,
+            encryption=s3_saver.KmsKey(key_arn),
+        )
+
+    saver_of().setup()
+    sync_calls.active = async_calls.active = True
+    writer = saver_of()
+    run_report_sync(report_graph(writer), "enc-sync")
+    cold = saver_of()  # a process that has not seen the thread: GET the record, Decrypt
+    assert cold.get_tuple({"configurable": {"thread_id": "enc-sync", "checkpoint_ns": ""}}) is not None
+    assert cold.erase_thread("enc-sync").key_destroyed_at is not None
+
+    async def async_part() -> None:
+        graph = report_graph(writer)
+        await run_report_async(graph, "enc-async")
+        assert (await writer.aerase_thread("enc-async")).key_destroyed_at is not None
+        await writer.aclose()
+
+    asyncio.run(async_part())
+    for s in (writer, cold):
+        s.close()
+    calls = sync_calls.calls + async_calls.calls
+    needed: dict[Request, set[str]] = {}
+    for call in calls:
+        for request in authorizations(call, kms_key_arn=KEY_ARN):
+            needed.setdefault(request, set()).add(call.operation)
+    _show(f"{index_mode} mode, encrypted", calls, needed)
+    assert {c.operation for c in calls if c.service == "kms"} == {"GenerateDataKey", "Decrypt"}
+
+    policies = encryption_policies(index_mode, key_arn)
+    both = _joined(policies["SaverPolicy"], policies["EraseThreadsPolicy"])
+    assert _denied(both, needed) == [], "SaverPolicy and EraseThreadsPolicy are missing"
+    added = {"ThreadKeyRecords", "ThreadKeyRecordsMissing", "ThreadKeyRecordsEncryption", "ThreadKeys"}
+    assert added <= {s.get("Sid") for s in policies["SaverPolicy"]["Statement"]}
+    assert [u for u in _unused(policies["SaverPolicy"], needed) if u[0] in added] == []
+    # Without ThreadEncryption: the key store's records and the threads' KMS key are refused.
+    plain = encryption_policies(index_mode, None)
+    refused = _denied(_joined(plain["SaverPolicy"], plain["EraseThreadsPolicy"]), needed)
+    # (and the key bucket's SSE-KMS through S3, under the bucket's key)
+    assert refused and all(KEY_BUCKET in line or key_arn in line or KEY_ARN in line for line in refused), refused
+    assert any(line.startswith(f"kms:GenerateDataKey on {key_arn}") for line in refused)
+    assert any(line.startswith(f"kms:Decrypt on {key_arn}") for line in refused)
+    assert any(line.startswith(f"s3:PutObject on arn:aws:s3:::{KEY_BUCKET}/{PREFIX}t/") for line in refused)
+
+
+def test_key_rotation_policy_allows_exactly_what_rewrap_adds(endpoint: str) -> None:
+    """rewrap from the threads' KMS key to RotationTargetKmsKeyArn (KMS to KMS) needs
+    SaverPolicy and KeyRotationPolicy together; KeyRotationPolicy grants nothing it did not
+    use, and SaverPolicy alone refuses the ReEncrypt (the application's role cannot rotate)."""
+    s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(endpoint_url=endpoint, region_name=REGION)
+    kms_session = boto3.Session(region_name=REGION)
+    sync_calls.attach(kms_session.events)
+    kms = boto3.client("kms", endpoint_url=endpoint, region_name=REGION)
+    old, new = (kms.create_key(Description=d)["KeyMetadata"]["Arn"] for d in ("old", "new"))
+    s3.create_bucket(Bucket=BUCKET)
+    saver = s3_saver.S3Saver(
+        BUCKET, prefix=PREFIX, endpoint_url=endpoint, region_name=REGION, s3_client=s3, dynamodb_client=dynamodb,
+        aioboto3_session=session, boto3_session=kms_session, encryption=s3_saver.KmsKey(old),
+    )
+    saver.setup()
+    run_report_sync(report_graph(saver), "rotated")
+    rotator = s3_saver.S3Saver(
+        BUCKET, prefix=PREFIX, endpoint_url=endpoint, region_name=REGION, s3_client=s3, dynamodb_client=dynamodb,
+        aioboto3_session=session, boto3_session=kms_session, encryption=s3_saver.KmsKey(old),
+    )
+    rotator.check()
+    sync_calls.active = True
+    assert rotator.rewrap(s3_saver.KmsKey(new)).rewrapped == 1
+    saver.close()
+    rotator.close()
+    needed: dict[Request, set[str]] = {}
+    for call in sync_calls.calls:
+        for request in authorizations(call, kms_key_arn=KEY_ARN):
+            needed.setdefault(request, set()).add(call.operation)
+    _show("rewrap", sync_calls.calls, needed)
+    policies = encryption_policies("manifest", old, RotationTargetKmsKeyArn=new)
+    assert _denied(_joined(policies["SaverPolicy"], policies["KeyRotationPolicy"]), needed) == []
+    assert _unused(policies["KeyRotationPolicy"], needed) == []
+    alone = _denied(policies["SaverPolicy"], needed)
+    assert alone and all("kms:ReEncrypt" in line or "kms:DescribeKey" in line for line in alone), alone
+    assert "KeyRotationPolicy" not in encryption_policies("manifest", old)

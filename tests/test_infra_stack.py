@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 from datetime import timedelta
 from pathlib import Path
 
@@ -351,3 +352,38 @@ def test_failover_with_the_two_stacks_outputs(endpoint: str, mode: str) -> None:
             assert keys and all(k.startswith(prefix) for k in keys)
         finally:
             saver.close()
+
+
+@pytest.mark.parametrize("encryption", ["KmsKey", "LocalKey"])
+def test_thread_encryption_makes_a_key_store_that_keeps_no_old_copy(endpoint: str, encryption: str) -> None:
+    """ThreadEncryption: the key store bucket (BucketName-keys) unversioned, public access
+    blocked, tagged s3_saver:no-backup; with KmsKey the threads' own KMS key. A saver
+    from the outputs alone (no setup()) writes and reads an encrypted thread."""
+    import base64
+    import os
+
+    parameters = {"BucketName": "stack-encrypted", "IndexMode": "manifest", "ThreadEncryption": encryption}
+    outputs, physical = deploy(endpoint, f"s3-saver-{encryption.lower()}", parameters)
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=outputs["Region"])
+    key_bucket = outputs["KeyBucketName"]
+    assert key_bucket == physical["KeyBucket"] == "stack-encrypted-keys"
+    assert s3.get_bucket_versioning(Bucket=key_bucket).get("Status") is None
+    # (moto's CloudFormation applies no public access block: test_infra_template reads it.)
+    tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=key_bucket)["TagSet"]}
+    assert tags["s3_saver:no-backup"] == "true"
+    assert ("ThreadKmsKeyArn" in outputs) == ("ThreadKey" in physical) == (encryption == "KmsKey")
+    assert "KeyRotationPolicyArn" not in outputs  # no rotation under way
+    if encryption == "KmsKey":
+        assert outputs["ThreadKmsKeyArn"].endswith(physical["ThreadKey"])
+        assert outputs["ThreadKmsKeyArn"] != outputs["KmsKeyArn"]  # not the bucket's key
+        chosen: Any = s3_saver.KmsKey(outputs["ThreadKmsKeyArn"], key_bucket=key_bucket)
+    else:
+        chosen = s3_saver.LocalKey(base64.b64encode(os.urandom(32)).decode(), key_bucket=key_bucket)
+    saver = s3_saver.S3Saver(outputs["BucketName"], endpoint_url=endpoint, region_name=outputs["Region"], encryption=chosen)
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    checkpoint = {"v": 4, "id": "1ef0", "ts": "2026-01-01T00:00:00+00:00", "channel_values": {"doc": "secret"},
+                  "channel_versions": {"doc": "1"}, "versions_seen": {}, "updated_channels": ["doc"]}
+    saver.put(config, checkpoint, {"source": "input", "step": -1}, {"doc": "1"})
+    assert saver.get_tuple(config).checkpoint["channel_values"]["doc"] == "secret"
+    assert s3.list_objects_v2(Bucket=key_bucket)["KeyCount"] == 1
+    saver.close()

@@ -397,7 +397,14 @@ def iam_documents(s: Stack) -> list[tuple[str, dict]]:
 
 @pytest.mark.parametrize(
     "params",
-    [{}, {"KmsKeyArn": KEY_ARN, "KeyPrefix": "a/b/", "ErasePolicy": "Enabled", **REPLICA}, {"IndexMode": "manifest", "KeyPrefix": "a/b/"}],
+    [
+        {},
+        {
+            "KmsKeyArn": KEY_ARN, "KeyPrefix": "a/b/", "ErasePolicy": "Enabled", "ThreadEncryption": "KmsKey",
+            "RotationTargetKmsKeyArn": KEY_ARN.replace("1111", "2222"), **REPLICA,
+        },
+        {"IndexMode": "manifest", "KeyPrefix": "a/b/"},
+    ],
     ids=["defaults", "all", "manifest"],
 )
 def test_no_iam_policy_has_wildcard_actions_or_resources(template: dict, params: dict) -> None:
@@ -495,3 +502,36 @@ def test_erase_policy_is_opt_in_and_scoped_to_the_thread_prefixes(template: dict
     versions = ("s3:DeleteObject", "s3:DeleteObjectVersion", "s3:GetObjectLegalHold", "s3:GetObjectRetention", "s3:GetObjectVersion")
     assert by_action == {**{a: set(buckets) for a in listing}, **{a: objects for a in versions}}
     assert s.outputs["ErasePolicyArn"] == "<EraseThreadsPolicy>"
+
+
+# -- thread encryption ----------------------------------------------------------------------
+@pytest.mark.parametrize("encryption", ["Disabled", "KmsKey", "LocalKey"])
+@pytest.mark.parametrize("replica", [False, True])
+def test_the_key_store_keeps_no_old_copy_and_is_out_of_backups(template: dict, encryption: str, replica: bool) -> None:
+    s = stack(template, BucketName="app", ThreadEncryption=encryption, **(REPLICA if replica else {}))
+    assert ("KeyBucket" in s.resources) == ("KeyBucketPolicy" in s.resources) == (encryption != "Disabled")
+    assert ("ThreadKey" in s.resources) == (encryption == "KmsKey")
+    if encryption == "Disabled":
+        return
+    bucket = s.properties("KeyBucket")
+    assert bucket["BucketName"] == "app-keys"  # the saver's default key_bucket
+    # Nothing that keeps old copies: no versioning, Object Lock or replication.
+    assert not {"VersioningConfiguration", "ObjectLockEnabled", "ObjectLockConfiguration", "ReplicationConfiguration"} & set(bucket)
+    assert all(bucket["PublicAccessBlockConfiguration"].values())
+    assert {"Key": "s3_saver:no-backup", "Value": "true"} in bucket["Tags"]
+    denied = {
+        st["Sid"]: st for st in s.properties("KeyBucketPolicy")["PolicyDocument"]["Statement"] if st["Effect"] == "Deny"
+    }
+    assert set(denied["DenyKeepingOldCopies"]["Action"]) == {
+        "s3:PutBucketVersioning", "s3:PutBucketObjectLockConfiguration", "s3:PutReplicationConfiguration"
+    }
+    assert {"DenyInsecureTransport", "DenyTlsBelow12"} <= set(denied)
+    if encryption == "KmsKey":
+        assert s.properties("ThreadKey")["MultiRegion"] is replica
+    sids = {st["Sid"] for st in s.properties("SaverPolicy")["PolicyDocument"]["Statement"]}
+    assert ("ThreadKeys" in sids) == (encryption == "KmsKey") and "ThreadKeyRecords" in sids
+    # Rotation's ReEncrypt is never the application's.
+    actions = {a for st in s.properties("SaverPolicy")["PolicyDocument"]["Statement"] for a in (
+        st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+    )}
+    assert not any(a.startswith("kms:ReEncrypt") for a in actions)

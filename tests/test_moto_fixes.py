@@ -58,3 +58,22 @@ def test_a_multi_region_kms_key_decrypts_in_its_replica_s_region(moto_endpoint: 
         assert found["Plaintext"] == made["Plaintext"] and found["KeyId"].endswith(key["KeyId"])
     with pytest.raises(ClientError):
         there.decrypt(CiphertextBlob=made["CiphertextBlob"], EncryptionContext={"t": "2"}, KeyId=replica_arn)
+
+
+def test_a_disabled_kms_key_neither_encrypts_nor_decrypts(moto_endpoint: str) -> None:
+    """As KMS: a disabled key refuses GenerateDataKey, Decrypt and ReEncrypt (to or from
+    it) with DisabledException; enabled again, it works."""
+    kms = boto3.client("kms", region_name="us-east-1", endpoint_url=moto_endpoint, aws_access_key_id="x", aws_secret_access_key="x")
+    key, other = (kms.create_key()["KeyMetadata"]["KeyId"] for _ in range(2))
+    made = kms.generate_data_key(KeyId=key, KeySpec="AES_256", EncryptionContext={"t": "1"})
+    kms.disable_key(KeyId=key)
+    for refused in (
+        lambda: kms.generate_data_key(KeyId=key, KeySpec="AES_256"),
+        lambda: kms.decrypt(CiphertextBlob=made["CiphertextBlob"], EncryptionContext={"t": "1"}),
+        lambda: kms.re_encrypt(CiphertextBlob=made["CiphertextBlob"], SourceEncryptionContext={"t": "1"}, DestinationKeyId=other),
+    ):
+        with pytest.raises(ClientError) as error:
+            refused()
+        assert error.value.response["Error"]["Code"] == "DisabledException"
+    kms.enable_key(KeyId=key)
+    assert kms.decrypt(CiphertextBlob=made["CiphertextBlob"], EncryptionContext={"t": "1"})["Plaintext"] == made["Plaintext"]

@@ -26,6 +26,24 @@ def _check_key_bucket(key_bucket: Any) -> None:
         raise ConfigurationError(f"key_bucket={key_bucket!r} is not an S3 bucket name ({BUCKET_RULE})")
 
 
+def _check_previous(owner: str, previous: Any) -> tuple[Any, ...]:
+    """The keys a rotation left behind, read only: KmsKey or LocalKey, none with keys of
+    its own behind it (a chain would keep a key nobody means to keep)."""
+    if previous is None:
+        return ()
+    if isinstance(previous, (KmsKey, LocalKey)) or isinstance(previous, (str, bytes)):
+        previous = [previous]
+    found = tuple(previous)
+    for key in found:
+        if not isinstance(key, (KmsKey, LocalKey)):
+            raise ConfigurationError(
+                f"{owner}(previous=...) takes s3_saver.KmsKey and s3_saver.LocalKey, got {type(key).__name__}: {key!r}"
+            )
+        if key.previous:
+            raise ConfigurationError(f"{owner}(previous=...): {key!r} has previous keys of its own; list them all in one")
+    return found
+
+
 class KmsKey:
     """Encryption with a data key per thread, wrapped by an AWS KMS key.
 
@@ -55,6 +73,11 @@ class KmsKey:
             Keep it out of backup plans: a backup would keep the keys it is there to destroy.
         region_name: The region of the KMS key; None: the region of its ARN, else the saver's.
         endpoint_url: A KMS endpoint (LocalStack, moto); None: the saver's ``endpoint_url``.
+        previous: Keys a rotation is moving away from ([LocalKey][s3_saver.LocalKey]s,
+            or a KmsKey for a move between kinds): records they wrapped are still
+            unwrapped, new keys are made under this one. Another KMS key needs none:
+            a record names the KMS key that wrapped it (``kms:Decrypt`` on it is enough).
+            See [rewrap()][s3_saver.S3Saver.rewrap].
     """
 
     def __init__(
@@ -64,6 +87,7 @@ class KmsKey:
         key_bucket: str | None = None,
         region_name: str | None = None,
         endpoint_url: str | None = None,
+        previous: Any = (),
     ) -> None:
         if not isinstance(key_id, str) or not key_id.strip():
             raise ConfigurationError(f"KmsKey needs a KMS key id, ARN or alias, got {key_id!r}")
@@ -78,6 +102,7 @@ class KmsKey:
         arn = _KMS_ARN.match(key_id)
         self.region_name = region_name or (arn.group(1) if arn else None)
         self.endpoint_url = endpoint_url
+        self.previous = _check_previous("KmsKey", previous)
 
     def __repr__(self) -> str:
         return f"KmsKey({self.key_id!r}, key_bucket={self.key_bucket!r})"
@@ -119,13 +144,18 @@ class LocalKey:
             from the ``S3_SAVER_LOCAL_KEY`` environment variable (when the saver is made).
         key_bucket: The key store's bucket; None: ``<bucket>-keys`` (see
             [KmsKey][s3_saver.KmsKey]).
+        previous: The master keys (``LocalKey``s, or a ``KmsKey``) a rotation is moving
+            away from: records they wrapped are still unwrapped, new keys are made
+            under this one. Keep them until [rewrap()][s3_saver.S3Saver.rewrap] has
+            wrapped every record under this key, then drop them.
 
     Raises:
         ConfigurationError: No key, or not 32 bytes.
     """
 
-    def __init__(self, key: bytes | str | None = None, *, key_bucket: str | None = None) -> None:
+    def __init__(self, key: bytes | str | None = None, *, key_bucket: str | None = None, previous: Any = ()) -> None:
         _check_key_bucket(key_bucket)
+        self.previous = _check_previous("LocalKey", previous)
         source = "key="
         if key is None:
             key = os.environ.get(LOCAL_KEY_ENV)

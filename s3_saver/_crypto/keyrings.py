@@ -21,8 +21,8 @@ from typing import Any
 from s3_saver._crypto.config import KmsKey, LocalKey
 from s3_saver._crypto.envelope import DATA_KEY_BYTES, aesgcm
 from s3_saver._crypto.records import KeyRecord, canonical
-from s3_saver._transport.failures import error_code
-from s3_saver._transport.protocol import Call, Op, raise_failure, request, request_one
+from s3_saver._transport.failures import DENIED, KMS_KEY, classify, error_code
+from s3_saver._transport.protocol import Call, Op, failure, gather, raise_failure, request, request_one
 from s3_saver.errors import (
     ConfigurationError,
     CorruptObjectError,
@@ -86,6 +86,20 @@ class Keyring(ABC):
             EncryptionKeyError: A record wrapped by another key-encryption key.
         """
 
+    @abstractmethod
+    def wrap(self, items: list[tuple[dict[str, str], bytes]]) -> Op[list[tuple[bytes, str]]]:
+        """Data keys in the clear (each with its context) wrapped under this keyring's
+        key-encryption key, bound to their contexts (one wave): (wrapped, kek) each."""
+
+    @abstractmethod
+    def target(self) -> Op[str]:
+        """The name records give this keyring's key-encryption key (``kek``), as a
+        rotation compares it: KMS asked for the key's ARN (``DescribeKey``, once)."""
+
+    @abstractmethod
+    def owns(self, kek: str | None) -> bool:
+        """Whether this keyring unwraps what ``kek`` (a record's) wrapped."""
+
     def _check_kek(self, item: Sealed, prefix: str) -> None:
         if not (item.record.kek or "").startswith(prefix):
             raise self._wrong_kek(item)
@@ -93,7 +107,8 @@ class Keyring(ABC):
     def _wrong_kek(self, item: Sealed) -> EncryptionKeyError:
         return EncryptionKeyError(
             f"{item.where()} was wrapped by {item.record.kek or 'an unknown key'}; this saver's encryption is "
-            f"{self.describe()}: configure the key that wrapped it"
+            f"{self.describe()}: configure the key that wrapped it. After a key rotation (rewrap), configure the "
+            "new key, with the old one as previous=[...] for reads until every record is wrapped anew"
         )
 
 
@@ -124,6 +139,10 @@ class KmsKeyring(Keyring):
 
     def describe(self) -> str:
         return f"KMS key {self.key_id!r}"
+
+    def owns(self, kek: str | None) -> bool:
+        # Any KMS key: Decrypt is sent to the key the record names.
+        return (kek or "").startswith(KMS_PREFIX)
 
     def _call(self, operation: str, params: dict[str, Any]) -> Call:
         return Call("kms", operation, params, self.where)
@@ -170,6 +189,14 @@ class KmsKeyring(Keyring):
                         "the record was moved from another thread or prefix, or changed",
                         bucket=item.bucket, key=item.key, thread_id=item.thread_id,
                     ) from answer
+                if classify(answer, call.operation) in (KMS_KEY, DENIED):
+                    # Name the record and both keys: after a rotation the record names
+                    # another key than this process is configured with.
+                    raise EncryptionKeyError(
+                        f"{item.where()} is wrapped by {item.record.kek}; KMS refused to unwrap it with that key "
+                        f"({error_code(answer)}: {failure(call, answer)}). This saver's encryption is {self.describe()}: "
+                        "a process needs kms:Decrypt on the key a record names (after a key rotation, rewrap, the new one)"
+                    ) from answer
                 raise_failure(call, answer)
             secret = bytes(answer["Plaintext"])
             if len(secret) != DATA_KEY_BYTES:
@@ -189,6 +216,29 @@ class KmsKeyring(Keyring):
                 "replicate it to the replica's region, and give its alias or id to KmsKey"
             )
 
+    def wrap(self, items: list[tuple[dict[str, str], bytes]]) -> Op[list[tuple[bytes, str]]]:
+        if not items:
+            return []
+        calls = [
+            self._call("encrypt", {"KeyId": self.key_id, "Plaintext": secret, "EncryptionContext": ctx})
+            for ctx, secret in items
+        ]
+        answers = yield from request(*calls)
+        return [(bytes(a["CiphertextBlob"]), KMS_PREFIX + a["KeyId"]) for a in answers]
+
+    def target(self) -> Op[str]:
+        found = yield from request_one(self._call("describe_key", {"KeyId": self.key_id}))
+        arn = (found.get("KeyMetadata") or {}).get("Arn")
+        if not isinstance(arn, str) or not arn:
+            raise CorruptObjectError(f"KMS DescribeKey of {self.key_id!r} answered no key ARN")
+        return KMS_PREFIX + arn
+
+    def names(self, kek: str | None) -> str:
+        """A record's ``kek`` as this region names its key (compared with ``target``)."""
+        if not (kek or "").startswith(KMS_PREFIX):
+            return kek or ""
+        return KMS_PREFIX + self._here((kek or "")[len(KMS_PREFIX) :])
+
     def rewrap(self, sealed: list[Sealed], destination_key_id: str) -> Op[list[tuple[bytes, str]]]:
         """Each record's data key wrapped under ``destination_key_id`` instead, bound to
         the same context, without it ever leaving KMS (``ReEncrypt``): (wrapped, kek)."""
@@ -202,7 +252,7 @@ class KmsKeyring(Keyring):
                 {
                     "CiphertextBlob": item.record.wrapped,
                     "SourceEncryptionContext": item.context,
-                    "SourceKeyId": (item.record.kek or "")[len(KMS_PREFIX) :],
+                    "SourceKeyId": self._here((item.record.kek or "")[len(KMS_PREFIX) :]),
                     "DestinationKeyId": destination_key_id,
                     "DestinationEncryptionContext": item.context,
                 },
@@ -233,15 +283,25 @@ class LocalKeyring(Keyring):
     def describe(self) -> str:
         return f"the local master key {self.kek[len(LOCAL_PREFIX):]!r}"
 
+    def owns(self, kek: str | None) -> bool:
+        return kek == self.kek
+
     def generate(self, contexts: list[dict[str, str]]) -> Op[list[Wrapped]]:
-        made = []
-        for c in contexts:
-            # Random, never derived from the master key: a derivable key could not be destroyed.
-            secret = os.urandom(DATA_KEY_BYTES)
+        # Random, never derived from the master key: a derivable key could not be destroyed.
+        secrets = [os.urandom(DATA_KEY_BYTES) for _ in contexts]
+        wrapped = yield from self.wrap(list(zip(contexts, secrets)))
+        return [Wrapped(secret, w, kek) for secret, (w, kek) in zip(secrets, wrapped)]
+
+    def wrap(self, items: list[tuple[dict[str, str], bytes]]) -> Op[list[tuple[bytes, str]]]:
+        out = []
+        for ctx, secret in items:
             nonce = os.urandom(_NONCE)
-            wrapped = _LOCAL_VERSION + nonce + self._master.encrypt(nonce, secret, canonical(c))
-            made.append(Wrapped(secret, wrapped, self.kek))
-        return made
+            out.append((_LOCAL_VERSION + nonce + self._master.encrypt(nonce, secret, canonical(ctx)), self.kek))
+        return out
+        yield  # pragma: no cover - an operation that sends nothing
+
+    def target(self) -> Op[str]:
+        return self.kek
         yield  # pragma: no cover - an operation that sends nothing
 
     def unwrap(self, sealed: list[Sealed]) -> Op[list[bytes]]:
@@ -265,6 +325,22 @@ class LocalKeyring(Keyring):
             keys.append(secret)
         return keys
         yield  # pragma: no cover - an operation that sends nothing
+
+
+def unwrap_with(rings: list[Keyring], sealed: list[Sealed]) -> Op[list[bytes]]:
+    """Each record unwrapped by the first of ``rings`` that holds its key-encryption key
+    (the configured key first, then those a rotation left: ``previous=``), in one wave.
+    A record none holds goes to the configured one, which names both keys."""
+    groups: dict[int, list[int]] = {}
+    for i, item in enumerate(sealed):
+        owner = next((n for n, ring in enumerate(rings) if ring.owns(item.record.kek)), 0)
+        groups.setdefault(owner, []).append(i)
+    answers = yield from gather(*(rings[n].unwrap([sealed[i] for i in idx]) for n, idx in groups.items()))
+    keys: list[bytes] = [b""] * len(sealed)
+    for idx, found in zip(groups.values(), answers):
+        for i, key in zip(idx, found):
+            keys[i] = key
+    return keys
 
 
 def keyring_for(config: KmsKey | LocalKey, where: Where, region: str | None = None) -> Keyring:

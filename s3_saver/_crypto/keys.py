@@ -43,7 +43,7 @@ from dataclasses import replace
 
 from s3_saver._crypto.config import Encryption, KmsKey
 from s3_saver._crypto.envelope import DataKey, new_key_id
-from s3_saver._crypto.keyrings import Keyring, KmsKeyring, Sealed, keyring_for
+from s3_saver._crypto.keyrings import Keyring, KmsKeyring, Sealed, keyring_for, unwrap_with
 from s3_saver._crypto.records import (
     LIVE,
     MEMORY,
@@ -125,6 +125,8 @@ class Crypt:
         self.store = KeyStore(S3Calls(key_bucket, self.where), prefix, kind)
         self.kms_region = kms_region
         self.keyring: Keyring = keyring_for(config, self.where, kms_region)
+        # What unwraps: this key, then the keys a rotation is moving away from (``previous=``).
+        self.keyrings: list[Keyring] = [self.keyring, *(keyring_for(p, self.where, kms_region) for p in config.previous)]
         self.cache = KeyCache(budget, kind.cache)
         # With a replica: the other region's key store (``pair``), and whether a key
         # missing from this one is replication lag (this site's store is the replica's).
@@ -149,7 +151,7 @@ class Crypt:
         if self._memory is None:
             site = Where(self.bucket, None, self.where.regions, self.where.endpoints, self.where.site)
             memory = Crypt(self.config, self.bucket, self.prefix, self.key_bucket, site, self._budget, self.kms_region, MEMORY)
-            memory.keyring = self.keyring  # one keyring: its KMS checks are made once
+            memory.keyring, memory.keyrings = self.keyring, self.keyrings  # one keyring: its KMS checks made once
             if self.partner is not None:
                 memory.partner = KeyStore(self.partner.s3, self.prefix, MEMORY)
                 memory.lags = self.lags
@@ -179,7 +181,7 @@ class Crypt:
         if (prefix, key_bucket) == (self.prefix, self.key_bucket):
             return self
         other = Crypt(self.config, bucket, prefix, key_bucket, self.where, CacheBudget(), self.kms_region, self.kind)
-        other.keyring = self.keyring
+        other.keyring, other.keyrings = self.keyring, self.keyrings
         return other
 
     def load(self, thread_ids: Iterable[str], *, create: bool = False) -> Op[dict[str, ThreadKey]]:
@@ -249,13 +251,17 @@ class Crypt:
             settling.append(self.partner.settle(thread_id, buried))
         yield from gather(*settling)
 
+    def sealed(self, t: str, record: KeyRecord) -> Sealed:
+        """A thread's record with what its key is bound to, for a keyring."""
+        return self._sealed(t, record)
+
     # -- the steps -------------------------------------------------------------------------
     def _sealed(self, t: str, record: KeyRecord) -> Sealed:
         return Sealed(record, context(self.prefix, t, record.key_id, self.kind), self.key_bucket, self.store.key_of(t), t)
 
     def _unwrap(self, records: dict[str, KeyRecord]) -> Op[dict[str, ThreadKey]]:
         items = list(records.items())
-        secrets = yield from self.keyring.unwrap([self._sealed(t, r) for t, r in items])
+        secrets = yield from unwrap_with(self.keyrings, [self._sealed(t, r) for t, r in items])
         return {t: ThreadKey(DataKey(r.key_id, s), r.erased_ids(), self.store.where(t)) for (t, r), s in zip(items, secrets)}
 
     def _generate(self, fresh: dict[str, KeyRecord | None]) -> Op[dict[str, tuple[KeyRecord, bytes, KeyRecord | None]]]:

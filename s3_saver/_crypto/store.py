@@ -13,6 +13,9 @@ S3 calls on the key bucket, one wave for all the threads asked at once.
   bucket keeps no old version, so the wrapped key is gone once the answer comes. The
   erasure is unsettled until its erase has made the thread gone in the index
   (``settle``): until then no new key is made for the thread (``create`` refuses).
+* ``page``, ``swap``: a rotation's walk (an admin call: listing the key bucket) and its
+  rewrite of a live record with the same key wrapped anew (``IfMatch`` the ETag read:
+  a record another process changed meanwhile is read again, never overwritten).
 * ``mirror``: with a replica, the replica region's key store (a store of its own, in
   that region: a key bucket is never replicated) is given the record the region written
   to decided on, in the same wave as the create there; it replaces whatever other record
@@ -24,6 +27,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from s3_saver._crypto.records import (
+    MEMORY_FOLDER,
+    STORE_KEY,
+    THREAD_FOLDER,
     THREADS,
     KeyKind,
     KeyRecord,
@@ -41,6 +47,7 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
+from s3_saver._format.key_codec import decode, encode
 from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
 from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import (
@@ -92,6 +99,61 @@ class KeyStore:
             raise_failure(call, answer)
         assert isinstance(answer, dict)
         return decode_record(answer["Body"], answer.get("ETag"), self.where(thread_id))
+
+    # -- rotation --------------------------------------------------------------------------
+    def page(self, token: str | None, size: int) -> Op[tuple[list[str], str | None]]:
+        """One page of the threads that have a record here (listing the key bucket: an
+        admin call), and the token of the next page (None: the last).
+
+        Key parsing is exact: a key under ``<prefix>t/`` that is not one encoded thread id
+        (another saver's, whose prefix lies in this one's tree) is not this saver's record."""
+        if self.kind is not THREADS:
+            return (yield from self._memory_page(token, size))
+        folder = f"{self.prefix}{THREAD_FOLDER}"
+        listed = yield from request_one(self.s3.list_keys(folder, token, max_keys=size))
+        threads = []
+        for item in listed.get("Contents", []):
+            rest = item["Key"][len(folder) :]
+            try:
+                thread_id = decode(rest)
+            except UnicodeDecodeError:
+                continue
+            if not rest or "/" in rest:
+                continue
+            try:
+                exact = encode(thread_id) == rest
+            except ConfigurationError:
+                exact = False
+            if exact:
+                threads.append(thread_id)
+        return threads, listed.get("NextContinuationToken") or None
+
+    def _memory_page(self, token: str | None, size: int) -> Op[tuple[list[str], str | None]]:
+        """``page`` of the memory store's records: the namespace ids under ``<prefix>m/``
+        (64 hex digits, exactly), and on the first page the store-wide key's name (its
+        record read like the others: absent, it is skipped)."""
+        folder = f"{self.prefix}{MEMORY_FOLDER}"
+        listed = yield from request_one(self.s3.list_keys(folder, token, max_keys=size))
+        names = [] if token is not None else [STORE_KEY]
+        for item in listed.get("Contents", []):
+            rest = item["Key"][len(folder) :]
+            if len(rest) == 64 and all(c in "0123456789abcdef" for c in rest):
+                names.append(rest)
+        return names, listed.get("NextContinuationToken") or None
+
+    def swap(self, thread_id: str, record: KeyRecord, read: KeyRecord) -> Op[KeyRecord | None]:
+        """``record`` in place of ``read`` (as read, with its ETag), only if it is still
+        there: the stored record with its new ETag, or None when another writer changed
+        it meanwhile (an erase, a new life, a mark): nothing was written."""
+        assert read.etag is not None
+        call = self.s3.put_swap(self.key_of(thread_id), encode_record(replace(record, etag=None)), read.etag)
+        (answer,) = yield (call,)
+        if not isinstance(answer, BaseException):
+            return replace(record, etag=answer["ETag"])
+        if error_code(answer) in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
+            return None
+        raise_failure(call, answer)
+        raise AssertionError("unreachable")
 
     # -- create ----------------------------------------------------------------------------
     def create(self, thread_id: str, record: KeyRecord, over: KeyRecord | None = None) -> Op[KeyRecord]:

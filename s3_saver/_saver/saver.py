@@ -22,6 +22,7 @@ from s3_saver._regions.replica import Replica
 from s3_saver._regions.sites import REPLICA, Route, make_site
 from s3_saver._saver.archival import ThreadArchival
 from s3_saver._saver.checkpoints import Checkpoints
+from s3_saver._saver.keys import KeyRotation
 from s3_saver._saver.options import check_options
 from s3_saver._saver.regions import Regions, replica_site
 from s3_saver._saver.threads import ThreadLifecycle
@@ -39,6 +40,7 @@ class S3Saver(
     Regions,
     ThreadArchival,
     ThreadLifecycle,
+    KeyRotation,
     BaseCheckpointSaver[str],
     AbstractContextManager,
     AbstractAsyncContextManager,

@@ -146,9 +146,11 @@ ANSWERS: dict[tuple[str, str], Expect] = {
     ("kms", "generate_data_key"): Expect(fields=("CiphertextBlob", "Plaintext", "KeyId")),
     ("kms", "decrypt"): Expect(fields=("Plaintext", "KeyId")),
     ("kms", "re_encrypt"): Expect(fields=("CiphertextBlob", "KeyId")),
+    ("kms", "encrypt"): Expect(fields=("CiphertextBlob", "KeyId")),
     # setup() with a replica: whether the key is multi-Region (an answer without the
-    # key's description would read as a single-Region key, refused for the wrong reason).
-    ("kms", "describe_key"): Expect(fields=("KeyMetadata",)),
+    # key's description would read as a single-Region key, refused for the wrong reason);
+    # rewrap: the new key's ARN, which the records it wraps name.
+    ("kms", "describe_key"): Expect(fields=("KeyMetadata", "KeyMetadata.Arn")),
 }
 _NOTHING = Expect()
 _JSON_SERVICES = ("dynamodb", "kms")

@@ -141,9 +141,9 @@ def _late_copies(command: click.Command) -> None:
 
 
 def _register() -> None:
-    from s3_saver.cli import _inspect, _lifecycle, _maintain, _memory, _migrate
+    from s3_saver.cli import _inspect, _keys, _lifecycle, _maintain, _memory, _migrate
 
-    for module in (_maintain, _inspect, _lifecycle, _migrate, _memory):
+    for module in (_maintain, _inspect, _lifecycle, _keys, _migrate, _memory):
         for command in module.COMMANDS:
             # A group's commands take the global options after their names too (`memory show --json`).
             for each in [command, *getattr(command, "commands", {}).values()]:

@@ -82,6 +82,10 @@ _PHRASES: list[tuple[str, str]] = [
     ),
     (r"this (?:saver|store) encrypts \(encryption=([^)]*)\)", r"this command encrypts (\1)"),
     (
+        r"has no encryption=: give it the key the records are wrapped by now \(KmsKey or LocalKey\)",
+        "was given no --kms-key or --local-key: give the key the records are wrapped by now",
+    ),
+    (
         r"LocalKey\(\) needs a master key: pass key= \(32 bytes, or their base64 text\) or set ",
         "--local-key needs a master key: set ",
     ),
