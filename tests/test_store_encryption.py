@@ -412,3 +412,20 @@ def test_a_key_cached_before_another_process_erased_the_namespace_reads_its_new_
     b.put(NS, "k", {"text": "new life"})
     assert a.get(NS, "k").value == {"text": "new life"}
     assert [h.value for h in a.search(NS)] == [{"text": "new life"}]
+
+
+def test_rewrap_wraps_the_memory_keys_too(endpoint, index_mode) -> None:
+    """The saver's rewrap wraps the namespaces' keys and the store-wide key anew: a
+    process with the new key only reads the store and the cache."""
+    old, new = LocalKey(os.urandom(32)), LocalKey(os.urandom(32))
+    saver = make_saver(endpoint, index_mode, encryption=old)
+    saver.setup()
+    S3Store.from_saver(saver).put(NS, "k", {"text": "kept across a rotation"})
+    S3Cache.from_saver(saver).set({(("node", "n"), "c"): ({"text": "cached"}, None)})
+    report = saver.rewrap(new)
+    assert report.rewrapped == 2  # the namespace's key and the store-wide key
+    assert _record(endpoint, NS).kek == f"local:{new.fingerprint}"
+    after = make_saver(endpoint, index_mode, encryption=new)
+    assert S3Store.from_saver(after).get(NS, "k").value == {"text": "kept across a rotation"}
+    assert S3Cache.from_saver(after).get([(("node", "n"), "c")]) == {(("node", "n"), "c"): {"text": "cached"}}
+    assert saver.rewrap(new).rewrapped == 0
