@@ -43,7 +43,13 @@ from dataclasses import replace
 
 from s3_saver._crypto.config import Encryption, KmsKey
 from s3_saver._crypto.envelope import DataKey, new_key_id
-from s3_saver._crypto.keyrings import Keyring, KmsKeyring, Sealed, keyring_for, unwrap_with
+from s3_saver._crypto.keyrings import (
+    Keyring,
+    KmsKeyring,
+    Sealed,
+    keyring_for,
+    unwrap_with,
+)
 from s3_saver._crypto.records import (
     LIVE,
     MEMORY,

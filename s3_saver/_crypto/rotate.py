@@ -35,7 +35,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from s3_saver._crypto.config import Encryption
-from s3_saver._crypto.keyrings import KMS_PREFIX, Keyring, KmsKeyring, keyring_for, unwrap_with
+from s3_saver._crypto.keyrings import (
+    KMS_PREFIX,
+    Keyring,
+    KmsKeyring,
+    keyring_for,
+    unwrap_with,
+)
 from s3_saver._crypto.keys import Crypt
 from s3_saver._crypto.records import KeyRecord, context
 from s3_saver._transport.protocol import Op, gather

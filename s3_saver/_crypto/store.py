@@ -37,6 +37,7 @@ from s3_saver._crypto.records import (
     encode_record,
     erasure,
 )
+from s3_saver._format.key_codec import decode, encode
 from s3_saver._transport.failures import (
     BUCKET_MISSING,
     BUCKET_OURS_CODES,
@@ -47,7 +48,6 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
-from s3_saver._format.key_codec import decode, encode
 from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
 from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import (
