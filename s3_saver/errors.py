@@ -329,6 +329,36 @@ class ThreadErasedError(_Placed):
         return {**super()._fields(), "erased_at": self.erased_at}
 
 
+class NamespaceErasedError(ThreadErasedError):
+    """A memory namespace's data key was destroyed (``S3Store.erase_namespace``): what
+    is stored of its items cannot be read, by anyone, from any copy (an old version of
+    a head, a segment or a value object, a replica, a backup, a table restored to a
+    point in time). A ``ThreadErasedError`` for memory: one ``except`` catches both.
+
+    Attributes:
+        bucket: The bucket of the store (or of the key record).
+        key: Where the content was read (the object key or the table item), or the key record's.
+        namespace: The namespace (empty when not known, e.g. from a key record alone).
+        erased_at: When its key was destroyed (Unix seconds), when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bucket: str = "",
+        key: str = "",
+        thread_id: str = "",
+        erased_at: int | None = None,
+        namespace: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, bucket=bucket, key=key, thread_id=thread_id, erased_at=erased_at)
+        self.namespace = tuple(namespace)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "namespace": self.namespace}
+
+
 class PlaintextObjectError(_Placed):
     """A saver with ``encryption=`` met stored content that is not encrypted: an
     object, an index attribute or an archive written without encryption (or put

@@ -378,3 +378,34 @@ def test_promote_rebuilds_an_encrypted_index_with_the_replica_region_s_keys(regi
     items = [i for p in regions.replica.dynamodb.get_paginator("scan").paginate(TableName=regions.replica.table) for i in p["Items"]]
     sealed = [i[a]["B"] for i in items for a in ("body", "meta") if a in i and "B" in i[a]]
     assert sealed and all(is_sealed(bytes(b)) for b in sealed)
+
+
+@pytest.mark.parametrize("mode", READ_MODES)
+def test_a_memory_namespace_key_is_made_in_both_regions_and_the_replica_reads_with_its_own(regions, mode) -> None:
+    """S3Store.from_saver of an encrypting saver with a replica: a namespace's key is
+    made in both regions' key stores (m/<namespace id>), and during an outage the
+    replica region reads the item with its own store's copy."""
+    from s3_saver import S3Store
+    from s3_saver._format.memory.names import node_id
+
+    encryption = LocalKey(os.urandom(32))
+    saver = _encrypted_saver(regions, mode, encryption)
+    store = S3Store.from_saver(saver)
+    store.put(("memories", "u1"), "k", {"text": "secret-memory"})
+    key = f"m/{node_id(('memories', 'u1'))}"
+    here = decode_record(regions.primary.s3.get_object(Bucket=PRIMARY_KEYS, Key=key)["Body"].read(), None, key)
+    there = decode_record(regions.replica.s3.get_object(Bucket=REPLICA_KEYS, Key=key)["Body"].read(), None, key)
+    assert here.live and there.live and here.key_id == there.key_id
+
+    regions.replicator.run()
+    reader = _saver(regions, mode, encryption=encryption, recheck_after=3600)
+    regions.proxy.refuse()
+    assert S3Store.from_saver(reader).get(("memories", "u1"), "k").value == {"text": "secret-memory"}
+    assert reader.last_read.site == "replica"
+    regions.proxy.up()
+
+    # The erase destroys the key in both regions' stores first.
+    store.erase_namespace(("memories", "u1"))
+    for site, bucket in ((regions.primary, PRIMARY_KEYS), (regions.replica, REPLICA_KEYS)):
+        record = decode_record(site.s3.get_object(Bucket=bucket, Key=key)["Body"].read(), None, key)
+        assert not record.live and record.key_id == here.key_id

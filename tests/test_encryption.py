@@ -299,19 +299,6 @@ def test_plaintext_under_an_encrypting_saver_is_refused(endpoint, index_mode) ->
     encrypting.close()
 
 
-def test_operations_that_cannot_encrypt_yet_refuse_before_sending(endpoint, index_mode) -> None:
-    saver = _saver(endpoint, index_mode, LocalKey(os.urandom(32)))
-    _thread(saver, "t", "value")
-    saver.stats.reset()
-    from s3_saver import S3Cache, S3Store
-
-    # Memory and the node cache are not encrypted yet: not on an encrypting saver either.
-    for name, make in (("S3Store.from_saver", S3Store.from_saver), ("S3Cache.from_saver", S3Cache.from_saver)):
-        with pytest.raises(ConfigurationError, match=f"{name} is not yet supported with encryption"):
-            make(saver)
-    saver.close()
-
-
 def test_an_archived_thread_is_refused_as_plaintext(endpoint, index_mode) -> None:
     plain = _saver(endpoint, index_mode, None)
     _thread(plain, "t", "value")

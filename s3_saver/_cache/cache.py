@@ -20,7 +20,6 @@ from s3_saver._format.codec import Typed
 from s3_saver._format.keys import check_prefix
 from s3_saver._format.node_cache import CacheKeys, FullKey, Namespace, check_full_key, check_namespace, check_ttl
 from s3_saver._ops import node_cache
-from s3_saver._ops.keyed import unsupported
 from s3_saver._transport.aio import AsyncDriver
 from s3_saver._transport.clients import Clients
 from s3_saver._transport.clients import client_config as merged_config
@@ -160,14 +159,14 @@ class S3Cache(BaseCache[ValueT], AbstractContextManager, AbstractAsyncContextMan
         required = ("_ctx", "_sync", "_async", "stats", "serde", "bucket")
         if not all(hasattr(saver, name) for name in required):
             raise ConfigurationError(f"from_saver needs an s3_saver.S3Saver, got {type(saver).__name__}: {saver!r}")
-        # The node cache is not encrypted yet: on an encrypting saver it would keep node
-        # results in plaintext beside the saver's sealed threads. Refused by name.
-        unsupported(saver._ctx, "S3Cache.from_saver")
         cache: S3Cache[Any] = cls.__new__(cls)
         BaseCache.__init__(cache, serde=serde or saver.serde)
         cache._keys = CacheKeys(saver._ctx.layout.prefix)
         # The context of the region written to, read at each call (promote() swaps it).
-        cache._where = lambda: node_cache.Where(saver._ctx.s3, cache._keys)
+        # With the saver's encryption, every entry is sealed (``node_cache._sealer``).
+        cache._where = lambda: node_cache.Where(
+            saver._ctx.s3, cache._keys, saver._ctx.crypt.for_memory() if saver._ctx.crypt is not None else None
+        )
         cache.bucket = saver.bucket
         cache.stats = saver.stats
         cache._sync, cache._async = saver._sync, saver._async

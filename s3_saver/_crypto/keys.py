@@ -43,8 +43,22 @@ from dataclasses import replace
 
 from s3_saver._crypto.config import Encryption, KmsKey
 from s3_saver._crypto.envelope import DataKey, new_key_id
-from s3_saver._crypto.keyrings import Keyring, KmsKeyring, Sealed, keyring_for, unwrap_with
-from s3_saver._crypto.records import LIVE, KeyRecord, context, next_life
+from s3_saver._crypto.keyrings import (
+    Keyring,
+    KmsKeyring,
+    Sealed,
+    keyring_for,
+    unwrap_with,
+)
+from s3_saver._crypto.records import (
+    LIVE,
+    MEMORY,
+    THREADS,
+    KeyKind,
+    KeyRecord,
+    context,
+    next_life,
+)
 from s3_saver._crypto.sealer import Sealer, ThreadKey
 from s3_saver._crypto.store import KeyStore
 from s3_saver._transport.budget import CacheBudget, key_bytes
@@ -64,8 +78,8 @@ _ABSENT = "absent"  # cached for a thread seen without a key record
 class KeyCache:
     """Threads' keys this process unwrapped (or saw missing), charged to the budget."""
 
-    def __init__(self, budget: CacheBudget) -> None:
-        self._data = budget.cache("keys")
+    def __init__(self, budget: CacheBudget, name: str = "keys") -> None:
+        self._data = budget.cache(name)
 
     def get(self, thread_id: str) -> ThreadKey | None:
         found = self._data.get(thread_id)
@@ -104,18 +118,22 @@ class Crypt:
         where: Where,
         budget: CacheBudget,
         kms_region: str | None = None,
+        kind: KeyKind = THREADS,
     ) -> None:
         self.config = config
+        self.kind = kind
+        self._budget = budget
+        self._memory: Crypt | None = None
         self.bucket = bucket
         self.prefix = prefix
         # The key store's calls name its own bucket, in the saver's regions and endpoints.
         self.where = Where(key_bucket, None, where.regions, where.endpoints, where.site)
-        self.store = KeyStore(S3Calls(key_bucket, self.where), prefix)
+        self.store = KeyStore(S3Calls(key_bucket, self.where), prefix, kind)
         self.kms_region = kms_region
         self.keyring: Keyring = keyring_for(config, self.where, kms_region)
         # What unwraps: this key, then the keys a rotation is moving away from (``previous=``).
         self.keyrings: list[Keyring] = [self.keyring, *(keyring_for(p, self.where, kms_region) for p in config.previous)]
-        self.cache = KeyCache(budget)
+        self.cache = KeyCache(budget, kind.cache)
         # With a replica: the other region's key store (``pair``), and whether a key
         # missing from this one is replication lag (this site's store is the replica's).
         self.partner: KeyStore | None = None
@@ -126,6 +144,25 @@ class Crypt:
         partner); ``lags``: this is the replica region's (a key it lacks has not arrived)."""
         self.partner = other.store
         self.lags = lags
+        if self._memory is not None or other._memory is not None:
+            self.for_memory().pair(other.for_memory(), lags)
+
+    def for_memory(self) -> Crypt:
+        """The memory store's keys beside this saver's (the same keyring, key bucket,
+        budget and regions): records ``m/<namespace id>`` and ``@store`` in the key
+        store, bound to their names as a thread's key is to its thread (``KeyKind``).
+        Made once per saver, so a store and a cache built on it share one key cache."""
+        if self.kind is MEMORY:
+            return self
+        if self._memory is None:
+            site = Where(self.bucket, None, self.where.regions, self.where.endpoints, self.where.site)
+            memory = Crypt(self.config, self.bucket, self.prefix, self.key_bucket, site, self._budget, self.kms_region, MEMORY)
+            memory.keyring, memory.keyrings = self.keyring, self.keyrings  # one keyring: its KMS checks made once
+            if self.partner is not None:
+                memory.partner = KeyStore(self.partner.s3, self.prefix, MEMORY)
+                memory.lags = self.lags
+            self._memory = memory
+        return self._memory
 
     @property
     def key_bucket(self) -> str:
@@ -149,7 +186,9 @@ class Crypt:
         (a key cache is by thread id: another prefix's threads must not meet ours)."""
         if (prefix, key_bucket) == (self.prefix, self.key_bucket):
             return self
-        return Crypt(self.config, bucket, prefix, key_bucket, self.where, CacheBudget(), self.kms_region)
+        other = Crypt(self.config, bucket, prefix, key_bucket, self.where, CacheBudget(), self.kms_region, self.kind)
+        other.keyring, other.keyrings = self.keyring, self.keyrings
+        return other
 
     def load(self, thread_ids: Iterable[str], *, create: bool = False) -> Op[dict[str, ThreadKey]]:
         """The keys of ``thread_ids``; ``create``: a thread without a live key gets one
@@ -224,7 +263,7 @@ class Crypt:
 
     # -- the steps -------------------------------------------------------------------------
     def _sealed(self, t: str, record: KeyRecord) -> Sealed:
-        return Sealed(record, context(self.prefix, t, record.key_id), self.key_bucket, self.store.key_of(t), t)
+        return Sealed(record, context(self.prefix, t, record.key_id, self.kind), self.key_bucket, self.store.key_of(t), t)
 
     def _unwrap(self, records: dict[str, KeyRecord]) -> Op[dict[str, ThreadKey]]:
         items = list(records.items())
@@ -235,7 +274,7 @@ class Crypt:
         """A new key per thread (one wave), and the record that keeps it."""
         items = list(fresh.items())
         ids = [new_key_id() for _ in items]
-        made = yield from self.keyring.generate([context(self.prefix, t, k) for (t, _), k in zip(items, ids)])
+        made = yield from self.keyring.generate([context(self.prefix, t, k, self.kind) for (t, _), k in zip(items, ids)])
         now = int(time.time())
         return {
             t: (KeyRecord(LIVE, k, now, m.wrapped, m.kek, earlier=next_life(over)), m.secret, over)

@@ -29,6 +29,7 @@ live key.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,17 +95,51 @@ def next_life(erased: KeyRecord | None) -> tuple[tuple[bytes, int | None], ...]:
     return (*erased.earlier, (erased.key_id, erased.erased_at))[-EARLIER_KEPT:]
 
 
+@dataclass(frozen=True)
+class KeyKind:
+    """What the records of a key store name, and how: the saver's threads (``t/``), or
+    the memory store's namespaces (``m/<namespace id>``, and its store-wide key
+    ``@store``). ``context``: the encryption context key that binds a wrapped key to
+    its name (a record moved from one kind to the other does not unwrap); ``cache``: the
+    name of the key cache in the budget (a thread id and a namespace id never meet)."""
+
+    name: str
+    context: str
+    cache: str
+
+    def record_key(self, prefix: str, name: str) -> str:
+        if self is THREADS:
+            return f"{prefix}{THREAD_FOLDER}{encode(name)}"
+        if name == STORE_KEY:
+            return f"{prefix}{STORE_KEY}"
+        if not _NODE_ID.fullmatch(name):
+            raise ValueError(f"{name!r} is not a namespace id (64 hex digits)")
+        return f"{prefix}{MEMORY_FOLDER}{name}"
+
+
+# The memory store's records: a key per namespace, named by its id (hex SHA-256 of the
+# namespace, as the store's folders), and the store-wide key (``STORE_KEY``: namespace
+# names, the node cache), which no erase of a namespace destroys.
+MEMORY_FOLDER = "m/"
+STORE_KEY = "@store"
+CONTEXT_NAMESPACE = "s3_saver:namespace"
+_NODE_ID = re.compile(r"[0-9a-f]{64}")
+THREADS = KeyKind("thread", CONTEXT_THREAD, "keys")
+MEMORY = KeyKind("namespace", CONTEXT_NAMESPACE, "mem-keys")
+
+
 def record_key(prefix: str, thread_id: str) -> str:
     """Where a thread's record lives in the key store (the thread id encoded as in
     object keys: injective, whatever characters it holds)."""
-    return f"{prefix}{THREAD_FOLDER}{encode(thread_id)}"
+    return THREADS.record_key(prefix, thread_id)
 
 
-def context(prefix: str, thread_id: str, key_id: bytes) -> dict[str, str]:
+def context(prefix: str, thread_id: str, key_id: bytes, kind: KeyKind | None = None) -> dict[str, str]:
     """What a wrapped data key is bound to: the saver's prefix (left out when empty, so
-    no context value is ever empty), the thread and the key id. The bucket is not in it: a
-    replica bucket of another name holds the same threads under the same keys."""
-    found = {CONTEXT_THREAD: thread_id, CONTEXT_KEY_ID: key_id.hex()}
+    no context value is ever empty), the thread (or, ``kind``, the memory store's
+    namespace id) and the key id. The bucket is not in it: a replica bucket of another
+    name holds the same threads under the same keys."""
+    found = {(kind or THREADS).context: thread_id, CONTEXT_KEY_ID: key_id.hex()}
     if prefix:
         found[CONTEXT_PREFIX] = prefix
     return found

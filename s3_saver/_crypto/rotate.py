@@ -35,7 +35,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from s3_saver._crypto.config import Encryption
-from s3_saver._crypto.keyrings import KMS_PREFIX, Keyring, KmsKeyring, keyring_for, unwrap_with
+from s3_saver._crypto.keyrings import (
+    KMS_PREFIX,
+    Keyring,
+    KmsKeyring,
+    keyring_for,
+    unwrap_with,
+)
 from s3_saver._crypto.keys import Crypt
 from s3_saver._crypto.records import KeyRecord, context
 from s3_saver._transport.protocol import Op, gather
@@ -75,22 +81,32 @@ class RewrapReport:
         return self.rewrapped + self.already + self.erased
 
 
-def rotate(crypt: Crypt, target: Encryption, replicated: bool, report: RewrapReport) -> Op[None]:
+def rotate(
+    crypt: Crypt, target: Encryption, replicated: bool, report: RewrapReport, prepared: tuple[Keyring, str] | None = None
+) -> Op[tuple[Keyring, str]]:
     """Every live record of ``crypt``'s key store wrapped under ``target`` (counted in
-    ``report``); ``replicated``: a replica is configured (a KMS key must be multi-Region)."""
-    ring = keyring_for(target, crypt.where, crypt.kms_region)
-    if replicated and isinstance(ring, KmsKeyring):
-        yield from ring.check_multi_region()
-    kek = yield from ring.target()
+    ``report``); ``replicated``: a replica is configured (a KMS key must be multi-Region).
+    ``prepared``: the keyring and key name a pass over the same region's store made
+    already (the memory store's records after the threads': no second DescribeKey).
+    Returns them."""
+    if prepared is not None:
+        ring, kek = prepared
+    else:
+        ring = keyring_for(target, crypt.where, crypt.kms_region)
+        if replicated and isinstance(ring, KmsKeyring):
+            yield from ring.check_multi_region()
+        kek = yield from ring.target()
     report.kek = report.kek or kek
-    report.key_stores.append(f"s3://{crypt.key_bucket}/{crypt.prefix}")
+    store = f"s3://{crypt.key_bucket}/{crypt.prefix}"
+    if store not in report.key_stores:  # the threads' and the memory store's records share it
+        report.key_stores.append(store)
     token: str | None = None
     while True:
         threads, token = yield from crypt.store.page(token, PAGE)
         records = yield from crypt.store.read(threads)
         yield from _page(crypt, ring, kek, {t: r for t, r in records.items() if r is not None}, report)
         if token is None:
-            return
+            return ring, kek
 
 
 def _under(ring: Keyring, record: KeyRecord, kek: str) -> bool:
@@ -145,7 +161,7 @@ def _wrapped(crypt: Crypt, ring: Keyring, records: dict[str, KeyRecord]) -> Op[d
 
     def by_hand() -> Op[list[tuple[bytes, str]]]:
         secrets = yield from unwrap_with(crypt.keyrings, [sealed[t] for t in other])
-        return (yield from ring.wrap([(context(crypt.prefix, t, records[t].key_id), s) for t, s in zip(other, secrets)]))
+        return (yield from ring.wrap([(context(crypt.prefix, t, records[t].key_id, crypt.kind), s) for t, s in zip(other, secrets)]))
 
     moved, made = yield from gather(by_kms(), by_hand())
     return {**dict(zip(kms, moved)), **dict(zip(other, made))}

@@ -147,6 +147,18 @@ class Sealer:
         from ``source``: an index attribute carrying its bytes)."""
         return self._open(thread_id, key, data, None, source)
 
+    def seal_field(self, thread_id: str, key: str, field_: str, data: bytes) -> bytes:
+        """``data`` standing for ``field_`` of object (or folder) ``key`` of ``thread_id``:
+        what is not an object's own bytes (a memory item's value in a namespace's rows,
+        bound to the namespace's folder and the field naming the item)."""
+        if self.crypt is None:
+            return data
+        return seal(self._live(thread_id, key), place(self.crypt.prefix, key, thread_id, field_), data)
+
+    def open_field(self, thread_id: str, key: str, field_: str, data: bytes, source: str) -> bytes:
+        """What ``seal_field`` sealed (``source``: where it was read, for errors)."""
+        return self._open(thread_id, key, data, field_, source)
+
     # -- metadata in index entries ---------------------------------------------------------
     def seal_meta(self, thread_id: str, key: str, pair: Typed) -> Typed:
         """A checkpoint's metadata as its index entry carries it (``key``: the

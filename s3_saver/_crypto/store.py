@@ -27,13 +27,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from s3_saver._crypto.records import (
+    MEMORY_FOLDER,
+    STORE_KEY,
     THREAD_FOLDER,
+    THREADS,
+    KeyKind,
     KeyRecord,
     decode_record,
     encode_record,
     erasure,
-    record_key,
 )
+from s3_saver._format.key_codec import decode, encode
 from s3_saver._transport.failures import (
     BUCKET_MISSING,
     BUCKET_OURS_CODES,
@@ -44,10 +48,14 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
-from s3_saver._format.key_codec import decode, encode
 from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
 from s3_saver._transport.s3 import S3Calls
-from s3_saver.errors import ConfigurationError, S3SaverError, ThreadErasedError
+from s3_saver.errors import (
+    ConfigurationError,
+    NamespaceErasedError,
+    S3SaverError,
+    ThreadErasedError,
+)
 
 # A record another writer keeps replacing between our read and our write: each round
 # has a reason (a create, an erase), which does not repeat without end.
@@ -57,16 +65,17 @@ _ATTEMPTS = 6
 class KeyStore:
     """The records of one saver prefix in the key bucket."""
 
-    def __init__(self, s3: S3Calls, prefix: str) -> None:
+    def __init__(self, s3: S3Calls, prefix: str, kind: KeyKind = THREADS) -> None:
         self.s3 = s3
         self.prefix = prefix
+        self.kind = kind
 
     @property
     def bucket(self) -> str:
         return self.s3.bucket
 
     def key_of(self, thread_id: str) -> str:
-        return record_key(self.prefix, thread_id)
+        return self.kind.record_key(self.prefix, thread_id)
 
     def where(self, thread_id: str) -> str:
         return f"s3://{self.bucket}/{self.key_of(thread_id)}"
@@ -98,6 +107,8 @@ class KeyStore:
 
         Key parsing is exact: a key under ``<prefix>t/`` that is not one encoded thread id
         (another saver's, whose prefix lies in this one's tree) is not this saver's record."""
+        if self.kind is not THREADS:
+            return (yield from self._memory_page(token, size))
         folder = f"{self.prefix}{THREAD_FOLDER}"
         listed = yield from request_one(self.s3.list_keys(folder, token, max_keys=size))
         threads = []
@@ -116,6 +127,19 @@ class KeyStore:
             if exact:
                 threads.append(thread_id)
         return threads, listed.get("NextContinuationToken") or None
+
+    def _memory_page(self, token: str | None, size: int) -> Op[tuple[list[str], str | None]]:
+        """``page`` of the memory store's records: the namespace ids under ``<prefix>m/``
+        (64 hex digits, exactly), and on the first page the store-wide key's name (its
+        record read like the others: absent, it is skipped)."""
+        folder = f"{self.prefix}{MEMORY_FOLDER}"
+        listed = yield from request_one(self.s3.list_keys(folder, token, max_keys=size))
+        names = [] if token is not None else [STORE_KEY]
+        for item in listed.get("Contents", []):
+            rest = item["Key"][len(folder) :]
+            if len(rest) == 64 and all(c in "0123456789abcdef" for c in rest):
+                names.append(rest)
+        return names, listed.get("NextContinuationToken") or None
 
     def swap(self, thread_id: str, record: KeyRecord, read: KeyRecord) -> Op[KeyRecord | None]:
         """``record`` in place of ``read`` (as read, with its ETag), only if it is still
@@ -273,6 +297,13 @@ class KeyStore:
     def being_erased(self, thread_id: str, record: KeyRecord) -> ThreadErasedError:
         """A writer's refusal while an erase of the thread is under way (its key
         destroyed, the thread not yet gone in the index): no new key until then."""
+        if self.kind is not THREADS:
+            return NamespaceErasedError(
+                f"the namespace of id {thread_id} is being erased: its key was destroyed at {record.erased_at} (Unix "
+                f"seconds) and the erase has not finished ({self.where(thread_id)} is not settled). It can be written "
+                "again once erase_namespace returns; if an erase was cut short, call erase_namespace again",
+                bucket=self.bucket, key=self.key_of(thread_id), erased_at=record.erased_at,
+            )
         return ThreadErasedError(
             f"thread {thread_id!r} is being erased: its key was destroyed at {record.erased_at} (Unix seconds) "
             f"and the erase has not finished ({self.where(thread_id)} is not settled). It can be written again "

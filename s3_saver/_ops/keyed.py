@@ -13,9 +13,6 @@ thread written anew under a new key). Nothing is decided on it unchecked: a read
 meets content sealed under another key runs again once with the thread's record read
 (``rekeying``); a write whose key an erase destroyed is refused at its commit and sealed
 anew under the thread's key as read then (``rekeyed``, from ``_ops/commit``).
-
-Operations that cannot encrypt yet refuse to run on an encrypting saver (``unsupported``)
-rather than write or move plaintext.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from s3_saver._format.entries import Tombstone
 from s3_saver._index.terms import Archived
 from s3_saver._ops.context import Context
 from s3_saver._transport.protocol import Emit, Op, T, gather
-from s3_saver.errors import ConfigurationError, S3SaverError
+from s3_saver.errors import S3SaverError
 
 # Writes sealed again after their key was found destroyed at their index write (a
 # commit, a copy's or an import's): each time another erase of the thread came in
@@ -143,13 +140,3 @@ def rekeying(ctx: Context, make: Callable[[Context], Op[T]]) -> Op[T]:
             if emitted or stale.thread_id in renewed:
                 raise
             renewed.add(stale.thread_id)
-
-
-def unsupported(ctx: Any, operation: str) -> None:
-    """Refuse an operation that cannot keep a thread encrypted yet (it would write or
-    move content without the thread's key), before it sends anything."""
-    if ctx.crypt is not None:
-        raise ConfigurationError(
-            f"{operation} is not yet supported with encryption= ({ctx.crypt.describe()}): it would write or move "
-            "thread content without encrypting it under the thread's key. Nothing was done"
-        )

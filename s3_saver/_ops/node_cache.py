@@ -32,6 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from s3_saver._crypto.envelope import is_sealed
+from s3_saver._crypto.records import STORE_KEY
+from s3_saver._crypto.sealer import PLAIN
 from s3_saver._format.codec import Typed
 from s3_saver._format.keys import new_token
 from s3_saver._format.node_cache import (
@@ -55,7 +58,7 @@ from s3_saver._transport.failures import (
     classify,
     error_code,
 )
-from s3_saver._transport.protocol import Backoff, Call, Op, backoff, failure
+from s3_saver._transport.protocol import Backoff, Call, Op, backoff, failure, gather
 from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import S3SaverError, StoreUnavailableError
 
@@ -80,9 +83,32 @@ class Where:
 
     s3: S3Calls
     keys: CacheKeys
+    # With ``encryption=`` (a cache made from an encrypting saver): the memory store's
+    # keys (``Crypt.for_memory``); every entry is sealed under the store-wide key.
+    crypt: Any = None
 
     def describe(self) -> str:
         return f"the node cache in s3://{self.s3.bucket}/{self.keys.root}"
+
+
+def _sealer(where: Where, create: bool) -> Op[Any]:
+    """The sealer of the store-wide key (``STORE_KEY``: one for every entry, made on the
+    first write; none sent when cached). None without encryption.
+
+    One key for the whole cache, not one per namespace: the cache's namespaces are
+    LangGraph's (a node's name and function), not a user's, its entries are kept for a
+    node's ttl only, and ``clear`` invalidates by generation, never by destroying bytes;
+    a per-namespace key would cost a key GET per node on a cold start for nothing an
+    erase needs."""
+    if where.crypt is None:
+        return None
+    keys = yield from where.crypt.load([STORE_KEY], create=create)
+    return where.crypt.sealer(keys)
+
+
+def _entry_calls(calls: tuple[Call, ...]) -> Op[list[Any]]:
+    results = yield calls
+    return list(results)
 
 
 def _gens_of(where: Where, call: Call, result: Any) -> Gens:
@@ -112,7 +138,12 @@ def get(where: Where, state: CacheState, keys: list[FullKey], now: float) -> Op[
         return {}, []
     entry_calls = [where.s3.get(where.keys.entry_key(ns, key)) for ns, key in keys]
     gens_call = where.s3.get(where.keys.gens_key)
-    results = yield (*entry_calls, gens_call)
+    try:
+        # The store-wide key loaded beside the entries' GETs (a cold process's key GET
+        # in the same wave; KMS Decrypt after).
+        sealer, results = yield from gather(_sealer(where, False), _entry_calls((*entry_calls, gens_call)))
+    except S3SaverError as exc:
+        return {}, [f"{where.describe()}: its key could not be loaded, so {len(keys)} keys missed: {exc}"]
     try:
         gens = _gens_of(where, gens_call, results[-1])
         if gens.denied is not None:
@@ -132,7 +163,11 @@ def get(where: Where, state: CacheState, keys: list[FullKey], now: float) -> Op[
                 problems.append(f"{where.describe()}: {full_key!r} missed: {failure(call, result)}")
             continue
         try:
-            entry = read_entry(result["Body"], name)
+            body = result["Body"]
+            if sealer is not None or is_sealed(body):
+                # Sealed (refused as plaintext with encryption; as sealed without).
+                body = (sealer or PLAIN).open(STORE_KEY, call.params["Key"], body, name)
+            entry = read_entry(body, name)
         except S3SaverError as exc:
             problems.append(f"{where.describe()}: {full_key!r} missed: {exc}")
             continue
@@ -155,13 +190,18 @@ def put(
             gens = yield from _known_gens(where, state)
         except S3SaverError as exc:
             return [f"{where.describe()}: its generations could not be read, so {len(entries)} entries were dropped: {exc}"]
+    try:
+        sealer = yield from _sealer(where, True)
+    except S3SaverError as exc:
+        return [f"{where.describe()}: its key could not be loaded, so {len(entries)} entries were dropped: {exc}"]
     pending = list(entries)
     problems: list[str] = []
     for _ in range(_SET_ROUNDS):
-        puts = [
-            where.s3.put_replace(where.keys.entry_key(*fk), entry_body(fk, entries[fk][0], gens, now, entries[fk][1]))
-            for fk in pending
-        ]
+        puts = []
+        for fk in pending:
+            key = where.keys.entry_key(*fk)
+            body = entry_body(fk, entries[fk][0], gens, now, entries[fk][1])
+            puts.append(where.s3.put_replace(key, sealer.seal(STORE_KEY, key, body) if sealer is not None else body))
         gens_call = where.s3.get(where.keys.gens_key)
         results = yield (*puts, gens_call)
         written = []

@@ -49,5 +49,8 @@ def rewrap(ctx: Context, target: Encryption, others: list[Context]) -> Op[Rewrap
     crypts: list[Crypt] = [crypt, *(o.crypt for o in others if o.crypt is not None)]
     report = RewrapReport()
     for each in crypts:
-        yield from rotate(each, target, len(crypts) > 1, report)
+        prepared = yield from rotate(each, target, len(crypts) > 1, report)
+        # The memory store's keys (a namespace's, the store-wide one) in the same key store:
+        # one more listing (``m/``) and the store-wide record's GET.
+        yield from rotate(each.for_memory(), target, len(crypts) > 1, report, prepared)
     return report

@@ -9,13 +9,13 @@ from typing import Any
 
 from botocore.config import Config
 
+from s3_saver._crypto.config import Encryption
 from s3_saver._format.keys import KeyLayout
 from s3_saver._format.memory.ttl import Clock
 from s3_saver._index.dynamodb.memory import DynamoMemory
 from s3_saver._index.manifest.memory import ManifestMemory
 from s3_saver._index.memory import MemoryIndex
 from s3_saver._ops.context import Context
-from s3_saver._ops.keyed import unsupported
 from s3_saver._regions.sites import Site, make_site
 from s3_saver._transport.budget import CacheBudget
 from s3_saver._transport.protocol import PRIMARY
@@ -37,6 +37,7 @@ def memory_site(
     serde: Any,
     budget: CacheBudget,
     clock: Clock,
+    encryption: Encryption | None = None,
 ) -> tuple[Site, Context, MemoryIndex]:
     """The primary site of a store (``table`` None: the manifest mode, its index in the
     bucket), its context (for setup and checks) and its memory index."""
@@ -54,15 +55,13 @@ def memory_site(
         layout=KeyLayout(prefix),
         storage_class=None,
         settings={"serde": serde, "inline_threshold": 0, "list_deltas": False, "ttl_seconds": None, "budget": budget},
+        encryption=encryption,
     )
     return site, ctx, memory_index(ctx, site.where, table, clock)
 
 
 def memory_index(ctx: Context, where: Where, table: str | None, clock: Clock) -> MemoryIndex:
     """The memory index of a site's mode, on its context (calls, prefix, cache budget)."""
-    # Memory is not encrypted yet: a store on an encrypting saver's context would keep
-    # its values in plaintext beside the saver's sealed threads. Refused by name.
-    unsupported(ctx, "S3Store.from_saver")
     if table:
         return DynamoMemory(table, ctx.layout.prefix, where, ctx.budget, clock, ctx.s3)
     return ManifestMemory(ctx.s3, ctx.layout.prefix, ctx.budget, clock)

@@ -39,6 +39,7 @@ from langgraph.store.base import (
     ensure_embeddings,
 )
 
+from s3_saver._crypto.config import Encryption, KmsKey, check_encryption
 from s3_saver._format.memory import rows
 from s3_saver._format.memory import ttl as ttl_core
 from s3_saver._ops import setup
@@ -97,6 +98,11 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
         vector_dtype: ``"float64"`` (scores equal InMemoryStore's) or ``"float32"``.
         cache_bytes: The memory budget of the store's caches (as the saver's).
         clock: The store's clock (tests inject one).
+        encryption: ``KmsKey(...)`` or ``LocalKey(...)``: every item's value and vectors
+            encrypted under a data key of its namespace's own, kept in the key store
+            (as a saver's threads: ``<bucket>-keys`` unless ``key_bucket=``), so that
+            ``erase_namespace`` makes every copy unreadable. Item keys stay readable
+            (use opaque ones). ``setup()`` creates the key store. See the encryption guide.
     """
 
     supports_ttl = True
@@ -125,7 +131,9 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
         retry: RetryPolicy | None = None,
         cache_bytes: int | None = None,
         clock: ttl_core.Clock | None = None,
+        encryption: Encryption | None = None,
     ) -> None:
+        check_encryption(encryption)
         self._settings(serde, index, ttl, vector_dtype, clock)
         self.stats = RequestStats()
         """Round trips and requests sent so far, by both drivers."""
@@ -134,7 +142,11 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
             table,
             prefix=prefix,
             region_name=region_name,
-            endpoints={"s3": s3_endpoint_url or endpoint_url, "dynamodb": dynamodb_endpoint_url or endpoint_url},
+            endpoints={
+                "s3": s3_endpoint_url or endpoint_url,
+                "dynamodb": dynamodb_endpoint_url or endpoint_url,
+                "kms": (encryption.endpoint_url if isinstance(encryption, KmsKey) else None) or endpoint_url,
+            },
             given={"s3": s3_client, "dynamodb": dynamodb_client},
             boto3_session=boto3_session,
             aioboto3_session=aioboto3_session,
@@ -143,6 +155,7 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
             serde=self.serde,
             budget=CacheBudget(cache_bytes if cache_bytes is not None else default_bytes()),
             clock=self.clock,
+            encryption=encryption,
         )
         self._home: Any = _Alone(ctx, bucket, table, region_name)
         self._site = site
@@ -238,7 +251,8 @@ class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsync
 
     def _memory_of(self, ctx: Context, index: Any, refresh_slack: float, vector_dtype: str) -> Memory:
         slack = ttl_core.check_slack(refresh_slack)
-        return Memory(index, ctx.s3, self.serde, self.clock, self.ttl_config, slack, self._dims, vector_dtype)
+        crypt = ctx.crypt.for_memory() if ctx.crypt is not None else None
+        return Memory(index, ctx.s3, self.serde, self.clock, self.ttl_config, slack, self._dims, vector_dtype, crypt=crypt)
 
     # -- regions -----------------------------------------------------------------------
 

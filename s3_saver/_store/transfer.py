@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from s3_saver._crypto.sealer import PLAIN
 from s3_saver._format.memory import rows
 from s3_saver._format.memory.export import (
     ExportedItem,
@@ -15,9 +16,11 @@ from s3_saver._format.memory.export import (
     encode_export,
 )
 from s3_saver._format.memory.names import check_labels, registry_key, show
-from s3_saver._ops.memory import embedding
+from s3_saver._ops.memory import embedding, sealing
 from s3_saver._ops.memory.transfer import MemoryImportReport, export_items, import_items
-from s3_saver.errors import ConfigurationError, CorruptObjectError
+from s3_saver.errors import ConfigurationError, CorruptObjectError, EncryptedObjectError
+
+_WHERE = "the memory export given to import_memory"
 
 
 class Transfer:
@@ -84,7 +87,10 @@ class Transfer:
                 write, or a file cut short (each named by its line).
             SerializationError: A value this store's serializer cannot read.
         """
-        items, texts, places = self._import_plan(data)
+        export, opening = self._decoded(data)
+        if opening is not None:
+            export = replace(export, items=self._sync.run(opening))
+        items, texts, places = self._import_plan(export)
         vectors = self.embeddings.embed_documents(texts) if texts and self.embeddings is not None else []
         items, embedded = self._embedded(items, texts, places, vectors)
         report = self._sync.run(import_items(self._memory, items, self.clock.now()))
@@ -92,7 +98,10 @@ class Transfer:
 
     async def aimport_memory(self, data: bytes) -> MemoryImportReport:
         """Async version of [import_memory()][s3_saver.S3Store.import_memory]."""
-        items, texts, places = self._import_plan(data)
+        export, opening = self._decoded(data)
+        if opening is not None:
+            export = replace(export, items=await self._async.run(opening))
+        items, texts, places = self._import_plan(export)
         vectors = await self.embeddings.aembed_documents(texts) if texts and self.embeddings is not None else []
         items, embedded = self._embedded(items, texts, places, vectors)
         report = await self._async.run(import_items(self._memory, items, self.clock.now()))
@@ -110,15 +119,38 @@ class Transfer:
         return prefix
 
     def _encode(self, prefix: tuple[str, ...], items: list[ExportedItem]) -> bytes:
-        return encode_export(MemoryExport(prefix, self.clock.now(), self._index_signature(), items))
+        sealed = None
+        crypt = self._memory.crypt
+        if crypt is not None:
+            # Where the keys its items are sealed under live (an import reads them there).
+            sealed = {"bucket": crypt.bucket, "prefix": crypt.prefix, "key_bucket": crypt.key_bucket}
+        return encode_export(MemoryExport(prefix, self.clock.now(), self._index_signature(), items, sealed=sealed))
 
-    def _import_plan(self, data: Any) -> tuple[list[ExportedItem], list[str], list[list[tuple[int, str]]]]:
-        """The file's items, checked, and (when this store re-embeds them) the texts to embed
-        and where each one's vector goes (``embedding.TextPlan``)."""
+    def _decoded(self, data: Any) -> tuple[MemoryExport, Any]:
+        """The export in ``data``, and the operation that opens its items (None: plain)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ConfigurationError(f"import_memory takes the bytes export_memory returned, got {type(data).__name__}")
-        where = "the memory export given to import_memory"
-        export = decode_export(bytes(data), where)
+        export = decode_export(bytes(data), _WHERE)
+        if export.sealed is None:
+            return export, None
+        crypt = self._memory.crypt
+        if crypt is None:
+            raise EncryptedObjectError(
+                f"{_WHERE}: written by a store with encryption= (s3://{export.sealed['bucket']}/"
+                f"{export.sealed['prefix']}, key store s3://{export.sealed['key_bucket']}); this store has no "
+                "encryption=: pass the KmsKey(...) or LocalKey(...) it was written with"
+            )
+        source = replace(
+            self._memory,
+            crypt=crypt.elsewhere(export.sealed["bucket"], export.sealed["prefix"], export.sealed["key_bucket"]),
+            sealer=PLAIN,
+        )
+        return export, sealing.open_export(source, export.items, _WHERE)
+
+    def _import_plan(self, export: MemoryExport) -> tuple[list[ExportedItem], list[str], list[list[tuple[int, str]]]]:
+        """The file's items (opened), checked, and (when this store re-embeds them) the texts to
+        embed and where each one's vector goes (``embedding.TextPlan``)."""
+        where = _WHERE
         values = []
         for item in export.items:
             at = f"{where}: namespace {show(item.namespace)}, key {show(item.key)}"

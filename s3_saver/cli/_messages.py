@@ -77,10 +77,10 @@ _PHRASES: list[tuple[str, str]] = [
     ),
     # Encryption (encryption=KmsKey(...) or LocalKey(...): --kms-key, --local-key).
     (
-        r"this saver has no encryption=: pass the KmsKey\(\.\.\.\) or LocalKey\(\.\.\.\) it was written with",
+        r"this (?:saver|store) has no encryption=: pass the KmsKey\(\.\.\.\) or LocalKey\(\.\.\.\) it was written with",
         "no --kms-key or --local-key was given: give the one it was written with",
     ),
-    (r"this saver encrypts \(encryption=([^)]*)\)", r"this command encrypts (\1)"),
+    (r"this (?:saver|store) encrypts \(encryption=([^)]*)\)", r"this command encrypts (\1)"),
     (
         r"has no encryption=: give it the key the records are wrapped by now \(KmsKey or LocalKey\)",
         "was given no --kms-key or --local-key: give the key the records are wrapped by now",
@@ -89,7 +89,6 @@ _PHRASES: list[tuple[str, str]] = [
         r"LocalKey\(\) needs a master key: pass key= \(32 bytes, or their base64 text\) or set ",
         "--local-key needs a master key: set ",
     ),
-    (r"(\S+) is not yet supported with encryption= ", r"\1 is not yet supported with --kms-key or --local-key "),
     (
         r"encryption= needs the cryptography package:",
         "--kms-key and --local-key need the cryptography package:",

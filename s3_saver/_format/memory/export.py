@@ -38,7 +38,13 @@ from datetime import datetime
 from typing import Any
 
 from s3_saver._format.memory.names import check_item_namespace, check_key, show
-from s3_saver._format.memory.rows import DTYPES, RAW, ValueCell, VectorsCell
+from s3_saver._format.memory.rows import (
+    DTYPES,
+    RAW,
+    SEALED_DTYPE,
+    ValueCell,
+    VectorsCell,
+)
 from s3_saver._format.memory.ttl import MAX_TTL_MINUTES, MAX_US, is_minutes, to_datetime
 from s3_saver.errors import CorruptObjectError, S3SaverError
 
@@ -67,6 +73,11 @@ class MemoryExport:
     index: dict[str, Any] | None
     """``{"dims": int, "fields": [str, ...]}`` of the exporting store, or None (no index)."""
     items: list[ExportedItem] = field(default_factory=list)
+    sealed: dict[str, str] | None = None
+    """Written by a store with ``encryption=``: ``{"bucket", "prefix", "key_bucket"}`` of
+    that store, whose key store holds the keys its items are sealed under (each item's
+    value and vectors under its namespace's key: ``type`` is ``s3_saver.sealed``, the
+    vectors' ``dtype`` is ``sealed``)."""
 
     def namespaces(self) -> list[tuple[str, ...]]:
         """The namespaces of the items, in the file's order."""
@@ -90,6 +101,7 @@ def encode_lines(export: MemoryExport) -> Iterator[bytes]:
             "prefix": list(export.prefix),
             "exported_at": to_datetime(export.exported_us).isoformat(),
             "index": export.index,
+            **({"sealed": export.sealed} if export.sealed is not None else {}),
         }
     )
     for item in export.items:
@@ -141,6 +153,8 @@ def _vectors(doc: Any) -> VectorsCell | None:
     if not isinstance(doc, dict) or set(doc) != {"dtype", "dims", "paths", "data"}:
         raise _Bad("vectors is not null nor {dtype, dims, paths, data}")
     dtype, dims, paths = doc["dtype"], doc["dims"], doc["paths"]
+    if dtype == SEALED_DTYPE and _int(dims) and dims > 0 and isinstance(paths, list):
+        return VectorsCell(dtype, dims, tuple(paths), _bytes(doc["data"], "vectors.data"))
     if dtype not in DTYPES or not _int(dims) or dims <= 0:
         raise _Bad(f"vectors: dtype {show(dtype)} or dims {show(dims)} is not one this store writes")
     if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths) or len(set(paths)) != len(paths):
@@ -251,4 +265,11 @@ def _header(doc: dict[str, Any], at: str) -> MemoryExport:
     except ValueError as exc:
         raise CorruptObjectError(f"{at}: exported_at is not an ISO time ({exc})") from None
     exported_us = round(stamp.timestamp() * 1_000_000) if stamp.tzinfo else 0
-    return MemoryExport(tuple(prefix), exported_us, index)
+    sealed = doc.get("sealed")
+    if sealed is not None and not (
+        isinstance(sealed, dict)
+        and set(sealed) == {"bucket", "prefix", "key_bucket"}
+        and all(isinstance(v, str) for v in sealed.values())
+    ):
+        raise CorruptObjectError(f"{at}: the header's sealed is not null nor {{bucket, prefix, key_bucket}}")
+    return MemoryExport(tuple(prefix), exported_us, index, sealed=sealed)

@@ -56,6 +56,9 @@ container is compressed whole anyway (a manifest head)."""
 REF_MARK = "@v"
 DTYPES = {"float64": ("d", 8), "float32": ("f", 4)}
 """Vector element types: struct code and bytes per dimension."""
+SEALED_DTYPE = "sealed"
+"""The dtype of vectors sealed under their namespace's key (``S3Store(encryption=)``): ``raw``
+is an envelope of ``[dtype, raw]``; ``dims`` and ``paths`` stay as they were."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +337,8 @@ def vectors_from_wire(obj: Any, where: str) -> VectorsCell | ObjectRef:
         return ref
     if isinstance(obj, list) and len(obj) == 4:
         dtype, dims, paths, raw = obj
+        if dtype == SEALED_DTYPE and _is_int(dims) and dims > 0 and isinstance(paths, list) and isinstance(raw, bytes):
+            return VectorsCell(dtype, dims, tuple(paths), raw)
         if (
             dtype in DTYPES
             and _is_int(dims)

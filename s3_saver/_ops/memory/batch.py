@@ -42,17 +42,18 @@ from langgraph.store.base import (
     TTLConfig,
 )
 
+from s3_saver._crypto.sealer import PLAIN, Sealer
 from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory import rows
 from s3_saver._format.memory import ttl as ttl_core
 from s3_saver._format.memory.documents import dumps_value, loads_value
 from s3_saver._format.memory.names import show
 from s3_saver._index.memory import Change, MemoryIndex, Path
-from s3_saver._ops.memory import listing, rank
+from s3_saver._ops.memory import listing, rank, sealing
 from s3_saver._ops.memory.prepare import Prepared
 from s3_saver._ops.source import ReplicaReads
 from s3_saver._transport.failures import OBJECT_MISSING, classify
-from s3_saver._transport.protocol import PRIMARY, Op, about, raise_failure
+from s3_saver._transport.protocol import PRIMARY, Op, about, gather, raise_failure
 from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
 from s3_saver.errors import EmbeddingError, StoreUnavailableError
 
@@ -76,6 +77,10 @@ class Memory:
     # alone: ``S3Store`` routes nothing else there), or the region written to when it may
     # name what never arrived (promoted after a failover, or one of a global table's).
     reads: ReplicaReads | None = None
+    # With ``encryption=``: the memory store's keys (``Crypt.for_memory``), and the keys a
+    # batch loaded (``sealing.keyed``).
+    crypt: Any = None
+    sealer: Sealer = PLAIN
 
     @property
     def read_only(self) -> bool:
@@ -84,6 +89,15 @@ class Memory:
 
 
 def batch(
+    mem: Memory,
+    prepared: Prepared,
+    queries: dict[str, list[float]],
+    vectors: list[dict[str, list[float]]] | None,
+) -> Op[list[Result]]:
+    return (yield from sealing.rekeying(mem, lambda m: _batch(m, prepared, queries, vectors)))
+
+
+def _batch(
     mem: Memory,
     prepared: Prepared,
     queries: dict[str, list[float]],
@@ -110,13 +124,22 @@ def batch(
     nodes: dict[Path, dict[str, rows.Row]] = {}
     registered: dict[Path, int] = {}
     leaves: frozenset[Path] = frozenset()
+    # With encryption, the keys of the namespaces written (made for a new one) and of
+    # those read go in the first wave, beside the reads (none sent when cached).
+    writes = [ns for ns, numbers in prepared.groups.items() if any(prepared.puts[n].value is not None for n in numbers)]
+    keying = gather(
+        sealing.keyed(mem, writes, create=True), sealing.keyed(mem, [p for p in [*get_groups, *whole] if p not in writes])
+    )
     if get_groups or prefixes or listed:
         # A searched prefix is often a namespace with no sub-namespaces: its rows are read
         # in the first wave (beside the registry, if it is read), so such a search is one
         # round trip.
         wanted = {ns: [_key(prepared.ops[i]) for i in positions] for ns, positions in get_groups.items()}
-        snapshot = yield from mem.index.read(whole, wanted, first)
+        (written, read), snapshot = yield from gather(keying, mem.index.read(whole, wanted, first))
         nodes, registered, leaves = dict(snapshot.nodes), dict(snapshot.registry), snapshot.leaves
+    else:
+        written, read = yield from keying
+    mem = _joined(mem, written, read)
     more = [p for p in whole if p not in leaves and not any(p[: len(q)] == q for q in first)]
     if more:
         registered.update((yield from mem.index.read([], {}, more)).registry)
@@ -126,7 +149,8 @@ def batch(
     # Read whole unless they were (a get reads only its keys in DynamoDB mode).
     under = sorted({ns for found in spaces.values() for ns in found} - set(whole))
     if under:
-        nodes.update((yield from mem.index.read(under, {})).nodes)
+        mem, found = yield from gather(sealing.keyed(mem, under), mem.index.read(under, {}))
+        nodes.update(found.nodes)
     now = mem.clock.now()
     values = yield from _resolve(mem, nodes, lambda: _needed(prepared, nodes, spaces, now))
     returned: list[tuple[Path, rows.Row, bool]] = []
@@ -167,7 +191,11 @@ def batch(
         changes = groups.setdefault(namespace, [])
         for number in numbers:
             put = prepared.puts[number]
-            changes.append(Change(put.key, put.value, packed[number], put.ttl_minutes))
+            value, cell = put.value, packed[number]
+            if value is not None:
+                value = sealing.seal_value(mem, namespace, put.key, value)
+                cell = sealing.seal_vectors(mem, namespace, put.key, cell)
+            changes.append(Change(put.key, value, cell, put.ttl_minutes))
     # The value objects go once their namespaces are registered (``MemoryIndex.commit``).
     released = yield from mem.index.commit(groups, partial(_move_large_values, mem, groups))
     yield from _delete_released(mem, released)
@@ -302,10 +330,27 @@ def _key(op: Any) -> str:
     return op.key
 
 
+def _joined(mem: Memory, *loaded: Memory) -> Memory:
+    """``mem`` holding every key ``loaded`` holds (loads run side by side)."""
+    for other in loaded:
+        if other.sealer is not mem.sealer and other.sealer.enabled:
+            base = mem.sealer if mem.sealer.enabled else other.sealer
+            mem = replace(mem, sealer=base.with_keys(other.sealer.keys))
+    return mem
+
+
 def _item(mem: Memory, namespace: Path, row: rows.Row, values: dict[tuple[Path, str], rows.ValueCell]) -> Item:
     cell = row.value if isinstance(row.value, rows.ValueCell) else values[(namespace, row.key)]
     where = f"{mem.index.describe(namespace)}, namespace {show(namespace)}, key {show(row.key)}"
+    cell = sealing.open_value(mem, namespace, row.key, cell, mem.index.describe(namespace))
     return rows.to_item(namespace, row, rows.unpack_value(mem.serde, cell, where))
+
+
+def item_vectors(mem: Memory, namespace: Path, row: rows.Row) -> rows.VectorsCell | None:
+    """A row's vectors, opened (None: none, or kept in an object)."""
+    if not isinstance(row.vectors, rows.VectorsCell):
+        return None
+    return sealing.open_vectors(mem, namespace, row.key, row.vectors, mem.index.describe(namespace))
 
 
 def _candidates(
@@ -319,5 +364,6 @@ def _candidates(
     first put), items by ``seq`` (their first put), expired ones left out."""
     for namespace in spaces:
         for row in sorted((r for r in nodes[namespace].values() if r.live(now)), key=lambda r: r.seq):
-            found = row.vectors.vectors() if isinstance(row.vectors, rows.VectorsCell) else []
+            cell = item_vectors(mem, namespace, row)
+            found = cell.vectors() if cell is not None else []
             yield _item(mem, namespace, row, values), found

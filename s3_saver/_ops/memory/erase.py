@@ -46,14 +46,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
+from s3_saver._crypto.records import KeyRecord
 from s3_saver._format.memory.documents import (
     HEAD_NAME,
     is_memory_key,
     loads_head,
 )
+from s3_saver._format.memory.names import node_id
 from s3_saver._index.memory import Path
 from s3_saver._ops.bucket import RemainingVersion, _listed, _purge, _Version
 from s3_saver._ops.erase import GRACE, NEWER, _versioned
@@ -104,8 +107,10 @@ class NamespaceEraseReport:
 
     @property
     def complete(self) -> bool:
-        """True when no version of an erased item remains in the buckets erased in."""
-        return not self.remaining
+        """True when no version of an erased item remains readable in the buckets erased
+        in: none remains, or (with ``encryption=``) each one left is crypto-erased (its
+        namespace's key destroyed), as ``EraseReport.complete`` counts them."""
+        return all(r.crypto_erased for r in self.remaining)
 
 
 def erase_namespace(
@@ -114,6 +119,10 @@ def erase_namespace(
     """Erase in ``mem``'s region, and in the buckets of ``replicas`` (see the module
     docstring)."""
     versioned = yield from _versioned(mem)  # type: ignore[arg-type]
+    # With encryption: every registered namespace's key under the prefix destroyed first
+    # (in both regions' key stores), before anything is deleted. From then on no copy of
+    # their items opens, wherever a lock, a backup or a replica keeps one.
+    destroyed = yield from _destroy_keys(mem, prefix)
     removed = [0]
 
     def purge(keys: list[str]) -> Op[None]:
@@ -122,6 +131,9 @@ def erase_namespace(
             removed[0] += count
 
     erasure = yield from mem.index.erase_rows(prefix, purge)
+    # A namespace registered after the keys were destroyed (a put racing the erase, with
+    # a key made before it) has its key destroyed too, before its folder is listed.
+    destroyed.update((yield from _destroy_keys(mem, prefix, [p for p in erasure.namespaces if p not in destroyed])))
     young = time.time() - grace
     pages = yield from gather(*(_listed(mem, mem.index.node_folder(n), versioned) for n in erasure.nodes))  # type: ignore[arg-type]
     doomed: list[_Version] = []
@@ -145,6 +157,7 @@ def erase_namespace(
     folders = {mem.index.node_folder(p): p for p in erasure.namespaces}
     held = sorted({p for f, p in folders.items() for r in left if r.key.startswith(f)})
     kept = yield from mem.index.erase_registrations(erasure, held)
+    left = _crypto_erased(mem, left, destroyed)
     if versioned and erasure.history:
         more, locked = yield from _erase_history(mem, erasure.history)
         deleted += more
@@ -153,6 +166,11 @@ def erase_namespace(
             more, locked = yield from _erase_history(replica, erasure.history, mem)
             deleted += more
             left += locked
+    if mem.crypt is not None and destroyed:
+        # Every namespace is gone from the index: a new life may make a new key.
+        yield from gather(*(mem.crypt.settle(node_id(p), erased, buried) for p, (erased, buried) in destroyed.items()))
+        for p in destroyed:
+            mem.crypt.forget(node_id(p))
     return NamespaceEraseReport(
         prefix,
         tuple(p for p in erasure.namespaces if p not in kept),
@@ -163,6 +181,52 @@ def erase_namespace(
         erasure.records,
         tuple(kept),
     )
+
+
+def _destroy_keys(
+    mem: Memory, prefix: Path, paths: Sequence[Path] | None = None
+) -> Op[dict[Path, tuple[KeyRecord, KeyRecord | None]]]:
+    """The keys of the namespaces registered under ``prefix`` (or of ``paths``)
+    destroyed (``Crypt.destroy``: the erasure written unsettled, so no new key is made
+    for them until the erase settles it at its end), one wave per step; with a replica,
+    buried in its region's key store too. Returns the erasures by namespace (a namespace
+    that never had a key: none)."""
+    if mem.crypt is None:
+        return {}
+    if paths is None:
+        registry = (yield from mem.index.read([], {}, [prefix])).registry
+        paths = [p for p in registry if p[: len(prefix)] == prefix]
+    now = int(time.time())
+    crypt = mem.crypt
+    for p in paths:
+        crypt.forget(node_id(p))  # this process seals nothing more under it
+    found = yield from gather(*(crypt.destroy(node_id(p), now) for p in paths))
+    return {p: (erased, buried) for p, (erased, buried) in zip(paths, found) if erased is not None}
+
+
+def _crypto_erased(
+    mem: Memory, left: list[RemainingVersion], destroyed: dict[Path, tuple[KeyRecord, KeyRecord | None]]
+) -> list[RemainingVersion]:
+    """``left`` with each version in the folder of a namespace whose key the erase
+    destroyed marked crypto-erased: every item's value and vectors there (in a head, a
+    segment or a value object, of any version) is sealed under that namespace's key
+    (or an earlier life's, destroyed before), and no new key is made for it before the
+    erase ends. The registry's versions (namespace names, no item) are not marked."""
+    if not destroyed:
+        return left
+    folders = {mem.index.node_folder(p): erased.erased_at for p, (erased, _) in destroyed.items()}
+    out = []
+    for r in left:
+        at = next((when for folder, when in folders.items() if r.key.startswith(folder)), _NOT_FOUND)
+        if at is _NOT_FOUND:
+            out.append(r)
+        else:
+            when = datetime.fromtimestamp(at, UTC) if isinstance(at, int) else None
+            out.append(replace(r, crypto_erased=True, key_destroyed_at=when))
+    return out
+
+
+_NOT_FOUND: Any = object()
 
 
 def _erase_history(mem: Memory, keys: Sequence[str], written: Memory | None = None) -> Op[tuple[int, list[RemainingVersion]]]:

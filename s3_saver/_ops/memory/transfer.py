@@ -27,14 +27,16 @@ from s3_saver._format.memory import rows
 from s3_saver._format.memory.export import ExportedItem
 from s3_saver._format.memory.names import show
 from s3_saver._index.memory import Change, Path
+from s3_saver._ops.memory import sealing
 from s3_saver._ops.memory.batch import (
     Memory,
     _delete_released,
     _move_large_values,
     _resolve,
     check_vectors,
+    item_vectors,
 )
-from s3_saver._transport.protocol import Op
+from s3_saver._transport.protocol import Op, gather
 
 _NAMESPACES_PER_READ = 32
 _ITEMS_PER_COMMIT = 256
@@ -69,7 +71,8 @@ def export_items(mem: Memory, prefix: Path) -> Op[list[ExportedItem]]:
     items: list[ExportedItem] = []
     for start in range(0, len(spaces), _NAMESPACES_PER_READ):
         chunk = spaces[start : start + _NAMESPACES_PER_READ]
-        nodes = dict((yield from mem.index.read(chunk, {})).nodes)
+        mem, found = yield from gather(sealing.keyed(mem, chunk), mem.index.read(chunk, {}))
+        nodes = dict(found.nodes)
         now = mem.clock.now()
         # Judged again on the namespaces ``_resolve`` reads again (a value object found gone).
         values = yield from _resolve(mem, nodes, lambda: _objects(nodes, chunk, now))
@@ -77,7 +80,8 @@ def export_items(mem: Memory, prefix: Path) -> Op[list[ExportedItem]]:
             for row in sorted((r for r in nodes[path].values() if r.live(now)), key=lambda r: (r.seq, r.created_us, r.key)):
                 cell = row.value if isinstance(row.value, rows.ValueCell) else values[(path, row.key)]
                 where = f"{mem.index.describe(path)}, namespace {show(path)}, key {show(row.key)}"
-                vectors = row.vectors if isinstance(row.vectors, rows.VectorsCell) else None
+                cell = sealing.open_value(mem, path, row.key, cell, mem.index.describe(path))
+                vectors = item_vectors(mem, path, row)
                 items.append(
                     ExportedItem(
                         path,
@@ -90,6 +94,8 @@ def export_items(mem: Memory, prefix: Path) -> Op[list[ExportedItem]]:
                         vectors,
                     )
                 )
+                if mem.crypt is not None:
+                    items[-1] = sealing.seal_export(mem, items[-1])
     return items
 
 
@@ -108,7 +114,9 @@ def import_items(mem: Memory, items: Sequence[ExportedItem], now: int) -> Op[Mem
     for start in range(0, len(live), _ITEMS_PER_COMMIT):
         chunk = live[start : start + _ITEMS_PER_COMMIT]
         paths = list(dict.fromkeys(item.namespace for item in chunk))
-        held = (yield from mem.index.read(paths, {})).nodes
+        # The namespaces' keys (made for new ones) beside the read of what they hold.
+        mem, found = yield from gather(sealing.keyed(mem, paths, create=True), mem.index.read(paths, {}))
+        held = found.nodes
         groups: dict[Path, list[Change]] = {}
         for item in chunk:
             old = held.get(item.namespace, {}).get(item.key)
@@ -116,8 +124,9 @@ def import_items(mem: Memory, items: Sequence[ExportedItem], now: int) -> Op[Mem
             if old is not None and not old.tombstone and (old.created_us, old.updated_us, old.expires_us) == stamps:
                 unchanged += 1  # this version is there (an import run again, or cut after its commit)
                 continue
-            value = rows.squeeze_cell(item.value)
-            groups.setdefault(item.namespace, []).append(Change(item.key, value, item.vectors, item.ttl_minutes, stamps=stamps))
+            value = sealing.seal_value(mem, item.namespace, item.key, rows.squeeze_cell(item.value))
+            vectors = sealing.seal_vectors(mem, item.namespace, item.key, item.vectors)
+            groups.setdefault(item.namespace, []).append(Change(item.key, value, vectors, item.ttl_minutes, stamps=stamps))
             written += 1
         if groups:
             released = yield from mem.index.commit(groups, partial(_move_large_values, mem, groups))
