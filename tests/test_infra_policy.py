@@ -980,6 +980,12 @@ def test_thread_encryption_grants_allow_what_an_encrypting_saver_does(endpoint: 
         await writer.aclose()
 
     asyncio.run(async_part())
+    # The memory store and node cache of the encrypting saver: a namespace's key made,
+    # a cold process's unwrapped, the store-wide key of the cache, an erase of a namespace.
+    exercise_memory_sync(s3_saver.S3Store.from_saver(writer))
+    assert s3_saver.S3Store.from_saver(cold).get(("users", "ann"), "notes").value == {"text": "short"}
+    s3_saver.S3Cache.from_saver(writer).set({(("node", "n"), "c"): ({"text": "cached"}, None)})
+    assert s3_saver.S3Store.from_saver(cold).erase_namespace(("users",)).complete
     for s in (writer, cold):
         s.close()
     calls = sync_calls.calls + async_calls.calls
@@ -993,7 +999,7 @@ def test_thread_encryption_grants_allow_what_an_encrypting_saver_does(endpoint: 
     policies = encryption_policies(index_mode, key_arn)
     both = _joined(policies["SaverPolicy"], policies["EraseThreadsPolicy"])
     assert _denied(both, needed) == [], "SaverPolicy and EraseThreadsPolicy are missing"
-    added = {"ThreadKeyRecords", "ThreadKeyRecordsMissing", "ThreadKeyRecordsEncryption", "ThreadKeys"}
+    added = {"ThreadKeyRecords", "ThreadKeyRecordsMissing", "ThreadKeyRecordsEncryption", "ThreadKeys", "MemoryKeys"}
     assert added <= {s.get("Sid") for s in policies["SaverPolicy"]["Statement"]}
     assert [u for u in _unused(policies["SaverPolicy"], needed) if u[0] in added] == []
     # Without ThreadEncryption: the key store's records and the threads' KMS key are refused.
@@ -1022,13 +1028,14 @@ def test_key_rotation_policy_allows_exactly_what_rewrap_adds(endpoint: str) -> N
     )
     saver.setup()
     run_report_sync(report_graph(saver), "rotated")
+    s3_saver.S3Store.from_saver(saver).put(("users", "ann"), "diet", {"text": "tea"})  # a namespace's key too
     rotator = s3_saver.S3Saver(
         BUCKET, prefix=PREFIX, endpoint_url=endpoint, region_name=REGION, s3_client=s3, dynamodb_client=dynamodb,
         aioboto3_session=session, boto3_session=kms_session, encryption=s3_saver.KmsKey(old),
     )
     rotator.check()
     sync_calls.active = True
-    assert rotator.rewrap(s3_saver.KmsKey(new)).rewrapped == 1
+    assert rotator.rewrap(s3_saver.KmsKey(new)).rewrapped == 2  # the thread's key and the namespace's
     saver.close()
     rotator.close()
     needed: dict[Request, set[str]] = {}
