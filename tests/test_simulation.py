@@ -25,7 +25,15 @@ See tests/sim/__init__.py for the harness. In both index modes:
   ``test_prune_finishing_a_delete_removes_its_run_hints_pinned``,
   ``test_copy_beside_a_writer_replacing_a_write_pinned``: restore_thread, archive_thread, prune,
   copy_thread or import_thread beside or before delete_thread, the schedules that found a defect;
-* ``test_replay``: one schedule from the environment (the command a failure prints).
+* ``test_encrypted``: encrypted worlds (tests/sim/crypto.py: every saver with ``encryption=``,
+  a LocalKey or a KmsKey on moto's KMS in turn): the pairs of ``CRYPTO_PAIRS`` (writers beside
+  erase_thread, copy_thread, archive/restore, export/import) with seeded faults, then random
+  schedules of every kind; checks beyond (a)-(f): no written value anywhere in storage, copies
+  sealed under their own keys, an erased thread put back as before its erase unreadable
+  (budget 5 s, 60 in make test-all); ``test_encrypted_erase_cut_after_every_call``: the erase
+  beside a writer on a versioned bucket, encrypted, cut after each call in turn (4 s, 300);
+* ``test_replay``: one schedule from the environment (the command a failure prints;
+  ``SIM_ENCRYPTION=local|kms`` for an encrypted world's).
 
 Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 8 (60 in make
 test-all: the pairs a run does not reach, the next run's rotation starts at), exhaustive 6

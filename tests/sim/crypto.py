@@ -171,9 +171,7 @@ def copies_under_own_keys(world: Any, prefix: str, layout_prefix: str, history: 
         model = op.step.model
         if op.outcome is None or op.outcome[0] != "ok":
             continue
-        if isinstance(model, M.CopyThread):
-            pairs.add((model.src, model.dst))
-        elif isinstance(model, M.ImportThread) and model.src is not None:
+        if isinstance(model, M.CopyThread) or isinstance(model, M.ImportThread) and model.src is not None:
             pairs.add((model.src, model.dst))
     problems = []
     for src, dst in sorted(pairs):

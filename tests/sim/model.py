@@ -507,6 +507,8 @@ class Prune(ModelOp):
             return [self._effect(state, False)]
         if kind == "abandoned":
             return [self._effect(state, False), self._effect(state, True)]
+        if any(_erase_raced(value, t, op, ctx) for t in self.thread_ids):
+            return [state, self._effect(state, True)]  # it met a thread being erased: any part done
         return []
 
 
@@ -555,6 +557,8 @@ class DeleteForRuns(ModelOp):
             return [self._effect(state, False)]
         if kind == "abandoned":
             return [self._effect(state, False), self._effect(state, True)]
+        if any(_erase_raced(value, t, op, ctx) for t in self.threads):
+            return [state, self._effect(state, True)]  # it met a thread being erased: any part done
         return []
 
 
