@@ -98,7 +98,15 @@ $(PEER_AIO_STAMP): $(STAMP)
 
 bench: $(STAMP) $(PEER_STAMP) $(PEER_AIO_STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.encryption $(BENCH_ENCRYPTION_ARGS)
 	$(BIN)/python -m benchmarks.memory_store $(BENCH_MEMORY_ARGS)
+
+# `make bench-encryption`: S3Saver with and without encryption= (LocalKey, KmsKey on moto),
+# both index modes (benchmarks/encryption.py, about a minute): requests and round trips per
+# call, a cold process's extra ones, CPU per MiB, $ with KMS requests. Part of `make bench`.
+.PHONY: bench-encryption
+bench-encryption: $(STAMP)
+	$(BIN)/python -m benchmarks.encryption $(BENCH_ENCRYPTION_ARGS)
 
 # `make bench-memory`: the long-term memory workload alone (benchmarks/memory_store.py):
 # S3Store in both index modes beside langgraph-checkpoint-aws's DynamoDBStore (PEER_VENV),

@@ -20,6 +20,11 @@ DDB_PER_READ_UNIT = 0.125 / 1_000_000  # 4 KB strongly consistent, 8 KB eventual
 S3_STORAGE_PER_GB_MONTH = 0.023
 DDB_STORAGE_PER_GB_MONTH = 0.25  # Standard table class, https://aws.amazon.com/dynamodb/pricing/on-demand/
 
+# AWS KMS: $0.03 per 10,000 requests (GenerateDataKey, Decrypt, ...), us-east-1 list price,
+# https://aws.amazon.com/kms/pricing/ (the key itself: $1 a month, not per request).
+KMS_PER_REQUEST = 0.03 / 10_000
+KMS_KEY_PER_MONTH = 1.0
+
 GB = 1024**3  # AWS bills storage per GB of 2^30 bytes
 DAYS_PER_MONTH = 365 / 12  # GB-months are prorated by the hour; a year is 12 of them
 

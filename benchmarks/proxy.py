@@ -4,7 +4,8 @@ Every request a saver sends (boto3 or aiobotocore, any process) passes through
 here. The proxy waits ``latency`` seconds (a stand-in for a real AWS round
 trip), forwards the request to moto, and records what it was:
 
-* service: DynamoDB when the request has an ``X-Amz-Target`` header, else S3;
+* service: KMS when the request's ``X-Amz-Target`` header names ``TrentService``,
+  DynamoDB when it names another, else S3;
 * operation: the ``X-Amz-Target`` suffix, or for S3 inferred from the method,
   the query string and headers (``costs.s3_operation``);
 * payload bytes up and down, start and end times (``time.monotonic``, which is
@@ -361,10 +362,13 @@ class LatencyProxy:
                 headers = {k: v for k, v in self.headers.items()}
                 target = self.headers.get("X-Amz-Target")
                 url = urlsplit(self.path)
-                service = "dynamodb" if target else "s3"
+                kms = bool(target) and target.startswith("TrentService.")
+                service = "kms" if kms else "dynamodb" if target else "s3"
                 pre: dict[str, Any] = {}
                 req_json: dict[str, Any] = {}
-                if target:
+                if kms:
+                    operation = target.rsplit(".", 1)[-1]
+                elif target:
                     operation = target.rsplit(".", 1)[-1]
                     try:
                         req_json = json.loads(body or b"{}")
@@ -380,7 +384,7 @@ class LatencyProxy:
                 read_u = write_u = 0.0
                 replicated = (0, 0.0, 0)
                 items = 0
-                if target and status == 200:
+                if target and not kms and status == 200:
                     try:
                         dynamo_post(operation, req_json, proxy._side, self.headers.get("Authorization", ""), pre)
                         resp_json = json.loads(data or b"{}")
@@ -420,6 +424,8 @@ class LatencyProxy:
                     storage_class, retrieved, tier = proxy._s3_class(self.command, operation, url.path, headers,
                                                                      resp_headers, body, len(data), status)
                     cost = costs.s3_request_cost(self.command, operation, storage_class, retrieved, tier)
+                elif kms:
+                    cost = costs.KMS_PER_REQUEST
                 else:
                     cost = costs.ddb_cost(read_u, write_u)
                 rec = Request(t_start, t_end, service, operation, self.command, status, len(body), len(data),

@@ -25,7 +25,15 @@ See tests/sim/__init__.py for the harness. In both index modes:
   ``test_prune_finishing_a_delete_removes_its_run_hints_pinned``,
   ``test_copy_beside_a_writer_replacing_a_write_pinned``: restore_thread, archive_thread, prune,
   copy_thread or import_thread beside or before delete_thread, the schedules that found a defect;
-* ``test_replay``: one schedule from the environment (the command a failure prints).
+* ``test_encrypted``: encrypted worlds (tests/sim/crypto.py: every saver with ``encryption=``,
+  a LocalKey or a KmsKey on moto's KMS in turn): the pairs of ``CRYPTO_PAIRS`` (writers beside
+  erase_thread, copy_thread, archive/restore, export/import) with seeded faults, then random
+  schedules of every kind; checks beyond (a)-(f): no written value anywhere in storage, copies
+  sealed under their own keys, an erased thread put back as before its erase unreadable
+  (budget 5 s, 60 in make test-all); ``test_encrypted_erase_cut_after_every_call``: the erase
+  beside a writer on a versioned bucket, encrypted, cut after each call in turn (4 s, 300);
+* ``test_replay``: one schedule from the environment (the command a failure prints;
+  ``SIM_ENCRYPTION=local|kms`` for an encrypted world's).
 
 Budgets: ``SIM_BUDGET_SECONDS`` (seconds per test; defaults: every pair 8 (60 in make
 test-all: the pairs a run does not reach, the next run's rotation starts at), exhaustive 6
@@ -488,6 +496,85 @@ def test_failback_keeps_or_sets_aside_what_r_committed_pinned(moto_endpoint: str
     _fail(tally, f"manifest failover seed {seed}")
 
 
+# Encrypted worlds (tests/sim/crypto.py): every saver with encryption=, a LocalKey or a KmsKey
+# on moto's KMS, alternating schedule by schedule. Writers beside erase_thread, copy_thread,
+# archive/restore and export/import, with seeded faults (lost answers, requests not sent,
+# processes cut then retried or abandoned); then the plaintext checks and (g), (h), (i).
+CRYPTO_PAIRS: tuple[tuple[str, str], ...] = (
+    ("run", "erase"),
+    ("writes", "erase"),
+    ("fanout", "erase"),
+    ("erase", "copy"),
+    ("erase", "archive_restore"),
+    ("erase", "export_import"),
+    ("relive", "run"),
+    ("run", "copy"),
+    ("writes", "copy"),
+    ("run", "archive_restore"),
+    ("writes", "archive"),
+    ("fanout", "archive"),
+    ("run", "restore"),
+    ("erase", "delete"),
+    ("copy", "archive_restore"),
+    ("run", "export_import"),
+    ("erase", "read"),
+)
+ENCRYPTIONS = ("local", "kms")
+
+
+@pytest.mark.parametrize("mode", INDEX_MODES)
+def test_encrypted(moto_endpoint: str, mode: str) -> None:
+    """The pairs of CRYPTO_PAIRS from one the base seed picks (local and KMS keys in turn),
+    until the budget is spent (default 5 s: a few pairs, the next run's rotation starts
+    elsewhere; make test-all 60 s, then random schedules of every kind, encrypted)."""
+    worlds = {kind: World(moto_endpoint, mode, encryption=kind) for kind in ENCRYPTIONS}
+    base = _base_seed()
+    tally = Tally()
+    deadline = time.monotonic() + budget_seconds(5, long=60)
+    i = 0
+    while time.monotonic() < deadline and (not tally.failures or KEEP_GOING):
+        kind = ENCRYPTIONS[(base + i) % len(ENCRYPTIONS)]
+        scenario = "+".join(CRYPTO_PAIRS[(base + i) % len(CRYPTO_PAIRS)]) if i < len(CRYPTO_PAIRS) else "random"
+        _run(worlds[kind], Spec(mode, scenario, base + i, encryption=kind), tally)
+        i += 1
+    _fail(tally, f"{mode} encrypted ({min(i, len(CRYPTO_PAIRS))} of {len(CRYPTO_PAIRS)} pairs, "
+                 f"{max(0, i - len(CRYPTO_PAIRS))} random, seeds {base}..{base + i - 1})")
+
+
+@pytest.mark.parametrize("mode", INDEX_MODES)
+def test_encrypted_erase_cut_after_every_call(moto_endpoint: str, mode: str) -> None:
+    """erase_thread beside a writer on a versioned bucket, encrypted: cut after its k-th
+    call and retried by a fresh process, for k from one the base seed picks (a few in
+    make test; every call in make test-all), local and KMS keys in turn."""
+    base = _base_seed()
+    tally = Tally()
+    worlds = {kind: World(moto_endpoint, mode, versioned=True, encryption=kind) for kind in ENCRYPTIONS}
+    share = budget_seconds(4, long=300) / 2
+    covered, total = 0, 0
+    for i, scenario in enumerate(("erase+writes", "relive")):
+        kind = ENCRYPTIONS[(base + i) % 2]
+        deadline = time.monotonic() + share
+        spec = dict(versioned=True, encryption=kind)
+        out = _run(worlds[kind], Spec(mode, scenario, base + i, "one", [-1, 0, 0], **spec), tally)
+        total += out.events
+        for j in range(out.events):
+            if (tally.failures and not KEEP_GOING) or time.monotonic() >= deadline:
+                break
+            _run(worlds[kind], Spec(mode, scenario, base + i, "one", [(base + j) % out.events, 3, 0], **spec), tally)
+            covered += 1
+    _fail(tally, f"{mode} encrypted erase cut after every call ({covered} of {total} calls, base seed {base})")
+
+
+def test_encrypted_prune_meeting_an_erase_pinned(moto_endpoint: str) -> None:
+    """Seed 358341 of the random schedules (manifest, KMS): "prune_copy+run+erase"; the
+    prune read the thread while the erase had destroyed its key and not yet deleted its
+    entries, and raised ThreadErasedError, an answer the model gave no prune (a harness
+    gap, not the saver's: prune and delete_for_runs may now meet a thread being erased)."""
+    tally = Tally()
+    _run(World(moto_endpoint, "manifest", encryption="kms"), Spec("manifest", "random", 358341, encryption="kms"), tally)
+    _fail(tally, "manifest encrypted random seed 358341")
+
+
 def test_replay(moto_endpoint: str) -> None:
     if "SIM_SEED" not in os.environ or "SIM_SCENARIO" not in os.environ:
         pytest.skip("replays one schedule: SIM_SEED=.. SIM_MODE=.. SIM_SCENARIO=.. [SIM_FAULTS=..] [SIM_PATH=..]")
@@ -499,13 +586,14 @@ def test_replay(moto_endpoint: str) -> None:
         os.environ.get("SIM_FAULTS", "random"),
         None if path is None else ([] if path == "-" else [int(x) for x in path.split(",")]),
         versioned=os.environ.get("SIM_VERSIONED") == "1",
+        encryption=os.environ.get("SIM_ENCRYPTION") or None,
     )
     if spec.scenario == "failover":
         from sim.failover import RegionWorld, run_failover
 
         out = run_failover(RegionWorld(moto_endpoint, spec.mode), spec)
     else:
-        out = run_schedule(World(moto_endpoint, spec.mode, versioned=spec.versioned), spec)
+        out = run_schedule(World(moto_endpoint, spec.mode, versioned=spec.versioned, encryption=spec.encryption), spec)
     print("\n".join(out.trace))
     if not out.ok:
         pytest.fail(out.report(), pytrace=False)

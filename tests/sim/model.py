@@ -31,6 +31,7 @@ from s3_saver.errors import (
     RunDeletedError,
     ThreadArchivedError,
     ThreadDeletedError,
+    ThreadErasedError,
 )
 
 Key = tuple[str, str]  # (checkpoint_ns, checkpoint_id)
@@ -296,6 +297,8 @@ class Ctx:
     # The archive_thread operations of the schedule (scheduler.LogicalOp), by thread:
     # what tells an archive in progress during another operation from one over.
     archive_ops: dict[str, list[Any]] = field(default_factory=dict)
+    # The erase_thread operations of the schedule, by thread (encrypted worlds: see _erase_raced).
+    erase_ops: dict[str, list[Any]] = field(default_factory=dict)
 
     def archiving_during(self, t: str, op: Any) -> bool:
         """Whether an archive of ``t`` may be in progress (its mark set) while
@@ -314,6 +317,22 @@ class Ctx:
 
 def _raced(value: Any, t: str, ctx: Ctx) -> bool:
     return isinstance(value, MissingObjectError) and t in ctx.deleting
+
+
+def _erase_raced(value: Any, t: str, op: Any, ctx: Ctx) -> bool:
+    """With encryption: ThreadErasedError from an operation on ``t`` while an erase of
+    ``t`` was under way (it destroys the key first, then deletes; a write is refused
+    until it has) or had been cut short (abandoned: until it is called again). Never
+    after an erase answered: then the thread reads as deleted, and a write starts its
+    new life. Without ``op`` (the setup): never."""
+    if not isinstance(value, ThreadErasedError) or op is None:
+        return False
+    return any(
+        e.start is not None
+        and (op.end is None or e.start <= op.end)
+        and (e.end is None or op.start is None or e.end >= op.start)
+        for e in ctx.erase_ops.get(t, ())
+    )
 
 
 class ModelOp:
@@ -380,6 +399,8 @@ class Put(ModelOp):
             allowed = self.t in ctx.archiving
         elif _raced(value, self.t, ctx):
             allowed = True  # an object of the thread deleted under it (a wrong type, but no harm)
+        elif _erase_raced(value, self.t, op, ctx):
+            allowed = True
         if not allowed:
             return []
         out = [state] + _restored(state, self.t)
@@ -427,7 +448,7 @@ class PutWrites(ModelOp):
         elif isinstance(value, ThreadArchivedError):
             allowed = self.t in ctx.archiving
         else:
-            allowed = _raced(value, self.t, ctx)
+            allowed = _raced(value, self.t, ctx) or _erase_raced(value, self.t, op, ctx)
         if not allowed:
             return []
         out = [state] + _restored(state, self.t)
@@ -486,6 +507,8 @@ class Prune(ModelOp):
             return [self._effect(state, False)]
         if kind == "abandoned":
             return [self._effect(state, False), self._effect(state, True)]
+        if any(_erase_raced(value, t, op, ctx) for t in self.thread_ids):
+            return [state, self._effect(state, True)]  # it met a thread being erased: any part done
         return []
 
 
@@ -534,6 +557,8 @@ class DeleteForRuns(ModelOp):
             return [self._effect(state, False)]
         if kind == "abandoned":
             return [self._effect(state, False), self._effect(state, True)]
+        if any(_erase_raced(value, t, op, ctx) for t in self.threads):
+            return [state, self._effect(state, True)]  # it met a thread being erased: any part done
         return []
 
 
@@ -561,7 +586,7 @@ class CopyThread(ModelOp):
             return [self._effect(state, False)]
         if kind == "abandoned":
             return [self._effect(state, False), self._effect(state, True)]
-        if _raced(value, self.src, ctx) or (
+        if _raced(value, self.src, ctx) or _erase_raced(value, self.src, op, ctx) or (
             isinstance(value, (MissingObjectError, ThreadArchivedError)) and self.src in ctx.archiving
         ):
             # Its source changed under it (deleted, or moved to an archive: "refused").
@@ -598,6 +623,8 @@ class ArchiveThread(ModelOp):
             isinstance(value, MissingObjectError) and self.t in ctx.rearchiving
         ):
             return [state]  # "the thread changed while it was read: call again"
+        if _erase_raced(value, self.t, op, ctx):
+            return [state]
         if isinstance(value, ConfigurationError) and state.empty(self.t):
             return [state]
         return []
@@ -655,6 +682,8 @@ class RestoreThread(ModelOp):
             return [s]
         if isinstance(value, ConfigurationError) and state.empty(self.t):
             return [state]
+        if _erase_raced(value, self.t, op, ctx):
+            return [state, s]
         return []
 
 
@@ -673,7 +702,7 @@ class ExportThread(ModelOp):
             s = state.clone()
             s.exports[self.slot] = s.snapshot(self.t)
             return [s]
-        if kind == "abandoned" or _raced(value, self.t, ctx):
+        if kind == "abandoned" or _raced(value, self.t, ctx) or _erase_raced(value, self.t, op, ctx):
             return [state]
         if isinstance(value, MissingObjectError) and self.t in ctx.archiving:
             return [state]  # the live objects moved to the archive while it read them
@@ -685,8 +714,8 @@ class ExportThread(ModelOp):
 class ImportThread(ModelOp):
     name = "import_thread"
 
-    def __init__(self, dst: str, slot: Any) -> None:
-        self.dst, self.slot = dst, slot
+    def __init__(self, dst: str, slot: Any, src: str | None = None) -> None:
+        self.dst, self.slot, self.src = dst, slot, src
         self.threads = (dst,)
 
     def _effect(self, state: ModelState, partial: bool) -> ModelState:
@@ -706,6 +735,12 @@ class ImportThread(ModelOp):
             return [self._effect(state, False), self._effect(state, True)]
         if isinstance(value, ConfigurationError) and op is not None and op.retried:
             return [self._effect(state, False)]
+        if isinstance(value, ThreadErasedError) and op is not None and self.src is not None and any(
+            e.start is not None and (op.end is None or e.start <= op.end) for e in ctx.erase_ops.get(self.src, ())
+        ):
+            # An encrypted export is bound to its thread's key: once an erase of the
+            # exported thread has begun, the export opens nowhere (nothing written).
+            return [state]
         return []
 
 
@@ -746,7 +781,7 @@ class GetTuple(ModelOp):
 
     def apply(self, state, outcome, op, ctx):
         kind, value = outcome
-        if kind == "abandoned" or (kind == "raised" and _raced(value, self.t, ctx)):
+        if kind == "abandoned" or (kind == "raised" and (_raced(value, self.t, ctx) or _erase_raced(value, self.t, op, ctx))):
             return [state]
         if kind != "ok":
             return []
@@ -767,7 +802,7 @@ class ListCheckpoints(ModelOp):
 
     def apply(self, state, outcome, op, ctx):
         kind, value = outcome
-        if kind == "abandoned" or (kind == "raised" and _raced(value, self.t, ctx)):
+        if kind == "abandoned" or (kind == "raised" and (_raced(value, self.t, ctx) or _erase_raced(value, self.t, op, ctx))):
             return [state]
         if kind != "ok":
             return []

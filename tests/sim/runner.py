@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from sim import check as C
+from sim import crypto
 from sim import model as M
 from sim import workload as W
 from sim.scheduler import ExhaustiveChooser, FaultPlan, OneFaultChooser, Process, RandomChooser, Scheduler
@@ -35,11 +36,14 @@ class Spec:
     # faults "one": [call index (-1: none), fault (index in scheduler.FAULTS), retry (0) or abandon (1)].
     path: list[int] | None = None
     versioned: bool = False  # the world's buckets keep versions (World(versioned=True))
+    encryption: str | None = None  # the world's savers encrypt: "local" or "kms" (sim.crypto)
 
     def replay(self) -> str:
         env = f"SIM_SEED={self.seed} SIM_MODE={self.mode} SIM_SCENARIO={self.scenario} SIM_FAULTS={self.faults}"
         if self.versioned:
             env += " SIM_VERSIONED=1"
+        if self.encryption:
+            env += f" SIM_ENCRYPTION={self.encryption}"
         if self.path is not None:
             env += f" SIM_PATH={','.join(map(str, self.path)) or '-'}"
         return f"{env} .venv/bin/python -m pytest -p no:cacheprovider -n 0 tests/test_simulation.py -k replay"
@@ -145,7 +149,11 @@ def run_schedule(world: World, spec: Spec) -> Outcome:
         + (f" (attempts {op.attempts})" if op.attempts > 1 else "")
         for op in history
     ]
-    _verify(world, prefix, scenario, history, state, rng, out)
+    finished: set[str] = set()
+    if world.encryption is not None:
+        finished = crypto.finish_abandoned_erases(world, prefix, history, out.problems)
+        out.history += [f"(harness) erase_thread({t}) called again after its abandoned cut: ok" for t in sorted(finished)]
+    _verify(world, prefix, scenario, history, state, rng, out, finished)
     return _done(out, world, calls_before, began)
 
 
@@ -160,7 +168,10 @@ def _done(out: Outcome, world: World, calls_before: int, began: float) -> Outcom
 CHECKS = set((os.environ.get("SIM_CHECKS") or "a,b,c,d,e,f").split(","))
 
 
-def _verify(world: World, prefix: str, scenario: W.Scenario, history: list[Any], state: M.ModelState, rng: random.Random, out: Outcome) -> None:
+def _verify(
+    world: World, prefix: str, scenario: W.Scenario, history: list[Any], state: M.ModelState, rng: random.Random,
+    out: Outcome, finished: set[str] = frozenset(),
+) -> None:
     problems = out.problems
     threads = scenario.threads
     reader = world.saver(prefix)
@@ -210,6 +221,16 @@ def _verify(world: World, prefix: str, scenario: W.Scenario, history: list[Any],
     # (f) last: it archives the threads it checks.
     if found.ok and "f" in CHECKS and any(isinstance(op.step.model, M.ArchiveIdle) for op in history):
         problems.extend(C.idle_not_found(world, prefix, history, found.state, threads))
+    if world.encryption is not None:
+        # (g), (h), then (i) last: it puts erased threads back as a backup would (sim.crypto).
+        problems.extend(crypto.plaintext_left(world, prefix, scenario))
+        problems.extend(crypto.copies_under_own_keys(world, prefix, reader._base_ctx.layout.prefix, history))
+        if found.ok:
+            erased = finished | {
+                op.step.model.t for op in history
+                if isinstance(op.step.model, M.EraseThread) and op.outcome is not None and op.outcome[0] == "ok"
+            }
+            problems.extend(crypto.unreadable_after_restore(world, prefix, erased, found.state))
 
 
 def _gc_changes_nothing(world: World, prefix: str, threads: list[str], observed: dict[str, Any], problems: list[str]) -> None:
@@ -225,11 +246,15 @@ def _gc_changes_nothing(world: World, prefix: str, threads: list[str], observed:
 
 def _ctx(scenario: W.Scenario, history: list[Any]) -> M.Ctx:
     archive_ops: dict[str, list[Any]] = {t: [] for t in scenario.archiving}
+    erase_ops: dict[str, list[Any]] = {}
     for op in history:
         if isinstance(op.step.model, (M.ArchiveThread, M.ArchiveIdle)):
             for t in op.step.model.threads:
                 archive_ops.setdefault(t, []).append(op)
+        if isinstance(op.step.model, M.EraseThread):
+            erase_ops.setdefault(op.step.model.t, []).append(op)
     return M.Ctx(
+        erase_ops=erase_ops,
         archiving=set(scenario.archiving),
         deleting=set(scenario.deleting),
         rearchiving={t for t, n in scenario.archives.items() if n > 1},

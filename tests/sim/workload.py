@@ -169,7 +169,7 @@ def copy_step(src: str, dst: str) -> Step:
 def export_import_steps(src: str, dst: str, slot: Any) -> list[Step]:
     return [
         Step("export_thread", lambda s, env: s.export_thread(src), M.ExportThread(src, slot), keep="export"),
-        Step("import_thread", lambda s, env: s.import_thread(env["export"], thread_id=dst), M.ImportThread(dst, slot)),
+        Step("import_thread", lambda s, env: s.import_thread(env["export"], thread_id=dst), M.ImportThread(dst, slot, src)),
     ]
 
 

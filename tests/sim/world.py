@@ -34,6 +34,22 @@ OLD = timedelta(days=1)  # how old a listing shows an object no running operatio
 _WORLDS = itertools.count()
 
 
+def _encryption(endpoint: str, kind: str | None, label: str) -> Any:
+    """The world's ``encryption=`` (one master key for every saver of the world, as one
+    deployment's processes share theirs)."""
+    if kind is None:
+        return None
+    from s3_saver import KmsKey, LocalKey
+
+    if kind == "local":
+        return LocalKey(os.urandom(32))
+    if kind == "kms":
+        kms = boto3.client("kms", endpoint_url=endpoint, region_name="us-east-1")
+        key_id = kms.create_key(Description=f"simulation {label}")["KeyMetadata"]["KeyId"]
+        return KmsKey(key_id, endpoint_url=endpoint, region_name="us-east-1")
+    raise ValueError(f"encryption {kind!r}: 'local' or 'kms'")
+
+
 class Captured(Exception):
     """Raised by the capturing driver: the public method built its operation."""
 
@@ -87,7 +103,14 @@ class World:
     """One index mode (``"dynamodb"`` or ``"manifest"``) on the moto server."""
 
     def __init__(
-        self, endpoint: str, mode: str, *, rotate_every: int = 40, label: str | None = None, versioned: bool = False
+        self,
+        endpoint: str,
+        mode: str,
+        *,
+        rotate_every: int = 40,
+        label: str | None = None,
+        versioned: bool = False,
+        encryption: str | None = None,
     ) -> None:
         from s3_saver import S3Saver
 
@@ -115,6 +138,16 @@ class World:
         self.calls_sent = 0
         self.savers: list[Any] = []
         self._sender: Any = None
+        # Encrypted worlds (sim.crypto): every saver built with ``encryption=`` ("local": a
+        # LocalKey, "kms": a KmsKey on the moto server's KMS), the key store beside each bucket.
+        self.encryption_kind = encryption
+        self.encryption = _encryption(endpoint, encryption, self.label)
+        self.prefix = ""
+        # The current schedule's history as the world saw it: every key record PUT (key in
+        # the key bucket -> the key ids written there), and each erased thread's objects and
+        # index items as they were just before its erase's first call (sim.crypto).
+        self.key_ids: dict[str, set[bytes]] = {}
+        self.before_erase: dict[str, Any] = {}
         self._rotate()
 
     # -- places ------------------------------------------------------------------------
@@ -142,12 +175,21 @@ class World:
         if self._in_generation >= self.rotate_every:
             self._rotate()
         self._in_generation += 1
-        return f"{tag}{next(self._schedules)}"
+        self.prefix = f"{tag}{next(self._schedules)}"
+        self.key_ids.clear()
+        self.before_erase.clear()
+        return self.prefix
+
+    @property
+    def key_bucket(self) -> str:
+        return f"{self.bucket}-keys"  # the default key store (encrypted worlds)
 
     def saver(self, prefix: str, **options: Any) -> Any:
         """A new saver, as a new process would build it (no cache shared with any
         other); it shares the boto3 clients, which hold nothing of the saver."""
         options.setdefault("inline_threshold", SIM_INLINE_THRESHOLD)
+        if self.encryption is not None:
+            options.setdefault("encryption", self.encryption)
         saver = self._S3Saver(
             self.bucket,
             table=self.table,
@@ -176,9 +218,17 @@ class World:
     def send(self, call: Any, writer: Any = None) -> Any:
         """Execute one call; the response (get_object bodies read) or the exception."""
         self.calls_sent += 1
+        if self.encryption is not None and writer is not None:
+            from sim import crypto
+
+            crypto.before_call(self, call, writer)
         result = self._sender._sync._send(call)
         if isinstance(result, BaseException) or call.service != "s3":
             return result
+        if self.encryption is not None and call.operation == "put_object" and call.params.get("Bucket") == self.key_bucket:
+            from sim import crypto
+
+            crypto.record_written(self, call)
         if call.operation in ("put_object", "copy_object", "complete_multipart_upload") and writer is not None:
             key = call.params.get("Key")
             if key is not None:
