@@ -45,7 +45,8 @@ from s3_saver._format.memory import ttl as ttl_core
 from s3_saver._ops import setup
 from s3_saver._ops.context import Context
 from s3_saver._ops.memory import embedding
-from s3_saver._ops.memory.batch import Memory, batch
+from s3_saver._ops.memory.batch import batch
+from s3_saver._ops.memory.context import Memory
 from s3_saver._ops.memory.prepare import Prepared, prepare, query_vectors
 from s3_saver._ops.source import ReadSource
 from s3_saver._regions.memory import memory_index, memory_site

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -39,53 +39,24 @@ from langgraph.store.base import (
     ListNamespacesOp,
     Result,
     SearchOp,
-    TTLConfig,
 )
 
-from s3_saver._crypto.sealer import PLAIN, Sealer
 from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory import rows
 from s3_saver._format.memory import ttl as ttl_core
 from s3_saver._format.memory.documents import dumps_value, loads_value
 from s3_saver._format.memory.names import show
-from s3_saver._index.memory import Change, MemoryIndex, Path
+from s3_saver._index.memory import Change, Path
 from s3_saver._ops.memory import listing, rank, sealing
+from s3_saver._ops.memory.context import Memory
 from s3_saver._ops.memory.prepare import Prepared
-from s3_saver._ops.source import ReplicaReads
 from s3_saver._transport.failures import OBJECT_MISSING, classify
-from s3_saver._transport.protocol import PRIMARY, Op, about, gather, raise_failure
-from s3_saver._transport.s3 import DELETE_BATCH, S3Calls, put_immutable
+from s3_saver._transport.protocol import Op, about, gather, raise_failure
+from s3_saver._transport.s3 import DELETE_BATCH, put_immutable
 from s3_saver.errors import EmbeddingError, StoreUnavailableError
 
 log = logging.getLogger("s3_saver")
 _RESOLVE_TRIES = 3
-
-
-@dataclass(frozen=True)
-class Memory:
-    """What the batch needs besides the ops: the index, the serializer and the store's settings."""
-
-    index: MemoryIndex
-    s3: S3Calls
-    serde: Any
-    clock: ttl_core.Clock
-    ttl_config: TTLConfig | None
-    slack: float
-    dims: int
-    dtype: str
-    # Set in a lag-safe region (``Route.as_reader``): a replica (then the batch is reads
-    # alone: ``S3Store`` routes nothing else there), or the region written to when it may
-    # name what never arrived (promoted after a failover, or one of a global table's).
-    reads: ReplicaReads | None = None
-    # With ``encryption=``: the memory store's keys (``Crypt.for_memory``), and the keys a
-    # batch loaded (``sealing.keyed``).
-    crypt: Any = None
-    sealer: Sealer = PLAIN
-
-    @property
-    def read_only(self) -> bool:
-        """Reads of a replica region: nothing may be written there before ``promote()``."""
-        return self.reads is not None and self.reads.site != PRIMARY
 
 
 def batch(

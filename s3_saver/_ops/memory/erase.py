@@ -60,7 +60,7 @@ from s3_saver._format.memory.names import node_id
 from s3_saver._index.memory import Path
 from s3_saver._ops.bucket import RemainingVersion, _listed, _purge, _Version
 from s3_saver._ops.erase import GRACE, NEWER, _versioned
-from s3_saver._ops.memory.batch import Memory
+from s3_saver._ops.memory.context import Memory
 from s3_saver._transport.failures import DENIED_CODES, OBJECT_MISSING, classify
 from s3_saver._transport.protocol import Op, gather, raise_failure, request_one
 from s3_saver._transport.s3 import DELETE_BATCH

@@ -38,7 +38,7 @@ from typing import Any
 
 from s3_saver._format.key_codec import MEMORY_PREFIX
 from s3_saver._format.memory.documents import gc_object_key
-from s3_saver._ops.memory.batch import Memory
+from s3_saver._ops.memory.context import Memory
 from s3_saver._ops.memory.erase import delete_objects
 from s3_saver._transport.failures import OBJECT_MISSING, classify
 from s3_saver._transport.protocol import (

@@ -32,15 +32,6 @@ from typing import Any
 
 from langgraph.store.base import GetOp, ListNamespacesOp, Op, PutOp, SearchOp, TTLConfig
 
-from s3_saver._ops.memory.embedding import (
-    Fields,
-    TextPlan,
-    check_index_arg,
-    check_vector,
-    plan_texts,
-)
-from s3_saver._ops.memory.filters import check_filter
-from s3_saver._ops.memory.listing import check_count, check_list_op
 from s3_saver._format.memory.names import (
     check_item_namespace,
     check_key,
@@ -50,6 +41,15 @@ from s3_saver._format.memory.names import (
 )
 from s3_saver._format.memory.rows import COMPRESS_MIN, ValueCell, pack_value
 from s3_saver._format.memory.ttl import put_ttl
+from s3_saver._ops.memory.embedding import (
+    Fields,
+    TextPlan,
+    check_index_arg,
+    check_vector,
+    plan_texts,
+)
+from s3_saver._ops.memory.filters import check_filter
+from s3_saver._ops.memory.listing import check_count, check_list_op
 from s3_saver.errors import ConfigurationError, EmbeddingError
 
 

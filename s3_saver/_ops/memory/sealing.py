@@ -52,7 +52,7 @@ from s3_saver.errors import (
 )
 
 if TYPE_CHECKING:
-    from s3_saver._ops.memory.batch import Memory
+    from s3_saver._ops.memory.context import Memory
 
 Path = tuple[str, ...]
 VALUE_FIELD = "value/"

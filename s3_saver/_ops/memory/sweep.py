@@ -15,7 +15,7 @@ would, days later), and unregisters a namespace left with no item
 from __future__ import annotations
 
 from s3_saver._index.memory import Swept
-from s3_saver._ops.memory.batch import Memory
+from s3_saver._ops.memory.context import Memory
 from s3_saver._ops.memory.erase import delete_objects
 from s3_saver._transport.protocol import Op
 

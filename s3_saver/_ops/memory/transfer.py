@@ -29,13 +29,13 @@ from s3_saver._format.memory.names import show
 from s3_saver._index.memory import Change, Path
 from s3_saver._ops.memory import sealing
 from s3_saver._ops.memory.batch import (
-    Memory,
     _delete_released,
     _move_large_values,
     _resolve,
     check_vectors,
     item_vectors,
 )
+from s3_saver._ops.memory.context import Memory
 from s3_saver._transport.protocol import Op, gather
 
 _NAMESPACES_PER_READ = 32
