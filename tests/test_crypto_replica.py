@@ -409,3 +409,70 @@ def test_a_memory_namespace_key_is_made_in_both_regions_and_the_replica_reads_wi
     for site, bucket in ((regions.primary, PRIMARY_KEYS), (regions.replica, REPLICA_KEYS)):
         record = decode_record(site.s3.get_object(Bucket=bucket, Key=key)["Body"].read(), None, key)
         assert not record.live and record.key_id == here.key_id
+
+
+# -- erase with a replica, then both regions restored from history --------------------------------
+def _history(site: Any) -> tuple[list[tuple[str, bytes]], list[dict[str, Any]]]:
+    """What a backup of one region holds: every version of every object of its bucket
+    (oldest first per key) and every item of its table. Not its key store."""
+    versions: dict[str, list[bytes]] = {}
+    for page in site.s3.get_paginator("list_object_versions").paginate(Bucket=site.bucket):
+        for v in page.get("Versions", []):  # newest first, per key
+            body = site.s3.get_object(Bucket=site.bucket, Key=v["Key"], VersionId=v["VersionId"])["Body"].read()
+            versions.setdefault(v["Key"], []).append(body)
+    return [(k, b) for k, bodies in versions.items() for b in reversed(bodies)], site.items()
+
+
+def _put_back(site: Any, objects: list[tuple[str, bytes]], items: list[dict[str, Any]]) -> None:
+    """Every old version made current again, every item as it was: a restore of the
+    region's bucket and a point-in-time restore of its table to before the erase."""
+    for key, body in objects:
+        site.s3.put_object(Bucket=site.bucket, Key=key, Body=body)
+    for item in items:
+        site.dynamodb.put_item(TableName=site.table, Item=item)
+
+
+@pytest.mark.parametrize("mode", READ_MODES)
+def test_an_erased_thread_stays_unreadable_in_both_regions_restored_from_history(regions, mode) -> None:
+    """A thread replicated to the replica region, then erased. Both regions are then put
+    back as a backup holds them from before the erase: every object version of each bucket
+    current again, every index item as it was. Read in the region written to, and in the
+    replica region (the primary out), the thread is erased or gone, never its content;
+    every restored byte of it is sealed under the destroyed key. Another thread reads on."""
+    encryption = LocalKey(os.urandom(32))
+    saver = _encrypted_saver(regions, mode, encryption)
+    _put(saver, "doomed", "doomed-secret-1")
+    _put(saver, "doomed", "doomed-secret-2")
+    _put(saver, "kept", "kept")
+    regions.replicator.run()
+    backups = [(site, _history(site)) for site in (regions.primary, regions.replica)]
+    assert all(any(k.startswith(f"live/{encode('doomed')}/") for k, _ in objects) for _, (objects, _) in backups)
+    key_id = _record(regions.primary, PRIMARY_KEYS, "doomed").key_id
+
+    assert saver.erase_thread("doomed").key_destroyed_at is not None
+    regions.replicator.run()
+    for site, (objects, items) in backups:
+        _put_back(site, objects, items)
+
+    for region in ("primary", "replica"):
+        reader = _saver(regions, mode, encryption=encryption, recheck_after=3600)
+        if region == "replica":
+            regions.proxy.refuse()
+        try:
+            try:
+                found = reader.get_tuple(config("doomed"))
+                assert found is None, (region, found)
+            except ThreadErasedError as exc:
+                assert exc.thread_id == "doomed"
+            assert _value(reader.get_tuple(config("kept"))) == ("kept", ["kept-write"])
+            assert reader.last_read.site == region
+        finally:
+            regions.proxy.up()
+            reader.close()
+    for site in (regions.primary, regions.replica):
+        restored = site.keys(f"live/{encode('doomed')}/")
+        assert restored
+        for key in restored:
+            body = site.read(key)
+            assert is_sealed(body) and key_id_of(body) == key_id, key  # its key is gone in both stores
+    saver.close()
