@@ -252,6 +252,17 @@ def test_copy_beside_a_writer_replacing_a_write_pinned(moto_endpoint: str) -> No
     _fail(tally, "dynamodb writes+copy seed 121080")
 
 
+def test_copy_read_again_leaves_nothing_of_its_first_attempt_pinned(moto_endpoint: str) -> None:
+    """Seed 862722 of "random" (DynamoDB, random faults: delete_runs+copy_delete+subput):
+    a delete_for_runs deleted an object the copy had read, the copy read its source
+    again and copied under a new tag, and the first attempt's copies stayed, named by
+    no index: the copy's delete_thread never found them (c). A copy now deletes what
+    an attempt it gives up on copied."""
+    tally = Tally()
+    _run(World(moto_endpoint, "dynamodb"), Spec("dynamodb", "random", 862722, "random"), tally)
+    _fail(tally, "dynamodb random seed 862722")
+
+
 # restore_thread beside delete_thread ("restore+delete", no faults) in the schedules
 # that found a defect: (mode, seed).
 RESTORE_DELETE_ENTRY_PINNED = (

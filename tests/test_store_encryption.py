@@ -391,7 +391,7 @@ def test_an_export_is_sealed_and_bound_to_the_namespace_keys(endpoint, index_mod
     assert _run(target, driver, "get", NS, "k").value == {"text": secret}
     assert _run(target, driver, "search", ("memories",), query=secret, limit=1)[0].key == "k"
     assert _leaks(endpoint, secret) == []
-    with pytest.raises(EncryptedObjectError, match="written by a store with encryption"):
+    with pytest.raises(EncryptedObjectError, match="written encrypted by a store"):
         _run(_store(endpoint, index_mode, None, prefix="plain/"), driver, "import_memory", data)
 
     _run(store, driver, "erase_namespace", NS)

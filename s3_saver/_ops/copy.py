@@ -39,8 +39,8 @@ from s3_saver._ops.keyed import (
     writer_keyed,
 )
 from s3_saver._ops.prune import take_out_runs
-from s3_saver._transport.protocol import Op, gather, raise_failure
-from s3_saver._transport.s3 import copy_immutable, put_immutable
+from s3_saver._transport.protocol import Op, gather, raise_failure, request
+from s3_saver._transport.s3 import DELETE_BATCH, copy_immutable, put_immutable
 from s3_saver.errors import ConfigurationError, MissingObjectError
 
 # Reads of the source: one, and again for each object a writer or prune took meanwhile.
@@ -104,8 +104,10 @@ def _copy(ctx: Context, source: str, dest: str) -> Op[None]:
             break
         # A source object went after the read: a writer replaced a special channel's
         # write (the last wins, its old object deleted), or a prune took a checkpoint.
-        # The source read again names what is there now; what this attempt copied,
-        # under its own tag, no index names (garbage collection takes it).
+        # The source read again names what is there now. What this attempt copied no
+        # index names, under keys with this attempt's own tag, which no other call
+        # writes: deleted now (a delete of the copy would never find them).
+        yield from _discard(ctx, sorted(pairs.values()))
     ctx.locs.forget_thread(dest)
     try:
         yield from ctx.index.copy_thread(
@@ -119,6 +121,12 @@ def _copy(ctx: Context, source: str, dest: str) -> Op[None]:
         raise _gone(ctx, fenced, dest) from None
     ctx.locs.forget_thread(dest)
     yield from _no_deleted_runs(ctx, source, dest, entries)
+
+
+def _discard(ctx: Context, keys: list[str]) -> Op[None]:
+    calls = [ctx.s3.delete_many(keys[i : i + DELETE_BATCH]) for i in range(0, len(keys), DELETE_BATCH)]
+    if calls:
+        yield from request(*calls)
 
 
 def _gone(ctx: Context, fenced: Fenced, dest: str) -> Exception:

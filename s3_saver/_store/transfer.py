@@ -136,7 +136,7 @@ class Transfer:
         crypt = self._memory.crypt
         if crypt is None:
             raise EncryptedObjectError(
-                f"{_WHERE}: written by a store with encryption= (s3://{export.sealed['bucket']}/"
+                f"{_WHERE}: written encrypted by a store (s3://{export.sealed['bucket']}/"
                 f"{export.sealed['prefix']}, key store s3://{export.sealed['key_bucket']}); this store has no "
                 "encryption=: pass the KmsKey(...) or LocalKey(...) it was written with"
             )

@@ -160,7 +160,7 @@ def _opened_at(mem: Memory, path: Path, key: str, folder: str, field: str, seale
     crypt = mem.crypt
     if crypt is None:
         raise EncryptedObjectError(
-            f"{where}: {subject}: the item was written encrypted (encryption=); this store has no encryption=: "
+            f"{where}: {subject}: the item was written encrypted; this store has no encryption=: "
             "pass the KmsKey(...) or LocalKey(...) it was written with"
         )
     if sealed is None:
