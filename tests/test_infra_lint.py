@@ -68,5 +68,9 @@ def test_checkov_passes_and_every_suppression_is_in_the_template_with_a_reason(t
         for c in report["results"]["skipped_checks"]
     }
     # Every skip checkov applied is one the template declares next to its resource
-    # (none from a CLI flag or a config file).
-    assert skipped == in_template
+    # (none from a CLI flag or a config file). A resource checkov runs no check on (the
+    # key store, KeyBucket: checkov 3.3 evaluates nothing of it) keeps its suppressions,
+    # with their reasons, for a version that does.
+    checked = {c["resource"].split(".", 1)[1] for kind in ("passed_checks", "failed_checks", "skipped_checks") for c in report["results"][kind]}
+    assert skipped == {k: v for k, v in in_template.items() if k[0] in checked}
+    assert {name for name, _ in in_template} - checked <= {"KeyBucket"}

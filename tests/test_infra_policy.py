@@ -78,6 +78,11 @@ OPERATOR_ONLY = {
     # Key rotation (encryption=): lists the key store; KeyRotationPolicy, see its test.
     "rewrap",
     "arewrap",
+    # Turning encryption on (an encrypting saver only; deletes what it migrated): an operator's run.
+    "encrypt_thread",
+    "aencrypt_thread",
+    "encrypt_existing",
+    "aencrypt_existing",
 }
 # Need the opt-in EraseThreadsPolicy beside the saver's: test_erase_policy_covers_what_erase_adds.
 ERASE = {"erase_thread", "aerase_thread"}
