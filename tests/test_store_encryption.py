@@ -23,6 +23,7 @@ from test_store_s3 import make_store
 from s3_saver import (
     ConfigurationError,
     EncryptedObjectError,
+    EncryptionKeyError,
     ForeignCiphertextError,
     LocalKey,
     NamespaceErasedError,
@@ -388,6 +389,41 @@ def test_an_erase_cut_after_it_destroyed_the_keys_fences_writes_and_finishes_whe
     assert other.get(NS, "k") is None
     other.put(NS, "k", {"text": "new life"})
     assert _record(endpoint, NS).live and store.get(NS, "k").value == {"text": "new life"}
+
+
+def test_a_namespaces_key_errors_name_the_namespace_bucket_and_prefix(endpoint, index_mode, monkeypatch) -> None:
+    """The key store's refusals reached through the memory store (a record wrapped by
+    another master key, a record moved from another namespace, a write while an erase is
+    under way) name the namespace, the store's bucket and prefix, never a "thread"."""
+    encryption = LocalKey(os.urandom(32))
+    store = _store(endpoint, index_mode, encryption, prefix="tenant/")
+    store.put(NS, "k", {"text": "one"})
+    store.put(OTHER, "k", {"text": "two"})
+    where = f"s3://{BUCKET}/tenant/"
+
+    def named(message: str, namespace: tuple[str, ...]) -> None:
+        assert "('memories', " in message and repr(namespace[-1]) in message, message
+        assert where in message and "thread" not in message, message
+
+    # Another master key: the record says what wrapped it.
+    with pytest.raises(EncryptionKeyError) as found:
+        make_store(endpoint, index_mode, prefix="tenant/", encryption=LocalKey(os.urandom(32))).get(NS, "k")
+    named(str(found.value), NS)
+    # A record moved from another namespace: bound to its own, it does not unwrap here.
+    s3 = _s3(endpoint)
+    moved = s3.get_object(Bucket=KEY_BUCKET, Key=f"tenant/m/{node_id(NS)}")["Body"].read()
+    s3.put_object(Bucket=KEY_BUCKET, Key=f"tenant/m/{node_id(OTHER)}", Body=moved)
+    with pytest.raises(ForeignCiphertextError) as found:
+        make_store(endpoint, index_mode, prefix="tenant/", encryption=encryption).get(OTHER, "k")
+    named(str(found.value), OTHER)
+    # An erase cut after the keys were destroyed: another process's write is refused.
+    with monkeypatch.context() as patch:
+        patch.setattr(type(store._memory.index), "erase_rows", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("cut")))
+        with pytest.raises(RuntimeError, match="cut"):
+            store.erase_namespace(NS)
+    with pytest.raises(NamespaceErasedError, match="being erased") as found:
+        make_store(endpoint, index_mode, prefix="tenant/", encryption=encryption).put(NS, "k2", {"text": "early"})
+    named(str(found.value), NS)
 
 
 def test_a_cold_write_pays_the_key_before_it_seals(endpoint, index_mode) -> None:
