@@ -281,6 +281,38 @@ def test_a_promoted_replica_writes_under_its_own_key_store_and_copies_to_the_reg
     assert copied.live and copied.key_id == made.key_id and not _record(regions.replica, REPLICA_KEYS, "new").pending_replica
 
 
+@pytest.mark.parametrize("mode", READ_MODES)
+def test_after_promote_a_key_missing_in_the_promoted_region_is_missing_not_lag(regions, mode) -> None:
+    """promote() makes the replica region the one written to: a key its store lacks is no
+    longer one that has not arrived (keys are made there now), so a read names the key
+    missing (ThreadErasedError), never replication lag; the region left is the one whose
+    keys may lag now (a key made after promote() is copied there later). The memory
+    store's keys alike."""
+    from s3_saver import NamespaceErasedError, S3Store
+    from s3_saver._format.memory.names import node_id
+
+    encryption = LocalKey(os.urandom(32))
+    saver = _encrypted_saver(regions, mode, encryption)
+    store = S3Store.from_saver(saver)
+    _put(saver, "t", "before")
+    store.put(("memories", "u1"), "k", {"text": "secret-memory"})
+    regions.replicator.run()
+    # The thread's and the namespace's keys lost from the replica region's store.
+    regions.replica.s3.delete_object(Bucket=REPLICA_KEYS, Key=f"t/{encode('t')}")
+    regions.replica.s3.delete_object(Bucket=REPLICA_KEYS, Key=f"m/{node_id(('memories', 'u1'))}")
+    regions.proxy.refuse()
+    saver.promote(force=True)
+    with pytest.raises(ThreadErasedError, match="no key in the key store") as found:
+        saver.get_tuple(config("t"))
+    assert not isinstance(found.value, ReplicationLagError)
+    with pytest.raises(NamespaceErasedError) as erased:
+        store.get(("memories", "u1"), "k")
+    assert not isinstance(erased.value, ReplicationLagError)
+    # The roles, in the key stores too: the promoted region's keys are made, the other's lag.
+    assert saver._ctx.crypt.lags is False and saver._other_ctx.crypt.lags is True
+    assert saver._ctx.crypt.for_memory().lags is False and saver._other_ctx.crypt.for_memory().lags is True
+
+
 def _multi_region_new_key(moto: str) -> KmsKey:
     primary = boto3.client("kms", endpoint_url=moto, region_name=PRIMARY_REGION)
     key = primary.create_key(Description="rotated", MultiRegion=True)["KeyMetadata"]

@@ -1054,3 +1054,147 @@ def test_key_rotation_policy_allows_exactly_what_rewrap_adds(endpoint: str) -> N
     alone = _denied(policies["SaverPolicy"], needed)
     assert alone and all("kms:ReEncrypt" in line or "kms:DescribeKey" in line for line in alone), alone
     assert "KeyRotationPolicy" not in encryption_policies("manifest", old)
+
+
+# -- thread encryption in the replica region ---------------------------------------------------
+def replica_encryption_policies(mode: str, thread_key_arn: str) -> dict[str, dict[str, Any]]:
+    """The replica stack's two policies with ``ThreadEncryption=KmsKey`` (the key's replica
+    given by ARN), and the primary stack's EraseThreadsPolicy (it covers the replica bucket)."""
+    from infra_support import REPLICA_TEMPLATE
+    from regions import PRIMARY_BUCKET, REPLICA_BUCKET, REPLICA_REGION, TABLE_NAME
+
+    keys = f"{REPLICA_BUCKET}-keys"
+    replica = Stack(
+        load_template(REPLICA_TEMPLATE),
+        {
+            "BucketName": REPLICA_BUCKET,
+            "TableName": TABLE_NAME,
+            "KeyPrefix": PREFIX,
+            "IndexMode": mode,
+            "ThreadEncryption": "KmsKey",
+            "ThreadKmsKeyArn": thread_key_arn,
+        },
+        physical={
+            "Bucket": {"Ref": REPLICA_BUCKET, "Arn": f"arn:aws:s3:::{REPLICA_BUCKET}"},
+            "KeyBucket": {"Ref": keys, "Arn": f"arn:aws:s3:::{keys}"},
+            "Table": {"Ref": TABLE_NAME, "Arn": f"arn:aws:dynamodb:{REPLICA_REGION}:{ACCOUNT}:table/{TABLE_NAME}"},
+            "Key": {"Arn": REPLICA_KEY_ARN},
+        },
+        region=REPLICA_REGION,
+    )
+    primary = Stack(
+        load_template(),
+        {
+            "BucketName": PRIMARY_BUCKET,
+            "KeyPrefix": PREFIX,
+            "IndexMode": "manifest" if mode == "manifest" else "dynamodb",
+            "ErasePolicy": "Enabled",
+            "ReplicaRegion": REPLICA_REGION,
+            "ReplicaBucketName": REPLICA_BUCKET,
+            "ReplicaKmsKeyArn": REPLICA_KEY_ARN,
+        },
+        physical={"Bucket": {"Ref": PRIMARY_BUCKET, "Arn": f"arn:aws:s3:::{PRIMARY_BUCKET}"}},
+    )
+    return {
+        "reader": replica.properties("ReplicaReaderPolicy")["PolicyDocument"],
+        "promote": replica.properties("ReplicaPromotePolicy")["PolicyDocument"],
+        "erase": primary.properties("EraseThreadsPolicy")["PolicyDocument"],
+    }
+
+
+REPLICA_ENCRYPTION_GRANTS = {
+    "ThreadKeyRecords",
+    "ThreadKeyRecordsMissing",
+    "ThreadKeyRecordsEncryption",
+    "ThreadKeys",
+    "PromotedThreadKeyRecords",
+    "PromotedThreadKeyRecordsEncryption",
+    "PromotedThreadKeys",
+}
+
+
+@pytest.mark.slow  # with the other policy tests that run graphs
+@pytest.mark.parametrize("mode", ["dynamodb", "manifest"])
+def test_replica_policies_with_thread_encryption_allow_a_promoted_encrypting_saver(regions: Any, mode: str) -> None:
+    """replica.yaml with ``ThreadEncryption=KmsKey``: a thread written on the primary, read in
+    the replica region by a process that never saw it (manifest mode: during the outage;
+    DynamoDB mode: promote()'s rebuild reads its key), then after promote() a new thread
+    written there (its key made in that region's store under that region's replica of the
+    KMS key), read back, and erased (its key destroyed there). Every call
+    sent to the replica region is allowed by ReplicaReaderPolicy + ReplicaPromotePolicy (and
+    the primary stack's EraseThreadsPolicy for the erase's version deletes); each
+    encryption grant of the two was used; without ThreadEncryption they refuse the key store
+    and the threads' key."""
+    from botocore.config import Config
+    from regions import REPLICA_BUCKET, REPLICA_REGION
+    from test_crypto_replica import _multi_region_key
+
+    config = Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 2})
+    s3, dynamodb, session, sync_calls, async_calls = _recorded_clients(
+        endpoint_url=regions.moto, region_name=REPLICA_REGION, config=config
+    )
+    kms_session = boto3.Session(region_name=REPLICA_REGION)  # the replica region's KMS client, recorded
+    sync_calls.attach(kms_session.events)
+    _multi_region_key(regions.moto)
+    primary_kms = boto3.client("kms", endpoint_url=regions.moto, region_name="us-east-1")
+    key_arn = primary_kms.describe_key(KeyId="alias/checkpoints")["KeyMetadata"]["Arn"]
+    replica_key_arn = key_arn.replace(":us-east-1:", f":{REPLICA_REGION}:")
+    replica_kw = {"s3_client": s3, "dynamodb_client": dynamodb, "aioboto3_session": session, "boto3_session": kms_session}
+
+    def saver_of(setup: bool = False) -> s3_saver.S3Saver:
+        return regions.make_saver(
+            mode, prefix=PREFIX, recheck_after=3600, encryption=s3_saver.KmsKey(key_arn), replica_kw=replica_kw, setup=setup
+        )
+
+    writer = saver_of(setup=True)
+    writer.setup_replica()  # the replica stack's step (not recorded)
+    fill_thread_sync(report_graph(writer), "before")
+    regions.replicator.run()
+    before = {"configurable": {"thread_id": "before", "checkpoint_ns": ""}}
+
+    regions.proxy.refuse()
+    sync_calls.active = async_calls.active = True
+    if mode == "manifest":
+        # 1. The outage: a process that never saw the thread reads it from the replica.
+        cold = saver_of()
+        assert cold.get_tuple(before) is not None and cold.last_read.site == "replica"
+    # 2. promote(), then a new thread's life in the promoted region.
+    promotion = writer.promote()
+    assert (promotion.rebuilt is not None) == (mode == "dynamodb")
+    run_report_sync(report_graph(writer), "promoted")
+    promoted = {"configurable": {"thread_id": "promoted", "checkpoint_ns": ""}}
+    assert writer.get_tuple(promoted) is not None and writer.get_tuple(before) is not None
+    # An erase destroys the key in both regions' stores (it refuses to go on while one
+    # does not answer): the old primary's region is back, still not the writer.
+    regions.proxy.up()
+    report = writer.erase_thread("promoted")
+    assert report.key_destroyed_at is not None
+    assert writer.get_tuple(promoted) is None
+    sync_calls.active = async_calls.active = False
+    calls = sync_calls.calls + async_calls.calls
+
+    needed = _needed(calls)
+    _show(f"{mode} mode, encrypted, replica region", calls, needed)
+    kms_calls = {(c.operation, c.params["KeyId"]) for c in calls if c.service == "kms"}
+    assert kms_calls == {("GenerateDataKey", replica_key_arn), ("Decrypt", replica_key_arn)}, kms_calls
+    assert any(c.params.get("Bucket") == f"{REPLICA_BUCKET}-keys" and c.operation == "PutObject" for c in calls)
+
+    policies = replica_encryption_policies(mode, replica_key_arn)
+    allowed = _joined(policies["reader"], policies["promote"], policies["erase"])
+    assert _denied(allowed, needed) == [], "the replica policies (and EraseThreadsPolicy) are missing"
+    # (The memory store's records, m/, are the memory tests'; no store runs here.)
+    unused = [
+        u
+        for u in _unused(_joined(policies["reader"], policies["promote"]), needed)
+        if u[0] in REPLICA_ENCRYPTION_GRANTS and not u[2].endswith("/m/*")
+    ]
+    assert unused == [], "an encryption grant of the replica policies was not needed"
+    # Without ThreadEncryption, the replica policies refuse the key store and the threads' key.
+    reader, promote = replica_policies(mode)
+    refused = _denied(_joined(reader, promote, policies["erase"]), needed)
+    # (and the key store's SSE-KMS through S3, under the replica stack's key)
+    assert refused and all(
+        f"{REPLICA_BUCKET}-keys" in line or replica_key_arn in line or REPLICA_KEY_ARN in line for line in refused
+    ), refused
+    assert any(line.startswith(f"kms:GenerateDataKey on {replica_key_arn}") for line in refused)
+    assert any(line.startswith(f"kms:Decrypt on {replica_key_arn}") for line in refused)

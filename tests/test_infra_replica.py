@@ -248,6 +248,123 @@ def test_failback_without_the_primary_is_refused_by_the_rules(replica: dict, mis
     assert "ReplicationConfiguration" not in s.properties("Bucket")
 
 
+# -- thread encryption: the key store and the threads' key here -------------------------------
+PRIMARY_THREAD_KEY = "arn:aws:kms:us-east-1:123456789012:key/mrk-0123456789abcdef0123456789abcdef"
+REPLICA_THREAD_KEY = "arn:aws:kms:eu-west-1:123456789012:key/mrk-0123456789abcdef0123456789abcdef"
+ENCRYPTIONS = [
+    {"ThreadEncryption": "KmsKey", "PrimaryThreadKmsKeyArn": PRIMARY_THREAD_KEY},
+    {"ThreadEncryption": "KmsKey", "ThreadKmsKeyArn": REPLICA_THREAD_KEY},
+    {"ThreadEncryption": "LocalKey"},
+]
+ENCRYPTION_IDS = ["kms-replicated-here", "kms-replica-given", "local"]
+
+
+def test_no_key_store_or_thread_key_without_thread_encryption(replica: dict) -> None:
+    s = replica_stack(replica, BucketName="checkpoints-replica")
+    assert not {"KeyBucket", "KeyBucketPolicy", "ThreadKey"} & set(s.resources)
+    assert not {"KeyBucketName", "ThreadKmsKeyArn"} & set(s.outputs)
+
+
+@pytest.mark.parametrize("encryption", ENCRYPTIONS, ids=ENCRYPTION_IDS)
+def test_replica_key_store_is_the_primary_key_store(primary: dict, replica: dict, encryption: dict) -> None:
+    """The replica region's key store: the primary's KeyBucket, property for property,
+    named as the saver's Replica(key_bucket=) default and as the primary's SaverPolicy
+    grants it (<ReplicaBucketName>-keys); never versioned, replicated or backed up."""
+    thread_encryption = {"ThreadEncryption": encryption["ThreadEncryption"]}
+    p = primary_stack(primary, BucketName="checkpoints", **thread_encryption, **REPLICA)
+    r = replica_stack(replica, BucketName="checkpoints-replica", **encryption)
+    mine, theirs = r.resources["KeyBucket"], p.resources["KeyBucket"]
+    assert {k: v for k, v in mine.items() if k != "Properties"} == {k: v for k, v in theirs.items() if k != "Properties"}
+    mine_props, theirs_props = dict(mine["Properties"]), dict(theirs["Properties"])
+    assert (mine_props.pop("BucketName"), theirs_props.pop("BucketName")) == ("checkpoints-replica-keys", "checkpoints-keys")
+    for props, stack in ((mine_props, r), (theirs_props, p)):
+        (rule,) = props.pop("BucketEncryption")["ServerSideEncryptionConfiguration"]
+        assert rule["ServerSideEncryptionByDefault"]["KMSMasterKeyID"] == kms_key(stack)
+    assert mine_props == theirs_props
+    assert "VersioningConfiguration" not in mine_props and "ObjectLockConfiguration" not in mine_props
+    assert "ReplicationConfiguration" not in mine_props
+    assert {"Key": "s3_saver:no-backup", "Value": "true"} in mine_props["Tags"]
+    assert all(mine_props["PublicAccessBlockConfiguration"].values())
+    assert r.properties("KeyBucketPolicy") == p.properties("KeyBucketPolicy")
+    deny = r.properties("KeyBucketPolicy")["PolicyDocument"]["Statement"][-1]
+    assert deny["Effect"] == "Deny" and set(deny["Action"]) == {
+        "s3:PutBucketVersioning",
+        "s3:PutBucketObjectLockConfiguration",
+        "s3:PutReplicationConfiguration",
+    }
+    assert r.outputs["KeyBucketName"] == "<KeyBucket>"
+    # The primary's SaverPolicy grants this region's key store by the same name.
+    granted = {res for _, res in statement_resources(p.properties("SaverPolicy")["PolicyDocument"])}
+    assert "arn:aws:s3:::checkpoints-replica-keys" in granted
+    assert "arn:aws:s3:::checkpoints-replica-keys/t/*" in granted
+
+
+@pytest.mark.parametrize("encryption", ENCRYPTIONS, ids=ENCRYPTION_IDS)
+def test_the_threads_key_is_replicated_here_from_the_primarys(replica: dict, encryption: dict) -> None:
+    r = replica_stack(replica, BucketName="checkpoints-replica", **encryption)
+    if encryption["ThreadEncryption"] == "LocalKey":
+        assert "ThreadKey" not in r.resources and "ThreadKmsKeyArn" not in r.outputs
+        return
+    if "PrimaryThreadKmsKeyArn" in encryption:
+        key = r.resources["ThreadKey"]
+        assert key["Type"] == "AWS::KMS::ReplicaKey"
+        assert key["DeletionPolicy"] == key["UpdateReplacePolicy"] == "Retain"
+        assert key["Properties"]["PrimaryKeyArn"] == PRIMARY_THREAD_KEY
+        assert r.outputs["ThreadKmsKeyArn"] == "<ThreadKey.Arn>"
+    else:
+        assert "ThreadKey" not in r.resources
+        assert r.outputs["ThreadKmsKeyArn"] == REPLICA_THREAD_KEY
+    # Only multi-Region keys are accepted (a single-Region key has no replica here).
+    pattern = re.compile(replica["Parameters"]["PrimaryThreadKmsKeyArn"]["AllowedPattern"])
+    assert pattern.match(PRIMARY_THREAD_KEY) and pattern.match("")
+    assert not pattern.match(PRIMARY_KEY)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "refused"),
+    [
+        ({"ThreadEncryption": "LocalKey"}, "ThreadEncryptionNeedsTheBucketName"),
+        ({"ThreadEncryption": "KmsKey", "BucketName": "b-replica"}, "ThreadKeyNeedsThePrimaryKey"),
+    ],
+)
+def test_thread_encryption_without_its_names_is_refused_by_the_rules(replica: dict, parameters: dict, refused: str) -> None:
+    s = replica_stack(replica, **parameters)
+    for name, rule in replica["Rules"].items():
+        holds = s.value(rule["RuleCondition"]) and not all(s.value(a["Assert"]) for a in rule["Assertions"])
+        assert holds == (name == refused), name
+    complete = replica_stack(replica, **{**parameters, "BucketName": "b-replica", "PrimaryThreadKmsKeyArn": PRIMARY_THREAD_KEY})
+    for rule in replica["Rules"].values():
+        assert not complete.value(rule["RuleCondition"]) or all(complete.value(a["Assert"]) for a in rule["Assertions"])
+
+
+@pytest.mark.parametrize("mode", ["dynamodb", "global-table", "manifest"])
+@pytest.mark.parametrize("encryption", ENCRYPTIONS, ids=ENCRYPTION_IDS)
+def test_replica_policies_grant_this_regions_key_store_and_thread_key(replica: dict, mode: str, encryption: dict) -> None:
+    """The reader reads key records (404 for a key not arrived: s3:ListBucket) and unwraps
+    them with this region's replica of the threads' key; the promote policy makes and
+    destroys them here. The memory store's records (m/) only where its index can be here;
+    the node cache's (@store) not at all, as the node cache is not granted."""
+    prefix = "agents/"
+    s = replica_stack(replica, BucketName="checkpoints-replica", IndexMode=mode, KeyPrefix=prefix, TableName="idx", **encryption)
+    reader, promote = reader_and_promote(s)
+    records = [f"<KeyBucket.Arn>/{prefix}t/*"] + ([] if mode == "dynamodb" else [f"<KeyBucket.Arn>/{prefix}m/*"])
+    key_store = lambda doc: sorted((a, r) for a, r in statement_resources(doc) if "KeyBucket" in r)
+    assert key_store(reader) == sorted([("s3:GetObject", r) for r in records] + [("s3:ListBucket", "<KeyBucket.Arn>")])
+    assert key_store(promote) == sorted(("s3:PutObject", r) for r in records)
+    thread_key = "<ThreadKey.Arn>" if "PrimaryThreadKmsKeyArn" in encryption else encryption.get("ThreadKmsKeyArn")
+    contexts = ["s3_saver:thread"] + ([] if mode == "dynamodb" else ["s3_saver:namespace"])
+    for doc, action in ((reader, "kms:Decrypt"), (promote, "kms:GenerateDataKey")):
+        statements = [st for st in doc["Statement"] if thread_key and st["Resource"] == thread_key]
+        bound = sorted(key for st in statements for key, value in st["Condition"]["StringLike"].items() if value == "*")
+        assert bound == ([f"kms:EncryptionContext:{c}" for c in sorted(contexts)] if thread_key else [])
+        assert all(st["Action"] == action for st in statements)
+        # The key store's SSE-KMS: this stack's key, through S3, for the key store only.
+        (sse,) = [st for st in doc["Statement"] if st.get("Sid", "").endswith("ThreadKeyRecordsEncryption")]
+        assert sse["Action"] == action and sse["Resource"] == "<Key.Arn>"
+        assert sse["Condition"]["StringEquals"] == {"kms:ViaService": "s3.eu-west-1.amazonaws.com"}
+        assert sse["Condition"]["StringLike"] == {"kms:EncryptionContext:aws:s3:arn": ["<KeyBucket.Arn>", *records]}
+
+
 # -- the table ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kms", ["", REPLICA_KEY], ids=["created-key", "given-key"])
 def test_replica_table_is_the_primary_table(primary: dict, replica: dict, kms: str) -> None:
@@ -408,16 +525,19 @@ def test_replica_policies_are_scoped_to_the_replica_stack(replica: dict, mode: s
     assert outputs.get("KeyPrefix") == (prefix or None)
 
 
+@pytest.mark.parametrize("encryption", [{}, *ENCRYPTIONS], ids=["plain", *ENCRYPTION_IDS])
 @pytest.mark.parametrize("mode", MODES)
-def test_promote_policy_adds_only_what_the_reader_lacks(replica: dict, mode: str) -> None:
+def test_promote_policy_adds_only_what_the_reader_lacks(replica: dict, mode: str, encryption: dict) -> None:
     """The two are attached together: a grant in both would hide which one needs it."""
-    reader, promote = reader_and_promote(replica_stack(replica, IndexMode=mode, TableName="idx"))
+    s = replica_stack(replica, IndexMode=mode, TableName="idx", BucketName="b-replica", **encryption)
+    reader, promote = reader_and_promote(s)
     assert {a for a, _ in statement_resources(reader)}.isdisjoint({a for a, _ in statement_resources(promote)})
 
 
+@pytest.mark.parametrize("encryption", ["Disabled", "KmsKey", "LocalKey"])
 @pytest.mark.parametrize("mode", ["dynamodb", "global-table"])
 def test_reader_and_promote_together_are_the_saver_policy_plus_list_bucket(
-    primary: dict, replica: dict, mode: str
+    primary: dict, replica: dict, mode: str, encryption: str
 ) -> None:
     """In DynamoDB mode a promoted replica runs the same saver as the primary: the
     primary's SaverPolicy, on the replica's bucket, table and key, plus s3:ListBucket
@@ -425,8 +545,12 @@ def test_reader_and_promote_together_are_the_saver_policy_plus_list_bucket(
     cache's grants (the replica policies are the saver's and, with a global table, the
     memory store's; infra/README.md, "Replica region")."""
     prefix = "agents/"
-    p = primary_stack(primary, KeyPrefix=prefix, TableName="idx")
-    r = replica_stack(replica, KeyPrefix=prefix, IndexMode=mode, TableName="idx")
+    # With ThreadEncryption, the primary stack without a replica (its SaverPolicy grants
+    # only its own key store and key): the replica's grant the same on their own.
+    threads = {} if encryption == "Disabled" else {"ThreadEncryption": encryption}
+    primary_key = {"PrimaryThreadKmsKeyArn": PRIMARY_THREAD_KEY} if encryption == "KmsKey" else {}
+    p = primary_stack(primary, KeyPrefix=prefix, TableName="idx", **threads)
+    r = replica_stack(replica, KeyPrefix=prefix, IndexMode=mode, TableName="idx", BucketName="b-replica", **threads, **primary_key)
     table_arn = "<Table.Arn>" if mode == "dynamodb" else "arn:aws:dynamodb:eu-west-1:123456789012:table/idx"
     saver = {(a, res.replace("<Table.Arn>", table_arn)) for a, res in statement_resources(p.properties("SaverPolicy")["PolicyDocument"])}
     reader, promote = reader_and_promote(r)
@@ -437,12 +561,20 @@ def test_reader_and_promote_together_are_the_saver_policy_plus_list_bucket(
     assert memory == {(a, "<Bucket.Arn>/agents/memory/*") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")}
     # A table promote() rebuilds holds no memory item: no store lives in that region.
     without = node_cache | (memory if mode == "dynamodb" else set())
+    # Nor its keys (m/); the node cache's store-wide key (@store) nowhere.
+    key_records = {(a, res) for a, res in saver if res.startswith("<KeyBucket.Arn>/agents/")}
+    without |= {(a, res) for a, res in key_records if res.endswith("@store") or (mode == "dynamodb" and res.endswith("/m/*"))}
+    if encryption != "Disabled":
+        assert {res for _, res in key_records} == {f"<KeyBucket.Arn>/agents/{r}" for r in ("t/*", "m/*", "@store")}
+        assert ("s3:ListBucket", "<KeyBucket.Arn>") in saver
+    assert ("kms:Decrypt", "<ThreadKey.Arn>") in saver if encryption == "KmsKey" else "<ThreadKey.Arn>" not in repr(saver)
     assert together == (saver - without) | {("s3:ListBucket", "<Bucket.Arn>")}
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_replica_policies_have_no_wildcard_actions_or_resources(replica: dict, mode: str) -> None:
-    s = replica_stack(replica, IndexMode=mode, TableName="idx", KeyPrefix="a/b/", **FAILBACK)
+    s = replica_stack(replica, IndexMode=mode, TableName="idx", KeyPrefix="a/b/", BucketName="b-replica", **FAILBACK, **ENCRYPTIONS[0])
+    assert "ThreadKey" in s.resources
     for name, resource in s.resources.items():
         props = resource["Properties"]
         if "PolicyDocument" not in props or resource["Type"] == "AWS::S3::BucketPolicy":

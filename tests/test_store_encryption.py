@@ -21,7 +21,9 @@ from test_encryption import KEY_BUCKET, _kms, _leaks
 from test_store_s3 import make_store
 
 from s3_saver import (
+    ConfigurationError,
     EncryptedObjectError,
+    EncryptionKeyError,
     ForeignCiphertextError,
     LocalKey,
     NamespaceErasedError,
@@ -260,6 +262,55 @@ def test_a_store_and_a_cache_from_an_encrypting_saver(endpoint, index_mode) -> N
     saver.close()
 
 
+@pytest.mark.parametrize("kind", ["kms", "local"])
+def test_a_standalone_cache_with_encryption_seals_under_the_savers_store_key(endpoint, index_mode, kind) -> None:
+    """``S3Cache(..., encryption=)``: entries sealed under the store-wide key (``@store``),
+    the key a saver with the same encryption, bucket and prefix shares with its
+    from_saver cache (each reads what the other wrote); sync and async; no plaintext
+    anywhere; a cache without encryption reads none of it and its entries miss here."""
+    from test_encryption import _encryption
+
+    encryption = _encryption(endpoint, kind)
+    cache = S3Cache(BUCKET, endpoint_url=endpoint, region_name="us-east-1", encryption=encryption)
+    cache.setup()  # the bucket and the key store
+    assert _s3(endpoint).get_bucket_versioning(Bucket=KEY_BUCKET).get("Status") is None
+    text = f"secret-{secrets.token_hex(8)}"
+    one, two = (("node", "n1"), "key-1"), (("node", "n1"), "key-2")
+    cache.set({one: ({"text": text}, None)})
+    asyncio.run(cache.aset({two: ({"text": text + "-async"}, None)}))
+    assert cache.get([one]) == {one: {"text": text}}
+    assert asyncio.run(cache.aget([one, two])) == {one: {"text": text}, two: {"text": text + "-async"}}
+    assert _leaks(endpoint, text) == []
+    s3 = _s3(endpoint)
+    entries = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="node-cache/")["Contents"] if "@gens" not in o["Key"]]
+    assert len(entries) == 2 and all(is_sealed(s3.get_object(Bucket=BUCKET, Key=k)["Body"].read()) for k in entries)
+    assert s3.head_object(Bucket=KEY_BUCKET, Key="@store")
+    # The saver's cache, another process: the same key, each reads the other's entries.
+    saver = make_saver(endpoint, index_mode, encryption=encryption)
+    saver.setup()
+    from_saver = S3Cache.from_saver(saver)
+    assert from_saver.get([one, two]) == {one: {"text": text}, two: {"text": text + "-async"}}
+    three = (("node", "n2"), "key-3")
+    from_saver.set({three: ({"text": "three"}, None)})
+    assert S3Cache(BUCKET, endpoint_url=endpoint, region_name="us-east-1", encryption=encryption).get([three]) == {
+        three: {"text": "three"}
+    }
+    # No silent plaintext either way.
+    plain = S3Cache(BUCKET, endpoint_url=endpoint, region_name="us-east-1")
+    assert plain.get([one, three]) == {}
+    four = (("node", "n2"), "key-4")
+    plain.set({four: ({"text": "plain"}, None)})
+    assert plain.get([four]) == {four: {"text": "plain"}} and cache.get([four]) == {}
+    for c in (cache, plain):
+        c.close()
+    saver.close()
+
+
+def test_a_standalone_cache_refuses_an_encryption_that_is_not_one(endpoint) -> None:
+    with pytest.raises(ConfigurationError, match="KmsKey"):
+        S3Cache(BUCKET, endpoint_url=endpoint, encryption="alias/checkpoints")
+
+
 # -- requests ------------------------------------------------------------------------------------
 def _counts(store: S3Store, calls: list[Any]) -> list[tuple[int, dict[str, int]]]:
     out = []
@@ -338,6 +389,41 @@ def test_an_erase_cut_after_it_destroyed_the_keys_fences_writes_and_finishes_whe
     assert other.get(NS, "k") is None
     other.put(NS, "k", {"text": "new life"})
     assert _record(endpoint, NS).live and store.get(NS, "k").value == {"text": "new life"}
+
+
+def test_a_namespaces_key_errors_name_the_namespace_bucket_and_prefix(endpoint, index_mode, monkeypatch) -> None:
+    """The key store's refusals reached through the memory store (a record wrapped by
+    another master key, a record moved from another namespace, a write while an erase is
+    under way) name the namespace, the store's bucket and prefix, never a "thread"."""
+    encryption = LocalKey(os.urandom(32))
+    store = _store(endpoint, index_mode, encryption, prefix="tenant/")
+    store.put(NS, "k", {"text": "one"})
+    store.put(OTHER, "k", {"text": "two"})
+    where = f"s3://{BUCKET}/tenant/"
+
+    def named(message: str, namespace: tuple[str, ...]) -> None:
+        assert "('memories', " in message and repr(namespace[-1]) in message, message
+        assert where in message and "thread" not in message, message
+
+    # Another master key: the record says what wrapped it.
+    with pytest.raises(EncryptionKeyError) as found:
+        make_store(endpoint, index_mode, prefix="tenant/", encryption=LocalKey(os.urandom(32))).get(NS, "k")
+    named(str(found.value), NS)
+    # A record moved from another namespace: bound to its own, it does not unwrap here.
+    s3 = _s3(endpoint)
+    moved = s3.get_object(Bucket=KEY_BUCKET, Key=f"tenant/m/{node_id(NS)}")["Body"].read()
+    s3.put_object(Bucket=KEY_BUCKET, Key=f"tenant/m/{node_id(OTHER)}", Body=moved)
+    with pytest.raises(ForeignCiphertextError) as found:
+        make_store(endpoint, index_mode, prefix="tenant/", encryption=encryption).get(OTHER, "k")
+    named(str(found.value), OTHER)
+    # An erase cut after the keys were destroyed: another process's write is refused.
+    with monkeypatch.context() as patch:
+        patch.setattr(type(store._memory.index), "erase_rows", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("cut")))
+        with pytest.raises(RuntimeError, match="cut"):
+            store.erase_namespace(NS)
+    with pytest.raises(NamespaceErasedError, match="being erased") as found:
+        make_store(endpoint, index_mode, prefix="tenant/", encryption=encryption).put(NS, "k2", {"text": "early"})
+    named(str(found.value), NS)
 
 
 def test_a_cold_write_pays_the_key_before_it_seals(endpoint, index_mode) -> None:

@@ -16,11 +16,14 @@ from botocore.config import Config
 from langgraph.cache.base import BaseCache, ValueT
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from s3_saver._crypto.config import Encryption, KmsKey, check_encryption, key_bucket_of
+from s3_saver._crypto.keys import Crypt
 from s3_saver._format.codec import Typed
 from s3_saver._format.keys import check_prefix
 from s3_saver._format.node_cache import CacheKeys, FullKey, Namespace, check_full_key, check_namespace, check_ttl
 from s3_saver._ops import node_cache
 from s3_saver._transport.aio import AsyncDriver
+from s3_saver._transport.budget import CacheBudget, default_bytes
 from s3_saver._transport.clients import Clients
 from s3_saver._transport.clients import client_config as merged_config
 from s3_saver._transport.protocol import Op, RequestStats, T
@@ -84,10 +87,19 @@ class S3Cache(BaseCache[ValueT], AbstractContextManager, AbstractAsyncContextMan
             ``JsonPlusSerializer(pickle_fallback=False)``.
         max_concurrency: Threads the sync driver uses to send one wave of requests.
         retry: How failed calls are sent again (see [RetryPolicy][s3_saver.RetryPolicy]).
+        encryption: ``KmsKey(...)`` or ``LocalKey(...)``, as a saver's: every entry is
+            sealed with AES-256-GCM under one store-wide data key (record ``@store`` in the
+            key store, ``<bucket>-keys`` unless ``key_bucket=``), the key a saver with the
+            same ``encryption=``, bucket and prefix (and its
+            [from_saver()][s3_saver.S3Cache.from_saver] cache) uses; a plaintext entry
+            misses. [setup()][s3_saver.S3Cache.setup] creates the key store.
+        cache_bytes: The memory budget of the cache's data key (as the saver's
+            ``cache_bytes``); only with ``encryption=``.
 
     Raises:
-        ConfigurationError: ``bucket`` is not a name, or ``prefix`` is refused
-            (a segment named like a folder a saver keeps, such as ``live``).
+        ConfigurationError: ``bucket`` is not a name, ``prefix`` is refused
+            (a segment named like a folder a saver keeps, such as ``live``), or
+            ``encryption`` is not a ``KmsKey``/``LocalKey``.
     """
 
     def __init__(
@@ -105,8 +117,11 @@ class S3Cache(BaseCache[ValueT], AbstractContextManager, AbstractAsyncContextMan
         serde: SerializerProtocol | None = None,
         max_concurrency: int = 16,
         retry: RetryPolicy | None = None,
+        encryption: Encryption | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         super().__init__(serde=serde)
+        check_encryption(encryption)
         if not isinstance(bucket, str) or not bucket:
             raise ConfigurationError(f"bucket must be a non-empty string, got {bucket!r}")
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
@@ -115,18 +130,32 @@ class S3Cache(BaseCache[ValueT], AbstractContextManager, AbstractAsyncContextMan
             raise ConfigurationError(f"retry must be an s3_saver.RetryPolicy or None, got {retry!r}")
         where = Where(bucket, None)
         endpoint = s3_endpoint_url or endpoint_url
+        # KMS calls go to the key's region (its ARN's, or KmsKey.region_name), as a saver's.
+        kms_region = encryption.region_name if isinstance(encryption, KmsKey) else None
         clients = Clients(
             where=where,
             region_name=region_name,
-            endpoints={"s3": endpoint, "dynamodb": None},
+            endpoints={
+                "s3": endpoint,
+                "dynamodb": None,
+                "kms": (encryption.endpoint_url if isinstance(encryption, KmsKey) else None) or endpoint_url,
+            },
             config=merged_config(client_config, max_concurrency=max_concurrency, path_style=bool(endpoint)),
             boto3_session=boto3_session,
             given={"s3": s3_client, "dynamodb": None},
             aioboto3_session=aioboto3_session,
+            service_regions={"kms": kms_region} if kms_region else None,
         )
         s3 = S3Calls(bucket, where)
-        self._where = lambda: node_cache.Where(s3, self._keys)
         self._keys = CacheKeys(check_prefix(prefix, bucket))
+        crypt = None
+        if encryption is not None:
+            budget = CacheBudget(cache_bytes if cache_bytes is not None else default_bytes())
+            key_bucket = key_bucket_of(encryption, bucket)
+            # The memory store's keys of a saver on this bucket and prefix (record @store).
+            crypt = Crypt(encryption, bucket, self._keys.prefix, key_bucket, where, budget, kms_region or region_name)
+            crypt = crypt.for_memory()
+        self._bind(lambda: s3, lambda: crypt)
         self.bucket = bucket
         self.stats = RequestStats()
         """Round trips and requests sent so far (see [RequestStats][s3_saver.RequestStats])."""
@@ -163,9 +192,8 @@ class S3Cache(BaseCache[ValueT], AbstractContextManager, AbstractAsyncContextMan
         BaseCache.__init__(cache, serde=serde or saver.serde)
         cache._keys = CacheKeys(saver._ctx.layout.prefix)
         # The context of the region written to, read at each call (promote() swaps it).
-        # With the saver's encryption, every entry is sealed (``node_cache._sealer``).
-        cache._where = lambda: node_cache.Where(
-            saver._ctx.s3, cache._keys, saver._ctx.crypt.for_memory() if saver._ctx.crypt is not None else None
+        cache._bind(
+            lambda: saver._ctx.s3, lambda: saver._ctx.crypt.for_memory() if saver._ctx.crypt is not None else None
         )
         cache.bucket = saver.bucket
         cache.stats = saver.stats
@@ -173,7 +201,15 @@ class S3Cache(BaseCache[ValueT], AbstractContextManager, AbstractAsyncContextMan
         cache._given, cache._owns_drivers = [], False
         cache._state = node_cache.CacheState()
         cache._clock = time.time
+        cache._region = None
         return cache
+
+    def _bind(self, s3: Any, crypt: Any) -> None:
+        """The cache's place, read at each call: its bucket's calls and, with encryption,
+        the memory store's keys (``Crypt.for_memory``), with which every entry is sealed
+        (``node_cache._sealer``). One path for both constructors: a standalone cache with
+        ``encryption=`` and a cache of an encrypting saver seal and open alike."""
+        self._where = lambda: node_cache.Where(s3(), self._keys, crypt())
 
     def __repr__(self) -> str:
         return f"S3Cache({self.bucket!r}, prefix={self._keys.prefix!r})"

@@ -61,9 +61,13 @@ class Sealed:
     bucket: str
     key: str
     thread_id: str
+    # What the record is the key of, in words (``Crypt.subject``: a thread, or for the
+    # memory store a namespace with its store's bucket and prefix); ``noun``: its kind.
+    subject: str = ""
+    noun: str = "thread"
 
     def where(self) -> str:
-        return f"key record s3://{self.bucket}/{self.key} of thread {self.thread_id!r}"
+        return f"key record s3://{self.bucket}/{self.key} of {self.subject or f'thread {self.thread_id!r}'}"
 
 
 class Keyring(ABC):
@@ -185,8 +189,8 @@ class KmsKeyring(Keyring):
             if isinstance(answer, BaseException):
                 if error_code(answer) in _NOT_OURS:
                     raise ForeignCiphertextError(
-                        f"{item.where()}: KMS does not unwrap its data key for this thread ({error_code(answer)}): "
-                        "the record was moved from another thread or prefix, or changed",
+                        f"{item.where()}: KMS does not unwrap its data key for this {item.noun} "
+                        f"({error_code(answer)}): the record was moved from another {item.noun} or prefix, or changed",
                         bucket=item.bucket, key=item.key, thread_id=item.thread_id,
                     ) from answer
                 if classify(answer, call.operation) in (KMS_KEY, DENIED):
@@ -265,7 +269,7 @@ class KmsKeyring(Keyring):
             if isinstance(answer, BaseException):
                 if error_code(answer) in _NOT_OURS:
                     raise ForeignCiphertextError(
-                        f"{item.where()}: KMS does not re-wrap its data key for this thread ({error_code(answer)})",
+                        f"{item.where()}: KMS does not re-wrap its data key for this {item.noun} ({error_code(answer)})",
                         bucket=item.bucket, key=item.key, thread_id=item.thread_id,
                     ) from answer
                 raise_failure(call, answer)
@@ -318,8 +322,8 @@ class LocalKeyring(Keyring):
                 secret = self._master.decrypt(wrapped[1 : 1 + _NONCE], wrapped[1 + _NONCE :], canonical(item.context))
             except InvalidTag:
                 raise ForeignCiphertextError(
-                    f"{item.where()}: its data key does not unwrap for this thread under the local master key: "
-                    "the record was moved from another thread or prefix, or changed",
+                    f"{item.where()}: its data key does not unwrap for this {item.noun} under the local master key: "
+                    f"the record was moved from another {item.noun} or prefix, or changed",
                     bucket=item.bucket, key=item.key, thread_id=item.thread_id,
                 ) from None
             keys.append(secret)

@@ -38,7 +38,7 @@ not arrived there reads as replication lag (``lags``), never as erased.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from s3_saver._crypto.config import Encryption, KmsKey
@@ -53,6 +53,7 @@ from s3_saver._crypto.keyrings import (
 from s3_saver._crypto.records import (
     LIVE,
     MEMORY,
+    STORE_KEY,
     THREADS,
     KeyKind,
     KeyRecord,
@@ -168,6 +169,18 @@ class Crypt:
     def key_bucket(self) -> str:
         return self.store.bucket
 
+    def subject(self, name: str, names: Mapping[str, str] | None = None) -> str:
+        """What the key ``name`` is the key of, for messages: a thread (by its id), or a
+        namespace of the memory store, by its name when ``names`` (id -> shown name) has
+        it, else by its id (a hash), with the store's bucket and prefix either way."""
+        if self.kind is THREADS:
+            return f"thread {name!r}"
+        store = f"the memory store s3://{self.bucket}/{self.prefix}"
+        if name == STORE_KEY:
+            return f"the store-wide key of {store}"
+        shown = (names or {}).get(name)
+        return f"namespace {shown} (id {name}) of {store}" if shown else f"the namespace of id {name} of {store}"
+
     def describe(self) -> str:
         kind = "KmsKey" if isinstance(self.config, KmsKey) else "LocalKey"
         return f"{kind}, {self.keyring.describe()}, key store s3://{self.key_bucket}/{self.prefix}"
@@ -190,9 +203,13 @@ class Crypt:
         other.keyring, other.keyrings = self.keyring, self.keyrings
         return other
 
-    def load(self, thread_ids: Iterable[str], *, create: bool = False) -> Op[dict[str, ThreadKey]]:
+    def load(
+        self, thread_ids: Iterable[str], *, create: bool = False, names: Mapping[str, str] | None = None
+    ) -> Op[dict[str, ThreadKey]]:
         """The keys of ``thread_ids``; ``create``: a thread without a live key gets one
-        (a writer's: the thread's first key, or a new life's after an erase).
+        (a writer's: the thread's first key, or a new life's after an erase). ``names``:
+        the memory store's namespaces by id, shown (its errors name the namespace, not
+        only its id, a hash).
 
         Requests only for what the cache lacks: one wave of GETs, then one of KMS
         ``Decrypt`` (and ``GenerateDataKey``) together, then the creates' PUTs.
@@ -220,17 +237,19 @@ class Crypt:
             elif create:
                 if record is not None and not record.settled:
                     # An erase under way: no new key before the thread is gone in its index.
-                    raise self.store.being_erased(t, record)
+                    raise self.store.being_erased(t, record, self.subject(t, names))
                 fresh[t] = record
             elif record is None:
                 self.cache.put_absent(t)
                 found[t] = ThreadKey(None, {}, self.store.where(t))
             else:
                 found[t] = ThreadKey(None, record.erased_ids(), self.store.where(t))
-        opened, made, _ = yield from gather(self._unwrap(to_open), self._generate(fresh), self._copy_pending(pending))
+        opened, made, _ = yield from gather(
+            self._unwrap(to_open, names), self._generate(fresh), self._copy_pending(pending)
+        )
         found.update(opened)
         if made:
-            found.update((yield from self._create(made)))
+            found.update((yield from self._create(made, names)))
         for t in wanted:
             if found[t].key is not None:
                 self.cache.put(t, found[t])
@@ -262,12 +281,14 @@ class Crypt:
         return self._sealed(t, record)
 
     # -- the steps -------------------------------------------------------------------------
-    def _sealed(self, t: str, record: KeyRecord) -> Sealed:
-        return Sealed(record, context(self.prefix, t, record.key_id, self.kind), self.key_bucket, self.store.key_of(t), t)
+    def _sealed(self, t: str, record: KeyRecord, names: Mapping[str, str] | None = None) -> Sealed:
+        bound = context(self.prefix, t, record.key_id, self.kind)
+        subject = self.subject(t, names)
+        return Sealed(record, bound, self.key_bucket, self.store.key_of(t), t, subject, self.kind.name)
 
-    def _unwrap(self, records: dict[str, KeyRecord]) -> Op[dict[str, ThreadKey]]:
+    def _unwrap(self, records: dict[str, KeyRecord], names: Mapping[str, str] | None = None) -> Op[dict[str, ThreadKey]]:
         items = list(records.items())
-        secrets = yield from unwrap_with(self.keyrings, [self._sealed(t, r) for t, r in items])
+        secrets = yield from unwrap_with(self.keyrings, [self._sealed(t, r, names) for t, r in items])
         return {t: ThreadKey(DataKey(r.key_id, s), r.erased_ids(), self.store.where(t)) for (t, r), s in zip(items, secrets)}
 
     def _generate(self, fresh: dict[str, KeyRecord | None]) -> Op[dict[str, tuple[KeyRecord, bytes, KeyRecord | None]]]:
@@ -291,12 +312,14 @@ class Crypt:
         copied = yield from gather(*(partner.mirror(t, r) for t, r in items))
         yield from gather(*(self.store.mark_pending(t, r, False) for (t, r), done in zip(items, copied) if done))
 
-    def _create(self, made: dict[str, tuple[KeyRecord, bytes, KeyRecord | None]]) -> Op[dict[str, ThreadKey]]:
+    def _create(
+        self, made: dict[str, tuple[KeyRecord, bytes, KeyRecord | None]], names: Mapping[str, str] | None = None
+    ) -> Op[dict[str, ThreadKey]]:
         """Each record created (one wave: with a replica, the copy to its key store in
         the same); where another process made the thread's key first, its key is
         unwrapped and used instead of ours."""
         items = list(made.items())
-        creates = [self.store.create(t, record, over) for t, (record, _, over) in items]
+        creates = [self.store.create(t, record, over, self.subject(t, names)) for t, (record, _, over) in items]
         if self.partner is None:
             stored = yield from gather(*creates)
         else:
@@ -314,7 +337,7 @@ class Crypt:
                 keys[t] = ThreadKey(DataKey(record.key_id, secret), winner.erased_ids(), self.store.where(t))
             else:
                 theirs[t] = winner
-        keys.update((yield from self._unwrap(theirs)))
+        keys.update((yield from self._unwrap(theirs, names)))
         return keys
 
     def _settle_copies(self, copies: list[tuple[str, KeyRecord, KeyRecord, str]]) -> Op[None]:

@@ -65,10 +65,10 @@ class StaleKey(S3SaverError):
     read (``_ops/keyed.rekeying``). Raised out of an operation that does not, it says
     to call again (the next call reads the record)."""
 
-    def __init__(self, thread_id: str, where: str) -> None:
+    def __init__(self, thread_id: str, where: str, subject: str | None = None) -> None:
         super().__init__(
-            f"{where}: thread {thread_id!r} is encrypted under another key than the one this process held for "
-            "it (another process erased the thread and wrote it anew): the key held was dropped, call again"
+            f"{where}: {subject or f'thread {thread_id!r}'} is encrypted under another key than the one this "
+            "process held for it (another process erased it and wrote it anew): the key held was dropped, call again"
         )
         self.thread_id = thread_id
 
@@ -219,7 +219,7 @@ class Sealer:
         if self.crypt is None:
             if is_sealed(data):
                 raise EncryptedObjectError(
-                    f"{where}: thread {thread_id!r} was written encrypted (key id "
+                    f"{where}: {self._subject(thread_id)} was written encrypted (key id "
                     f"{(key_id_of(bytes(data)) or b'').hex()}); this saver has no encryption=: pass the "
                     "KmsKey(...) or LocalKey(...) it was written with"
                 )
@@ -230,7 +230,7 @@ class Sealer:
             raise self._plaintext(thread_id, where, key)
         held = self.keys.get(thread_id)
         if held is None:
-            raise S3SaverError(f"{where}: the key of thread {thread_id!r} was not loaded before it was read")
+            raise S3SaverError(f"{where}: the key of {self._subject(thread_id)} was not loaded before it was read")
         found = key_id_of(bytes(data)) or b""
         if found in held.erased:
             raise self._erased(thread_id, key, where, held.erased[found])
@@ -239,7 +239,7 @@ class Sealer:
             # record may have changed since (erased by another process, written anew).
             # Never decided on the cache: the record is read again first.
             self.crypt.forget(thread_id)
-            raise StaleKey(thread_id, where)
+            raise StaleKey(thread_id, where, self._subject(thread_id))
         if held.key is None:
             if self.crypt.lags:
                 raise self._lagging(thread_id, where, held)
@@ -247,7 +247,7 @@ class Sealer:
                 # Erased, and this was sealed by no key the thread ever had.
                 raise self._foreign(thread_id, key, where, "it names a key that was never this thread's")
             raise ThreadErasedError(
-                f"{where}: thread {thread_id!r} has no key in the key store ({held.record}): it was destroyed, or "
+                f"{where}: {self._subject(thread_id)} has no key in the key store ({held.record}): it was destroyed, or "
                 "the saver is configured with another key store than the one the thread was written with",
                 bucket=self.crypt.bucket, key=key, thread_id=thread_id,
             )
@@ -265,8 +265,13 @@ class Sealer:
     def _live(self, thread_id: str, key: str) -> DataKey:
         held = self.keys.get(thread_id)
         if held is None or held.key is None:
-            raise S3SaverError(f"{self._object(key)}: no live key of thread {thread_id!r} was loaded to seal it")
+            raise S3SaverError(f"{self._object(key)}: no live key of {self._subject(thread_id)} was loaded to seal it")
         return held.key
+
+    def _subject(self, thread_id: str) -> str:
+        """What ``thread_id`` names, in words: a thread, or the memory store's namespace
+        (by its id: the sealer knows no name) with the store's bucket and prefix."""
+        return self.crypt.subject(thread_id) if self.crypt is not None else f"thread {thread_id!r}"
 
     def _object(self, key: str) -> str:
         bucket = self.crypt.bucket if self.crypt is not None else ""
@@ -275,8 +280,8 @@ class Sealer:
     def _plaintext(self, thread_id: str, where: str, key: str = "") -> PlaintextObjectError:
         assert self.crypt is not None
         return PlaintextObjectError(
-            f"{where}: not encrypted, and this saver encrypts (encryption={self.crypt.describe()}): thread "
-            f"{thread_id!r} holds content written without encryption (or put there by hand). It is refused, "
+            f"{where}: not encrypted, and this saver encrypts (encryption={self.crypt.describe()}): "
+            f"{self._subject(thread_id)} holds content written without encryption (or put there by hand). It is refused, "
             "not read",
             bucket=self.crypt.bucket, key=key or where, thread_id=thread_id,
         )
@@ -284,7 +289,7 @@ class Sealer:
     def _lagging(self, thread_id: str, where: str, held: ThreadKey) -> ReplicationLagError:
         return ReplicationLagError(
             f"{where}: the key it is encrypted with has not reached this region's key store ({held.record}) yet: "
-            f"thread {thread_id!r}'s key is made in the region written to and copied here beside it; a copy that "
+            f"the key of {self._subject(thread_id)} is made in the region written to and copied here beside it; a copy that "
             "found this region out is made by the next process there that reads the thread's key"
         )
 
@@ -292,7 +297,7 @@ class Sealer:
         assert self.crypt is not None
         return ForeignCiphertextError(
             f"{where}: encrypted content that does not belong here ({why}): it was copied or moved from another "
-            f"key or thread, or changed. Refused for thread {thread_id!r}",
+            f"key or thread, or changed. Refused for {self._subject(thread_id)}",
             bucket=self.crypt.bucket, key=key, thread_id=thread_id,
         )
 
@@ -300,7 +305,7 @@ class Sealer:
         assert self.crypt is not None
         at = f" at {_iso(when)} ({when} Unix seconds)" if when else ""
         return ThreadErasedError(
-            f"{where}: thread {thread_id!r} of bucket {self.crypt.bucket!r} was erased: the key this was encrypted "
+            f"{where}: {self._subject(thread_id)} of bucket {self.crypt.bucket!r} was erased: the key this was encrypted "
             f"with was destroyed{at}, so no copy of it can be read",
             bucket=self.crypt.bucket, key=key, thread_id=thread_id, erased_at=when,
         )

@@ -156,7 +156,9 @@ class KeyStore:
         raise AssertionError("unreachable")
 
     # -- create ----------------------------------------------------------------------------
-    def create(self, thread_id: str, record: KeyRecord, over: KeyRecord | None = None) -> Op[KeyRecord]:
+    def create(
+        self, thread_id: str, record: KeyRecord, over: KeyRecord | None = None, subject: str | None = None
+    ) -> Op[KeyRecord]:
         """Store ``record`` as the thread's key, unless one is there: then the one there
         (the winner's, when another process made the thread's key first). ``over``: the
         erased record of the thread's earlier life, replaced only as read.
@@ -168,7 +170,7 @@ class KeyStore:
         body = encode_record(record)
         for _ in range(_ATTEMPTS):
             if over is not None and not over.settled:
-                raise self.being_erased(thread_id, over)
+                raise self.being_erased(thread_id, over, subject)
             call = self.s3.put_swap(key, body, over.etag if over is not None else None)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
@@ -294,12 +296,13 @@ class KeyStore:
         if isinstance(answer, BaseException) and error_code(answer) not in PRECONDITION_FAILED_CODES | CONDITIONAL_CONFLICT_CODES:
             raise_failure(call, answer)
 
-    def being_erased(self, thread_id: str, record: KeyRecord) -> ThreadErasedError:
+    def being_erased(self, thread_id: str, record: KeyRecord, subject: str | None = None) -> ThreadErasedError:
         """A writer's refusal while an erase of the thread is under way (its key
-        destroyed, the thread not yet gone in the index): no new key until then."""
+        destroyed, the thread not yet gone in the index): no new key until then.
+        ``subject``: what the key is of, in words (``Crypt.subject``)."""
         if self.kind is not THREADS:
             return NamespaceErasedError(
-                f"the namespace of id {thread_id} is being erased: its key was destroyed at {record.erased_at} (Unix "
+                f"{subject or f'the namespace of id {thread_id}'} is being erased: its key was destroyed at {record.erased_at} (Unix "
                 f"seconds) and the erase has not finished ({self.where(thread_id)} is not settled). It can be written "
                 "again once erase_namespace returns; if an erase was cut short, call erase_namespace again",
                 bucket=self.bucket, key=self.key_of(thread_id), erased_at=record.erased_at,

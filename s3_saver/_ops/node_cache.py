@@ -283,17 +283,19 @@ def clear(where: Where, state: CacheState, namespaces: list[Namespace] | None, t
 
 
 def setup(where: Where, region: str | None) -> Op[None]:
-    """Create the bucket when missing (a bucket that exists is left as it is)."""
+    """Create the bucket when missing (a bucket that exists is left as it is) and, with
+    encryption, the key store (never versioned: a versioned one is refused)."""
     head_call = where.s3.head_bucket()
     (head,) = yield (head_call,)
-    if not isinstance(head, BaseException):
-        return
-    if classify(head, "head_bucket") != BUCKET_MISSING:
-        raise failure(head_call, head)
-    create = where.s3.create_bucket(region)
-    (created,) = yield (create,)
-    if isinstance(created, BaseException) and error_code(created) not in BUCKET_OURS_CODES:
-        raise failure(create, created)
+    if isinstance(head, BaseException):
+        if classify(head, "head_bucket") != BUCKET_MISSING:
+            raise failure(head_call, head)
+        create = where.s3.create_bucket(region)
+        (created,) = yield (create,)
+        if isinstance(created, BaseException) and error_code(created) not in BUCKET_OURS_CODES:
+            raise failure(create, created)
+    if where.crypt is not None:
+        yield from where.crypt.store.setup(region)
 
 
 __all__ = ["CacheState", "Entry", "Where", "clear", "get", "load_gens", "put", "setup"]

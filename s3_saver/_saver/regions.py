@@ -190,6 +190,12 @@ class Regions:
         route = self._need_route("promote")
         writer, reader = self._other_ctx, self._ctx
         route.swap()
+        if writer.crypt is not None and reader.crypt is not None:
+            # The key stores swap roles too. Keys are made in the promoted region now:
+            # a key its store lacks is missing (erased, lost), not late, and reads as such;
+            # the region left is the one a key reaches late (its copy made once it answers).
+            writer.crypt.pair(reader.crypt, lags=False)
+            reader.crypt.pair(writer.crypt, lags=True)
         # A promoted region's index can name what never arrived (the outage ate
         # it): its reads stay lag-safe (the newest complete checkpoint).
         self._base_ctx, self._reader_ctx = route.as_reader(writer, role=PRIMARY), route.as_reader(reader)

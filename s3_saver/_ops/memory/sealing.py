@@ -74,7 +74,9 @@ def keyed(mem: Memory, paths: Iterable[Path], *, create: bool = False) -> Op[Mem
             wanted.setdefault(node, path)
     if not wanted:
         return mem
-    keys = yield from mem.crypt.load(list(wanted), create=create)
+    # The namespaces by name too: a key error names the namespace, not only its id (a hash).
+    names = {node: show(path) for node, path in wanted.items()}
+    keys = yield from mem.crypt.load(list(wanted), create=create, names=names)
     return replace(mem, sealer=mem.sealer.with_keys(keys))
 
 
