@@ -17,7 +17,7 @@ from langgraph.store.base import PutOp
 from test_store_encryption import BIG, NS, OTHER, _counts, _record, _store
 from test_store_s3 import make_store
 
-from s3_saver import LocalKey, S3Store
+from s3_saver import LocalKey, NamespaceErasedError, S3Store
 
 
 def _run(store: S3Store, driver: str, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -135,3 +135,30 @@ def test_the_refused_put_pays_the_key_once_and_the_next_put_is_steady(endpoint, 
     print("refused put:", refused, "steady put:", steady)
     assert _fresh(endpoint, index_mode, encryption).get(NS, "k").value == {"text": "y"}
 
+
+
+def test_a_put_with_a_cached_key_while_the_erase_runs_is_refused_and_lands_after_it(
+    endpoint, index_mode, monkeypatch
+) -> None:
+    """An erase cut after it emptied the namespace (its key destroyed, not yet settled):
+    A's put with the key it cached is refused as every write is while the erase runs
+    (never sealed under the destroyed key); once the erase is called again and returns,
+    the put lands under the new key."""
+    encryption = LocalKey(os.urandom(32))
+    a = _store(endpoint, index_mode, encryption)
+    a.put(NS, "k", {"text": "before"})
+    b = _store(endpoint, index_mode, encryption)
+
+    def cut(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("cut before the namespace was unregistered")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(b._memory.index), "erase_registrations", cut)
+        with pytest.raises(RuntimeError, match="cut"):
+            b.erase_namespace(NS)
+    with pytest.raises(NamespaceErasedError, match="being erased"):
+        a.put(NS, "k2", {"text": "during"})
+    b.erase_namespace(NS)
+    a.put(NS, "k2", {"text": "after"})
+    reader = _fresh(endpoint, index_mode, encryption)
+    assert reader.get(NS, "k2").value == {"text": "after"} and reader.get(NS, "k") is None

@@ -83,7 +83,14 @@ from s3_saver._index.dynamodb.memory_items import (
     _subject,
 )
 from s3_saver._index.dynamodb.memory_removal import Removals
-from s3_saver._index.memory import Change, KeyFenced, Path, Snapshot, Stage, fresh_objects
+from s3_saver._index.memory import (
+    Change,
+    KeyFenced,
+    Path,
+    Snapshot,
+    Stage,
+    fresh_objects,
+)
 from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.failures import (
     CONDITION_FAILED_CODES,

@@ -54,7 +54,14 @@ from s3_saver._index.dynamodb.memory_items import (
 )
 from s3_saver._index.memory import Destroy, Erasure, Path, Purge, Swept
 from s3_saver._transport.failures import UNAVAILABLE, classify
-from s3_saver._transport.protocol import Backoff, Call, Op, gather, raise_failure, request_one
+from s3_saver._transport.protocol import (
+    Backoff,
+    Call,
+    Op,
+    gather,
+    raise_failure,
+    request_one,
+)
 from s3_saver.errors import StoreUnavailableError
 
 _BACKOFF_MAX = 0.5  # seconds, before a delete judged not landed is sent again

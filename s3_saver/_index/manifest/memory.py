@@ -73,7 +73,14 @@ from s3_saver._index.manifest.memory_documents import (
 from s3_saver._index.manifest.memory_group import GroupCommits
 from s3_saver._index.manifest.memory_removal import Removals
 from s3_saver._index.manifest.memory_segments import apply
-from s3_saver._index.memory import Change, KeyFenced, Path, Snapshot, Stage, fresh_objects
+from s3_saver._index.memory import (
+    Change,
+    KeyFenced,
+    Path,
+    Snapshot,
+    Stage,
+    fresh_objects,
+)
 from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.protocol import (
     Op,
