@@ -162,3 +162,19 @@ def test_a_put_with_a_cached_key_while_the_erase_runs_is_refused_and_lands_after
     a.put(NS, "k2", {"text": "after"})
     reader = _fresh(endpoint, index_mode, encryption)
     assert reader.get(NS, "k2").value == {"text": "after"} and reader.get(NS, "k") is None
+
+
+def test_an_import_with_a_key_cached_before_another_process_erased_the_namespace_is_kept(endpoint, index_mode) -> None:
+    """``import_memory`` commits as a batch does: refused under the destroyed key, sealed
+    again under the new one."""
+    encryption = LocalKey(os.urandom(32))
+    source = _store(endpoint, index_mode, encryption, prefix="source/")
+    source.put(NS, "imported", {"text": "from the export"})
+    data = source.export_memory(NS)
+    a = _store(endpoint, index_mode, encryption)
+    a.put(NS, "k", {"text": "before"})
+    _store(endpoint, index_mode, encryption).erase_namespace(NS)
+    report = a.import_memory(data)
+    assert report.written == 1
+    reader = _fresh(endpoint, index_mode, encryption)
+    assert reader.get(NS, "imported").value == {"text": "from the export"} and reader.get(NS, "k") is None

@@ -360,6 +360,8 @@ class DynamoMemory(Collection, Removals):
             if not registry:
                 raise_failure(call, answer)
             self._known.pop(path)
+            if change.sealed_with is not None:
+                raise KeyFenced([path], self.describe(path))  # the key first, as a put's (``_put``)
             yield from self._register(path)
         raise StoreUnavailableError(
             f"import of key {show(change.key)} in namespace {show(path)} ({self.describe(path)}): its namespace kept "

@@ -280,7 +280,9 @@ class Items:
         if change.ttl_minutes is not None:
             item["ttl"] = {"N": repr(float(change.ttl_minutes))}
         _vectors_and_object(change, item, [])
-        return self._fenced(path, change.key, {"Put": {"TableName": self.table, "Item": item}})
+        if change.sealed_with is not None:
+            item["kid"] = {"S": change.sealed_with}
+        return self._fenced(path, change.key, {"Put": {"TableName": self.table, "Item": item}}, change.sealed_with)
 
     def _fenced(self, path: Path, name: str, put: dict[str, Any], kid: str | None = None) -> Call:
         """``put`` in a transaction with the check that the namespace is registered and no
