@@ -47,6 +47,13 @@ Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace a
 fenced by a mark on its registry item (``memory_removal``). Expired items are hidden
 from reads, deleted by the sweep early, and by DynamoDB's TTL on ``expires_at`` anyway.
 
+With encryption, a put carries the id of the namespace key it is sealed under (``kid``):
+on its item (an overwrite is refused over another key's item), on the registry item its
+registration writes (a creation's check is refused under another key), and an erase
+writes the ids it destroyed on its mark (``gone``: no registration over it with one).
+A creation refused by its check is not registered again blindly: the writer reads the key
+first (``KeyFenced``), so a key an erase destroyed never commits. No request more.
+
 Not built yet: ``BatchGetItem`` for several keys, one transaction for a cold put.
 
 The module holds reads and writes; the items and what they share are ``memory_items``'s,

@@ -31,6 +31,10 @@ again (``_swap``); applied again, its value objects are first copied to fresh to
 Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace by a
 head swap and a registry swap, fenced by the registry's ``seq`` (``memory_removal``).
 
+With encryption, an erase records on the head it empties the ids of the namespace's keys
+it destroyed (``Head.gone``, carried by every later swap); a swap of a put sealed under
+one is refused (``KeyFenced``), checked on the head it replaces: no request more.
+
 One process's concurrent swaps of one head go out as one (group commit:
 ``memory_group``): a process never conflicts with itself.
 
