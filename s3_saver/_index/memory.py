@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from s3_saver._format.key_codec import new_token
+from s3_saver._format.memory.names import show
 from s3_saver._format.memory.rows import ObjectRef, Row, ValueCell, VectorsCell
 from s3_saver._format.memory.ttl import Clock, Refresh
 from s3_saver._transport.failures import (
@@ -39,6 +40,7 @@ from s3_saver._transport.failures import (
 )
 from s3_saver._transport.protocol import Op, about, raise_failure
 from s3_saver._transport.s3 import S3Calls
+from s3_saver.errors import S3SaverError
 
 Path = tuple[str, ...]
 
@@ -59,6 +61,10 @@ class Change:
     written: int | None = None
     """When its value object (an ``ObjectRef``) was sent, by the store's clock (µs): a
     commit never names one older than ``memory_lease.VALUE_LEASE``."""
+    sealed_with: str | None = None
+    """With encryption, a put's: the id (hex) of the namespace key its value and vectors
+    are sealed under. The commit refuses it (``KeyFenced``) when an erase destroyed that
+    key, inside the conditional write that lands it (see ``MemoryIndex.commit``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,27 @@ class Snapshot:
     """Namespaces read whole that are known to have no namespace below them (so a search
     of one needs no registry read); an index that cannot tell names none."""
 
+
+class KeyFenced(S3SaverError):
+    """A commit refused: a put of it is sealed under a namespace key that an erase
+    destroyed (another process erased the namespace after this one cached the key).
+    Nothing of the refused namespace's puts landed under that key; the operation drops
+    the cached key, reads the key record again (a new key once the erase is over), seals
+    the puts anew and runs again (``sealing.rekeying``)."""
+
+    def __init__(self, paths: Sequence[Path], where: str) -> None:
+        names = ", ".join(show(p) for p in paths[:3])
+        super().__init__(
+            f"{where}: namespace {names}: the write was sealed under a key that an erase of the namespace destroyed "
+            "(another process erased it after this one cached the key); nothing was written under it"
+        )
+        self.paths = tuple(paths)
+
+
+Destroy = Callable[[list[Path]], Op[dict[Path, frozenset[str]]]]
+"""An erase's: destroys the keys of the namespaces given (those not destroyed yet) and
+returns, per namespace that had one, the ids (hex) of every key of it destroyed: what the
+index records for the namespace's commits to refuse (``erase_rows``)."""
 
 Stage = Callable[[], Op[None]]
 """Writes the value objects a commit's rows will name (``commit`` runs it once the
@@ -152,7 +179,14 @@ class MemoryIndex(Protocol):
         Invariant: a value object is written into a namespace's folder only once the
         namespace is registered, as far as this process knows (an erase finds folders
         through the registry: a commit cut short after its objects leaves them where an
-        erase of any prefix of the namespace lists them)."""
+        erase of any prefix of the namespace lists them).
+
+        Invariant (encryption): a put whose ``sealed_with`` names a key an erase of its
+        namespace destroyed never lands. The erase records the destroyed ids where the
+        commit's own conditional write reads them (the namespace's head, in manifest mode;
+        its registry item and its items, in DynamoDB mode), so the check costs no request;
+        refused, the commit raises ``KeyFenced`` (other namespaces of the commit may have
+        landed: the operation runs again whole)."""
         ...
 
     def named_values(self, node: str) -> Op[frozenset[str]]:
@@ -168,10 +202,13 @@ class MemoryIndex(Protocol):
         and in manifest mode its head)."""
         ...
 
-    def erase_rows(self, prefix: Path, purge: Purge) -> Op[Erasure]:
+    def erase_rows(self, prefix: Path, purge: Purge, destroy: Destroy | None = None) -> Op[Erasure]:
         """Remove every item of every registered namespace under ``prefix`` (itself
         included): value objects first (``purge``), then the rows. Registrations stay
-        until ``erase_registrations``, so a call cut short and made again finds them."""
+        until ``erase_registrations``, so a call cut short and made again finds them.
+        ``destroy`` (encryption): called with the namespaces found, before anything of
+        them changes; the key ids it returns are recorded where each namespace's commits
+        check them (``commit``'s invariant)."""
         ...
 
     def erase_registrations(self, erasure: Erasure, hold: Sequence[Path] = ()) -> Op[list[Path]]:

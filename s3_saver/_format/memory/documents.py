@@ -156,6 +156,22 @@ def sweep_partition(prefix: str) -> str:
 ITEM_MARK = "k"  # an item's sort key is this mark and its key
 
 
+# The destroyed key ids a head keeps (a namespace erased more often than this: a process
+# holding a key of its oldest lives could commit under it; each life's key is another).
+GONE_KEPT = 100
+
+
+def gone_ids(*groups: tuple[str, ...] | frozenset[str]) -> tuple[str, ...]:
+    """The destroyed key ids of ``groups`` (a head's, then an erase's), once each, in
+    order (a set sorted), the newest ``GONE_KEPT`` kept."""
+    seen: dict[str, None] = {}
+    for group in groups:
+        for k in sorted(group) if isinstance(group, frozenset) else group:
+            seen.pop(k, None)
+            seen[k] = None
+    return tuple(list(seen)[-GONE_KEPT:])
+
+
 # -- a namespace's head ------------------------------------------------------------------
 
 
@@ -187,6 +203,12 @@ class Head:
     that retired them, and again after the next swap, which drops them from here (a
     writer cut short between its swap and its deletes leaves them named here)."""
 
+    gone: tuple[str, ...] = ()
+    """With encryption: the ids (hex) of the namespace's keys that erases destroyed, set
+    by the erase as it empties the head and carried by every later swap (``GONE_KEPT``
+    newest). A swap of a put sealed under one of them is refused (a process that cached
+    the key before the erase): checked on the head the swap replaces, so at no request."""
+
     @property
     def empty(self) -> bool:
         """No row, and none ever numbered since the head was last emptied: the namespace
@@ -213,6 +235,8 @@ def dumps_head(head: Head) -> bytes:
     if sealed:
         record["segments"] = [ref_to_wire(r) for r in head.segments]
         record["retired"] = [ref_to_wire(r) for r in head.retired]
+    if head.gone:
+        record["gone"] = list(head.gone)
     return pack(record)
 
 
@@ -224,6 +248,9 @@ def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
     record = unpack(data, HEAD_FORMAT, at)
     stored, seq, wire, desc = record.get("path"), record.get("seq"), record.get("rows"), record.get("desc")
     emptied = record.get("emptied", False)
+    gone = record.get("gone", [])
+    if not isinstance(gone, list) or not all(isinstance(k, str) for k in gone):
+        raise CorruptObjectError(f"{at}: not a memory head (gone {type(gone).__name__})")
     sealed = record["format"] == SEALED_HEAD_FORMAT
     segments_wire, retired_wire = (record.get("segments"), record.get("retired")) if sealed else ([], [])
     if not isinstance(segments_wire, list) or not isinstance(retired_wire, list):
@@ -252,7 +279,7 @@ def loads_head(data: bytes, path: tuple[str, ...], where: str) -> Head:
         if row.key in rows or row.seq >= seq:
             raise CorruptObjectError(f"{at}: key {show(row.key)} twice, or numbered {row.seq} past the head's {seq}")
         rows[row.key] = row
-    return Head(path, seq, rows, desc, emptied and not rows and seq == 0, segments, retired)
+    return Head(path, seq, rows, desc, emptied and not rows and seq == 0, segments, retired, tuple(gone))
 
 
 # -- the namespace registry --------------------------------------------------------------

@@ -47,6 +47,13 @@ Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace a
 fenced by a mark on its registry item (``memory_removal``). Expired items are hidden
 from reads, deleted by the sweep early, and by DynamoDB's TTL on ``expires_at`` anyway.
 
+With encryption, a put carries the id of the namespace key it is sealed under (``kid``):
+on its item (an overwrite is refused over another key's item), on the registry item its
+registration writes (a creation's check is refused under another key), and an erase
+writes the ids it destroyed on its mark (``gone``: no registration over it with one).
+A creation refused by its check is not registered again blindly: the writer reads the key
+first (``KeyFenced``), so a key an erase destroyed never commits. No request more.
+
 Not built yet: ``BatchGetItem`` for several keys, one transaction for a cold put.
 
 The module holds reads and writes; the items and what they share are ``memory_items``'s,
@@ -83,7 +90,14 @@ from s3_saver._index.dynamodb.memory_items import (
     _subject,
 )
 from s3_saver._index.dynamodb.memory_removal import Removals
-from s3_saver._index.memory import Change, Path, Snapshot, Stage, fresh_objects
+from s3_saver._index.memory import (
+    Change,
+    KeyFenced,
+    Path,
+    Snapshot,
+    Stage,
+    fresh_objects,
+)
 from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.failures import (
     CONDITION_FAILED_CODES,
@@ -146,7 +160,7 @@ class DynamoMemory(Collection, Removals):
         new = [p for p, changes in groups.items() if any(c.value is not None for c in changes) and self._known.get(p) is None]
         if new:
             # Listed before readable: a namespace's registry item is written before its items.
-            yield from gather(*(self._register(p) for p in new))
+            yield from gather(*(self._register(p, _kid(groups[p])) for p in new))
         if stage is not None:
             # And before its value objects (``MemoryIndex.commit``'s invariant): an erase
             # finds them even if this commit is cut short before its items.
@@ -244,12 +258,18 @@ class DynamoMemory(Collection, Removals):
                 self._live.put((path, change.key), True, _LIVE_BYTES + len(change.key))
                 return copied
             registry, item_refused = _cancelled(answer)
-            if item_refused:
+            if item_refused and not (registry and change.sealed_with is not None):
                 overwrite = True  # a live item is there: overwrite it (its created_at kept)
             elif registry:
                 # Unregistered (an erase or a sweep) or being unregistered since this
                 # process learned it: register again, then create.
                 self._known.pop(path)
+                if change.sealed_with is not None:
+                    # With encryption, the key first: an erase may have destroyed it, or
+                    # registered the namespace under another since (a new life). The put is
+                    # sealed again under the key read then (``sealing.rekeying``), and
+                    # registers with it (invariant of ``MemoryIndex.commit``).
+                    raise KeyFenced([path], self.describe(path))
                 yield from self._register(path)
                 overwrite = False
             else:
@@ -347,8 +367,15 @@ class DynamoMemory(Collection, Removals):
             if not registry:
                 raise_failure(call, answer)
             self._known.pop(path)
+            if change.sealed_with is not None:
+                raise KeyFenced([path], self.describe(path))  # the key first, as a put's (``_put``)
             yield from self._register(path)
         raise StoreUnavailableError(
             f"import of key {show(change.key)} in namespace {show(path)} ({self.describe(path)}): its namespace kept "
             "being unregistered between the writes; try again"
         )
+
+
+def _kid(changes: list[Change]) -> str | None:
+    """The key a namespace's puts are sealed under (all under one: the batch's), None without encryption."""
+    return next((c.sealed_with for c in changes if c.sealed_with is not None), None)

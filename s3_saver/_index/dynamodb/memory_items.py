@@ -167,7 +167,9 @@ class Items:
             found[path] = created
         return found
 
-    def _register(self, path: Path) -> Op[None]:
+    def _register(self, path: Path, kid: str | None = None) -> Op[None]:
+        """``kid`` (encryption): the key the registering put is sealed under, recorded
+        for every creation in the namespace to check (``_fenced``)."""
         item = {
             **_key(registry_partition(self.prefix), registry_key(path)),
             "path": {"L": [{"S": label} for label in path]},
@@ -175,7 +177,15 @@ class Items:
         }
         # Written when absent, or over a removal under way (``retiring``), which then fails.
         condition = "attribute_not_exists(pk) OR attribute_exists(retiring)"
-        call = self._call("put_item", {"Item": item, "ConditionExpression": condition}, f"registry of namespace {show(path)}")
+        params: dict[str, Any] = {"Item": item, "ConditionExpression": condition}
+        if kid is not None:
+            item["kid"] = {"S": kid}
+            # Never over an erase's mark naming this key as destroyed (``gone``: a process
+            # that cached it before the erase): refused, the creation's check refuses the
+            # put, and the writer reads the key again.
+            params["ConditionExpression"] = "attribute_not_exists(pk) OR (attribute_exists(retiring) AND NOT contains(gone, :kid))"
+            params["ExpressionAttributeValues"] = {":kid": {"S": kid}}
+        call = self._call("put_item", params, f"registry of namespace {show(path)}")
         answer = yield (call,)
         if isinstance(answer[0], BaseException) and error_code(answer[0]) not in CONDITION_FAILED_CODES:
             raise_failure(call, answer[0])
@@ -205,6 +215,10 @@ class Items:
         else:
             values.update(exu=_n(exu), expires_at=_n(epoch_seconds_up(exu)), ttl={"N": repr(float(change.ttl_minutes or 0))})
         _vectors_and_object(change, values, removed)
+        if change.sealed_with is not None:
+            # The key its value is sealed under: an overwrite by a process that cached an
+            # older life's key is refused on it (``_overwrite``).
+            values["kid"] = {"S": change.sealed_with}
         return values, removed
 
     def _overwrite(self, path: Path, key: dict[str, Any], change: Change, now: int, token: str) -> Call:
@@ -213,6 +227,11 @@ class Items:
         sets += ["#ca = if_not_exists(#ca, :now)", "#seq = if_not_exists(#seq, :now)", "#pv = if_not_exists(#vo, :nil)"]
         expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(f"#{n}" for n in removed) if removed else "")
         names = {f"#{name}": name for name in [*values, *removed, "ca", "seq", "pv", "vo", "exu", "pk"]}
+        condition = "attribute_exists(#pk) AND (attribute_not_exists(#exu) OR #exu > :now)"
+        if change.sealed_with is not None:
+            # Invariant (``MemoryIndex.commit``): never over an item of another key's life
+            # (the namespace erased and written anew since this process cached its key).
+            condition += " AND (attribute_not_exists(#kid) OR #kid = :kid)"
         call = self._call(
             "update_item",
             {
@@ -221,7 +240,7 @@ class Items:
                 # Live: an overwrite keeps created_at. Never a creation: an item is created only
                 # by ``_create``, whose transaction checks the namespace is registered (an
                 # item written here after an erase or a sweep removed it would be unlisted).
-                "ConditionExpression": "attribute_exists(#pk) AND (attribute_not_exists(#exu) OR #exu > :now)",
+                "ConditionExpression": condition,
                 "ExpressionAttributeNames": names,
                 "ExpressionAttributeValues": {**{f":{n}": v for n, v in values.items()}, ":now": _n(now), ":nil": {"S": ""}},
                 # The old value, its object and the one it had replaced: deleted after (never one unread).
@@ -241,7 +260,7 @@ class Items:
         values, _ = self._attributes(path, change, now, token)
         item = {**key, **values, "ca": _n(now), "seq": _n(now)}
         put = {"Put": {"TableName": self.table, "Item": item, "ConditionExpression": "attribute_not_exists(pk) OR exu <= :now", "ExpressionAttributeValues": {":now": _n(now)}}}
-        return self._fenced(path, change.key, put)
+        return self._fenced(path, change.key, put, change.sealed_with)
 
     def _restore(self, path: Path, key: dict[str, Any], change: Change, token: str) -> Call:
         """An imported item, written whole with its exported times."""
@@ -261,18 +280,24 @@ class Items:
         if change.ttl_minutes is not None:
             item["ttl"] = {"N": repr(float(change.ttl_minutes))}
         _vectors_and_object(change, item, [])
-        return self._fenced(path, change.key, {"Put": {"TableName": self.table, "Item": item}})
+        if change.sealed_with is not None:
+            item["kid"] = {"S": change.sealed_with}
+        return self._fenced(path, change.key, {"Put": {"TableName": self.table, "Item": item}}, change.sealed_with)
 
-    def _fenced(self, path: Path, name: str, put: dict[str, Any]) -> Call:
+    def _fenced(self, path: Path, name: str, put: dict[str, Any], kid: str | None = None) -> Call:
         """``put`` in a transaction with the check that the namespace is registered and no
-        removal is under way (``memory_removal``)."""
-        check = {
+        removal is under way (``memory_removal``); ``kid`` (encryption): and registered
+        under that key (its registration's, ``_register``), not an earlier life's."""
+        check: dict[str, Any] = {
             "ConditionCheck": {
                 "TableName": self.table,
                 "Key": _key(registry_partition(self.prefix), registry_key(path)),
                 "ConditionExpression": "attribute_exists(pk) AND attribute_not_exists(retiring)",
             }
         }
+        if kid is not None:
+            check["ConditionCheck"]["ConditionExpression"] += " AND (attribute_not_exists(kid) OR kid = :kid)"
+            check["ConditionCheck"]["ExpressionAttributeValues"] = {":kid": {"S": kid}}
         # A token of its own: sent again after a lost answer, DynamoDB applies it once.
         params = {"TransactItems": [check, put], "ClientRequestToken": new_token()}
         return Call("dynamodb", "transact_write_items", params, self.where, _subject(path, name))

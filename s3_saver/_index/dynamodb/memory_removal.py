@@ -52,9 +52,16 @@ from s3_saver._index.dynamodb.memory_items import (
     _key,
     _subject,
 )
-from s3_saver._index.memory import Erasure, Path, Purge, Swept
+from s3_saver._index.memory import Destroy, Erasure, Path, Purge, Swept
 from s3_saver._transport.failures import UNAVAILABLE, classify
-from s3_saver._transport.protocol import Backoff, Call, Op, gather, raise_failure, request_one
+from s3_saver._transport.protocol import (
+    Backoff,
+    Call,
+    Op,
+    gather,
+    raise_failure,
+    request_one,
+)
 from s3_saver.errors import StoreUnavailableError
 
 _BACKOFF_MAX = 0.5  # seconds, before a delete judged not landed is sent again
@@ -75,11 +82,16 @@ class Removals(Items):
     def node_folder(self, path: Path) -> str:
         return node_folder(self.prefix, node_id(path))
 
-    def erase_rows(self, prefix: Path, purge: Purge) -> Op[Erasure]:
+    def erase_rows(self, prefix: Path, purge: Purge, destroy: Destroy | None = None) -> Op[Erasure]:
         entries = yield from self._query(registry_partition(self.prefix), "the namespace registry", registry_bounds(prefix) if prefix else None)
         paths = sorted(self._registry(entries))
+        # With encryption, the keys destroyed before the marks, which record their ids: a
+        # process that cached one cannot register the namespace over the mark with it
+        # (``_register``); once the registry item is gone, its creation's check is refused
+        # and it reads the key again (``DynamoMemory._put``).
+        gone = (yield from destroy(paths)) if destroy is not None else {}
         token = new_token()
-        marked = yield from self._retire(paths, token, fresh=False)
+        marked = yield from self._retire(paths, token, fresh=False, gone=gone)
         counts = yield from gather(*(self._erase_items(p, purge) for p in marked))
         return Erasure(tuple(marked), tuple(marked), sum(counts), token, ())
 
@@ -122,7 +134,7 @@ class Removals(Items):
             yield from request_one(self._call("put_item", {"Item": item}, "the TTL sweep's cursor"))
         return Swept(sum(n for n, _ in results), len(paths), tuple(unregistered))
 
-    def _retire(self, paths: list[Path], token: str, *, fresh: bool) -> Op[list[Path]]:
+    def _retire(self, paths: list[Path], token: str, *, fresh: bool, gone: dict[Path, frozenset[str]] | None = None) -> Op[list[Path]]:
         """Mark the registry items of ``paths`` retiring with ``token`` (``fresh``, a
         sweep's: only those no erase marked); returns the paths marked (the others are
         gone, or marked by an erase)."""
@@ -136,19 +148,17 @@ class Removals(Items):
             # Taking a sweep's mark is safe: see the module docstring.
             condition += " AND (attribute_not_exists(retiring) OR begins_with(retiring, :sweep))"
             values[":sweep"] = {"S": SWEEP_MARK}
-        calls = tuple(
-            self._call(
-                "update_item",
-                {
-                    "Key": _key(registry_partition(self.prefix), registry_key(p)),
-                    "UpdateExpression": "SET retiring = :t",
-                    "ConditionExpression": condition,
-                    "ExpressionAttributeValues": values,
-                },
-                f"registry of namespace {show(p)}",
-            )
-            for p in paths
-        )
+        def marked(p: Path) -> Call:
+            ids = (gone or {}).get(p)
+            params = {
+                "Key": _key(registry_partition(self.prefix), registry_key(p)),
+                "UpdateExpression": "SET retiring = :t" + (", gone = :g" if ids else ""),
+                "ConditionExpression": condition,
+                "ExpressionAttributeValues": {**values, **({":g": {"SS": sorted(ids)}} if ids else {})},
+            }
+            return self._call("update_item", params, f"registry of namespace {show(p)}")
+
+        calls = tuple(marked(p) for p in paths)
         answers = yield calls
         return [p for p, call, answer in zip(paths, calls, answers) if _done(call, answer)]
 

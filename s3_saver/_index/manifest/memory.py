@@ -31,6 +31,10 @@ again (``_swap``); applied again, its value objects are first copied to fresh to
 Removals (erase, the TTL sweep of an emptied namespace) unregister a namespace by a
 head swap and a registry swap, fenced by the registry's ``seq`` (``memory_removal``).
 
+With encryption, an erase records on the head it empties the ids of the namespace's keys
+it destroyed (``Head.gone``, carried by every later swap); a swap of a put sealed under
+one is refused (``KeyFenced``), checked on the head it replaces: no request more.
+
 One process's concurrent swaps of one head go out as one (group commit:
 ``memory_group``): a process never conflicts with itself.
 
@@ -73,7 +77,14 @@ from s3_saver._index.manifest.memory_documents import (
 from s3_saver._index.manifest.memory_group import GroupCommits
 from s3_saver._index.manifest.memory_removal import Removals
 from s3_saver._index.manifest.memory_segments import apply
-from s3_saver._index.memory import Change, Path, Snapshot, Stage, fresh_objects
+from s3_saver._index.memory import (
+    Change,
+    KeyFenced,
+    Path,
+    Snapshot,
+    Stage,
+    fresh_objects,
+)
 from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.protocol import (
     Op,
@@ -238,6 +249,15 @@ class ManifestMemory(GroupCommits, Collection, Removals):
                 (answer,) = yield (call,)
                 known, confirmed = self._head_answer(path, call, answer), True
             etag, head = known
+            fenced = {c.sealed_with for c in changes if c.sealed_with is not None} & set(head.gone)
+            if fenced:
+                # Invariant (``MemoryIndex.commit``): a put sealed under a key an erase
+                # destroyed never lands. Checked on the head this swap would replace (its
+                # ETag the swap's condition): a cached head that predates the erase meets
+                # the emptied one on its 412, and is judged here again. The ids only grow,
+                # so a cached head naming the key is decisive too.
+                self._heads.pop(node)
+                raise KeyFenced([path], f"s3://{self.s3.bucket}/{key}")
             if refused and confirmed:
                 named = {r.token for r in [*head.segments, *head.retired]}
                 for written, released, sealed in refused:

@@ -29,6 +29,7 @@ from s3_saver._format.memory.documents import (
     Registry,
     dumps_head,
     dumps_registry,
+    gone_ids,
     head_key,
     node_folder,
     registry_object_key,
@@ -51,7 +52,7 @@ from s3_saver._index.manifest.memory_segments import (
     merged,
     sealed_row,
 )
-from s3_saver._index.memory import Erasure, Path, Purge, Swept
+from s3_saver._index.memory import Destroy, Erasure, Path, Purge, Swept
 from s3_saver._transport.failures import (
     OBJECT_MISSING,
     classify,
@@ -73,14 +74,18 @@ class Removals(Segments):
     def node_folder(self, path: Path) -> str:
         return node_folder(self.prefix, node_id(path))
 
-    def erase_rows(self, prefix: Path, purge: Purge) -> Op[Erasure]:
+    def erase_rows(self, prefix: Path, purge: Purge, destroy: Destroy | None = None) -> Op[Erasure]:
         fence, registry = yield from self._read_registry()
         paths = sorted(p for p in registry.created if p[: len(prefix)] == prefix)
+        # With encryption, every namespace's key destroyed before its head is emptied; the
+        # emptied head records the ids, so a process that cached one commits nothing under
+        # it (``ManifestMemory._swap``).
+        gone = (yield from destroy(paths)) if destroy is not None else {}
         # The namespaces' heads, and those of the nodes between them and the prefix
         # (a head with no item names no namespace, but an erase leaves no doubt).
         nodes = sorted({p[:i] for p in paths for i in range(max(len(prefix), 1), len(p) + 1)} | ({prefix} if prefix else set()))
         registered = set(paths)
-        results = yield from gather(*(self._empty(n, n in registered, purge) for n in nodes))
+        results = yield from gather(*(self._empty(n, n in registered, purge, gone.get(n, frozenset())) for n in nodes))
         items = sum(count for count, _ in results)
         records = tuple(f"s3://{self.s3.bucket}/{key}" for _, key in results if key)
         return Erasure(tuple(paths), tuple(nodes), items, fence, records, (registry_object_key(self.prefix),))
@@ -119,11 +124,12 @@ class Removals(Segments):
         except UnicodeDecodeError as exc:
             raise CorruptObjectError(f"s3://{self.s3.bucket}/{call.params['Key']}: not a sweep cursor ({exc})") from exc
 
-    def _empty(self, path: Path, registered: bool, purge: Purge) -> Op[tuple[int, str | None]]:
+    def _empty(self, path: Path, registered: bool, purge: Purge, gone: frozenset[str] = frozenset()) -> Op[tuple[int, str | None]]:
         """Swap the head of ``path`` for an empty one (keeping ``desc``: namespaces below
-        may be registered again meanwhile), deleting first the value objects its rows name
-        (so a call cut short and made again still finds them named). Returns the items
-        removed and the head's key (None: there was no head, and none is needed)."""
+        may be registered again meanwhile; and the destroyed key ids, with ``gone`` added),
+        deleting first the value objects its rows name (so a call cut short and made
+        again still finds them named). Returns the items removed and the head's key
+        (None: there was no head, and none is needed)."""
         node = node_id(path)
         key = head_key(self.prefix, node)
         subject = f"{_namespace(path)} (erase)"
@@ -132,7 +138,7 @@ class Removals(Segments):
             call = about(self.s3.get(key), subject)
             (answer,) = yield (call,)
             etag, head = self._head_answer(path, call, answer)
-            if refused is not None and head.emptied and not head.rows:
+            if refused is not None and head.emptied and not head.rows and set(gone) <= set(head.gone):
                 # A refused swap may be one that landed (its answer lost, sent again, the copy
                 # met its own write): the head is emptied now, so it is counted as this erase's.
                 return refused, key
@@ -157,7 +163,7 @@ class Removals(Segments):
                 yield from purge(named)
             if refs:
                 yield from purge([self.segment_key(path, r) for r in refs])
-            emptied = Head(path, 0, {}, head.desc, emptied=True)
+            emptied = Head(path, 0, {}, head.desc, emptied=True, gone=gone_ids(head.gone, gone))
             call = about(self.s3.put_swap(key, dumps_head(emptied), etag), subject)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):
@@ -220,7 +226,7 @@ class Removals(Segments):
                     yield from purge(named)
                 removed = len(expired)
                 # Nothing left: every segment retired (deleted after the swap).
-                changed = Head(path, 0, {}, head.desc, emptied=True, retired=[*head.segments, *head.retired])
+                changed = Head(path, 0, {}, head.desc, emptied=True, retired=[*head.segments, *head.retired], gone=head.gone)
             call = about(self.s3.put_swap(key, dumps_head(changed), etag), subject)
             (answer,) = yield (call,)
             if not isinstance(answer, BaseException):

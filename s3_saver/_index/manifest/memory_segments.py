@@ -224,7 +224,7 @@ def apply(head: Head, changes: list[Change], clock: Clock, loaded: Mapping[str, 
     put = [c.token for change in changes for c in (change.value, change.vectors) if isinstance(c, ObjectRef)]
     released = [t for t in dict.fromkeys([*gone, *released, *put]) if t not in named]
     segments = [r.with_dead(dead[r.token]) if r.token in dead else r for r in head.segments]
-    return Head(head.path, seq, kept_rows, head.desc, segments=segments), released
+    return Head(head.path, seq, kept_rows, head.desc, segments=segments, gone=head.gone), released
 
 
 def drop_expired(head: Head, now: int) -> Head:

@@ -163,10 +163,12 @@ def _batch(
         for number in numbers:
             put = prepared.puts[number]
             value, cell = put.value, packed[number]
+            sealed_with = None
             if value is not None:
                 value = sealing.seal_value(mem, namespace, put.key, value)
                 cell = sealing.seal_vectors(mem, namespace, put.key, cell)
-            changes.append(Change(put.key, value, cell, put.ttl_minutes))
+                sealed_with = sealing.key_id(mem, namespace)  # the commit refuses a destroyed one
+            changes.append(Change(put.key, value, cell, put.ttl_minutes, sealed_with=sealed_with))
     # The value objects go once their namespaces are registered (``MemoryIndex.commit``).
     released = yield from mem.index.commit(groups, partial(_move_large_values, mem, groups))
     yield from _delete_released(mem, released)

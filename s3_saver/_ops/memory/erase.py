@@ -130,10 +130,15 @@ def erase_namespace(
         if not versioned:  # on a versioned bucket, step 2 counts the versions
             removed[0] += count
 
-    erasure = yield from mem.index.erase_rows(prefix, purge)
-    # A namespace registered after the keys were destroyed (a put racing the erase, with
-    # a key made before it) has its key destroyed too, before its folder is listed.
-    destroyed.update((yield from _destroy_keys(mem, prefix, [p for p in erasure.namespaces if p not in destroyed])))
+    def destroy(paths: list[Path]) -> Op[dict[Path, frozenset[str]]]:
+        # The namespaces the index found: one registered after the keys were destroyed (a
+        # put racing the erase, with a key made before it) has its key destroyed too,
+        # before the index changes anything of it. The ids go into the index, where a
+        # commit under one of them is refused (``MemoryIndex.commit``'s invariant).
+        destroyed.update((yield from _destroy_keys(mem, prefix, [p for p in paths if p not in destroyed])))
+        return {p: frozenset(k.hex() for k in destroyed[p][0].erased_ids()) for p in paths if p in destroyed}
+
+    erasure = yield from mem.index.erase_rows(prefix, purge, destroy if mem.crypt is not None else None)
     young = time.time() - grace
     pages = yield from gather(*(_listed(mem, mem.index.node_folder(n), versioned) for n in erasure.nodes))  # type: ignore[arg-type]
     doomed: list[_Version] = []

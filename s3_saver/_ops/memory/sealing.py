@@ -39,6 +39,7 @@ from s3_saver._crypto.sealer import SEALED_TAG, StaleKey
 from s3_saver._format.memory import rows
 from s3_saver._format.memory.documents import node_folder
 from s3_saver._format.memory.names import node_id, show
+from s3_saver._index.memory import KeyFenced
 from s3_saver._transport.protocol import Op, T
 from s3_saver.errors import (
     CorruptObjectError,
@@ -56,6 +57,9 @@ if TYPE_CHECKING:
 
 Path = tuple[str, ...]
 VALUE_FIELD = "value/"
+# Writes sealed again after their key was found destroyed at their commit: each time
+# another erase of the namespace came in between (as ``_ops/keyed.MAX_REKEYS``).
+MAX_REKEYS = 3
 VECTORS_FIELD = "vectors/"
 
 
@@ -80,15 +84,33 @@ def keyed(mem: Memory, paths: Iterable[Path], *, create: bool = False) -> Op[Mem
     return replace(mem, sealer=mem.sealer.with_keys(keys))
 
 
+def key_id(mem: Memory, path: Path) -> str | None:
+    """The id (hex) of the key ``seal_value`` seals the namespace's content with: what the
+    index's commit checks against the ids an erase destroyed (None: no encryption)."""
+    if mem.crypt is None:
+        return None
+    return mem.sealer.key_id(node_id(path))
+
+
 def rekeying(mem: Memory, make: Any) -> Op[T]:
-    """``make(mem)``, run again once when it met a namespace's content sealed under
-    another key than the one this process cached (``StaleKey``: another process erased
-    the namespace and wrote it anew; the cached key was dropped, so the second run reads
-    the key record). Opening happens before a batch commits anything, so the run again
-    repeats no write."""
+    """``make(mem)``, run again when:
+
+    - it met a namespace's content sealed under another key than the one this process
+      cached (``StaleKey``: another process erased the namespace and wrote it anew; the
+      cached key was dropped, so the second run reads the key record), once per
+      namespace. Opening happens before a batch commits anything, so the run again
+      repeats no write;
+    - its commit was refused (``KeyFenced``): a put sealed under a key that another
+      process's erase destroyed after this one cached it. The key is dropped, so the run
+      again reads the key record (a new life's key, made when none is live; refused while
+      the erase is under way) and seals anew. The commit's other changes may have landed:
+      run again, they are applied again as they were (a put's value, a delete), the
+      batch's reads answered anew. At most ``MAX_REKEYS`` times per namespace (each one
+      another erase of it between the key's read and the commit)."""
     if mem.crypt is None:
         return (yield from make(mem))
     renewed: set[str] = set()
+    fenced: dict[str, int] = {}
     while True:
         try:
             return (yield from make(mem))
@@ -96,6 +118,19 @@ def rekeying(mem: Memory, make: Any) -> Op[T]:
             if stale.thread_id in renewed:
                 raise
             renewed.add(stale.thread_id)
+        except KeyFenced as refused:
+            for path in refused.paths:
+                node = node_id(path)
+                fenced[node] = fenced.get(node, 0) + 1
+                if fenced[node] > MAX_REKEYS:
+                    raise S3SaverError(
+                        f"namespace {show(path)}: the write was sealed again {MAX_REKEYS} times, each time under a key an "
+                        "erase destroyed before it committed (the namespace keeps being erased while it is written); "
+                        "call again"
+                    ) from refused
+                mem.crypt.forget(node)
+                if mem.sealer.enabled:
+                    mem = replace(mem, sealer=mem.sealer.without(node))
 
 
 def _folder(mem: Memory, node: str) -> str:

@@ -113,25 +113,39 @@ def import_items(mem: Memory, items: Sequence[ExportedItem], now: int) -> Op[Mem
             live.append(item)
     for start in range(0, len(live), _ITEMS_PER_COMMIT):
         chunk = live[start : start + _ITEMS_PER_COMMIT]
-        paths = list(dict.fromkeys(item.namespace for item in chunk))
-        # The namespaces' keys (made for new ones) beside the read of what they hold.
-        mem, found = yield from gather(sealing.keyed(mem, paths, create=True), mem.index.read(paths, {}))
-        held = found.nodes
-        groups: dict[Path, list[Change]] = {}
-        for item in chunk:
-            old = held.get(item.namespace, {}).get(item.key)
-            stamps = (item.created_us, item.updated_us, item.expires_us)
-            if old is not None and not old.tombstone and (old.created_us, old.updated_us, old.expires_us) == stamps:
-                unchanged += 1  # this version is there (an import run again, or cut after its commit)
-                continue
-            value = sealing.seal_value(mem, item.namespace, item.key, rows.squeeze_cell(item.value))
-            vectors = sealing.seal_vectors(mem, item.namespace, item.key, item.vectors)
-            groups.setdefault(item.namespace, []).append(Change(item.key, value, vectors, item.ttl_minutes, stamps=stamps))
-            written += 1
-        if groups:
-            released = yield from mem.index.commit(groups, partial(_move_large_values, mem, groups))
-            yield from _delete_released(mem, released)
+        # A chunk refused at its commit (a key an erase destroyed since this process
+        # cached it) is sealed again under the key read then, and committed whole.
+        done, same = yield from sealing.rekeying(mem, lambda m, chunk=chunk: _import_chunk(m, chunk))
+        written += done
+        unchanged += same
     return MemoryImportReport(len({item.namespace for item in items}), written, unchanged, expired)
+
+
+def _import_chunk(mem: Memory, chunk: list[ExportedItem]) -> Op[tuple[int, int]]:
+    """One commit of ``chunk``: the items written, and those found there already."""
+    written = unchanged = 0
+    paths = list(dict.fromkeys(item.namespace for item in chunk))
+    # The namespaces' keys (made for new ones) beside the read of what they hold.
+    mem, found = yield from gather(sealing.keyed(mem, paths, create=True), mem.index.read(paths, {}))
+    held = found.nodes
+    groups: dict[Path, list[Change]] = {}
+    for item in chunk:
+        old = held.get(item.namespace, {}).get(item.key)
+        stamps = (item.created_us, item.updated_us, item.expires_us)
+        if old is not None and not old.tombstone and (old.created_us, old.updated_us, old.expires_us) == stamps:
+            unchanged += 1  # this version is there (an import run again, or cut after its commit)
+            continue
+        value = sealing.seal_value(mem, item.namespace, item.key, rows.squeeze_cell(item.value))
+        vectors = sealing.seal_vectors(mem, item.namespace, item.key, item.vectors)
+        kid = sealing.key_id(mem, item.namespace)  # the commit refuses a destroyed one
+        groups.setdefault(item.namespace, []).append(
+            Change(item.key, value, vectors, item.ttl_minutes, stamps=stamps, sealed_with=kid)
+        )
+        written += 1
+    if groups:
+        released = yield from mem.index.commit(groups, partial(_move_large_values, mem, groups))
+        yield from _delete_released(mem, released)
+    return written, unchanged
 
 
 def _objects(nodes: dict[Path, dict[str, rows.Row]], chunk: list[Path], now: int) -> set[tuple[Path, str]]:

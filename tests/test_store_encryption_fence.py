@@ -1,0 +1,180 @@
+"""S3Store with ``encryption=``: a write sealed under a namespace key that another
+process's erase destroyed is refused at its commit, sealed again under the namespace's
+key as read then, and committed: never lost. Both index modes (the ``index_mode``
+fixture), both drivers, on moto.
+
+Several stores stand for several processes: each has its own key cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+from langgraph.store.base import PutOp
+from test_store_encryption import BIG, NS, OTHER, _counts, _record, _store
+from test_store_s3 import make_store
+
+from s3_saver import LocalKey, NamespaceErasedError, S3Store
+
+
+def _run(store: S3Store, driver: str, name: str, *args: Any, **kwargs: Any) -> Any:
+    if driver == "async":
+        return asyncio.run(getattr(store, "a" + name)(*args, **kwargs))
+    return getattr(store, name)(*args, **kwargs)
+
+
+def _fresh(endpoint: str, mode: str, encryption: Any) -> S3Store:
+    """A third process, with no key cached."""
+    return make_store(endpoint, mode, encryption=encryption)
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_put_with_a_key_cached_before_another_process_erased_the_namespace_is_kept(
+    endpoint, index_mode, driver
+) -> None:
+    """A caches the namespace's key; B erases the namespace; A's put, sealed under the
+    destroyed key, is refused at its commit, sealed again under a new key, and every
+    reader reads it."""
+    encryption = LocalKey(os.urandom(32))
+    a = _store(endpoint, index_mode, encryption)
+    _run(a, driver, "put", NS, "k", {"text": "before"})
+    old = _record(endpoint, NS).key_id
+    _store(endpoint, index_mode, encryption).erase_namespace(NS)
+    _run(a, driver, "put", NS, "k2", {"text": "after the erase"})
+    assert _record(endpoint, NS).live and _record(endpoint, NS).key_id != old
+    for reader in (_fresh(endpoint, index_mode, encryption), a):
+        assert reader.get(NS, "k2").value == {"text": "after the erase"}
+        assert reader.get(NS, "k") is None
+        assert [h.key for h in reader.search(NS)] == ["k2"]
+
+
+def test_a_put_with_a_stale_key_into_a_new_life_joins_it(endpoint, index_mode) -> None:
+    """B erases the namespace and writes it anew (a new key); A, still holding the old
+    key, overwrites B's item and adds one: both sealed again under B's key."""
+    encryption = LocalKey(os.urandom(32))
+    a = _store(endpoint, index_mode, encryption)
+    a.put(NS, "k", {"text": "old life"})
+    b = _store(endpoint, index_mode, encryption)
+    b.erase_namespace(NS)
+    b.put(NS, "k", {"text": "new life"})
+    new = _record(endpoint, NS).key_id
+    a.put(NS, "k", {"text": "A over the new life"})
+    a.put(NS, "k3", {"text": "A's new key"})
+    assert _record(endpoint, NS).key_id == new
+    for reader in (_fresh(endpoint, index_mode, encryption), b, a):
+        assert reader.get(NS, "k").value == {"text": "A over the new life"}
+        assert reader.get(NS, "k3").value == {"text": "A's new key"}
+
+
+def test_a_batch_with_a_stale_key_commits_whole_and_a_large_value_too(endpoint, index_mode) -> None:
+    """A batch of puts into the erased namespace (one of them a value object) and into
+    another one, and a delete: committed once, under the new key."""
+    encryption = LocalKey(os.urandom(32))
+    a = _store(endpoint, index_mode, encryption)
+    a.put(NS, "gone", {"text": "erased"})
+    a.put(NS, "k", {"text": "erased too"})
+    a.put(OTHER, "o", {"text": "kept"})
+    _store(endpoint, index_mode, encryption).erase_namespace(NS)
+    big = {"text": os.urandom(BIG).hex()}
+    a.batch(
+        [
+            PutOp(NS, "x", {"text": "x"}),
+            PutOp(NS, "big", big),
+            PutOp(NS, "gone", None),
+            PutOp(OTHER, "o2", {"text": "other"}),
+        ]
+    )
+    reader = _fresh(endpoint, index_mode, encryption)
+    assert reader.get(NS, "x").value == {"text": "x"}
+    assert reader.get(NS, "big").value == big
+    assert reader.get(NS, "gone") is None and reader.get(NS, "k") is None
+    assert reader.get(OTHER, "o").value == {"text": "kept"}
+    assert reader.get(OTHER, "o2").value == {"text": "other"}
+
+
+def test_a_namespace_erased_twice_fences_both_old_keys(endpoint, index_mode) -> None:
+    """A holds the first life's key, C the second's; after the second erase both write,
+    and both writes land under the third key."""
+    encryption = LocalKey(os.urandom(32))
+    a = _store(endpoint, index_mode, encryption)
+    a.put(NS, "a", {"text": "1"})
+    b = _store(endpoint, index_mode, encryption)
+    b.erase_namespace(NS)
+    c = _store(endpoint, index_mode, encryption)
+    c.put(NS, "c", {"text": "2"})
+    b.erase_namespace(NS)
+    a.put(NS, "a", {"text": "A"})
+    c.put(NS, "c", {"text": "C"})
+    reader = _fresh(endpoint, index_mode, encryption)
+    assert reader.get(NS, "a").value == {"text": "A"}
+    assert reader.get(NS, "c").value == {"text": "C"}
+
+
+def test_the_refused_put_pays_the_key_once_and_the_next_put_is_steady(endpoint, index_mode) -> None:
+    """No extra request in the steady state: a put with a key cached sends what a store
+    without encryption sends, before the erase and after the writer took the new key.
+    The put refused once pays the key record's read and the new key's creation, and its
+    commit again."""
+    encryption = LocalKey(os.urandom(32))
+    plain = _store(endpoint, index_mode, None, prefix="plain/")
+    plain.put(NS, "k", {"text": "v"})
+    a = _store(endpoint, index_mode, encryption)
+    a.put(NS, "k", {"text": "v"})
+    (plain_put,) = _counts(plain, [lambda: plain.put(NS, "k", {"text": "w"})])
+    (steady,) = _counts(a, [lambda: a.put(NS, "k", {"text": "w"})])
+    assert steady == plain_put
+    _store(endpoint, index_mode, encryption).erase_namespace(NS)
+    (refused, after) = _counts(a, [lambda: a.put(NS, "k", {"text": "x"}), lambda: a.put(NS, "k", {"text": "y"})])
+    assert after == plain_put, (after, plain_put)
+    requests = refused[1]
+    # The key record read again (and its new life created): the only key-store requests.
+    assert requests.get(("s3", "put_object"), 0) >= 1
+    print("refused put:", refused, "steady put:", steady)
+    assert _fresh(endpoint, index_mode, encryption).get(NS, "k").value == {"text": "y"}
+
+
+
+def test_a_put_with_a_cached_key_while_the_erase_runs_is_refused_and_lands_after_it(
+    endpoint, index_mode, monkeypatch
+) -> None:
+    """An erase cut after it emptied the namespace (its key destroyed, not yet settled):
+    A's put with the key it cached is refused as every write is while the erase runs
+    (never sealed under the destroyed key); once the erase is called again and returns,
+    the put lands under the new key."""
+    encryption = LocalKey(os.urandom(32))
+    a = _store(endpoint, index_mode, encryption)
+    a.put(NS, "k", {"text": "before"})
+    b = _store(endpoint, index_mode, encryption)
+
+    def cut(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("cut before the namespace was unregistered")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(b._memory.index), "erase_registrations", cut)
+        with pytest.raises(RuntimeError, match="cut"):
+            b.erase_namespace(NS)
+    with pytest.raises(NamespaceErasedError, match="being erased"):
+        a.put(NS, "k2", {"text": "during"})
+    b.erase_namespace(NS)
+    a.put(NS, "k2", {"text": "after"})
+    reader = _fresh(endpoint, index_mode, encryption)
+    assert reader.get(NS, "k2").value == {"text": "after"} and reader.get(NS, "k") is None
+
+
+def test_an_import_with_a_key_cached_before_another_process_erased_the_namespace_is_kept(endpoint, index_mode) -> None:
+    """``import_memory`` commits as a batch does: refused under the destroyed key, sealed
+    again under the new one."""
+    encryption = LocalKey(os.urandom(32))
+    source = _store(endpoint, index_mode, encryption, prefix="source/")
+    source.put(NS, "imported", {"text": "from the export"})
+    data = source.export_memory(NS)
+    a = _store(endpoint, index_mode, encryption)
+    a.put(NS, "k", {"text": "before"})
+    _store(endpoint, index_mode, encryption).erase_namespace(NS)
+    report = a.import_memory(data)
+    assert report.written == 1
+    reader = _fresh(endpoint, index_mode, encryption)
+    assert reader.get(NS, "imported").value == {"text": "from the export"} and reader.get(NS, "k") is None
