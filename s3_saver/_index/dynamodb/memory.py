@@ -83,6 +83,7 @@ from s3_saver._index.dynamodb.memory_items import (
     _subject,
 )
 from s3_saver._index.dynamodb.memory_removal import Removals
+from s3_saver._index.dynamodb.memory_reseal import Reseals
 from s3_saver._index.memory import Change, Path, Snapshot, Stage, fresh_objects
 from s3_saver._index.memory_lease import renewed
 from s3_saver._transport.failures import (
@@ -105,7 +106,7 @@ _JITTER = random.SystemRandom()
 VECTOR_LIMIT = 400_000 - INLINE_LIMIT - 4 * 1024
 
 
-class DynamoMemory(Collection, Removals):
+class DynamoMemory(Collection, Removals, Reseals):
     """``MemoryIndex`` on the saver's table (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
@@ -160,6 +161,8 @@ class DynamoMemory(Collection, Removals):
         """Returns the value object the item's replaced value named (in the old
         attributes the write itself returned: delete only what you read)."""
         key = _key(self._pk(path), ITEM_MARK + change.key)
+        if change.reseal is not None:
+            return (yield from self._reseal(path, change))  # the encryption migration's, fenced
         if change.refresh is not None:
             # Fenced on the expiry read: never revives a deleted item, never overrides a newer write's.
             seen, moved = change.refresh.seen_us, change.refresh.expires_us
