@@ -296,3 +296,49 @@ def test_the_command_line_encrypt_migrates_the_memory_store_too(endpoint, index_
     assert shown["value"] == {"text": texts["b"]}
     out = ok(run_cli(endpoint, "--local-key", "encrypt", "--yes", mode=index_mode, env=env))
     assert "memory: encrypted 3 namespaces, 0 items rewritten now" in out, out
+
+
+def _rewrites(calls: Any) -> bool:
+    """Whether a wave holds the migration's rewrite of a namespace (its commit): the
+    head's swap (manifest) or the fenced item updates (DynamoDB)."""
+    for call in calls:
+        params = getattr(call, "params", {})
+        if call.operation == "put_object" and str(params.get("Key", "")).endswith("/@head") and "IfMatch" in params:
+            return True
+        if call.operation == "update_item" and ":was" in params.get("ExpressionAttributeValues", {}):
+            return True
+    return False
+
+
+def test_a_put_or_delete_between_the_read_and_the_rewrite_wins(endpoint, index_mode, monkeypatch) -> None:
+    """The window the fence is for: a writer without encryption puts over an item and
+    deletes another after the migration read the namespace, before its rewrite: the
+    rewrite of those items does not land (the put is not overwritten by the old value,
+    the deleted item does not come back); the run again encrypts the put."""
+    encryption = LocalKey(os.urandom(32))
+    texts, _ = _fresh(endpoint, index_mode, encryption)
+    writer = _store(endpoint, index_mode)
+    store = _store(endpoint, index_mode, encryption)
+    late = {"text": f"late-{secrets.token_hex(6)}"}
+    fired: list[bool] = []
+    real = SyncDriver._wave
+
+    def wave(driver, calls):
+        if driver is store._sync and not fired and _rewrites(calls):
+            fired.append(True)
+            writer.put(NS, "b", late)
+            writer.delete(NS, "e")
+            writer.put(OTHER, "large", late, index=False)
+        return real(driver, calls)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(SyncDriver, "_wave", wave)
+        first = {s.namespace: s for s in _migrate(store)}
+    assert fired and all(s.complete for s in first.values()), first
+    assert first[NS].items > 5  # read again after the rewrites the writer won over
+    assert store.get(NS, "b").value == late
+    assert store.get(NS, "e") is None
+    assert store.get(OTHER, "large").value == late
+    _no_leaks(endpoint, {**texts, "late": late["text"]})
+    writer.close()
+    store.close()
