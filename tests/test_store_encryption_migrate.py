@@ -47,7 +47,7 @@ INDEX = {"dims": 4, "embed": HashEmbeddings(4), "fields": ["text"]}
 BIG = 90_000  # random bytes as hex: a value object of its own in both modes
 SMALL_HEAD = 600  # manifest head budget (bytes of rows): the rows seal into segments
 # encrypt_namespaces of _plain_store on a versioned bucket, local key: (round trips, requests).
-MIGRATION_COST = {"dynamodb": (30, 36), "manifest": (35, 36)}
+MIGRATION_COST = {"dynamodb": (27, 33), "manifest": (35, 36)}
 
 
 def _reset(endpoint: str) -> None:

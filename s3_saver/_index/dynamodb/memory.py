@@ -144,7 +144,11 @@ class DynamoMemory(Collection, Removals, Reseals):
         return Snapshot(nodes, found)
 
     def commit(self, groups: dict[Path, list[Change]], stage: Stage | None = None) -> Op[list[str]]:
-        new = [p for p, changes in groups.items() if any(c.value is not None for c in changes) and self._known.get(p) is None]
+        # A reseal (the encryption migration's) never creates an item: it registers nothing.
+        new = [
+            p for p, changes in groups.items()
+            if any(c.value is not None and c.reseal is None for c in changes) and self._known.get(p) is None
+        ]
         if new:
             # Listed before readable: a namespace's registry item is written before its items.
             yield from gather(*(self._register(p) for p in new))
