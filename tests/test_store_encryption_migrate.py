@@ -342,3 +342,17 @@ def test_a_put_or_delete_between_the_read_and_the_rewrite_wins(endpoint, index_m
     _no_leaks(endpoint, {**texts, "late": late["text"]})
     writer.close()
     store.close()
+
+
+def test_a_store_with_a_replica_is_refused_by_name_before_sending(regions) -> None:
+    """The replica bucket keeps the plaintext versions replication copied there, which the
+    migration cannot reach: refused, naming the replica's bucket, before any request."""
+    from test_store_replica import _saver
+
+    saver = _saver(regions, "manifest", encryption=LocalKey(os.urandom(32)))
+    store = S3Store.from_saver(saver)
+    saver.stats.reset()
+    with pytest.raises(ConfigurationError, match=f"replica \\(s3://{regions.replica.bucket}\\)"):
+        store.encrypt_namespaces()
+    assert saver.stats.total_requests == 0
+    saver.close()
