@@ -22,6 +22,7 @@ from s3_saver._ops.bucket import RemainingVersion
 from s3_saver._ops.encrypt import EncryptStatus
 from s3_saver._ops.erase import EraseReport
 from s3_saver._ops.idle import IdleReport
+from s3_saver._ops.memory.encrypt import NamespaceEncryptStatus
 from s3_saver._ops.memory.erase import NamespaceEraseReport
 from s3_saver._ops.rebuild_keys import Rebuilt, Unindexed
 from s3_saver._ops.source import ReadSource
@@ -109,6 +110,7 @@ __all__ = [
     "MigrationProgress",
     "MigrationReport",
     "MissingObjectError",
+    "NamespaceEncryptStatus",
     "NamespaceEraseReport",
     "NamespaceError",
     "PlaintextObjectError",

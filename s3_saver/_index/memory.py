@@ -65,6 +65,12 @@ class Change:
     """With encryption, a put's: the id (hex) of the namespace key its value and vectors
     are sealed under. The commit refuses it (``KeyFenced``) when an erase destroyed that
     key, inside the conditional write that lands it (see ``MemoryIndex.commit``)."""
+    reseal: Row | None = None
+    """Set by the encryption migration (``_ops/memory/encrypt``): ``value`` and ``vectors``
+    are the row's own, encrypted, and replace the row's only if the key's row is still
+    exactly this one (fenced: a put or delete that landed since wins; the item's times,
+    expiry and place stay). Never creates an item. The value objects the change names are
+    released when it does not apply."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +201,14 @@ class MemoryIndex(Protocol):
         them). Read by the node id alone (a folder of the bucket: its namespace may be
         registered or not); each row read is checked to be that node's. Raises
         CorruptObjectError when the rows cannot be read."""
+        ...
+
+    def named_objects(self, path: Path) -> Op[frozenset[str]]:
+        """The keys of the objects in the namespace's folder (``node_folder``) that its
+        index names now: the value objects of its rows (expired ones included), and in
+        the manifest mode its head and the segments the head reads from (not those it
+        retired). Another object there is named by no read: a write's that has not
+        committed yet (younger than the lease, ``memory_lease``), or garbage."""
         ...
 
     def node_folder(self, path: Path) -> str:

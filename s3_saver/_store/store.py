@@ -50,6 +50,7 @@ from s3_saver._ops.memory.context import Memory
 from s3_saver._ops.memory.prepare import Prepared, prepare, query_vectors
 from s3_saver._ops.source import ReadSource
 from s3_saver._regions.memory import memory_index, memory_site
+from s3_saver._store.encrypting import Encrypting
 from s3_saver._store.transfer import Transfer
 from s3_saver._store.upkeep import Upkeep
 from s3_saver._transport.aio import AsyncDriver
@@ -61,7 +62,7 @@ from s3_saver._transport.sync import SyncDriver
 from s3_saver.errors import ConfigurationError
 
 
-class S3Store(Transfer, Upkeep, BaseStore, AbstractContextManager, AbstractAsyncContextManager):
+class S3Store(Transfer, Upkeep, Encrypting, BaseStore, AbstractContextManager, AbstractAsyncContextManager):
     """Long-term memory (LangGraph's ``BaseStore``) in an S3 bucket, with no database.
 
     With no ``table`` (manifest mode, no database), items live in the bucket under

@@ -173,13 +173,17 @@ def print_remaining(app: App, remaining: list[Any]) -> None:
 @pass_app
 def encrypt_command(app: App, threads: tuple[str, ...], yes: bool) -> int:
     """Encrypt every thread (or each --thread) under its own key, with the key the
-    global --kms-key or --local-key gives (encrypt_existing).
+    global --kms-key or --local-key gives (encrypt_existing); without --thread, the
+    long-term memory (S3Store) on the same prefix too, each namespace under its own
+    key (encrypt_namespaces).
 
     Each thread is written again encrypted, the index switched to it, then the
     plaintext objects and every version a versioned bucket kept of them are
-    deleted. Cut short, run it again: it finishes, and passes over threads done.
-    Exit 1 while a thread is left: archived in GLACIER or DEEP_ARCHIVE (restore it
-    first), written to throughout (run again), or versions a lock holds."""
+    deleted; each memory item is written again encrypted in its place. Cut short,
+    run it again: it finishes, and passes over threads and namespaces done.
+    Exit 1 while a thread or namespace is left: archived in GLACIER or
+    DEEP_ARCHIVE (restore it first), written to throughout (run again), or
+    versions a lock holds."""
     if app.encryption() is None:
         raise click.UsageError("encrypt encrypts with the key given by --kms-key or --local-key: give one")
     which = f"{plural(len(threads), 'thread')} ({shown_list(threads)})" if threads else "every thread"
@@ -190,15 +194,21 @@ def encrypt_command(app: App, threads: tuple[str, ...], yes: bool) -> int:
         for status in saver.encrypt_existing(list(threads) if threads else None):
             statuses.append(status)
             tracker.advance(description=f"encrypt {shown(status.thread_id)}")
-    remaining = [r for s in statuses for r in s.remaining]
+    spaces = [] if threads else _encrypt_memory(app, saver)
+    remaining = [r for s in statuses for r in s.remaining] + [r for s in spaces for r in s.remaining]
     left = [s for s in statuses if s.state not in ("encrypted", "empty")]
+    busy = [s.namespace for s in spaces if s.state != "encrypted"]
     if app.out.json:
         app.out.emit_json(
             {
                 "encrypted_threads": [s.thread_id for s in statuses if s.state == "encrypted"],
                 "migrated_threads": [s.thread_id for s in statuses if s.migrated],
                 "left": [{"thread_id": s.thread_id, "state": s.state, "storage_class": s.storage_class} for s in left],
-                "deleted_versions": sum(s.deleted for s in statuses),
+                "deleted_versions": sum(s.deleted for s in statuses) + sum(s.deleted for s in spaces),
+                "encrypted_namespaces": [list(s.namespace) for s in spaces if s.state == "encrypted"],
+                "migrated_namespaces": [list(s.namespace) for s in spaces if s.items],
+                "memory_items": sum(s.items for s in spaces),
+                "busy_namespaces": [list(ns) for ns in busy],
                 "remaining": remaining_json(remaining),
             }
         )
@@ -216,8 +226,30 @@ def encrypt_command(app: App, threads: tuple[str, ...], yes: bool) -> int:
                 if s.state == "cold" else "written to throughout: run encrypt again"
             )
             app.out.message(f"left {shown(s.thread_id)}: {why}")
+        if spaces:
+            rewritten = sum(s.items for s in spaces)
+            app.out.message(
+                f"memory: encrypted {plural(len(spaces) - len(busy), 'namespace')}, {plural(rewritten, 'item')} "
+                f"rewritten now ({plural(sum(s.deleted for s in spaces), 'version')} and delete markers of plaintext removed)"
+            )
+        for ns in busy:
+            app.out.message(f"left namespace {'.'.join(shown(label) for label in ns)}: written to throughout: run encrypt again")
         print_remaining(app, remaining)
-    return EXIT_FAILED if remaining or left else EXIT_OK
+    return EXIT_FAILED if remaining or left or busy else EXIT_OK
+
+
+def _encrypt_memory(app: App, saver: Any) -> list[Any]:
+    """The memory store on the saver's prefix (``S3Store.from_saver``), its namespaces
+    encrypted; none registered: one read, nothing else."""
+    from s3_saver import S3Store
+
+    store = S3Store.from_saver(saver)
+    spaces = []
+    with app.out.progress("encrypt memory", total=None) as tracker:
+        for status in store.encrypt_namespaces():
+            spaces.append(status)
+            tracker.advance(description=f"encrypt namespace {'.'.join(shown(label) for label in status.namespace)}")
+    return spaces
 
 
 # -- archive, restore --------------------------------------------------------------------

@@ -90,6 +90,7 @@ from s3_saver._index.dynamodb.memory_items import (
     _subject,
 )
 from s3_saver._index.dynamodb.memory_removal import Removals
+from s3_saver._index.dynamodb.memory_reseal import Reseals
 from s3_saver._index.memory import (
     Change,
     KeyFenced,
@@ -119,7 +120,7 @@ _JITTER = random.SystemRandom()
 VECTOR_LIMIT = 400_000 - INLINE_LIMIT - 4 * 1024
 
 
-class DynamoMemory(Collection, Removals):
+class DynamoMemory(Collection, Removals, Reseals):
     """``MemoryIndex`` on the saver's table (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT
@@ -157,7 +158,11 @@ class DynamoMemory(Collection, Removals):
         return Snapshot(nodes, found)
 
     def commit(self, groups: dict[Path, list[Change]], stage: Stage | None = None) -> Op[list[str]]:
-        new = [p for p, changes in groups.items() if any(c.value is not None for c in changes) and self._known.get(p) is None]
+        # A reseal (the encryption migration's) never creates an item: it registers nothing.
+        new = [
+            p for p, changes in groups.items()
+            if any(c.value is not None and c.reseal is None for c in changes) and self._known.get(p) is None
+        ]
         if new:
             # Listed before readable: a namespace's registry item is written before its items.
             yield from gather(*(self._register(p, _kid(groups[p])) for p in new))
@@ -174,6 +179,8 @@ class DynamoMemory(Collection, Removals):
         """Returns the value object the item's replaced value named (in the old
         attributes the write itself returned: delete only what you read)."""
         key = _key(self._pk(path), ITEM_MARK + change.key)
+        if change.reseal is not None:
+            return (yield from self._reseal(path, change))  # the encryption migration's, fenced
         if change.refresh is not None:
             # Fenced on the expiry read: never revives a deleted item, never overrides a newer write's.
             seen, moved = change.refresh.seen_us, change.refresh.expires_us

@@ -76,6 +76,7 @@ from s3_saver._index.manifest.memory_documents import (
 )
 from s3_saver._index.manifest.memory_group import GroupCommits
 from s3_saver._index.manifest.memory_removal import Removals
+from s3_saver._index.manifest.memory_reseal import Named
 from s3_saver._index.manifest.memory_segments import apply
 from s3_saver._index.memory import (
     Change,
@@ -98,7 +99,7 @@ INLINE_LIMIT = 64 * 1024
 _Refused = tuple[dict[str, Any], list[str], list[SegmentRef]]
 
 
-class ManifestMemory(GroupCommits, Collection, Removals):
+class ManifestMemory(GroupCommits, Collection, Removals, Named):
     """``MemoryIndex`` on the bucket (see the module docstring)."""
 
     inline_limit = INLINE_LIMIT

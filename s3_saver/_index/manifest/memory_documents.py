@@ -77,7 +77,8 @@ def _ancestors(paths: Sequence[Path]) -> list[Path]:
 
 
 def _adds(changes: list[Change]) -> bool:
-    return any(c.value is not None for c in changes)
+    # A reseal (the encryption migration's) never creates an item: it registers nothing.
+    return any(c.value is not None and c.reseal is None for c in changes)
 
 
 def _size(known: Known) -> int:

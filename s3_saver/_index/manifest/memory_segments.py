@@ -168,6 +168,14 @@ def apply(head: Head, changes: list[Change], clock: Clock, loaded: Mapping[str, 
 
     for change in changes:
         old, ref = current(change.key)
+        if change.reseal is not None:
+            # The migration's encrypted copy of the row, fenced on the row as read: a put or
+            # delete since wins (the change's value objects are then released, named by none).
+            if old is not None and old == change.reseal:
+                rows[change.key] = replace(old, value=change.value, vectors=change.vectors)
+                shadow(ref, old)
+                changed = True
+            continue
         if change.refresh is not None:
             # Fenced on the expiry read: never revives a deleted item, never overrides a newer write's.
             if old is not None and not old.tombstone and old.expires_us == change.refresh.seen_us:
