@@ -179,7 +179,11 @@ def _plaintext(mem: Memory, path: Path, found: dict[str, rows.Row]) -> Op[list[C
             assert isinstance(vectors, rows.VectorsCell)
             vectors = sealing.seal_vectors(mem, path, r.key, vectors)
         # A value over the inline limit goes to a new object (``_move_large_values``),
-        # never the old one: the old object is released once the rewrite lands.
+        # never the old one: the old object is released once the rewrite lands. No
+        # ``sealed_with``: a rewrite applies only over the row as read, and an erase that
+        # destroys the key removes every row (the head emptied; the items deleted after the
+        # erase's mark, each as read, a rewrite changing no ``ua``), so a rewrite under a
+        # destroyed key never stays.
         changes.append(Change(r.key, value, vectors, r.ttl_minutes, reseal=r))
     return changes
 
