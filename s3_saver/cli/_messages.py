@@ -105,6 +105,10 @@ _PHRASES: list[tuple[str, str]] = [
     (r"within the retry budget and deadline\(\)", "within the retry budget"),
     # encrypt without a key (the command refuses first; the library's words, said the CLI's way).
     (r"build the saver with encryption=KmsKey\(\.\.\.\) or LocalKey\(\.\.\.\)", "give --kms-key KEY or --local-key"),
+    (
+        r"build the store with encryption=KmsKey\(\.\.\.\) or LocalKey\(\.\.\.\) \(or S3Store\.from_saver of an encrypting saver\)",
+        "give --kms-key KEY or --local-key",
+    ),
     # migrate's PostgreSQL source or target: PostgresSaver.setup() creates or migrates its tables.
     (r": setup\(\) failed: ", ": creating or migrating its tables failed: "),
 ]
@@ -118,6 +122,7 @@ COMMANDS = {
     "delete_for_runs": "delete --run",
     "erase_thread": "erase",
     "encrypt_thread": "encrypt",
+    "encrypt_namespaces": "encrypt",
     "archive_thread": "archive",
     "archive_idle": "archive --idle",
     "restore_thread": "restore",
