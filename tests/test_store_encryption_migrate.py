@@ -137,6 +137,28 @@ def test_a_plaintext_store_migrated_keeps_no_plaintext_and_reads_as_before(endpo
     reader.close()
 
 
+def test_a_migrated_namespace_erased_by_another_process_keeps_a_stale_writers_put(endpoint, index_mode) -> None:
+    """Across features: a namespace migrated (its items rewritten under a key, its
+    registration and items written before encryption), then a process caches its key by
+    writing, another erases it, and the first writes again: the write is refused at its
+    commit, sealed anew under the new life's key, and a fresh process reads it; the
+    migrated items stay erased."""
+    texts = _plain_store(endpoint, index_mode)
+    encryption = LocalKey(os.urandom(32))
+    migrator = _store(endpoint, index_mode, encryption)
+    migrator.setup()
+    assert all(s.complete for s in _migrate(migrator))
+    writer = _store(endpoint, index_mode, encryption)
+    writer.put(NS, "b", {"text": "written after the migration"})  # caches the key
+    _store(endpoint, index_mode, encryption).erase_namespace(NS)
+    writer.put(NS, "late", {"text": "after the erase"})
+    reader = _store(endpoint, index_mode, encryption)
+    assert reader.get(NS, "late").value == {"text": "after the erase"}
+    assert [reader.get(NS, k) for k in ("a", "b", "e")] == [None, None, None]
+    assert reader.get(OTHER, "large").value == {"text": texts["big"]}
+    _no_leaks(endpoint, texts)
+
+
 def test_encrypt_namespaces_needs_encryption_and_refuses_before_sending(endpoint, index_mode) -> None:
     plain = _store(endpoint, index_mode)
     plain.setup()
