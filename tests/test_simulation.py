@@ -32,6 +32,16 @@ See tests/sim/__init__.py for the harness. In both index modes:
   sealed under their own keys, an erased thread put back as before its erase unreadable
   (budget 5 s, 60 in make test-all); ``test_encrypted_erase_cut_after_every_call``: the erase
   beside a writer on a versioned bucket, encrypted, cut after each call in turn (4 s, 300);
+* ``test_encrypted_migration_and_rotation``: encrypt_thread of threads written without
+  encryption beside old processes writing without it, erase_thread, prune, delete_thread
+  and delete_for_runs; rewrap beside writers, erase_thread, delete_thread, prune and
+  copy_thread (``MIGRATE_PAIRS``, ``ROTATE_PAIRS``, after the migration alone cut once), with
+  seeded faults; checks (j) and (k) of tests/sim/crypto.py (6 s, 20 in make test-all);
+  ``test_encrypted_erase_between_rewrap_read_and_write``: the erase landing between the
+  rewrap's read of a key record and its write; slow: ``test_encrypted_migration_and_rotation_long``
+  (random schedules around each, then cuts after every call) and
+  ``test_encrypted_migration_preempted_once`` (the migration preempted after each call);
+  ``test_encrypted_migration_meeting_an_erase_pinned``;
 * ``test_replay``: one schedule from the environment (the command a failure prints;
   ``SIM_ENCRYPTION=local|kms`` for an encrypted world's).
 
@@ -574,6 +584,162 @@ def test_encrypted_erase_cut_after_every_call(moto_endpoint: str, mode: str) -> 
             _run(worlds[kind], Spec(mode, scenario, base + i, "one", [(base + j) % out.events, 3, 0], **spec), tally)
             covered += 1
     _fail(tally, f"{mode} encrypted erase cut after every call ({covered} of {total} calls, base seed {base})")
+
+
+# A migration (encrypt_thread) of a thread written without encryption, beside old processes
+# writing without it ("plain_*"), erase_thread, prune, delete_thread and delete_for_runs;
+# a rotation (rewrap) beside writers on the new key, erase_thread (and an erase after a new
+# life), delete_thread, prune and copy_thread. Checks beyond (a)-(i) (tests/sim/crypto.py):
+# (j) a migration cut short leaves its thread read from exactly one place, as before; one
+# answering complete left no plaintext of it; a final migration finishes, and one after it
+# finds nothing to do; (k) after the rotation every live key record is under the new key, a
+# process with the new key alone reads everything, and an erased key is never live again.
+MIGRATE_PAIRS: tuple[tuple[str, str], ...] = (
+    ("plain_run", "migrate"),
+    ("plain_writes", "migrate"),
+    ("migrate", "erase"),
+    ("migrate", "prune"),
+    ("migrate", "delete"),
+    ("plain_fanout", "migrate"),
+    ("migrate", "migrate"),
+    ("migrate", "delete_runs"),
+)
+ROTATE_PAIRS: tuple[tuple[str, str], ...] = (
+    ("run", "rewrap"),
+    ("writes", "rewrap"),
+    ("erase", "rewrap"),
+    ("relive", "rewrap"),
+    ("rewrap", "delete"),
+    ("rewrap", "prune"),
+    ("fanout", "rewrap"),
+    ("rewrap", "rewrap"),
+    ("copy", "rewrap"),
+)
+# Interleaved, so that a few schedules see both operations.
+MIGRATE_ROTATE = tuple(x for pair in zip(MIGRATE_PAIRS, ROTATE_PAIRS) for x in pair) + ROTATE_PAIRS[len(MIGRATE_PAIRS):]
+
+
+@pytest.mark.parametrize("mode", INDEX_MODES)
+def test_encrypted_migration_and_rotation(moto_endpoint: str, mode: str) -> None:
+    """The migration alone cut short once, then the pairs of MIGRATE_PAIRS and ROTATE_PAIRS
+    in turn from one the base seed picks, with seeded faults (local and KMS keys in turn),
+    until the budget is spent (default 6 s: a handful; make test-all 20 s)."""
+    worlds = {kind: World(moto_endpoint, mode, encryption=kind) for kind in ENCRYPTIONS}
+    base = _base_seed()
+    tally = Tally()
+    deadline = time.monotonic() + budget_seconds(6, long=20)
+    pairs = MIGRATE_ROTATE[base % len(MIGRATE_ROTATE):] + MIGRATE_ROTATE[: base % len(MIGRATE_ROTATE)]
+    i = 0
+    # First the migration alone, cut after a call the seed picks (retried or abandoned).
+    kind = ENCRYPTIONS[base % len(ENCRYPTIONS)]
+    first = _run(worlds[kind], Spec(mode, "migrate", base, "one", [-1, 0, 0], encryption=kind), tally)
+    cut = [base % first.events, 3 + base % 2, (base // 2) % 2]
+    _run(worlds[kind], Spec(mode, "migrate", base, "one", cut, encryption=kind), tally)
+    while i < len(pairs) and time.monotonic() < deadline and (not tally.failures or KEEP_GOING):
+        kind = ENCRYPTIONS[(base + i) % len(ENCRYPTIONS)]
+        _run(worlds[kind], Spec(mode, "+".join(pairs[i]), base + i, encryption=kind), tally)
+        i += 1
+    _fail(tally, f"{mode} encrypted migration and rotation (the migration alone cut at {cut}; {i} of {len(pairs)} "
+                 f"pairs, seeds {base}..{base + i - 1})")
+
+
+# Cut after every call: the migration alone (its thread then read from exactly one place, as
+# before), beside an old process's writes and beside an erase; the rotation beside an erase.
+MIGRATE_ROTATE_CUTS = ("migrate", "plain_writes+migrate", "migrate+erase", "erase+rewrap", "relive+rewrap")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", INDEX_MODES)
+def test_encrypted_migration_and_rotation_long(moto_endpoint: str, mode: str) -> None:
+    """Half the budget on seeded random schedules around a migration (random_migrate) or a
+    rotation (random_rewrap), in turn; half on the schedules of MIGRATE_ROTATE_CUTS, each cut
+    after its k-th call and retried or abandoned, for k from one the base seed picks
+    (default 60 s; make test-all 300 s)."""
+    worlds = {kind: World(moto_endpoint, mode, encryption=kind) for kind in ENCRYPTIONS}
+    base = _base_seed()
+    tally = Tally()
+    budget = budget_seconds(60, long=300)
+    deadline = time.monotonic() + budget / 2
+    i = 0
+    while time.monotonic() < deadline and (not tally.failures or KEEP_GOING):
+        kind = ENCRYPTIONS[(base + i) % len(ENCRYPTIONS)]
+        scenario = sorted(W.RANDOM_CRYPTO)[(base + i) % len(W.RANDOM_CRYPTO)]
+        _run(worlds[kind], Spec(mode, scenario, base + i, encryption=kind), tally)
+        i += 1
+    share = budget / 2 / len(MIGRATE_ROTATE_CUTS)
+    covered, total = 0, 0
+    for j, scenario in enumerate(MIGRATE_ROTATE_CUTS):
+        kind = ENCRYPTIONS[(base + j) % 2]
+        until = time.monotonic() + share
+        out = _run(worlds[kind], Spec(mode, scenario, base + j, "one", [-1, 0, 0], encryption=kind), tally)
+        total += out.events
+        for k in range(out.events):
+            if (tally.failures and not KEEP_GOING) or time.monotonic() >= until:
+                break
+            _run(worlds[kind], Spec(mode, scenario, base + j, "one", [(base + k) % out.events, 3, k % 2], encryption=kind), tally)
+            covered += 1
+    _fail(tally, f"{mode} encrypted migration and rotation, long ({i} random schedules, seeds {base}..{base + i - 1}; "
+                 f"cut after {covered} of {total} calls)")
+
+
+def _calls_of(out: Outcome, pid: int) -> list[str]:
+    """The trace lines of process ``pid``'s calls, in order."""
+    return [line for line in out.trace if f" P{pid}." in line and "#" in line]
+
+
+@pytest.mark.parametrize("mode", INDEX_MODES)
+def test_encrypted_erase_between_rewrap_read_and_write(moto_endpoint: str, mode: str) -> None:
+    """rewrap (P0) preempted right after its GET of the thread's key record: erase_thread
+    (P1) runs whole, destroying the key, then the rewrap writes. Its PUT is refused (the
+    record changed since read) and the erasure stays; (k) and (i) check it never comes back."""
+    world = World(moto_endpoint, mode, encryption="local")
+    tally = Tally()
+    first = _run(world, Spec(mode, "rewrap+erase", 0, "none", []), tally)
+    calls = _calls_of(first, 0)
+    k = next(i for i, line in enumerate(calls) if "get_object" in line and "/t/" in line) + 1
+    out = _run(world, Spec(mode, "rewrap+erase", 0, "none", _preempted_at(k)), tally)
+    _fail(tally, f"{mode} rewrap+erase seed 0 preempted after the rewrap's read (call {k})")
+    # The race was met: the rewrap's PUT came after the erase's, and was refused.
+    refused = [line for line in _calls_of(out, 0) if "put_object" in line and "/t/" in line]
+    assert refused and all("PreconditionFailed" in line for line in refused), "\n".join(out.trace)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", INDEX_MODES, indirect=True)
+def test_encrypted_migration_preempted_once(world: World) -> None:
+    """encrypt_thread (P0) beside an old process's writes (P1, no encryption) or an erase:
+    the migration preempted after its k-th call, the other process run to its end there,
+    for every k from one the base seed picks, within the budget (default 20 s; make
+    test-all 300 s), local and KMS keys in turn."""
+    base = _base_seed()
+    tally = Tally()
+    worlds = {kind: World(world.endpoint, world.mode, encryption=kind) for kind in ENCRYPTIONS}
+    scenarios = ("migrate+plain_writes", "migrate+plain_run", "migrate+erase")
+    share = budget_seconds(20, long=300) / len(scenarios)
+    covered, total = 0, 0
+    for i, scenario in enumerate(scenarios):
+        kind = ENCRYPTIONS[(base + i) % 2]
+        deadline = time.monotonic() + share
+        first = _run(worlds[kind], Spec(world.mode, scenario, base + i, "none", [], encryption=kind), tally)
+        calls = len(_calls_of(first, 0))
+        total += calls
+        for j in range(calls):
+            if (tally.failures and not KEEP_GOING) or time.monotonic() >= deadline:
+                break
+            _run(worlds[kind], Spec(world.mode, scenario, base + i, "none", _preempted_at((base + j) % calls), encryption=kind), tally)
+            covered += 1
+    _fail(tally, f"{world.mode} encrypted migration preempted once ({covered} of {total} preemption points, base seed {base})")
+
+
+def test_encrypted_migration_meeting_an_erase_pinned(moto_endpoint: str) -> None:
+    """Seed 106 of "migrate+erase" (manifest, local key, random faults): encrypt_thread read
+    the thread (checkpoints there), then the erase deleted them before the migration's
+    archive read them: the archive's "no checkpoints to archive" (a ConfigurationError)
+    came out of encrypt_thread, an answer for no order (and one that would stop an
+    encrypt_existing run). The migration now reads the thread again: "empty"."""
+    tally = Tally()
+    _run(World(moto_endpoint, "manifest", encryption="local"), Spec("manifest", "migrate+erase", 106, encryption="local"), tally)
+    _fail(tally, "manifest encrypted migrate+erase seed 106")
 
 
 def test_encrypted_prune_meeting_an_erase_pinned(moto_endpoint: str) -> None:

@@ -85,6 +85,13 @@ from s3_saver.errors import (
 _EXPORT_ATTEMPTS = 3
 
 
+class NothingToArchive(ConfigurationError):
+    """The thread has no checkpoints (none ever, or deleted or erased before the archive
+    read it). A ConfigurationError to callers; the migration tells it apart: its thread
+    emptied under it is "empty", not a failure of the run."""
+
+
+
 # -- archive -----------------------------------------------------------------------------
 def archive_thread(
     ctx: Context, thread_id: str, storage_class: str, still: Callable[[Archive], bool] | None = None
@@ -115,7 +122,7 @@ def archive_thread(
         entries = [e for e in entries if not ctx.expired(e)]
         if not entries:
             yield from _unmark(ctx, thread_id, key)
-            raise ConfigurationError(f"thread {thread_id!r} has no checkpoints to archive ({ctx.index.describe()})")
+            raise NothingToArchive(f"thread {thread_id!r} has no checkpoints to archive ({ctx.index.describe()})")
         try:
             archive, live_bytes = yield from _collect(ctx, thread_id, entries, own.created or ctx.now())
             break

@@ -148,6 +148,11 @@ def encrypt_thread(ctx: Context, thread_id: str, versioned: bool | None = None) 
         except ThreadArchivedError:
             own = yield from ctx.index.archive_of(thread_id)
             continue
+        except archive.NothingToArchive:
+            # Deleted or erased since the read above: read again ("empty", or a new life's
+            # content to encrypt), never a failure that stops encrypt_existing's run.
+            own = yield from ctx.index.archive_of(thread_id)
+            continue
         yield from install.restore_thread(ctx, thread_id, 1, "Standard")
         state, migrated = ENCRYPTED, True
         break

@@ -27,7 +27,9 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from s3_saver.errors import (
     ConfigurationError,
+    EncryptedObjectError,
     MissingObjectError,
+    PlaintextObjectError,
     RunDeletedError,
     ThreadArchivedError,
     ThreadDeletedError,
@@ -299,6 +301,11 @@ class Ctx:
     archive_ops: dict[str, list[Any]] = field(default_factory=dict)
     # The erase_thread operations of the schedule, by thread (encrypted worlds: see _erase_raced).
     erase_ops: dict[str, list[Any]] = field(default_factory=dict)
+    # The encrypt_thread operations of the schedule, by thread (see plain_refused), and the
+    # writes of its processes without encryption, by thread (see plain_met).
+    migrate_ops: dict[str, list[Any]] = field(default_factory=dict)
+    plain_writes: dict[str, list[Any]] = field(default_factory=dict)
+    plain_setup: bool = False
 
     def archiving_during(self, t: str, op: Any) -> bool:
         """Whether an archive of ``t`` may be in progress (its mark set) while
@@ -399,7 +406,7 @@ class Put(ModelOp):
             allowed = self.t in ctx.archiving
         elif _raced(value, self.t, ctx):
             allowed = True  # an object of the thread deleted under it (a wrong type, but no harm)
-        elif _erase_raced(value, self.t, op, ctx):
+        elif _erase_raced(value, self.t, op, ctx) or plain_refused(value, self.t, op, ctx):
             allowed = True
         if not allowed:
             return []
@@ -448,7 +455,7 @@ class PutWrites(ModelOp):
         elif isinstance(value, ThreadArchivedError):
             allowed = self.t in ctx.archiving
         else:
-            allowed = _raced(value, self.t, ctx) or _erase_raced(value, self.t, op, ctx)
+            allowed = _raced(value, self.t, ctx) or _erase_raced(value, self.t, op, ctx) or plain_refused(value, self.t, op, ctx)
         if not allowed:
             return []
         out = [state] + _restored(state, self.t)
@@ -509,6 +516,8 @@ class Prune(ModelOp):
             return [self._effect(state, False), self._effect(state, True)]
         if any(_erase_raced(value, t, op, ctx) for t in self.thread_ids):
             return [state, self._effect(state, True)]  # it met a thread being erased: any part done
+        if any(plain_met(value, t, op, ctx) for t in self.thread_ids):
+            return [state]  # refused at its read, before any delete
         return []
 
 
@@ -559,6 +568,8 @@ class DeleteForRuns(ModelOp):
             return [self._effect(state, False), self._effect(state, True)]
         if any(_erase_raced(value, t, op, ctx) for t in self.threads):
             return [state, self._effect(state, True)]  # it met a thread being erased: any part done
+        if any(plain_met(value, t, op, ctx) for t in self.threads):
+            return [state, self._effect(state, True)]  # any thread before it done
         return []
 
 
@@ -770,6 +781,71 @@ class EraseThread(DeleteThread):
     """erase_thread: to readers, a delete (what it removes beyond is the leftover check's)."""
 
     name = "erase_thread"
+
+
+class EncryptThread(ModelOp):
+    """encrypt_thread (a migration to encryption): to readers, nothing changes. Its archive
+    and restore run inside it; cut short, the thread may be left in the migration's
+    archive (restored by a call again, or by a writer's restore-first)."""
+
+    name = "encrypt_thread"
+
+    def __init__(self, t: str) -> None:
+        self.t = t
+        self.threads = (t,)
+
+    def apply(self, state, outcome, op, ctx):
+        kind, value = outcome
+        if kind == "abandoned":
+            s = state.clone()
+            s.archived.add(self.t)
+            return [state] if state.nothing(self.t) else [state, s]
+        if kind == "ok":
+            if value.state == "empty":
+                return [state] if state.empty(self.t) else []
+            if value.state in ("encrypted", "busy"):  # busy: written to through every attempt
+                return [] if state.nothing(self.t) else [state]
+            return []
+        if _raced(value, self.t, ctx) or _erase_raced(value, self.t, op, ctx):
+            return [state]
+        return []
+
+
+class Rewrap(ModelOp):
+    """rewrap (key rotation): rewrites key records only; to readers, nothing changes.
+    Its own checks (every live record under the new key, an erasure never undone) are
+    sim.crypto's."""
+
+    name = "rewrap"
+    threads = ()
+
+    def apply(self, state, outcome, op, ctx):
+        return [state] if outcome[0] in ("ok", "abandoned") else []
+
+
+def plain_refused(value: Any, t: str, op: Any, ctx: Ctx) -> bool:
+    """A write of a process without encryption (an old process of a rollout) to a thread a
+    migration of the schedule has begun to encrypt: refused by name, no effect."""
+    if not isinstance(value, EncryptedObjectError) or op is None:
+        return False
+    return any(m.start is not None and (op.end is None or m.start <= op.end) for m in ctx.migrate_ops.get(t, ()))
+
+
+def plain_met(value: Any, t: str, op: Any, ctx: Ctx) -> bool:
+    """An encrypting process meeting content written without encryption: refused by name,
+    no effect. The setup of a migration's world wrote its threads so; a thread stops
+    holding any once a migration of it answered complete, unless a process without
+    encryption wrote to it since (or may have: cut short)."""
+    if not isinstance(value, PlaintextObjectError) or not ctx.plain_setup:
+        return False
+    if op is None or op.start is None:
+        return True
+    done = [m.end for m in ctx.migrate_ops.get(t, ()) if m.outcome and m.outcome[0] == "ok" and m.outcome[1].complete
+            and m.end is not None and m.end < op.start]
+    if not done:
+        return True
+    return any(w.start is not None and (op.end is None or w.start <= op.end) and (w.end is None or w.end >= min(done))
+               for w in ctx.plain_writes.get(t, ()))
 
 
 class GetTuple(ModelOp):

@@ -104,13 +104,19 @@ def run_schedule(world: World, spec: Spec) -> Outcome:
     random.seed(spec.seed)  # get_next_version, resilient's (zero) backoff
     prefix = world.new_prefix()
     versions = world.saver(prefix).get_next_version
-    kinds = W.random_kinds(rng) if spec.scenario == "random" else tuple(spec.scenario.split("+"))
+    if spec.scenario == "random":
+        kinds = W.random_kinds(rng)
+    elif spec.scenario in W.RANDOM_CRYPTO:
+        kinds = W.random_crypto_kinds(rng, spec.scenario)
+    else:
+        kinds = tuple(spec.scenario.split("+"))
     scenario = W.build(rng, prefix, versions, kinds)
     out = Outcome(spec, name=scenario.name, setup=[a.name for a in scenario.setup])
 
     # Setup: a normal saver writes the history; the model is fed the same calls.
     state = M.ModelState()
-    setup = world.saver(prefix)
+    # A migration's world: the setup written by a saver without encryption (sim.crypto).
+    setup = world.saver(prefix, encryption=None) if scenario.plain_setup else world.saver(prefix)
     for action in scenario.setup:
         try:
             value = action.invoke(setup)
@@ -135,6 +141,14 @@ def run_schedule(world: World, spec: Spec) -> Outcome:
     processes = [Process(pid=i, steps=steps, prefix=prefix) for i, steps in enumerate(scenario.processes)]
     for i, j in scenario.shares.items():
         processes[i].share = processes[j]
+    for i in scenario.plain:
+        processes[i].options = {"encryption": None}  # an old process of the rollout
+    if scenario.rotate:
+        writer_key, target = world.rotation()
+        for p in processes:
+            # Every process on the new key, the old one still read; the rewrap's target.
+            p.options = {"encryption": writer_key}
+            p.env["new_key"] = target
     try:
         history = scheduler.run(processes)
     finally:
@@ -151,9 +165,29 @@ def run_schedule(world: World, spec: Spec) -> Outcome:
     ]
     finished: set[str] = set()
     if world.encryption is not None:
+        out.problems.extend(world.cut_problems)
         finished = crypto.finish_abandoned_erases(world, prefix, history, out.problems)
         out.history += [f"(harness) erase_thread({t}) called again after its abandoned cut: ok" for t in sorted(finished)]
-    _verify(world, prefix, scenario, history, state, rng, out, finished)
+        if scenario.plain_setup:
+            deleted = crypto.finish_abandoned_deletes(world, prefix, history, out.problems)
+            out.history += [f"(harness) delete_thread({t}) called again after its abandoned cut: ok" for t in deleted]
+            crypto.finish_migrations(world, prefix, scenario, history, out.problems)
+            out.history.append("(harness) encrypt_existing() twice, a fresh process each, the grace period over")
+    old_key = world.encryption
+    try:
+        if scenario.rotate:
+            kek = crypto.finish_rewraps(world, prefix, history, out.problems)
+            if kek is None:
+                return _done(out, world, calls_before, began)
+            out.problems.extend(crypto.records_under(world, prefix, kek))
+            # Every read after is of a process with the new key alone: each record not
+            # erased unwraps under it (k).
+            world.encryption = world.rotation()[1]
+        _verify(world, prefix, scenario, history, state, rng, out, finished)
+        if old_key is not None:
+            out.problems.extend(crypto.erased_keys_stay_erased(world, history))
+    finally:
+        world.encryption = old_key
     return _done(out, world, calls_before, began)
 
 
@@ -230,7 +264,7 @@ def _verify(
                 op.step.model.t for op in history
                 if isinstance(op.step.model, M.EraseThread) and op.outcome is not None and op.outcome[0] == "ok"
             }
-            problems.extend(crypto.unreadable_after_restore(world, prefix, erased, found.state))
+            problems.extend(crypto.unreadable_after_restore(world, prefix, erased, found.state, scenario))
 
 
 def _gc_changes_nothing(world: World, prefix: str, threads: list[str], observed: dict[str, Any], problems: list[str]) -> None:
@@ -247,14 +281,23 @@ def _gc_changes_nothing(world: World, prefix: str, threads: list[str], observed:
 def _ctx(scenario: W.Scenario, history: list[Any]) -> M.Ctx:
     archive_ops: dict[str, list[Any]] = {t: [] for t in scenario.archiving}
     erase_ops: dict[str, list[Any]] = {}
+    migrate_ops: dict[str, list[Any]] = {}
+    plain_writes: dict[str, list[Any]] = {}
     for op in history:
-        if isinstance(op.step.model, (M.ArchiveThread, M.ArchiveIdle)):
+        if isinstance(op.step.model, (M.ArchiveThread, M.ArchiveIdle, M.EncryptThread)):
             for t in op.step.model.threads:
                 archive_ops.setdefault(t, []).append(op)
         if isinstance(op.step.model, M.EraseThread):
             erase_ops.setdefault(op.step.model.t, []).append(op)
+        if isinstance(op.step.model, M.EncryptThread):
+            migrate_ops.setdefault(op.step.model.t, []).append(op)
+        if op.pid in scenario.plain and isinstance(op.step.model, (M.Put, M.PutWrites)):
+            plain_writes.setdefault(op.step.model.t, []).append(op)
     return M.Ctx(
         erase_ops=erase_ops,
+        migrate_ops=migrate_ops,
+        plain_writes=plain_writes,
+        plain_setup=scenario.plain_setup,
         archiving=set(scenario.archiving),
         deleting=set(scenario.deleting),
         rearchiving={t for t, n in scenario.archives.items() if n > 1},

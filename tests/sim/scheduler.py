@@ -355,6 +355,7 @@ class Scheduler:
         assert op is not None and p.runner is not None
         p.runner.close()
         p.runner = None
+        self.world.at_cut(self, op)  # what the world looks at where a process stopped (sim.crypto)
         p.cuts += 1
         op.cuts += 1
         retry = self.chooser.choose("retry", [self.faults.retry_after_cut, 1 - self.faults.retry_after_cut])
@@ -372,6 +373,7 @@ class Scheduler:
 
     # -- the loop -------------------------------------------------------------------
     def run(self, processes: list[Process]) -> list[LogicalOp]:
+        self.processes = processes
         # The checkpoints whose put has not answered yet, started or not (World._age).
         self.world.puts_to_come = lambda: {
             step.model.checkpoint["id"]

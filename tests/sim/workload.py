@@ -193,6 +193,15 @@ def idle_step(threads: list[str]) -> Step:
     return Step("archive_idle", lambda s, env: s.archive_idle(timedelta(0)), M.ArchiveIdle(threads))
 
 
+def migrate_step(t: str) -> Step:
+    return Step("encrypt_thread", lambda s, env: s.encrypt_thread(t), M.EncryptThread(t))
+
+
+def rewrap_step() -> Step:
+    """rewrap to the world's new key (``env["new_key"]``, set by the runner)."""
+    return Step("rewrap", lambda s, env: s.rewrap(env["new_key"]), M.Rewrap())
+
+
 def get_step(t: str, ns: str = "", cid: str | None = None) -> Step:
     return Step("get_tuple", lambda s, env: s.get_tuple(cfg(t, ns, cid)), M.GetTuple(t, ns, cid))
 
@@ -226,6 +235,14 @@ class Scenario:
     archives: dict[str, int] = field(default_factory=dict)  # archive_thread steps per thread
     # Process index -> the index of the process whose saver it runs on (a fan-out's calls).
     shares: dict[int, int] = field(default_factory=dict)
+    # Encrypted worlds (sim.crypto). A migration ("migrate"): the setup is written by a saver
+    # without encryption, and the processes of ``plain`` (kinds "plain_run", "plain_writes":
+    # old processes of the rollout) run without it. A rotation ("rewrap"): every process
+    # runs with the world's new key, the old one as ``previous`` (the rollout before rewrap).
+    plain_setup: bool = False
+    plain: set[int] = field(default_factory=set)
+    migrating: set[str] = field(default_factory=set)
+    rotate: bool = False
 
 
 class Workshop:
@@ -381,6 +398,14 @@ class Workshop:
             return [delete_step(t)]
         if kind == "erase":
             return [erase_step(t)]
+        if kind == "migrate":
+            self.sc.migrating.add(t)
+            self.sc.archiving.add(t)
+            self.sc.archives[t] = self.sc.archives.get(t, 0) + 1
+            return [migrate_step(t)]
+        if kind == "rewrap":
+            self.sc.rotate = True
+            return [rewrap_step()]
         if kind == "relive":
             # The thread deleted, started afresh by a new run, then erased: the
             # erase must find what its earlier life left (run hints, its listing
@@ -416,6 +441,9 @@ PROCESS_KINDS = (
     "export_import", "copy", "gc", "delete", "read", "prune_archive", "prune_copy", "prune_export", "fanout",
     "stale_restore", "stale_archive", "erase", "relive", "idle", "copy_delete", "import_delete",
 )
+# Encrypted worlds only (test_simulation's encrypted tests): a migration of a thread written
+# without encryption, beside old processes writing without it, and a key rotation.
+CRYPTO_KINDS = ("migrate", "plain_run", "plain_writes", "rewrap")
 WRITERS = ("run", "writes", "fanout")
 ADMIN = ("prune", "delete_runs", "archive", "restore", "export_import", "copy", "gc", "delete", "erase")
 # The pairs every mode must cover (a "long" pair grows the thread past the manifest's seal).
@@ -469,14 +497,20 @@ def build(rng: random.Random, prefix: str, next_version: Callable[[Any], str], k
         w.grow(w.thread("B"), 2, sub=False)
     w.end_setup()
     for i, k in enumerate(kinds):
-        if k == "fanout":
+        if k in ("fanout", "plain_fanout"):
             first = len(w.sc.processes)
             for j, steps in enumerate(w.fanout(t)):
                 if j:
                     w.sc.shares[first + j] = first
+                if k == "plain_fanout":
+                    w.sc.plain.add(len(w.sc.processes))
                 w.sc.processes.append(steps)
+        elif k.startswith("plain_"):
+            w.sc.plain.add(len(w.sc.processes))
+            w.sc.processes.append(w.proc(k[len("plain_"):], t, i))
         else:
             w.sc.processes.append(w.proc(k, t, i))
+    w.sc.plain_setup = "migrate" in kinds
     if "delete_runs" in kinds or w.deletes_runs:
         w.sc.deleting |= set(w.sc.threads)  # a run may hold checkpoints in every thread
     if w.idles:
@@ -492,5 +526,19 @@ def random_kinds(rng: random.Random) -> tuple[str, ...]:
     kinds += [rng.choice(PROCESS_KINDS) for _ in range(n - 1)]
     if rng.random() < 0.03:
         kinds[0] = "long"
+    rng.shuffle(kinds)
+    return tuple(kinds)
+
+
+# Random schedules of encrypted worlds around a migration or a rotation (scenario names).
+RANDOM_CRYPTO = {
+    "random_migrate": ("migrate", ("plain_run", "plain_writes", "plain_fanout", "migrate", "erase", "prune", "delete", "delete_runs")),
+    "random_rewrap": ("rewrap", ("run", "writes", "fanout", "erase", "relive", "delete", "prune", "copy", "rewrap")),
+}
+
+
+def random_crypto_kinds(rng: random.Random, scenario: str) -> tuple[str, ...]:
+    first, others = RANDOM_CRYPTO[scenario]
+    kinds = [first] + [rng.choice(others) for _ in range(rng.choice([1, 2, 2]))]
     rng.shuffle(kinds)
     return tuple(kinds)

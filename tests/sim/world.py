@@ -148,6 +148,11 @@ class World:
         # index items as they were just before its erase's first call (sim.crypto).
         self.key_ids: dict[str, set[bytes]] = {}
         self.before_erase: dict[str, Any] = {}
+        # A migration's thread as read just before its first call (None: no one place read
+        # it whole), and what the checks at its cuts found; the rotation's keys, made once.
+        self.before_migrate: dict[str, Any] = {}
+        self.cut_problems: list[str] = []
+        self._rotation: Any = None
         self._rotate()
 
     # -- places ------------------------------------------------------------------------
@@ -178,7 +183,26 @@ class World:
         self.prefix = f"{tag}{next(self._schedules)}"
         self.key_ids.clear()
         self.before_erase.clear()
+        self.before_migrate.clear()
+        self.cut_problems.clear()
         return self.prefix
+
+    def rotation(self) -> tuple[Any, Any]:
+        """(the processes' key during a rotation: the new key, the old one still read;
+        the rewrap's target: the new key alone), made once per world."""
+        if self._rotation is None:
+            from s3_saver import KmsKey, LocalKey
+
+            old = self.encryption
+            if isinstance(old, LocalKey):
+                new = os.urandom(32)
+                self._rotation = (LocalKey(new, previous=[old]), LocalKey(new))
+            else:
+                kms = boto3.client("kms", endpoint_url=self.endpoint, region_name="us-east-1")
+                key_id = kms.create_key(Description=f"simulation {self.label} rotated")["KeyMetadata"]["KeyId"]
+                new_key = KmsKey(key_id, endpoint_url=self.endpoint, region_name="us-east-1")
+                self._rotation = (new_key, new_key)  # a record names the KMS key that wrapped it
+        return self._rotation
 
     @property
     def key_bucket(self) -> str:
@@ -214,6 +238,14 @@ class World:
     def between_calls(self, scheduler: Any) -> None:
         """Before the scheduler picks the next call: what the world does on its own
         (nothing here; two regions replicate, sim.failover)."""
+
+    def at_cut(self, scheduler: Any, op: Any) -> None:
+        """A process was cut short in ``op`` (its generator closed, nothing in flight of
+        it): an encrypted world checks a migration's thread there (sim.crypto)."""
+        if self.encryption is not None:
+            from sim import crypto
+
+            crypto.at_cut(self, scheduler, op)
 
     def send(self, call: Any, writer: Any = None) -> Any:
         """Execute one call; the response (get_object bodies read) or the exception."""
