@@ -41,7 +41,8 @@ See tests/sim/__init__.py for the harness. In both index modes:
   rewrap's read of a key record and its write; slow: ``test_encrypted_migration_and_rotation_long``
   (random schedules around each, then cuts after every call) and
   ``test_encrypted_migration_preempted_once`` (the migration preempted after each call);
-  ``test_encrypted_migration_meeting_an_erase_pinned``;
+  ``test_encrypted_migration_meeting_an_erase_pinned``,
+  ``test_encrypted_migration_then_plaintext_writes_pinned``;
 * ``test_replay``: one schedule from the environment (the command a failure prints;
   ``SIM_ENCRYPTION=local|kms`` for an encrypted world's).
 
@@ -740,6 +741,19 @@ def test_encrypted_migration_meeting_an_erase_pinned(moto_endpoint: str) -> None
     tally = Tally()
     _run(World(moto_endpoint, "manifest", encryption="local"), Spec("manifest", "migrate+erase", 106, encryption="local"), tally)
     _fail(tally, "manifest encrypted migrate+erase seed 106")
+
+
+def test_encrypted_migration_then_plaintext_writes_pinned(moto_endpoint: str) -> None:
+    """Seed 208679 of "migrate+plain_writes" (manifest, KMS, preempted after call 42): the
+    migration finished, then an old process without encryption added a write to a
+    checkpoint it had sealed (a plaintext object the head names). The harness's two
+    encrypt_existing runs, the grace period over, answered ``complete``: the migration
+    asked a thread's metadata and inline bodies only, never its writes kept in objects,
+    and a read of the thread was refused. It now asks each such write's first bytes."""
+    tally = Tally()
+    spec = Spec("manifest", "migrate+plain_writes", 208679, "none", [0] * 42, encryption="kms")
+    _run(World(moto_endpoint, "manifest", encryption="kms"), spec, tally)
+    _fail(tally, "manifest encrypted migrate+plain_writes seed 208679")
 
 
 def test_encrypted_prune_meeting_an_erase_pinned(moto_endpoint: str) -> None:

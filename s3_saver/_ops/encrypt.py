@@ -167,7 +167,8 @@ def encrypt_thread(ctx: Context, thread_id: str, versioned: bool | None = None) 
 def encrypt_existing(ctx: Context, thread_ids: Sequence[str] | None = None) -> Op[None]:
     """Every thread of the listing (or ``thread_ids``) through ``encrypt_thread``, one
     ``EncryptStatus`` emitted per thread. Each thread is done whole before the next:
-    cut short, a call again passes quickly over those done (a read of their index)."""
+    cut short, a call again passes quickly over those done (a read of their index, and
+    a ranged GET of each pending-writes part kept in an object: see ``_plaintext``)."""
     versioned = yield from _versioned(ctx)
     if thread_ids is not None:
         for t in thread_ids:
@@ -216,18 +217,27 @@ def _archived(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[tuple[str, bo
 
 def _plaintext(ctx: Context, entries: list[CheckpointEntry]) -> Op[bool]:
     """Whether any of the thread's entries holds plaintext: its metadata or a body the
-    index carries; an entry that carries neither is asked of its object's first bytes
-    (a ranged GET, one wave)."""
+    index carries; an entry that carries neither, and every pending-writes part kept in
+    an object, is asked of its object's first bytes (a ranged GET each, one wave).
+
+    The writes are asked one by one because nothing else tells them: a saver without
+    encryption that adds writes to a checkpoint the migration sealed writes plaintext
+    objects under keys like the sealed ones, and its commit names them beside the
+    sealed checkpoint (whose metadata says nothing of them). Missed, the thread would
+    answer ``complete`` while a read of it is refused."""
     unknown: list[str] = []
     for e in entries:
         if e.metadata is not None and e.metadata[0] != SEALED_TAG:
             return True
         if e.body is not None and not is_sealed(e.body):
             return True
-        if any(w.body is not None and not is_sealed(w.body) for w in e.writes or ()):
-            return True
         if e.metadata is None and e.body is None:
             unknown.append(ctx.layout.object_key(own_object(e)))
+        for w in e.writes or ():
+            if w.body is None:
+                unknown.append(ctx.layout.object_key(own_object(w)))
+            elif not is_sealed(w.body):
+                return True
     if not unknown:
         return False
     answers = yield from request(*(ctx.s3.get_start(k, None, HEADER_BYTES) for k in unknown))
