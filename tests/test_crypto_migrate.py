@@ -135,6 +135,33 @@ def test_a_plaintext_object_put_back_into_a_migrated_thread_is_refused(endpoint,
     reader.close()
 
 
+def test_a_plaintext_write_added_to_a_migrated_checkpoint_is_migrated_on_the_next_run(endpoint, index_mode) -> None:
+    """An old process without encryption adds a pending write (kept in its own object) to
+    a checkpoint the migration sealed: the next run finds it, though the checkpoint's
+    metadata and body are sealed, and encrypts the thread again (the simulation's seed
+    208679 answered ``complete`` here, and the thread's reads were refused)."""
+    plain = make_saver(endpoint, index_mode)
+    plain.setup()
+    _run(_graph(plain, SECRETS[0]), SECRETS[0], "a", "sync", 1)
+    encryption = LocalKey(os.urandom(32))
+    saver = _encrypting(endpoint, index_mode, encryption)
+    assert saver.encrypt_thread("a").complete
+    latest = saver.get_tuple(config("a"))
+    assert latest is not None
+    secret = "gamma-secret-" + os.urandom(500_000).hex()  # an object of its own: too large for any index
+    plain.put_writes(latest.config, [("extra", secret)], "late-task")
+    reader = _encrypting(endpoint, index_mode, encryption)  # another process: nothing cached
+    with pytest.raises(PlaintextObjectError):
+        reader.get_tuple(config("a"))
+    status = reader.encrypt_thread("a")
+    assert status.complete and status.migrated, status
+    got = reader.get_tuple(config("a"))
+    assert ("late-task", "extra", secret) in got.pending_writes
+    assert _leaks(endpoint, "gamma-secret") == []
+    for s in (plain, saver, reader):
+        s.close()
+
+
 def test_encrypt_thread_needs_encryption_and_refuses_before_sending(endpoint, index_mode) -> None:
     plain = make_saver(endpoint, index_mode)
     plain.setup()

@@ -54,7 +54,6 @@ from s3_saver._transport.protocol import (
     Op,
     gather,
     raise_failure,
-    request,
     request_one,
 )
 from s3_saver.errors import ConfigurationError, ThreadArchivedError
@@ -138,7 +137,10 @@ def encrypt_thread(ctx: Context, thread_id: str, versioned: bool | None = None) 
         if not entries:
             state = EMPTY
             break
-        if not (yield from _plaintext(ctx, entries)):
+        plain = yield from _plaintext(ctx, entries)
+        if plain is None:
+            continue  # an object the read named is gone: the thread changed, read again
+        if not plain:
             state = ENCRYPTED
             break
         try:
@@ -215,7 +217,7 @@ def _archived(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[tuple[str, bo
     return ENCRYPTED, True, ref.storage_class
 
 
-def _plaintext(ctx: Context, entries: list[CheckpointEntry]) -> Op[bool]:
+def _plaintext(ctx: Context, entries: list[CheckpointEntry]) -> Op[bool | None]:
     """Whether any of the thread's entries holds plaintext: its metadata or a body the
     index carries; an entry that carries neither, and every pending-writes part kept in
     an object, is asked of its object's first bytes (a ranged GET each, one wave).
@@ -224,7 +226,10 @@ def _plaintext(ctx: Context, entries: list[CheckpointEntry]) -> Op[bool]:
     encryption that adds writes to a checkpoint the migration sealed writes plaintext
     objects under keys like the sealed ones, and its commit names them beside the
     sealed checkpoint (whose metadata says nothing of them). Missed, the thread would
-    answer ``complete`` while a read of it is refused."""
+    answer ``complete`` while a read of it is refused.
+
+    None: an object asked is gone (a delete, a prune, a write replaced since the index
+    was read), so the answer would be of a thread that is no more: the caller reads again."""
     unknown: list[str] = []
     for e in entries:
         if e.metadata is not None and e.metadata[0] != SEALED_TAG:
@@ -240,8 +245,10 @@ def _plaintext(ctx: Context, entries: list[CheckpointEntry]) -> Op[bool]:
                 return True
     if not unknown:
         return False
-    answers = yield from request(*(ctx.s3.get_start(k, None, HEADER_BYTES) for k in unknown))
-    return any(not is_sealed(bytes(a["Body"])) for a in answers)
+    starts = yield from _starts(ctx, [(k, None) for k in unknown])
+    if any(b is None for b in starts):
+        return None
+    return any(not is_sealed(b) for b in starts if b is not None)
 
 
 def _sweep(ctx: Context, thread_id: str, versioned: bool) -> Op[tuple[int, list[RemainingVersion]]]:
@@ -278,17 +285,25 @@ def _sweep(ctx: Context, thread_id: str, versioned: bool) -> Op[tuple[int, list[
 
 
 def _plaintext_of(ctx: Context, versions: list[RemainingVersion]) -> Op[list[RemainingVersion]]:
-    """Those of ``versions`` that hold plaintext (a ranged GET of each, one wave)."""
-    if not versions:
+    """Those of ``versions`` that hold plaintext; one gone meanwhile (its write's
+    cleanup, a garbage collection) is not."""
+    starts = yield from _starts(ctx, [(v.key, v.version_id) for v in versions])
+    return [replace(v, reason=YOUNG_PLAINTEXT) for v, b in zip(versions, starts) if b is not None and not is_sealed(b)]
+
+
+def _starts(ctx: Context, objects: list[tuple[str, str | None]]) -> Op[list[bytes | None]]:
+    """The first bytes of each (key, version) object, a ranged GET each in one wave;
+    None for one that is gone."""
+    if not objects:
         return []
-    calls = [ctx.s3.get_start(v.key, v.version_id, HEADER_BYTES) for v in versions]
+    calls = [ctx.s3.get_start(key, version_id, HEADER_BYTES) for key, version_id in objects]
     answers = yield tuple(calls)
-    out = []
-    for v, call, answer in zip(versions, calls, answers):
+    out: list[bytes | None] = []
+    for call, answer in zip(calls, answers):
         if isinstance(answer, BaseException):
-            if error_code(answer) in _GONE:
-                continue  # gone meanwhile (its write's cleanup, a garbage collection)
-            raise_failure(call, answer)
-        if not is_sealed(bytes(answer["Body"])):
-            out.append(replace(v, reason=YOUNG_PLAINTEXT))
+            if error_code(answer) not in _GONE:
+                raise_failure(call, answer)
+            out.append(None)
+        else:
+            out.append(bytes(answer["Body"]))
     return out
