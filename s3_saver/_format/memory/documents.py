@@ -37,6 +37,9 @@ partitions)::
     pk <P>#mreg          sk registry key   a registered namespace: its path and registration time
                                            (and ``retiring``: a removal's token, while one is under way)
     pk <P>#msweep        sk "cursor"       where the TTL sweep stopped
+    pk <P>#mgone         sk node id        with encryption: the ids of every key of that namespace an
+                                           erase destroyed (``gone``; kept after the erase, as the
+                                           manifest mode's emptied head keeps them)
 
 ``encode`` never produces ``#``: no thread's partition is one of these, and the
 saver's scans skip them (``KeyLayout.thread_of``).
@@ -145,6 +148,12 @@ def item_partition(prefix: str, node: str) -> str:
 def registry_partition(prefix: str) -> str:
     """DynamoDB mode: the partition of the namespace registry."""
     return f"{encode(prefix) if prefix else ''}#mreg"
+
+
+def gone_partition(prefix: str) -> str:
+    """DynamoDB mode: the partition of the destroyed key ids of erased namespaces (one
+    item per namespace, keyed by its node id: no namespace name in it)."""
+    return f"{encode(prefix) if prefix else ''}#mgone"
 
 
 def sweep_partition(prefix: str) -> str:

@@ -12,6 +12,7 @@ import ormsgpack
 from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.documents import (
     ITEM_MARK,
+    gone_partition,
     item_partition,
     registry_partition,
     value_key,
@@ -25,7 +26,7 @@ from s3_saver._format.memory.rows import (
     vectors_to_wire,
 )
 from s3_saver._format.memory.ttl import Clock, epoch_seconds_up, expires_at
-from s3_saver._index.memory import Change, Path
+from s3_saver._index.memory import Change, KeyFenced, Path
 from s3_saver._transport.budget import Cache, CacheBudget
 from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
 from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
@@ -169,7 +170,8 @@ class Items:
 
     def _register(self, path: Path, kid: str | None = None) -> Op[None]:
         """``kid`` (encryption): the key the registering put is sealed under, recorded
-        for every creation in the namespace to check (``_fenced``)."""
+        for every creation in the namespace to check (``_fenced``). Raises ``KeyFenced``
+        when an erase destroyed that key."""
         item = {
             **_key(registry_partition(self.prefix), registry_key(path)),
             "path": {"L": [{"S": label} for label in path]},
@@ -178,17 +180,44 @@ class Items:
         # Written when absent, or over a removal under way (``retiring``), which then fails.
         condition = "attribute_not_exists(pk) OR attribute_exists(retiring)"
         params: dict[str, Any] = {"Item": item, "ConditionExpression": condition}
-        if kid is not None:
-            item["kid"] = {"S": kid}
-            # Never over an erase's mark naming this key as destroyed (``gone``: a process
-            # that cached it before the erase): refused, the creation's check refuses the
-            # put, and the writer reads the key again.
-            params["ConditionExpression"] = "attribute_not_exists(pk) OR (attribute_exists(retiring) AND NOT contains(gone, :kid))"
-            params["ExpressionAttributeValues"] = {":kid": {"S": kid}}
-        call = self._call("put_item", params, f"registry of namespace {show(path)}")
-        answer = yield (call,)
-        if isinstance(answer[0], BaseException) and error_code(answer[0]) not in CONDITION_FAILED_CODES:
-            raise_failure(call, answer[0])
+        subject = f"registry of namespace {show(path)}"
+        if kid is None:
+            call = self._call("put_item", params, subject)
+            (answer,) = yield (call,)
+            _done(call, answer)
+            self._known.put(path, True, _KNOWN_BYTES)  # registered now, or before (by anyone)
+            return
+        item["kid"] = {"S": kid}
+        # Never over an erase's mark naming this key as destroyed (``gone``: a process
+        # that cached it before the erase): refused, the creation's check refuses the put,
+        # and the writer reads the key again.
+        params["ConditionExpression"] = "attribute_not_exists(pk) OR (attribute_exists(retiring) AND NOT contains(gone, :kid))"
+        params["ExpressionAttributeValues"] = {":kid": {"S": kid}}
+        # Invariant (``MemoryIndex.commit``): a registration never carries a key an erase
+        # destroyed. The mark above holds the ids only while the erase runs: a whole erase
+        # deletes the registry item, and a process that read the key before it (and never
+        # registered the namespace itself, so no creation of its finds the item gone)
+        # would register afresh with the destroyed id and commit under it: lost. So the
+        # registration is a transaction with a check of what the erase leaves for good,
+        # the namespace's destroyed ids (``gone_partition``, written before the registry
+        # item goes): one request still, on a process's first put into a namespace only.
+        check = {
+            "ConditionCheck": {
+                "TableName": self.table,
+                "Key": _key(gone_partition(self.prefix), node_id(path)),
+                "ConditionExpression": "attribute_not_exists(pk) OR NOT contains(gone, :kid)",
+                "ExpressionAttributeValues": {":kid": {"S": kid}},
+            }
+        }
+        put = {"Put": {"TableName": self.table, **params}}
+        call = Call("dynamodb", "transact_write_items", {"TransactItems": [check, put], "ClientRequestToken": new_token()}, self.where, subject)
+        (answer,) = yield (call,)
+        if isinstance(answer, BaseException):
+            destroyed, registered = _cancelled(answer)
+            if destroyed:
+                raise KeyFenced([path], self.describe(path))
+            if not registered:
+                raise_failure(call, answer)
         self._known.put(path, True, _KNOWN_BYTES)  # registered now, or before (by anyone)
 
     # -- the calls of a put ---------------------------------------------------------------

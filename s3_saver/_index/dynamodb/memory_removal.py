@@ -36,6 +36,7 @@ from typing import Any
 
 from s3_saver._format.key_codec import new_token
 from s3_saver._format.memory.documents import (
+    gone_partition,
     node_folder,
     registry_partition,
     sweep_partition,
@@ -88,12 +89,15 @@ class Removals(Items):
         # With encryption, the keys destroyed before the marks, which record their ids: a
         # process that cached one cannot register the namespace over the mark with it
         # (``_register``); once the registry item is gone, its creation's check is refused
-        # and it reads the key again (``DynamoMemory._put``).
+        # and it reads the key again (``DynamoMemory._put``). The same wave adds the ids to
+        # the namespace's record of destroyed keys (``gone_partition``), which outlives the
+        # registry item: a registration after the erase checks it (``_register``).
         gone = (yield from destroy(paths)) if destroy is not None else {}
         token = new_token()
         marked = yield from self._retire(paths, token, fresh=False, gone=gone)
         counts = yield from gather(*(self._erase_items(p, purge) for p in marked))
-        return Erasure(tuple(marked), tuple(marked), sum(counts), token, ())
+        records = tuple(f"DynamoDB table {self.table!r}, item {gone_partition(self.prefix)!r}/{node_id(p)!r}" for p in sorted(gone))
+        return Erasure(tuple(marked), tuple(marked), sum(counts), token, records)
 
     def erase_registrations(self, erasure: Erasure, hold: Sequence[Path] = ()) -> Op[list[Path]]:
         # A held namespace keeps the erase's mark: no sweep takes an erase's, so it stays
@@ -159,7 +163,25 @@ class Removals(Items):
             return self._call("update_item", params, f"registry of namespace {show(p)}")
 
         calls = tuple(marked(p) for p in paths)
-        answers = yield calls
+        # ADD: a union, so an erase whose write lands late never takes off an id a later
+        # erase added. Unconditional, sent again as is after a lost answer.
+        records = tuple(
+            self._call(
+                "update_item",
+                {
+                    "Key": _key(gone_partition(self.prefix), node_id(p)),
+                    "UpdateExpression": "ADD gone :g",
+                    "ExpressionAttributeValues": {":g": {"SS": sorted(ids)}},
+                },
+                f"destroyed keys of namespace {show(p)}",
+            )
+            for p, ids in sorted((gone or {}).items())
+            if ids
+        )
+        answers = yield calls + records
+        for call, answer in zip(records, answers[len(calls) :]):
+            if isinstance(answer, BaseException):
+                raise_failure(call, answer)
         return [p for p, call, answer in zip(paths, calls, answers) if _done(call, answer)]
 
     def _unretire(self, paths: list[Path], token: str, *, delete: bool) -> Op[list[Path]]:
