@@ -12,12 +12,16 @@ import asyncio
 import os
 from typing import Any
 
+import boto3
 import pytest
+from conftest import TABLE
 from langgraph.store.base import PutOp
 from test_store_encryption import BIG, NS, OTHER, _counts, _record, _store
 from test_store_s3 import make_store
 
 from s3_saver import LocalKey, NamespaceErasedError, S3Store
+from s3_saver._format.memory.documents import registry_partition
+from s3_saver._format.memory.names import registry_key
 
 
 def _run(store: S3Store, driver: str, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -222,3 +226,49 @@ def test_a_key_read_before_a_whole_erase_by_a_process_that_never_registered_the_
         assert reader.get(NS, "k3").value == {"text": "a later writer"}
         assert reader.get(NS, "k") is None
         assert sorted(h.key for h in reader.search(NS)) == ["k2", "k3", "k4"]
+
+
+def _registered_before_the_fence(endpoint: str, index_mode: str, marked: bool) -> None:
+    """DynamoDB mode: the namespace's registry item as code before the fence (or a
+    process without encryption) wrote it: no key id; ``marked``: with the mark of an
+    erase of that code under way (no destroyed ids on it). The manifest registry holds
+    neither."""
+    if index_mode != "dynamodb":
+        return
+    table = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+    key = {"pk": {"S": registry_partition("")}, "sk": {"S": registry_key(NS)}}
+    if marked:
+        table.update_item(
+            TableName=TABLE, Key=key, UpdateExpression="REMOVE kid SET retiring = :t", ExpressionAttributeValues={":t": {"S": "old"}}
+        )
+    else:
+        table.update_item(TableName=TABLE, Key=key, UpdateExpression="REMOVE kid")
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_a_stale_key_overwriting_a_new_lifes_item_under_a_registry_item_without_a_key_id_goes_on(
+    endpoint, index_mode, marked
+) -> None:
+    """A cached the key and wrote ``k``; B erased the namespace; C wrote ``k`` in its new
+    life; the registry item carries no key id (and an old erase's mark). A's overwrite of
+    ``k`` is refused (another key's item) and so is its creation (the item is there, or
+    the mark): judged on the item, A reads the key record and seals again, never a
+    StoreUnavailableError after every try."""
+    encryption = LocalKey(os.urandom(32))
+    a = _store(endpoint, index_mode, encryption)
+    a.put(NS, "k", {"text": "old life"})
+    _store(endpoint, index_mode, encryption).erase_namespace(NS)
+    c = _store(endpoint, index_mode, encryption)
+    c.put(NS, "k", {"text": "new life"})
+    _registered_before_the_fence(endpoint, index_mode, marked)
+    ((trips, requests),) = _counts(a, [lambda: a.put(NS, "k", {"text": "A over the new life"})])
+    print("stale overwrite:", trips, requests)
+    if index_mode == "dynamodb" and not marked:
+        # Overwrite refused, creation refused, the item read, the key record read, the
+        # overwrite again: 5 requests in 5 round trips (the item's read the only one more).
+        assert (trips, requests) == (
+            5,
+            {("dynamodb", "update_item"): 2, ("dynamodb", "transact_write_items"): 1, ("dynamodb", "get_item"): 1, ("s3", "get_object"): 1},
+        )
+    for reader in (_fresh(endpoint, index_mode, encryption), c, a):
+        assert reader.get(NS, "k").value == {"text": "A over the new life"}

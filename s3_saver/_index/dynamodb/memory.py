@@ -230,6 +230,7 @@ class DynamoMemory(Collection, Removals, Reseals):
             # The lease: never name a value object older than VALUE_LEASE (``memory_lease``).
             (change,) = yield from renewed(self.s3, self.value_key, self.clock, path, [change])
             now = self.clock.now()
+            refused = False  # this round's overwrite refused by its condition
             if overwrite:
                 token = new_token()
                 call = self._overwrite(path, key, change, now, token)
@@ -258,6 +259,7 @@ class DynamoMemory(Collection, Removals, Reseals):
                     continue
                 if error_code(answer) not in CONDITION_FAILED_CODES:
                     raise_failure(call, answer)
+                refused = True
                 # No live item (absent, deleted or expired): create one.
             call = self._create(path, key, change, now, new_token())
             (answer,) = yield (call,)
@@ -265,6 +267,18 @@ class DynamoMemory(Collection, Removals, Reseals):
                 self._live.put((path, change.key), True, _LIVE_BYTES + len(change.key))
                 return copied
             registry, item_refused = _cancelled(answer)
+            if item_refused and not registry and refused and change.sealed_with is not None:
+                # A live item the overwrite refused and the creation found: sealed under
+                # another key (a new life's) while the registry item names none (written
+                # before the fence, or by a process without encryption), so the creation's
+                # check let it through. Overwrite and create would refuse each other until
+                # the tries ran out: the item read once tells, and a key not its own is this
+                # process's stale one (read the key record, seal again: ``KeyFenced``).
+                item = (yield from request_one(self._get(path, change.key))).get("Item") or {}
+                kid = item.get("kid", {}).get("S")
+                live = "exu" not in item or int(item["exu"]["N"]) > now
+                if item and live and kid is not None and kid != change.sealed_with:
+                    raise KeyFenced([path], self.describe(path))
             if item_refused and not (registry and change.sealed_with is not None):
                 overwrite = True  # a live item is there: overwrite it (its created_at kept)
             elif registry:
