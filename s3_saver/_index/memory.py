@@ -190,7 +190,8 @@ class MemoryIndex(Protocol):
         Invariant (encryption): a put whose ``sealed_with`` names a key an erase of its
         namespace destroyed never lands. The erase records the destroyed ids where the
         commit's own conditional write reads them (the namespace's head, in manifest mode;
-        its registry item and its items, in DynamoDB mode), so the check costs no request;
+        its registry item and its items, in DynamoDB mode, and a record of the ids that
+        outlives the registry item, checked by a registration), so the check costs no request;
         refused, the commit raises ``KeyFenced`` (other namespaces of the commit may have
         landed: the operation runs again whole)."""
         ...

@@ -50,9 +50,13 @@ from reads, deleted by the sweep early, and by DynamoDB's TTL on ``expires_at`` 
 With encryption, a put carries the id of the namespace key it is sealed under (``kid``):
 on its item (an overwrite is refused over another key's item), on the registry item its
 registration writes (a creation's check is refused under another key), and an erase
-writes the ids it destroyed on its mark (``gone``: no registration over it with one).
-A creation refused by its check is not registered again blindly: the writer reads the key
-first (``KeyFenced``), so a key an erase destroyed never commits. No request more.
+writes the ids it destroyed on its mark (``gone``: no registration over it with one) and
+adds them to the namespace's record of destroyed keys (``<P>#mgone``, which outlives the
+registry item: a registration with a key id is a transaction checking it, so a process that
+read the key before a whole erase cannot register afresh under it). A creation refused by
+its check is not registered again blindly: the writer reads the key first (``KeyFenced``),
+so a key an erase destroyed never commits. No request more (the registration, a process's
+first put into a namespace, is one transaction instead of one ``PutItem``).
 
 Not built yet: ``BatchGetItem`` for several keys, one transaction for a cold put.
 
@@ -87,6 +91,7 @@ from s3_saver._index.dynamodb.memory_items import (
     _cancelled,
     _key,
     _n,
+    _sealed_elsewhere,
     _subject,
 )
 from s3_saver._index.dynamodb.memory_removal import Removals
@@ -268,16 +273,10 @@ class DynamoMemory(Collection, Removals, Reseals):
                 return copied
             registry, item_refused = _cancelled(answer)
             if item_refused and not registry and refused and change.sealed_with is not None:
-                # A live item the overwrite refused and the creation found: sealed under
-                # another key (a new life's) while the registry item names none (written
-                # before the fence, or by a process without encryption), so the creation's
-                # check let it through. Overwrite and create would refuse each other until
-                # the tries ran out: the item read once tells, and a key not its own is this
-                # process's stale one (read the key record, seal again: ``KeyFenced``).
-                item = (yield from request_one(self._get(path, change.key))).get("Item") or {}
-                kid = item.get("kid", {}).get("S")
-                live = "exu" not in item or int(item["exu"]["N"]) > now
-                if item and live and kid is not None and kid != change.sealed_with:
+                # Overwrite and creation refused each other: the item may be a new life's,
+                # under a registry item naming no key (``_sealed_elsewhere``). Read once.
+                item = (yield from request_one(self._get(path, change.key))).get("Item")
+                if _sealed_elsewhere(item, change.sealed_with, now):
                     raise KeyFenced([path], self.describe(path))
             if item_refused and not (registry and change.sealed_with is not None):
                 overwrite = True  # a live item is there: overwrite it (its created_at kept)

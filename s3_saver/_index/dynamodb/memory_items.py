@@ -60,6 +60,22 @@ def _cancelled(answer: BaseException) -> tuple[bool, bool]:
     return reasons[0] == "ConditionalCheckFailed", reasons[1] == "ConditionalCheckFailed"
 
 
+def _sealed_elsewhere(item: dict[str, Any] | None, kid: str, now: int) -> bool:
+    """Whether ``item`` (as read) is live and sealed under another key than ``kid``.
+
+    A put's overwrite refused (the item is not live, or under another key) and its
+    creation refused too (a live item is there): with a registry item that names a key,
+    the creation's check would have refused a stale key first. One that names none
+    (written before the fence, or by a process without encryption) lets it through, and
+    overwrite and creation would refuse each other until the tries ran out
+    (``StoreUnavailableError``). A key not the writer's is its stale one: it reads the key
+    record and seals again (``KeyFenced``), as a refused creation's writer does."""
+    if not item or ("exu" in item and int(item["exu"]["N"]) <= now):
+        return False
+    other = item.get("kid", {}).get("S")
+    return other is not None and other != kid
+
+
 def _subject(path: Path, key: str) -> str:
     return f"namespace {show(path)}, key {show(key)}"
 

@@ -89,7 +89,9 @@ class NamespaceEraseReport:
             the erased items' bytes remains in the bucket).
         records: What stays, with no item and no namespace name in it: in the
             manifest mode, one empty head per erased namespace (and per
-            namespace between it and the prefix).
+            namespace between it and the prefix); in the DynamoDB mode with
+            ``encryption=``, one item of destroyed key ids per erased namespace
+            that had a key.
         written_during: Namespaces that stay registered and listed: a put registered
             them again while the erase ran (its items written after the erase read
             them stay), or the erase left in their folder a version listed in
