@@ -552,7 +552,8 @@ def test_store_sealing_put_cut_at_every_call(moto_endpoint: str) -> None:
 def test_store_replay(moto_endpoint: str) -> None:
     if "SIM_SEED" not in os.environ or "SIM_SCENARIO" not in os.environ:
         pytest.skip(
-            "replays one schedule: SIM_SEED=.. SIM_MODE=.. SIM_SCENARIO=.. [SIM_FAULTS=..] [SIM_PATH=..] [SIM_VERSIONED=1] [SIM_HEAD_BUDGET=..]"
+            "replays one schedule: SIM_SEED=.. SIM_MODE=.. SIM_SCENARIO=.. [SIM_FAULTS=..] [SIM_PATH=..] [SIM_VERSIONED=1] [SIM_HEAD_BUDGET=..] "
+            "[SIM_ENCRYPTION=local|kms]"
         )
     path = os.environ.get("SIM_PATH")
     spec = StoreSpec(
@@ -563,8 +564,10 @@ def test_store_replay(moto_endpoint: str) -> None:
         None if path is None else ([] if path == "-" else [int(x) for x in path.split(",")]),
     )
     spec.versioned = os.environ.get("SIM_VERSIONED") == "1"
+    spec.encryption = os.environ.get("SIM_ENCRYPTION") or None  # tests/test_store_crypto_simulation.py
     budget = os.environ.get("SIM_HEAD_BUDGET")
-    world = StoreWorld(moto_endpoint, spec.mode, versioned=spec.versioned, head_budget=int(budget) if budget else None)
+    world = StoreWorld(moto_endpoint, spec.mode, versioned=spec.versioned, head_budget=int(budget) if budget else None,
+                       encryption=spec.encryption)
     out = run_store_schedule(world, spec)
     print("\n".join(out.history))
     print("\n".join(out.trace))

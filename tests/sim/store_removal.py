@@ -56,6 +56,7 @@ def _versions(world: Any, folder: str) -> list[tuple[str, str | None, bool]]:
 def labels_in(world: Any, serde: Any, key: str, version_id: str | None = None) -> list[str]:
     """The labels of the values an object (a version of it) holds: a head's inline rows,
     or a value object's value."""
+    from s3_saver._crypto.sealer import SEALED_TAG
     from s3_saver._format.codec import unpack
     from s3_saver._format.memory.documents import HEAD_FORMAT, HEAD_NAME, VALUE_FORMAT
     from s3_saver._format.memory.rows import (
@@ -73,7 +74,9 @@ def labels_in(world: Any, serde: Any, key: str, version_id: str | None = None) -
     else:
         record = unpack(body, VALUE_FORMAT, key)
         cells = [value_from_wire(record.get("value"), key)]
-    return [str(unpack_value(serde, c, key).get("w")) for c in cells if isinstance(c, ValueCell)]
+    # A sealed value (an encrypted world) names no writer here: sim/store_crypto.py looks
+    # for plaintext instead, and the final reads for what its destroyed key still names.
+    return [str(unpack_value(serde, c, key).get("w")) for c in cells if isinstance(c, ValueCell) and c.type_tag != SEALED_TAG]
 
 
 def _rows(reader: Any) -> dict[SM.Path, dict[str, Any]]:
@@ -83,9 +86,10 @@ def _rows(reader: Any) -> dict[SM.Path, dict[str, Any]]:
 
 
 def _inline_label(reader: Any, row: Any) -> str | None:
+    from s3_saver._crypto.sealer import SEALED_TAG
     from s3_saver._format.memory.rows import ValueCell, unpack_value
 
-    if isinstance(row.value, ValueCell):
+    if isinstance(row.value, ValueCell) and row.value.type_tag != SEALED_TAG:
         return str(unpack_value(reader.serde, row.value, row.key).get("w"))
     return None
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from langgraph.store.base import GetOp, ListNamespacesOp, SearchOp
 
+from sim import store_crypto as crypto
 from sim import store_model as SM
 from sim import store_removal as removal
 from sim import store_rules as SR
@@ -78,6 +79,8 @@ class StoreWorld(World):
         from s3_saver import S3Store
         from s3_saver._format.memory.ttl import Clock
 
+        if self.encryption is not None:
+            options.setdefault("encryption", self.encryption)  # None: an old process (sim/store_crypto.py)
         store = S3Store(
             self.bucket,
             table=self.table,
@@ -132,6 +135,8 @@ class StoreSpec(Spec):
         env = f"SIM_SEED={self.seed} SIM_MODE={self.mode} SIM_SCENARIO={self.scenario} SIM_FAULTS={self.faults}"
         if self.versioned:
             env += " SIM_VERSIONED=1"
+        if self.encryption:
+            env += f" SIM_ENCRYPTION={self.encryption}"
         if self.path is not None:
             env += f" SIM_PATH={','.join(map(str, self.path)) or '-'}"
         return f"{env} .venv/bin/python -m pytest -p no:cacheprovider -n 0 tests/test_store_simulation.py -k replay"
@@ -143,13 +148,19 @@ class Scenario:
     setup: list[SM.Made]
     processes: list[list[SM.Made]]
     shares: dict[int, int] = field(default_factory=dict)  # process -> the process whose store it runs on
+    # A migration's world (sim/store_crypto.py): the setup written without encryption, and
+    # the processes that run without it (old ones).
+    plain_setup: bool = False
+    plain: tuple[int, ...] = ()
 
 
 def build(rng: random.Random, scenario: str) -> Scenario:
     spelled, _, focus = scenario.partition("@")
     space = SM.SPACES[focus]
     shares: dict[int, int] = {}
-    if spelled in ("random", "random-shared", "removal"):
+    if spelled == "migration":
+        plan = crypto.draw_migration(rng)
+    elif spelled in ("random", "random-shared", "removal"):
         drawn = SM.KINDS if spelled == "removal" else SM.BASE_KINDS
         weights = {name: kind.weight for name, kind in drawn.items()}
         plan = [rng.choices(list(weights), list(weights.values()), k=rng.randint(1, 3)) for _ in range(rng.randint(2, 3))]
@@ -165,17 +176,21 @@ def build(rng: random.Random, scenario: str) -> Scenario:
                 plan.append(process.split(","))
     for kinds in plan:
         for kind in kinds:
-            if kind not in SM.KINDS:
-                raise ValueError(f"unknown store step kind {kind!r} (known: {', '.join(SM.KINDS)})")
+            if kind not in SM.KINDS and kind not in crypto.KINDS:
+                raise ValueError(f"unknown store step kind {kind!r} (known: {', '.join([*SM.KINDS, *crypto.KINDS])})")
     # Existing items (a namespace registered, a value to replace): none to three; some
     # with a ttl when the scenario removes (a sweep finds them expired).
     choices = ["put", "put_large", "put_medium"]
     if spelled == "removal" or any(kind in SM.REMOVAL_KINDS for kinds in plan for kind in kinds):
         choices.append("put_ttl")
-    setup = [SM.KINDS[rng.choice(choices)].make(rng, f"S.{i}", space) for i in range(rng.randint(0, 3))]
-    processes = [[SM.KINDS[kind].make(rng, f"P{pid}.{i}", space) for i, kind in enumerate(kinds)] for pid, kinds in enumerate(plan)]
+    # A migration has plaintext to migrate: two items at least.
+    migrating = crypto.migration(plan)
+    setup = [SM.KINDS[rng.choice(choices)].make(rng, f"S.{i}", space) for i in range(rng.randint(2 if migrating else 0, 3))]
+    kinds_ = {**SM.KINDS, **crypto.KINDS}
+    processes = [[kinds_[kind].make(rng, f"P{pid}.{i}", space) for i, kind in enumerate(kinds)] for pid, kinds in enumerate(plan)]
     name = "".join(("&" if i in shares else "+" if i else "") + ",".join(kinds) for i, kinds in enumerate(plan))
-    return Scenario(name + (f"@{focus}" if focus else ""), setup, processes, shares)
+    plain = tuple(i for i, kinds in enumerate(plan) if crypto.old_process(kinds))
+    return Scenario(name + (f"@{focus}" if focus else ""), setup, processes, shares, migrating, plain)
 
 
 def run_store_schedule(world: StoreWorld, spec: Spec, *, strict: bool = False) -> Outcome:
@@ -193,7 +208,9 @@ def run_store_schedule(world: StoreWorld, spec: Spec, *, strict: bool = False) -
     out = Outcome(spec, name=scenario.name, setup=[m.name for m in scenario.setup])
     history = SR.History()
 
-    setup = world.saver(prefix)
+    if scenario.plain_setup and world.encryption is None:
+        raise ValueError(f"{spec.scenario}: a migration's scenario runs in an encrypted world (SIM_ENCRYPTION=local|kms)")
+    setup = world.saver(prefix, encryption=None) if scenario.plain_setup else world.saver(prefix)
     for made in scenario.setup:
         try:
             made.invoke(setup)
@@ -218,6 +235,8 @@ def run_store_schedule(world: StoreWorld, spec: Spec, *, strict: bool = False) -
     ]
     for i, j in scenario.shares.items():
         processes[i].share = processes[j]
+    for i in scenario.plain:
+        processes[i].options = {"encryption": None}  # an old process of the rollout
     world.processes = processes
     try:
         ops = scheduler.run(processes)
@@ -259,11 +278,27 @@ def run_store_schedule(world: StoreWorld, spec: Spec, *, strict: bool = False) -
         if during is not None:
             out.history.append(f"{op.label}: its StoreUnavailableError allowed: {during.write.label} was erasing what it read")
             continue
+        # Encrypted worlds (sim/store_crypto.py): refused the key of a namespace an erase
+        # was erasing; in a migration's, a read refused content of the other kind.
+        during = crypto.erase_refused(op, made, error, erases)
+        if during is not None:
+            out.history.append(f"{op.label}: its NamespaceErasedError allowed: {during.write.label} was erasing its namespace")
+            continue
+        if scenario.plain_setup and crypto.migration_refused(error, made):
+            out.history.append(f"{op.label}: its {type(error).__name__} allowed: a read during the migration")
+            continue
         out.problems.append(f"{op.label} raised {type(error).__name__}: {str(error)[:300]}")
     for e in erases:
         _held(history, e)
     if all(op.outcome is not None for op in ops):
-        _verify(world, prefix, history, erases, scheduler.tick, out, strict)
+        _verify(world, prefix, history, erases, scheduler.tick, out, strict, scenario.plain_setup)
+    if not strict and world.encryption is not None and crypto.known_stale_register(spec.mode, ops, out.problems):
+        # The known defect (sim/store_crypto.py): reported with its replay, not failed here;
+        # the pinned schedules (strict) fail on it until it is fixed.
+        out.history += [f"known defect: {p}" for p in out.problems]
+        warnings.warn(f"the known defect of a process registering a namespace with a key an erase destroyed "
+                      f"({crypto.KNOWN_STALE_REGISTER}): {spec.replay()}: {out.problems[0][:200]}", stacklevel=2)
+        out.problems.clear()
     return _done(out, world, began)
 
 
@@ -320,7 +355,8 @@ def _done(out: Outcome, world: World, began: float) -> Outcome:
 
 
 def _verify(
-    world: StoreWorld, prefix: str, history: SR.History, erases: list[Erased], now: int, out: Outcome, strict: bool = False
+    world: StoreWorld, prefix: str, history: SR.History, erases: list[Erased], now: int, out: Outcome, strict: bool = False,
+    migrating: bool = False,
 ) -> None:
     problems = out.problems
     judge = SR.Judge(history)
@@ -349,6 +385,10 @@ def _verify(
     world.scheduler = None
     now += 1
     world.clock.ticks = lambda at=now: at  # type: ignore[misc]
+    if migrating:
+        out.history += crypto.finish_migration(world, prefix, problems)
+        if problems:
+            return
     reader = world.saver(prefix)
     space = [(ns, k) for ns in SM.NAMESPACES for k in (*SM.KEYS, "z")]
     prefixes = sorted({ns[:i] for ns in SM.NAMESPACES for i in range(len(ns) + 1)})
@@ -392,6 +432,8 @@ def _verify(
         warnings.warn(f"the known gap of a folder an earlier removal unregistered ({KNOWN_UNREGISTERED}): "
                       f"{out.spec.replay()}: {gap}", stacklevel=2)
     problems += removal.swept_bytes(world, reader, prefix, history)
+    if world.encryption is not None:
+        problems += crypto.plaintext_left(world, prefix, history)
 
 
 def _report(report: Any) -> str:

@@ -46,7 +46,7 @@ from s3_saver._format.memory import rows
 from s3_saver._format.memory import ttl as ttl_core
 from s3_saver._format.memory.documents import dumps_value, loads_value
 from s3_saver._format.memory.names import show
-from s3_saver._index.memory import Change, Path
+from s3_saver._index.memory import Change, KeyFenced, Path
 from s3_saver._ops.memory import listing, rank, sealing
 from s3_saver._ops.memory.context import Memory
 from s3_saver._ops.memory.prepare import Prepared
@@ -169,10 +169,33 @@ def _batch(
                 cell = sealing.seal_vectors(mem, namespace, put.key, cell)
                 sealed_with = sealing.key_id(mem, namespace)  # the commit refuses a destroyed one
             changes.append(Change(put.key, value, cell, put.ttl_minutes, sealed_with=sealed_with))
-    # The value objects go once their namespaces are registered (``MemoryIndex.commit``).
-    released = yield from mem.index.commit(groups, partial(_move_large_values, mem, groups))
+    released = yield from commit(mem, groups)
     yield from _delete_released(mem, released)
     return results
+
+
+def commit(mem: Memory, groups: dict[Path, list[Change]]) -> Op[list[str]]:
+    """``MemoryIndex.commit`` of ``groups``, the value objects written once their
+    namespaces are registered; the value objects of the rows it replaced (to delete).
+
+    Refused by the key fence (``KeyFenced``), it deletes the value objects it wrote for
+    the refused namespaces before raising: nothing of those namespaces' puts landed, so
+    no row names them (sealed under the destroyed key), and the batch run again
+    (``sealing.rekeying``) writes its values to new objects under the new key. Left,
+    they would be garbage until ``collect_garbage``."""
+    try:
+        return (yield from mem.index.commit(groups, partial(_move_large_values, mem, groups)))
+    except KeyFenced as refused:
+        # Invariant: an object deleted here is one this commit wrote (``written`` set by
+        # ``_move_large_values`` this run) for a namespace whose puts did not land.
+        staged = [
+            mem.index.value_key(path, change.value.token)
+            for path in refused.paths
+            for change in groups.get(tuple(path), ())
+            if isinstance(change.value, rows.ObjectRef) and change.written is not None
+        ]
+        yield from _delete_released(mem, staged)
+        raise
 
 
 def check_vectors(mem: Memory, namespace: Path, key: str, cell: rows.VectorsCell | None) -> None:

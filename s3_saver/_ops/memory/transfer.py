@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from s3_saver._format.memory import rows
 from s3_saver._format.memory.export import ExportedItem
@@ -30,9 +29,9 @@ from s3_saver._index.memory import Change, Path
 from s3_saver._ops.memory import sealing
 from s3_saver._ops.memory.batch import (
     _delete_released,
-    _move_large_values,
     _resolve,
     check_vectors,
+    commit,
     item_vectors,
 )
 from s3_saver._ops.memory.context import Memory
@@ -143,7 +142,7 @@ def _import_chunk(mem: Memory, chunk: list[ExportedItem]) -> Op[tuple[int, int]]
         )
         written += 1
     if groups:
-        released = yield from mem.index.commit(groups, partial(_move_large_values, mem, groups))
+        released = yield from commit(mem, groups)  # a refusal deletes the objects it staged
         yield from _delete_released(mem, released)
     return written, unchanged
 
