@@ -116,9 +116,16 @@ def erase_refused(op: Any, made: SM.Made, error: BaseException, erases: list[Any
 
 def migration_refused(error: BaseException, made: SM.Made) -> bool:
     """A migration's world: a read refused content of the other kind, by name, with no
-    effect (an encrypting one plaintext not migrated yet; an old one encrypted content)."""
+    effect (an encrypting one plaintext not migrated yet; an old one encrypted content);
+    or the migration failed by a transient fault on a rewrite: in DynamoDB mode a rewrite
+    is never sent again blindly (``_index/dynamodb/memory_reseal``: a lost answer fails
+    the call, and the migration run again judges the item), a cut the final migration
+    finishes."""
     from s3_saver import EncryptedObjectError, PlaintextObjectError
+    from s3_saver.errors import StoreUnavailableError
 
+    if made.name == "encrypt_namespaces":
+        return isinstance(error, StoreUnavailableError)
     return made.observe is not None and isinstance(error, (PlaintextObjectError, EncryptedObjectError))
 
 

@@ -53,9 +53,11 @@ def _versions(world: Any, folder: str) -> list[tuple[str, str | None, bool]]:
     return found
 
 
-def labels_in(world: Any, serde: Any, key: str, version_id: str | None = None) -> list[str]:
+def labels_in(world: Any, reader: Any, key: str, version_id: str | None = None) -> list[str]:
     """The labels of the values an object (a version of it) holds: a head's inline rows,
-    or a value object's value."""
+    or a value object's value. In an encrypted world a sealed value is opened with
+    ``reader``'s key of its namespace; one whose key is destroyed names no one (it reads
+    nowhere: the erase's promise)."""
     from s3_saver._crypto.sealer import SEALED_TAG
     from s3_saver._format.codec import unpack
     from s3_saver._format.memory.documents import HEAD_FORMAT, HEAD_NAME, VALUE_FORMAT
@@ -65,18 +67,34 @@ def labels_in(world: Any, serde: Any, key: str, version_id: str | None = None) -
         unpack_value,
         value_from_wire,
     )
+    from s3_saver._ops.memory import sealing
+    from s3_saver.errors import ThreadErasedError
 
     params = {"Bucket": world.bucket, "Key": key, **({"VersionId": version_id} if version_id else {})}
     body = world.s3.get_object(**params)["Body"].read()
     if key.endswith("/" + HEAD_NAME):
         record = unpack(body, HEAD_FORMAT, key)
-        cells = [row_from_wire(obj, key).value for obj in record.get("rows") or []]
+        rows_ = [row_from_wire(obj, key) for obj in record.get("rows") or []]
+        cells = [(r.key, r.value) for r in rows_]
     else:
         record = unpack(body, VALUE_FORMAT, key)
-        cells = [value_from_wire(record.get("value"), key)]
-    # A sealed value (an encrypted world) names no writer here: sim/store_crypto.py looks
-    # for plaintext instead, and the final reads for what its destroyed key still names.
-    return [str(unpack_value(serde, c, key).get("w")) for c in cells if isinstance(c, ValueCell) and c.type_tag != SEALED_TAG]
+        cells = [(record.get("key"), value_from_wire(record.get("value"), key))]
+    path = tuple(record.get("path") or ())
+    labels = []
+    for item_key, cell in cells:
+        if not isinstance(cell, ValueCell):
+            continue
+        if cell.type_tag == SEALED_TAG:
+            mem = reader._memory
+            if mem.crypt is None or not path:
+                continue
+            try:
+                mem = reader._sync.run(sealing.keyed(mem, [path]))
+                cell = sealing.open_value(mem, path, str(item_key), cell, key)
+            except ThreadErasedError:  # NamespaceErasedError: its key destroyed
+                continue
+        labels.append(str(unpack_value(reader.serde, cell, key).get("w")))
+    return labels
 
 
 def _rows(reader: Any) -> dict[SM.Path, dict[str, Any]]:
@@ -85,13 +103,26 @@ def _rows(reader: Any) -> dict[SM.Path, dict[str, Any]]:
     return {ns: dict(rows) for ns, rows in snapshot.nodes.items()}
 
 
-def _inline_label(reader: Any, row: Any) -> str | None:
+def _inline_label(reader: Any, ns: SM.Path, row: Any) -> str | None:
+    """The label of a row's inline value (opened in an encrypted world; None: no inline
+    value, or sealed under a destroyed key)."""
     from s3_saver._crypto.sealer import SEALED_TAG
     from s3_saver._format.memory.rows import ValueCell, unpack_value
+    from s3_saver._ops.memory import sealing
+    from s3_saver.errors import ThreadErasedError
 
-    if isinstance(row.value, ValueCell) and row.value.type_tag != SEALED_TAG:
-        return str(unpack_value(reader.serde, row.value, row.key).get("w"))
-    return None
+    cell = row.value
+    if not isinstance(cell, ValueCell):
+        return None
+    if cell.type_tag == SEALED_TAG:
+        if reader._memory.crypt is None:
+            return None
+        try:
+            mem = reader._sync.run(sealing.keyed(reader._memory, [ns]))
+            cell = sealing.open_value(mem, ns, row.key, cell, "a row")
+        except ThreadErasedError:  # NamespaceErasedError: its key destroyed
+            return None
+    return str(unpack_value(reader.serde, cell, row.key).get("w"))
 
 
 def _unregistered_before(history: SR.History, ns: SM.Path, e: SR.Write) -> bool:
@@ -129,7 +160,7 @@ def erased_bytes(
             for key, version, current in _versions(world, index.node_folder(node)):
                 if (key, version) in kept:
                     continue
-                for label in labels_in(world, reader.serde, key, version):
+                for label in labels_in(world, reader, key, version):
                     found = writers.get(label)
                     if found is not None and found[1].before(e):
                         w = found[1]
@@ -142,7 +173,7 @@ def erased_bytes(
             if not SM.under(prefix, ns):
                 continue
             for k, row in rows.get(ns, {}).items():
-                label = _inline_label(reader, row)
+                label = _inline_label(reader, ns, row)
                 found = writers.get(label) if label else None
                 if found is not None and found[1].before(e):
                     problems.append(f"{where}, but the index still holds a row of {SR._show((ns, k))} with "
@@ -177,7 +208,7 @@ def swept_bytes(world: Any, reader: Any, prefix: str, history: SR.History) -> li
             problems.append(f"{s.label} ({s.start}..{s.end}) swept after {w.label}'s value of {SR._show(key)} surely "
                             f"expired ({SR.Judge.expiry(w)[1]:g}), but the index still holds its row")
     for key_, _ in world.objects_naming(prefix, "/@v/"):
-        for label in labels_in(world, reader.serde, key_):
+        for label in labels_in(world, reader, key_):
             # A put that did not answer may have left its object unnamed (cut before its
             # commit): no sweep knows of it (see ``_leftovers`` in sim/store_runner.py).
             if label in doomed and doomed[label][1].ok:
@@ -192,7 +223,7 @@ def replaced_expired(world: Any, reader: Any, history: SR.History, key: str) -> 
     write of its key may have replaced once expired (DynamoDB mode's creation over an
     expired item leaves it)."""
     writers = _writers(history)
-    for label in labels_in(world, reader.serde, key):
+    for label in labels_in(world, reader, key):
         found = writers.get(label)
         if found is None or found[1].ttl is None:
             continue

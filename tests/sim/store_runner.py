@@ -285,7 +285,7 @@ def run_store_schedule(world: StoreWorld, spec: Spec, *, strict: bool = False) -
             out.history.append(f"{op.label}: its NamespaceErasedError allowed: {during.write.label} was erasing its namespace")
             continue
         if scenario.plain_setup and crypto.migration_refused(error, made):
-            out.history.append(f"{op.label}: its {type(error).__name__} allowed: a read during the migration")
+            out.history.append(f"{op.label}: its {type(error).__name__} allowed: a refusal during the migration")
             continue
         out.problems.append(f"{op.label} raised {type(error).__name__}: {str(error)[:300]}")
     for e in erases:
