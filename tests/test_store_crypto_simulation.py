@@ -36,13 +36,12 @@ readable by an encrypting store and nothing lost (the rules), no plaintext store
 Defects these schedules found:
 
 * fixed: a put refused by the fence left the value object its first attempt wrote (sealed
-  under the destroyed key), named by no row (``PINNED``: dynamodb seed 0, manifest seed 24
+  under the destroyed key), named by no row (``PINNED``: dynamodb seed 3 (kms), manifest seed 24
   of ``FENCE_CUT``; they fail before the fix in ``_ops/memory/batch.commit``);
-* known, fixed elsewhere (``sim/store_crypto.py KNOWN_STALE_REGISTER``, DynamoDB mode): a
-  process that read the key, then a whole erase, then the process registers the namespace
-  with the old key and writes under the destroyed key. Seeds 32 and 44 (local) and 11 (kms)
-  of ``FENCE_CUT`` (``KNOWN``, strict xfail); a random schedule that meets it is reported
-  as a warning with its replay command, not failed (every other problem fails it);
+* fixed on main meanwhile (d8cba2a, DynamoDB mode): a process that read the key, then a
+  whole erase, then the process registers the namespace with the old key and writes under
+  the destroyed key. Seeds 32 and 44 (local) and 11 (kms) of ``FENCE_CUT`` met it before
+  that fix (``PINNED``, the final reads raised ``NamespaceErasedError``);
 * found, not fixed: an erase cut between unregistering its namespaces and settling their
   keys leaves the keys unsettled for good (``FOUND``: manifest ``removal`` seed 1005, kms;
   strict xfail). A random schedule that meets it fails.
@@ -203,7 +202,7 @@ def _cut_at_every_call(endpoint: str, mode: str, scenario: str, seed: int | None
 # A seed per mode whose schedule of FENCE_CUT (no fault) meets the fence: the put, its key
 # cached by its get, commits after the erase destroyed the key, is refused, and runs again
 # under the new key (``store_crypto.fenced`` asks the trace).
-FENCE_SEED = {"dynamodb": 0, "manifest": 24}
+FENCE_SEED = {"dynamodb": 3, "manifest": 24}
 
 
 @pytest.mark.parametrize("mode", INDEX_MODES)
@@ -222,13 +221,11 @@ PINNED = (
     # ran again under the new key, but its first value object (written before the commit,
     # sealed under the destroyed key) was left, named by no row. A refused commit now
     # deletes the value objects it wrote for the refused namespaces (``batch.commit``).
-    pytest.param("dynamodb", FENCE_CUT, 0, id="dynamodb-a-fenced-put-leaves-its-value-object"),
+    pytest.param("dynamodb", FENCE_CUT, 3, id="dynamodb-a-fenced-put-leaves-its-value-object"),
     pytest.param("manifest", FENCE_CUT, 24, id="manifest-a-fenced-put-leaves-its-value-object"),
-)
-# The known defect (sim/store_crypto.py KNOWN_STALE_REGISTER), not fixed here: a process
-# that read the key before a whole erase registers the namespace with it after (DynamoDB
-# mode) and writes under the destroyed key. Strict: these fail until it is fixed.
-KNOWN = (
+    # A process that read the namespace's key, then a whole erase (its registry item deleted
+    # with the destroyed ids), then the process registered the namespace with the old key
+    # and wrote under it: the item read nowhere (DynamoDB mode; fixed by d8cba2a).
     pytest.param("dynamodb", FENCE_CUT, 32, id="dynamodb-stale-register-32"),
     pytest.param("dynamodb", FENCE_CUT, 44, id="dynamodb-stale-register-44"),
     pytest.param("dynamodb", FENCE_CUT, 11, id="dynamodb-stale-register-11-kms"),
@@ -244,12 +241,6 @@ def _strict(endpoint: str, mode: str, scenario: str, seed: int) -> None:
 
 @pytest.mark.parametrize(("mode", "scenario", "seed"), PINNED)
 def test_store_crypto_pinned(moto_endpoint: str, mode: str, scenario: str, seed: int) -> None:
-    _strict(moto_endpoint, mode, scenario, seed)
-
-
-@pytest.mark.xfail(strict=True, reason="known defect (sim/store_crypto.py KNOWN_STALE_REGISTER), fixed elsewhere")
-@pytest.mark.parametrize(("mode", "scenario", "seed"), KNOWN)
-def test_store_crypto_known_stale_register(moto_endpoint: str, mode: str, scenario: str, seed: int) -> None:
     _strict(moto_endpoint, mode, scenario, seed)
 
 

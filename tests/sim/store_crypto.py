@@ -171,36 +171,6 @@ def plaintext_left(world: Any, prefix: str, history: Any) -> list[str]:
     return [f"plaintext of written values in {len(leaks)} stored places: {leaks[:6]}"] if leaks else []
 
 
-# -- the known defect (another helper's to fix: s3_saver/_index/dynamodb/memory*.py) ------------
-# DynamoDB mode: a brand-new process reads a namespace's key, then a whole erase of it
-# finishes (its registry item deleted, with the ids of the keys it destroyed), then the
-# process registers the namespace again with the key it read and writes under that
-# destroyed key: its item reads nowhere (NamespaceErasedError). Seeds that meet it (faults
-# "one", path [-1, 0, 0], scenario FENCE_CUT of tests/test_store_crypto_simulation.py):
-# dynamodb 32 and 44 (local), 11 (kms).
-KNOWN_STALE_REGISTER = "sim/store_crypto.py KNOWN_STALE_REGISTER"
-
-
-def known_stale_register(mode: str, ops: list[Any], problems: list[str]) -> bool:
-    """Whether every problem of a schedule is the known defect: DynamoDB mode, each a
-    ``NamespaceErasedError``, and a put that answered after an erase of its namespace had
-    answered, by a process that ran an earlier step while (or before) the erase ran (it
-    could hold the key the erase destroyed)."""
-    if mode != "dynamodb" or not problems or not all("NamespaceErasedError" in p for p in problems):
-        return False
-    erases = [op for op in ops if op.step.model.effect.unlists and op.outcome and op.outcome[0] == "ok"]
-    for op in ops:
-        made = op.step.model
-        if not made.effect.registers or not op.outcome or op.outcome[0] != "ok":
-            continue
-        earlier = [o for o in ops if o.pid == op.pid and o is not op and o.start is not None and op.start is not None and o.start < op.start]
-        for e in erases:
-            erased = any(SM.under(e.step.model.effect.unlists[0], ns) for ns in made.effect.registers)
-            if erased and e.end <= op.end and any(o.start < e.end for o in earlier):
-                return True
-    return False
-
-
 _KEY_RECORD = re.compile(r"get_object\(m\d+/m/[0-9a-f]{64}\)")
 _PUT_CALL = re.compile(r"\s*\d+ (P\d+\.\d+ (?:batch )?put[^#]*)#\d+ (.*)")
 

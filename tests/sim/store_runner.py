@@ -292,13 +292,6 @@ def run_store_schedule(world: StoreWorld, spec: Spec, *, strict: bool = False) -
         _held(history, e)
     if all(op.outcome is not None for op in ops):
         _verify(world, prefix, history, erases, scheduler.tick, out, strict, scenario.plain_setup)
-    if not strict and world.encryption is not None and crypto.known_stale_register(spec.mode, ops, out.problems):
-        # The known defect (sim/store_crypto.py): reported with its replay, not failed here;
-        # the pinned schedules (strict) fail on it until it is fixed.
-        out.history += [f"known defect: {p}" for p in out.problems]
-        warnings.warn(f"the known defect of a process registering a namespace with a key an erase destroyed "
-                      f"({crypto.KNOWN_STALE_REGISTER}): {spec.replay()}: {out.problems[0][:200]}", stacklevel=2)
-        out.problems.clear()
     return _done(out, world, began)
 
 
