@@ -42,9 +42,12 @@ Defects these schedules found:
   whole erase, then the process registers the namespace with the old key and writes under
   the destroyed key. Seeds 32 and 44 (local) and 11 (kms) of ``FENCE_CUT`` met it before
   that fix (``PINNED``, the final reads raised ``NamespaceErasedError``);
-* found, not fixed: an erase cut between unregistering its namespaces and settling their
-  keys leaves the keys unsettled for good (``FOUND``: manifest ``removal`` seed 1005, kms;
-  strict xfail). A random schedule that meets it fails.
+* fixed: an erase cut between unregistering its namespaces and settling their keys left
+  the keys unsettled for good, and the erase called again found nothing registered to
+  settle (``UNSETTLED``: manifest ``removal`` seed 1005, kms). The erase now takes the
+  namespace its prefix names whether registered or not. (A prefix erase of several
+  namespaces cut there still leaves those below the prefix unsettled: their key records
+  are found by namespace, never by listing.)
 
 Budgets (seconds per test, ``SIM_BUDGET_SECONDS`` overrides): 2 each (20 in make
 test-all); ``test_store_crypto_batch`` (slow) runs ``SIM_CRYPTO_SCHEDULES`` (60) random
@@ -244,18 +247,16 @@ def test_store_crypto_pinned(moto_endpoint: str, mode: str, scenario: str, seed:
     _strict(moto_endpoint, mode, scenario, seed)
 
 
-# Found by these schedules, NOT fixed (reported): an erase cut after unregistering its
-# namespaces (the registry written) and before settling their key records leaves each
-# record erased and unsettled; the erase called again finds no namespace registered, so it
-# settles nothing, and every later put into the namespace raises NamespaceErasedError
-# ("being erased") for good (s3_saver/_ops/memory/erase.py: ``settle`` runs after
-# ``erase_registrations``). Strict: this fails until it is fixed.
-FOUND = (pytest.param("manifest", "removal", 1005, id="manifest-erase-cut-before-settling-its-keys"),)
+# An erase cut after unregistering its namespace and before settling its key record left
+# the record erased and unsettled; the erase called again found no namespace registered,
+# settled nothing, and every later put into the namespace raised NamespaceErasedError
+# ("being erased") for good. Fixed in s3_saver/_ops/memory/erase.py (``_destroy_keys``
+# takes the namespace the prefix names, registered or not).
+UNSETTLED = (pytest.param("manifest", "removal", 1005, id="manifest-erase-cut-before-settling-its-keys"),)
 
 
-@pytest.mark.xfail(strict=True, reason="an erase cut between unregistering and settling leaves the key unsettled (not fixed)")
-@pytest.mark.parametrize(("mode", "scenario", "seed"), FOUND)
-def test_store_crypto_found_unsettled(moto_endpoint: str, mode: str, scenario: str, seed: int) -> None:
+@pytest.mark.parametrize(("mode", "scenario", "seed"), UNSETTLED)
+def test_store_crypto_erase_cut_before_settling_pinned(moto_endpoint: str, mode: str, scenario: str, seed: int) -> None:
     spec = _spec(mode, scenario, seed)
     tally = Tally()
     tally.add(run_store_schedule(StoreWorld(moto_endpoint, mode, encryption=spec.encryption), spec, strict=True))
