@@ -276,6 +276,17 @@ class Crypt:
             settling.append(self.partner.settle(thread_id, buried))
         yield from gather(*settling)
 
+    def settle_left(self, thread_id: str) -> Op[None]:
+        """Settle the erasure an erase left unsettled (cut short after the thread or
+        namespace was gone from its index, before its end), in both regions' stores: the
+        caller has read the index and found it gone there. Records read first, one wave."""
+        stores = [self.store] if self.partner is None else [self.store, self.partner]
+        found = yield from gather(*(s.read_one(thread_id) for s in stores))
+        yield from gather(
+            *(s.settle(thread_id, r) for s, r in zip(stores, found) if r is not None and not r.live and not r.settled)
+        )
+        self.forget(thread_id)
+
     def sealed(self, t: str, record: KeyRecord) -> Sealed:
         """A thread's record with what its key is bound to, for a keyring."""
         return self._sealed(t, record)

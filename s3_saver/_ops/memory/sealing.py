@@ -40,7 +40,7 @@ from s3_saver._format.memory import rows
 from s3_saver._format.memory.documents import node_folder
 from s3_saver._format.memory.names import node_id, show
 from s3_saver._index.memory import KeyFenced
-from s3_saver._transport.protocol import Op, T
+from s3_saver._transport.protocol import Op, T, gather
 from s3_saver.errors import (
     CorruptObjectError,
     EncryptedObjectError,
@@ -80,8 +80,30 @@ def keyed(mem: Memory, paths: Iterable[Path], *, create: bool = False) -> Op[Mem
         return mem
     # The namespaces by name too: a key error names the namespace, not only its id (a hash).
     names = {node: show(path) for node, path in wanted.items()}
-    keys = yield from mem.crypt.load(list(wanted), create=create, names=names)
+    try:
+        keys = yield from mem.crypt.load(list(wanted), create=create, names=names)
+    except NamespaceErasedError:
+        if not create or not (yield from _settle_left(mem, wanted)):
+            raise
+        keys = yield from mem.crypt.load(list(wanted), create=create, names=names)
     return replace(mem, sealer=mem.sealer.with_keys(keys))
+
+
+def _settle_left(mem: Memory, wanted: dict[str, Path]) -> Op[bool]:
+    """A writer refused a new key: an erase of the namespace has destroyed its key and
+    not yet settled the erasure. An erase settles it last, once the namespace is gone
+    from the index (unregistered: its rows removed first). Found unregistered, the erase
+    got that far, or was cut short after it (a prefix erase called again finds nothing
+    registered below the prefix, so it would never settle it): the writer settles the
+    erasure itself and a new life begins. Registered, the erase is under way: refused.
+    Returns whether any erasure was settled (the load is tried once more)."""
+    assert mem.crypt is not None
+    registry = (yield from mem.index.read([], {}, list(wanted.values()))).registry
+    gone = [node for node, path in wanted.items() if path not in registry]
+    if not gone:
+        return False
+    yield from gather(*(mem.crypt.settle_left(node) for node in gone))
+    return True
 
 
 def key_id(mem: Memory, path: Path) -> str | None:
