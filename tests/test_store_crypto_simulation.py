@@ -45,9 +45,9 @@ Defects these schedules found:
 * fixed: an erase cut between unregistering its namespaces and settling their keys left
   the keys unsettled for good, and the erase called again found nothing registered to
   settle (``UNSETTLED``: manifest ``removal`` seed 1005, kms). The erase now takes the
-  namespace its prefix names whether registered or not. (A prefix erase of several
-  namespaces cut there still leaves those below the prefix unsettled: their key records
-  are found by namespace, never by listing.)
+  namespace its prefix names whether registered or not, and a writer refused a key
+  settles the erasure of a namespace it finds unregistered (a prefix erase cut there left
+  those below the prefix unsettled: ``MORE``, manifest seed 202).
 
 Budgets (seconds per test, ``SIM_BUDGET_SECONDS`` overrides): 2 each (20 in make
 test-all); ``test_store_crypto_batch`` (slow) runs ``SIM_CRYPTO_SCHEDULES`` (60) random
