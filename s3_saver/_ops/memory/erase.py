@@ -203,13 +203,6 @@ def _destroy_keys(
     if paths is None:
         registry = (yield from mem.index.read([], {}, [prefix])).registry
         paths = [p for p in registry if p[: len(prefix)] == prefix]
-        if prefix and prefix not in paths:
-            # The namespace the prefix names, registered or not: an erase of it cut short
-            # after it unregistered the namespace and before it settled the key leaves
-            # the erasure unsettled, and every later put is refused as "being erased";
-            # the call again finds it here and settles it at its end. (Its key, live
-            # though nothing registers the namespace, is destroyed as an erase must.)
-            paths.append(prefix)
     now = int(time.time())
     crypt = mem.crypt
     for p in paths:
