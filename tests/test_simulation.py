@@ -42,7 +42,8 @@ See tests/sim/__init__.py for the harness. In both index modes:
   (random schedules around each, then cuts after every call) and
   ``test_encrypted_migration_preempted_once`` (the migration preempted after each call);
   ``test_encrypted_migration_meeting_an_erase_pinned``,
-  ``test_encrypted_migration_then_plaintext_writes_pinned``;
+  ``test_encrypted_migration_then_plaintext_writes_pinned``,
+  ``test_two_encrypted_migrations_of_one_thread_pinned``;
 * ``test_replay``: one schedule from the environment (the command a failure prints;
   ``SIM_ENCRYPTION=local|kms`` for an encrypted world's).
 
@@ -754,6 +755,16 @@ def test_encrypted_migration_then_plaintext_writes_pinned(moto_endpoint: str) ->
     spec = Spec("manifest", "migrate+plain_writes", 208679, "none", [0] * 42, encryption="kms")
     _run(World(moto_endpoint, "manifest", encryption="kms"), spec, tally)
     _fail(tally, "manifest encrypted migrate+plain_writes seed 208679")
+
+
+def test_two_encrypted_migrations_of_one_thread_pinned(moto_endpoint: str) -> None:
+    """Seed 290916 of "migrate+migrate" (manifest, local key, random faults): two processes
+    migrated one thread; the second's archive read objects the first had moved (its
+    restore under fresh keys deleted them) and raised MissingObjectError out of
+    encrypt_thread. A missing object now reads the index again when it changed."""
+    tally = Tally()
+    _run(World(moto_endpoint, "manifest", encryption="local"), Spec("manifest", "migrate+migrate", 290916, encryption="local"), tally)
+    _fail(tally, "manifest encrypted migrate+migrate seed 290916")
 
 
 def test_encrypted_prune_meeting_an_erase_pinned(moto_endpoint: str) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 from s3_saver._crypto.envelope import HEADER_BYTES, is_sealed
 from s3_saver._crypto.sealer import SEALED_TAG
 from s3_saver._format.archive import INSTANT_CLASSES, metadata_key_id
-from s3_saver._format.closure import own_object
+from s3_saver._format.closure import closure, own_object
 from s3_saver._format.entries import ArchiveRef, CheckpointEntry
 from s3_saver._index.terms import Archived
 from s3_saver._ops import archive, install
@@ -56,7 +56,7 @@ from s3_saver._transport.protocol import (
     raise_failure,
     request_one,
 )
-from s3_saver.errors import ConfigurationError, ThreadArchivedError
+from s3_saver.errors import ConfigurationError, MissingObjectError, ThreadArchivedError
 
 # The class of the migration's own archive of a live thread (step 2): an archive found
 # sealed in it is the migration's, cut short before its restore, and is restored. The
@@ -155,6 +155,14 @@ def encrypt_thread(ctx: Context, thread_id: str, versioned: bool | None = None) 
             # content to encrypt), never a failure that stops encrypt_existing's run.
             own = yield from ctx.index.archive_of(thread_id)
             continue
+        except MissingObjectError:
+            # An object the archive read was gone: another process moved the thread since
+            # (a migration's own restore under fresh keys, a prune). Read again when the
+            # index changed; the same index naming a missing object is a real loss: raised.
+            if not (yield from _changed(ctx, thread_id, entries)):
+                raise
+            own = yield from ctx.index.archive_of(thread_id)
+            continue
         yield from install.restore_thread(ctx, thread_id, 1, "Standard")
         state, migrated = ENCRYPTED, True
         break
@@ -187,6 +195,16 @@ def encrypt_existing(ctx: Context, thread_ids: Sequence[str] | None = None) -> O
             yield Emit((yield from encrypt_thread(ctx, ref.thread_id, versioned)))
         if cursor is None:
             return
+
+
+def _changed(ctx: Context, thread_id: str, entries: list[CheckpointEntry]) -> Op[bool]:
+    """Whether the thread's index names other objects than ``entries`` did (or it is
+    archived now)."""
+    try:
+        now = [e for e in (yield from ctx.index.contents(thread_id)) if not ctx.expired(e)]
+    except Archived:
+        return True
+    return set(closure(now)) != set(closure(entries))
 
 
 def _archived(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[tuple[str, bool, str | None]]:
