@@ -63,6 +63,7 @@ def test_a_step_rides_out_seconds_of_throttling_on_every_write(endpoint, mode, k
             # A first step without faults: the thread exists, the process is warm.
             assert plain(graph.invoke(step_input(0), cfg)) == expected[0]
             proxy.reset_counts()
+            saver.stats.reset()
             proxy.configure(seed=1, kinds=kinds, rate=1.0, operations=which, window=THROTTLED_FOR)
             if driver == "sync":
                 result = graph.invoke(step_input(1), cfg)
@@ -84,6 +85,12 @@ def test_a_step_rides_out_seconds_of_throttling_on_every_write(endpoint, mode, k
         # the first 5 backoffs of a call end within 1.5 s (+ round trips) of its
         # first attempt, inside the 3 s of throttling.
         assert max(proxy.per_request.values()) > RetryPolicy().attempts, proxy.per_request
+        # Every refused call was sent again, and the stats tell those resends apart
+        # (a timeout under load may add one the proxy did not cause).
+        resent = saver.stats.resent
+        assert sum(resent.values()) >= proxy.total_faults and saver.stats.resent_round_trips > 0
+        assert set(saver.stats.first_sends().requests) <= set(saver.stats.requests)
+        assert saver.stats.first_sends().round_trips == saver.stats.round_trips - saver.stats.resent_round_trips
     fresh = make_saver(endpoint, mode)
     try:
         state = build(fresh, interrupts=False).get_state(cfg)

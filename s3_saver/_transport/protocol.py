@@ -155,6 +155,15 @@ class Wait:
     timeout: float
 
 
+class Resend(tuple):
+    """A round trip of calls sent again after a transient failure (``retry.resilient``).
+
+    A tuple like any other wave to the drivers; ``RequestStats`` counts it apart as well,
+    so that the requests an operation asks for can be told from the network's toll."""
+
+    __slots__ = ()
+
+
 Instruction = tuple[Call, ...] | Emit | Sleep | Wait
 Op = Generator[Instruction, Any, T]
 
@@ -166,10 +175,15 @@ class RequestStats:
     Attributes:
         round_trips: Waves of requests sent together (one wave waits for all its requests).
         requests: Requests per ``(service, operation)``, e.g. ``("s3", "put_object")``.
+        resent_round_trips: Of ``round_trips``, the waves that sent again calls which had
+            failed transiently (a timeout, a 5xx, throttling).
+        resent: Of ``requests``, those sent again, per ``(service, operation)``.
     """
 
     round_trips: int = 0
     requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    resent_round_trips: int = 0
+    resent: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Sync callers may share one saver across threads.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # The counts of the calls sent to one region only (see ``S3Saver.replica_stats``).
@@ -183,9 +197,13 @@ class RequestStats:
         with self._lock:
             self.round_trips += 1
             self.requests.update((c.service, c.operation) for c in calls)
+            if isinstance(calls, Resend):
+                self.resent_round_trips += 1
+                self.resent.update((c.service, c.operation) for c in calls)
         for site in {site_of(c) for c in calls}:
             if site in self._sites:
-                self._sites[site].record(tuple(c for c in calls if site_of(c) == site))
+                kept = tuple(c for c in calls if site_of(c) == site)
+                self._sites[site].record(Resend(kept) if isinstance(calls, Resend) else kept)
 
     def site(self, site: str) -> RequestStats:
         """The counts of the calls sent to one region (kept from now on)."""
@@ -194,15 +212,22 @@ class RequestStats:
 
     def reset(self) -> None:
         with self._lock:
-            self.round_trips = 0
+            self.round_trips = self.resent_round_trips = 0
             self.requests.clear()
+            self.resent.clear()
             sites = list(self._sites.values())
         for stats in sites:
             stats.reset()
 
     def snapshot(self) -> RequestStats:
         with self._lock:
-            return RequestStats(self.round_trips, Counter(self.requests))
+            return RequestStats(self.round_trips, Counter(self.requests), self.resent_round_trips, Counter(self.resent))
+
+    def first_sends(self) -> RequestStats:
+        """These counts without the resends: what the operations asked for, whatever the
+        network did (what request-count tests compare)."""
+        with self._lock:
+            return RequestStats(self.round_trips - self.resent_round_trips, self.requests - self.resent)
 
 
 def request(*calls: Call) -> Generator[Instruction, Any, list[Any]]:

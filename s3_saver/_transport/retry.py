@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from s3_saver._transport.failures import UNAVAILABLE, classify, throttled, unapplied
-from s3_saver._transport.protocol import Backoff, Call, Op, Sleep, T
+from s3_saver._transport.protocol import Backoff, Call, Op, Resend, Sleep, T
 from s3_saver.errors import ConfigurationError
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("s3_saver_deadline", default=None)
@@ -193,7 +193,7 @@ def resilient(op: Op[T], policy: RetryPolicy, clock: Callable[[], float] = time.
                 if not again:
                     break
                 yield Sleep(pause)
-                answers = yield tuple(step[i] for i in again)
+                answers = yield Resend(step[i] for i in again)
                 for i, result in zip(again, answers):
                     results[i] = result
             reply = results
