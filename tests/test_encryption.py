@@ -35,6 +35,7 @@ from s3_saver import (
     KmsKey,
     LocalKey,
     PlaintextObjectError,
+    ThreadErasedError,
 )
 
 KEY_BUCKET = f"{BUCKET}-keys"
@@ -272,6 +273,27 @@ def test_an_object_moved_to_another_thread_is_foreign(endpoint, index_mode, kind
         make_saver(endpoint, index_mode, encryption=saver._ctx.crypt.config).get_tuple(config("a"))
     saver.close()
     cold.close()
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_saver_on_another_key_store_reads_the_thread_as_keyless(endpoint, index_mode, driver) -> None:
+    """No key for a sealed thread is decided on a second read of the record (the first
+    may precede a migration's key): then it is named, the key store with it, each call."""
+    master = os.urandom(32)
+    writer = _saver(endpoint, index_mode, LocalKey(master))
+    _thread(writer, "keyless", "sealed")
+    writer.close()
+    other = _saver(endpoint, index_mode, LocalKey(master, key_bucket="other-keys"))
+    try:
+        for _ in range(2):
+            with pytest.raises(ThreadErasedError, match="other-keys.*another key store") as found:
+                if driver == "async":
+                    asyncio.run(other.aget_tuple(config("keyless")))
+                else:
+                    other.get_tuple(config("keyless"))
+            assert found.value.thread_id == "keyless"
+    finally:
+        other.close()
 
 
 def test_plaintext_under_an_encrypting_saver_is_refused(endpoint, index_mode) -> None:

@@ -52,9 +52,8 @@ Defects these schedules found:
   reads: the put landed under the destroyed key (``MORE``, manifest seed 508).
 
 Budgets (seconds per test, ``SIM_BUDGET_SECONDS`` overrides): 2 each (20 in make
-test-all); ``test_store_crypto_batch`` (make test-all, or with SIM_CRYPTO_SCHEDULES set, until
-the known defect ``KNOWN`` is fixed) runs ``SIM_CRYPTO_SCHEDULES`` (60) random
-schedules of each kind per mode. A failure prints the command that replays it
+test-all); ``test_store_crypto_batch`` (make test-slow) runs ``SIM_CRYPTO_SCHEDULES`` (60)
+random schedules of each kind per mode. A failure prints the command that replays it
 (``SIM_ENCRYPTION=local|kms`` with ``test_store_simulation.py -k replay``).
 """
 
@@ -128,17 +127,10 @@ def test_store_migration_random(moto_endpoint: str, mode: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    os.environ.get("TEST_ALL") != "1" and "SIM_CRYPTO_SCHEDULES" not in os.environ,
-    reason="make test-all or SIM_CRYPTO_SCHEDULES=N: its migration schedules meet the known "
-    "read-during-migration error (KNOWN, seed 517) in a good share of runs",
-)
 @pytest.mark.parametrize("scenario", ("removal", "migration"))
 @pytest.mark.parametrize("mode", INDEX_MODES)
 def test_store_crypto_batch(moto_endpoint: str, mode: str, scenario: str) -> None:
-    """A fixed number of random schedules (``SIM_CRYPTO_SCHEDULES``, default 60). Left to
-    make test-all (and to a run that sets the count) until ``KNOWN`` is fixed: CI runs
-    make test-slow, and 120 migration schedules meet it in a good share of runs."""
+    """A fixed number of random schedules (``SIM_CRYPTO_SCHEDULES``, default 60)."""
     _random(moto_endpoint, mode, scenario, seconds=None, count=int(os.environ.get("SIM_CRYPTO_SCHEDULES", "60")))
 
 
@@ -287,30 +279,18 @@ MORE = (
     pytest.param(StoreSpec("manifest", "get,put+erase,put@one", 202, "one", [20, 3, 0], encryption="local"), id="manifest-prefix-erase-cut-before-settling"),
     pytest.param(StoreSpec("dynamodb", "encrypt+erase", 101, "one", [2, 3, 0], encryption="kms"), id="dynamodb-migration-beside-an-erase"),
     pytest.param(StoreSpec("manifest", "removal", 508, "random", None, encryption="local"), id="manifest-erase-beside-a-first-put"),
+    # A reader (search) read a namespace's key record while a migration had not yet made
+    # the key (absent), then met the row the migration had just sealed: with no key and no
+    # destroyed ids it answered NamespaceErasedError ("the namespace was erased") of a
+    # namespace nobody erased. An absent key meeting sealed bytes now reads the record
+    # again (``StaleKey`` with its ``instead``, ``_crypto/sealer``), as a cached key meeting
+    # another key's bytes does; only a second read without a key is the answer.
+    pytest.param(StoreSpec("manifest", "migration", 517, "random", None, encryption="kms"), id="manifest-read-during-migration"),
 )
 
 
 @pytest.mark.parametrize("spec", MORE)
 def test_store_crypto_more_pinned(moto_endpoint: str, spec: StoreSpec) -> None:
-    tally = Tally()
-    tally.add(run_store_schedule(StoreWorld(moto_endpoint, spec.mode, encryption=spec.encryption), spec, strict=True))
-    _fail(tally, f"{spec.mode} {spec.scenario} seed {spec.seed} ({spec.encryption})")
-
-
-# Found, NOT fixed: a reader (search) of an encrypting store read a namespace's key record
-# while a migration had not yet made the key (absent, cached for the operation), then met
-# the row the migration had just sealed: with no key and no destroyed ids it answered
-# NamespaceErasedError ("the namespace was erased"), of a namespace nobody erased. A read
-# during a migration may be refused (the migration's docs say so), but by a refusal that
-# says what happened: an absent key meeting sealed bytes should read the record again
-# (``StaleKey``), as a cached key meeting another key's bytes does (``_crypto/sealer``).
-# Strict: this fails once it is fixed, and the random batch above goes back to make test-slow.
-KNOWN = (pytest.param(StoreSpec("manifest", "migration", 517, "random", None, encryption="kms"), id="manifest-read-during-migration"),)
-
-
-@pytest.mark.xfail(strict=True, reason="a read meeting a migration's first sealed row answers NamespaceErasedError (not fixed)")
-@pytest.mark.parametrize("spec", KNOWN)
-def test_store_crypto_known_defect(moto_endpoint: str, spec: StoreSpec) -> None:
     tally = Tally()
     tally.add(run_store_schedule(StoreWorld(moto_endpoint, spec.mode, encryption=spec.encryption), spec, strict=True))
     _fail(tally, f"{spec.mode} {spec.scenario} seed {spec.seed} ({spec.encryption})")

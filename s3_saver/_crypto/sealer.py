@@ -65,12 +65,22 @@ class StaleKey(S3SaverError):
     read (``_ops/keyed.rekeying``). Raised out of an operation that does not, it says
     to call again (the next call reads the record)."""
 
-    def __init__(self, thread_id: str, where: str, subject: str | None = None) -> None:
-        super().__init__(
-            f"{where}: {subject or f'thread {thread_id!r}'} is encrypted under another key than the one this "
-            "process held for it (another process erased it and wrote it anew): the key held was dropped, call again"
-        )
+    def __init__(
+        self, thread_id: str, where: str, subject: str | None = None, *, instead: S3SaverError | None = None
+    ) -> None:
+        if instead is None:
+            message = (
+                f"{where}: {subject or f'thread {thread_id!r}'} is encrypted under another key than the one this "
+                "process held for it (another process erased it and wrote it anew): the key held was dropped, call again"
+            )
+        else:
+            message = f"{instead} (or its key was made after this process read the key store: call again)"
+        super().__init__(message)
         self.thread_id = thread_id
+        # What the read says if the record, read again, still says the same (a thread
+        # with no key meeting sealed bytes: the migration may have made the key and
+        # sealed them after this read found none; read again, it is the real answer).
+        self.instead = instead
 
 # The type tag of a sealed metadata pair in an index entry (its bytes: an envelope of
 # the pair as the serializer wrote it). Never one of a serializer's tags.
@@ -246,11 +256,17 @@ class Sealer:
             if held.erased:
                 # Erased, and this was sealed by no key the thread ever had.
                 raise self._foreign(thread_id, key, where, "it names a key that was never this thread's")
-            raise ThreadErasedError(
+            keyless = ThreadErasedError(
                 f"{where}: {self._subject(thread_id)} has no key in the key store ({held.record}): it was destroyed, or "
                 "the saver is configured with another key store than the one the thread was written with",
                 bucket=self.crypt.bucket, key=key, thread_id=thread_id,
             )
+            # No key when this process read the record, and sealed bytes now: the
+            # migration (``encrypt``) may have made the key and sealed them in between.
+            # Never decided on that read: the record is read again first (``rekeying``),
+            # and only a second read without a key answers ``keyless``.
+            self.crypt.forget(thread_id)
+            raise StaleKey(thread_id, where, self._subject(thread_id), instead=keyless)
         try:
             return open_sealed(held.key, place(self.crypt.prefix, key, thread_id, field_), data)
         except EnvelopeError as exc:

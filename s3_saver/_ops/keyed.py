@@ -138,5 +138,7 @@ def rekeying(ctx: Context, make: Callable[[Context], Op[T]]) -> Op[T]:
             # A thread's key is read again at most once per call: its second run
             # reads the record, so a second StaleKey names another thread.
             if emitted or stale.thread_id in renewed:
+                if stale.thread_id in renewed and stale.instead is not None:
+                    raise stale.instead from None
                 raise
             renewed.add(stale.thread_id)

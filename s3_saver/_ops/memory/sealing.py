@@ -138,6 +138,8 @@ def rekeying(mem: Memory, make: Any) -> Op[T]:
             return (yield from make(mem))
         except StaleKey as stale:
             if stale.thread_id in renewed:
+                if stale.instead is not None:
+                    raise stale.instead from None
                 raise
             renewed.add(stale.thread_id)
         except KeyFenced as refused:
@@ -230,28 +232,36 @@ def _opened_at(mem: Memory, path: Path, key: str, folder: str, field: str, seale
         )
     try:
         return mem.sealer.open_field(node, folder, field + key, sealed, where)
-    except StaleKey:
+    except StaleKey as stale:
+        if stale.instead is not None:
+            # What the read answers if the key record, read again, still has no key.
+            stale.instead = _worded(stale.instead, path, subject, where)
         raise
-    except NamespaceErasedError:
-        raise
-    except ThreadErasedError as exc:
-        raise NamespaceErasedError(
+    except S3SaverError as exc:
+        raise _worded(exc, path, subject, where) from None
+
+
+def _worded(exc: S3SaverError, path: Path, subject: str, where: str) -> S3SaverError:
+    """The sealer's refusal, said of a memory item."""
+    if isinstance(exc, NamespaceErasedError):
+        return exc
+    if isinstance(exc, ThreadErasedError):
+        return NamespaceErasedError(
             f"{where}: {subject}: the namespace was erased: the key its items were encrypted with was destroyed"
             + (f" at {exc.erased_at} (Unix seconds)" if exc.erased_at else "")
             + " (or the store is configured with another key store than the one it was written with), so no copy "
             "of them can be read",
             bucket=exc.bucket, key=where, erased_at=exc.erased_at, namespace=path,
-        ) from None
-    except ForeignCiphertextError as exc:
-        raise ForeignCiphertextError(
+        )
+    if isinstance(exc, ForeignCiphertextError):
+        return ForeignCiphertextError(
             f"{where}: {subject}: encrypted content that does not belong here: it was copied or moved from another "
             f"item or namespace, or changed ({exc})",
             bucket=exc.bucket, key=where,
-        ) from None
-    except ReplicationLagError as exc:
-        raise ReplicationLagError(f"{subject}: {exc}") from None
-    except S3SaverError:
-        raise
+        )
+    if isinstance(exc, ReplicationLagError):
+        return ReplicationLagError(f"{subject}: {exc}")
+    return exc
 
 
 # -- exports ---------------------------------------------------------------------------------
