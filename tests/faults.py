@@ -11,6 +11,9 @@ decides whether to inject a fault and which one:
   ThrottlingException`` / ``400 ProvisionedThroughputExceededException`` / ``500
   InternalServerError`` with DynamoDB's JSON body and ``x-amzn-ErrorType`` header,
   nothing forwarded;
+* ``ddb_tx_conflict`` (not in ``ALL_KINDS``: ask for it): a ``TransactWriteItems``
+  answered ``400 TransactionCanceledException``, its first action's reason
+  ``TransactionConflict`` (another transaction, or a write, on its item), nothing forwarded;
 * ``reset_before``: the client's connection is reset (RST), nothing forwarded;
 * ``reset_after``: forwarded, the upstream applies it, then the client's connection
   is reset without an answer;
@@ -71,6 +74,7 @@ DDB_KINDS = ("ddb_throttle", "ddb_provisioned", "ddb_500")
 NET_KINDS = ("reset_before", "reset_after", "hold")
 ALL_KINDS = S3_KINDS + DDB_KINDS + NET_KINDS
 BODY_KINDS = ("reset_mid_body",)
+TX_KINDS = ("ddb_tx_conflict",)
 GARBAGE_KINDS = ("ok_html", "ok_empty", "ok_truncated", "ok_replaced")
 CAPTIVE_PORTAL = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<html xmlns="http://www.w3.org/1999/xhtml">'
@@ -264,7 +268,9 @@ class FaultProxy:
                 return None
             applicable = [
                 k for k in self.kinds
-                if k in NET_KINDS + BODY_KINDS + GARBAGE_KINDS or (k in S3_KINDS) == (req.service == "s3")
+                if k in NET_KINDS + BODY_KINDS + GARBAGE_KINDS
+                or (k in TX_KINDS and req.call == "transact_write_items")
+                or (k not in TX_KINDS and (k in S3_KINDS) == (req.service == "s3"))
             ]
             if not applicable or self.rng.random() >= self.rate:
                 return None
@@ -372,6 +378,21 @@ class FaultProxy:
                     ]
                     reason = "Bad Request" if status == 400 else "Internal Server Error"
                     return self._send(status, reason, headers, data)
+                if kind == "ddb_tx_conflict":
+                    actions = len(json.loads(body or b"{}").get("TransactItems") or [None])
+                    reasons = [{"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"}]
+                    reasons += [{"Code": "None"}] * (actions - 1)
+                    message = "Transaction cancelled, please refer cancellation reasons for specific reasons"
+                    data = json.dumps(
+                        {"__type": _DDB_PREFIX + "TransactionCanceledException", "message": message,
+                         "CancellationReasons": reasons}
+                    ).encode()
+                    headers = [
+                        ("Content-Type", "application/x-amz-json-1.0"),
+                        ("x-amzn-ErrorType", "TransactionCanceledException:"),
+                        ("x-amzn-RequestId", "FAULTPROXY"),
+                    ]
+                    return self._send(400, "Bad Request", headers, data)
                 if kind == "ok_html":
                     return self._send(200, "OK", [("Content-Type", "text/html; charset=utf-8")], CAPTIVE_PORTAL)
                 if kind == "ok_empty":

@@ -15,6 +15,7 @@ from typing import Any
 import boto3
 import pytest
 from conftest import TABLE
+from faults import FaultProxy, calls
 from langgraph.store.base import PutOp
 from test_store_encryption import BIG, NS, OTHER, _counts, _record, _store
 from test_store_s3 import make_store
@@ -53,6 +54,25 @@ def test_a_put_with_a_key_cached_before_another_process_erased_the_namespace_is_
         assert reader.get(NS, "k2").value == {"text": "after the erase"}
         assert reader.get(NS, "k") is None
         assert [h.key for h in reader.search(NS)] == ["k2"]
+
+
+def test_a_registration_cancelled_by_a_conflict_is_sent_again(endpoint) -> None:
+    """DynamoDB: an encrypting process's first put registers the namespace in one
+    transaction with a check of the erase's destroyed ids. An erase writing those ids at
+    that moment cancels it (``TransactionConflict``): nothing applied, so it is sent again
+    (two conflicts here), and the put lands, at one more request per conflict."""
+    encryption = LocalKey(os.urandom(32))
+    _store(endpoint, "dynamodb", encryption).close()
+    with FaultProxy(endpoint) as proxy:
+        store = make_store(proxy.url, "dynamodb", encryption=encryption)
+        proxy.configure(seed=1, kinds=("ddb_tx_conflict",), rate=1.0, operations=calls("transact_write_items"), max_faults=2)
+        store.put(NS, "k", {"text": "registered"})
+        assert proxy.faults["ddb_tx_conflict"] == 2
+        sent = store.stats.first_sends().requests
+        # The registration and the item's creation, and the registration twice more.
+        assert sent[("dynamodb", "transact_write_items")] == 2 + 2 and not store.stats.resent
+        store.close()
+    assert _fresh(endpoint, "dynamodb", encryption).get(NS, "k").value == {"text": "registered"}
 
 
 def test_a_put_with_a_stale_key_into_a_new_life_joins_it(endpoint, index_mode) -> None:

@@ -4,6 +4,7 @@ and queried, a namespace's registration, and what the index's writes and removal
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -29,11 +30,13 @@ from s3_saver._format.memory.ttl import Clock, epoch_seconds_up, expires_at
 from s3_saver._index.memory import Change, KeyFenced, Path
 from s3_saver._transport.budget import Cache, CacheBudget
 from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
-from s3_saver._transport.protocol import Call, Op, raise_failure, request_one
+from s3_saver._transport.protocol import Backoff, Call, Op, backoff, raise_failure, request_one
 from s3_saver._transport.s3 import S3Calls
 from s3_saver.errors import CorruptObjectError, Where
 
 _MAX_TRIES = 10
+_MAX_CONFLICTS = 10  # a registration's transaction cancelled by conflicts, sent again
+_JITTER = random.SystemRandom()  # never the random module's shared state
 _KNOWN_ENTRIES = 100_000  # namespaces this process registered or found registered
 _KNOWN_BYTES = 160
 _LIVE_BYTES = 120
@@ -58,6 +61,15 @@ def _cancelled(answer: BaseException) -> tuple[bool, bool]:
     if len(reasons) != 2 or not set(reasons) <= {"None", "ConditionalCheckFailed"}:
         return False, False
     return reasons[0] == "ConditionalCheckFailed", reasons[1] == "ConditionalCheckFailed"
+
+
+def _conflicted(answer: BaseException) -> bool:
+    """A transaction cancelled by a conflict with another write on its items, and by
+    nothing else (throttling is the retry policy's, a condition the caller's)."""
+    if error_code(answer) != "TransactionCanceledException":
+        return False
+    reasons = {r.get("Code") or "None" for r in (getattr(answer, "response", None) or {}).get("CancellationReasons") or []}
+    return "TransactionConflict" in reasons and reasons <= {"None", "TransactionConflict"}
 
 
 def _sealed_elsewhere(item: dict[str, Any] | None, kid: str, now: int) -> bool:
@@ -226,14 +238,26 @@ class Items:
             }
         }
         put = {"Put": {"TableName": self.table, **params}}
-        call = Call("dynamodb", "transact_write_items", {"TransactItems": [check, put], "ClientRequestToken": new_token()}, self.where, subject)
-        (answer,) = yield (call,)
-        if isinstance(answer, BaseException):
+        for attempt in range(1, _MAX_CONFLICTS + 1):
+            # A new token each time: a cancelled transaction is not applied, and its
+            # token would answer a changed retry with IdempotentParameterMismatch.
+            items = {"TransactItems": [check, put], "ClientRequestToken": new_token()}
+            call = Call("dynamodb", "transact_write_items", items, self.where, subject)
+            (answer,) = yield (call,)
+            if not isinstance(answer, BaseException):
+                break
             destroyed, registered = _cancelled(answer)
             if destroyed:
                 raise KeyFenced([path], self.describe(path))
-            if not registered:
+            if registered:
+                break
+            # Cancelled by a conflict: an erase's write of the destroyed ids (or another
+            # registration) on one of its items at that moment. Not applied: sent again,
+            # after a pause, within the retry policy's budget and deadline (Backoff).
+            if not _conflicted(answer) or (yield Backoff(_JITTER.uniform(0, backoff(attempt)), attempt)) is False:
                 raise_failure(call, answer)
+        else:
+            raise_failure(call, answer)
         self._known.put(path, True, _KNOWN_BYTES)  # registered now, or before (by anyone)
 
     # -- the calls of a put ---------------------------------------------------------------
