@@ -201,6 +201,20 @@ ONE_VARIANT = {
     # Ctrl-C is the command line's whatever the index (a process each, ~2 s a press): the
     # DynamoDB variant's delete meets the thread pool from its second request.
     "test_cli_progress.py::test_ctrl_c_at_any_request_exits_130_and_a_run_again_finishes": "dynamodb",
+    # Encryption (20-30 worker-seconds a variant): the migrations, rotation and erases cut
+    # short or raced, a mode each, both modes across each pair; the lighter encrypted tests
+    # of the same operations, and the simulation's encrypted worlds, run both modes.
+    "test_crypto_migrate.py::test_the_migration_cut_after_any_round_trip_finishes_when_run_again": "manifest",
+    "test_crypto_migrate.py::test_a_write_landing_at_any_round_trip_of_the_migration_is_kept": "dynamodb",
+    "test_store_encryption_migrate.py::test_the_migration_cut_after_any_round_trip_finishes_when_run_again": "dynamodb",
+    "test_store_encryption_migrate.py::test_a_plaintext_put_landing_at_any_round_trip_of_the_migration_is_kept": "manifest",
+    "test_encryption.py::test_the_conformance_suite_passes_encrypted": "manifest",
+    "test_store_replica.py::test_erase_namespace_with_a_replica_cut_after_any_round_trip_finishes_when_made_again": "dynamodb",
+    "test_crypto_rewrap.py::test_rewrap_cut_after_any_round_trip_and_run_again_finishes": "manifest",
+    "test_erase.py::test_an_archived_thread_s_delete_cut_after_any_round_trip_forgets_its_runs": "dynamodb",
+    "test_store_erase.py::test_an_erase_cut_after_any_round_trip_finishes_when_made_again": "dynamodb",
+    "test_crypto_rebuild.py::test_a_rebuilt_encrypted_index_reads_as_before_and_holds_no_plaintext": "manifest",
+    "test_crypto_migrate.py::test_a_plaintext_store_migrated_keeps_no_plaintext_and_reads_as_before": "dynamodb",
 }
 
 
