@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 import boto3
+import pytest
 from conftest import BUCKET, make_saver
 from helpers import checkpoint, config
 from test_encryption import _graph, _run
@@ -123,7 +124,10 @@ def test_a_run_s_writes_sent_while_its_first_put_loads_the_new_key_go_into_the_n
         s.close()
 
 
-def test_a_graph_started_afresh_after_an_erase_by_a_process_that_never_saw_the_thread(endpoint, index_mode) -> None:
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_graph_started_afresh_after_an_erase_by_a_process_that_never_saw_the_thread(
+    endpoint, index_mode, driver
+) -> None:
     """The same through a real graph (LangGraph's own scheduling of the put and the
     writes), on three erased threads: each new life runs, interrupts, resumes and is
     updated like a first life (before, each was refused in about half the runs)."""
@@ -132,7 +136,7 @@ def test_a_graph_started_afresh_after_an_erase_by_a_process_that_never_saw_the_t
     destroyed = _erased(endpoint, index_mode, encryption, threads)
     b = make_saver(endpoint, index_mode, encryption=encryption)
     for thread in threads:
-        state, history = _run(_graph(b, f"new-life-{thread}"), f"new-life-{thread}", thread, "sync", 1)
+        state, history = _run(_graph(b, f"new-life-{thread}"), f"new-life-{thread}", thread, driver, 1)
         assert state.values["notes"][0] == f"new-life-{thread}-input" and len(history) > 3
         assert _key_id(endpoint, thread) != destroyed[thread]
     b.close()
