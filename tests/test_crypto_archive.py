@@ -30,6 +30,7 @@ from s3_saver import (
     ForeignCiphertextError,
     LocalKey,
     ThreadArchivedError,
+    ThreadErasedError,
 )
 from s3_saver._crypto.envelope import is_sealed, key_id_of
 from s3_saver._crypto.records import decode_record
@@ -307,3 +308,55 @@ def test_archival_requests_are_those_without_encryption_plus_a_cold_process_s_ke
             assert sealed[name] == (trips + first_of_process[name], more), name
         else:
             assert sealed[name] == (trips, requests), name
+
+
+# -- an erase racing a restore ----------------------------------------------------------------
+def test_an_erase_during_a_restore_never_indexes_objects_under_the_destroyed_key(endpoint, index_mode, monkeypatch) -> None:
+    """Process A restores an archived thread (its key read, its objects written again
+    under it); process B erases the thread just before A's final index write (the
+    switch). A's switch checks the key on the thread's record, at no request of its
+    own (as a copy's and an import's final write do): refused, A indexes nothing and
+    deletes what it wrote, and restore_thread says the thread was erased (it does not
+    answer "live"): the thread reads as erased, never as objects under a destroyed key."""
+    from s3_saver._transport.sync import SyncDriver
+
+    encryption = LocalKey(os.urandom(32))
+    a = make_saver(endpoint, index_mode, encryption=encryption)
+    a.setup()
+    _run(_graph(a, "archived"), "archived", "t", "sync", 2)
+    a.archive_thread("t")
+    destroyed = _key_id(endpoint, "t")
+    b = make_saver(endpoint, index_mode, encryption=encryption)
+    real = SyncDriver._wave
+    erased: list[Any] = []
+
+    def wave(driver, calls):
+        if driver is a._sync and not erased and any(_switch(c) for c in calls):
+            erased.append(b.erase_thread("t"))  # B's erase, between A's key read and its switch
+        return real(driver, calls)
+
+    monkeypatch.setattr(SyncDriver, "_wave", wave)
+    with pytest.raises(ThreadErasedError, match="erased while it was restored") as refused:
+        a.restore_thread("t")
+    monkeypatch.undo()
+    assert erased and erased[0].key_destroyed_at is not None
+    assert refused.value.thread_id == "t" and refused.value.key.startswith("archive/t/")
+    # Nothing of A's restore is indexed or kept: the thread reads as erased (gone).
+    reader = make_saver(endpoint, index_mode, encryption=encryption)
+    assert reader.get_tuple(config("t")) is None and list(reader.list(config("t"))) == []
+    assert "t" not in {i.thread_id for i in reader.list_threads()}
+    assert not [b_ for b_ in _objects(endpoint, "live/t/").values() if key_id_of(b_) == destroyed]
+    # A new life begins under a new key.
+    _run(_graph(reader, "new-life"), "new-life", "t", "sync", 1)
+    assert _key_id(endpoint, "t") != destroyed and reader.get_tuple(config("t")) is not None
+    for s in (a, b, reader):
+        s.close()
+
+
+def _switch(call: Any) -> bool:
+    """A restore's switch: the head's swap (manifest) or the record's update (DynamoDB)."""
+    if call.operation == "put_object":
+        return call.params["Key"].startswith("manifests/t")
+    if call.operation in ("update_item", "transact_write_items"):
+        return "REMOVE #a, #r" in repr(call.params)
+    return False

@@ -260,7 +260,13 @@ class ArchiveIndex(Index):
         raise self._refuse("archive_thread")
 
     def unarchive(
-        self, thread_id: str, ref: ArchiveRef, entries: list[CheckpointEntry], writes: list[WritesEntry], active: Any = None
+        self,
+        thread_id: str,
+        ref: ArchiveRef,
+        entries: list[CheckpointEntry],
+        writes: list[WritesEntry],
+        active: Any = None,
+        key_id: str | None = None,
     ) -> Op[None]:
         raise self._refuse("restore_thread")
 

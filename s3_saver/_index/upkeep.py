@@ -62,6 +62,7 @@ class Upkeep(ABC):
         entries: list[CheckpointEntry],
         writes: list[WritesEntry],
         active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[bool]:
         """Install the entries read back from ``ref`` (their objects are written,
         under a tag no cleanup deletes) and take the archive out, in that order
@@ -70,7 +71,12 @@ class Upkeep(ABC):
         (what this one wrote may be named by nothing). ``active``: the activity
         entry ``stage_active`` made, recorded by the switch itself (as
         ``commit_checkpoint`` records a write's): a delete or an archive after
-        it removes that entry."""
+        it removes that entry. ``key_id`` (encryption): the key the entries'
+        objects are sealed under, checked by the switch itself (no request of its
+        own, as ``restore`` and ``copy_thread`` check theirs): refused (``Fenced``)
+        when the thread's record says an erase destroyed it, and then whenever a
+        refused switch finds the record naming it (the erase's delete took the
+        archive out)."""
 
     @abstractmethod
     def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:

@@ -68,6 +68,7 @@ from s3_saver.errors import (
     EncryptedObjectError,
     ForeignCiphertextError,
     MissingObjectError,
+    ThreadErasedError,
 )
 
 _RESTORE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8)
@@ -116,9 +117,20 @@ def restore_thread(ctx: Context, thread_id: str, days: int, tier: str) -> Op[Arc
                 raise
             continue
         archive = decode_archive(open_archive(ctx, thread_id, ref, data), f"s3://{ctx.s3.bucket}/{ref.key}")
-        live_bytes = yield from install(ctx, thread_id, archive, ref)
+        try:
+            live_bytes = yield from install(ctx, thread_id, archive, ref)
+        except Fenced as fenced:
+            raise _erased_meanwhile(ctx, thread_id, ref, fenced) from None
         return ArchiveStatus(thread_id, "live", ref.storage_class, ref.key, ref.size, len(archive.entries), live_bytes)
     raise AssertionError("unreachable")
+
+
+def _erased_meanwhile(ctx: Context, thread_id: str, ref: ArchiveRef, fenced: Fenced) -> ThreadErasedError:
+    return ThreadErasedError(
+        f"thread {thread_id!r} was erased while it was restored from s3://{ctx.s3.bucket}/{ref.key}: the key its "
+        f"archive is sealed under was destroyed ({ctx.index.describe()} names it), so nothing of it was restored",
+        bucket=ctx.s3.bucket, key=ref.key, thread_id=thread_id,
+    )
 
 
 def _request_restore(
@@ -151,7 +163,12 @@ def restore_before_write(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[No
         if own.archive is not None and own.archive.key == ref.key:
             raise
         return
-    yield from install(ctx, thread_id, decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}"), ref)
+    try:
+        yield from install(ctx, thread_id, decode_archive(data, f"s3://{ctx.s3.bucket}/{ref.key}"), ref)
+    except Fenced:
+        # Erased meanwhile: not archived any more. The write goes on; its own commit
+        # checks the key it sealed under (a new life's, or refused as any write is).
+        return
 
 
 def import_thread(ctx: Context, data: bytes, thread_id: str | None) -> Op[str]:
@@ -308,18 +325,21 @@ def install(
     # refused if an erase destroyed it since it was read (``Index.restore``).
     key_id = ctx.sealer.key_id(thread_id)
     if ref is not None:
-        if not (yield from ctx.index.unarchive(thread_id, ref, entries, writes, active)):  # the commit point
+        try:
+            switched = yield from ctx.index.unarchive(thread_id, ref, entries, writes, active, key_id)  # the commit point
+        except Fenced:
+            # An erase destroyed the key this restore sealed under (after it was read
+            # here): nothing was indexed; what this call wrote goes, as below.
+            yield from _discard_unswitched(ctx, thread_id, entries, writes, active)
+            raise
+        if not switched:
             # Another restore switched first, or took over (a step's put and
             # put_writes both restore), or a delete took the archive out: what this
             # call wrote and no entry names goes, its activity entry too (unless
             # the record names it: this call's switch landed, its answer lost).
             # No entry can come to name it: only this call writes under its tag, and
             # a restore that took over writes every entry again before it switches.
-            try:
-                staying = yield from ctx.index.contents(thread_id)
-            except Archived:
-                staying = []
-            yield from gather(deleter(ctx, thread_id)([*entries, *writes], staying), ctx.index.untouch(active))
+            yield from _discard_unswitched(ctx, thread_id, entries, writes, active)
             # The archive object is the winner's to delete, once switched (if it is
             # cut short, the archive is all there is). Give it a moment to switch.
             yield from _wait_restored(ctx, thread_id, ref)
@@ -345,6 +365,18 @@ def install(
         yield from gather(*(ctx.index.note(thread_id, None, run) for run in runs))
     ctx.locs.forget_thread(thread_id)
     return sum(len(b) for b in objects.values())
+
+
+def _discard_unswitched(
+    ctx: Context, thread_id: str, entries: list[Any], writes: list[Any], active: Any
+) -> Op[None]:
+    """What a restore that did not switch wrote, and that no entry names, deleted; its
+    activity entry too (unless the record names it: its switch landed, the answer lost)."""
+    try:
+        staying = yield from ctx.index.contents(thread_id)
+    except Archived:
+        staying = []
+    yield from gather(deleter(ctx, thread_id)([*entries, *writes], staying), ctx.index.untouch(active))
 
 
 def _wait_restored(ctx: Context, thread_id: str, ref: ArchiveRef) -> Op[None]:

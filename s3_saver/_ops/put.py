@@ -61,12 +61,16 @@ def put(
     new_versions: ChannelVersions,
 ) -> Op[RunnableConfig]:
     thread_id, ns, parent_id = target(config)
-    # The thread's key before anything is sealed (made here for a new thread).
-    ctx = yield from keyed(ctx, [thread_id], create=True)
     if parent_id is not None or ns != "":
         return (yield from _sealed_put(ctx, config, checkpoint, metadata, new_versions))
     # A run starting afresh: the writes of its steps sent before their puts land
-    # go into the generation this one goes into (see commit._joins).
+    # go into the generation this one goes into (see commit._joins). Said before
+    # this put sends anything, its key's load included: LangGraph sends those
+    # writes beside it, and after an erase the key's load takes this put up to
+    # three round trips (the erased record read, a new key's PUT refused because
+    # a write of the run made one first, the winner's read) while that write is
+    # at its generation check already; finding the run neither starting here nor
+    # its checkpoint indexed, it was refused as one continuing the erased history.
     ctx.starting.add(thread_id)
     gen = None
     try:
@@ -88,6 +92,8 @@ def _sealed_put(
     """``_put``; with encryption, again from the draft when its commit found the key
     it sealed with destroyed by another process's erase (``commit.KeyGone``: its
     objects were taken back), under the thread's key as the key store has it now."""
+    # The thread's key before anything is sealed (made here for a new thread).
+    ctx = yield from keyed(ctx, [target(config)[0]], create=True)
     for _ in range(MAX_REKEYS):
         try:
             return (yield from _put(ctx, config, checkpoint, metadata, new_versions))

@@ -40,6 +40,7 @@ from s3_saver._index.dynamodb.table import (
     ARCHIVE,
     ARCHIVING,
     GEN,
+    GONE_KEYS,
     PARTITION_KEY,
     RESTORING,
     SORT_KEY,
@@ -47,7 +48,7 @@ from s3_saver._index.dynamodb.table import (
     STALE_RUNS,
     TAG,
 )
-from s3_saver._index.terms import Release
+from s3_saver._index.terms import Fenced, Release
 from s3_saver._transport.failures import CONDITION_FAILED_CODES, error_code
 from s3_saver._transport.protocol import Op, raise_failure, request_one
 from s3_saver.errors import ThreadArchivedError
@@ -152,6 +153,7 @@ class DynamoArchive:
         entries: list[CheckpointEntry],
         writes: list[WritesEntry],
         active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[bool]:
         """The restore's mark first (``restoring``: a token of this call, taking
         over any earlier restore's; an archive's cleanup stops at it), then the
@@ -160,7 +162,9 @@ class DynamoArchive:
         too. So the entries readers see after a switch are all one restore's: a
         restore that was taken over writes no more and does not switch. The
         switch records ``active`` (and writes its item) in one transaction: a
-        switch refused (taken over, or a delete took the archive out) leaves none."""
+        switch refused (taken over, or a delete took the archive out) leaves none.
+        ``key_id``: the switch also needs the key the entries are sealed under not
+        destroyed by an erase (``Index.unarchive``); only a refusal reads the record."""
         calls = self.calls
         token = new_token(8)
         marked = yield from self._update(
@@ -169,6 +173,7 @@ class DynamoArchive:
         )
         if marked is None:
             record = yield from self.archive_of(thread_id)
+            _key_fence(record, key_id)  # an erase took the archive out: say so
             if record.archive is None:
                 return False  # restored already (another call, or this one's switch answered with a failure)
             raise ThreadArchivedError(
@@ -200,8 +205,15 @@ class DynamoArchive:
         condition = "#a = :ref AND #r = :t"
         names = {"#a": ARCHIVE, "#r": RESTORING, "#s": STALE_ARCHIVE}
         values = {":key": {"S": ref.key}, ":ref": {"B": encode_ref(ref)}, ":t": {"S": token}}
+        if key_id is not None:
+            # Invariant (erase): nothing sealed under a key an erase destroyed is indexed
+            # after the erase's switch; the commit point carries the check (no request).
+            condition += " AND NOT contains(#k, :k)"
+            names["#k"] = GONE_KEYS
+            values[":k"] = {"S": key_id}
         if active is None:
-            return (yield from self._update(thread_id, update, condition, names, values)) is not None
+            switched = (yield from self._update(thread_id, update, condition, names, values)) is not None
+            return switched or (yield from self._refused_switch(thread_id, key_id))
         clause, more_names, more_values, put = self.recording(active)  # type: ignore[attr-defined]
         switch = {
             "Update": {
@@ -214,7 +226,14 @@ class DynamoArchive:
             }
         }
         refused = yield from self.transact([switch, put], f"the restore of thread {thread_id!r}")  # type: ignore[attr-defined]
-        return not refused
+        return not refused or (yield from self._refused_switch(thread_id, key_id))
+
+    def _refused_switch(self, thread_id: str, key_id: str | None) -> Op[bool]:
+        """A switch refused: False (taken over, or a delete took the archive out), or
+        ``Fenced`` when the record names the key the restore sealed under as destroyed."""
+        if key_id is not None:
+            _key_fence((yield from self.archive_of(thread_id)), key_id)
+        return False
 
     def cancel_archiving(self, thread_id: str, key: str) -> Op[None]:
         """A commit found an archive under way: take its mark off (its switch then
@@ -283,3 +302,8 @@ def _busy(thread_id: str, found: Tombstone, where: str) -> ThreadArchivedError:
     else:
         why = "a restore of it is under way; call again"
     return ThreadArchivedError(f"cannot archive thread {thread_id!r}: {why} ({where})", thread_id)
+
+
+def _key_fence(record: Any, key_id: str | None) -> None:
+    if key_id is not None and key_id in record.gone_keys:
+        raise Fenced(record)

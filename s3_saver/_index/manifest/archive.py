@@ -27,7 +27,7 @@ from s3_saver._format.entries import (
     WritesEntry,
 )
 from s3_saver._index.manifest.doc import Head, _tips, record_of, with_active
-from s3_saver._index.terms import Release
+from s3_saver._index.terms import Fenced, Release
 from s3_saver._transport.protocol import Op
 from s3_saver.errors import ThreadArchivedError
 
@@ -99,6 +99,7 @@ class ManifestArchive:
         entries: list[CheckpointEntry],
         writes: list[WritesEntry],
         active: Activity | None = None,
+        key_id: str | None = None,
     ) -> Op[bool]:
         # The swap that switches also records ``active`` (its object is written):
         # a delete or an archive after it removes that entry by its key.
@@ -106,6 +107,11 @@ class ManifestArchive:
 
         def install(h: Head) -> Head | None:
             switched[0] = False
+            # Invariant (erase): nothing sealed under a key an erase destroyed is indexed
+            # after the erase's switch. Checked in the swap itself, before "restored
+            # already": an erase took the archive out too, and the restore says so.
+            if key_id is not None and key_id in h.gone_keys:
+                raise Fenced(record_of(h))
             if h.archive is None:
                 return None  # restored already (another call, or this one's swap answered with a failure)
             if h.archive.key != ref.key:
