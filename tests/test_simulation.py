@@ -761,10 +761,18 @@ def test_two_encrypted_migrations_of_one_thread_pinned(moto_endpoint: str) -> No
     """Seed 290916 of "migrate+migrate" (manifest, local key, random faults): two processes
     migrated one thread; the second's archive read objects the first had moved (its
     restore under fresh keys deleted them) and raised MissingObjectError out of
-    encrypt_thread. A missing object now reads the index again when it changed."""
+    encrypt_thread. A missing object now reads the index again when it changed.
+
+    Seed 924584 of "random_migrate" (the same two migrations): the second, cut and run again by a fresh
+    process, read the head naming the first's archive, then the first finished its
+    restore and deleted that archive; the second's HeadObject of it raised
+    MissingObjectError. A missing archive now reads the record again when it names
+    another archive, or none."""
     tally = Tally()
-    _run(World(moto_endpoint, "manifest", encryption="local"), Spec("manifest", "migrate+migrate", 290916, encryption="local"), tally)
-    _fail(tally, "manifest encrypted migrate+migrate seed 290916")
+    world = World(moto_endpoint, "manifest", encryption="local")
+    _run(world, Spec("manifest", "migrate+migrate", 290916, encryption="local"), tally)
+    _run(world, Spec("manifest", "random_migrate", 924584, encryption="local"), tally)
+    _fail(tally, "manifest encrypted migrate+migrate seed 290916, random_migrate seed 924584")
 
 
 def test_encrypted_prune_meeting_an_erase_pinned(moto_endpoint: str) -> None:

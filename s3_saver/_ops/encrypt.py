@@ -127,7 +127,16 @@ def encrypt_thread(ctx: Context, thread_id: str, versioned: bool | None = None) 
     state, migrated, storage_class = BUSY, False, None
     for _ in range(_ATTEMPTS):
         if own.archive is not None:
-            state, migrated, storage_class = yield from _archived(ctx, thread_id, own.archive)
+            try:
+                state, migrated, storage_class = yield from _archived(ctx, thread_id, own.archive)
+            except MissingObjectError:
+                # The archive the record named was gone: another process's migration
+                # restored the thread since and deleted it. Read again when the record
+                # names another archive or none; the same archive missing is a real loss.
+                gone, own = own.archive.key, (yield from ctx.index.archive_of(thread_id))
+                if own.archive is not None and own.archive.key == gone:
+                    raise
+                continue
             break
         try:
             entries = [e for e in (yield from ctx.index.contents(thread_id)) if not ctx.expired(e)]
